@@ -1,0 +1,205 @@
+# Reader for the .mtb blob written by the host (schema: host/microtrain_host/schema/
+# microtrain.fbs). File layout: u32 N, then an N-byte FlatBuffer whose identifier is
+# "MTRB", then the CRC-32 of those N bytes. Everything is validated here, once, so that
+# kernels can trust their arguments.
+import struct
+from microtrain.crc32 import crc32
+from microtrain.errors import BlobError
+from microtrain.flatbuf import Reader
+from microtrain.opcodes import SIGNATURES, kernel_module
+
+IDENTIFIER = b"MTRB"
+FORMAT_VERSION = 1
+NO_TENSOR = 0xFFFFFFFF
+FLOAT = 0
+INT32 = 1
+ROLE_NAMES = ("input", "label", "param", "grad", "activation", "optimizer_state",
+              "constant", "control")
+
+
+class Program:
+    def __init__(self, name, steps, inputs, outputs):
+        self.name = name
+        self.steps = steps      # [(kernel, args)]
+        self.inputs = inputs    # tensor ids
+        self.outputs = outputs  # tensor ids
+
+
+class Blob:
+    """A parsed model: tensor table, parameters, programs and hyperparameters."""
+
+    def __init__(self):
+        self.names = []
+        self.dtypes = []
+        self.roles = []
+        self.shapes = []
+        self.offsets = []
+        self.sizes = []
+        self.constants = []     # (tensor id, raw little-endian bytes)
+        self.parameters = []    # (param tensor id, grad tensor id or -1, state tensor ids)
+        self.programs = {}
+        self.float_arena = 0
+        self.int_arena = 0
+        self.loss = ""
+        self.num_classes = 0
+        self.optimizer = {}
+
+    def tensor_id(self, name):
+        try:
+            return self.names.index(name)
+        except ValueError:
+            raise BlobError("the blob has no tensor named '%s'" % name)
+
+
+def load(path_or_bytes):
+    if isinstance(path_or_bytes, str):
+        try:
+            with open(path_or_bytes, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise BlobError("cannot read blob '%s': %s" % (path_or_bytes, e))
+    else:
+        data = path_or_bytes
+    return parse(data)
+
+
+def _check_frame(data):
+    if len(data) < 12:
+        raise BlobError("truncated: a blob is at least 12 bytes, this one has %d" % len(data))
+    size = struct.unpack_from("<I", data, 0)[0]
+    if bytes(data[8:12]) != IDENTIFIER:
+        raise BlobError("not a microtrain blob: identifier %r, expected %r"
+                        % (bytes(data[8:12]), IDENTIFIER))
+    if 4 + size + 4 != len(data):
+        raise BlobError("truncated or padded: header says %d bytes, file has %d"
+                        % (4 + size + 4, len(data)))
+    stored = struct.unpack_from("<I", data, 4 + size)[0]
+    if crc32(memoryview(data)[4:4 + size]) & 0xFFFFFFFF != stored:
+        raise BlobError("corrupt: CRC-32 of the blob does not match")
+
+
+def parse(data):
+    _check_frame(data)
+    r = Reader(memoryview(data)[:len(data) - 4], BlobError, start=4)
+    root = r.root()
+    version = r.scalar(root, 0, "H", 0)
+    if version != FORMAT_VERSION:
+        raise BlobError("blob format version %d is not supported by this runtime (it reads %d);"
+                        " repack the model with a matching microtrain" % (version, FORMAT_VERSION))
+    b = Blob()
+    b.float_arena = r.scalar(root, 5, "I", 0)
+    b.int_arena = r.scalar(root, 6, "I", 0)
+    b.loss = r.string(root, 7, "loss")
+    b.num_classes = r.scalar(root, 8, "I", 0)
+    _read_tensors(r, root, b)
+    _read_parameters(r, root, b)
+    _read_optimizer(r, root, b)
+    for t in r.tables(root, 4, "program"):
+        name = r.string(t, 0, "program name")
+        b.programs[name] = Program(name, _read_steps(r, t, b, name),
+                                   _ids(r, t, 2, b, name + " inputs"),
+                                   _ids(r, t, 3, b, name + " outputs"))
+    return b
+
+
+def _read_tensors(r, root, b):
+    for t in r.tables(root, 2, "tensor"):
+        name = r.string(t, 0, "tensor name")
+        dtype = r.scalar(t, 1, "B", 0)
+        role = r.scalar(t, 2, "B", 0)
+        shape = r.scalars(t, 3, "i", "tensor shape")
+        offset = r.scalar(t, 4, "I", 0)
+        size = r.scalar(t, 5, "I", 0)
+        count = 1
+        for d in shape:
+            if d < 0:
+                raise BlobError("tensor '%s' has a negative dimension %r" % (name, shape))
+            count *= d
+        if dtype not in (FLOAT, INT32) or role >= len(ROLE_NAMES):
+            raise BlobError("tensor '%s' has unknown dtype %d or role %d" % (name, dtype, role))
+        if count != size:
+            raise BlobError("tensor '%s': shape %r holds %d elements, size says %d"
+                            % (name, shape, count, size))
+        arena = b.float_arena if dtype == FLOAT else b.int_arena
+        if offset + size > arena:
+            raise BlobError("tensor '%s' [%d, %d) lies outside its %d-element arena"
+                            % (name, offset, offset + size, arena))
+        if ROLE_NAMES[role] == "constant":
+            pos, nbytes = r.vector(t, 6, 1, "constant data")
+            if nbytes != 4 * size:
+                raise BlobError("constant '%s' has %d data bytes, expected %d"
+                                % (name, nbytes, 4 * size))
+            b.constants.append((len(b.names), bytes(r.buf[pos:pos + nbytes])))
+        b.names.append(name)
+        b.dtypes.append(dtype)
+        b.roles.append(role)
+        b.shapes.append(tuple(shape))
+        b.offsets.append(offset)
+        b.sizes.append(size)
+
+
+def _read_parameters(r, root, b):
+    n = len(b.names)
+    for t in r.tables(root, 3, "parameter"):
+        tensor = r.scalar(t, 0, "I", NO_TENSOR)
+        grad = r.scalar(t, 1, "i", -1)
+        state = r.scalars(t, 2, "I", "parameter state")
+        for tid in (tensor,) + tuple(state) + ((grad,) if grad >= 0 else ()):
+            if tid >= n or b.dtypes[tid] != FLOAT:
+                raise BlobError("parameter entry names tensor %d, which is not a float tensor" % tid)
+        b.parameters.append((tensor, grad, tuple(state)))
+
+
+def _read_optimizer(r, root, b):
+    t = r.table(root, 9, "optimizer")
+    if t is None:
+        return
+    b.optimizer = {
+        "kind": r.string(t, 0, "optimizer kind"),
+        "learning_rate": r.scalar(t, 1, "f", 0.001),
+        "beta1": r.scalar(t, 2, "f", 0.9),
+        "beta2": r.scalar(t, 3, "f", 0.999),
+        "epsilon": r.scalar(t, 4, "f", 1e-6),
+        "weight_decay": r.scalar(t, 5, "f", 0.0),
+        "bias_correction": bool(r.scalar(t, 6, "B", 1)),
+    }
+
+
+def _ids(r, table, index, b, what):
+    ids = r.scalars(table, index, "I", what)
+    for tid in ids:
+        if tid >= len(b.names):
+            raise BlobError("%s: tensor id %d out of range" % (what, tid))
+    return list(ids)
+
+
+def _read_steps(r, program, b, program_name):
+    steps = []
+    modules = {}
+    for index, t in enumerate(r.tables(program, 1, "step")):
+        op = r.scalar(t, 0, "H", 0)
+        where = "%s step %d (op %d)" % (program_name, index, op)
+        if op not in SIGNATURES:
+            raise BlobError("%s: unknown op code; this runtime is older than the blob" % where)
+        family, function, dtypes, n_ints, n_floats = SIGNATURES[op]
+        tensors = r.scalars(t, 1, "I", where)
+        ints = r.scalars(t, 2, "i", where)
+        floats = r.scalars(t, 3, "f", where)
+        if len(tensors) != len(dtypes) or len(ints) != n_ints or len(floats) != n_floats:
+            raise BlobError("%s: expected %d tensors, %d ints, %d floats; got %d, %d, %d"
+                            % (where, len(dtypes), n_ints, n_floats,
+                               len(tensors), len(ints), len(floats)))
+        offsets = []
+        for tid, kind in zip(tensors, dtypes):
+            if tid == NO_TENSOR and kind == "?":
+                offsets.append(-1)
+                continue
+            want = INT32 if kind == "i" else FLOAT
+            if tid >= len(b.names) or b.dtypes[tid] != want:
+                raise BlobError("%s: tensor argument %d is not a valid %s tensor"
+                                % (where, tid, "int" if want == INT32 else "float"))
+            offsets.append(b.offsets[tid])
+        if family not in modules:
+            modules[family] = kernel_module(family)
+        steps.append((getattr(modules[family], function), tuple(offsets) + ints + floats))
+    return steps

@@ -1,0 +1,25 @@
+# Exceptions raised by the device runtime. One type per concern; messages name the thing.
+
+
+class MicrotrainError(Exception):
+    pass
+
+
+class BlobError(MicrotrainError):
+    """The .mtb blob is not one we can run: wrong identifier or version, truncated, corrupt."""
+
+
+class CheckpointError(MicrotrainError):
+    """The checkpoint file is missing, truncated, corrupt, or does not match the model."""
+
+
+class InputError(MicrotrainError):
+    """Inputs or labels of the wrong count, length or value passed to a Module."""
+
+
+class ParameterError(MicrotrainError):
+    """Parameters missing, of the wrong size, or still nominal."""
+
+
+class TrainingError(MicrotrainError):
+    """Training cannot go on, e.g. the loss is NaN or infinite."""

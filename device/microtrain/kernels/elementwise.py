@@ -1,0 +1,135 @@
+# Elementwise arithmetic. Binary ops broadcast through strides: the host collapses the
+# output shape to (d0, d1, d2) and gives each input's stride per dimension (0 where the
+# input is broadcast). The inner row is a plain loop; one call per row, never per element.
+import math
+
+
+def _each_row(F, args, row):
+    y, a, b, d0, d1, d2, sa0, sa1, sa2, sb0, sb1, sb2 = args
+    for i0 in range(d0):
+        pa0 = a + i0 * sa0
+        pb0 = b + i0 * sb0
+        for i1 in range(d1):
+            row(F, y, pa0 + i1 * sa1, sa2, pb0 + i1 * sb1, sb2, d2)
+            y += d2
+
+
+def _add_row(F, y, pa, sa, pb, sb, n):
+    for _ in range(n):
+        F[y] = F[pa] + F[pb]
+        y += 1
+        pa += sa
+        pb += sb
+
+
+def _sub_row(F, y, pa, sa, pb, sb, n):
+    for _ in range(n):
+        F[y] = F[pa] - F[pb]
+        y += 1
+        pa += sa
+        pb += sb
+
+
+def _mul_row(F, y, pa, sa, pb, sb, n):
+    for _ in range(n):
+        F[y] = F[pa] * F[pb]
+        y += 1
+        pa += sa
+        pb += sb
+
+
+def _div_row(F, y, pa, sa, pb, sb, n):
+    for _ in range(n):
+        F[y] = F[pa] / F[pb]
+        y += 1
+        pa += sa
+        pb += sb
+
+
+def add(F, I, args):
+    _each_row(F, args, _add_row)
+
+
+def sub(F, I, args):
+    _each_row(F, args, _sub_row)
+
+
+def mul(F, I, args):
+    _each_row(F, args, _mul_row)
+
+
+def div(F, I, args):
+    _each_row(F, args, _div_row)
+
+
+def expand(F, I, args):
+    # Y = X broadcast to Y's shape (the gradient of a reduction).
+    y, x, d0, d1, d2, sx0, sx1, sx2 = args
+    for i0 in range(d0):
+        for i1 in range(d1):
+            px = x + i0 * sx0 + i1 * sx1
+            for _ in range(d2):
+                F[y] = F[px]
+                y += 1
+                px += sx2
+
+
+def copy(F, I, args):
+    y, x, n = args
+    for i in range(n):
+        F[y + i] = F[x + i]
+
+
+def neg(F, I, args):
+    y, x, n = args
+    for i in range(n):
+        F[y + i] = -F[x + i]
+
+
+def absolute(F, I, args):
+    y, x, n = args
+    for i in range(n):
+        F[y + i] = abs(F[x + i])
+
+
+def sign(F, I, args):
+    y, x, n = args
+    for i in range(n):
+        v = F[x + i]
+        F[y + i] = 1.0 if v > 0.0 else (-1.0 if v < 0.0 else 0.0)
+
+
+def exp(F, I, args):
+    y, x, n = args
+    e = math.exp
+    for i in range(n):
+        v = F[x + i]
+        # float32 overflows past 88.72; CPython's math.exp would raise past 709.
+        F[y + i] = e(v) if v < 88.8 else math.inf
+
+
+def log(F, I, args):
+    y, x, n = args
+    ln = math.log
+    for i in range(n):
+        v = F[x + i]
+        F[y + i] = ln(v) if v > 0.0 else (-math.inf if v == 0.0 else math.nan)
+
+
+def sqrt(F, I, args):
+    y, x, n = args
+    root = math.sqrt
+    for i in range(n):
+        v = F[x + i]
+        F[y + i] = root(v) if v >= 0.0 else math.nan
+
+
+def power(F, I, args):
+    y, x, n, exponent = args
+    if exponent == 2.0:
+        for i in range(n):
+            v = F[x + i]
+            F[y + i] = v * v
+    else:
+        for i in range(n):
+            F[y + i] = F[x + i] ** exponent

@@ -1,0 +1,39 @@
+# Loss kernels that ONNX expresses as one node (SoftmaxCrossEntropyLoss); the other losses
+# are composed of elementwise and reduce kernels.
+import math
+
+
+def softmax_cross_entropy(F, I, args):
+    # scores [n, c], labels [n] (int arena, checked in range by the Module)
+    # log_prob = log_softmax(scores); loss = -mean_i log_prob[i, label_i]
+    loss, log_prob, scores, labels, n, c = args
+    e = math.exp
+    total = 0.0
+    for i in range(n):
+        row = scores + i * c
+        top = F[row]
+        for j in range(1, c):
+            v = F[row + j]
+            if v > top:
+                top = v
+        s = 0.0
+        for j in range(c):
+            s += e(F[row + j] - top)
+        shift = top + math.log(s)
+        out = log_prob + i * c
+        for j in range(c):
+            F[out + j] = F[row + j] - shift
+        total -= F[out + I[labels + i]]
+    F[loss] = total / n
+
+
+def softmax_cross_entropy_grad(F, I, args):
+    # dscores[i, j] = (softmax[i, j] - [j == label_i]) * dloss / n
+    dscores, dloss, log_prob, labels, n, c = args
+    e = math.exp
+    scale = F[dloss] / n
+    for i in range(n):
+        row = i * c
+        for j in range(c):
+            F[dscores + row + j] = e(F[log_prob + row + j]) * scale
+        F[dscores + row + I[labels + i]] -= scale

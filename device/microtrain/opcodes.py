@@ -1,0 +1,97 @@
+# Device op codes: the kernel table the host's lowering targets.
+# Kept in sync with host/microtrain_host/opcodes.py by tests/test_contract.py.
+try:
+    from micropython import const
+except ImportError:
+    def const(x):
+        return x
+
+GEMM = const(1)
+ADD = const(10)
+SUB = const(11)
+MUL = const(12)
+DIV = const(13)
+EXPAND = const(14)
+COPY = const(15)
+NEG = const(20)
+ABS = const(21)
+SIGN = const(22)
+EXP = const(23)
+LOG = const(24)
+SQRT = const(25)
+POW = const(26)
+RELU = const(30)
+SIGMOID = const(31)
+TANH = const(32)
+RELU_GRAD = const(33)
+SIGMOID_GRAD = const(34)
+TANH_GRAD = const(35)
+SOFTMAX = const(36)
+LOG_SOFTMAX = const(37)
+SOFTMAX_GRAD = const(38)
+LOG_SOFTMAX_GRAD = const(39)
+REDUCE_SUM = const(40)
+SOFTMAX_CE = const(50)
+SOFTMAX_CE_GRAD = const(51)
+ACCUMULATE = const(60)
+SGD = const(61)
+ADAMW = const(62)
+
+# op code -> (kernel family module, function, tensor dtypes, int count, float count)
+# Tensor dtypes: "f" float arena, "i" int arena, "?" float arena or no tensor.
+_BINARY = ("fff", 9, 0)
+_UNARY = ("ff", 1, 0)
+_ACT_GRAD = ("fff", 1, 0)
+_AXIS = ("ff", 3, 0)
+_AXIS_GRAD = ("fff", 3, 0)
+SIGNATURES = {
+    GEMM: ("dense", "gemm", "fff?", 9, 2),
+    ADD: ("elementwise", "add") + _BINARY,
+    SUB: ("elementwise", "sub") + _BINARY,
+    MUL: ("elementwise", "mul") + _BINARY,
+    DIV: ("elementwise", "div") + _BINARY,
+    EXPAND: ("elementwise", "expand", "ff", 6, 0),
+    COPY: ("elementwise", "copy") + _UNARY,
+    NEG: ("elementwise", "neg") + _UNARY,
+    ABS: ("elementwise", "absolute") + _UNARY,
+    SIGN: ("elementwise", "sign") + _UNARY,
+    EXP: ("elementwise", "exp") + _UNARY,
+    LOG: ("elementwise", "log") + _UNARY,
+    SQRT: ("elementwise", "sqrt") + _UNARY,
+    POW: ("elementwise", "power", "ff", 1, 1),
+    RELU: ("activation", "relu") + _UNARY,
+    SIGMOID: ("activation", "sigmoid") + _UNARY,
+    TANH: ("activation", "tanh") + _UNARY,
+    RELU_GRAD: ("activation", "relu_grad") + _ACT_GRAD,
+    SIGMOID_GRAD: ("activation", "sigmoid_grad") + _ACT_GRAD,
+    TANH_GRAD: ("activation", "tanh_grad") + _ACT_GRAD,
+    SOFTMAX: ("activation", "softmax") + _AXIS,
+    LOG_SOFTMAX: ("activation", "log_softmax") + _AXIS,
+    SOFTMAX_GRAD: ("activation", "softmax_grad") + _AXIS_GRAD,
+    LOG_SOFTMAX_GRAD: ("activation", "log_softmax_grad") + _AXIS_GRAD,
+    REDUCE_SUM: ("reduce", "reduce_sum", "ff", 7, 1),
+    SOFTMAX_CE: ("loss", "softmax_cross_entropy", "fffi", 2, 0),
+    SOFTMAX_CE_GRAD: ("loss", "softmax_cross_entropy_grad", "fffi", 2, 0),
+    ACCUMULATE: ("optim", "accumulate", "fff", 1, 0),
+    SGD: ("optim", "sgd", "fff", 1, 0),
+    ADAMW: ("optim", "adamw", "ffffff", 1, 4),
+}
+
+
+def kernel_module(family):
+    # Import only the kernel families a model uses, so a board can carry only those files.
+    if family == "dense":
+        from microtrain.kernels import dense as module
+    elif family == "elementwise":
+        from microtrain.kernels import elementwise as module
+    elif family == "activation":
+        from microtrain.kernels import activation as module
+    elif family == "reduce":
+        from microtrain.kernels import reduce as module
+    elif family == "loss":
+        from microtrain.kernels import loss as module
+    elif family == "optim":
+        from microtrain.kernels import optim as module
+    else:
+        raise ImportError("no kernel family " + family)
+    return module

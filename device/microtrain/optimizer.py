@@ -1,0 +1,74 @@
+# Optimizer: runs the blob's optimizer program over the Module's arena, in place.
+import math
+from microtrain import blob as blobfile
+from microtrain.errors import ParameterError
+
+
+class Optimizer:
+    """Like onnxruntime.training.api.Optimizer: Optimizer(uri, module); step() updates the
+    trainable parameters from their accumulated gradients."""
+
+    def __init__(self, optimizer_uri, module):
+        b = module.blob
+        if optimizer_uri != module.uri:
+            other = blobfile.load(optimizer_uri)
+            if other.names != b.names or other.offsets != b.offsets:
+                raise ParameterError("'%s' was not packed from the same model as '%s'"
+                                     % (optimizer_uri, module.uri))
+            b.programs["optimizer"] = other.programs["optimizer"]
+        if "optimizer" not in b.programs:
+            raise ParameterError("'%s' has no optimizer program" % optimizer_uri)
+        self.module = module
+        self.config = b.optimizer
+        self._program = b.programs["optimizer"]
+        self._lr_at = b.offsets[b.tensor_id("learning_rate")]
+        self._step_size_at = (b.offsets[b.tensor_id("step_size")]
+                              if self.config.get("kind") == "AdamW" else -1)
+        state = module.state
+        self.step_count = state.optimizer_step
+        self._bind_state(state)
+        self.set_learning_rate(self.config.get("learning_rate", 0.001))
+
+    def _bind_state(self, state):
+        # Optimizer state tensors (AdamW moments) live in the arena; the checkpoint state
+        # sees them as views, and resumes from saved ones when it has them.
+        b = self.module.blob
+        F = self.module.F
+        view = self.module._view
+        for tensor, grad, moments in b.parameters:
+            if grad < 0 or not moments:
+                continue
+            name = b.names[tensor]
+            saved = state.momentums.get(name)
+            views = []
+            for i, tid in enumerate(moments):
+                off, n = b.offsets[tid], b.sizes[tid]
+                if saved is not None and i < len(saved) and len(saved[i]) == n:
+                    values = saved[i]
+                    for j in range(n):
+                        F[off + j] = values[j]
+                views.append(view[off:off + n])
+            state.momentums[name] = views
+
+    def set_learning_rate(self, learning_rate):
+        self.module.F[self._lr_at] = learning_rate
+        self._lr = learning_rate
+
+    def get_learning_rate(self):
+        return self._lr
+
+    def step(self):
+        F = self.module.F
+        self.step_count += 1
+        self.module.state.optimizer_step = self.step_count
+        if self._step_size_at >= 0:
+            c = self.config
+            t = self.step_count
+            if c["bias_correction"]:
+                F[self._step_size_at] = (self._lr * math.sqrt(1.0 - c["beta2"] ** t)
+                                         / (1.0 - c["beta1"] ** t))
+            else:
+                F[self._step_size_at] = self._lr
+        I = self.module.I
+        for kernel, args in self._program.steps:
+            kernel(F, I, args)
