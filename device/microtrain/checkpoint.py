@@ -94,6 +94,10 @@ def _read_tensor(r, t, nominal):
     return name, dims, array("f", bytes(r.buf[pos:pos + nbytes]))
 
 
+def _first(pair):
+    return pair[0]
+
+
 def _parse(data, uri):
     r = Reader(data, CheckpointError)
     if len(data) < 8 or r.identifier() != IDENTIFIER:
@@ -117,18 +121,18 @@ def _parse(data, uri):
                 state.parameter_order.append(name)
     for group in r.tables(root, 2, "optimizer group"):
         state.optimizer_step = r.scalar(group, 1, "q", 0)
-        state.initial_learning_rate = r.scalar(group, 2, "f", 0.001)
+        state.initial_learning_rate = r.scalar(group, 2, "f", 0.0)  # schema default
         for ps in r.tables(group, 3, "parameter optimizer state"):
             pname = r.string(ps, 0, "param_name")
             moments = [(n, v) for n, _, v in
                        (_read_tensor(r, t, False) for t in r.tables(ps, 1, "momentum"))]
-            moments.sort()
+            moments.sort(key=_first)  # by name only: arrays do not compare on MicroPython
             state.momentums[pname] = [v for _, v in moments]
     bag = r.table(root, 3, "property_bag")
     if bag is not None:
-        for index, fmt in ((0, "q"), (1, "f")):
+        for index, fmt, default in ((0, "q", 0), (1, "f", 0.0)):
             for p in r.tables(bag, index, "property"):
-                state.properties[r.string(p, 0, "property name")] = r.scalar(p, 1, fmt, 0)
+                state.properties[r.string(p, 0, "property name")] = r.scalar(p, 1, fmt, default)
         for p in r.tables(bag, 2, "property"):
             state.properties[r.string(p, 0, "property name")] = r.string(p, 1, "property")
     return state

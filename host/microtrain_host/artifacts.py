@@ -1,0 +1,203 @@
+"""generate_artifacts: ONNX model -> training, eval and optimizer graphs, checkpoint, blob.
+
+Names, files and semantics follow onnxruntime.training.artifacts.generate_artifacts."""
+import dataclasses
+import os
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from . import checkpoint as ckpt
+from .autodiff import build_gradients
+from .errors import ArtifactError
+from .graph import DOMAIN, DOMAIN_VERSION, GraphBuilder
+from .losses import LOSS_BLOCKS, LossType
+from .model import constant_value, load_model
+from .optimizers import DEFAULTS, OptimType, build_optimizer_graph, grad_buffer
+
+LAZY_RESET_GRAD = "lazy_reset_grad"
+
+
+@dataclasses.dataclass
+class Artifacts:
+    """What generate_artifacts wrote (paths) and decided (parameter split, loss)."""
+    training_model: str
+    eval_model: str
+    optimizer_model: str | None
+    checkpoint: str
+    nominal_checkpoint: str | None
+    blob: str
+    trainable: list
+    frozen: list
+    loss_name: str
+
+
+def _enum(value, kind, what):
+    if value is None or isinstance(value, kind):
+        return value
+    try:
+        return kind[value] if isinstance(value, str) else kind(value)
+    except (KeyError, ValueError):
+        names = ", ".join(k.name for k in kind)
+        raise ArtifactError(f"unknown {what} {value!r}; choose one of {names}") from None
+
+
+def split_parameters(model, requires_grad, frozen_params):
+    """(trainable, frozen) parameter names in initializer order, with ORT's rules."""
+    floats = [i.name for i in model.graph.initializer if i.data_type == TensorProto.FLOAT]
+    requires_grad = list(requires_grad) if requires_grad is not None else None
+    frozen_params = list(frozen_params) if frozen_params is not None else None
+    both = sorted(set(requires_grad or ()) & set(frozen_params or ()))
+    if both:
+        raise ArtifactError(f"parameter(s) {', '.join(both)} named in both requires_grad and "
+                            f"frozen_params; a parameter is either trainable or frozen")
+    for name in (requires_grad or []) + (frozen_params or []):
+        if name not in floats:
+            raise ArtifactError(f"'{name}' is not a float initializer of the model; parameters "
+                                f"are: {', '.join(floats)}")
+    if requires_grad is None:
+        requires_grad = [n for n in floats if n not in set(frozen_params or ())]
+    trainable = [n for n in floats if n in set(requires_grad)]
+    frozen = [n for n in floats if n not in set(requires_grad)]
+    if not trainable:
+        raise ArtifactError("no trainable parameters: requires_grad is empty or every "
+                            "parameter is frozen")
+    return trainable, frozen
+
+
+def _save(model, path):
+    onnx.save(model, path)
+    return path
+
+
+def _make_model(source, g, nodes, inputs, outputs, initializers, name, meta):
+    produced = {o for n in nodes for o in n.output if o}
+    known_inputs = set(inputs) | {i.name for i in initializers}
+    value_info = [n for n in sorted(produced - set(outputs)) if n in g.shapes]
+    graph = helper.make_graph(nodes, name, g.value_infos(inputs), g.value_infos(outputs),
+                              initializer=initializers, value_info=g.value_infos(value_info))
+    del known_inputs
+    opsets = [o for o in source.opset_import if o.domain != DOMAIN]
+    opsets.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="microtrain",
+                              ir_version=source.ir_version)
+    for key, value in meta.items():
+        entry = model.metadata_props.add()
+        entry.key, entry.value = f"microtrain.{key}", value
+    return model
+
+
+def generate_artifacts(model, requires_grad=None, frozen_params=None,
+                       loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
+                       artifact_directory=None, prefix="", nominal_checkpoint=False,
+                       loss_input_names=None, batch_size=None, optimizer_options=None,
+                       additional_output_names=None):
+    """Write {prefix}training_model.onnx, eval_model.onnx, optimizer_model.onnx, checkpoint
+    (and nominal_checkpoint) and the packed blob {prefix}model.mtb into artifact_directory.
+
+    model: ModelProto or path. requires_grad / frozen_params: parameter names (ORT's rules:
+    by default every float initializer is trainable; naming one in both is an error).
+    loss: LossType (or its name) or None when the model's output already is the loss.
+    optimizer: OptimType (or name) or None for no optimizer graph. batch_size fixes a
+    dynamic batch dimension. optimizer_options overrides the defaults (learning_rate, beta1,
+    beta2, epsilon, weight_decay, bias_correction). additional_output_names: model outputs
+    the eval graph returns after the loss (default: all model outputs)."""
+    loss = _enum(loss, LossType, "loss")
+    optimizer = _enum(optimizer, OptimType, "optimizer")
+    model, shapes = load_model(model, batch_size)
+    trainable, frozen = split_parameters(model, requires_grad, frozen_params)
+    graph = model.graph
+    params = trainable + frozen
+    params = [i.name for i in graph.initializer if i.name in set(params)]  # initializer order
+    user_inputs = [i.name for i in graph.input if i.name not in {x.name for x in graph.initializer}]
+    model_outputs = [o.name for o in graph.output]
+
+    g = GraphBuilder(shapes)
+    for init in graph.initializer:
+        g.values[init.name] = numpy_helper.to_array(init)
+    for node in graph.node:
+        if node.op_type == "Constant":
+            g.values[node.output[0]] = constant_value(node)
+    constants = [i for i in graph.initializer if i.name not in set(params)]
+
+    # Loss block.
+    loss_inputs = list(loss_input_names) if loss_input_names else model_outputs[:1]
+    for name in loss_inputs:
+        if name not in shapes:
+            raise ArtifactError(f"loss input '{name}' is not a tensor of the model")
+    labels = []
+    if loss is None:
+        loss_name = loss_inputs[0]
+        if g.shape(loss_name) not in ((), (1,)):
+            raise ArtifactError(f"with loss=None the output '{loss_name}' must be a scalar loss, "
+                                f"it has shape {list(g.shape(loss_name))}")
+    else:
+        if len(loss_inputs) != 1:
+            raise ArtifactError(f"{loss.name} takes one model output, got {loss_inputs}")
+        loss_name, label = LOSS_BLOCKS[loss](g, loss_inputs[0])
+        labels = [label]
+    forward = list(graph.node) + list(g.nodes)
+    extra_outputs = list(additional_output_names) if additional_output_names is not None \
+        else [o for o in model_outputs if o != loss_name]
+    num_classes = g.shape(loss_inputs[0])[-1] if loss == LossType.CrossEntropyLoss else 0
+    meta = {"inputs": ",".join(user_inputs), "labels": ",".join(labels),
+            "params": ",".join(params), "trainable": ",".join(trainable),
+            "loss": loss.name if loss is not None else "", "num_classes": str(num_classes)}
+
+    eval_model = _make_model(model, g, forward, user_inputs + labels + params,
+                             [loss_name] + extra_outputs, constants + list(g.initializers),
+                             "eval", meta)
+
+    # Backward pass and ORT-style gradient accumulation.
+    grads = build_gradients(g, forward, loss_name, trainable)
+    g.shapes[LAZY_RESET_GRAD] = (TensorProto.BOOL, (1,))
+    accumulated = []
+    for p in trainable:
+        if grads[p] is None:
+            raise ArtifactError(f"parameter '{p}' does not influence the loss; freeze it")
+        g.shapes[grad_buffer(p)] = g.shapes[p]
+        out = g.node("GradAccumulate", [grad_buffer(p), grads[p], LAZY_RESET_GRAD], g.shape(p),
+                     outputs=[f"{p}_grad.accumulation.out"], domain=DOMAIN)
+        accumulated += out
+    training_model = _make_model(
+        model, g, list(graph.node) + list(g.nodes),
+        user_inputs + labels + params + [grad_buffer(p) for p in trainable] + [LAZY_RESET_GRAD],
+        [loss_name] + accumulated, constants + list(g.initializers), "training", meta)
+
+    options = None
+    optimizer_model = None
+    if optimizer is not None:
+        options = dict(DEFAULTS[optimizer])
+        unknown = set(optimizer_options or {}) - set(options)
+        if unknown:
+            raise ArtifactError(f"unknown {optimizer.name} option(s) {sorted(unknown)}; "
+                                f"known: {sorted(options)}")
+        options.update(optimizer_options or {})
+        og = GraphBuilder(g.shapes)
+        ins, outs = build_optimizer_graph(og, optimizer, trainable, options)
+        optimizer_model = _make_model(model, og, og.nodes, ins, outs, [], "optimizer",
+                                      dict(meta, optimizer=optimizer.name,
+                                           options=repr(sorted(options.items()))))
+
+    directory = artifact_directory if artifact_directory is not None else os.getcwd()
+    os.makedirs(directory, exist_ok=True)
+    path = lambda name: os.path.join(directory, prefix + name)  # noqa: E731
+    values = {i.name: numpy_helper.to_array(i).astype(np.float32) for i in graph.initializer
+              if i.name in set(params)}
+    written = Artifacts(
+        training_model=_save(training_model, path("training_model.onnx")),
+        eval_model=_save(eval_model, path("eval_model.onnx")),
+        optimizer_model=_save(optimizer_model, path("optimizer_model.onnx"))
+        if optimizer_model is not None else None,
+        checkpoint=path("checkpoint"),
+        nominal_checkpoint=path("nominal_checkpoint") if nominal_checkpoint else None,
+        blob=path("model.mtb"), trainable=trainable, frozen=frozen, loss_name=loss_name)
+    ckpt.write_checkpoint(written.checkpoint, {p: values[p] for p in trainable},
+                          {p: values[p] for p in frozen})
+    if nominal_checkpoint:
+        ckpt.write_checkpoint(written.nominal_checkpoint, {p: values[p] for p in trainable},
+                              {p: values[p] for p in frozen}, nominal=True)
+    from .pack import pack
+    pack(training_model, eval_model, optimizer_model, written.blob, optimizer_options=options)
+    return written

@@ -1,0 +1,558 @@
+"""Training checkpoints in ONNX Runtime's layout (identifier "ODTC", version 2).
+
+The schema is `schema/checkpoint.fbs`. The host writes with the `flatbuffers` Builder and
+reads with a small bounds-checked reader of its own (the `flatbuffers` package trusts its
+input: a corrupt offset there gives an IndexError, a wrong value, or a negative index that
+silently wraps around). Every problem with a file is reported as a `CheckpointError` that
+names the file and says what is wrong.
+
+Only float32 tensors are supported, which is all microtrain trains.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import secrets
+import struct
+
+import flatbuffers
+import numpy as np
+
+from microtrain_host.errors import CheckpointError
+
+IDENTIFIER = b"ODTC"
+VERSION = 2
+ONNX_FLOAT = 1
+GROUP_NAME = "group0"
+
+# ONNX TensorProto.DataType names, for messages.
+_ONNX_TYPE_NAMES = {
+    0: "UNDEFINED", 1: "FLOAT", 2: "UINT8", 3: "INT8", 4: "UINT16", 5: "INT16", 6: "INT32",
+    7: "INT64", 8: "STRING", 9: "BOOL", 10: "FLOAT16", 11: "DOUBLE", 12: "UINT32",
+    13: "UINT64", 14: "COMPLEX64", 15: "COMPLEX128", 16: "BFLOAT16",
+}
+
+# Field numbers, in schema order (a field's vtable slot is 4 + 2 * number).
+_TENSOR_NAME, _TENSOR_DOC, _TENSOR_DIMS, _TENSOR_TYPE, _TENSOR_RAW, _TENSOR_STRINGS, \
+    _TENSOR_EXTERNAL = range(7)
+_MODULE_TRAINABLE, _MODULE_FROZEN, _MODULE_NOMINAL, _MODULE_EXTERNAL = range(4)
+_STATE_PARAM, _STATE_MOMENTUMS = range(2)
+_GROUP_NAME, _GROUP_STEP, _GROUP_LR, _GROUP_STATES = range(4)
+_PROP_NAME, _PROP_VALUE = range(2)
+_BAG_INTS, _BAG_FLOATS, _BAG_STRINGS = range(3)
+_ROOT_VERSION, _ROOT_MODULE, _ROOT_GROUPS, _ROOT_BAG = range(4)
+
+_INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+
+
+@dataclasses.dataclass
+class Checkpoint:
+    """What a checkpoint holds. In a nominal checkpoint the arrays are empty (the file
+    keeps only the names). Optimizer step and learning rate are None without an optimizer
+    group; `momentums` maps a parameter name to its moments, momentum0 first."""
+
+    trainable: dict[str, np.ndarray]
+    frozen: dict[str, np.ndarray]
+    is_nominal: bool = False
+    optimizer_step: int | None = None
+    initial_learning_rate: float | None = None
+    momentums: dict[str, list[np.ndarray]] = dataclasses.field(default_factory=dict)
+    properties: dict[str, int | float | str] = dataclasses.field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def write_checkpoint(path, trainable: dict[str, np.ndarray], frozen: dict[str, np.ndarray], *,
+                     nominal: bool = False, optimizer_step: int | None = None,
+                     initial_learning_rate: float = 0.001,
+                     momentums: dict[str, list[np.ndarray]] | None = None,
+                     properties: dict | None = None) -> None:
+    """Write a checkpoint file atomically (a temporary file in the same directory, then
+    os.replace), so an interrupted write never leaves a half-written file at `path`.
+
+    Parameters are written in dict order, trainable ones into requires_grad_params and
+    frozen ones into frozen_params. A nominal checkpoint keeps names and data types only.
+    An optimizer group "group0" is written when `optimizer_step` or `momentums` is given;
+    each parameter's moments are named momentum0, momentum1, ... Properties go to the
+    int, float (float32) or string list by the value's type, sorted by name.
+    """
+    data = build_checkpoint(trainable, frozen, nominal=nominal, optimizer_step=optimizer_step,
+                            initial_learning_rate=initial_learning_rate, momentums=momentums,
+                            properties=properties)
+    _write_atomically(os.fspath(path), data)
+
+
+def build_checkpoint(trainable: dict[str, np.ndarray], frozen: dict[str, np.ndarray], *,
+                     nominal: bool = False, optimizer_step: int | None = None,
+                     initial_learning_rate: float = 0.001,
+                     momentums: dict[str, list[np.ndarray]] | None = None,
+                     properties: dict | None = None) -> bytes:
+    """The bytes write_checkpoint writes (same arguments)."""
+    trainable = _float_arrays(trainable, "trainable")
+    frozen = _float_arrays(frozen, "frozen")
+    both = sorted(set(trainable) & set(frozen))
+    if both:
+        raise CheckpointError(f"parameter(s) {both} are both trainable and frozen")
+    moments = _check_momentums(momentums or {}, trainable, nominal)
+    props = _check_properties(properties or {})
+    if optimizer_step is not None:
+        optimizer_step = _int64(optimizer_step, "optimizer_step")
+    lr = _float32(initial_learning_rate, "initial_learning_rate")
+
+    raw_bytes = sum(a.nbytes for a in trainable.values()) + sum(a.nbytes for a in frozen.values())
+    raw_bytes += sum(m.nbytes for ms in moments.values() for m in ms)
+    w = _Writer(1024 + (0 if nominal else raw_bytes) * 11 // 10)
+    b = w.builder
+
+    # The module state is built first, so the buffer ends in one of its objects (see _Writer).
+    lists = []
+    for params in (trainable, frozen):
+        lists.append(w.tables([w.tensor(name, a, nominal) for name, a in params.items()]))
+    b.StartObject(4)
+    b.PrependUOffsetTRelativeSlot(_MODULE_TRAINABLE, lists[0], 0)
+    b.PrependUOffsetTRelativeSlot(_MODULE_FROZEN, lists[1], 0)
+    b.PrependBoolSlot(_MODULE_NOMINAL, bool(nominal), False)
+    b.PrependBoolSlot(_MODULE_EXTERNAL, False, False)
+    module = b.EndObject()
+
+    groups = 0
+    if optimizer_step is not None or moments:
+        states = []
+        for name, ms in moments.items():
+            tensors = w.tables([w.tensor(f"momentum{i}", m, False) for i, m in enumerate(ms)])
+            param = w.string(name)
+            b.StartObject(2)
+            b.PrependUOffsetTRelativeSlot(_STATE_PARAM, param, 0)
+            b.PrependUOffsetTRelativeSlot(_STATE_MOMENTUMS, tensors, 0)
+            states.append(b.EndObject())
+        states_vector = w.tables(states)
+        group_name = w.string(GROUP_NAME)
+        b.StartObject(4)
+        b.PrependInt64Slot(_GROUP_STEP, optimizer_step or 0, 0)
+        b.PrependUOffsetTRelativeSlot(_GROUP_NAME, group_name, 0)
+        b.PrependFloat32Slot(_GROUP_LR, lr, 0.0)
+        b.PrependUOffsetTRelativeSlot(_GROUP_STATES, states_vector, 0)
+        groups = w.tables([b.EndObject()])
+
+    bag = 0
+    if props:
+        kinds = []
+        for kind in (int, float, str):
+            entries = []
+            for name in sorted(n for n, v in props.items() if type(v) is kind):
+                value = props[name]
+                name_off = w.string(name)
+                value_off = w.string(value) if kind is str else 0
+                b.StartObject(2)
+                if kind is int:
+                    b.PrependInt64Slot(_PROP_VALUE, value, 0)
+                elif kind is float:
+                    b.PrependFloat32Slot(_PROP_VALUE, value, 0.0)
+                b.PrependUOffsetTRelativeSlot(_PROP_NAME, name_off, 0)
+                if kind is str:
+                    b.PrependUOffsetTRelativeSlot(_PROP_VALUE, value_off, 0)
+                entries.append(b.EndObject())
+            kinds.append(w.tables(entries))
+        b.StartObject(3)
+        for index, vector in zip((_BAG_INTS, _BAG_FLOATS, _BAG_STRINGS), kinds):
+            b.PrependUOffsetTRelativeSlot(index, vector, 0)
+        bag = b.EndObject()
+
+    b.StartObject(4)
+    b.PrependInt32Slot(_ROOT_VERSION, VERSION, 0)
+    b.PrependUOffsetTRelativeSlot(_ROOT_MODULE, module, 0)
+    if groups:
+        b.PrependUOffsetTRelativeSlot(_ROOT_GROUPS, groups, 0)
+    if bag:
+        b.PrependUOffsetTRelativeSlot(_ROOT_BAG, bag, 0)
+    b.Finish(b.EndObject(), file_identifier=IDENTIFIER)
+    return w.output()
+
+
+class _Writer:
+    """The flatbuffers Builder plus helpers that note the padding at the end of the buffer.
+
+    The Builder builds back to front, so the first object it places ends the buffer, and
+    it pads after that object for alignment. Those trailing pad bytes belong to no object:
+    cut off, no reader could tell. output() drops them, so that the last byte of the file
+    is always one a reader checks, and truncation at any byte is detected. Positions from
+    the start (and so every alignment) stay as they were.
+    """
+
+    def __init__(self, size_hint: int):
+        self.builder = flatbuffers.Builder(min(size_hint, 2 ** 31 - 1))
+        self.tail_padding = 0
+
+    def _placed(self, offset_before: int, size: int) -> None:
+        if offset_before == 0:
+            self.tail_padding = self.builder.Offset() - size
+
+    def string(self, text: str) -> int:
+        data = text.encode("utf-8")
+        before = self.builder.Offset()
+        off = self.builder.CreateString(data)
+        self._placed(before, 4 + len(data) + 1)
+        return off
+
+    def raw(self, data: bytes) -> int:
+        before = self.builder.Offset()
+        off = self.builder.CreateByteVector(data)
+        self._placed(before, 4 + len(data))
+        return off
+
+    def int64s(self, values) -> int:
+        array = np.asarray(values, dtype="<i8").reshape(-1)
+        before = self.builder.Offset()
+        off = self.builder.CreateNumpyVector(array)
+        self._placed(before, 4 + array.nbytes)
+        return off
+
+    def tables(self, offsets: list[int]) -> int:
+        b = self.builder
+        before = b.Offset()
+        b.StartVector(4, len(offsets), 4)
+        for off in reversed(offsets):
+            b.PrependUOffsetTRelative(off)
+        off = b.EndVector()
+        self._placed(before, 4 + 4 * len(offsets))
+        return off
+
+    def tensor(self, name: str, array: np.ndarray, nominal: bool) -> int:
+        name_off = self.string(name)
+        if not nominal:
+            dims = self.int64s(array.shape)
+            raw = self.raw(array.astype("<f4", copy=False).tobytes())
+        b = self.builder
+        b.StartObject(7)
+        if not nominal:
+            b.PrependUOffsetTRelativeSlot(_TENSOR_RAW, raw, 0)
+            b.PrependUOffsetTRelativeSlot(_TENSOR_DIMS, dims, 0)
+        b.PrependUOffsetTRelativeSlot(_TENSOR_NAME, name_off, 0)
+        b.PrependInt32Slot(_TENSOR_TYPE, ONNX_FLOAT, 0)
+        return b.EndObject()
+
+    def output(self) -> bytes:
+        data = bytes(self.builder.Output())
+        pad = self.tail_padding
+        if pad:
+            assert 0 < pad < 8 and not any(data[-pad:]), "unexpected tail padding"
+            data = data[:-pad]
+        return data
+
+
+def _float_arrays(params, what: str) -> dict[str, np.ndarray]:
+    if not isinstance(params, dict):
+        raise CheckpointError(f"{what} parameters must be a dict name -> array, "
+                              f"not {type(params).__name__}")
+    out = {}
+    for name, value in params.items():
+        _check_name(name, f"{what} parameter")
+        out[name] = _float_array(value, f"{what} parameter '{name}'")
+    return out
+
+
+def _float_array(value, what: str) -> np.ndarray:
+    array = np.asarray(value)
+    if array.dtype.kind not in "fiub":
+        raise CheckpointError(f"{what} has dtype {array.dtype}; a float32 array is needed")
+    return array.astype(np.float32, copy=False)  # (ascontiguousarray would make 0-d 1-d)
+
+
+def _check_name(name, what: str) -> None:
+    if not isinstance(name, str) or not name:
+        raise CheckpointError(f"{what} name {name!r} must be a non-empty string")
+
+
+def _check_momentums(momentums, trainable, nominal) -> dict[str, list[np.ndarray]]:
+    if momentums and nominal:
+        raise CheckpointError("a nominal checkpoint holds no optimizer state (momentums)")
+    unknown = sorted(set(momentums) - set(trainable), key=str)
+    if unknown:
+        raise CheckpointError(f"momentums given for {unknown}, which are not trainable parameters")
+    out = {}
+    for name in trainable:  # in parameter order
+        if name not in momentums:
+            continue
+        ms = [_float_array(m, f"momentum{i} of '{name}'") for i, m in enumerate(momentums[name])]
+        for i, m in enumerate(ms):
+            if m.shape != trainable[name].shape:
+                raise CheckpointError(f"momentum{i} of '{name}' has shape {m.shape}; "
+                                      f"the parameter has shape {trainable[name].shape}")
+        out[name] = ms
+    return out
+
+
+def _check_properties(properties) -> dict[str, int | float | str]:
+    out = {}
+    for name, value in properties.items():
+        _check_name(name, "property")
+        if isinstance(value, (bool, int, np.integer)):
+            out[name] = _int64(value, f"property '{name}'")
+        elif isinstance(value, (float, np.floating)):
+            out[name] = _float32(value, f"property '{name}'")
+        elif isinstance(value, str):
+            out[name] = str(value)
+        else:
+            raise CheckpointError(f"property '{name}' must be an int, float or str, "
+                                  f"not {type(value).__name__}")
+    return out
+
+
+def _int64(value, what: str) -> int:
+    value = int(value)
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise CheckpointError(f"{what} = {value} does not fit in int64")
+    return value
+
+
+def _float32(value, what: str) -> float:
+    value = float(value)
+    try:
+        struct.pack("<f", value)
+    except OverflowError:
+        raise CheckpointError(f"{what} = {value} does not fit in float32") from None
+    return value
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    except OSError as e:
+        raise CheckpointError(f"cannot write checkpoint '{path}': {e}") from e
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def read_checkpoint(path) -> Checkpoint:
+    """Read and validate a checkpoint file; any problem raises CheckpointError."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise CheckpointError(f"cannot read checkpoint '{path}': {e}") from e
+    return parse_checkpoint(data, path)
+
+
+def parse_checkpoint(data: bytes, source: str = "<bytes>") -> Checkpoint:
+    """Read a checkpoint from bytes; `source` names it in error messages."""
+    reader = _Reader(bytes(data), source)
+    try:
+        return _parse(reader)
+    except CheckpointError:
+        raise
+    except (struct.error, IndexError, ValueError, OverflowError, MemoryError) as e:
+        # Belt and braces: the reader checks every position, so this is not expected.
+        reader.fail(f"corrupt ({type(e).__name__}: {e})")
+
+
+@dataclasses.dataclass
+class _Table:
+    pos: int      # where the table starts (its soffset to the vtable)
+    vtable: int
+    vsize: int    # vtable size in bytes
+    tsize: int    # table size in bytes
+    what: str
+
+
+class _Reader:
+    """Bounds-checked access to a FlatBuffers buffer (little-endian, unprefixed)."""
+
+    def __init__(self, data: bytes, source: str):
+        self.data = data
+        self.size = len(data)
+        self.source = source
+
+    def fail(self, problem: str):
+        raise CheckpointError(f"checkpoint '{self.source}': {problem}")
+
+    def need(self, pos: int, nbytes: int, what: str) -> None:
+        if pos < 0 or nbytes < 0 or pos + nbytes > self.size:
+            self.fail(f"truncated or corrupt: {what} at byte {pos} (+{nbytes} bytes) lies "
+                      f"outside the {self.size}-byte file")
+
+    def unpack(self, fmt: str, pos: int, what: str):
+        self.need(pos, struct.calcsize(fmt), what)
+        return struct.unpack_from("<" + fmt, self.data, pos)[0]
+
+    def table(self, pos: int, what: str) -> _Table:
+        vtable = pos - self.unpack("i", pos, what)
+        vsize = self.unpack("H", vtable, what + " vtable")
+        tsize = self.unpack("H", vtable + 2, what + " vtable")
+        if vsize < 4 or vsize % 2:
+            self.fail(f"corrupt: {what} has a vtable of {vsize} bytes")
+        if tsize < 4:
+            self.fail(f"corrupt: {what} is {tsize} bytes long")
+        self.need(vtable, vsize, what + " vtable")
+        self.need(pos, tsize, what)
+        return _Table(pos, vtable, vsize, tsize, what)
+
+    def field(self, t: _Table, index: int, width: int) -> int | None:
+        """Absolute position of field `index` (`width` bytes), None when absent."""
+        slot = 4 + 2 * index
+        if slot + 2 > t.vsize:
+            return None
+        off = self.unpack("H", t.vtable + slot, t.what + " vtable")
+        if off == 0:
+            return None
+        if off < 4 or off + width > t.tsize:
+            self.fail(f"corrupt: field {index} of {t.what} lies outside the table")
+        return t.pos + off
+
+    def scalar(self, t: _Table, index: int, fmt: str, default):
+        at = self.field(t, index, struct.calcsize(fmt))
+        return default if at is None else self.unpack(fmt, at, f"field {index} of {t.what}")
+
+    def target(self, t: _Table, index: int, what: str) -> int | None:
+        """Where the offset field `index` points to, None when absent."""
+        at = self.field(t, index, 4)
+        return None if at is None else at + self.unpack("I", at, what)
+
+    def subtable(self, t: _Table, index: int, what: str) -> _Table | None:
+        at = self.target(t, index, what)
+        return None if at is None else self.table(at, what)
+
+    def vector(self, t: _Table, index: int, elem_size: int, what: str) -> tuple[int, int]:
+        """(position of the first element, element count); (0, 0) when absent."""
+        at = self.target(t, index, what)
+        if at is None:
+            return 0, 0
+        count = self.unpack("I", at, what + " length")
+        self.need(at + 4, count * elem_size, what)
+        return at + 4, count
+
+    def tables(self, t: _Table, index: int, what: str) -> list[_Table]:
+        pos, count = self.vector(t, index, 4, what + " list")
+        out = []
+        for i in range(count):
+            at = pos + 4 * i
+            out.append(self.table(at + self.unpack("I", at, what), f"{what} {i}"))
+        return out
+
+    def string(self, t: _Table, index: int, what: str) -> str | None:
+        pos, count = self.vector(t, index, 1, what)
+        if not pos:
+            return None
+        self.need(pos + count, 1, what + " terminator")
+        if self.data[pos + count] != 0:
+            self.fail(f"corrupt: {what} is not NUL-terminated")
+        try:
+            return self.data[pos:pos + count].decode("utf-8")
+        except UnicodeDecodeError:
+            self.fail(f"corrupt: {what} is not valid UTF-8")
+
+
+def _parse(r: _Reader) -> Checkpoint:
+    if r.size < 8 or r.data[4:8] != IDENTIFIER:
+        found = r.data[4:8]
+        hint = " (it looks size-prefixed)" if r.data[8:12] == IDENTIFIER else ""
+        r.fail(f"not a training checkpoint: file identifier {found!r}, expected "
+               f"{IDENTIFIER!r}{hint}")
+    root = r.table(r.unpack("I", 0, "root offset"), "root table")
+    version = r.scalar(root, _ROOT_VERSION, "i", 0)
+    if version != VERSION:
+        r.fail(f"checkpoint format version {version} is not supported (expected {VERSION})")
+
+    ckpt = Checkpoint(trainable={}, frozen={})
+    module = r.subtable(root, _ROOT_MODULE, "module_state")
+    if module is not None:
+        ckpt.is_nominal = bool(r.scalar(module, _MODULE_NOMINAL, "B", 0))
+        if r.scalar(module, _MODULE_EXTERNAL, "B", 0):
+            r.fail("parameters stored as external data are not supported")
+        for index, params, kind in ((_MODULE_TRAINABLE, ckpt.trainable, "trainable parameter"),
+                                    (_MODULE_FROZEN, ckpt.frozen, "frozen parameter")):
+            for t in r.tables(module, index, kind):
+                name, array = _read_tensor(r, t, ckpt.is_nominal)
+                if name in ckpt.trainable or name in ckpt.frozen:
+                    r.fail(f"parameter '{name}' appears twice")
+                params[name] = array
+
+    groups = r.tables(root, _ROOT_GROUPS, "optimizer group")
+    if len(groups) > 1:
+        r.fail(f"{len(groups)} optimizer groups; only one is supported")
+    for group in groups:
+        r.string(group, _GROUP_NAME, "optimizer group name")
+        ckpt.optimizer_step = r.scalar(group, _GROUP_STEP, "q", 0)
+        ckpt.initial_learning_rate = r.scalar(group, _GROUP_LR, "f", 0.0)
+        for state in r.tables(group, _GROUP_STATES, "parameter optimizer state"):
+            name = r.string(state, _STATE_PARAM, "param_name")
+            moments = [_read_tensor(r, t, False)
+                       for t in r.tables(state, _STATE_MOMENTUMS, f"momentum of '{name}'")]
+            if name not in ckpt.trainable:
+                r.fail(f"optimizer state for '{name}', which is not a trainable parameter")
+            if name in ckpt.momentums:
+                r.fail(f"optimizer state for '{name}' appears twice")
+            moments.sort(key=lambda m: (len(m[0]), m[0]))  # momentum0, momentum1, ..., momentum10
+            if not ckpt.is_nominal:
+                for moment, value in moments:
+                    if value.shape != ckpt.trainable[name].shape:
+                        r.fail(f"{moment} of '{name}' has shape {value.shape}; the parameter "
+                               f"has shape {ckpt.trainable[name].shape}")
+            ckpt.momentums[name] = [value for _, value in moments]
+
+    bag = r.subtable(root, _ROOT_BAG, "property_bag")
+    if bag is not None:
+        for index, kind in ((_BAG_INTS, "int"), (_BAG_FLOATS, "float"), (_BAG_STRINGS, "string")):
+            for p in r.tables(bag, index, f"{kind} property"):
+                name = r.string(p, _PROP_NAME, f"{kind} property name")
+                if not name:
+                    r.fail(f"a {kind} property has no name")
+                if kind == "int":
+                    value = r.scalar(p, _PROP_VALUE, "q", 0)
+                elif kind == "float":
+                    value = r.scalar(p, _PROP_VALUE, "f", 0.0)
+                else:
+                    value = r.string(p, _PROP_VALUE, f"property '{name}'") or ""
+                if name in ckpt.properties:
+                    r.fail(f"property '{name}' appears twice")
+                ckpt.properties[name] = value
+    return ckpt
+
+
+def _read_tensor(r: _Reader, t: _Table, nominal: bool) -> tuple[str, np.ndarray]:
+    name = r.string(t, _TENSOR_NAME, f"name of {t.what}")
+    if not name:
+        r.fail(f"{t.what} has no name")
+    what = f"tensor '{name}'"
+    r.string(t, _TENSOR_DOC, f"doc_string of {what}")
+    dims_pos, ndims = r.vector(t, _TENSOR_DIMS, 8, f"dims of {what}")
+    dims = struct.unpack_from(f"<{ndims}q", r.data, dims_pos) if ndims else ()
+    dtype = r.scalar(t, _TENSOR_TYPE, "i", 0)
+    raw_pos, nbytes = r.vector(t, _TENSOR_RAW, 1, f"raw_data of {what}")
+    _, nstrings = r.vector(t, _TENSOR_STRINGS, 4, f"string_data of {what}")
+    external = r.scalar(t, _TENSOR_EXTERNAL, "q", -1)
+    if dtype != ONNX_FLOAT:
+        type_name = _ONNX_TYPE_NAMES.get(dtype, "unknown")
+        r.fail(f"{what} has ONNX data type {dtype} ({type_name}); only FLOAT (1) is supported")
+    if external != -1:
+        r.fail(f"{what} keeps its data in an external file, which is not supported")
+    if nstrings:
+        r.fail(f"{what} is a FLOAT tensor but has string_data")
+    if nominal:
+        return name, np.zeros(0, dtype=np.float32)
+    if any(d < 0 for d in dims):
+        r.fail(f"{what} has a negative dimension in {list(dims)}")
+    count = math.prod(dims)
+    if nbytes != 4 * count:
+        r.fail(f"{what} has {nbytes} bytes of raw_data; dims {list(dims)} need {4 * count}")
+    values = np.frombuffer(r.data, dtype="<f4", count=count, offset=raw_pos) if count else \
+        np.zeros(0, dtype="<f4")
+    return name, values.astype(np.float32).reshape(dims)

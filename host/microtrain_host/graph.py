@@ -1,0 +1,61 @@
+"""A small builder for ONNX graphs that records the shape of everything it emits."""
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+DOMAIN = "ai.microtrain"   # gradient and optimizer helpers ONNX lacks (like ORT's com.microsoft)
+DOMAIN_VERSION = 1
+
+
+class GraphBuilder:
+    def __init__(self, shapes):
+        self.shapes = dict(shapes)        # name -> (elem_type, shape tuple)
+        self.nodes = []
+        self.initializers = []
+        self._names = set(shapes)
+        self.values = {}                  # name -> numpy value of every known constant
+
+    def fresh(self, hint):
+        name, i = hint, 1
+        while name in self._names:
+            i += 1
+            name = f"{hint}_{i}"
+        self._names.add(name)
+        return name
+
+    def node(self, op_type, inputs, shape, *, domain="", outputs=None, elem_type=TensorProto.FLOAT,
+             hint=None, **attrs):
+        """Append a node; returns its output name (or names when outputs is a list)."""
+        if outputs is None:
+            outputs = [self.fresh(hint or f"{op_type}_out")]
+            single = True
+        else:
+            single = False
+        for out in outputs:
+            if out:
+                self._names.add(out)
+        shapes = shape if isinstance(shape, list) else [shape]
+        for out, s in zip(outputs, shapes):
+            if out and s is not None:
+                self.shapes[out] = (elem_type, tuple(s))
+        self.nodes.append(helper.make_node(op_type, inputs, outputs, name=self.fresh(
+            f"{hint or op_type}_node"), domain=domain, **attrs))
+        return outputs[0] if single else outputs
+
+    def constant(self, hint, value):
+        """A constant as an initializer; returns its name."""
+        value = np.asarray(value)
+        name = self.fresh(hint)
+        self.initializers.append(numpy_helper.from_array(value, name))
+        self.shapes[name] = (helper.np_dtype_to_tensor_dtype(value.dtype), value.shape)
+        self.values[name] = value
+        return name
+
+    def constant_value(self, name):
+        return self.values.get(name)
+
+    def shape(self, name):
+        return self.shapes[name][1]
+
+    def value_infos(self, names):
+        return [helper.make_tensor_value_info(n, self.shapes[n][0], list(self.shapes[n][1]))
+                for n in names]

@@ -1,0 +1,115 @@
+"""Load an ONNX model and fix every shape: the first stage of the packager."""
+import copy
+import os
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper, shape_inference
+
+from .errors import ArtifactError, DynamicShapeError
+
+MIN_OPSET = 13  # ReduceSum takes axes as an input, Softmax works on one axis
+
+
+def _load(model):
+    if isinstance(model, onnx.ModelProto):
+        return copy.deepcopy(model)
+    if isinstance(model, (str, os.PathLike)):
+        try:
+            return onnx.load(os.fspath(model))
+        except Exception as e:  # protobuf raises several types for a bad file
+            raise ArtifactError(f"cannot read ONNX model '{model}': {e}") from e
+    raise ArtifactError(f"model must be an onnx.ModelProto or a path, not {type(model).__name__}")
+
+
+def opset_of(model):
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return imp.version
+    return 1
+
+
+def load_model(model, batch_size=None):
+    """Returns (ModelProto with all shapes static and inferred, {name: (elem_type, shape)}).
+
+    Every dynamic dimension of a graph input is set to batch_size; without batch_size a
+    dynamic dimension is an error that names the input and the dimension."""
+    model = _load(model)
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as e:
+        raise ArtifactError(f"the ONNX model does not pass onnx.checker: {e}") from e
+    opset = opset_of(model)
+    if opset < MIN_OPSET:
+        raise ArtifactError(f"the model uses opset {opset}; microtrain needs opset >= {MIN_OPSET}"
+                            f" (export with opset_version=17)")
+    graph = model.graph
+    params = {i.name for i in graph.initializer}
+    for inp in graph.input:
+        if inp.name in params:
+            continue
+        for axis, dim in enumerate(inp.type.tensor_type.shape.dim):
+            if dim.HasField("dim_value") and dim.dim_value > 0:
+                continue
+            label = dim.dim_param or "?"
+            if batch_size is None:
+                raise DynamicShapeError(
+                    f"input '{inp.name}' has a dynamic dimension '{label}' (axis {axis}); "
+                    f"microtrain needs fixed shapes: pass batch_size (--batch-size) to fix it")
+            dim.Clear()
+            dim.dim_value = int(batch_size)
+    # Forget shapes computed for the dynamic model, then infer them again.
+    del graph.value_info[:]
+    for out in graph.output:
+        out.type.tensor_type.ClearField("shape")
+    try:
+        model = shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    except Exception as e:
+        raise ArtifactError(f"shape inference failed: {e}") from e
+    shapes = tensor_shapes(model.graph)
+    for node in model.graph.node:
+        for out in node.output:
+            if out and (out not in shapes or any(d is None for d in shapes[out][1])):
+                raise DynamicShapeError(
+                    f"cannot fix the shape of '{out}' produced by node '{node.name}' "
+                    f"({node.op_type}); pass batch_size or export with static shapes")
+    return model, shapes
+
+
+def tensor_shapes(graph):
+    """{name: (elem_type, shape tuple)} for every tensor whose type is known."""
+    shapes = {}
+    for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
+        tt = vi.type.tensor_type
+        if not tt.HasField("shape"):
+            continue
+        dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
+        shapes[vi.name] = (tt.elem_type, dims)
+    for init in graph.initializer:
+        shapes[init.name] = (init.data_type, tuple(init.dims))
+    for node in graph.node:
+        if node.op_type == "Constant" and node.output[0] not in shapes:
+            value = constant_value(node)
+            if value is not None:
+                shapes[node.output[0]] = (helper.np_dtype_to_tensor_dtype(value.dtype), value.shape)
+    return shapes
+
+
+def constant_value(node):
+    """The value of a Constant node as a numpy array (None for sparse constants)."""
+    for attr in node.attribute:
+        if attr.name == "value":
+            return numpy_helper.to_array(attr.t)
+        if attr.name == "value_float":
+            return np.array(attr.f, dtype=np.float32)
+        if attr.name == "value_floats":
+            return np.array(list(attr.floats), dtype=np.float32)
+        if attr.name == "value_int":
+            return np.array(attr.i, dtype=np.int64)
+        if attr.name == "value_ints":
+            return np.array(list(attr.ints), dtype=np.int64)
+    return None
+
+
+def is_float(elem_type):
+    return elem_type == TensorProto.FLOAT

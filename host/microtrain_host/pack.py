@@ -1,0 +1,204 @@
+"""Pack: lower the three graphs, plan the arenas and write the .mtb blob.
+
+Blob file = u32 N + N-byte FlatBuffer (schema/microtrain.fbs, identifier "MTRB") + CRC-32
+of those N bytes."""
+import ast
+import dataclasses
+import os
+import zlib
+
+import flatbuffers
+import numpy as np
+
+from . import planner
+from .lower import (ACTIVATION, CONSTANT, CONTROL, FLOAT, GRAD, INPUT, INT32, LABEL, NO_TENSOR,
+                    OPTIMIZER_STATE, PARAM, Lowering, roles_from_metadata)
+from .optimizers import STATE_NAMES, OptimType, grad_buffer, state_name
+
+IDENTIFIER = b"MTRB"
+FORMAT_VERSION = 1
+PERSISTENT_ORDER = (INPUT, LABEL, PARAM, GRAD, OPTIMIZER_STATE, CONSTANT, CONTROL)
+
+
+@dataclasses.dataclass
+class Packed:
+    lowering: Lowering
+    float_arena: int
+    int_arena: int
+    nbytes: int
+
+
+def lifetimes(program, tensors):
+    """{storage id: [first step, last step]} of the activations a program touches."""
+    spans = {}
+    for index, step in enumerate(program.steps):
+        for tid in step.tensors:
+            if tid == NO_TENSOR or tensors[tid].role != ACTIVATION:
+                continue
+            s = tensors[tid].storage
+            span = spans.setdefault(s, [index, index])
+            span[1] = index
+    for tid in program.outputs:
+        s = tensors[tid].storage
+        if s in spans:
+            spans[s][1] = len(program.steps)
+    return spans
+
+
+def assign_offsets(lowering):
+    """Persistent tensors first, one after another; then each program's temporaries
+    planned into one shared region. Returns (float arena, int arena) sizes in elements."""
+    tensors = lowering.tensors
+    ends = {FLOAT: 0, INT32: 0}
+    for role in PERSISTENT_ORDER:
+        for tid, t in enumerate(tensors):
+            if t.role == role and t.storage == tid:
+                t.offset = ends[t.dtype]
+                ends[t.dtype] += t.size
+    base = ends[FLOAT]
+    region = 0
+    for program in lowering.programs.values():
+        spans = lifetimes(program, tensors)
+        ids = sorted(spans)
+        buffers = [(tensors[s].size, spans[s][0], spans[s][1]) for s in ids]
+        offsets, size = planner.plan(buffers)
+        planner.check(buffers, offsets)
+        for s, off in zip(ids, offsets):
+            tensors[s].offset = base + off
+        region = max(region, size)
+    for tid, t in enumerate(tensors):
+        if t.storage != tid:
+            t.offset = tensors[t.storage].offset
+    return base + region, ends[INT32]
+
+
+def _uints(builder, values, dtype):
+    return builder.CreateNumpyVector(np.asarray(values, dtype=dtype))
+
+
+def _write(lowering, parameters, float_arena, int_arena, loss, num_classes, optimizer, options):
+    b = flatbuffers.Builder(4096)
+    tensor_offsets = []
+    for t in lowering.tensors:
+        name = b.CreateString(t.name)
+        shape = _uints(b, list(t.shape), np.int32)
+        data = b.CreateNumpyVector(np.frombuffer(t.data, np.uint8)) if t.role == CONSTANT else None
+        program = b.CreateString(t.program) if t.program else None
+        b.StartObject(8)
+        b.PrependUOffsetTRelativeSlot(0, name, 0)
+        b.PrependUint8Slot(1, t.dtype, 0)
+        b.PrependUint8Slot(2, t.role, 0)
+        b.PrependUOffsetTRelativeSlot(3, shape, 0)
+        b.PrependUint32Slot(4, t.offset, 0)
+        b.PrependUint32Slot(5, t.size, 0)
+        if data is not None:
+            b.PrependUOffsetTRelativeSlot(6, data, 0)
+        if program is not None:
+            b.PrependUOffsetTRelativeSlot(7, program, 0)
+        tensor_offsets.append(b.EndObject())
+    program_offsets = []
+    for program in lowering.programs.values():
+        step_offsets = []
+        for step in program.steps:
+            tensors = _uints(b, step.tensors, np.uint32)
+            ints = _uints(b, step.ints, np.int32)
+            floats = _uints(b, step.floats, np.float32)
+            b.StartObject(4)
+            b.PrependUint16Slot(0, step.op, 0)
+            b.PrependUOffsetTRelativeSlot(1, tensors, 0)
+            b.PrependUOffsetTRelativeSlot(2, ints, 0)
+            b.PrependUOffsetTRelativeSlot(3, floats, 0)
+            step_offsets.append(b.EndObject())
+        name = b.CreateString(program.name)
+        steps = _table_vector(b, step_offsets)
+        inputs = _uints(b, program.inputs, np.uint32)
+        outputs = _uints(b, program.outputs, np.uint32)
+        b.StartObject(4)
+        b.PrependUOffsetTRelativeSlot(0, name, 0)
+        b.PrependUOffsetTRelativeSlot(1, steps, 0)
+        b.PrependUOffsetTRelativeSlot(2, inputs, 0)
+        b.PrependUOffsetTRelativeSlot(3, outputs, 0)
+        program_offsets.append(b.EndObject())
+    param_offsets = []
+    for tensor, grad, states in parameters:
+        state_vec = _uints(b, states, np.uint32)
+        b.StartObject(3)
+        b.PrependUint32Slot(0, tensor, 0)
+        b.PrependInt32Slot(1, grad, -1)
+        b.PrependUOffsetTRelativeSlot(2, state_vec, 0)
+        param_offsets.append(b.EndObject())
+    opt = None
+    if optimizer is not None:
+        kind = b.CreateString(optimizer.name)
+        b.StartObject(7)
+        b.PrependUOffsetTRelativeSlot(0, kind, 0)
+        b.PrependFloat32Slot(1, options["learning_rate"], 0.001)
+        if optimizer == OptimType.AdamW:
+            b.PrependFloat32Slot(2, options["beta1"], 0.9)
+            b.PrependFloat32Slot(3, options["beta2"], 0.999)
+            b.PrependFloat32Slot(4, options["epsilon"], 1e-6)
+            b.PrependFloat32Slot(5, options["weight_decay"], 0.0)
+            b.PrependBoolSlot(6, bool(options["bias_correction"]), True)
+        opt = b.EndObject()
+    producer = b.CreateString("microtrain")
+    tensors_vec = _table_vector(b, tensor_offsets)
+    params_vec = _table_vector(b, param_offsets)
+    programs_vec = _table_vector(b, program_offsets)
+    loss_name = b.CreateString(loss)
+    b.StartObject(10)
+    b.PrependUint16Slot(0, FORMAT_VERSION, 0)
+    b.PrependUOffsetTRelativeSlot(1, producer, 0)
+    b.PrependUOffsetTRelativeSlot(2, tensors_vec, 0)
+    b.PrependUOffsetTRelativeSlot(3, params_vec, 0)
+    b.PrependUOffsetTRelativeSlot(4, programs_vec, 0)
+    b.PrependUint32Slot(5, float_arena, 0)
+    b.PrependUint32Slot(6, int_arena, 0)
+    b.PrependUOffsetTRelativeSlot(7, loss_name, 0)
+    b.PrependUint32Slot(8, num_classes, 0)
+    if opt is not None:
+        b.PrependUOffsetTRelativeSlot(9, opt, 0)
+    b.FinishSizePrefixed(b.EndObject(), file_identifier=IDENTIFIER)
+    body = bytes(b.Output())
+    return body + (zlib.crc32(body[4:]) & 0xFFFFFFFF).to_bytes(4, "little")
+
+
+def _table_vector(b, offsets):
+    b.StartVector(4, len(offsets), 4)
+    for off in reversed(offsets):
+        b.PrependUOffsetTRelative(off)
+    return b.EndVector()
+
+
+def pack(training_model, eval_model, optimizer_model, path, optimizer_options=None):
+    """Lower the graphs, plan the arenas and write the blob to path. Returns Packed."""
+    roles, meta = roles_from_metadata(training_model, optimizer_model)
+    lowering = Lowering(roles)
+    lowering.lower("train", training_model)
+    lowering.lower("eval", eval_model)
+    optimizer = None
+    if optimizer_model is not None:
+        opt_meta = {p.key: p.value for p in optimizer_model.metadata_props}
+        optimizer = OptimType[opt_meta["microtrain.optimizer"]]
+        if optimizer_options is None:
+            optimizer_options = dict(ast.literal_eval(opt_meta["microtrain.options"]))
+        lowering.lower("optimizer", optimizer_model)
+    lowering.control("lazy_reset_grad")
+    lowering.control("learning_rate")
+    if optimizer == OptimType.AdamW:
+        lowering.control("step_size")
+    float_arena, int_arena = assign_offsets(lowering)
+    trainable = set(n for n in meta.get("microtrain.trainable", "").split(",") if n)
+    parameters = []
+    for name in [n for n in meta.get("microtrain.params", "").split(",") if n]:
+        tid = lowering.persistent[name]
+        grad = lowering.persistent.get(grad_buffer(name), -1) if name in trainable else -1
+        states = [lowering.persistent[state_name(name, s)] for s in STATE_NAMES[optimizer]] \
+            if optimizer is not None and name in trainable else []
+        parameters.append((tid, grad, states))
+    data = _write(lowering, parameters, float_arena, int_arena, meta.get("microtrain.loss", ""),
+                  int(meta.get("microtrain.num_classes", "0") or 0), optimizer, optimizer_options)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+    return Packed(lowering, float_arena, int_arena, len(data))
