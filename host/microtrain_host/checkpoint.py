@@ -258,7 +258,7 @@ def _float_array(value, what: str) -> np.ndarray:
     array = np.asarray(value)
     if array.dtype.kind not in "fiub":
         raise CheckpointError(f"{what} has dtype {array.dtype}; a float32 array is needed")
-    return array.astype(np.float32, copy=False)  # (ascontiguousarray would make 0-d 1-d)
+    return array.astype(np.float32, copy=False)  # a 0-d array stays 0-d
 
 
 def _check_name(name, what: str) -> None:
