@@ -43,6 +43,9 @@ class Blob:
         self.loss = ""
         self.num_classes = 0
         self.optimizer = {}
+        self.naive_size = 0     # float elements without arena sharing (for inspect)
+        self.lower_bound = 0    # float elements no plan can go below (for inspect)
+        self.step_records = {}  # program -> [(op, tensor ids, ints, floats)] when kept
 
     def tensor_id(self, name):
         try:
@@ -51,7 +54,7 @@ class Blob:
             raise BlobError("the blob has no tensor named '%s'" % name)
 
 
-def load(path_or_bytes):
+def load(path_or_bytes, keep_steps=False):
     if isinstance(path_or_bytes, str):
         try:
             with open(path_or_bytes, "rb") as f:
@@ -60,7 +63,7 @@ def load(path_or_bytes):
             raise BlobError("cannot read blob '%s': %s" % (path_or_bytes, e))
     else:
         data = path_or_bytes
-    return parse(data)
+    return parse(data, keep_steps)
 
 
 def _check_frame(data):
@@ -78,7 +81,8 @@ def _check_frame(data):
         raise BlobError("corrupt: CRC-32 of the blob does not match")
 
 
-def parse(data):
+def parse(data, keep_steps=False):
+    """Validate and parse a blob. keep_steps also keeps each step's tensor ids (for tools)."""
     _check_frame(data)
     r = Reader(memoryview(data)[:len(data) - 4], BlobError, start=4)
     root = r.root()
@@ -91,12 +95,17 @@ def parse(data):
     b.int_arena = r.scalar(root, 6, "I", 0)
     b.loss = r.string(root, 7, "loss")
     b.num_classes = r.scalar(root, 8, "I", 0)
+    b.naive_size = r.scalar(root, 10, "I", 0)
+    b.lower_bound = r.scalar(root, 11, "I", 0)
     _read_tensors(r, root, b)
     _read_parameters(r, root, b)
     _read_optimizer(r, root, b)
     for t in r.tables(root, 4, "program"):
         name = r.string(t, 0, "program name")
-        b.programs[name] = Program(name, _read_steps(r, t, b, name),
+        records = [] if keep_steps else None
+        if keep_steps:
+            b.step_records[name] = records
+        b.programs[name] = Program(name, _read_steps(r, t, b, name, records),
                                    _ids(r, t, 2, b, name + " inputs"),
                                    _ids(r, t, 3, b, name + " outputs"))
     return b
@@ -173,7 +182,7 @@ def _ids(r, table, index, b, what):
     return list(ids)
 
 
-def _read_steps(r, program, b, program_name):
+def _read_steps(r, program, b, program_name, records):
     steps = []
     modules = {}
     for index, t in enumerate(r.tables(program, 1, "step")):
@@ -202,4 +211,6 @@ def _read_steps(r, program, b, program_name):
         if family not in modules:
             modules[family] = kernel_module(family)
         steps.append((getattr(modules[family], function), tuple(offsets) + ints + floats))
+        if records is not None:
+            records.append((op, tensors, ints, floats))
     return steps

@@ -57,15 +57,21 @@ def assign_offsets(lowering):
                 ends[t.dtype] += t.size
     base = ends[FLOAT]
     region = 0
+    lowering.naive_size = base
+    lowering.lower_bound = base
+    peak = 0
     for program in lowering.programs.values():
         spans = lifetimes(program, tensors)
         ids = sorted(spans)
         buffers = [(tensors[s].size, spans[s][0], spans[s][1]) for s in ids]
         offsets, size = planner.plan(buffers)
         planner.check(buffers, offsets)
+        lowering.naive_size += sum(b[0] for b in buffers)
+        peak = max(peak, planner.lower_bound(buffers))
         for s, off in zip(ids, offsets):
             tensors[s].offset = base + off
         region = max(region, size)
+    lowering.lower_bound = base + peak
     for tid, t in enumerate(tensors):
         if t.storage != tid:
             t.offset = tensors[t.storage].offset
@@ -145,7 +151,7 @@ def _write(lowering, parameters, float_arena, int_arena, loss, num_classes, opti
     params_vec = _table_vector(b, param_offsets)
     programs_vec = _table_vector(b, program_offsets)
     loss_name = b.CreateString(loss)
-    b.StartObject(10)
+    b.StartObject(12)
     b.PrependUint16Slot(0, FORMAT_VERSION, 0)
     b.PrependUOffsetTRelativeSlot(1, producer, 0)
     b.PrependUOffsetTRelativeSlot(2, tensors_vec, 0)
@@ -157,6 +163,8 @@ def _write(lowering, parameters, float_arena, int_arena, loss, num_classes, opti
     b.PrependUint32Slot(8, num_classes, 0)
     if opt is not None:
         b.PrependUOffsetTRelativeSlot(9, opt, 0)
+    b.PrependUint32Slot(10, lowering.naive_size, 0)
+    b.PrependUint32Slot(11, lowering.lower_bound, 0)
     b.FinishSizePrefixed(b.EndObject(), file_identifier=IDENTIFIER)
     body = bytes(b.Output())
     return body + (zlib.crc32(body[4:]) & 0xFFFFFFFF).to_bytes(4, "little")

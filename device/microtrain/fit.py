@@ -1,0 +1,162 @@
+# A training loop for boards and for `microtrain train`: epochs of shuffled mini-batches,
+# evaluation on a validation set, a trained checkpoint at the end. Datasets are flat
+# arrays in RAM; every buffer is allocated before the first step.
+#
+#   micropython -m microtrain.fit ARTIFACT_DIR DATA_DIR EPOCHS LR OUT_CHECKPOINT [SEED]
+# DATA_DIR holds x_train.f32, y_train.{i32|f32}, x_val.f32, y_val.{i32|f32} (raw
+# little-endian). Progress goes to stdout as lines "@step ..." and "@epoch ...".
+import sys
+from array import array
+from microtrain.checkpoint import CheckpointState
+from microtrain.module import Module
+from microtrain.optimizer import Optimizer
+
+_INT32 = 1
+
+
+def _read(path, typecode):
+    import os
+    n = os.stat(path)[6] // 4
+    data = array(typecode, bytes(4 * n))
+    with open(path, "rb") as f:
+        f.readinto(data)
+    return data
+
+
+class Batches:
+    """Copies shuffled samples of (x, y) into the fixed-size batch buffers of a Module."""
+
+    def __init__(self, module, x, y):
+        b = module.blob
+        x_id, y_id = b.programs["train"].inputs
+        self.batch = b.shapes[x_id][0]
+        self.x_size = b.sizes[x_id] // self.batch
+        self.y_size = b.sizes[y_id] // self.batch
+        self.y_int = b.dtypes[y_id] == _INT32
+        self.x, self.y = x, y
+        self.count = len(x) // self.x_size
+        if len(y) != self.count * self.y_size:
+            raise ValueError("%d samples of x but %d labels/targets" % (self.count,
+                                                                        len(y) // self.y_size))
+        self.xb = array("f", bytes(4 * self.batch * self.x_size))
+        self.yb = array("i" if self.y_int else "f", bytes(4 * self.batch * self.y_size))
+        self.order = array("i", range(self.count))
+        self.full_batches = self.count // self.batch
+
+    def shuffle(self, rng):
+        order = self.order
+        for i in range(self.count - 1, 0, -1):
+            j = rng.below(i + 1)
+            order[i], order[j] = order[j], order[i]
+
+    def fill(self, index):
+        xs, ys, xb, yb = self.x_size, self.y_size, self.xb, self.yb
+        x, y, order = self.x, self.y, self.order
+        for k in range(self.batch):
+            s = order[index * self.batch + k]
+            src, dst = s * xs, k * xs
+            for j in range(xs):
+                xb[dst + j] = x[src + j]
+            src, dst = s * ys, k * ys
+            for j in range(ys):
+                yb[dst + j] = y[src + j]
+
+
+class XorShift:
+    # Tiny deterministic PRNG (xorshift32): identical sequence on MicroPython and CPython.
+    def __init__(self, seed):
+        self.state = (seed or 1) & 0xFFFFFFFF
+
+    def below(self, n):
+        s = self.state
+        s ^= (s << 13) & 0xFFFFFFFF
+        s ^= s >> 17
+        s ^= (s << 5) & 0xFFFFFFFF
+        self.state = s
+        return s % n
+
+
+def _correct(module, batches, outputs):
+    # Cross-entropy: argmax == label. BCE: (logit > 0) == (target > 0.5). Else: None.
+    loss = module.blob.loss
+    yb = batches.yb
+    if loss == "CrossEntropyLoss":
+        classes = len(outputs) // batches.batch
+        hits = 0
+        for k in range(batches.batch):
+            best = 0
+            row = k * classes
+            for c in range(1, classes):
+                if outputs[row + c] > outputs[row + best]:
+                    best = c
+            hits += 1 if best == yb[k] else 0
+        return hits, batches.batch
+    if loss == "BCEWithLogitsLoss":
+        hits = 0
+        for i in range(len(outputs)):
+            hits += 1 if (outputs[i] > 0.0) == (yb[i] > 0.5) else 0
+        return hits, len(outputs)
+    return None
+
+
+def evaluate(module, batches):
+    """Mean loss and accuracy (None when the loss has none) over the full batches."""
+    module.eval()
+    total, hits, seen = 0.0, 0, 0
+    for i in range(batches.full_batches):
+        batches.fill(i)
+        out = module(batches.xb, batches.yb)
+        if isinstance(out, list):
+            total += out[0]
+            counted = _correct(module, batches, out[1])
+            if counted is not None:
+                hits += counted[0]
+                seen += counted[1]
+        else:
+            total += out
+    module.train()
+    n = max(1, batches.full_batches)
+    return total / n, (hits / seen if seen else None)
+
+
+def fit(module, optimizer, train, val, epochs, report, seed=1):
+    """Train for `epochs`; report(kind, values) gets ("step", (epoch, index, count, loss))
+    and ("epoch", (epoch, train loss, val loss, val accuracy or None))."""
+    rng = XorShift(seed)
+    module.train()
+    for epoch in range(1, epochs + 1):
+        train.shuffle(rng)
+        total = 0.0
+        for i in range(train.full_batches):
+            train.fill(i)
+            loss = module(train.xb, train.yb)
+            optimizer.step()
+            module.lazy_reset_grad()
+            total += loss
+            report("step", (epoch, i + 1, train.full_batches, loss))
+        val_loss, val_acc = evaluate(module, val) if val is not None else (None, None)
+        report("epoch", (epoch, total / max(1, train.full_batches), val_loss, val_acc))
+
+
+def _print_report(kind, values):
+    print("@" + kind + " " + " ".join(repr(v) for v in values))
+
+
+def main(argv):
+    artifacts, data, epochs, lr, out = argv[1], argv[2], int(argv[3]), float(argv[4]), argv[5]
+    seed = int(argv[6]) if len(argv) > 6 else 1
+    state = CheckpointState.load_checkpoint(artifacts + "/checkpoint")
+    module = Module(artifacts + "/model.mtb", state)
+    optimizer = Optimizer(artifacts + "/model.mtb", module)
+    optimizer.set_learning_rate(lr)
+    y_type = "i" if module.blob.dtypes[module.blob.programs["train"].inputs[1]] == _INT32 else "f"
+    ext = ".i32" if y_type == "i" else ".f32"
+    train = Batches(module, _read(data + "/x_train.f32", "f"), _read(data + "/y_train" + ext, y_type))
+    val = Batches(module, _read(data + "/x_val.f32", "f"), _read(data + "/y_val" + ext, y_type))
+    fit(module, optimizer, train, val, epochs, _print_report, seed)
+    CheckpointState.save_checkpoint(state, out)
+    print("@saved " + out)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,167 @@
+"""The `microtrain` command: pack, inspect, train. The only module that prints or exits."""
+import argparse
+import os
+import sys
+
+from .errors import MicrotrainHostError
+
+LOSS_NAMES = {"cross_entropy": "CrossEntropyLoss", "mse": "MSELoss",
+              "bce_with_logits": "BCEWithLogitsLoss", "l1": "L1Loss", "none": None}
+OPTIMIZER_NAMES = {"adamw": "AdamW", "sgd": "SGD", "none": None}
+
+
+def _names(text):
+    return [n for n in text.split(",") if n] if text is not None else None
+
+
+def cmd_pack(args):
+    from . import generate_artifacts
+    from .report import describe
+    options = {}
+    if args.lr is not None:
+        options["learning_rate"] = args.lr
+    if args.weight_decay is not None:
+        options["weight_decay"] = args.weight_decay
+    result = generate_artifacts(
+        args.model, requires_grad=_names(args.requires_grad), frozen_params=_names(args.frozen),
+        loss=LOSS_NAMES[args.loss], optimizer=OPTIMIZER_NAMES[args.optimizer],
+        artifact_directory=args.output, prefix=args.prefix,
+        nominal_checkpoint=args.nominal_checkpoint, batch_size=args.batch_size,
+        optimizer_options=options or None)
+    print(f"packed {args.model} -> {args.output}/")
+    for path in (result.training_model, result.eval_model, result.optimizer_model,
+                 result.checkpoint, result.nominal_checkpoint, result.blob):
+        if path:
+            print(f"  {os.path.basename(path):24s} {os.path.getsize(path):8d} bytes")
+    print(f"trainable: {', '.join(result.trainable)}")
+    if result.frozen:
+        print(f"frozen:    {', '.join(result.frozen)}")
+    print(describe(result.blob, steps=False).split("\n\nparameters:")[0].split("\n", 2)[2])
+    return 0
+
+
+def cmd_inspect(args):
+    from .report import describe
+    print(describe(args.blob, steps=not args.no_steps))
+    return 0
+
+
+class Progress:
+    """A progress bar on a terminal; plain per-epoch lines otherwise."""
+
+    def __init__(self, epochs, stream=sys.stderr):
+        self.epochs = epochs
+        self.stream = stream
+        self.tty = stream.isatty()
+
+    def __call__(self, kind, values):
+        if kind == "step" and self.tty:
+            epoch, index, count, loss = values
+            if index % max(1, count // 50) and index != count:
+                return
+            filled = int(30 * index / count)
+            self.stream.write(f"\r  epoch {epoch}/{self.epochs} [{'#' * filled}"
+                              f"{'.' * (30 - filled)}] {index}/{count} loss {loss:.4f}")
+            self.stream.flush()
+        elif kind == "epoch":
+            epoch, train_loss, val_loss, val_acc = values
+            if self.tty:
+                self.stream.write("\r" + " " * 79 + "\r")
+            text = f"epoch {epoch}/{self.epochs}  train loss {train_loss:.4f}"
+            if val_loss is not None:
+                text += f"  val loss {val_loss:.4f}"
+            if val_acc is not None:
+                text += f"  val accuracy {100 * val_acc:.1f}%"
+            print(text, flush=True)
+
+
+def cmd_train(args):
+    from .training import train
+    output = args.output or os.path.join(args.artifacts, "trained_checkpoint")
+    print(f"training {args.artifacts} on {args.data} with the device runtime under "
+          f"{'MicroPython' if args.runtime == 'micropython' else 'CPython'}", flush=True)
+    train(args.artifacts, args.data, args.epochs, args.lr, output, runtime=args.runtime,
+          seed=args.seed, report=Progress(args.epochs), micropython=args.micropython,
+          heap=args.heap)
+    print(f"trained checkpoint written to {output}")
+    return 0
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="microtrain",
+        description="Train neural networks on microcontrollers: pack an ONNX model into "
+                    "training artifacts and a compact blob, inspect it, train it with the "
+                    "device runtime under CPython or MicroPython.",
+        epilog="example: microtrain pack model.onnx -o build/ --batch-size 8 && "
+               "microtrain train build/ --data train.npz --epochs 5")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("pack", help="ONNX model -> training artifacts + model.mtb",
+                       description="Generate ORT-style training artifacts (training_model.onnx, "
+                                   "eval_model.onnx, optimizer_model.onnx, checkpoint) and the "
+                                   "packed blob model.mtb for the device runtime.")
+    p.add_argument("model", help="ONNX model (export from PyTorch with dynamo=False, "
+                                 "opset_version=17, training=TRAINING, do_constant_folding=False)")
+    p.add_argument("-o", "--output", required=True, help="artifact directory (created)")
+    p.add_argument("--loss", choices=sorted(LOSS_NAMES), default="cross_entropy",
+                   help="loss appended to the model output (default: cross_entropy; labels are "
+                        "class indices). 'none': the model output already is the loss")
+    p.add_argument("--optimizer", choices=sorted(OPTIMIZER_NAMES), default="adamw",
+                   help="optimizer (default: adamw with ORT's defaults)")
+    p.add_argument("--batch-size", type=int, help="fixes the dynamic batch dimension")
+    p.add_argument("--lr", type=float, help="initial learning rate stored in the blob "
+                                            "(default 0.001)")
+    p.add_argument("--weight-decay", type=float, help="AdamW weight decay (default 0)")
+    p.add_argument("--requires-grad", metavar="NAMES",
+                   help="comma-separated parameters to train (default: all)")
+    p.add_argument("--frozen", metavar="NAMES", help="comma-separated parameters to freeze")
+    p.add_argument("--prefix", default="", help="prefix for every file name")
+    p.add_argument("--nominal-checkpoint", action="store_true",
+                   help="also write nominal_checkpoint (names and types, no values)")
+    p.set_defaults(func=cmd_pack)
+
+    p = sub.add_parser("inspect", help="describe a packed blob",
+                       description="Show a blob's memory plan (arena vs naive sum vs lower "
+                                   "bound), parameters, tensor table and programs step by step.")
+    p.add_argument("blob", help="a model.mtb file")
+    p.add_argument("--no-steps", action="store_true", help="omit the program listings")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("train", help="train on the host with the device runtime",
+                       description="Train packed artifacts with the device runtime, under "
+                                   "CPython or the MicroPython Unix port; prints per-epoch loss "
+                                   "and validation accuracy, writes the trained checkpoint.")
+    p.add_argument("artifacts", help="artifact directory written by `microtrain pack`")
+    p.add_argument("--data", required=True,
+                   help=".npz with x_train, y_train, x_val, y_val (or x, y: 20%% held out)")
+    p.add_argument("--epochs", type=int, default=5, help="default 5")
+    p.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
+    p.add_argument("--runtime", choices=("cpython", "micropython"), default="cpython",
+                   help="interpreter running the device runtime (default cpython)")
+    p.add_argument("--output", help="trained checkpoint (default ARTIFACTS/trained_checkpoint)")
+    p.add_argument("--seed", type=int, default=1, help="shuffling seed (default 1)")
+    p.add_argument("--micropython", help="MicroPython binary (default: $MICROTRAIN_MICROPYTHON, "
+                                         "the cached build, or PATH)")
+    p.add_argument("--heap", default="8M", help="MicroPython heap size (default 8M)")
+    p.set_defaults(func=cmd_train)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except MicrotrainHostError as e:
+        print(f"microtrain {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        from microtrain.errors import MicrotrainError
+        if isinstance(e, MicrotrainError):
+            print(f"microtrain {args.command}: error: {type(e).__name__}: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

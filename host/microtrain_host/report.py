@@ -1,0 +1,61 @@
+"""Human-readable description of a packed blob, as read by the device's own reader."""
+from microtrain import blob as device_blob
+
+from . import opcodes
+
+ROLE_ORDER = ("input", "label", "param", "grad", "optimizer_state", "constant", "control",
+              "activation")
+
+
+def _kib(elements):
+    return f"{elements * 4 / 1024:.1f} KiB"
+
+
+def describe(path, steps=True):
+    b = device_blob.load(str(path), keep_steps=True)
+    lines = []
+    opt = b.optimizer
+    lines.append(f"blob {path}: format {device_blob.FORMAT_VERSION}, loss {b.loss or '-'}"
+                 + (f", {b.num_classes} classes" if b.num_classes else "")
+                 + (f", optimizer {opt['kind']} (lr {opt['learning_rate']:g})" if opt else ""))
+    lines.append("")
+    lines.append("memory (float32 elements):")
+    lines.append(f"  arena            {b.float_arena:8d}  ({_kib(b.float_arena)})  planned, "
+                 f"allocated once at load")
+    lines.append(f"  naive sum        {b.naive_size:8d}  ({_kib(b.naive_size)})  every tensor "
+                 f"in its own space")
+    lines.append(f"  lower bound      {b.lower_bound:8d}  ({_kib(b.lower_bound)})  persistent + "
+                 f"peak of live temporaries")
+    lines.append(f"  int32 arena      {b.int_arena:8d}  ({_kib(b.int_arena)})")
+    lines.append("")
+    lines.append("parameters:")
+    for tensor, grad, state in b.parameters:
+        kind = "trainable" if grad >= 0 else "frozen (no gradient buffer)"
+        extra = f", grad {b.names[grad]}" if grad >= 0 else ""
+        if state:
+            extra += ", state " + ", ".join(b.names[s] for s in state)
+        lines.append(f"  {b.names[tensor]:24s} {list(b.shapes[tensor])!s:14s} {kind}{extra}")
+    lines.append("")
+    lines.append("tensors (role, dtype, shape, arena offset, size):")
+    persistent_roles = [r for r in ROLE_ORDER if r != "activation"]
+    for role in persistent_roles + ["activation"]:
+        for tid, name in enumerate(b.names):
+            if device_blob.ROLE_NAMES[b.roles[tid]] != role:
+                continue
+            dtype = "f32" if b.dtypes[tid] == device_blob.FLOAT else "i32"
+            lines.append(f"  {tid:4d} {role:15s} {dtype} {list(b.shapes[tid])!s:14s} "
+                         f"@{b.offsets[tid]:<7d} {b.sizes[tid]:7d}  {name}")
+    if steps:
+        for name, records in b.step_records.items():
+            program = b.programs[name]
+            lines.append("")
+            ins = ", ".join(b.names[t] for t in program.inputs) or "-"
+            outs = ", ".join(b.names[t] for t in program.outputs) or "-"
+            lines.append(f"program {name}: {len(records)} steps; inputs {ins}; outputs {outs}")
+            for i, (op, tensors, ints, floats) in enumerate(records):
+                args = ", ".join(b.names[t] if t != device_blob.NO_TENSOR else "-" for t in tensors)
+                attrs = " ".join(str(v) for v in ints)
+                if floats:
+                    attrs += " | " + " ".join(f"{v:g}" for v in floats)
+                lines.append(f"  {i:3d} {opcodes.NAMES.get(op, str(op)):17s} ({args})  [{attrs}]")
+    return "\n".join(lines)

@@ -1,0 +1,267 @@
+"""Per-op gradient tests: one tiny hand-built ONNX model per case, trained for one step on the
+device runtime (CPython), against the same computation in PyTorch autograd; the eval forward
+pass against onnxruntime running the original model.
+
+A case is one row of CASES: (name, input shape, parameters {name: shape}, nodes, torch function).
+Nodes read "input", the parameters and earlier outputs, and the last one writes "output"; the
+loss block is MSELoss. The torch function gets the input and the parameters as float64 tensors
+and returns the output."""
+import zlib
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+import microtrain_host as mh
+from microtrain import CheckpointState, Module
+
+M, K, N = 3, 5, 7          # odd sizes, so a transposed or broadcast operand cannot pass by luck
+GRAD_TOLERANCE = 1e-4
+FORWARD_TOLERANCE = 1e-5
+
+
+# -- building models -------------------------------------------------------------------
+
+def node(op_type, inputs, output, **attrs):
+    """(op_type, inputs, output, attrs); the node name is given when the model is built."""
+    return (op_type, list(inputs), output, attrs)
+
+
+def const(output, value):
+    """A Constant node, as torch.onnx emits them for shapes, axes and exponents."""
+    return node("Constant", [], output, value=numpy_helper.from_array(np.asarray(value), output))
+
+
+def build_model(input_shape, params, nodes, output_shape):
+    onnx_nodes = [helper.make_node(op, ins, [out], name=f"{op.lower()}_{i}", **attrs)
+                  for i, (op, ins, out, attrs) in enumerate(nodes)]
+    graph = helper.make_graph(
+        onnx_nodes, "op_test",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, list(input_shape))],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, list(output_shape))],
+        initializer=[numpy_helper.from_array(v, k) for k, v in params.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    return model
+
+
+def relative_error(actual, expected):
+    """max over elements of |a - b| / max(|b|, 1e-3)."""
+    actual = np.asarray(actual, np.float64).reshape(-1)
+    expected = np.asarray(expected, np.float64).reshape(-1)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    if not expected.size:
+        return 0.0
+    return float(np.max(np.abs(actual - expected) / np.maximum(np.abs(expected), 1e-3)))
+
+
+# -- the table of cases ----------------------------------------------------------------
+
+def gemm_case(trans_a, trans_b, c_shape, alpha=None, beta=None):
+    """Y = Gemm(A, B[, C]) + input, A, B and C trainable."""
+    name = f"Gemm_tA{trans_a}_tB{trans_b}_C{'none' if c_shape is None else list(c_shape)}"
+    attrs = {"transA": trans_a, "transB": trans_b}
+    if alpha is not None:
+        attrs["alpha"] = alpha
+        name += f"_alpha{alpha}"
+    if beta is not None:
+        attrs["beta"] = beta
+        name += f"_beta{beta}"
+    params = {"A": (K, M) if trans_a else (M, K), "B": (N, K) if trans_b else (K, N)}
+    inputs = ["A", "B"]
+    if c_shape is not None:
+        params["C"] = c_shape
+        inputs.append("C")
+
+    def reference(x, p):
+        a = p["A"].T if trans_a else p["A"]
+        b = p["B"].T if trans_b else p["B"]
+        y = (1.0 if alpha is None else alpha) * (a @ b)
+        if c_shape is not None:
+            y = y + (1.0 if beta is None else beta) * p["C"]
+        return y + x
+
+    return (name, (M, N), params,
+            [node("Gemm", inputs, "y", **attrs), node("Add", ["y", "input"], "output")],
+            reference)
+
+
+def binary_case(op, shape_a, shape_b):
+    """Y = op(a, b) + input with both operands trainable and broadcast against each other."""
+    out_shape = np.broadcast_shapes(shape_a, shape_b)
+    fn = {"Add": torch.add, "Sub": torch.sub, "Mul": torch.mul, "Div": torch.div}[op]
+    return (f"{op}_{list(shape_a)}_{list(shape_b)}", out_shape, {"a": shape_a, "b": shape_b},
+            [node(op, ["a", "b"], "y"), node("Add", ["y", "input"], "output")],
+            lambda x, p: fn(p["a"], p["b"]) + x)
+
+
+def unary_case(name, op_nodes, fn, shape=(K, N)):
+    """Y = op(input * w), w trainable; op_nodes read "h" and write "output"."""
+    return (name, shape, {"w": shape}, [node("Mul", ["input", "w"], "h")] + op_nodes,
+            lambda x, p: fn(x * p["w"]))
+
+
+def reduce_case(op, axes, keepdims, shape=(M, K, N)):
+    """Y = Reduce(input * w); ReduceSum takes axes as an input, ReduceMean as an attribute
+    (opset 17)."""
+    nodes = []
+    attrs = {"keepdims": keepdims}
+    inputs = ["h"]
+    if axes is not None and op == "ReduceSum":
+        nodes.append(const("axes", np.array(axes, np.int64)))
+        inputs.append("axes")
+    elif axes is not None:
+        attrs["axes"] = axes
+    nodes.append(node(op, inputs, "output", **attrs))
+    dims = list(range(len(shape))) if axes is None else axes
+    fn = torch.sum if op == "ReduceSum" else torch.mean
+    return unary_case(f"{op}_axes{axes}_keepdims{keepdims}", nodes,
+                      lambda h: fn(h, dim=dims, keepdim=bool(keepdims)), shape)
+
+
+def softmax_case(op, axis, shape):
+    fn = torch.softmax if op == "Softmax" else torch.log_softmax
+    attrs = {} if axis is None else {"axis": axis}
+    return unary_case(f"{op}_axis{axis}_{list(shape)}", [node(op, ["h"], "output", **attrs)],
+                      lambda h: fn(h, dim=-1 if axis is None else axis), shape)
+
+
+def pow_case(exponent):
+    return unary_case(f"Pow_{exponent}", [const("p", np.array(exponent, np.float32)),
+                                          node("Pow", ["h", "p"], "output")],
+                      lambda h: h ** exponent)
+
+
+def simple(op, fn, shape=(K, N)):
+    return unary_case(op, [node(op, ["h"], "output")], fn, shape)
+
+
+BROADCASTS = [((M, K), (M, K)),      # same shape
+              ((M, K), (1, K)),      # row vector
+              ((1, K), (M, K)),
+              ((M, K), (M, 1)),      # column vector
+              ((M, K), ()),          # scalar
+              ((), (M, K)),
+              ((K,), (M, K)),        # rank 1 vs rank 2
+              ((M, K), (K,)),
+              ((M, 1), (1, K)),      # both broadcast
+              ((M, 1, N), (K, 1))]   # rank 3, both broadcast
+
+CASES = (
+    [gemm_case(ta, tb, (N,)) for ta in (0, 1) for tb in (0, 1)]
+    + [gemm_case(ta, tb, (M, N), alpha=0.7, beta=1.3) for ta in (0, 1) for tb in (0, 1)]
+    + [gemm_case(0, 1, c, alpha=0.5, beta=2.0) for c in (None, (N,), (1, N), (M, 1), (M, N), ())]
+    + [gemm_case(1, 0, None, alpha=-1.5, beta=3.0)]  # beta without C is ignored
+    + [("Gemm_linear_input_A", (M, K), {"W": (N, K), "bias": (N,)},
+        [node("Gemm", ["input", "W", "bias"], "output", transB=1)],
+        lambda x, p: x @ p["W"].T + p["bias"]),
+       ("MatMul_params", (M, N), {"A": (M, K), "B": (K, N)},
+        [node("MatMul", ["A", "B"], "y"), node("Add", ["y", "input"], "output")],
+        lambda x, p: p["A"] @ p["B"] + x),
+       ("MatMul_input", (M, K), {"W": (K, N)}, [node("MatMul", ["input", "W"], "output")],
+        lambda x, p: x @ p["W"])]
+    + [binary_case(op, a, b) for op in ("Add", "Sub", "Mul", "Div") for a, b in BROADCASTS]
+    + [("Mul_input_row", (M, K), {"w": (K,)}, [node("Mul", ["input", "w"], "output")],
+        lambda x, p: x * p["w"]),
+       ("Sub_column_input", (M, K), {"w": (M, 1)}, [node("Sub", ["w", "input"], "output")],
+        lambda x, p: p["w"] - x),
+       ("Div_input_by_column", (M, K), {"w": (M, 1)}, [node("Div", ["input", "w"], "output")],
+        lambda x, p: x / p["w"]),
+       ("Mul_same_operand", (M, K), {"w": (M, K)},
+        [node("Mul", ["w", "w"], "y"), node("Add", ["y", "input"], "output")],
+        lambda x, p: p["w"] * p["w"] + x)]
+    + [simple("Relu", torch.relu), simple("Sigmoid", torch.sigmoid), simple("Tanh", torch.tanh),
+       simple("Identity", lambda h: h), simple("Neg", torch.neg), simple("Abs", torch.abs),
+       simple("Exp", torch.exp), simple("Log", torch.log), simple("Sqrt", torch.sqrt),
+       pow_case(2.0), pow_case(3.0)]
+    + [softmax_case(op, axis, shape) for op in ("Softmax", "LogSoftmax")
+       for axis, shape in ((None, (K, N)), (-1, (K, N)), (0, (K, N)),
+                           (-1, (M, K, N)), (0, (M, K, N)), (1, (M, K, N)))]
+    + [unary_case(f"Flatten_axis{axis}", [node("Flatten", ["h"], "output", axis=axis)],
+                  lambda h, axis=axis: h.reshape(int(np.prod(h.shape[:axis])), -1), (M, K, N))
+       for axis in (0, 1, 2)]
+    + [unary_case(f"Reshape_{shape}", [const("shape", np.array(shape, np.int64)),
+                                       node("Reshape", ["h", "shape"], "output")],
+                  lambda h, shape=shape: h.reshape([M if d == 0 else d for d in shape]),
+                  (M, K, N))
+       for shape in ([-1, N], [0, -1], [N, K, M])]
+    + [reduce_case(op, axes, keepdims) for op in ("ReduceSum", "ReduceMean")
+       for axes, keepdims in (([1], 1), ([1], 0), ([0, 2], 0), ([-1], 1), (None, 1),
+                              (None, 0))]
+)
+
+POSITIVE = ("Log", "Sqrt", "Div")  # cases whose values must stay positive
+
+
+def case_values(name, input_shape, param_shapes):
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    low, high = (0.5, 1.5) if name.startswith(POSITIVE) else (-1.0, 1.0)
+    x = rng.uniform(low, high, input_shape).astype(np.float32)
+    params = {k: rng.uniform(low, high, s).astype(np.float32) for k, s in param_shapes.items()}
+    return x, params, rng
+
+
+def torch_reference(fn, x, params, target_of):
+    """(loss, output, {param: grad}) of MSELoss(fn(x, params), target) in float64 autograd."""
+    p = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in params.items()}
+    out = fn(torch.tensor(x, dtype=torch.float64), p)
+    target = torch.tensor(target_of(tuple(out.shape)), dtype=torch.float64)
+    loss = torch.nn.functional.mse_loss(out, target)
+    loss.backward()
+    return loss.item(), out.detach().numpy(), {k: v.grad.numpy() for k, v in p.items()}, target
+
+
+@pytest.mark.parametrize("name,input_shape,param_shapes,nodes,fn", CASES,
+                         ids=[c[0] for c in CASES])
+def test_op_gradient(tmp_path, name, input_shape, param_shapes, nodes, fn):
+    x, params, rng = case_values(name, input_shape, param_shapes)
+    loss, out, grads, target = torch_reference(
+        fn, x, params, lambda shape: rng.standard_normal(shape).astype(np.float32))
+    model = build_model(input_shape, params, nodes, out.shape)
+    target = target.numpy().astype(np.float32)
+
+    mh.generate_artifacts(model, loss="MSELoss", optimizer="SGD", artifact_directory=tmp_path)
+    state = CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
+    device = Module(str(tmp_path / "model.mtb"), state)
+    x_flat, target_flat = x.reshape(-1).tolist(), target.reshape(-1).tolist()
+
+    device_loss = device(x_flat, target_flat)
+    assert relative_error(device_loss, loss) <= GRAD_TOLERANCE, (device_loss, loss)
+    for param, expected in grads.items():
+        actual = np.array(state.parameters[param].grad.tolist())
+        assert relative_error(actual, expected) <= GRAD_TOLERANCE, (param, actual, expected)
+
+    device.eval()
+    device_out = device(x_flat, target_flat)
+    (ort_out,) = ort.InferenceSession(model.SerializeToString(),
+                                      providers=["CPUExecutionProvider"]).run(None, {"input": x})
+    assert ort_out.shape == out.shape
+    assert relative_error(device_out[1].tolist(), ort_out) <= FORWARD_TOLERANCE
+    assert relative_error(device_out[0], loss) <= GRAD_TOLERANCE
+
+
+# -- ops microtrain cannot handle fail loudly, naming the op and the node ---------------
+
+def test_op_without_gradient_rule_names_op_and_node(tmp_path):
+    # Cos on the path from the trainable w to the loss: autodiff needs its gradient.
+    params = {"w": np.ones((M, K), np.float32)}
+    model = build_model((M, K), params, [node("Mul", ["input", "w"], "h"),
+                                         node("Cos", ["h"], "output")], (M, K))
+    with pytest.raises(mh.UnsupportedOpError) as error:
+        mh.generate_artifacts(model, loss="MSELoss", optimizer="SGD", artifact_directory=tmp_path)
+    assert "Cos" in str(error.value) and "cos_1" in str(error.value)
+
+
+def test_op_without_kernel_names_op_and_node(tmp_path):
+    # Cos on the input, before the first trainable layer: no gradient flows through it, so
+    # autodiff passes, but the device has no kernel to run it forward.
+    params = {"W": np.ones((N, K), np.float32), "bias": np.zeros((N,), np.float32)}
+    model = build_model((M, K), params, [node("Cos", ["input"], "h"),
+                                         node("Gemm", ["h", "W", "bias"], "output", transB=1)],
+                        (M, N))
+    with pytest.raises(mh.UnsupportedOpError) as error:
+        mh.generate_artifacts(model, loss="MSELoss", optimizer="SGD", artifact_directory=tmp_path)
+    assert "Cos" in str(error.value) and "cos_0" in str(error.value)
