@@ -6,6 +6,7 @@ import math
 import numpy as np
 import onnx
 import onnxruntime as ort
+from onnx import TensorProto, helper
 import pytest
 import torch
 
@@ -161,24 +162,25 @@ def test_declared_shapes_match_reference_run(tmp_path, loss):
     for artifact in ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx"):
         model = onnx.load(tmp_path / artifact)
         onnx.checker.check_model(model)
-        declared = {v.name: v.type.tensor_type for v in
-                    list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)}
-        feeds = {"input": xs[0], "labels": ys[0], "target": ys[0], "lazy_reset_grad": np.array([True]),
+        graph = model.graph
+        declared = {v.name: v.type.tensor_type
+                    for v in list(graph.value_info) + list(graph.input) + list(graph.output)}
+        feeds = {"input": xs[0], "labels": ys[0], "target": ys[0],
+                 "lazy_reset_grad": np.array([True]),
                  "learning_rate": np.array([0.01], np.float32), "step": np.array([1], np.int64)}
         feeds.update(params)
         feeds = {i.name: feeds.get(i.name, np.abs(rng.standard_normal(
             [d.dim_value for d in i.type.tensor_type.shape.dim])).astype(np.float32))
-            for i in model.graph.input}
-        produced = [o for node in model.graph.node for o in node.output if o]
+            for i in graph.input}
+        produced = [o for node in graph.node for o in node.output if o]
         for name, value in zip(produced, reference_evaluator(model).run(produced, feeds)):
             assert name in declared, (artifact, name)
             kind = declared[name]
             assert value.shape == tuple(d.dim_value for d in kind.shape.dim), (artifact, name)
-            assert value.dtype == onnx.helper.tensor_dtype_to_np_dtype(kind.elem_type), name
+            assert value.dtype == helper.tensor_dtype_to_np_dtype(kind.elem_type), name
 
 
 def _single_op(op_type, shape, **attrs):
-    from onnx import TensorProto, helper
     info = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, shape)  # noqa: E731
     node = helper.make_node(op_type, ["dY", "Y"], ["dX"], domain="ai.microtrain", **attrs)
     graph = helper.make_graph([node], op_type, [info("dY"), info("Y")], [info("dX")])

@@ -133,6 +133,7 @@ class Lowering:
         self.program_name = name
         self.shapes = tensor_shapes(graph)
         self.local = {}
+        self.in_place = set()
         self.steps = []
         for init in graph.initializer:
             self._constant(init.name, numpy_helper.to_array(init))
@@ -157,10 +158,10 @@ class Lowering:
                     f"op '{node.op_type}' (node '{self.node_name}') is not supported; "
                     f"supported ops: {', '.join(sorted(LOWERINGS))}")
             lowering(self, node)
-        # The caller reads activations (loss, model outputs); in-place results (updated
-        # parameters, accumulated gradients) stay where they are.
-        outputs = [self.t(o.name) for o in graph.output
-                   if self.tensors[self.t(o.name)].role == ACTIVATION]
+        # The caller reads the loss and the model outputs (activations, or aliases of a
+        # parameter or input, e.g. Identity(weight)); in-place results (updated parameters,
+        # accumulated gradients) stay where they are.
+        outputs = [self.t(o.name) for o in graph.output if o.name not in self.in_place]
         self.programs[name] = Program(name, self.steps, inputs, outputs)
 
     def _persistent(self, name, role):
@@ -223,6 +224,7 @@ class Lowering:
     def alias_in_place(self, out_name, in_name):
         # Updated-in-place outputs (optimizer, accumulation) name their input's storage.
         self.local[out_name] = self.t(in_name)
+        self.in_place.add(out_name)
 
     def step(self, code, tensors, ints=(), floats=()):
         self.steps.append(Step(code, list(tensors), [int(i) for i in ints],

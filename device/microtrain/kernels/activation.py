@@ -7,7 +7,7 @@ def relu(F, I, args):
     y, x, n = args
     for i in range(n):
         v = F[x + i]
-        F[y + i] = v if v > 0.0 else 0.0
+        F[y + i] = 0.0 if v <= 0.0 else v  # NaN passes through, as in PyTorch
 
 
 def relu_grad(F, I, args):

@@ -1,0 +1,127 @@
+# Device side of bench/train_step.py: times train steps and eval calls of a packed model and,
+# in the same process, the interpreter's plain float multiply-accumulate loop.
+# Runs unchanged on MicroPython and CPython (only array, gc, sys, time).
+#   micropython bench/device_step.py ARTIFACT_DIR STEPS BATCH     (MICROPYPATH=device)
+#   python      bench/device_step.py ARTIFACT_DIR STEPS BATCH     (PYTHONPATH=device)
+# Prints human-readable lines and one "RESULT key=value ..." line for the host script.
+import gc
+import sys
+from array import array
+
+try:
+    from time import ticks_diff, ticks_us  # MicroPython
+
+    def now_us():
+        return ticks_us()
+
+    def since_us(t0):
+        return ticks_diff(ticks_us(), t0)
+except ImportError:  # CPython
+    from time import perf_counter
+
+    def now_us():
+        return perf_counter() * 1e6
+
+    def since_us(t0):
+        return perf_counter() * 1e6 - t0
+
+IMPL = sys.implementation.name
+HAS_MEM_ALLOC = hasattr(gc, "mem_alloc")  # MicroPython only
+
+
+def heap_used():
+    gc.collect()
+    return gc.mem_alloc() if HAS_MEM_ALLOC else -1
+
+
+HEAP_BEFORE = heap_used()
+from microtrain import CheckpointState, Module, Optimizer  # noqa: E402 (after the heap baseline)
+
+directory, steps, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+WARMUP = 3
+
+
+def step_macs(b):
+    # The 64-32-10 MLP: forward GEMMs, then backward dW2, dX2 (input of layer 2) and dW1;
+    # the first layer's input needs no gradient. Bias, ReLU, loss and AdamW are not counted.
+    forward = b * (64 * 32 + 32 * 10)
+    backward = 10 * 32 * b + b * 10 * 32 + 32 * 64 * b
+    return forward, backward
+
+
+def plain_dot(F, G, k, sa, sb):
+    # The inner loop of kernels/dense.gemm, verbatim: strided indices, one MAC per trip.
+    pa = 0
+    pb = 0
+    s = 0.0
+    for _ in range(k):
+        s += F[pa] * G[pb]
+        pa += sa
+        pb += sb
+    return s
+
+
+def plain_loop_rate(seconds=0.2):
+    n = 64 * 32
+    F = array("f", [((i * 37) % 101) / 101.0 for i in range(n)])
+    G = array("f", [((i * 53) % 97) / 97.0 for i in range(n)])
+    plain_dot(F, G, n, 1, 1)  # warm-up
+    calls = 0
+    t0 = now_us()
+    while True:
+        plain_dot(F, G, n, 1, 1)
+        calls += 1
+        dt = since_us(t0)
+        if dt >= seconds * 1e6:
+            return calls * n / (dt / 1e6)
+
+
+# -- load --------------------------------------------------------------------------------
+state = CheckpointState.load_checkpoint(directory + "/checkpoint")
+model = Module(directory + "/model.mtb", state)
+opt = Optimizer(directory + "/model.mtb", model)
+HEAP_AFTER = heap_used()
+
+# Deterministic inputs in [0, 1) and labels 0..9 (no `random` needed).
+x = array("f", [((i * 7919) % 1009) / 1009.0 for i in range(batch * 64)])
+y = [i % 10 for i in range(batch)]
+
+# -- train steps -------------------------------------------------------------------------
+model.train()
+for _ in range(WARMUP):
+    model(x, y)
+    opt.step()
+    model.lazy_reset_grad()
+t0 = now_us()
+for _ in range(steps):
+    loss = model(x, y)
+    opt.step()
+    model.lazy_reset_grad()
+train_us = since_us(t0) / steps
+
+# -- eval calls --------------------------------------------------------------------------
+model.eval()
+for _ in range(WARMUP):
+    model(x, y)
+t0 = now_us()
+for _ in range(steps):
+    model(x, y)
+eval_us = since_us(t0) / steps
+
+# -- plain MAC loop ----------------------------------------------------------------------
+loop_rate = plain_loop_rate()
+
+fwd, bwd = step_macs(batch)
+macs = fwd + bwd
+rate = macs / (train_us / 1e6)
+print("%s batch=%d: train step %.2f ms (%.2f MMAC/s, %.0f%% of plain MAC loop %.2f MMAC/s), "
+      "eval %.2f ms" % (IMPL, batch, train_us / 1000, rate / 1e6, 100 * rate / loop_rate,
+                        loop_rate / 1e6, eval_us / 1000))
+print("%s batch=%d: %d MACs per train step (forward %d, backward %d), final loss %.4f"
+      % (IMPL, batch, macs, fwd, bwd, loss))
+if HAS_MEM_ALLOC:
+    print("%s batch=%d: heap used %d bytes after loading (%d before importing microtrain)"
+          % (IMPL, batch, HEAP_AFTER, HEAP_BEFORE))
+print("RESULT impl=%s batch=%d steps=%d train_us=%.1f eval_us=%.1f macs=%d loop_macs=%.0f "
+      "heap_after=%d heap_before=%d" % (IMPL, batch, steps, train_us, eval_us, macs, loop_rate,
+                                        HEAP_AFTER, HEAP_BEFORE))

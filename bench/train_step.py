@@ -1,0 +1,107 @@
+"""Train-step benchmark of the device runtime on the bundled digits MLP (64-32-10).
+
+Packs examples/digits/mlp.onnx (CrossEntropyLoss, AdamW) with batch 8 and batch 1, prints
+blob, checkpoint and arena sizes, then runs bench/device_step.py under CPython and under the
+MicroPython Unix port and prints a table: time per train step (forward + backward + AdamW),
+effective MAC/s of that step, the interpreter's plain MAC-loop rate measured in the same
+process, their ratio, and time per eval call. Prints figures only; asserts nothing.
+
+    python bench/train_step.py [--steps N] [--micropython PATH]
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEVICE = ROOT / "device"
+MODEL = ROOT / "examples" / "digits" / "mlp.onnx"
+DEVICE_SCRIPT = Path(__file__).resolve().parent / "device_step.py"
+BATCHES = (8, 1)
+
+sys.path.insert(0, str(DEVICE))
+from microtrain import blob as blobfile  # noqa: E402
+from microtrain_host import generate_artifacts  # noqa: E402
+
+
+def find_micropython(explicit):
+    for candidate in (explicit, os.environ.get("MICROTRAIN_MICROPYTHON"),
+                      str(ROOT / ".cache" / "micropython" / "micropython")):
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def pack(directory, batch):
+    generate_artifacts(str(MODEL), loss="CrossEntropyLoss", optimizer="AdamW",
+                       artifact_directory=directory, batch_size=batch)
+    b = blobfile.load(os.path.join(directory, "model.mtb"))
+    return {"blob": os.path.getsize(os.path.join(directory, "model.mtb")),
+            "checkpoint": os.path.getsize(os.path.join(directory, "checkpoint")),
+            "arena": b.float_arena * 4 + b.int_arena * 4,
+            "float_arena": b.float_arena, "int_arena": b.int_arena}
+
+
+def run_device(command, env, directory, steps, batch):
+    """Run device_step.py; echo its human lines, return its RESULT fields (or None)."""
+    proc = subprocess.run(command + [str(DEVICE_SCRIPT), directory, str(steps), str(batch)],
+                          env=dict(os.environ, **env), capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"  failed ({' '.join(command)}, exit {proc.returncode}):\n{proc.stderr.strip()}")
+        return None
+    result = None
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            result = dict(kv.split("=", 1) for kv in line.split()[1:])
+        else:
+            print("  " + line)
+    return result
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=50, help="timed train steps and eval calls")
+    ap.add_argument("--micropython", help="MicroPython binary (default: $MICROTRAIN_MICROPYTHON, "
+                                          "then .cache/micropython/micropython)")
+    args = ap.parse_args()
+
+    runtimes = [("cpython", [sys.executable], {"PYTHONPATH": str(DEVICE)})]
+    mp = find_micropython(args.micropython)
+    if mp:
+        runtimes.append(("micropython", [mp], {"MICROPYPATH": str(DEVICE)}))
+    print(f"python {sys.version.split()[0]}; micropython: {mp or 'not found'}; "
+          f"{args.steps} timed steps after 3 warm-up steps")
+    if not mp:
+        print("MicroPython is missing (pass --micropython, set MICROTRAIN_MICROPYTHON or run "
+              "scripts/build_micropython.sh): CPython figures only")
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for batch in BATCHES:
+            directory = os.path.join(tmp, f"b{batch}")
+            sizes = pack(directory, batch)
+            print(f"\nbatch={batch}: blob {sizes['blob']} B, checkpoint {sizes['checkpoint']} B, "
+                  f"arena {sizes['arena']} B ({sizes['float_arena']} floats + "
+                  f"{sizes['int_arena']} ints)")
+            for name, command, env in runtimes:
+                r = run_device(command, env, directory, args.steps, batch)
+                if r is not None:
+                    rows.append((name, batch, r))
+
+    print("\n%-12s %5s %8s %9s %10s %10s %6s %8s %11s" % (
+        "runtime", "batch", "MACs", "step ms", "step MMAC/s", "loop MMAC/s", "ratio",
+        "eval ms", "heap B"))
+    for name, batch, r in rows:
+        train_us, eval_us = float(r["train_us"]), float(r["eval_us"])
+        macs, loop = int(r["macs"]), float(r["loop_macs"])
+        rate = macs / (train_us / 1e6)
+        heap = r["heap_after"] if int(r["heap_after"]) >= 0 else "-"
+        print("%-12s %5d %8d %9.2f %10.2f %10.2f %5.0f%% %8.2f %11s" % (
+            name, batch, macs, train_us / 1000, rate / 1e6, loop / 1e6, 100 * rate / loop,
+            eval_us / 1000, heap))
+
+
+if __name__ == "__main__":
+    main()
