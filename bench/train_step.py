@@ -27,8 +27,11 @@ from microtrain_host import generate_artifacts  # noqa: E402
 
 
 def find_micropython(explicit):
-    for candidate in (explicit, os.environ.get("MICROTRAIN_MICROPYTHON"),
-                      str(ROOT / ".cache" / "micropython" / "micropython")):
+    # An explicit --micropython is taken as is (so a wrong path reports "not found" instead of
+    # silently benchmarking another binary); otherwise $MICROTRAIN_MICROPYTHON, then the cache.
+    candidates = [explicit] if explicit else [os.environ.get("MICROTRAIN_MICROPYTHON"),
+                                              str(ROOT / ".cache" / "micropython" / "micropython")]
+    for candidate in candidates:
         if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
     return None
@@ -72,9 +75,9 @@ def main():
     if mp:
         runtimes.append(("micropython", [mp], {"MICROPYPATH": str(DEVICE)}))
     print(f"python {sys.version.split()[0]}; micropython: {mp or 'not found'}; "
-          f"{args.steps} timed steps after 3 warm-up steps")
+          f"best of 3 rounds of {args.steps} timed calls after 3 warm-up calls")
     if not mp:
-        print("MicroPython is missing (pass --micropython, set MICROTRAIN_MICROPYTHON or run "
+        print("MicroPython not found (pass --micropython, set MICROTRAIN_MICROPYTHON or run "
               "scripts/build_micropython.sh): CPython figures only")
 
     rows = []
@@ -90,17 +93,17 @@ def main():
                 if r is not None:
                     rows.append((name, batch, r))
 
-    print("\n%-12s %5s %8s %9s %10s %10s %6s %8s %11s" % (
-        "runtime", "batch", "MACs", "step ms", "step MMAC/s", "loop MMAC/s", "ratio",
-        "eval ms", "heap B"))
+    print("\n%-12s %5s %6s %8s %8s %11s %11s %6s %8s %8s" % (
+        "runtime", "batch", "MACs", "step ms", "AdamW ms", "step MMAC/s", "loop MMAC/s",
+        "ratio", "eval ms", "heap B"))
     for name, batch, r in rows:
         train_us, eval_us = float(r["train_us"]), float(r["eval_us"])
         macs, loop = int(r["macs"]), float(r["loop_macs"])
         rate = macs / (train_us / 1e6)
         heap = r["heap_after"] if int(r["heap_after"]) >= 0 else "-"
-        print("%-12s %5d %8d %9.2f %10.2f %10.2f %5.0f%% %8.2f %11s" % (
-            name, batch, macs, train_us / 1000, rate / 1e6, loop / 1e6, 100 * rate / loop,
-            eval_us / 1000, heap))
+        print("%-12s %5d %6d %8.2f %8.2f %11.2f %11.2f %5.0f%% %8.2f %8s" % (
+            name, batch, macs, train_us / 1000, float(r["opt_us"]) / 1000, rate / 1e6,
+            loop / 1e6, 100 * rate / loop, eval_us / 1000, heap))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import microtrain_host as mh
-from microtrain import CheckpointState, Module
+from microtrain import CheckpointState, Module, TrainingError
 
 M, K, N = 3, 5, 7          # odd sizes, so a transposed or broadcast operand cannot pass by luck
 GRAD_TOLERANCE = 1e-4
@@ -60,9 +60,13 @@ def relative_error(actual, expected):
 
 # -- the table of cases ----------------------------------------------------------------
 
+def shape_id(shape):
+    return "x".join(map(str, shape)) if len(shape) else "scalar"
+
+
 def gemm_case(trans_a, trans_b, c_shape, alpha=None, beta=None):
     """Y = Gemm(A, B[, C]) + input, A, B and C trainable."""
-    name = f"Gemm_tA{trans_a}_tB{trans_b}_C{'none' if c_shape is None else list(c_shape)}"
+    name = f"Gemm_tA{trans_a}_tB{trans_b}_C{'none' if c_shape is None else shape_id(c_shape)}"
     attrs = {"transA": trans_a, "transB": trans_b}
     if alpha is not None:
         attrs["alpha"] = alpha
@@ -93,7 +97,7 @@ def binary_case(op, shape_a, shape_b):
     """Y = op(a, b) + input with both operands trainable and broadcast against each other."""
     out_shape = np.broadcast_shapes(shape_a, shape_b)
     fn = {"Add": torch.add, "Sub": torch.sub, "Mul": torch.mul, "Div": torch.div}[op]
-    return (f"{op}_{list(shape_a)}_{list(shape_b)}", out_shape, {"a": shape_a, "b": shape_b},
+    return (f"{op}_{shape_id(shape_a)}_{shape_id(shape_b)}", out_shape, {"a": shape_a, "b": shape_b},
             [node(op, ["a", "b"], "y"), node("Add", ["y", "input"], "output")],
             lambda x, p: fn(p["a"], p["b"]) + x)
 
@@ -118,14 +122,16 @@ def reduce_case(op, axes, keepdims, shape=(M, K, N)):
     nodes.append(node(op, inputs, "output", **attrs))
     dims = list(range(len(shape))) if axes is None else axes
     fn = torch.sum if op == "ReduceSum" else torch.mean
-    return unary_case(f"{op}_axes{axes}_keepdims{keepdims}", nodes,
+    axes_id = "all" if axes is None else ",".join(map(str, axes))
+    return unary_case(f"{op}_axes{axes_id}_keepdims{keepdims}", nodes,
                       lambda h: fn(h, dim=dims, keepdim=bool(keepdims)), shape)
 
 
 def softmax_case(op, axis, shape):
     fn = torch.softmax if op == "Softmax" else torch.log_softmax
     attrs = {} if axis is None else {"axis": axis}
-    return unary_case(f"{op}_axis{axis}_{list(shape)}", [node(op, ["h"], "output", **attrs)],
+    return unary_case(f"{op}_axis{'default' if axis is None else axis}_{shape_id(shape)}",
+                      [node(op, ["h"], "output", **attrs)],
                       lambda h: fn(h, dim=-1 if axis is None else axis), shape)
 
 
@@ -172,18 +178,30 @@ CASES = (
         lambda x, p: x / p["w"]),
        ("Mul_same_operand", (M, K), {"w": (M, K)},
         [node("Mul", ["w", "w"], "y"), node("Add", ["y", "input"], "output")],
-        lambda x, p: p["w"] * p["w"] + x)]
+        lambda x, p: p["w"] * p["w"] + x),
+       ("Gemm_C_is_input", (M, N), {"A": (M, K), "B": (K, N)},
+        [node("Gemm", ["A", "B", "input"], "output", beta=0.5)],
+        lambda x, p: p["A"] @ p["B"] + 0.5 * x),
+       ("Tanh_times_itself_fan_out", (M, K), {"w": (M, K)},   # two paths back to w
+        [node("Tanh", ["w"], "t"), node("Mul", ["t", "w"], "y"),
+         node("Add", ["y", "input"], "output")],
+        lambda x, p: torch.tanh(p["w"]) * p["w"] + x),
+       ("Identity_of_param", (M, K), {"w": (M, K)},   # output aliases a parameter
+        [node("Identity", ["w"], "output")], lambda x, p: p["w"] + 0 * x),
+       ("Reshape_of_param", (M, K), {"w": (K, M)},
+        [const("shape", np.array([M, K], np.int64)), node("Reshape", ["w", "shape"], "output")],
+        lambda x, p: p["w"].reshape(M, K) + 0 * x)]
     + [simple("Relu", torch.relu), simple("Sigmoid", torch.sigmoid), simple("Tanh", torch.tanh),
        simple("Identity", lambda h: h), simple("Neg", torch.neg), simple("Abs", torch.abs),
        simple("Exp", torch.exp), simple("Log", torch.log), simple("Sqrt", torch.sqrt),
-       pow_case(2.0), pow_case(3.0)]
+       pow_case(2.0), pow_case(3.0), pow_case(0.5), pow_case(-1.0)]
     + [softmax_case(op, axis, shape) for op in ("Softmax", "LogSoftmax")
        for axis, shape in ((None, (K, N)), (-1, (K, N)), (0, (K, N)),
                            (-1, (M, K, N)), (0, (M, K, N)), (1, (M, K, N)))]
     + [unary_case(f"Flatten_axis{axis}", [node("Flatten", ["h"], "output", axis=axis)],
                   lambda h, axis=axis: h.reshape(int(np.prod(h.shape[:axis])), -1), (M, K, N))
        for axis in (0, 1, 2)]
-    + [unary_case(f"Reshape_{shape}", [const("shape", np.array(shape, np.int64)),
+    + [unary_case(f"Reshape_{','.join(map(str, shape))}", [const("shape", np.array(shape, np.int64)),
                                        node("Reshape", ["h", "shape"], "output")],
                   lambda h, shape=shape: h.reshape([M if d == 0 else d for d in shape]),
                   (M, K, N))
@@ -193,7 +211,7 @@ CASES = (
                               (None, 0))]
 )
 
-POSITIVE = ("Log", "Sqrt", "Div")  # cases whose values must stay positive
+POSITIVE = ("Log", "Sqrt", "Div", "Pow_0.5", "Pow_-1")  # cases whose values must stay positive
 
 
 def case_values(name, input_shape, param_shapes):
@@ -265,3 +283,35 @@ def test_op_without_kernel_names_op_and_node(tmp_path):
     with pytest.raises(mh.UnsupportedOpError) as error:
         mh.generate_artifacts(model, loss="MSELoss", optimizer="SGD", artifact_directory=tmp_path)
     assert "Cos" in str(error.value) and "cos_0" in str(error.value)
+
+
+# -- IEEE special values: the device gives inf and NaN where onnxruntime does ----------
+
+@pytest.mark.parametrize("op,exponent", [("Div", None), ("Pow", -1.0), ("Pow", -2.0),
+                                         ("Pow", 0.5), ("Pow", 3.0)])
+def test_special_values_match_onnxruntime(tmp_path, op, exponent):
+    # Division by +-0 and powers of zero and of negative numbers raise in Python
+    # (ZeroDivisionError, or a complex result); the kernels must give ONNX's inf and NaN, so
+    # that training stops with TrainingError instead of an exception deep in a kernel.
+    x = np.array([[1.0, -1.0, 0.0, 2.0, -0.5], [0.0, 3.0, -2.0, -0.0, 0.25]], np.float32)
+    if op == "Div":
+        params = {"w": np.array([[0.0, 0.0, 0.0, -0.0, -0.0], [1.0, -0.0, 0.5, 0.0, 2.0]],
+                                np.float32)}
+        nodes = [node("Div", ["input", "w"], "output")]
+    else:
+        params = {"w": np.ones(x.shape, np.float32)}
+        nodes = [node("Mul", ["input", "w"], "h"), const("p", np.array(exponent, np.float32)),
+                 node("Pow", ["h", "p"], "output")]
+    model = build_model(x.shape, params, nodes, x.shape)
+    mh.generate_artifacts(model, loss="MSELoss", optimizer="SGD", artifact_directory=tmp_path)
+    device = Module(str(tmp_path / "model.mtb"),
+                    CheckpointState.load_checkpoint(str(tmp_path / "checkpoint")))
+    target = [0.0] * x.size
+    (expected,) = ort.InferenceSession(model.SerializeToString(),
+                                       providers=["CPUExecutionProvider"]).run(None, {"input": x})
+    actual = np.array(device.eval()(x.reshape(-1).tolist(), target)[1].tolist())
+    np.testing.assert_allclose(actual, expected.reshape(-1), rtol=FORWARD_TOLERANCE,
+                               equal_nan=True)
+    if not np.all(np.isfinite(expected)):
+        with pytest.raises(TrainingError):
+            device.train()(x.reshape(-1).tolist(), target)

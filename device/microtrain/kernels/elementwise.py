@@ -40,10 +40,28 @@ def _mul_row(F, y, pa, sa, pb, sb, n):
 
 def _div_row(F, y, pa, sa, pb, sb, n):
     for _ in range(n):
-        F[y] = F[pa] / F[pb]
+        d = F[pb]
+        F[y] = F[pa] / d if d != 0.0 else _over_zero(F[pa], d)
         y += 1
         pa += sa
         pb += sb
+
+
+def _over_zero(a, d):
+    # a / +-0.0: Python raises ZeroDivisionError where float math gives +-inf (NaN for 0/0)
+    if a != a or a == 0.0:
+        return math.nan
+    return math.inf if (a > 0.0) == (math.copysign(1.0, d) > 0.0) else -math.inf
+
+
+def _pow_not_positive(v, p):
+    # v ** p for v <= 0 (or NaN): Python raises for 0 ** -p and goes complex for a negative
+    # v and a fractional p; float math gives inf and NaN.
+    if v == 0.0 and p < 0.0:
+        return math.copysign(math.inf, v) if p % 2.0 == 1.0 else math.inf
+    if v < 0.0 and p % 1.0 != 0.0:
+        return math.nan
+    return v ** p
 
 
 def add(F, I, args):
@@ -132,4 +150,5 @@ def power(F, I, args):
             F[y + i] = v * v
     else:
         for i in range(n):
-            F[y + i] = F[x + i] ** exponent
+            v = F[x + i]
+            F[y + i] = v ** exponent if v > 0.0 else _pow_not_positive(v, exponent)

@@ -1,0 +1,72 @@
+"""Frozen parameters keep their values exactly, get no gradient buffer or optimizer state,
+and training the rest matches PyTorch with the same parameters frozen."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+import microtrain_host as mh
+from microtrain import CheckpointState, Module, Optimizer
+from microtrain import blob as blobfile
+from microtrain_host.report import describe
+from torch_reference import (export, make_batches, mlp, relative_error, run_device_cpython,
+                             torch_train, write_batches)
+
+FROZEN = ["0.weight", "0.bias"]
+
+
+@pytest.mark.parametrize("optimizer", ["SGD", "AdamW"])
+def test_frozen_first_layer(tmp_path, optimizer):
+    model = mlp(10, 4)
+    art = mh.generate_artifacts(export(model, torch.zeros(1, 10)), frozen_params=FROZEN,
+                                loss="CrossEntropyLoss", optimizer=optimizer,
+                                artifact_directory=tmp_path, batch_size=8)
+    assert art.frozen == FROZEN
+    xs, ys = make_batches("CrossEntropyLoss", 40, 8, 10, 4)
+    write_batches(tmp_path / "data.bin", xs, ys)
+
+    reference = copy.deepcopy(model)
+    for name, p in reference.named_parameters():
+        p.requires_grad_(name not in FROZEN)
+    torch_losses, torch_params = torch_train(reference, "CrossEntropyLoss", optimizer, xs, ys, 0.05)
+    losses, params, _ = run_device_cpython(tmp_path, tmp_path / "data.bin", 40, 0.05)
+    assert relative_error(losses, torch_losses) <= 1e-4
+    assert np.max(np.abs(params - torch_params)) <= 1e-4
+
+    # Frozen values bit for bit; trainable ones moved.
+    initial = {n: p.detach().numpy().reshape(-1) for n, p in model.named_parameters()}
+    sizes = [initial[n].size for n in initial]
+    offsets = np.cumsum([0] + sizes)
+    for (name, values), start in zip(initial.items(), offsets):
+        trained = params[start:start + values.size].astype(np.float32)
+        if name in FROZEN:
+            assert trained.tobytes() == values.astype(np.float32).tobytes(), name
+        else:
+            assert not np.array_equal(trained, values), name
+
+    # No gradient buffer, no optimizer state, no gradient step for the frozen layer.
+    b = blobfile.load(str(tmp_path / "model.mtb"), keep_steps=True)
+    for tensor, grad, state in b.parameters:
+        frozen = b.names[tensor] in FROZEN
+        assert (grad < 0) == frozen and (not state) == (frozen or optimizer == "SGD")
+    assert not any(n.startswith("0.weight_grad") or n.startswith("0.bias_grad") for n in b.names)
+    text = describe(tmp_path / "model.mtb")
+    for name in FROZEN:
+        assert f"{name}" in text and "frozen (no gradient buffer)" in text
+    # The backward pass stops at the first trainable layer: the only GEMMs of the train
+    # program are 3 forward + dW, dX for layer 2 + dW for layer 3 (no dX into layer 1).
+    gemms = [r for r in b.step_records["train"] if r[0] == 1]
+    assert len(gemms) == 3 + 2 + 1
+
+
+def test_frozen_state_flags_are_checked(tmp_path):
+    mh.generate_artifacts(export(mlp(10, 4), torch.zeros(1, 10)), frozen_params=FROZEN,
+                          artifact_directory=tmp_path, batch_size=8)
+    state = CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
+    assert not state.parameters["0.weight"].requires_grad
+    assert state.parameters["2.weight"].requires_grad
+    model = Module(str(tmp_path / "model.mtb"), state)
+    Optimizer(str(tmp_path / "model.mtb"), model)
+    assert model.get_parameters_size(trainable_only=True) < model.get_parameters_size(False)
+    assert state.parameters["0.weight"].grad is None
