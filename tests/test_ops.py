@@ -97,7 +97,8 @@ def binary_case(op, shape_a, shape_b):
     """Y = op(a, b) + input with both operands trainable and broadcast against each other."""
     out_shape = np.broadcast_shapes(shape_a, shape_b)
     fn = {"Add": torch.add, "Sub": torch.sub, "Mul": torch.mul, "Div": torch.div}[op]
-    return (f"{op}_{shape_id(shape_a)}_{shape_id(shape_b)}", out_shape, {"a": shape_a, "b": shape_b},
+    return (f"{op}_{shape_id(shape_a)}_{shape_id(shape_b)}", out_shape,
+            {"a": shape_a, "b": shape_b},
             [node(op, ["a", "b"], "y"), node("Add", ["y", "input"], "output")],
             lambda x, p: fn(p["a"], p["b"]) + x)
 
@@ -201,8 +202,9 @@ CASES = (
     + [unary_case(f"Flatten_axis{axis}", [node("Flatten", ["h"], "output", axis=axis)],
                   lambda h, axis=axis: h.reshape(int(np.prod(h.shape[:axis])), -1), (M, K, N))
        for axis in (0, 1, 2)]
-    + [unary_case(f"Reshape_{','.join(map(str, shape))}", [const("shape", np.array(shape, np.int64)),
-                                       node("Reshape", ["h", "shape"], "output")],
+    + [unary_case(f"Reshape_{','.join(map(str, shape))}",
+                  [const("shape", np.array(shape, np.int64)),
+                   node("Reshape", ["h", "shape"], "output")],
                   lambda h, shape=shape: h.reshape([M if d == 0 else d for d in shape]),
                   (M, K, N))
        for shape in ([-1, N], [0, -1], [N, K, M])]
@@ -223,7 +225,8 @@ def case_values(name, input_shape, param_shapes):
 
 
 def torch_reference(fn, x, params, target_of):
-    """(loss, output, {param: grad}) of MSELoss(fn(x, params), target) in float64 autograd."""
+    """(loss, output, {param: grad}, target) of MSELoss(fn(x, params), target), in float64
+    autograd; target_of(output shape) draws the target."""
     p = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in params.items()}
     out = fn(torch.tensor(x, dtype=torch.float64), p)
     target = torch.tensor(target_of(tuple(out.shape)), dtype=torch.float64)
