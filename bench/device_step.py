@@ -1,5 +1,6 @@
-# Device side of bench/train_step.py: times train steps and eval calls of a packed model and,
-# in the same process, the interpreter's plain float multiply-accumulate loop.
+# Device side of bench/train_step.py: times train steps and eval calls of the packed digits
+# MLP (64-32-10; step_macs() assumes that shape) and, in the same process, the interpreter's
+# plain float multiply-accumulate loop.
 # Runs unchanged on MicroPython and CPython (only array, gc, sys, time).
 #   micropython bench/device_step.py ARTIFACT_DIR STEPS BATCH     (MICROPYPATH=device)
 #   python      bench/device_step.py ARTIFACT_DIR STEPS BATCH     (PYTHONPATH=device)
@@ -39,7 +40,7 @@ from microtrain import CheckpointState, Module, Optimizer  # noqa: E402 (after t
 
 directory, steps, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 WARMUP = 3
-ROUNDS = 3
+ROUNDS = 5
 
 
 def step_macs(b):
@@ -87,18 +88,15 @@ x = array("f", [((i * 7919) % 1009) / 1009.0 for i in range(batch * 64)])
 y = [i % 10 for i in range(batch)]
 
 
-# -- timing: best of ROUNDS rounds of `steps` calls (the machine may be shared and noisy) --
+# -- timing --------------------------------------------------------------------------------
+# The machine may be shared and noisy: each round times `steps` train steps, `steps` AdamW
+# updates alone, `steps` eval calls and ~0.2 s of the plain MAC loop, back to back, so that
+# all four see the same conditions; the best of ROUNDS rounds is kept for each.
 def per_call_us(fn):
-    for _ in range(WARMUP):
+    t0 = now_us()
+    for _ in range(steps):
         fn()
-    best = None
-    for _ in range(ROUNDS):
-        t0 = now_us()
-        for _ in range(steps):
-            fn()
-        dt = since_us(t0) / steps
-        best = dt if best is None or dt < best else best
-    return best
+    return since_us(t0) / steps
 
 
 def train_step():
@@ -111,14 +109,22 @@ def eval_call():
     model(x, y)
 
 
-model.train()
-train_us = per_call_us(train_step)
-opt_us = per_call_us(opt.step)  # the AdamW update alone (part of the train step)
-model.eval()
-eval_us = per_call_us(eval_call)
+for _ in range(WARMUP):
+    model.train()
+    train_step()
+    model.eval()
+    eval_call()
+train_us = opt_us = eval_us = 1e30
+loop_rate = 0.0
+for _ in range(ROUNDS):
+    model.train()
+    train_us = min(train_us, per_call_us(train_step))
+    opt_us = min(opt_us, per_call_us(opt.step))  # the AdamW update alone (part of a step)
+    model.eval()
+    eval_us = min(eval_us, per_call_us(eval_call))
+    loop_rate = max(loop_rate, plain_loop_rate())
 out = model(x, y)
 loss = out[0] if isinstance(out, list) else out
-loop_rate = max(plain_loop_rate() for _ in range(ROUNDS))
 
 fwd, bwd = step_macs(batch)
 macs = fwd + bwd

@@ -65,7 +65,8 @@ def run_device(command, env, directory, steps, batch):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=50, help="timed train steps and eval calls")
+    ap.add_argument("--steps", type=int, default=50,
+                    help="timed calls per round (5 rounds; default 50)")
     ap.add_argument("--micropython", help="MicroPython binary (default: $MICROTRAIN_MICROPYTHON, "
                                           "then .cache/micropython/micropython)")
     args = ap.parse_args()
@@ -75,7 +76,7 @@ def main():
     if mp:
         runtimes.append(("micropython", [mp], {"MICROPYPATH": str(DEVICE)}))
     print(f"python {sys.version.split()[0]}; micropython: {mp or 'not found'}; "
-          f"best of 3 rounds of {args.steps} timed calls after 3 warm-up calls")
+          f"best of 5 interleaved rounds of {args.steps} calls each")
     if not mp:
         print("MicroPython not found (pass --micropython, set MICROTRAIN_MICROPYTHON or run "
               "scripts/build_micropython.sh): CPython figures only")

@@ -7,6 +7,7 @@ except ImportError:
         return x
 
 GEMM = const(1)
+GEMM_ACCUMULATE = const(2)
 ADD = const(10)
 SUB = const(11)
 MUL = const(12)
@@ -46,6 +47,7 @@ _AXIS = ("ff", 3, 0)
 _AXIS_GRAD = ("fff", 3, 0)
 SIGNATURES = {
     GEMM: ("dense", "gemm", "fff?", 9, 2),
+    GEMM_ACCUMULATE: ("dense", "gemm_accumulate", "ffff", 7, 1),
     ADD: ("elementwise", "add") + _BINARY,
     SUB: ("elementwise", "sub") + _BINARY,
     MUL: ("elementwise", "mul") + _BINARY,

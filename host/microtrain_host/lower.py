@@ -135,6 +135,13 @@ class Lowering:
         self.local = {}
         self.in_place = set()
         self.steps = []
+        self.producer = {}        # tensor id -> index of the step that writes it
+        self.uses = {}            # tensor name -> how many nodes and graph outputs read it
+        for node in graph.node:
+            for i in node.input:
+                self.uses[i] = self.uses.get(i, 0) + 1
+        for o in graph.output:
+            self.uses[o.name] = self.uses.get(o.name, 0) + 1
         for init in graph.initializer:
             self._constant(init.name, numpy_helper.to_array(init))
         inputs = []
@@ -227,6 +234,7 @@ class Lowering:
         self.in_place.add(out_name)
 
     def step(self, code, tensors, ints=(), floats=()):
+        self.producer[tensors[0]] = len(self.steps)
         self.steps.append(Step(code, list(tensors), [int(i) for i in ints],
                                [float(f) for f in floats], self.node_name))
 
@@ -397,8 +405,22 @@ def lower_softmax_cross_entropy_grad(ctx, node):
 
 def lower_grad_accumulate(ctx, node):
     buf, value, _ = node.input
-    ctx.step(op.ACCUMULATE, [ctx.t(buf), ctx.t(value), ctx.control("lazy_reset_grad")],
-             [ctx.tensors[ctx.t(buf)].size])
+    reset = ctx.control("lazy_reset_grad")
+    produced_by = ctx.producer.get(ctx.t(value))
+    gemm = ctx.steps[produced_by] if produced_by is not None else None
+    if (gemm is not None and gemm.op == op.GEMM and gemm.tensors[3] == NO_TENSOR
+            and ctx.uses.get(value) == 1):
+        # The gradient comes from a GEMM nothing else reads: let the GEMM accumulate
+        # straight into the buffer, and the temporary (weight-sized) disappears.
+        gemm.op = op.GEMM_ACCUMULATE
+        gemm.tensors = [ctx.t(buf)] + gemm.tensors[1:3] + [reset]
+        gemm.ints = gemm.ints[:7]
+        gemm.floats = gemm.floats[:1]
+        fused = ctx.tensors[ctx.t(value)]
+        fused.storage, fused.role, fused.program = ctx.tensors[ctx.t(buf)].storage, GRAD, ""
+    else:
+        ctx.step(op.ACCUMULATE, [ctx.t(buf), ctx.t(value), reset],
+                 [ctx.tensors[ctx.t(buf)].size])
     ctx.alias_in_place(node.output[0], buf)
 
 

@@ -2,6 +2,7 @@
 the two in sync."""
 
 GEMM = 1
+GEMM_ACCUMULATE = 2
 ADD = 10
 SUB = 11
 MUL = 12

@@ -1,12 +1,11 @@
 # Dense layers: one strided GEMM serves Gemm, MatMul and their gradients.
 
 
-def gemm(F, I, args):
+def _gemm(F, y, a, b, c, m, k, n, sa_m, sa_k, sb_k, sb_n, sc_m, sc_n, alpha, beta):
     # Y[m, n] = alpha * sum_k A[i, k] * B[k, j] + beta * C[i, j]
     # A, B and C are addressed through strides, so transposed operands (transA/transB, the
     # dA = dY.B^T and dB = A^T.dY of the backward pass) and a broadcast bias cost nothing.
-    # c < 0 means no C.
-    y, a, b, c, m, k, n, sa_m, sa_k, sb_k, sb_n, sc_m, sc_n, alpha, beta = args
+    # c < 0 means no C. C may be Y itself (each element is read before it is written).
     for i in range(m):
         a_row = a + i * sa_m
         c_row = c + i * sc_m
@@ -23,3 +22,18 @@ def gemm(F, I, args):
             else:
                 F[y] = alpha * s
             y += 1
+
+
+def gemm(F, I, args):
+    y, a, b, c, m, k, n, sa_m, sa_k, sb_k, sb_n, sc_m, sc_n, alpha, beta = args
+    _gemm(F, y, a, b, c, m, k, n, sa_m, sa_k, sb_k, sb_n, sc_m, sc_n, alpha, beta)
+
+
+def gemm_accumulate(F, I, args):
+    # A weight gradient computed straight into its accumulation buffer Y:
+    #   Y = alpha * A B            after lazy_reset_grad (F[reset] != 0)
+    #   Y = alpha * A B + Y        otherwise
+    # This saves a temporary the size of the weight (ORT's InPlaceAccumulatorV2, fused).
+    y, a, b, reset, m, k, n, sa_m, sa_k, sb_k, sb_n, alpha = args
+    _gemm(F, y, a, b, -1 if F[reset] != 0.0 else y, m, k, n, sa_m, sa_k, sb_k, sb_n, n, 1,
+          alpha, 1.0)
