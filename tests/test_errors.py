@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 import microtrain_host as mh
 from microtrain import BlobError, CheckpointState, Module, ParameterError

@@ -1,7 +1,6 @@
 """The generated ONNX artifacts, run on the host (onnx.reference with the ai.microtrain ops of
 microtrain_host.reference, or onnxruntime for the standard-only eval graph), against torch."""
 import copy
-import math
 
 import numpy as np
 import onnx
@@ -13,7 +12,7 @@ import torch
 import microtrain_host as mh
 from microtrain_host.checkpoint import read_checkpoint
 from microtrain_host.reference import reference_evaluator
-from torch_reference import LOSSES, export, make_batches, mlp, torch_loss
+from torch_reference import LOSSES, export, make_batches, mlp, ort_rule_step, torch_loss
 
 BATCH = 8
 N_IN = 12
@@ -138,14 +137,7 @@ def test_optimizer_graph_matches_torch(tmp_path, loss, optimizer, weight_decay):
 
         opt.zero_grad()
         torch_loss(loss)(reference(torch.from_numpy(x)), torch.from_numpy(y)).backward()
-        if optimizer == "AdamW":  # ORT's eps placement, see torch_reference.torch_train
-            for group in opt.param_groups:
-                group["eps"] = eps / math.sqrt(1.0 - 0.999 ** t)
-        opt.step()
-        if weight_decay:
-            with torch.no_grad():
-                for p in reference.parameters():
-                    p.mul_(1.0 - lr * weight_decay)
+        ort_rule_step(opt, reference, optimizer, t, lr, eps, weight_decay)
 
         for name, p in reference.named_parameters():
             assert rel(params[name], p.detach().numpy()) <= TOL, (t, name)

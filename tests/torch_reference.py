@@ -88,17 +88,22 @@ def torch_train(model, loss, optimizer, xs, ys, lr, eps=1e-6, weight_decay=0.0, 
         if (i + 1) % accumulate:
             continue
         t += 1
-        if optimizer == "AdamW":
-            for group in opt.param_groups:
-                group["eps"] = eps / math.sqrt(1.0 - 0.999 ** t)
-        opt.step()
-        if weight_decay:
-            with torch.no_grad():
-                for p in model.parameters():
-                    p.mul_(1.0 - lr * weight_decay)
+        ort_rule_step(opt, model, optimizer, t, lr, eps, weight_decay)
         opt.zero_grad()
     params = np.concatenate([p.detach().numpy().reshape(-1) for p in model.parameters()])
     return np.array(losses), params
+
+
+def ort_rule_step(opt, model, optimizer, t, lr, eps=1e-6, weight_decay=0.0):
+    """One torch.optim step made to follow ORT's rule (see torch_train)."""
+    if optimizer == "AdamW":
+        for group in opt.param_groups:
+            group["eps"] = eps / math.sqrt(1.0 - 0.999 ** t)
+    opt.step()
+    if weight_decay:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(1.0 - lr * weight_decay)
 
 
 def parse_run(text):

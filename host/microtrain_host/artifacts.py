@@ -15,6 +15,7 @@ from .graph import DOMAIN, DOMAIN_VERSION, GraphBuilder
 from .losses import LOSS_BLOCKS, LossType
 from .model import constant_value, load_model
 from .optimizers import DEFAULTS, OptimType, build_optimizer_graph, grad_buffer
+from .pack import pack
 
 LAZY_RESET_GRAD = "lazy_reset_grad"
 
@@ -73,11 +74,9 @@ def _save(model, path):
 
 def _make_model(source, g, nodes, inputs, outputs, initializers, name, meta):
     produced = {o for n in nodes for o in n.output if o}
-    known_inputs = set(inputs) | {i.name for i in initializers}
     value_info = [n for n in sorted(produced - set(outputs)) if n in g.shapes]
     graph = helper.make_graph(nodes, name, g.value_infos(inputs), g.value_infos(outputs),
                               initializer=initializers, value_info=g.value_infos(value_info))
-    del known_inputs
     opsets = [o for o in source.opset_import if o.domain != DOMAIN]
     opsets.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
     model = helper.make_model(graph, opset_imports=opsets, producer_name="microtrain",
@@ -198,6 +197,5 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
     if nominal_checkpoint:
         ckpt.write_checkpoint(written.nominal_checkpoint, {p: values[p] for p in trainable},
                               {p: values[p] for p in frozen}, nominal=True)
-    from .pack import pack
     pack(training_model, eval_model, optimizer_model, written.blob, optimizer_options=options)
     return written

@@ -216,9 +216,6 @@ class Lowering:
             self.local[name] = tid
         return tid
 
-    def scratch(self, hint, shape):
-        return self.define("", shape) if not hint else self.define(hint, shape)
-
     def alias(self, out_name, in_name):
         base = self.tensors[self.t(in_name)]
         tid = self.add(Tensor(out_name, base.dtype, base.role, self.shape(out_name),
@@ -392,7 +389,7 @@ def lower_softmax_cross_entropy(ctx, node):
         raise UnsupportedOpError(f"{ctx.where(node)}: class weights are not supported")
     loss = ctx.define(node.output[0], ())
     log_prob = (ctx.define(node.output[1]) if len(node.output) > 1 and node.output[1]
-                else ctx.scratch("", (n, c)))
+                else ctx.define("", (n, c)))  # scratch: the kernel always writes it
     ctx.step(op.SOFTMAX_CE, [loss, log_prob, ctx.t(node.input[0]), ctx.t(node.input[1])], [n, c])
 
 

@@ -4,7 +4,7 @@ import os
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper, shape_inference
+from onnx import helper, numpy_helper, shape_inference
 
 from .errors import ArtifactError, DynamicShapeError
 
@@ -109,7 +109,3 @@ def constant_value(node):
         if attr.name == "value_ints":
             return np.array(list(attr.ints), dtype=np.int64)
     return None
-
-
-def is_float(elem_type):
-    return elem_type == TensorProto.FLOAT

@@ -55,6 +55,17 @@ def tanh_grad(F, I, args):
 # Softmax family over one axis of a tensor viewed as (outer, n, inner): element (o, j, i)
 # is at o * n * inner + j * inner + i.
 
+def largest(F, p, n, stride):
+    # Largest of n elements from p on, stride apart (the shift that keeps exp from
+    # overflowing). One call per row, not per element.
+    top = F[p]
+    for j in range(1, n):
+        v = F[p + j * stride]
+        if v > top:
+            top = v
+    return top
+
+
 def softmax(F, I, args):
     y, x, outer, n, inner = args
     e = math.exp
@@ -62,11 +73,7 @@ def softmax(F, I, args):
         for i in range(inner):
             base = o * n * inner + i
             px = x + base
-            top = F[px]
-            for j in range(1, n):
-                v = F[px + j * inner]
-                if v > top:
-                    top = v
+            top = largest(F, px, n, inner)
             total = 0.0
             py = y + base
             for j in range(n):
@@ -98,11 +105,7 @@ def log_softmax(F, I, args):
         for i in range(inner):
             base = o * n * inner + i
             px = x + base
-            top = F[px]
-            for j in range(1, n):
-                v = F[px + j * inner]
-                if v > top:
-                    top = v
+            top = largest(F, px, n, inner)
             total = 0.0
             for j in range(n):
                 total += e(F[px + j * inner] - top)

@@ -1,6 +1,7 @@
 # Loss kernels that ONNX expresses as one node (SoftmaxCrossEntropyLoss); the other losses
 # are composed of elementwise and reduce kernels.
 import math
+from microtrain.kernels.activation import largest
 
 
 def softmax_cross_entropy(F, I, args):
@@ -11,11 +12,7 @@ def softmax_cross_entropy(F, I, args):
     total = 0.0
     for i in range(n):
         row = scores + i * c
-        top = F[row]
-        for j in range(1, c):
-            v = F[row + j]
-            if v > top:
-                top = v
+        top = largest(F, row, c, 1)
         s = 0.0
         for j in range(c):
             s += e(F[row + j] - top)
