@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import microtrain_host as mh
-from microtrain import CheckpointState, Module, Optimizer
+from microtrain import CheckpointState, Module, Optimizer, ParameterError
 from microtrain import blob as blobfile
 from microtrain_host.report import describe
 from torch_reference import (export, make_batches, mlp, relative_error, run_device_cpython,
@@ -70,3 +70,22 @@ def test_frozen_state_flags_are_checked(tmp_path):
     Optimizer(str(tmp_path / "model.mtb"), model)
     assert model.get_parameters_size(trainable_only=True) < model.get_parameters_size(False)
     assert state.parameters["0.weight"].grad is None
+
+
+def test_nominal_state_needs_every_parameter(tmp_path):
+    art = mh.generate_artifacts(export(mlp(10, 4), torch.zeros(1, 10)), frozen_params=FROZEN,
+                                artifact_directory=tmp_path, batch_size=8,
+                                nominal_checkpoint=True)
+    full = Module(art.blob, CheckpointState.load_checkpoint(art.checkpoint))
+    state = CheckpointState.load_checkpoint(art.nominal_checkpoint)
+    assert state.is_nominal
+    model = Module(art.blob, state)
+    x = [0.1] * (8 * 10)
+    y = [1] * 8
+    with pytest.raises(ParameterError, match="nominal"):
+        model(x, y)
+    model.copy_buffer_to_parameters(full.get_contiguous_parameters(trainable_only=True))
+    with pytest.raises(ParameterError, match="nominal"):  # frozen ones are still missing
+        model(x, y)
+    model.copy_buffer_to_parameters(full.get_contiguous_parameters(), trainable_only=False)
+    assert model(x, y) == full(x, y)

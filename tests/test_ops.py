@@ -208,6 +208,13 @@ CASES = (
                   lambda h, shape=shape: h.reshape([M if d == 0 else d for d in shape]),
                   (M, K, N))
        for shape in ([-1, N], [0, -1], [N, K, M])]
+    + [unary_case("Unsqueeze_1", [const("axes", np.array([1], np.int64)),
+                                  node("Unsqueeze", ["h", "axes"], "output")],
+                  lambda h: h.unsqueeze(1)),
+       unary_case("Squeeze_1", [const("axes", np.array([1], np.int64)),
+                                node("Squeeze", ["h", "axes"], "output")],
+                  lambda h: h.squeeze(1), (K, 1, N)),
+       simple("Softplus", torch.nn.functional.softplus)]
     + [reduce_case(op, axes, keepdims) for op in ("ReduceSum", "ReduceMean")
        for axes, keepdims in (([1], 1), ([1], 0), ([0, 2], 0), ([-1], 1), (None, 1),
                               (None, 0))]

@@ -60,3 +60,21 @@ def test_micropython_matches_cpython(runs, micropython, loss, optimizer):
     assert relative_error(mp_losses, losses) <= 1e-5
     assert np.max(np.abs(mp_params - params)) <= 1e-5 * max(1.0, np.max(np.abs(params)))
     assert abs(mp_eval - eval_loss) <= 1e-5 * max(1.0, abs(eval_loss))
+
+
+def test_bce_gradient_at_zero_logits_matches_torch(tmp_path):
+    """A zero-initialised output layer puts every logit at exactly 0, where max(x, 0) and
+    |x| have no derivative: the gradient there must still be sigmoid(0) - t."""
+    model = mlp(N_IN, 3)
+    with torch.no_grad():
+        model[-1].weight.zero_()
+        model[-1].bias.zero_()
+    mh.generate_artifacts(export(model, torch.zeros(1, N_IN)), loss="BCEWithLogitsLoss",
+                          optimizer="SGD", artifact_directory=tmp_path, batch_size=BATCH)
+    xs, ys = make_batches("BCEWithLogitsLoss", 10, BATCH, N_IN, 3)
+    write_batches(tmp_path / "data.bin", xs, ys)
+    torch_losses, torch_params = torch_train(copy.deepcopy(model), "BCEWithLogitsLoss", "SGD",
+                                             xs, ys, 0.5)
+    losses, params, _ = run_device_cpython(tmp_path, tmp_path / "data.bin", 10, 0.5)
+    assert relative_error(losses, torch_losses) <= 1e-4
+    assert np.max(np.abs(params - torch_params)) <= 1e-4

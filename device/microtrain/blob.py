@@ -54,16 +54,25 @@ class Blob:
             raise BlobError("the blob has no tensor named '%s'" % name)
 
 
+def read(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise BlobError("cannot read blob '%s': %s" % (path, e))
+
+
 def load(path_or_bytes, keep_steps=False):
-    if isinstance(path_or_bytes, str):
-        try:
-            with open(path_or_bytes, "rb") as f:
-                data = f.read()
-        except OSError as e:
-            raise BlobError("cannot read blob '%s': %s" % (path_or_bytes, e))
-    else:
-        data = path_or_bytes
+    data = read(path_or_bytes) if isinstance(path_or_bytes, str) else path_or_bytes
     return parse(data, keep_steps)
+
+
+def arena_sizes(data):
+    """(float, int) arena sizes in elements, read from the root table only."""
+    _check_frame(data)
+    r = Reader(memoryview(data)[:len(data) - 4], BlobError, start=4)
+    root = r.root()
+    return r.scalar(root, 5, "I", 0), r.scalar(root, 6, "I", 0)
 
 
 def _check_frame(data):

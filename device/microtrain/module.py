@@ -9,7 +9,13 @@ _ROLE_LABEL = 1
 
 
 def _zeros(typecode, n):
-    return array(typecode, bytes(4 * n))
+    # array(typecode, bytes(4 * n)) would briefly need twice the memory; an iterable with a
+    # length is allocated once at its final size, then zeroed.
+    a = array(typecode, range(n))
+    zero = 0.0 if typecode == "f" else 0
+    for i in range(n):
+        a[i] = zero
+    return a
 
 
 class Module:
@@ -20,7 +26,14 @@ class Module:
     and views of the other outputs when the eval program has more)."""
 
     def __init__(self, train_model_uri, state, eval_model_uri=None):
-        b = blobfile.load(train_model_uri)
+        # The arenas are the largest blocks: allocate them before the blob's many small
+        # objects fragment a small heap.
+        data = blobfile.read(train_model_uri)
+        float_arena, int_arena = blobfile.arena_sizes(data)
+        self.F = _zeros("f", float_arena)
+        self.I = _zeros("i", int_arena)
+        b = blobfile.parse(data)
+        del data
         if eval_model_uri is not None and eval_model_uri != train_model_uri:
             # The eval program may come from another blob packed from the same model.
             other = blobfile.load(eval_model_uri)
@@ -31,8 +44,6 @@ class Module:
         self.blob = b
         self.uri = train_model_uri
         self.state = state
-        self.F = _zeros("f", b.float_arena)
-        self.I = _zeros("i", b.int_arena)
         for tid, raw in b.constants:
             off = b.offsets[tid]
             self.F[off:off + b.sizes[tid]] = array("f", raw)
@@ -102,7 +113,9 @@ class Module:
             for i in range(n):
                 F[off + i] = buffer[at + i]
             at += n
-        self.state.is_nominal = False
+        if not trainable_only or self.get_parameters_size(True) == self.get_parameters_size(False):
+            # Only once every parameter has a value; frozen ones must not silently stay zero.
+            self.state.is_nominal = False
 
     # -- running ----------------------------------------------------------------------
     def train(self, mode=True):
@@ -132,7 +145,8 @@ class Module:
     def __call__(self, *inputs):
         if self.state.is_nominal:
             raise ParameterError("the checkpoint state is nominal (no parameter values): load "
-                                 "them with copy_buffer_to_parameters() before training or eval")
+                                 "all of them with copy_buffer_to_parameters(buffer, "
+                                 "trainable_only=False) before training or eval")
         program = self._train if self._training else self._eval
         if len(inputs) != len(program.inputs):
             raise InputError("the %s program takes %d inputs (%s), got %d"
@@ -150,8 +164,11 @@ class Module:
         if self._training:
             self._reset_pending = False
             if loss != loss or loss in (math.inf, -math.inf):
+                # The gradient buffers now hold garbage: the next train call overwrites them.
+                self._reset_pending = True
                 raise TrainingError("the loss is %r: training diverged (lower the learning rate "
-                                    "or check the inputs); parameters were not updated" % loss)
+                                    "or check the inputs); parameters were not updated and the "
+                                    "accumulated gradients are dropped" % loss)
         if len(program.outputs) == 1:
             return loss
         return [loss] + [self.output(t) for t in program.outputs[1:]]

@@ -31,6 +31,7 @@ SOFTMAX = const(36)
 LOG_SOFTMAX = const(37)
 SOFTMAX_GRAD = const(38)
 LOG_SOFTMAX_GRAD = const(39)
+SOFTPLUS = const(41)
 REDUCE_SUM = const(40)
 SOFTMAX_CE = const(50)
 SOFTMAX_CE_GRAD = const(51)
@@ -71,6 +72,7 @@ SIGNATURES = {
     LOG_SOFTMAX: ("activation", "log_softmax") + _AXIS,
     SOFTMAX_GRAD: ("activation", "softmax_grad") + _AXIS_GRAD,
     LOG_SOFTMAX_GRAD: ("activation", "log_softmax_grad") + _AXIS_GRAD,
+    SOFTPLUS: ("activation", "softplus") + _UNARY,
     REDUCE_SUM: ("reduce", "reduce_sum", "ff", 7, 1),
     SOFTMAX_CE: ("loss", "softmax_cross_entropy", "fffi", 2, 0),
     SOFTMAX_CE_GRAD: ("loss", "softmax_cross_entropy_grad", "fffi", 2, 0),

@@ -1,11 +1,11 @@
 """microtrain host packager: ONNX model -> training artifacts and a packed .mtb blob."""
 from .artifacts import Artifacts, generate_artifacts
-from .errors import (ArtifactError, BlobError, CheckpointError, DynamicShapeError,
+from .errors import (ArtifactError, CheckpointError, DynamicShapeError,
                      MicrotrainHostError, UnsupportedOpError)
 from .losses import LossType
 from .optimizers import OptimType
 
 __version__ = "0.1.0"
 __all__ = ["generate_artifacts", "Artifacts", "LossType", "OptimType", "ArtifactError",
-           "BlobError", "CheckpointError", "DynamicShapeError", "MicrotrainHostError",
+           "CheckpointError", "DynamicShapeError", "MicrotrainHostError",
            "UnsupportedOpError"]

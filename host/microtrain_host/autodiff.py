@@ -148,6 +148,13 @@ def grad_identity(g, node, dys, needs):
     return [dys[0]]
 
 
+def grad_softplus(g, node, dys, needs):
+    # d/dx log(1 + exp(x)) = sigmoid(x)
+    x = node.input[0]
+    slope = g.node("Sigmoid", [x], g.shape(x), hint="dSoftplus")
+    return [g.node("Mul", [dys[0], slope], g.shape(x), hint="dSoftplus")]
+
+
 def grad_neg(g, node, dys, needs):
     return [g.node("Neg", [dys[0]], g.shape(dys[0]), hint="dNeg")]
 
@@ -248,8 +255,11 @@ GRAD_RULES = {
     "Tanh": _activation_grad("TanhGrad"),
     "Softmax": _softmax_grad("SoftmaxGrad"),
     "LogSoftmax": _softmax_grad("LogSoftmaxGrad"),
+    "Softplus": grad_softplus,
     "Flatten": grad_reshape,
     "Reshape": grad_reshape,
+    "Squeeze": grad_reshape,
+    "Unsqueeze": grad_reshape,
     "Identity": grad_identity,
     "Neg": grad_neg,
     "Abs": grad_abs,

@@ -19,7 +19,3 @@ class DynamicShapeError(ArtifactError):
 
 class CheckpointError(MicrotrainHostError, ValueError):
     """A checkpoint file that cannot be read or written."""
-
-
-class BlobError(MicrotrainHostError, ValueError):
-    """A .mtb blob that cannot be read."""

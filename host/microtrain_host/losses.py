@@ -44,20 +44,15 @@ def l1_loss(g, output):
 
 
 def bce_with_logits_loss(g, output):
-    # mean(max(x, 0) - x*t + log(1 + exp(-|x|))): the same value as ORT's
-    # -(t*log(sigmoid(x)) + (1-t)*log(1-sigmoid(x))), written so that no exp or log
-    # overflows for large logits (this is how PyTorch computes it too).
+    # mean(softplus(x) - x*t): the same value as ORT's
+    # -(t*log(sigmoid(x)) + (1-t)*log(1-sigmoid(x))), written with ONNX's Softplus so that
+    # nothing overflows for large logits and the gradient is sigmoid(x) - t everywhere,
+    # x = 0 included (a max(x,0) + log(1+exp(-|x|)) form gets x = 0 wrong).
     target = _target_like(g, output)
     shape = g.shape(output)
-    positive = g.node("Relu", [output], shape, hint="bce_relu")
+    softplus = g.node("Softplus", [output], shape, hint="bce_softplus")
     x_times_t = g.node("Mul", [output, target], shape, hint="bce_xt")
-    magnitude = g.node("Abs", [output], shape, hint="bce_abs")
-    negated = g.node("Neg", [magnitude], shape, hint="bce_neg")
-    exp = g.node("Exp", [negated], shape, hint="bce_exp")
-    one_plus = g.node("Add", [exp, g.constant("bce_one", np.float32(1.0))], shape, hint="bce_1p")
-    softplus = g.node("Log", [one_plus], shape, hint="bce_log")
-    linear = g.node("Sub", [positive, x_times_t], shape, hint="bce_lin")
-    total = g.node("Add", [linear, softplus], shape, hint="bce_sum")
+    total = g.node("Sub", [softplus, x_times_t], shape, hint="bce_sum")
     return g.node("ReduceMean", [total], (), hint="loss", keepdims=0), target
 
 

@@ -459,6 +459,7 @@ LOWERINGS = {
     "Relu": _unary(op.RELU),
     "Sigmoid": _unary(op.SIGMOID),
     "Tanh": _unary(op.TANH),
+    "Softplus": _unary(op.SOFTPLUS),
     "Softmax": _softmax(op.SOFTMAX),
     "LogSoftmax": _softmax(op.LOG_SOFTMAX),
     "ReluGrad": _activation_grad(op.RELU_GRAD),

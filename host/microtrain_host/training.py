@@ -55,6 +55,10 @@ def load_data(path, val_split=0.2):
 
 def write_device_data(directory, blob, x, y, x_val, y_val):
     """Write the raw files microtrain.fit reads, after checking sizes against the blob."""
+    if len(blob.programs["train"].inputs) != 2:
+        raise TrainError("`microtrain train` feeds one input and one label tensor; this model's "
+                         "train program takes %d inputs (use the device API directly)"
+                         % len(blob.programs["train"].inputs))
     x_id, y_id = blob.programs["train"].inputs
     batch = blob.shapes[x_id][0]
     x_size = blob.sizes[x_id] // batch

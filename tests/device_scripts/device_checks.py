@@ -101,9 +101,17 @@ def parameters_round_trip():
 def nan_loss_keeps_parameters():
     state, model, opt, x, y = setup()
     before = list(model.get_contiguous_parameters())
+    clean = array("f", x)
     x[0] = float("nan")
     expect(TrainingError, lambda: model(x, y), "nan")
     assert list(model.get_contiguous_parameters()) == before
+    # The NaN gradients are dropped: the next call starts from fresh buffers.
+    model(clean, y)
+    name = [n for n in state.parameters if state.parameters[n].requires_grad][0]
+    after_nan = list(state.parameters[name].grad)
+    _, fresh, _, _, _ = setup()
+    fresh(clean, y)
+    assert after_nan == list(fresh.state.parameters[name].grad)
 
 
 def accumulate_until_reset():

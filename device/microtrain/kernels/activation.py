@@ -37,6 +37,19 @@ def sigmoid_grad(F, I, args):
         F[dx + i] = F[dy + i] * s * (1.0 - s)
 
 
+def softplus(F, I, args):
+    # log(1 + exp(x)) = max(x, 0) + log(1 + exp(-|x|)): exp never overflows.
+    y, x, n = args
+    e = math.exp
+    ln = math.log
+    for i in range(n):
+        v = F[x + i]
+        if v > 0.0:
+            F[y + i] = v + ln(1.0 + e(-v))
+        else:
+            F[y + i] = ln(1.0 + e(v))
+
+
 def tanh(F, I, args):
     y, x, n = args
     t = math.tanh
