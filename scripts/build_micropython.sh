@@ -49,9 +49,15 @@ apt_opts=(-o Dir::Etc::SourceList=/dev/null
     rm -rf tree && mkdir tree
     tar -xf "$tarball" -C tree --strip-components=1
     jobs=$(nproc 2>/dev/null || echo 2)
-    make -s -C tree/mpy-cross -j"$jobs" >&2
-    make -s -C tree/ports/unix -j"$jobs" FROZEN_MANIFEST= MICROPY_PY_BTREE=0 \
-        MICROPY_PY_SSL=0 MICROPY_SSL_MBEDTLS=0 MICROPY_SSL_AXTLS=0 >&2
+    echo "build_micropython: building the Unix port (log: $cache/build.log)" >&2
+    if ! { make -C tree/mpy-cross -j"$jobs" &&
+           make -C tree/ports/unix -j"$jobs" FROZEN_MANIFEST= MICROPY_PY_BTREE=0 \
+               MICROPY_PY_SSL=0 MICROPY_SSL_MBEDTLS=0 MICROPY_SSL_AXTLS=0; } \
+           > "$cache/build.log" 2>&1; then
+        tail -n 40 "$cache/build.log" >&2
+        echo "build_micropython: build failed" >&2
+        exit 1
+    fi
     cp tree/ports/unix/build-standard/micropython "$binary"
 )
 
