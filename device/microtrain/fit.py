@@ -142,9 +142,8 @@ def _print_report(kind, values):
     print("@" + kind + " " + " ".join(repr(v) for v in values))
 
 
-def main(argv):
-    artifacts, data, epochs, lr, out = argv[1], argv[2], int(argv[3]), float(argv[4]), argv[5]
-    seed = int(argv[6]) if len(argv) > 6 else 1
+def run(artifacts, data, epochs, lr, out, report, seed=1):
+    """Load ARTIFACTS/{checkpoint,model.mtb} and the raw files in DATA, train, save OUT."""
     state = CheckpointState.load_checkpoint(artifacts + "/checkpoint")
     module = Module(artifacts + "/model.mtb", state)
     optimizer = Optimizer(artifacts + "/model.mtb", module)
@@ -153,8 +152,14 @@ def main(argv):
     ext = ".i32" if y_type == "i" else ".f32"
     train = Batches(module, _read(data + "/x_train.f32", "f"), _read(data + "/y_train" + ext, y_type))
     val = Batches(module, _read(data + "/x_val.f32", "f"), _read(data + "/y_val" + ext, y_type))
-    fit(module, optimizer, train, val, epochs, _print_report, seed)
+    fit(module, optimizer, train, val, epochs, report, seed)
     CheckpointState.save_checkpoint(state, out)
+
+
+def main(argv):
+    out = argv[5]
+    run(argv[1], argv[2], int(argv[3]), float(argv[4]), out, _print_report,
+        int(argv[6]) if len(argv) > 6 else 1)
     print("@saved " + out)
 
 

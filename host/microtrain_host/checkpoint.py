@@ -82,7 +82,10 @@ def write_checkpoint(path, trainable: dict[str, np.ndarray], frozen: dict[str, n
     data = build_checkpoint(trainable, frozen, nominal=nominal, optimizer_step=optimizer_step,
                             initial_learning_rate=initial_learning_rate, momentums=momentums,
                             properties=properties)
-    _write_atomically(os.fspath(path), data)
+    try:
+        write_atomically(os.fspath(path), data)
+    except OSError as e:
+        raise CheckpointError(f"cannot write checkpoint '{path}': {e}") from e
 
 
 def build_checkpoint(trainable: dict[str, np.ndarray], frozen: dict[str, np.ndarray], *,
@@ -317,25 +320,24 @@ def _float32(value, what: str) -> float:
     return value
 
 
-def _write_atomically(path: str, data: bytes) -> None:
+def write_atomically(path: str, data: bytes) -> None:
+    """Write a temporary file in the same directory, fsync it, then os.replace it over
+    `path`: an interrupted write never leaves a half-written file there. Raises OSError."""
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-    except OSError as e:
-        raise CheckpointError(f"cannot write checkpoint '{path}': {e}") from e
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 # --------------------------------------------------------------------------- reading

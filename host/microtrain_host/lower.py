@@ -483,18 +483,22 @@ LOWERINGS = {
 }
 
 
+def meta_names(meta, key):
+    """The comma-separated names generate_artifacts stored under microtrain.<key>."""
+    return [n for n in meta.get(f"microtrain.{key}", "").split(",") if n]
+
+
 def roles_from_metadata(model, optimizer_model=None):
     """Role of every graph input, from the metadata generate_artifacts writes."""
     meta = {p.key: p.value for p in model.metadata_props}
-    split = lambda key: [n for n in meta.get(f"microtrain.{key}", "").split(",") if n]  # noqa
     roles = {}
-    for name in split("inputs"):
+    for name in meta_names(meta, "inputs"):
         roles[name] = INPUT
-    for name in split("labels"):
+    for name in meta_names(meta, "labels"):
         roles[name] = LABEL
-    for name in split("params"):
+    for name in meta_names(meta, "params"):
         roles[name] = PARAM
-    for name in split("trainable"):
+    for name in meta_names(meta, "trainable"):
         roles[grad_buffer(name)] = GRAD
     roles["lazy_reset_grad"] = CONTROL
     roles["learning_rate"] = CONTROL

@@ -3,7 +3,6 @@
 Blob file = u32 N + N-byte FlatBuffer (schema/microtrain.fbs, identifier "MTRB") + CRC-32
 of those N bytes."""
 import ast
-import dataclasses
 import os
 import zlib
 
@@ -11,21 +10,15 @@ import flatbuffers
 import numpy as np
 
 from . import planner
+from .checkpoint import write_atomically
+from .errors import ArtifactError
 from .lower import (ACTIVATION, CONSTANT, CONTROL, FLOAT, GRAD, INPUT, INT32, LABEL, NO_TENSOR,
-                    OPTIMIZER_STATE, PARAM, Lowering, roles_from_metadata)
+                    OPTIMIZER_STATE, PARAM, Lowering, meta_names, roles_from_metadata)
 from .optimizers import STATE_NAMES, OptimType, grad_buffer, state_name
 
 IDENTIFIER = b"MTRB"
 FORMAT_VERSION = 1
 PERSISTENT_ORDER = (INPUT, LABEL, PARAM, GRAD, OPTIMIZER_STATE, CONSTANT, CONTROL)
-
-
-@dataclasses.dataclass
-class Packed:
-    lowering: Lowering
-    float_arena: int
-    int_arena: int
-    nbytes: int
 
 
 def lifetimes(program, tensors):
@@ -47,7 +40,8 @@ def lifetimes(program, tensors):
 
 def assign_offsets(lowering):
     """Persistent tensors first, one after another; then each program's temporaries
-    planned into one shared region. Returns (float arena, int arena) sizes in elements."""
+    planned into one shared region. Returns the float arena, int arena, naive sum (every
+    tensor in its own space) and lower bound (persistent + largest live peak), in elements."""
     tensors = lowering.tensors
     ends = {FLOAT: 0, INT32: 0}
     for role in PERSISTENT_ORDER:
@@ -56,33 +50,31 @@ def assign_offsets(lowering):
                 t.offset = ends[t.dtype]
                 ends[t.dtype] += t.size
     base = ends[FLOAT]
-    region = 0
-    lowering.naive_size = base
-    lowering.lower_bound = base
-    peak = 0
+    region = peak = 0
+    naive = base
     for program in lowering.programs.values():
         spans = lifetimes(program, tensors)
         ids = sorted(spans)
         buffers = [(tensors[s].size, spans[s][0], spans[s][1]) for s in ids]
         offsets, size = planner.plan(buffers)
         planner.check(buffers, offsets)
-        lowering.naive_size += sum(b[0] for b in buffers)
+        naive += sum(b[0] for b in buffers)
         peak = max(peak, planner.lower_bound(buffers))
         for s, off in zip(ids, offsets):
             tensors[s].offset = base + off
         region = max(region, size)
-    lowering.lower_bound = base + peak
     for tid, t in enumerate(tensors):
         if t.storage != tid:
             t.offset = tensors[t.storage].offset
-    return base + region, ends[INT32]
+    return base + region, ends[INT32], naive, base + peak
 
 
 def _uints(builder, values, dtype):
     return builder.CreateNumpyVector(np.asarray(values, dtype=dtype))
 
 
-def _write(lowering, parameters, float_arena, int_arena, loss, num_classes, optimizer, options):
+def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options):
+    float_arena, int_arena, naive_size, lower_bound = sizes
     b = flatbuffers.Builder(4096)
     tensor_offsets = []
     for t in lowering.tensors:
@@ -163,8 +155,8 @@ def _write(lowering, parameters, float_arena, int_arena, loss, num_classes, opti
     b.PrependUint32Slot(8, num_classes, 0)
     if opt is not None:
         b.PrependUOffsetTRelativeSlot(9, opt, 0)
-    b.PrependUint32Slot(10, lowering.naive_size, 0)
-    b.PrependUint32Slot(11, lowering.lower_bound, 0)
+    b.PrependUint32Slot(10, naive_size, 0)
+    b.PrependUint32Slot(11, lower_bound, 0)
     b.FinishSizePrefixed(b.EndObject(), file_identifier=IDENTIFIER)
     body = bytes(b.Output())
     return body + (zlib.crc32(body[4:]) & 0xFFFFFFFF).to_bytes(4, "little")
@@ -178,7 +170,7 @@ def _table_vector(b, offsets):
 
 
 def pack(training_model, eval_model, optimizer_model, path, optimizer_options=None):
-    """Lower the graphs, plan the arenas and write the blob to path. Returns Packed."""
+    """Lower the graphs, plan the arenas and write the blob to path."""
     roles, meta = roles_from_metadata(training_model, optimizer_model)
     lowering = Lowering(roles)
     lowering.lower("train", training_model)
@@ -194,19 +186,18 @@ def pack(training_model, eval_model, optimizer_model, path, optimizer_options=No
     lowering.control("learning_rate")
     if optimizer == OptimType.AdamW:
         lowering.control("step_size")
-    float_arena, int_arena = assign_offsets(lowering)
-    trainable = set(n for n in meta.get("microtrain.trainable", "").split(",") if n)
+    sizes = assign_offsets(lowering)
+    trainable = set(meta_names(meta, "trainable"))
     parameters = []
-    for name in [n for n in meta.get("microtrain.params", "").split(",") if n]:
+    for name in meta_names(meta, "params"):
         tid = lowering.persistent[name]
         grad = lowering.persistent.get(grad_buffer(name), -1) if name in trainable else -1
         states = [lowering.persistent[state_name(name, s)] for s in STATE_NAMES[optimizer]] \
             if optimizer is not None and name in trainable else []
         parameters.append((tid, grad, states))
-    data = _write(lowering, parameters, float_arena, int_arena, meta.get("microtrain.loss", ""),
+    data = _write(lowering, parameters, sizes, meta.get("microtrain.loss", ""),
                   int(meta.get("microtrain.num_classes", "0") or 0), optimizer, optimizer_options)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-    return Packed(lowering, float_arena, int_arena, len(data))
+    try:
+        write_atomically(os.fspath(path), data)
+    except OSError as e:
+        raise ArtifactError(f"cannot write blob '{path}': {e}") from e

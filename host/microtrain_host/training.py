@@ -10,7 +10,6 @@ import numpy as np
 
 from .errors import MicrotrainHostError
 
-DEVICE_DIR = pathlib.Path(__file__).resolve().parents[2] / "device"
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -106,28 +105,16 @@ def train(artifact_dir, data_path, epochs, learning_rate, output, runtime="cpyth
 
     with tempfile.TemporaryDirectory(prefix="microtrain-data-") as data_dir:
         write_device_data(data_dir, blob, x, y, x_val, y_val)
-        argv = ["fit", artifact_dir, data_dir, str(epochs), repr(float(learning_rate)),
-                str(output), str(seed)]
         if runtime == "cpython":
-            from microtrain import CheckpointState, Module, Optimizer
-            state = CheckpointState.load_checkpoint(os.path.join(artifact_dir, "checkpoint"))
-            module = Module(blob_path, state)
-            optimizer = Optimizer(blob_path, module)
-            optimizer.set_learning_rate(learning_rate)
-            y_type = "i" if blob.dtypes[blob.programs["train"].inputs[1]] == 1 else "f"
-            ext = ".i32" if y_type == "i" else ".f32"
-            read = device_fit._read
-            train_set = device_fit.Batches(module, read(f"{data_dir}/x_train.f32", "f"),
-                                           read(f"{data_dir}/y_train{ext}", y_type))
-            val_set = device_fit.Batches(module, read(f"{data_dir}/x_val.f32", "f"),
-                                         read(f"{data_dir}/y_val{ext}", y_type))
-            device_fit.fit(module, optimizer, train_set, val_set, epochs, collect, seed)
-            CheckpointState.save_checkpoint(state, str(output))
+            device_fit.run(artifact_dir, data_dir, epochs, float(learning_rate), str(output),
+                           collect, seed)
         elif runtime == "micropython":
             binary = find_micropython(micropython)
             env = dict(os.environ, MICROPYPATH=str(device_package_dir()))
+            argv = [artifact_dir, data_dir, str(epochs), repr(float(learning_rate)),
+                    str(output), str(seed)]
             proc = subprocess.Popen([binary, "-X", f"heapsize={heap}", "-m", "microtrain.fit"]
-                                    + argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    + argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True, env=env)
             for line in proc.stdout:
                 if line.startswith("@step ") or line.startswith("@epoch "):
