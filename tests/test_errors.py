@@ -134,3 +134,24 @@ def test_cli_reports_errors_without_traceback(tmp_path, capsys):
     bad.write_bytes(b"\x00" * 20)
     assert main(["inspect", str(bad)]) == 2
     assert "BlobError" in capsys.readouterr().err
+
+
+def test_programs_from_another_blob(packed, tmp_path):
+    """Module's eval_model_uri and Optimizer's uri may name another blob of the same model;
+    a blob of another model, or one without an optimizer, is refused."""
+    import shutil
+    from microtrain import Optimizer
+    copy = tmp_path / "copy.mtb"
+    shutil.copy(packed / "model.mtb", copy)
+    state = CheckpointState.load_checkpoint(str(packed / "checkpoint"))
+    model = Module(str(packed / "model.mtb"), state, str(copy))
+    Optimizer(str(copy), model).step()
+    other = tmp_path / "other"
+    mh.generate_artifacts(export(mlp(7, 3), torch.zeros(1, 7)), optimizer=None,
+                          artifact_directory=other, batch_size=4)
+    with pytest.raises(BlobError, match="not packed from the same model"):
+        Module(str(packed / "model.mtb"), state, str(other / "model.mtb"))
+    other_model = Module(str(other / "model.mtb"),
+                         CheckpointState.load_checkpoint(str(other / "checkpoint")))
+    with pytest.raises(BlobError, match="no optimizer program"):
+        Optimizer(str(other / "model.mtb"), other_model)

@@ -67,6 +67,20 @@ def load(path_or_bytes, keep_steps=False):
     return parse(data, keep_steps)
 
 
+def program(b, uri, name, default_uri):
+    """Program `name` of blob b, or of the blob at uri when it is another file; that file
+    must have been packed from the same model (same tensor table)."""
+    if uri is not None and uri != default_uri:
+        other = load(uri)
+        if other.names != b.names or other.offsets != b.offsets:
+            raise BlobError("'%s' and '%s' were not packed from the same model"
+                            % (uri, default_uri))
+        b = other
+    if name not in b.programs:
+        raise BlobError("'%s' has no %s program" % (uri or default_uri, name))
+    return b.programs[name]
+
+
 def arena_sizes(data):
     """(float, int) arena sizes in elements, read from the root table only."""
     _check_frame(data)

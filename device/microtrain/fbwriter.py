@@ -25,11 +25,13 @@ class Vector:
     def __init__(self, fmt, values):
         self.fmt = fmt
         self.values = values
+        self.size = 4 + _SIZES[fmt] * len(values)
 
 
 class String:
     def __init__(self, text):
         self.data = text.encode("utf-8")
+        self.size = 4 + len(self.data) + 1
 
 
 class Raw:
@@ -37,11 +39,13 @@ class Raw:
     def __init__(self, buffer, nbytes):
         self.buffer = buffer
         self.nbytes = nbytes
+        self.size = 4 + nbytes
 
 
 class Tables:
     def __init__(self, tables):
         self.tables = tables
+        self.size = 4 + 4 * len(tables)
 
 
 def _children(obj):
@@ -79,19 +83,11 @@ def _layout(root):
                 cursor += size
             obj.vtable, obj.pos, obj.slots, obj.size = vtable, start, slots, cursor
             pos = start + cursor
-        elif isinstance(obj, Vector):
-            size = _SIZES[obj.fmt]
-            obj.pos = _align(pos + 4, max(size, 4)) - 4
-            pos = obj.pos + 4 + size * len(obj.values)
-        elif isinstance(obj, String):
-            obj.pos = _align(pos, 4)
-            pos = obj.pos + 4 + len(obj.data) + 1
-        elif isinstance(obj, Raw):
-            obj.pos = _align(pos, 4)
-            pos = obj.pos + 4 + obj.nbytes
-        elif isinstance(obj, Tables):
-            obj.pos = _align(pos, 4)
-            pos = obj.pos + 4 + 4 * len(obj.tables)
+        else:
+            # Vectors, strings: a u32 count, then elements aligned to their size (min 4).
+            align = max(_SIZES[obj.fmt], 4) if isinstance(obj, Vector) else 4
+            obj.pos = _align(pos + 4, align) - 4
+            pos = obj.pos + obj.size
         order.append(obj)
         queue.extend(_children(obj))
     return order, pos
@@ -143,17 +139,6 @@ def write(stream, root, identifier):
                 field = obj.pos + 4 + 4 * i
                 struct.pack_into("<I", out, 4 + 4 * i, obj.tables[i].pos - field)
             stream.write(out)
-        at = obj.pos + _object_size(obj)
+        at = obj.pos + obj.size
     return at
 
-
-def _object_size(obj):
-    if isinstance(obj, Table):
-        return obj.size
-    if isinstance(obj, Vector):
-        return 4 + _SIZES[obj.fmt] * len(obj.values)
-    if isinstance(obj, String):
-        return 4 + len(obj.data) + 1
-    if isinstance(obj, Raw):
-        return 4 + obj.nbytes
-    return 4 + 4 * len(obj.tables)

@@ -34,13 +34,6 @@ class Module:
         self.I = _zeros("i", int_arena)
         b = blobfile.parse(data)
         del data
-        if eval_model_uri is not None and eval_model_uri != train_model_uri:
-            # The eval program may come from another blob packed from the same model.
-            other = blobfile.load(eval_model_uri)
-            if other.names != b.names or other.offsets != b.offsets:
-                raise InputError("'%s' and '%s' were not packed from the same model"
-                                 % (train_model_uri, eval_model_uri))
-            b.programs["eval"] = other.programs["eval"]
         self.blob = b
         self.uri = train_model_uri
         self.state = state
@@ -49,8 +42,8 @@ class Module:
             self.F[off:off + b.sizes[tid]] = array("f", raw)
         self._view = memoryview(self.F)
         self._bind_parameters()
-        self._train = b.programs["train"]
-        self._eval = b.programs["eval"]
+        self._train = blobfile.program(b, None, "train", train_model_uri)
+        self._eval = blobfile.program(b, eval_model_uri, "eval", train_model_uri)
         self._reset_at = b.offsets[b.tensor_id("lazy_reset_grad")]
         self._training = True
         self._reset_pending = True  # ORT: the first train step overwrites the gradients

@@ -1,7 +1,6 @@
 # Optimizer: runs the blob's optimizer program over the Module's arena, in place.
 import math
 from microtrain import blob as blobfile
-from microtrain.errors import ParameterError
 
 
 class Optimizer:
@@ -10,17 +9,9 @@ class Optimizer:
 
     def __init__(self, optimizer_uri, module):
         b = module.blob
-        if optimizer_uri != module.uri:
-            other = blobfile.load(optimizer_uri)
-            if other.names != b.names or other.offsets != b.offsets:
-                raise ParameterError("'%s' was not packed from the same model as '%s'"
-                                     % (optimizer_uri, module.uri))
-            b.programs["optimizer"] = other.programs["optimizer"]
-        if "optimizer" not in b.programs:
-            raise ParameterError("'%s' has no optimizer program" % optimizer_uri)
         self.module = module
         self.config = b.optimizer
-        self._program = b.programs["optimizer"]
+        self._program = blobfile.program(b, optimizer_uri, "optimizer", module.uri)
         self._lr_at = b.offsets[b.tensor_id("learning_rate")]
         self._step_size_at = (b.offsets[b.tensor_id("step_size")]
                               if self.config.get("kind") == "AdamW" else -1)
