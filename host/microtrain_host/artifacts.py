@@ -107,9 +107,10 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
     model, shapes = load_model(model, batch_size)
     trainable, frozen = split_parameters(model, requires_grad, frozen_params)
     graph = model.graph
-    params = trainable + frozen
-    params = [i.name for i in graph.initializer if i.name in set(params)]  # initializer order
-    user_inputs = [i.name for i in graph.input if i.name not in {x.name for x in graph.initializer}]
+    param_set = set(trainable) | set(frozen)
+    params = [i.name for i in graph.initializer if i.name in param_set]  # initializer order
+    initializer_names = {i.name for i in graph.initializer}
+    user_inputs = [i.name for i in graph.input if i.name not in initializer_names]
     model_outputs = [o.name for o in graph.output]
 
     g = GraphBuilder(shapes)
@@ -118,7 +119,7 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
     for node in graph.node:
         if node.op_type == "Constant":
             g.values[node.output[0]] = constant_value(node)
-    constants = [i for i in graph.initializer if i.name not in set(params)]
+    constants = [i for i in graph.initializer if i.name not in param_set]
 
     # Loss block.
     loss_inputs = list(loss_input_names) if loss_input_names else model_outputs[:1]
@@ -182,8 +183,7 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
     directory = artifact_directory if artifact_directory is not None else os.getcwd()
     os.makedirs(directory, exist_ok=True)
     path = lambda name: os.path.join(directory, prefix + name)  # noqa: E731
-    values = {i.name: numpy_helper.to_array(i).astype(np.float32) for i in graph.initializer
-              if i.name in set(params)}
+    values = {name: g.values[name].astype(np.float32) for name in params}
     written = Artifacts(
         training_model=_save(training_model, path("training_model.onnx")),
         eval_model=_save(eval_model, path("eval_model.onnx")),
