@@ -6,6 +6,9 @@ except ImportError:
     def const(x):
         return x
 
+# Code ranges by family: dense 1-9, elementwise 10-29, activation 30-49, loss 50-59,
+# optim 60-69, conv 70-79, pool 80-89, norm (BatchNormalization, Dropout) 90-99,
+# layout (Transpose, Slice, Concat, Split, Pad) 100-119.
 GEMM = const(1)
 GEMM_ACCUMULATE = const(2)
 ADD = const(10)
@@ -96,6 +99,14 @@ def kernel_module(family):
         from microtrain.kernels import loss as module
     elif family == "optim":
         from microtrain.kernels import optim as module
+    elif family == "conv":
+        from microtrain.kernels import conv as module
+    elif family == "pool":
+        from microtrain.kernels import pool as module
+    elif family == "norm":
+        from microtrain.kernels import norm as module
+    elif family == "layout":
+        from microtrain.kernels import layout as module
     else:
         raise ImportError("no kernel family " + family)
     return module
