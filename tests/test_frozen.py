@@ -58,6 +58,17 @@ def test_frozen_first_layer(tmp_path, optimizer):
     # program are 3 forward + dW, dX for layer 2 + dW for layer 3 (no dX into layer 1).
     gemms = [r for r in b.step_records["train"] if r[0] in (1, 2)]  # GEMM, GEMM_ACCUMULATE
     assert len(gemms) == 3 + 2 + 1
+    # inspect reports what the pruning saved against training every parameter.
+    full = mh.generate_artifacts(export(model, torch.zeros(1, 10)), loss="CrossEntropyLoss",
+                                 optimizer=optimizer, artifact_directory=tmp_path / "full",
+                                 batch_size=8)
+    everything = blobfile.load(full.blob)
+    assert (b.full_training_arena, b.full_training_steps) == (
+        everything.float_arena, len(everything.programs["train"].steps))
+    assert b.float_arena < b.full_training_arena
+    assert everything.full_training_arena == 0  # nothing frozen, nothing to report
+    assert (f"partial update   {b.float_arena:8d}  vs {b.full_training_arena} training every "
+            f"parameter: pruning saved {b.full_training_arena - b.float_arena}") in text
 
 
 def test_frozen_state_flags_are_checked(tmp_path):

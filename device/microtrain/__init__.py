@@ -4,6 +4,9 @@ from microtrain.errors import (MicrotrainError, BlobError, CheckpointError, Inpu
                                ParameterError, TrainingError)
 from microtrain.checkpoint import CheckpointState, Parameter
 from microtrain.module import Module
+from microtrain.inference import InferenceSession
 from microtrain.optimizer import Optimizer
+from microtrain.lr_scheduler import (LinearLRScheduler, ConstantLRScheduler,
+                                     InverseScalingLRScheduler)
 
 __version__ = "0.1.0"

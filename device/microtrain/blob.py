@@ -3,6 +3,7 @@
 # "MTRB", then the CRC-32 of those N bytes. Everything is validated here, once, so that
 # kernels can trust their arguments.
 import struct
+from array import array
 from microtrain.crc32 import crc32
 from microtrain.errors import BlobError
 from microtrain.flatbuf import Reader
@@ -45,13 +46,29 @@ class Blob:
         self.optimizer = {}
         self.naive_size = 0     # float elements without arena sharing (for inspect)
         self.lower_bound = 0    # float elements no plan can go below (for inspect)
+        self.full_training_arena = 0  # with frozen parameters: the arena if all trained
+        self.full_training_steps = 0  # ... and its train program's step count (inspect)
         self.step_records = {}  # program -> [(op, tensor ids, ints, floats)] when kept
+        self.inference = None   # InferenceTemplate: (position in the file, length, cuts,
+                                # [(output name, tensor id)]), for microtrain.export
+        self.crc = 0            # the file's CRC-32, to notice a blob replaced since load
 
     def tensor_id(self, name):
         try:
             return self.names.index(name)
         except ValueError:
             raise BlobError("the blob has no tensor named '%s'" % name)
+
+
+def zeros(typecode, n):
+    """A zeroed array of n elements, e.g. an arena. array(typecode, bytes(4 * n)) would
+    briefly need twice the memory; an iterable with a length is allocated once at its
+    final size, then zeroed."""
+    a = array(typecode, range(n))
+    zero = 0.0 if typecode == "f" else 0
+    for i in range(n):
+        a[i] = zero
+    return a
 
 
 def read(path):
@@ -120,9 +137,13 @@ def parse(data, keep_steps=False):
     b.num_classes = r.scalar(root, 8, "I", 0)
     b.naive_size = r.scalar(root, 10, "I", 0)
     b.lower_bound = r.scalar(root, 11, "I", 0)
+    b.full_training_arena = r.scalar(root, 12, "I", 0)
+    b.full_training_steps = r.scalar(root, 13, "I", 0)
     _read_tensors(r, root, b)
     _read_parameters(r, root, b)
     _read_optimizer(r, root, b)
+    _read_inference(r, root, b)
+    b.crc = struct.unpack_from("<I", data, len(data) - 4)[0]
     for t in r.tables(root, 4, "program"):
         name = r.string(t, 0, "program name")
         records = [] if keep_steps else None
@@ -194,7 +215,39 @@ def _read_optimizer(r, root, b):
         "epsilon": r.scalar(t, 4, "f", 1e-6),
         "weight_decay": r.scalar(t, 5, "f", 0.0),
         "bias_correction": bool(r.scalar(t, 6, "B", 1)),
+        "momentum": r.scalar(t, 7, "f", 0.0),
+        "dampening": r.scalar(t, 8, "f", 0.0),
+        "nesterov": bool(r.scalar(t, 9, "B", 0)),
+        "l1_penalty": r.scalar(t, 10, "f", 0.0),
+        "l2_penalty": r.scalar(t, 11, "f", 0.0),
+        "clip_grad_norm": r.scalar(t, 12, "f", 0.0),  # 0: no clipping
     }
+
+
+def _read_inference(r, root, b):
+    t = r.table(root, 14, "inference template")
+    if t is None:
+        return
+    pos, length = r.vector(t, 0, 1, "inference template")
+    cuts = r.scalars(t, 1, "I", "inference template cuts")
+    outputs = [(r.string(o, 0, "output name"), r.scalar(o, 1, "I", 0))
+               for o in r.tables(t, 2, "inference output")]
+    at = 0
+    output_cuts = 0
+    for i in range(0, len(cuts) - 1, 2):
+        cut, tid = cuts[i], cuts[i + 1]
+        if cut < at or cut > length:
+            raise BlobError("inference template: cut at byte %d is out of order or outside "
+                            "its %d bytes" % (cut, length))
+        at = cut
+        if tid == NO_TENSOR:
+            output_cuts += 1
+        elif tid >= len(b.names) or b.dtypes[tid] != FLOAT:
+            raise BlobError("inference template: cut names tensor %d, not a float tensor" % tid)
+    if len(cuts) % 2 or output_cuts != 1 or not outputs:
+        raise BlobError("inference template: %d cut values with %d output-id cuts, %d outputs"
+                        % (len(cuts), output_cuts, len(outputs)))
+    b.inference = (pos, length, cuts, outputs)
 
 
 def _ids(r, table, index, b, what):

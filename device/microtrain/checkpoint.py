@@ -7,15 +7,22 @@
 #   OptimizerGroup{0 group_name, 1 step:int64, 2 initial_learning_rate:float, 3 optimizer_states}
 #   ParameterOptimizerState{0 param_name, 1 momentums:[Tensor]}
 #   PropertyBag{0 ints, 1 floats, 2 strings}, each property {0 name, 1 value}
+#   Checkpoint field 4, crc32_trailer:bool, is microtrain's own (ORT ignores it): the file
+#   ends in an 8-byte trailer, the CRC-32 of all bytes before it and b"MTCK". A file with
+#   the trailer must match it; one whose root asks for it but lacks it was cut short; files
+#   written by ORT have neither and load unchecked.
 import os
+import struct
 from array import array
 from microtrain import fbwriter
+from microtrain.crc32 import crc32
 from microtrain.errors import CheckpointError
 from microtrain.flatbuf import Reader
 
 IDENTIFIER = b"ODTC"
 VERSION = 2
 ONNX_FLOAT = 1
+TRAILER_MAGIC = b"MTCK"
 
 
 class Parameter:
@@ -44,45 +51,87 @@ class CheckpointState:
         self.optimizer_step = 0
         self.initial_learning_rate = 0.001
         self.momentums = {}        # parameter name -> [array('f'), ...]
+        self.has_optimizer_state = False  # the file had an optimizer group
         self.parameter_order = []  # names in file order (dict order on MicroPython is not)
 
     @staticmethod
     def load_checkpoint(uri):
+        """Read and validate a checkpoint. When `uri` is missing but `uri`.bak exists (a
+        save on a filesystem that cannot rename over a file was cut off half-way, see
+        save_checkpoint), the .bak file, the previous checkpoint, is loaded."""
         try:
-            with open(uri, "rb") as f:
-                data = f.read()
+            data = _read_file(uri)
         except OSError as e:
-            raise CheckpointError("cannot read checkpoint '%s': %s" % (uri, e))
+            try:
+                data = _read_file(uri + ".bak")
+            except OSError:
+                raise CheckpointError("cannot read checkpoint '%s': %s" % (uri, e))
+            uri += ".bak"
         return _parse(data, uri)
 
     @staticmethod
     def save_checkpoint(state, uri, include_optimizer_state=False):
-        # Write a temporary file, then rename it over the old one: an interrupted save
-        # leaves the previous checkpoint in place.
+        """Write `uri` atomically: a temporary file uri.tmp, then a rename over the old
+        checkpoint, so an interrupted save leaves the previous checkpoint in place."""
         tmp = uri + ".tmp"
         try:
             with open(tmp, "wb") as f:
-                fbwriter.write(f, _to_flatbuffer(state, include_optimizer_state), IDENTIFIER)
-            try:
-                os.rename(tmp, uri)
-            except OSError:
-                # Some board filesystems will not rename over an existing file.
-                os.remove(uri)
-                os.rename(tmp, uri)
+                out = _Crc32Stream(f)
+                fbwriter.write(out, _to_flatbuffer(state, include_optimizer_state), IDENTIFIER)
+                f.write(struct.pack("<I", out.crc & 0xFFFFFFFF) + TRAILER_MAGIC)
+                if hasattr(os, "fsync"):  # CPython; MicroPython's close() flushes
+                    f.flush()
+                    os.fsync(f.fileno())
+            _replace(tmp, uri)
         except OSError as e:
             raise CheckpointError("cannot write checkpoint '%s': %s" % (uri, e))
 
 
+def _read_file(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _replace(tmp, uri):
+    bak = uri + ".bak"
+    try:
+        os.rename(tmp, uri)
+    except OSError as e:
+        try:
+            os.stat(uri)
+        except OSError:
+            raise e  # nothing to move aside: the rename failed for another reason
+        # This filesystem will not rename over an existing file (some board ports). Move
+        # the old checkpoint aside first, so that at every moment uri or uri.bak is a
+        # complete checkpoint (load_checkpoint falls back to uri.bak when uri is missing).
+        _remove(bak)  # left by an earlier interrupted save; uri is complete now
+        os.rename(uri, bak)
+        os.rename(tmp, uri)
+    _remove(bak)  # the previous checkpoint, or one an interrupted save left behind
+
+
+def _remove(path):
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
 def _read_tensor(r, t, nominal):
     name = r.string(t, 0, "tensor name")
+    if not name:
+        raise CheckpointError("a tensor of the checkpoint has no name")
     dims = tuple(r.scalars(t, 2, "q", "tensor dims"))
     dtype = r.scalar(t, 3, "i", 0)
     pos, nbytes = r.vector(t, 4, 1, "raw_data of '%s'" % name)
-    if nominal:
-        return name, dims, None
     if dtype != ONNX_FLOAT:
         raise CheckpointError("tensor '%s' has ONNX data type %d; only float (1) is supported"
                               % (name, dtype))
+    if r.scalar(t, 6, "q", -1) != -1:
+        raise CheckpointError("tensor '%s' keeps its data in an external file, which is not "
+                              "supported" % name)
+    if nominal:
+        return name, dims, None
     count = 1
     for d in dims:
         if d < 0:
@@ -94,20 +143,50 @@ def _read_tensor(r, t, nominal):
     return name, dims, array("f", bytes(r.buf[pos:pos + nbytes]))
 
 
-def _first(pair):
-    return pair[0]
+def _moment_order(pair):
+    # momentum0, momentum1, ..., momentum10: shorter names first
+    return (len(pair[0]), pair[0])
+
+
+class _Crc32Stream:
+    # Passes writes through to a file, keeping the CRC-32 of everything written.
+    def __init__(self, f):
+        self.f = f
+        self.crc = 0
+
+    def write(self, data):
+        self.crc = crc32(data, self.crc)
+        return self.f.write(data)
+
+
+def _check_trailer(data, uri):
+    # The FlatBuffer without its trailer (verified), or None when the file has no trailer.
+    n = len(data)
+    if n < 16 or bytes(data[n - 4:]) != TRAILER_MAGIC:
+        return None
+    body = memoryview(data)[:n - 8]
+    if crc32(body) & 0xFFFFFFFF != struct.unpack_from("<I", data, n - 8)[0]:
+        raise CheckpointError("checkpoint '%s' is corrupt: its CRC-32 does not match" % uri)
+    return body
 
 
 def _parse(data, uri):
-    r = Reader(data, CheckpointError)
-    if len(data) < 8 or r.identifier() != IDENTIFIER:
+    if len(data) < 8 or bytes(data[4:8]) != IDENTIFIER:
         raise CheckpointError("'%s' is not a training checkpoint (identifier %r, expected %r)"
                               % (uri, bytes(data[4:8]), IDENTIFIER))
+    body = _check_trailer(data, uri)
+    checked = body is not None
+    if checked:
+        data = body
+    r = Reader(data, CheckpointError)
     root = r.root()
     version = r.scalar(root, 0, "i", 0)
     if version != VERSION:
         raise CheckpointError("checkpoint version %d is not supported (expected %d)"
                               % (version, VERSION))
+    if r.scalar(root, 4, "B", 0) and not checked:
+        raise CheckpointError("checkpoint '%s' is truncated or corrupt: its CRC-32 trailer is "
+                              "missing" % uri)
     state = CheckpointState()
     module = r.table(root, 1, "module_state")
     if module is not None:
@@ -117,16 +196,32 @@ def _parse(data, uri):
         for index, trainable in ((0, True), (1, False)):
             for t in r.tables(module, index, "parameter"):
                 name, dims, values = _read_tensor(r, t, state.is_nominal)
+                if name in state.parameters:
+                    raise CheckpointError("parameter '%s' appears twice" % name)
                 state.parameters[name] = Parameter(name, dims, values, trainable)
                 state.parameter_order.append(name)
-    for group in r.tables(root, 2, "optimizer group"):
+    groups = r.tables(root, 2, "optimizer group")
+    if len(groups) > 1:
+        raise CheckpointError("%d optimizer groups; only one is supported" % len(groups))
+    for group in groups:
+        state.has_optimizer_state = True
         state.optimizer_step = r.scalar(group, 1, "q", 0)
         state.initial_learning_rate = r.scalar(group, 2, "f", 0.0)  # schema default
         for ps in r.tables(group, 3, "parameter optimizer state"):
             pname = r.string(ps, 0, "param_name")
             moments = [(n, v) for n, _, v in
                        (_read_tensor(r, t, False) for t in r.tables(ps, 1, "momentum"))]
-            moments.sort(key=_first)  # by name only: arrays do not compare on MicroPython
+            moments.sort(key=_moment_order)  # by name only: arrays do not compare on MicroPython
+            p = state.parameters.get(pname)
+            if p is None or not p.requires_grad or pname in state.momentums:
+                raise CheckpointError("optimizer state for '%s', which is not a trainable "
+                                      "parameter or appears twice" % pname)
+            if state.is_nominal and moments:
+                raise CheckpointError("a nominal checkpoint holds optimizer moments")
+            for mname, v in moments:
+                if len(v) != p.size():
+                    raise CheckpointError("%s of '%s' has %d values; the parameter has %d"
+                                          % (mname, pname, len(v), p.size()))
             state.momentums[pname] = [v for _, v in moments]
     bag = r.table(root, 3, "property_bag")
     if bag is not None:
@@ -139,13 +234,15 @@ def _parse(data, uri):
 
 
 def _tensor(name, shape, values, nominal):
-    if nominal:
-        return fbwriter.Table([fbwriter.String(name), None, None, ("i", ONNX_FLOAT), None])
-    n = 1
-    for d in shape:
-        n *= d
+    # A nominal tensor keeps its dims and has an empty raw_data vector (as ORT writes it;
+    # ORT refuses a tensor without either vector).
+    n = 0
+    if not nominal:
+        n = 1
+        for d in shape:
+            n *= d
     return fbwriter.Table([fbwriter.String(name), None, fbwriter.Vector("q", list(shape)),
-                           ("i", ONNX_FLOAT), fbwriter.Raw(values, 4 * n)])
+                           ("i", ONNX_FLOAT), fbwriter.Raw(values if n else b"", 4 * n)])
 
 
 def _to_flatbuffer(state, include_optimizer_state):
@@ -159,7 +256,7 @@ def _to_flatbuffer(state, include_optimizer_state):
     module = fbwriter.Table([fbwriter.Tables(lists[0]), fbwriter.Tables(lists[1]),
                              ("B", 1 if state.is_nominal else 0), ("B", 0)])
     groups = None
-    if include_optimizer_state and state.momentums:
+    if include_optimizer_state and (state.has_optimizer_state or state.momentums):
         per_param = []
         for name in sorted(state.momentums):
             shape = state.parameters[name].shape
@@ -184,4 +281,4 @@ def _to_flatbuffer(state, include_optimizer_state):
                 raise CheckpointError("property '%s' must be int, float or str, not %s"
                                       % (name, type(value).__name__))
         bag = fbwriter.Table([fbwriter.Tables(k) for k in kinds])
-    return fbwriter.Table([("i", VERSION), module, groups, bag])
+    return fbwriter.Table([("i", VERSION), module, groups, bag, ("B", 1)])

@@ -8,14 +8,7 @@ _ROLE_PARAM = 2
 _ROLE_LABEL = 1
 
 
-def _zeros(typecode, n):
-    # array(typecode, bytes(4 * n)) would briefly need twice the memory; an iterable with a
-    # length is allocated once at its final size, then zeroed.
-    a = array(typecode, range(n))
-    zero = 0.0 if typecode == "f" else 0
-    for i in range(n):
-        a[i] = zero
-    return a
+_zeros = blobfile.zeros
 
 
 class Module:
@@ -23,7 +16,8 @@ class Module:
 
     model(*inputs) runs the train program in train mode (returns the loss, accumulating
     gradients) and the eval program in eval mode (returns the loss, or a list of the loss
-    and views of the other outputs when the eval program has more)."""
+    and views of the other outputs when the eval program has more). A model whose loss is
+    computed outside the graph trains with forward() and backward() instead."""
 
     def __init__(self, train_model_uri, state, eval_model_uri=None):
         # The arenas are the largest blocks: allocate them before the blob's many small
@@ -42,11 +36,18 @@ class Module:
             self.F[off:off + b.sizes[tid]] = array("f", raw)
         self._view = memoryview(self.F)
         self._bind_parameters()
-        self._train = blobfile.program(b, None, "train", train_model_uri)
+        # A model whose loss is computed outside the graph has forward and backward
+        # programs instead of train (see forward()).
+        self._forward = b.programs.get("forward")
+        self._backward = b.programs.get("backward")
+        self._train = (blobfile.program(b, None, "train", train_model_uri)
+                       if self._forward is None else None)
         self._eval = blobfile.program(b, eval_model_uri, "eval", train_model_uri)
         self._reset_at = b.offsets[b.tensor_id("lazy_reset_grad")]
         self._training = True
         self._reset_pending = True  # ORT: the first train step overwrites the gradients
+        self._forward_at = None     # optimizer step of the last train forward(), until backward
+        self._output_views = {}     # program name -> views of its outputs, made once
 
     # -- parameters -------------------------------------------------------------------
     def _bind_parameters(self):
@@ -122,6 +123,17 @@ class Module:
     def lazy_reset_grad(self):
         self._reset_pending = True
 
+    def set_seed(self, seed):
+        """Restart every Dropout's random stream from `seed` (ORT's SetSeed, per Module):
+        the same seed gives the same masks on CPython and on every MicroPython port. Without
+        it a Dropout starts from its `seed` attribute, or 0."""
+        b = self.blob
+        states = [b.offsets[t] for t in range(len(b.names)) if b.names[t].endswith(".random_state")]
+        if states:
+            from microtrain.kernels.norm import seed_state
+            for stream, at in enumerate(states):
+                seed_state(self.I, at, seed, stream)
+
     def input_names(self, training=None):
         program = self._program(training)
         return [self.blob.names[t] for t in program.inputs]
@@ -133,20 +145,28 @@ class Module:
     def _program(self, training):
         if training is None:
             training = self._training
-        return self._train if training else self._eval
+        return (self._train or self._forward) if training else self._eval
 
-    def __call__(self, *inputs):
+    def _load_inputs(self, program, inputs):
         if self.state.is_nominal:
             raise ParameterError("the checkpoint state is nominal (no parameter values): load "
                                  "all of them with copy_buffer_to_parameters(buffer, "
                                  "trainable_only=False) before training or eval")
-        program = self._train if self._training else self._eval
         if len(inputs) != len(program.inputs):
             raise InputError("the %s program takes %d inputs (%s), got %d"
                              % (program.name, len(program.inputs),
-                                ", ".join(self.input_names()), len(inputs)))
+                                ", ".join(self.blob.names[t] for t in program.inputs),
+                                len(inputs)))
         for tid, values in zip(program.inputs, inputs):
             self._copy_in(tid, values)
+
+    def __call__(self, *inputs):
+        if self._forward is not None:
+            raise TrainingError("this model computes its loss outside the graph (packed with "
+                                "loss=None and a non-scalar output): use forward() and "
+                                "backward()")
+        program = self._train if self._training else self._eval
+        self._load_inputs(program, inputs)
         F = self.F
         I = self.I
         if self._training:
@@ -165,6 +185,57 @@ class Module:
         if len(program.outputs) == 1:
             return loss
         return [loss] + [self.output(t) for t in program.outputs[1:]]
+
+    def forward(self, *inputs):
+        """outputs = model.forward(*inputs) for a model packed with loss=None and a
+        non-scalar output (the loss is computed outside the graph). In train mode it runs
+        the training forward pass and keeps what backward() needs; in eval mode the eval
+        program. Returns a view of the output (a list of views with several outputs), valid
+        until the next forward or call; the views are the same objects every time."""
+        if self._forward is None:
+            raise TrainingError("'%s' has no forward program: pack the model with loss=None "
+                                "(its output not a scalar) to compute the loss outside the "
+                                "graph" % self.uri)
+        program = self._forward if self._training else self._eval
+        self._forward_at = None  # until this forward has run
+        self._load_inputs(program, inputs)
+        F = self.F
+        I = self.I
+        for kernel, args in program.steps:
+            kernel(F, I, args)
+        self._forward_at = self.state.optimizer_step if self._training else None
+        views = self._output_views.get(program.name)
+        if views is None:
+            views = [self.output(t) for t in program.outputs]
+            self._output_views[program.name] = views
+        return views[0] if len(views) == 1 else views
+
+    def backward(self, *grad_outputs):
+        """model.backward(d_output) (one gradient per forward output, flat, in output
+        order): accumulates the parameter gradients of the loss whose gradients with respect
+        to the outputs are given, like a train call (lazy_reset_grad() semantics included);
+        then Optimizer.step() as usual. Needs a train-mode forward() just before: nothing
+        else (eval, optimizer step) may run in between."""
+        if self._forward_at != self.state.optimizer_step:
+            raise TrainingError("backward() needs the activations of a train-mode forward() "
+                                "run just before it (with no eval call or optimizer step in "
+                                "between)")
+        program = self._backward
+        self._load_inputs(program, grad_outputs)
+        F = self.F
+        I = self.I
+        F[self._reset_at] = 1.0 if self._reset_pending else 0.0
+        for kernel, args in program.steps:
+            kernel(F, I, args)
+        self._reset_pending = False
+        self._forward_at = None
+
+    def export_model_for_inferencing(self, inference_model_uri, graph_output_names):
+        """Write an inference-only blob (no gradients, optimizer state or loss; its own,
+        smaller arena) with the parameters' current values, for InferenceSession.
+        graph_output_names: the model outputs it returns, in that order. Atomic."""
+        from microtrain.export import export_inference_blob
+        export_inference_blob(self, inference_model_uri, graph_output_names)
 
     def output(self, tensor):
         """A view of an output tensor (id or name) in the arena; valid until the next call."""

@@ -11,6 +11,7 @@ except ImportError:
 # layout (Transpose, Slice, Concat, Split, Pad) 100-119.
 GEMM = const(1)
 GEMM_ACCUMULATE = const(2)
+BATCHED_GEMM = const(3)
 ADD = const(10)
 SUB = const(11)
 MUL = const(12)
@@ -35,12 +36,40 @@ LOG_SOFTMAX = const(37)
 SOFTMAX_GRAD = const(38)
 LOG_SOFTMAX_GRAD = const(39)
 SOFTPLUS = const(41)
+LEAKY_RELU = const(42)
+LEAKY_RELU_GRAD = const(43)
+CLIP = const(44)
+CLIP_GRAD = const(45)
+HARD_SIGMOID = const(46)
+HARD_SIGMOID_GRAD = const(47)
+HARD_SWISH = const(48)
+HARD_SWISH_GRAD = const(49)
+MAX_POOL = const(80)
+MAX_POOL_GRAD = const(81)
+AVERAGE_POOL = const(82)
+AVERAGE_POOL_GRAD = const(83)
 REDUCE_SUM = const(40)
 SOFTMAX_CE = const(50)
 SOFTMAX_CE_GRAD = const(51)
 ACCUMULATE = const(60)
 SGD = const(61)
 ADAMW = const(62)
+SGD_GENERAL = const(63)
+ADAMW_GENERAL = const(64)
+GRAD_NORM_SQUARED = const(65)
+CLIP_COEF = const(66)
+CONV = const(70)
+CONV_GRAD_INPUT = const(71)
+CONV_GRAD_WEIGHT = const(72)
+BATCH_NORM_TRAINING = const(90)
+BATCH_NORM_INFERENCE = const(91)
+CHANNEL_AFFINE = const(92)
+BATCH_NORM_GRAD = const(93)
+DROPOUT = const(94)
+DROPOUT_GRAD = const(95)
+STRIDED_COPY = const(100)
+STRIDED_ADD = const(101)
+FILL = const(102)
 
 # op code -> (kernel family module, function, tensor dtypes, int count, float count)
 # Tensor dtypes: "f" float arena, "i" int arena, "?" float arena or no tensor.
@@ -52,6 +81,7 @@ _AXIS_GRAD = ("fff", 3, 0)
 SIGNATURES = {
     GEMM: ("dense", "gemm", "fff?", 9, 2),
     GEMM_ACCUMULATE: ("dense", "gemm_accumulate", "ffff", 7, 1),
+    BATCHED_GEMM: ("dense", "batched_gemm", "fff", 16, 1),
     ADD: ("elementwise", "add") + _BINARY,
     SUB: ("elementwise", "sub") + _BINARY,
     MUL: ("elementwise", "mul") + _BINARY,
@@ -76,12 +106,40 @@ SIGNATURES = {
     SOFTMAX_GRAD: ("activation", "softmax_grad") + _AXIS_GRAD,
     LOG_SOFTMAX_GRAD: ("activation", "log_softmax_grad") + _AXIS_GRAD,
     SOFTPLUS: ("activation", "softplus") + _UNARY,
+    LEAKY_RELU: ("activation", "leaky_relu", "ff", 1, 1),
+    LEAKY_RELU_GRAD: ("activation", "leaky_relu_grad", "fff", 1, 1),
+    CLIP: ("activation", "clip", "ff", 1, 2),
+    CLIP_GRAD: ("activation", "clip_grad", "fff", 1, 2),
+    HARD_SIGMOID: ("activation", "hard_sigmoid", "ff", 1, 2),
+    HARD_SIGMOID_GRAD: ("activation", "hard_sigmoid_grad", "fff", 1, 2),
+    HARD_SWISH: ("activation", "hard_swish") + _UNARY,
+    HARD_SWISH_GRAD: ("activation", "hard_swish_grad") + _ACT_GRAD,
+    MAX_POOL: ("pool", "max_pool", "ff", 13, 0),
+    MAX_POOL_GRAD: ("pool", "max_pool_grad", "fff", 13, 0),
+    AVERAGE_POOL: ("pool", "average_pool", "ff", 15, 0),
+    AVERAGE_POOL_GRAD: ("pool", "average_pool_grad", "ff", 15, 0),
     REDUCE_SUM: ("reduce", "reduce_sum", "ff", 7, 1),
     SOFTMAX_CE: ("loss", "softmax_cross_entropy", "fffi", 2, 0),
     SOFTMAX_CE_GRAD: ("loss", "softmax_cross_entropy_grad", "fffi", 2, 0),
     ACCUMULATE: ("optim", "accumulate", "fff", 1, 0),
     SGD: ("optim", "sgd", "fff", 1, 0),
     ADAMW: ("optim", "adamw", "ffffff", 1, 4),
+    SGD_GENERAL: ("optim", "sgd_general", "fff???", 2, 5),
+    ADAMW_GENERAL: ("optim", "adamw_general", "ffffff?", 1, 6),
+    GRAD_NORM_SQUARED: ("optim", "grad_norm_squared", "fff", 2, 2),
+    CLIP_COEF: ("optim", "clip_coef", "f", 0, 1),
+    CONV: ("conv", "conv", "fff?", 16, 0),
+    CONV_GRAD_INPUT: ("conv", "conv_grad_input", "fff", 16, 0),
+    CONV_GRAD_WEIGHT: ("conv", "conv_grad_weight", "fff?", 16, 0),
+    BATCH_NORM_TRAINING: ("norm", "batch_norm_training", "ffff??", 3, 2),
+    BATCH_NORM_INFERENCE: ("norm", "batch_norm_inference", "ffffff", 3, 1),
+    CHANNEL_AFFINE: ("norm", "channel_affine", "fff?", 3, 0),
+    BATCH_NORM_GRAD: ("norm", "batch_norm_grad", "???fff??", 3, 1),
+    DROPOUT: ("norm", "dropout", "ffii", 4, 1),
+    DROPOUT_GRAD: ("norm", "dropout_grad", "ffi", 1, 1),
+    STRIDED_COPY: ("layout", "strided_copy", "ff", 14, 0),
+    STRIDED_ADD: ("layout", "strided_add", "ff", 14, 0),
+    FILL: ("layout", "fill", "f", 1, 1),
 }
 
 

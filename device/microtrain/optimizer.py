@@ -1,6 +1,7 @@
 # Optimizer: runs the blob's optimizer program over the Module's arena, in place.
 import math
 from microtrain import blob as blobfile
+from microtrain.errors import CheckpointError
 
 
 class Optimizer:
@@ -15,9 +16,15 @@ class Optimizer:
         self._lr_at = b.offsets[b.tensor_id("learning_rate")]
         self._step_size_at = (b.offsets[b.tensor_id("step_size")]
                               if self.config.get("kind") == "AdamW" else -1)
+        # SGD with momentum reads the 1-based step to start its buffer on the first one.
+        self._step_at = b.offsets[b.tensor_id("step")] if "step" in b.names else -1
         state = module.state
         self.step_count = state.optimizer_step
         self._bind_state(state)
+        if not state.has_optimizer_state:
+            # Like ORT: the checkpoint's optimizer group records the initial learning rate.
+            state.initial_learning_rate = self.config.get("learning_rate", 0.001)
+            state.has_optimizer_state = True
         self.set_learning_rate(self.config.get("learning_rate", 0.001))
 
     def _bind_state(self, state):
@@ -27,14 +34,24 @@ class Optimizer:
         F = self.module.F
         view = self.module._view
         for tensor, grad, moments in b.parameters:
-            if grad < 0 or not moments:
+            if grad < 0:
                 continue
             name = b.names[tensor]
             saved = state.momentums.get(name)
+            if not moments:
+                # This optimizer keeps no state for it (plain SGD); ORT's SGD writes an
+                # unused momentum0, which is not carried on.
+                state.momentums.pop(name, None)
+                continue
+            if saved is not None and len(saved) != len(moments):
+                raise CheckpointError("the checkpoint has %d optimizer moment(s) for '%s'; this "
+                                      "optimizer (%s) keeps %d: save the checkpoint without "
+                                      "optimizer state to switch optimizers"
+                                      % (len(saved), name, self.config.get("kind"), len(moments)))
             views = []
             for i, tid in enumerate(moments):
                 off, n = b.offsets[tid], b.sizes[tid]
-                if saved is not None and i < len(saved) and len(saved[i]) == n:
+                if saved is not None:
                     values = saved[i]
                     for j in range(n):
                         F[off + j] = values[j]
@@ -52,6 +69,8 @@ class Optimizer:
         F = self.module.F
         self.step_count += 1
         self.module.state.optimizer_step = self.step_count
+        if self._step_at >= 0:
+            F[self._step_at] = self.step_count
         if self._step_size_at >= 0:
             c = self.config
             t = self.step_count

@@ -3,6 +3,7 @@
 Names, files and semantics follow onnxruntime.training.artifacts.generate_artifacts."""
 import dataclasses
 import os
+import tempfile
 
 import numpy as np
 import onnx
@@ -10,12 +11,14 @@ from onnx import TensorProto, helper, numpy_helper
 
 from . import checkpoint as ckpt
 from .autodiff import build_gradients
-from .errors import ArtifactError
+from .errors import ArtifactError, MicrotrainHostError
 from .graph import DOMAIN, DOMAIN_VERSION, GraphBuilder
 from .losses import LOSS_BLOCKS, LossType
 from .model import constant_value, load_model
+from .normalization import (check_requires_grad, folded_parameters, inference_form,
+                            running_statistics)
 from .optimizers import DEFAULTS, OptimType, build_optimizer_graph, grad_buffer
-from .pack import pack
+from .pack import TRAINING_PROGRAMS, pack
 
 LAZY_RESET_GRAD = "lazy_reset_grad"
 
@@ -32,6 +35,7 @@ class Artifacts:
     trainable: list
     frozen: list
     loss_name: str
+    folded: list = dataclasses.field(default_factory=list)  # frozen, now model constants
 
 
 def _enum(value, kind, what):
@@ -45,7 +49,8 @@ def _enum(value, kind, what):
 
 
 def split_parameters(model, requires_grad, frozen_params):
-    """(trainable, frozen) parameter names in initializer order, with ORT's rules."""
+    """(trainable, frozen) parameter names in initializer order, with ORT's rules, except
+    that BatchNormalization running statistics are frozen by default (normalization.py)."""
     floats = [i.name for i in model.graph.initializer if i.data_type == TensorProto.FLOAT]
     requires_grad = list(requires_grad) if requires_grad is not None else None
     frozen_params = list(frozen_params) if frozen_params is not None else None
@@ -57,8 +62,11 @@ def split_parameters(model, requires_grad, frozen_params):
         if name not in floats:
             raise ArtifactError(f"'{name}' is not a float initializer of the model; parameters "
                                 f"are: {', '.join(floats)}")
+    check_requires_grad(model.graph, requires_grad or [])
     if requires_grad is None:
-        requires_grad = [n for n in floats if n not in set(frozen_params or ())]
+        statistics = running_statistics(model.graph)
+        requires_grad = [n for n in floats
+                         if n not in set(frozen_params or ()) and n not in statistics]
     trainable = [n for n in floats if n in set(requires_grad)]
     frozen = [n for n in floats if n not in set(requires_grad)]
     if not trainable:
@@ -98,15 +106,23 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
     model: ModelProto or path. requires_grad / frozen_params: parameter names (ORT's rules:
     by default every float initializer is trainable; naming one in both is an error).
     loss: LossType (or its name) or None when the model's output already is the loss.
+    loss=None with a non-scalar output means the loss is computed outside the graph: the
+    training graph takes d loss / d output as inputs `<output>_grad` (one per name in
+    loss_input_names, default the first output) and the blob gets "forward" and "backward"
+    programs instead of "train" (Module.forward, Module.backward).
     optimizer: OptimType (or name) or None for no optimizer graph. batch_size fixes a
-    dynamic batch dimension. optimizer_options overrides the defaults (learning_rate, beta1,
-    beta2, epsilon, weight_decay, bias_correction). additional_output_names: model outputs
+    dynamic batch dimension. optimizer_options overrides the defaults (optimizers.DEFAULTS;
+    AdamW: learning_rate, beta1, beta2, epsilon, weight_decay, bias_correction; SGD:
+    learning_rate, momentum, dampening, nesterov, weight_decay; both: l1_penalty, l2_penalty,
+    clip_grad_norm). additional_output_names: model outputs
     the eval graph returns after the loss (default: all model outputs)."""
     loss = _enum(loss, LossType, "loss")
     optimizer = _enum(optimizer, OptimType, "optimizer")
     model, shapes = load_model(model, batch_size)
     trainable, frozen = split_parameters(model, requires_grad, frozen_params)
     graph = model.graph
+    folded = folded_parameters(graph, frozen)
+    frozen = [p for p in frozen if p not in folded]
     param_set = set(trainable) | set(frozen)
     params = [i.name for i in graph.initializer if i.name in param_set]  # initializer order
     initializer_names = {i.name for i in graph.initializer}
@@ -127,11 +143,15 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
         if name not in shapes:
             raise ArtifactError(f"loss input '{name}' is not a tensor of the model")
     labels = []
+    output_grads = {}
     if loss is None:
         loss_name = loss_inputs[0]
         if g.shape(loss_name) not in ((), (1,)):
-            raise ArtifactError(f"with loss=None the output '{loss_name}' must be a scalar loss, "
-                                f"it has shape {list(g.shape(loss_name))}")
+            # The loss is computed outside the graph (Module.forward / Module.backward): the
+            # backward pass starts from d loss / d output, one graph input per output.
+            output_grads = {name: g.fresh(f"{name}_grad") for name in loss_inputs}
+            for name, grad in output_grads.items():
+                g.shapes[grad] = g.shapes[name]
     else:
         if len(loss_inputs) != 1:
             raise ArtifactError(f"{loss.name} takes one model output, got {loss_inputs}")
@@ -143,14 +163,15 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
     num_classes = g.shape(loss_inputs[0])[-1] if loss == LossType.CrossEntropyLoss else 0
     meta = {"inputs": ",".join(user_inputs), "labels": ",".join(labels),
             "params": ",".join(params), "trainable": ",".join(trainable),
-            "loss": loss.name if loss is not None else "", "num_classes": str(num_classes)}
+            "loss": loss.name if loss is not None else "", "num_classes": str(num_classes),
+            "outputs": ",".join(model_outputs), "output_grads": ",".join(output_grads.values())}
 
-    eval_model = _make_model(model, g, forward, user_inputs + labels + params,
+    eval_model = _make_model(model, g, inference_form(forward), user_inputs + labels + params,
                              [loss_name] + extra_outputs, constants + list(g.initializers),
                              "eval", meta)
 
     # Backward pass and ORT-style gradient accumulation.
-    grads = build_gradients(g, forward, loss_name, trainable)
+    grads = build_gradients(g, forward, loss_name, trainable, seeds=output_grads or None)
     g.shapes[LAZY_RESET_GRAD] = (TensorProto.BOOL, (1,))
     accumulated = []
     for p in trainable:
@@ -162,8 +183,10 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
         accumulated += out
     training_model = _make_model(
         model, g, list(graph.node) + list(g.nodes),
-        user_inputs + labels + params + [grad_buffer(p) for p in trainable] + [LAZY_RESET_GRAD],
-        [loss_name] + accumulated, constants + list(g.initializers), "training", meta)
+        user_inputs + labels + params + [grad_buffer(p) for p in trainable]
+        + list(output_grads.values()) + [LAZY_RESET_GRAD],
+        (loss_inputs if output_grads else [loss_name]) + accumulated,
+        constants + list(g.initializers), "training", meta)
 
     options = None
     optimizer_model = None
@@ -191,11 +214,32 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
         if optimizer_model is not None else None,
         checkpoint=path("checkpoint"),
         nominal_checkpoint=path("nominal_checkpoint") if nominal_checkpoint else None,
-        blob=path("model.mtb"), trainable=trainable, frozen=frozen, loss_name=loss_name)
+        blob=path("model.mtb"), trainable=trainable, frozen=frozen, loss_name=loss_name,
+        folded=folded)
     ckpt.write_checkpoint(written.checkpoint, {p: values[p] for p in trainable},
                           {p: values[p] for p in frozen})
     if nominal_checkpoint:
         ckpt.write_checkpoint(written.nominal_checkpoint, {p: values[p] for p in trainable},
                               {p: values[p] for p in frozen}, nominal=True)
-    pack(training_model, eval_model, optimizer_model, written.blob, optimizer_options=options)
+    full_training = (0, 0)
+    if set(trainable) != set(split_parameters(model, None, None)[0]):
+        full_training = _full_training_figures(
+            model, loss=loss, optimizer=optimizer, loss_input_names=loss_input_names,
+            optimizer_options=optimizer_options, additional_output_names=additional_output_names)
+    pack(training_model, eval_model, optimizer_model, written.blob, optimizer_options=options,
+         full_training=full_training)
     return written
+
+
+def _full_training_figures(model, **kwargs):
+    """(float arena, train steps) of the model with every parameter trained, for inspect to
+    show what freezing saved; (0, 0) when the model cannot train them all."""
+    from microtrain import blob as device_blob
+    with tempfile.TemporaryDirectory() as directory:
+        try:
+            result = generate_artifacts(model, artifact_directory=directory, **kwargs)
+        except MicrotrainHostError:
+            return (0, 0)
+        b = device_blob.load(result.blob)
+        return b.float_arena, sum(len(b.programs[p].steps) for p in TRAINING_PROGRAMS
+                                  if p in b.programs)

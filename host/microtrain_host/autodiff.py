@@ -6,10 +6,14 @@ gradient name (or None) per input. Gradients of a tensor used several times are 
 Only tensors that depend on a trainable parameter get gradients, so frozen layers and the
 input gradient of the first trainable layer cost nothing."""
 import numpy as np
-from onnx import helper
+from onnx import TensorProto, helper
 
+from .convolution import conv_attributes
 from .errors import UnsupportedOpError
 from .graph import DOMAIN
+from .normalization import batch_norm_training, dropout_config
+from .pooling import pool_attributes
+from .layout import matmul_views, pad_amounts
 
 
 def _attr(node, name, default):
@@ -71,14 +75,45 @@ def grad_gemm(g, node, dys, needs):
     return grads
 
 
+def _view(g, name, shape, hint):
+    """name with another shape (a free alias on the device), or name itself."""
+    shape = tuple(shape)
+    if tuple(g.shape(name)) == shape:
+        return name
+    return g.node("Reshape", [name, g.constant("shape", np.array(shape, np.int64))], shape,
+                  hint=hint)
+
+
 def grad_matmul(g, node, dys, needs):
+    # Y = A @ B with numpy's rules (1-D operands, broadcast batch dimensions). When B is a
+    # matrix, A's batch folds into its rows and both gradients are 2-D Gemms (dB can then
+    # accumulate in place). Otherwise each gradient is a FusedMatMul with one operand
+    # transposed, summed over the batch dimensions its operand was broadcast along.
     a, b = node.input
-    if len(g.shape(a)) != 2 or len(g.shape(b)) != 2:
-        raise UnsupportedOpError(f"MatMul node '{node.name}': only 2-D operands are supported, "
-                                 f"got {list(g.shape(a))} x {list(g.shape(b))}")
-    dy = dys[0]
-    return [_gemm_operand_grad(g, dy, b, 0, 1, 1.0, g.shape(a), "dA") if needs[0] else None,
-            _gemm_operand_grad(g, a, dy, 1, 0, 1.0, g.shape(b), "dB") if needs[1] else None]
+    view_a, view_b, view_y = matmul_views(g.shape(a), g.shape(b), f"MatMul node '{node.name}'")
+    dy = _view(g, dys[0], view_y, "dMatMul")
+    da = db = None
+    if len(view_b) == 2:
+        rows = (int(np.prod(view_a[:-1])), view_a[-1])
+        dy_rows = _view(g, dy, (rows[0], view_b[1]), "dMatMul")
+        if needs[0]:
+            da = _gemm_operand_grad(g, dy_rows, _view(g, b, view_b, "dMatMul"), 0, 1, 1.0, rows,
+                                    "dA")
+        if needs[1]:
+            db = _gemm_operand_grad(g, _view(g, a, rows, "dMatMul"), dy_rows, 1, 0, 1.0, view_b,
+                                    "dB")
+    else:
+        batch = view_y[:-2]
+        if needs[0]:
+            da = unbroadcast(g, g.node("FusedMatMul", [dy, _view(g, b, view_b, "dMatMul")],
+                                       batch + view_a[-2:], domain=DOMAIN, hint="dA", transB=1),
+                             view_a)
+        if needs[1]:
+            db = unbroadcast(g, g.node("FusedMatMul", [_view(g, a, view_a, "dMatMul"), dy],
+                                       batch + view_b[-2:], domain=DOMAIN, hint="dB", transA=1),
+                             view_b)
+    return [_view(g, da, g.shape(a), "dA") if da else None,
+            _view(g, db, g.shape(b), "dB") if db else None]
 
 
 def grad_add(g, node, dys, needs):
@@ -243,6 +278,204 @@ def grad_softmax_cross_entropy(g, node, dys, needs):
                    g.shape(scores), domain=DOMAIN, hint="dScores", reduction="mean"), None]
 
 
+def grad_expand(g, node, dys, needs):
+    return [unbroadcast(g, dys[0], g.shape(node.input[0])), None]
+
+
+def grad_transpose(g, node, dys, needs):
+    # The inverse permutation.
+    shape = g.shape(node.input[0])
+    perm = _attr(node, "perm", None) or list(reversed(range(len(shape))))
+    inverse = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inverse[p] = i
+    return [g.node("Transpose", [dys[0]], shape, hint="dTranspose", perm=inverse)]
+
+
+def grad_slice(g, node, dys, needs):
+    # Zeros of X's shape with dY scattered back into the window (ORT's SliceGrad).
+    x = node.input[0]
+    shape = g.constant("shape", np.array(g.shape(x), np.int64))
+    return [g.node("SliceGrad", [dys[0], shape] + list(node.input[1:]), g.shape(x),
+                   domain=DOMAIN, hint="dSlice")] + [None] * (len(node.input) - 1)
+
+
+def grad_concat(g, node, dys, needs):
+    # Each input's gradient is its window of dY along the axis.
+    axis = _attr(node, "axis", 0) % len(g.shape(node.output[0]))
+    grads, at = [], 0
+    for x, need in zip(node.input, needs):
+        size = g.shape(x)[axis]
+        if need:
+            bounds = [g.constant(hint, np.array([v], np.int64))
+                      for hint, v in (("starts", at), ("ends", at + size), ("axes", axis))]
+            grads.append(g.node("Slice", [dys[0]] + bounds, g.shape(x), hint="dConcat"))
+        else:
+            grads.append(None)
+        at += size
+    return grads
+
+
+def grad_split(g, node, dys, needs):
+    # The outputs' gradients side by side, zeros for an output nothing reads.
+    pieces = [dy if dy is not None else g.node(
+        "ConstantOfShape", [g.constant("shape", np.array(g.shape(out), np.int64))], g.shape(out),
+        hint="dSplit_zeros", value=helper.make_tensor("value", TensorProto.FLOAT, [1], [0.0]))
+        for out, dy in zip(node.output, dys)]
+    return [g.node("Concat", pieces, g.shape(node.input[0]), hint="dSplit",
+                   axis=_attr(node, "axis", 0))] + [None] * (len(node.input) - 1)
+
+
+def grad_gather(g, node, dys, needs):
+    # Zeros of the data's shape plus dY's slices at the indices (ORT's GatherGrad).
+    data, indices = node.input
+    shape = g.constant("shape", np.array(g.shape(data), np.int64))
+    return [g.node("GatherGrad", [shape, indices, dys[0]], g.shape(data), domain=DOMAIN,
+                   hint="dGather", axis=_attr(node, "axis", 0)), None]
+
+
+def grad_tile(g, node, dys, needs):
+    # The sum of dY's tiles (TileGrad, ai.microtrain).
+    x = node.input[0]
+    return [g.node("TileGrad", [dys[0], node.input[1]], g.shape(x), domain=DOMAIN,
+                   hint="dTile"), None]
+
+
+def grad_reciprocal(g, node, dys, needs):
+    # y = 1 / x: dx = -dy * y^2
+    y = node.output[0]
+    square = g.node("Mul", [y, y], g.shape(y), hint="dReciprocal")
+    return [g.node("Neg", [g.node("Mul", [dys[0], square], g.shape(y), hint="dReciprocal")],
+                   g.shape(y), hint="dReciprocal")]
+
+
+def grad_pad(g, node, dys, needs):
+    # constant: dX = dY without the border (a Slice), with zeros where Pad cropped X (a Pad
+    # by the crop; written as the two so that onnx.reference, whose Pad takes no negative
+    # pads, runs it too). edge / reflect: PadGrad adds each border element back onto the
+    # element it copies.
+    x = node.input[0]
+    where = f"Pad node '{node.name}'"
+    if len(needs) > 2 and needs[2]:
+        raise UnsupportedOpError(f"{where}: no gradient for a trainable constant_value")
+    axes = node.input[3] if len(node.input) > 3 and node.input[3] else None
+    begins, ends = pad_amounts(len(g.shape(x)), g.constant_value(node.input[1]),
+                               g.constant_value(axes) if axes else None, where)
+    mode = _attr(node, "mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode == "constant":
+        dx, shape = dys[0], g.shape(dys[0])
+        if max(begins + ends) > 0:
+            shape = tuple(d - max(b, 0) - max(e, 0) for d, b, e in zip(shape, begins, ends))
+            bounds = [g.constant(hint, np.array(v, np.int64)) for hint, v in (
+                ("starts", [max(b, 0) for b in begins]),
+                ("ends", [max(b, 0) + d for b, d in zip(begins, shape)]))]
+            dx = g.node("Slice", [dx] + bounds, shape, hint="dPad")
+        if min(begins + ends) < 0:
+            crop = [max(-p, 0) for p in begins + ends]
+            dx = g.node("Pad", [dx, g.constant("pads", np.array(crop, np.int64))], g.shape(x),
+                        hint="dPad", mode="constant")
+    else:
+        dx = g.node("PadGrad", [dys[0], g.constant("pads", np.array(begins + ends, np.int64))],
+                    g.shape(x), domain=DOMAIN, hint="dPad", mode=mode)
+    return [dx] + [None] * (len(node.input) - 1)
+
+
+def grad_pool(g, node, dys, needs):
+    # MaxPoolGrad(dY, X) / AveragePoolGrad(dY, X) with explicit windows: auto_pad resolved
+    # into pads, a Global pool as one window over the whole plane.
+    x = node.input[0]
+    attrs = pool_attributes(node, g.shape(x), g.shape(node.output[0]),
+                            f"{node.op_type} node '{node.name}'")
+    op_type = "MaxPoolGrad" if "Max" in node.op_type else "AveragePoolGrad"
+    return [g.node(op_type, [dys[0], x], g.shape(x), domain=DOMAIN, hint="d" + node.op_type,
+                   **attrs)]
+
+
+def _piecewise_grad(op_type):
+    # dX = <op>Grad(dY, X) with the forward node's attributes: Y cannot tell which side
+    # of a kink X was on.
+    def rule(g, node, dys, needs):
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        return [g.node(op_type, [dys[0], node.input[0]], g.shape(node.input[0]), domain=DOMAIN,
+                       hint="d" + node.op_type, **attrs)]
+    return rule
+
+
+def grad_clip(g, node, dys, needs):
+    # dX = dY where min <= X <= max; min and max (optional inputs) must be constants.
+    if any(needs[1:]):
+        raise UnsupportedOpError(f"Clip node '{node.name}': min and max get no gradient; "
+                                 f"freeze them or make them constants")
+    bounds = {}
+    for index, name in ((1, "min"), (2, "max")):
+        if len(node.input) > index and node.input[index]:
+            value = g.constant_value(node.input[index])
+            if value is None or np.size(value) != 1:
+                raise UnsupportedOpError(f"Clip node '{node.name}': input '{name}' must be a "
+                                         f"constant scalar")
+            bounds[name] = float(np.reshape(value, ()))
+    dx = g.node("ClipGrad", [dys[0], node.input[0]], g.shape(node.input[0]), domain=DOMAIN,
+                hint="dClip", **bounds)
+    return [dx] + [None] * (len(node.input) - 1)
+
+
+def grad_conv(g, node, dys, needs):
+    # Y = Conv(X, W[, B]), auto_pad resolved into pads: dX = ConvGradInput(dY, W) (only when
+    # X needs it: never for the first trainable layer), dW = ConvGradWeight(dY, X),
+    # dB = dY summed over images and positions.
+    x, w = node.input[0], node.input[1]
+    attrs = conv_attributes(node, g.shape(x), g.shape(w), f"Conv node '{node.name}'")
+    shared = {k: attrs[k] for k in ("strides", "pads", "dilations", "group")}
+    dy = dys[0]
+    grads = [None] * len(node.input)
+    if needs[0]:
+        grads[0] = g.node("ConvGradInput", [dy, w], g.shape(x), domain=DOMAIN, hint="dConvX",
+                          input_shape=list(g.shape(x)), **shared)
+    if needs[1]:
+        grads[1] = g.node("ConvGradWeight", [dy, x], g.shape(w), domain=DOMAIN, hint="dConvW",
+                          kernel_shape=attrs["kernel_shape"], **shared)
+    if len(node.input) > 2 and node.input[2] and needs[2]:
+        axes = [0] + list(range(2, len(g.shape(dy))))
+        grads[2] = g.node("ReduceSum", [dy, g.constant("axes", np.array(axes, np.int64))],
+                          g.shape(node.input[2]), hint="dConvB", keepdims=0)
+    return grads
+
+
+def grad_batch_norm(g, node, dys, needs):
+    # BatchNormalizationGrad(dY, X, scale[, mean, var]) -> dX, dscale, dbias, each only when
+    # needed. Training mode: the batch statistics, recomputed from X by the kernel (Y does
+    # not depend on the running-statistics inputs). Inference mode: the running statistics.
+    x, scale, bias, mean, var = node.input[:5]
+    training = batch_norm_training(node)
+    if any(d is not None for d in dys[1:]):
+        raise UnsupportedOpError(f"BatchNormalization node '{node.name}': its running "
+                                 f"statistics outputs feed the loss; they have no gradient")
+    if not training and (needs[3] or needs[4]):
+        raise UnsupportedOpError(f"BatchNormalization node '{node.name}': inference form with "
+                                 f"a mean or variance computed from trainable parameters")
+    outputs = [g.fresh(f"d{node.name}_{part}") if need else ""
+               for part, need in zip(("X", "scale", "bias"), needs[:3])]
+    g.node("BatchNormalizationGrad", [dys[0], x, scale] + ([] if training else [mean, var]),
+           [g.shape(x), g.shape(scale), g.shape(bias)], outputs=outputs, domain=DOMAIN,
+           epsilon=_attr(node, "epsilon", 1e-5), training_mode=int(training))
+    return [o or None for o in outputs] + [None, None]
+
+
+def grad_dropout(g, node, dys, needs):
+    # Training: dX = dY * mask / (1 - ratio), from the forward's mask output. Otherwise (and
+    # for ratio 0) Dropout is the identity.
+    ratio, training = dropout_config(node, g.constant_value, f"Dropout node '{node.name}'")
+    rest = [None] * (len(node.input) - 1)
+    if not training or ratio == 0.0:
+        return [dys[0]] + rest
+    if len(node.output) < 2 or not node.output[1]:
+        raise UnsupportedOpError(f"Dropout node '{node.name}' needs its mask output for the "
+                                 f"gradient")
+    return [g.node("DropoutGrad", [dys[0], node.output[1]], g.shape(node.input[0]),
+                   domain=DOMAIN, hint="dDropout", ratio=ratio)] + rest
+
+
 GRAD_RULES = {
     "Gemm": grad_gemm,
     "MatMul": grad_matmul,
@@ -256,6 +489,15 @@ GRAD_RULES = {
     "Softmax": _softmax_grad("SoftmaxGrad"),
     "LogSoftmax": _softmax_grad("LogSoftmaxGrad"),
     "Softplus": grad_softplus,
+    "LeakyRelu": _piecewise_grad("LeakyReluGrad"),
+    "Clip": grad_clip,
+    "HardSigmoid": _piecewise_grad("HardSigmoidGrad"),
+    "HardSwish": _piecewise_grad("HardSwishGrad"),
+    "MaxPool": grad_pool,
+    "AveragePool": grad_pool,
+    "GlobalMaxPool": grad_pool,
+    "GlobalAveragePool": grad_pool,
+    "Conv": grad_conv,
     "Flatten": grad_reshape,
     "Reshape": grad_reshape,
     "Squeeze": grad_reshape,
@@ -270,16 +512,29 @@ GRAD_RULES = {
     "ReduceSum": grad_reduce,
     "ReduceMean": grad_reduce,
     "SoftmaxCrossEntropyLoss": grad_softmax_cross_entropy,
+    "Expand": grad_expand,
+    "Transpose": grad_transpose,
+    "Slice": grad_slice,
+    "Concat": grad_concat,
+    "Split": grad_split,
+    "Pad": grad_pad,
+    "Gather": grad_gather,
+    "Tile": grad_tile,
+    "Reciprocal": grad_reciprocal,
+    "BatchNormalization": grad_batch_norm,
+    "Dropout": grad_dropout,
 }
 
 
-def build_gradients(g, forward_nodes, loss, trainable):
-    """Emit the backward pass of `forward_nodes` into g; returns {param: gradient name}."""
+def build_gradients(g, forward_nodes, loss, trainable, seeds=None):
+    """Emit the backward pass of `forward_nodes` into g; returns {param: gradient name}.
+    The pass starts from d loss = 1, or from seeds {output: name of its gradient} when the
+    loss is computed outside the graph."""
     needs_grad = set(trainable)
     for node in forward_nodes:
         if any(i in needs_grad for i in node.input if i):
             needs_grad.update(o for o in node.output if o)
-    grads = {loss: g.constant("loss_grad", np.float32(1.0))}
+    grads = dict(seeds) if seeds else {loss: g.constant("loss_grad", np.float32(1.0))}
     pending = {}  # tensor -> list of gradient contributions not yet summed
 
     def gradient_of(name):

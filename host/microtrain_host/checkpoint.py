@@ -7,6 +7,15 @@ silently wraps around). Every problem with a file is reported as a `CheckpointEr
 names the file and says what is wrong.
 
 Only float32 tensors are supported, which is all microtrain trains.
+
+Integrity: ORT's format has no checksum, so a flipped bit inside raw tensor data would load
+unnoticed. microtrain appends an 8-byte trailer after the FlatBuffer - the CRC-32 of every
+byte before it, then the magic b"MTCK" - and sets a field of its own in the root table
+(Checkpoint field 4, `crc32_trailer`) saying the trailer must be there. onnxruntime-training
+ignores both (an unknown field and bytes past the buffer; checked by scripts/ort_interop.py)
+and writes neither, so its files load here unchecked. A file that carries the trailer must
+match it; a file whose root says "trailer" but has none was cut short. So every truncation
+and every single flipped byte is refused.
 """
 
 from __future__ import annotations
@@ -17,6 +26,8 @@ import os
 import secrets
 import struct
 
+import zlib
+
 import flatbuffers
 import numpy as np
 
@@ -26,6 +37,8 @@ IDENTIFIER = b"ODTC"
 VERSION = 2
 ONNX_FLOAT = 1
 GROUP_NAME = "group0"
+TRAILER_MAGIC = b"MTCK"
+TRAILER_SIZE = 8  # u32 CRC-32 of the FlatBuffer, then TRAILER_MAGIC
 
 # ONNX TensorProto.DataType names, for messages.
 _ONNX_TYPE_NAMES = {
@@ -42,7 +55,7 @@ _STATE_PARAM, _STATE_MOMENTUMS = range(2)
 _GROUP_NAME, _GROUP_STEP, _GROUP_LR, _GROUP_STATES = range(4)
 _PROP_NAME, _PROP_VALUE = range(2)
 _BAG_INTS, _BAG_FLOATS, _BAG_STRINGS = range(3)
-_ROOT_VERSION, _ROOT_MODULE, _ROOT_GROUPS, _ROOT_BAG = range(4)
+_ROOT_VERSION, _ROOT_MODULE, _ROOT_GROUPS, _ROOT_BAG, _ROOT_CRC_TRAILER = range(5)
 
 _INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 
@@ -51,7 +64,8 @@ _INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 class Checkpoint:
     """What a checkpoint holds. In a nominal checkpoint the arrays are empty (the file
     keeps only the names). Optimizer step and learning rate are None without an optimizer
-    group; `momentums` maps a parameter name to its moments, momentum0 first."""
+    group; `momentums` maps a parameter name to its moments, momentum0 first. `checked`
+    says the file carried microtrain's CRC-32 trailer (files written by ORT do not)."""
 
     trainable: dict[str, np.ndarray]
     frozen: dict[str, np.ndarray]
@@ -60,6 +74,7 @@ class Checkpoint:
     initial_learning_rate: float | None = None
     momentums: dict[str, list[np.ndarray]] = dataclasses.field(default_factory=dict)
     properties: dict[str, int | float | str] = dataclasses.field(default_factory=dict)
+    checked: bool = False
 
 
 # --------------------------------------------------------------------------- writing
@@ -93,7 +108,7 @@ def build_checkpoint(trainable: dict[str, np.ndarray], frozen: dict[str, np.ndar
                      initial_learning_rate: float = 0.001,
                      momentums: dict[str, list[np.ndarray]] | None = None,
                      properties: dict | None = None) -> bytes:
-    """The bytes write_checkpoint writes (same arguments)."""
+    """The bytes write_checkpoint writes (same arguments): the FlatBuffer and its trailer."""
     trainable = _float_arrays(trainable, "trainable")
     frozen = _float_arrays(frozen, "frozen")
     both = sorted(set(trainable) & set(frozen))
@@ -164,7 +179,8 @@ def build_checkpoint(trainable: dict[str, np.ndarray], frozen: dict[str, np.ndar
             b.PrependUOffsetTRelativeSlot(index, vector, 0)
         bag = b.EndObject()
 
-    b.StartObject(4)
+    b.StartObject(5)
+    b.PrependBoolSlot(_ROOT_CRC_TRAILER, True, False)
     b.PrependInt32Slot(_ROOT_VERSION, VERSION, 0)
     b.PrependUOffsetTRelativeSlot(_ROOT_MODULE, module, 0)
     if groups:
@@ -172,7 +188,8 @@ def build_checkpoint(trainable: dict[str, np.ndarray], frozen: dict[str, np.ndar
     if bag:
         b.PrependUOffsetTRelativeSlot(_ROOT_BAG, bag, 0)
     b.Finish(b.EndObject(), file_identifier=IDENTIFIER)
-    return w.output()
+    body = w.output()
+    return body + struct.pack("<I", zlib.crc32(body)) + TRAILER_MAGIC
 
 
 class _Writer:
@@ -224,15 +241,15 @@ class _Writer:
         return off
 
     def tensor(self, name: str, array: np.ndarray, nominal: bool) -> int:
+        # A nominal tensor keeps its dims and has an empty raw_data vector: onnxruntime-
+        # training refuses a tensor without either vector ("Flatbuffer tensor is invalid").
         name_off = self.string(name)
-        if not nominal:
-            dims = self.int64s(array.shape)
-            raw = self.raw(array.astype("<f4", copy=False).tobytes())
+        dims = self.int64s(array.shape)
+        raw = self.raw(b"" if nominal else array.astype("<f4", copy=False).tobytes())
         b = self.builder
         b.StartObject(7)
-        if not nominal:
-            b.PrependUOffsetTRelativeSlot(_TENSOR_RAW, raw, 0)
-            b.PrependUOffsetTRelativeSlot(_TENSOR_DIMS, dims, 0)
+        b.PrependUOffsetTRelativeSlot(_TENSOR_RAW, raw, 0)
+        b.PrependUOffsetTRelativeSlot(_TENSOR_DIMS, dims, 0)
         b.PrependUOffsetTRelativeSlot(_TENSOR_NAME, name_off, 0)
         b.PrependInt32Slot(_TENSOR_TYPE, ONNX_FLOAT, 0)
         return b.EndObject()
@@ -462,18 +479,32 @@ class _Reader:
             self.fail(f"corrupt: {what} is not valid UTF-8")
 
 
+def _check_trailer(r: _Reader) -> bool:
+    """Verify and cut off microtrain's CRC-32 trailer; False when the file has none."""
+    if r.size < 8 + TRAILER_SIZE or r.data[-4:] != TRAILER_MAGIC:
+        return False
+    body = r.data[:-TRAILER_SIZE]
+    if zlib.crc32(body) != struct.unpack_from("<I", r.data, r.size - TRAILER_SIZE)[0]:
+        r.fail("corrupt: the CRC-32 of the file does not match its trailer")
+    r.data, r.size = body, len(body)
+    return True
+
+
 def _parse(r: _Reader) -> Checkpoint:
     if r.size < 8 or r.data[4:8] != IDENTIFIER:
         found = r.data[4:8]
         hint = " (it looks size-prefixed)" if r.data[8:12] == IDENTIFIER else ""
         r.fail(f"not a training checkpoint: file identifier {found!r}, expected "
                f"{IDENTIFIER!r}{hint}")
+    checked = _check_trailer(r)
     root = r.table(r.unpack("I", 0, "root offset"), "root table")
     version = r.scalar(root, _ROOT_VERSION, "i", 0)
     if version != VERSION:
         r.fail(f"checkpoint format version {version} is not supported (expected {VERSION})")
+    if r.scalar(root, _ROOT_CRC_TRAILER, "B", 0) and not checked:
+        r.fail("truncated or corrupt: the CRC-32 trailer this file was written with is missing")
 
-    ckpt = Checkpoint(trainable={}, frozen={})
+    ckpt = Checkpoint(trainable={}, frozen={}, checked=checked)
     module = r.subtable(root, _ROOT_MODULE, "module_state")
     if module is not None:
         ckpt.is_nominal = bool(r.scalar(module, _MODULE_NOMINAL, "B", 0))

@@ -8,6 +8,9 @@ from .errors import MicrotrainHostError
 LOSS_NAMES = {"cross_entropy": "CrossEntropyLoss", "mse": "MSELoss",
               "bce_with_logits": "BCEWithLogitsLoss", "l1": "L1Loss", "none": None}
 OPTIMIZER_NAMES = {"adamw": "AdamW", "sgd": "SGD", "none": None}
+# `pack` flags that are optimizer options of the same name.
+OPTIMIZER_FLAGS = ("weight_decay", "momentum", "dampening", "nesterov", "l1_penalty",
+                   "l2_penalty", "clip_grad_norm")
 
 
 def _names(text):
@@ -20,8 +23,9 @@ def cmd_pack(args):
     options = {}
     if args.lr is not None:
         options["learning_rate"] = args.lr
-    if args.weight_decay is not None:
-        options["weight_decay"] = args.weight_decay
+    for name in OPTIMIZER_FLAGS:
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
     result = generate_artifacts(
         args.model, requires_grad=_names(args.requires_grad), frozen_params=_names(args.frozen),
         loss=LOSS_NAMES[args.loss], optimizer=OPTIMIZER_NAMES[args.optimizer],
@@ -36,6 +40,8 @@ def cmd_pack(args):
     print(f"trainable: {', '.join(result.trainable)}")
     if result.frozen:
         print(f"frozen:    {', '.join(result.frozen)}")
+    if result.folded:
+        print(f"folded:    {', '.join(result.folded)} (BatchNormalization constants)")
     print(describe(result.blob, steps=False).split("\n\nparameters:")[0].split("\n", 2)[2])
     return 0
 
@@ -43,6 +49,29 @@ def cmd_pack(args):
 def cmd_inspect(args):
     from .report import describe
     print(describe(args.blob, steps=not args.no_steps))
+    return 0
+
+
+def cmd_export(args):
+    from .inference import export_inference_model
+    model = export_inference_model(args.artifacts, args.checkpoint, args.output,
+                                   output_names=_names(args.outputs), prefix=args.prefix)
+    graph = model.graph
+    print(f"exported {args.output} ({os.path.getsize(args.output)} bytes): inputs "
+          f"{', '.join(i.name for i in graph.input)}; outputs "
+          f"{', '.join(o.name for o in graph.output)}; {len(graph.node)} nodes")
+    return 0
+
+
+def cmd_aggregate(args):
+    from .fedavg import fedavg
+    result = fedavg(args.checkpoints, weights=args.weights, output=args.output)
+    values = sum(a.size for a in list(result.trainable.values()) + list(result.frozen.values()))
+    weights = (", ".join(f"{w:g}" for w in args.weights) if args.weights
+               else "equal weights")
+    print(f"averaged {len(args.checkpoints)} checkpoints ({weights}) -> {args.output}: "
+          f"{len(result.trainable)} trainable and {len(result.frozen)} frozen parameters, "
+          f"{values} values; optimizer state and properties dropped")
     return 0
 
 
@@ -106,13 +135,32 @@ def build_parser():
     p.add_argument("-o", "--output", required=True, help="artifact directory (created)")
     p.add_argument("--loss", choices=sorted(LOSS_NAMES), default="cross_entropy",
                    help="loss appended to the model output (default: cross_entropy; labels are "
-                        "class indices). 'none': the model output already is the loss")
+                        "class indices). 'none': the model output already is the loss or, when "
+                        "it is not a scalar, the loss is computed outside the graph: the blob "
+                        "then has forward and backward programs (Module.forward(x), "
+                        "Module.backward(d_loss/d_output)) instead of train")
     p.add_argument("--optimizer", choices=sorted(OPTIMIZER_NAMES), default="adamw",
                    help="optimizer (default: adamw with ORT's defaults)")
     p.add_argument("--batch-size", type=int, help="fixes the dynamic batch dimension")
     p.add_argument("--lr", type=float, help="initial learning rate stored in the blob "
                                             "(default 0.001)")
-    p.add_argument("--weight-decay", type=float, help="AdamW weight decay (default 0)")
+    p.add_argument("--weight-decay", type=float,
+                   help="weight decay (default 0): AdamW's decoupled decay (ORT), or SGD's "
+                        "weight_decay * param added to the gradient (torch.optim.SGD)")
+    p.add_argument("--momentum", type=float,
+                   help="SGD momentum (default 0: plain SGD, no optimizer state); with it every "
+                        "parameter keeps a momentum0 buffer, saved in checkpoints")
+    p.add_argument("--dampening", type=float, help="SGD momentum dampening (default 0)")
+    p.add_argument("--nesterov", action="store_true", default=None,
+                   help="SGD Nesterov momentum (needs --momentum > 0 and no dampening)")
+    p.add_argument("--l1-penalty", type=float,
+                   help="elastic L1 penalty: adds l1 * sign(param) to each gradient (default 0)")
+    p.add_argument("--l2-penalty", type=float,
+                   help="elastic L2 penalty: adds 2 * l2 * param to each gradient (default 0)")
+    p.add_argument("--clip-grad-norm", type=float, metavar="MAX_NORM",
+                   help="scale the gradients down when their global L2 norm (penalties "
+                        "included) exceeds MAX_NORM, as torch.nn.utils.clip_grad_norm_ "
+                        "(default: no clipping)")
     p.add_argument("--requires-grad", metavar="NAMES",
                    help="comma-separated parameters to train (default: all)")
     p.add_argument("--frozen", metavar="NAMES", help="comma-separated parameters to freeze")
@@ -127,6 +175,25 @@ def build_parser():
     p.add_argument("blob", help="a model.mtb file")
     p.add_argument("--no-steps", action="store_true", help="omit the program listings")
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("export", help="trained checkpoint -> standard ONNX inference model",
+                       description="Write a standard ONNX model for inference (onnxruntime or "
+                                   "any other runtime): the forward graph of the artifacts' "
+                                   "eval_model.onnx without loss, labels or microtrain ops, "
+                                   "BatchNormalization in inference form, Dropout removed, "
+                                   "with the checkpoint's parameters as initializers. (On the "
+                                   "device, Module.export_model_for_inferencing writes the "
+                                   "blob form that microtrain.InferenceSession runs.)",
+                       epilog="example: microtrain export build/ --checkpoint "
+                              "build/trained_checkpoint -o model.onnx")
+    p.add_argument("artifacts", help="artifact directory written by `microtrain pack`")
+    p.add_argument("--checkpoint", required=True,
+                   help="checkpoint with the parameter values, e.g. one a device saved")
+    p.add_argument("-o", "--output", required=True, help="ONNX file to write (atomically)")
+    p.add_argument("--outputs", metavar="NAMES",
+                   help="comma-separated model outputs to keep (default: all)")
+    p.add_argument("--prefix", default="", help="file name prefix given to `pack`")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("train", help="train on the host with the device runtime",
                        description="Train packed artifacts with the device runtime, under "
@@ -145,6 +212,24 @@ def build_parser():
                                          "the cached build, or PATH)")
     p.add_argument("--heap", default="8M", help="MicroPython heap size (default 8M)")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("aggregate", help="FedAvg: weighted mean of device checkpoints",
+                       description="Federated averaging: write the mean of the checkpoints' "
+                                   "parameters, weighted by the number of samples each device "
+                                   "trained on, as a new checkpoint (the next round's global "
+                                   "model). Every checkpoint must hold the same parameters "
+                                   "with the same shapes. Optimizer state (moments, step) and "
+                                   "properties are dropped: each device starts its optimizer "
+                                   "afresh from the averaged parameters.",
+                       epilog="example: microtrain aggregate dev0/ckpt dev1/ckpt dev2/ckpt "
+                              "--weights 120 80 200 -o global_checkpoint")
+    p.add_argument("checkpoints", nargs="+", metavar="CKPT",
+                   help="checkpoints written by the devices (or by onnxruntime-training)")
+    p.add_argument("--weights", nargs="+", type=float, metavar="N",
+                   help="one weight per checkpoint, usually its device's sample count "
+                        "(default: equal weights)")
+    p.add_argument("-o", "--output", required=True, help="the averaged checkpoint to write")
+    p.set_defaults(func=cmd_aggregate)
     return parser
 
 

@@ -4,14 +4,19 @@ The host does the thinking here: every shape is static, so broadcasting becomes 
 transposes become strides, reshapes become aliases, and each node becomes one kernel call
 with all its sizes precomputed. One lowering function per op type, in one table."""
 import dataclasses
+import math
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from . import opcodes as op
+from .convolution import conv_attributes, device_geometry, output_spatial
 from .errors import UnsupportedOpError
+from .layout import matmul_views, pad_amounts, slice_windows
 from .model import constant_value, tensor_shapes
+from .normalization import RANDOM_SPAN, batch_norm_training, dropout_config
 from .optimizers import grad_buffer
+from .pooling import pool_kernel_ints
 
 FLOAT, INT32 = 0, 1
 ROLES = ("input", "label", "param", "grad", "activation", "optimizer_state", "constant",
@@ -69,9 +74,9 @@ def broadcast_strides(out_shape, in_shape):
             for i in range(len(out_shape))]
 
 
-def collapse(shape, stride_sets, where):
+def collapse(shape, stride_sets, where, rank=3):
     """Merge dimensions that every operand walks contiguously; drop size-1 dimensions.
-    Returns (d0, d1, d2) and each operand's three strides."""
+    Returns `rank` dimensions (d0, d1, d2 by default) and each operand's strides for them."""
     dims = []
     for i, d in enumerate(shape):
         if d == 1:
@@ -81,10 +86,10 @@ def collapse(shape, stride_sets, where):
             dims[-1] = (dims[-1][0] * d, strides)
         else:
             dims.append((d, strides))
-    if len(dims) > 3:
+    if len(dims) > rank:
         raise UnsupportedOpError(f"{where}: broadcasting over shape {list(shape)} needs "
-                                 f"{len(dims)} strided dimensions; the kernels take 3")
-    while len(dims) < 3:
+                                 f"{len(dims)} strided dimensions; the kernels take {rank}")
+    while len(dims) < rank:
         dims.insert(0, (1, [0] * len(stride_sets)))
     return [d for d, _ in dims], [[s[k] for _, s in dims] for k in range(len(stride_sets))]
 
@@ -261,11 +266,10 @@ def lower_gemm(ctx, node):
 
 
 def lower_matmul(ctx, node):
+    # numpy's rules: 1-D operands get a unit dimension, batch dimensions broadcast.
     a, b = node.input
-    if len(ctx.shape(a)) != 2 or len(ctx.shape(b)) != 2:
-        raise UnsupportedOpError(f"{ctx.where(node)}: only 2-D operands are supported, got "
-                                 f"{list(ctx.shape(a))} x {list(ctx.shape(b))}")
-    lower_gemm(ctx, node)
+    view_a, view_b, _ = matmul_views(ctx.shape(a), ctx.shape(b), ctx.where(node))
+    _matmul(ctx, node, view_a, view_b, 0, 0, 1.0)
 
 
 def _binary(code):
@@ -404,41 +408,643 @@ def lower_grad_accumulate(ctx, node):
     buf, value, _ = node.input
     reset = ctx.control("lazy_reset_grad")
     produced_by = ctx.producer.get(ctx.t(value))
-    gemm = ctx.steps[produced_by] if produced_by is not None else None
-    if (gemm is not None and gemm.op == op.GEMM and gemm.tensors[3] == NO_TENSOR
-            and ctx.uses.get(value) == 1):
+    producer = ctx.steps[produced_by] if produced_by is not None else None
+    fusable = producer is not None and ctx.uses.get(value) == 1
+    if fusable and producer.op == op.GEMM and producer.tensors[3] == NO_TENSOR:
         # The gradient comes from a GEMM nothing else reads: let the GEMM accumulate
         # straight into the buffer, and the temporary (weight-sized) disappears.
-        gemm.op = op.GEMM_ACCUMULATE
-        gemm.tensors = [ctx.t(buf)] + gemm.tensors[1:3] + [reset]
-        gemm.ints = gemm.ints[:7]
-        gemm.floats = gemm.floats[:1]
-        fused = ctx.tensors[ctx.t(value)]
-        fused.storage, fused.role, fused.program = ctx.tensors[ctx.t(buf)].storage, GRAD, ""
+        producer.op = op.GEMM_ACCUMULATE
+        producer.tensors = [ctx.t(buf)] + producer.tensors[1:3] + [reset]
+        producer.ints = producer.ints[:7]
+        producer.floats = producer.floats[:1]
+    elif fusable and producer.op == op.CONV_GRAD_WEIGHT:
+        # Likewise a convolution's weight gradient: given the reset flag, its kernel adds
+        # into the buffer itself.
+        producer.tensors = [ctx.t(buf)] + producer.tensors[1:3] + [reset]
     else:
         ctx.step(op.ACCUMULATE, [ctx.t(buf), ctx.t(value), reset],
                  [ctx.tensors[ctx.t(buf)].size])
+        ctx.alias_in_place(node.output[0], buf)
+        return
+    fused = ctx.tensors[ctx.t(value)]
+    fused.storage, fused.role, fused.program = ctx.tensors[ctx.t(buf)].storage, GRAD, ""
     ctx.alias_in_place(node.output[0], buf)
 
 
+def _optional_inputs(node, count):
+    return list(node.input) + [""] * (count - len(node.input))
+
+
+def _penalties(ctx, node):
+    l1, l2 = _attr(node, "l1_penalty", 0.0), _attr(node, "l2_penalty", 0.0)
+    if l1 < 0 or l2 < 0:
+        raise UnsupportedOpError(f"{ctx.where(node)}: l1_penalty and l2_penalty must be >= 0, "
+                                 f"got {l1}, {l2}")
+    return [l1, l2]
+
+
+def lower_clip_grad_norm(ctx, node):
+    # Inputs g1, p1, g2, p2, ...: one pass summing the squared penalized gradients into the
+    # output, then that sum becomes the clipping factor in place.
+    max_norm = _attr(node, "max_norm", 1.0)
+    if not max_norm > 0 or len(node.input) % 2:
+        raise UnsupportedOpError(f"{ctx.where(node)}: needs (gradient, parameter) pairs and "
+                                 f"max_norm > 0, got {len(node.input)} inputs, max_norm {max_norm}")
+    coef = ctx.define(node.output[0], (1,))
+    penalties = _penalties(ctx, node)
+    for k in range(0, len(node.input), 2):
+        g, p = ctx.t(node.input[k]), ctx.t(node.input[k + 1])
+        ctx.step(op.GRAD_NORM_SQUARED, [coef, g, p], [ctx.tensors[p].size, int(k == 0)],
+                 penalties)
+    ctx.step(op.CLIP_COEF, [coef], [], [max_norm])
+
+
 def lower_sgd(ctx, node):
-    _, p, g = node.input
-    ctx.step(op.SGD, [ctx.t(p), ctx.t(g), ctx.control("learning_rate")],
-             [ctx.tensors[ctx.t(p)].size])
-    ctx.alias_in_place(node.output[0], p)
+    _, p, g, step, buf, coef = _optional_inputs(node, 6)
+    momentum, dampening = _attr(node, "momentum", 0.0), _attr(node, "dampening", 0.0)
+    nesterov, weight_decay = _attr(node, "nesterov", 0), _attr(node, "weight_decay", 0.0)
+    penalties = _penalties(ctx, node)
+    if momentum < 0 or weight_decay < 0 or nesterov not in (0, 1):
+        raise UnsupportedOpError(f"{ctx.where(node)}: momentum {momentum} and weight_decay "
+                                 f"{weight_decay} must be >= 0, nesterov 0 or 1")
+    if bool(momentum) != bool(buf) or (buf and not step):
+        raise UnsupportedOpError(f"{ctx.where(node)}: momentum {momentum} needs the momentum "
+                                 f"buffer and step inputs exactly when it is not 0")
+    if nesterov and (not momentum or dampening):
+        raise UnsupportedOpError(f"{ctx.where(node)}: nesterov needs momentum > 0 and "
+                                 f"dampening 0, got momentum {momentum}, dampening {dampening}")
+    size = ctx.tensors[ctx.t(p)].size
+    lr = ctx.control("learning_rate")
+    if not (buf or coef or weight_decay or any(penalties)):
+        ctx.step(op.SGD, [ctx.t(p), ctx.t(g), lr], [size])  # plain SGD: the fast kernel
+    else:
+        ctx.step(op.SGD_GENERAL, [ctx.t(p), ctx.t(g), lr,
+                                  ctx.control("step") if buf else NO_TENSOR,
+                                  ctx.t(buf) if buf else NO_TENSOR,
+                                  ctx.t(coef) if coef else NO_TENSOR],
+                 [size, nesterov], [momentum, dampening, weight_decay] + penalties)
+    for out, inp in zip(node.output, (p, buf)):
+        ctx.alias_in_place(out, inp)
 
 
 def lower_adamw(ctx, node):
-    _, _, p, g, m, v = node.input
+    _, _, p, g, m, v, coef = _optional_inputs(node, 7)
     if _attr(node, "correct_bias", 1) not in (0, 1):
         raise UnsupportedOpError(f"{ctx.where(node)}: correct_bias must be 0 or 1")
-    ctx.step(op.ADAMW, [ctx.t(p), ctx.t(g), ctx.t(m), ctx.t(v), ctx.control("learning_rate"),
-                        ctx.control("step_size")],
-             [ctx.tensors[ctx.t(p)].size],
-             [_attr(node, "alpha", 0.9), _attr(node, "beta", 0.999), _attr(node, "epsilon", 1e-6),
-              _attr(node, "weight_decay", 0.0)])
+    if _attr(node, "adam_mode", 1) != 1:
+        raise UnsupportedOpError(f"{ctx.where(node)}: only adam_mode 1 (the Hugging Face "
+                                 f"AdamW rule) is supported")
+    penalties = _penalties(ctx, node)
+    tensors = [ctx.t(p), ctx.t(g), ctx.t(m), ctx.t(v), ctx.control("learning_rate"),
+               ctx.control("step_size")]
+    floats = [_attr(node, "alpha", 0.9), _attr(node, "beta", 0.999),
+              _attr(node, "epsilon", 1e-6), _attr(node, "weight_decay", 0.0)]
+    size = [ctx.tensors[ctx.t(p)].size]
+    if coef or any(penalties):
+        ctx.step(op.ADAMW_GENERAL, tensors + [ctx.t(coef) if coef else NO_TENSOR], size,
+                 floats + penalties)
+    else:
+        ctx.step(op.ADAMW, tensors, size, floats)
     for out, inp in zip(node.output, (p, m, v)):
         ctx.alias_in_place(out, inp)
+
+
+# -- layout ops: every one is a strided copy (kernels/layout.py) ------------------------
+
+def _strided_copy(ctx, y, x, shape, y_start, y_strides, x_start, x_strides,
+                  code=op.STRIDED_COPY):
+    """Steps that copy a window of `shape` elements, Y[y_start + i.y_strides] =
+    X[x_start + i.x_strides] (+= with STRIDED_ADD). The kernel walks four dimensions; a
+    window that needs more after merging becomes one step per index of the leading ones."""
+    if 0 in shape:
+        return
+    dims, (s_y, s_x) = collapse(shape, [y_strides, x_strides], ctx.node_name,
+                                rank=max(4, len(shape)))
+    lead = len(dims) - 4
+    for index in np.ndindex(*dims[:lead]):
+        at_y = y_start + sum(i * s for i, s in zip(index, s_y))
+        at_x = x_start + sum(i * s for i, s in zip(index, s_x))
+        ctx.step(code, [y, x], [at_y, at_x] + dims[lead:] + s_y[lead:] + s_x[lead:])
+
+
+def _fill(ctx, y, value):
+    ctx.step(op.FILL, [y], [ctx.tensors[y].size], [value])
+
+
+def lower_transpose(ctx, node):
+    x = node.input[0]
+    shape = ctx.shape(x)
+    perm = _attr(node, "perm") or list(reversed(range(len(shape))))
+    if sorted(perm) != list(range(len(shape))):
+        raise UnsupportedOpError(f"{ctx.where(node)}: perm {list(perm)} is not a permutation "
+                                 f"of the {len(shape)} axes")
+    moved = [p for p in perm if shape[p] != 1]
+    if moved == sorted(moved):  # only unit dimensions move: the same elements in order
+        ctx.alias(node.output[0], x)
+        return
+    out_shape = [shape[p] for p in perm]
+    strides = contiguous_strides(shape)
+    y = ctx.define(node.output[0])
+    _strided_copy(ctx, y, ctx.t(x), out_shape, 0, contiguous_strides(out_shape), 0,
+                  [strides[p] for p in perm])
+
+
+def _optional_value(ctx, node, index):
+    return ctx.value(node.input[index]) if len(node.input) > index and node.input[index] \
+        else None
+
+
+def _slice_window(ctx, node, shape, first):
+    """(start, strides, window shape) of the elements Slice picks from a tensor of shape;
+    starts, ends, axes and steps are the inputs from index `first` on."""
+    windows = slice_windows(shape, ctx.value(node.input[first]),
+                            ctx.value(node.input[first + 1]),
+                            _optional_value(ctx, node, first + 2),
+                            _optional_value(ctx, node, first + 3), ctx.where(node))
+    strides = contiguous_strides(shape)
+    start = sum(begin * s for (begin, _, _), s in zip(windows, strides))
+    return start, [step * s for (_, step, _), s in zip(windows, strides)], \
+        [count for _, _, count in windows]
+
+
+def lower_slice(ctx, node):
+    x = node.input[0]
+    start, strides, window = _slice_window(ctx, node, ctx.shape(x), 1)
+    y = ctx.define(node.output[0])
+    _strided_copy(ctx, y, ctx.t(x), window, 0, contiguous_strides(window), start, strides)
+
+
+def lower_slice_grad(ctx, node):
+    # dX = zeros with dY scattered into the window Slice read.
+    dy = node.input[0]
+    start, strides, window = _slice_window(ctx, node, ctx.shape(node.output[0]), 2)
+    dx = ctx.define(node.output[0])
+    if ctx.tensors[dx].size != ctx.tensors[ctx.t(dy)].size:
+        _fill(ctx, dx, 0.0)
+    _strided_copy(ctx, dx, ctx.t(dy), window, start, strides, 0, contiguous_strides(window))
+
+
+def lower_concat(ctx, node):
+    out_shape = ctx.shape(node.output[0])
+    axis = _attr(node, "axis") % len(out_shape)
+    strides = contiguous_strides(out_shape)
+    y = ctx.define(node.output[0])
+    at = 0
+    for x in node.input:
+        shape = ctx.shape(x)
+        _strided_copy(ctx, y, ctx.t(x), shape, at * strides[axis], strides, 0,
+                      contiguous_strides(shape))
+        at += shape[axis]
+
+
+def lower_split(ctx, node):
+    # The split sizes (input, attribute or num_outputs) are already in the output shapes.
+    x = node.input[0]
+    shape = ctx.shape(x)
+    axis = _attr(node, "axis", 0) % len(shape)
+    strides = contiguous_strides(shape)
+    at = 0
+    for out in node.output:
+        window = ctx.shape(out)
+        y = ctx.define(out)
+        _strided_copy(ctx, y, ctx.t(x), window, 0, contiguous_strides(window),
+                      at * strides[axis], strides)
+        at += window[axis]
+
+
+def _gather_windows(ctx, node, shape, indices):
+    """Gather with constant indices is one copy per index: (window, data strides, output
+    strides, [(output start, data start) per index])."""
+    if indices is None:
+        raise UnsupportedOpError(f"{ctx.where(node)}: indices must be a constant (computed "
+                                 f"on the host)")
+    outer, size, inner = _axis_view(shape, _attr(node, "axis", 0), ctx.where(node))
+    flat = [int(v) for v in np.asarray(indices).reshape(-1)]
+    for v in flat:
+        if not -size <= v < size:
+            raise UnsupportedOpError(f"{ctx.where(node)}: index {v} out of range for an axis "
+                                     f"of {size}")
+    return ([outer, inner], [size * inner, 1], [len(flat) * inner, 1],
+            [(p * inner, (v % size) * inner) for p, v in enumerate(flat)])
+
+
+def lower_gather(ctx, node):
+    data, indices = node.input
+    window, s_data, s_out, starts = _gather_windows(ctx, node, ctx.shape(data),
+                                                    ctx.value(indices))
+    y = ctx.define(node.output[0])
+    for at_y, at_x in starts:
+        _strided_copy(ctx, y, ctx.t(data), window, at_y, s_out, at_x, s_data)
+
+
+def lower_gather_grad(ctx, node):
+    # dX = zeros plus dY's slice at every index, added: an index may repeat.
+    _, indices, dy = node.input
+    window, s_data, s_out, starts = _gather_windows(ctx, node, ctx.shape(node.output[0]),
+                                                    ctx.value(indices))
+    dx = ctx.define(node.output[0])
+    _fill(ctx, dx, 0.0)
+    for at_y, at_x in starts:
+        _strided_copy(ctx, dx, ctx.t(dy), window, at_x, s_data, at_y, s_out,
+                      code=op.STRIDED_ADD)
+
+
+def _tile_view(shape, repeats, where):
+    """Tile's output viewed as (r0, d0, r1, d1, ...): X broadcast along every r."""
+    repeats = [int(r) for r in np.asarray(repeats).reshape(-1)] if repeats is not None else None
+    if repeats is None or len(repeats) != len(shape) or min(repeats, default=1) < 1:
+        raise UnsupportedOpError(f"{where}: repeats must be a constant with one positive "
+                                 f"value per axis of {list(shape)}")
+    view, strides = [], []
+    for r, d, s in zip(repeats, shape, contiguous_strides(shape)):
+        view += [r, d]
+        strides += [0, s]
+    return view, strides
+
+
+def lower_tile(ctx, node):
+    x = node.input[0]
+    view, x_strides = _tile_view(ctx.shape(x), ctx.value(node.input[1]), ctx.where(node))
+    y = ctx.define(node.output[0])
+    _strided_copy(ctx, y, ctx.t(x), view, 0, contiguous_strides(view), 0, x_strides)
+
+
+def lower_tile_grad(ctx, node):
+    # dX = the sum of dY's tiles: one strided add with stride 0 along the repeats.
+    dy = node.input[0]
+    view, dx_strides = _tile_view(ctx.shape(node.output[0]), ctx.value(node.input[1]),
+                                  ctx.where(node))
+    dx = ctx.define(node.output[0])
+    _fill(ctx, dx, 0.0)
+    _strided_copy(ctx, dx, ctx.t(dy), view, 0, dx_strides, 0, contiguous_strides(view),
+                  code=op.STRIDED_ADD)
+
+
+def lower_reciprocal(ctx, node):
+    y = ctx.define(node.output[0])
+    ctx.step(op.POW, [y, ctx.t(node.input[0])], [ctx.tensors[y].size], [-1.0])
+
+
+def _pad_mode(ctx, node):
+    mode = _attr(node, "mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode not in ("constant", "edge", "reflect"):
+        raise UnsupportedOpError(f"{ctx.where(node)}: mode '{mode}' is not supported "
+                                 f"(constant, edge and reflect are)")
+    return mode
+
+
+def _pad_borders(out_shape, shape, begins, mode):
+    """The copies that fill Pad's borders in edge / reflect mode from Y itself, one axis
+    after another (earlier axes over their whole padded extent, later ones over the input's
+    window): [(region shape, destination start, source start, source strides)], in Y."""
+    strides = contiguous_strides(out_shape)
+    rank = len(shape)
+    copies = []
+    for axis in range(rank):
+        region = [out_shape[i] if i < axis else shape[i] for i in range(rank)]
+        base = sum(begins[i] * strides[i] for i in range(axis + 1, rank))
+        first, last = begins[axis], begins[axis] + shape[axis] - 1
+        step = 0 if mode == "edge" else -1  # edge repeats the end, reflect mirrors it
+        for start, count, source in ((0, first, first if mode == "edge" else 2 * first),
+                                     (last + 1, out_shape[axis] - last - 1,
+                                      last if mode == "edge" else last - 1)):
+            if count:
+                region[axis] = count
+                source_strides = list(strides)
+                source_strides[axis] = step * strides[axis]
+                copies.append((list(region), base + start * strides[axis],
+                               base + source * strides[axis], source_strides))
+    return copies
+
+
+def _pad_window(shape, out_shape, begins, ends):
+    """(window shape, start in Y, start in X) of the input elements Pad keeps."""
+    window = [max(0, d + min(b, 0) + min(e, 0)) for d, b, e in zip(shape, begins, ends)]
+    at_y = sum(max(b, 0) * s for b, s in zip(begins, contiguous_strides(out_shape)))
+    at_x = sum(max(-b, 0) * s for b, s in zip(begins, contiguous_strides(shape)))
+    return window, at_y, at_x
+
+
+def lower_pad(ctx, node):
+    x = node.input[0]
+    shape, out_shape = ctx.shape(x), ctx.shape(node.output[0])
+    mode = _pad_mode(ctx, node)
+    begins, ends = pad_amounts(len(shape), ctx.value(node.input[1]),
+                               _optional_value(ctx, node, 3), ctx.where(node))
+    value = 0.0
+    if mode == "constant" and len(node.input) > 2 and node.input[2]:
+        constant = ctx.value(node.input[2])
+        if constant is None or np.asarray(constant).size != 1:
+            raise UnsupportedOpError(f"{ctx.where(node)}: constant_value must be a constant "
+                                     f"scalar")
+        value = float(np.asarray(constant).reshape(-1)[0])
+    if mode != "constant":
+        for axis, (b, e, d) in enumerate(zip(begins, ends, shape)):
+            if min(b, e) < 0 or (mode == "reflect" and max(b, e) >= d) or d == 0:
+                raise UnsupportedOpError(f"{ctx.where(node)}: mode '{mode}' needs pads in "
+                                         f"[0, {d - 1 if mode == 'reflect' else 'any'}] on "
+                                         f"axis {axis} of {list(shape)}, got ({b}, {e})")
+    window, at_y, at_x = _pad_window(shape, out_shape, begins, ends)
+    y = ctx.define(node.output[0])
+    if mode == "constant" and ctx.tensors[y].size != int(np.prod(window, dtype=np.int64)):
+        _fill(ctx, y, value)
+    _strided_copy(ctx, y, ctx.t(x), window, at_y, contiguous_strides(out_shape), at_x,
+                  contiguous_strides(shape))
+    if mode != "constant":
+        for region, start, source, source_strides in _pad_borders(out_shape, shape, begins,
+                                                                  mode):
+            _strided_copy(ctx, y, y, region, start, contiguous_strides(out_shape), source,
+                          source_strides)
+
+
+def lower_pad_grad(ctx, node):
+    # Edge / reflect Pad backward: in a copy of dY, add every border back onto the elements
+    # it was copied from, undoing the forward copies in reverse order; dX is the window.
+    dy = node.input[0]
+    out_shape, shape = ctx.shape(dy), ctx.shape(node.output[0])
+    begins, ends = pad_amounts(len(shape), ctx.value(node.input[1]), None, ctx.where(node))
+    work = ctx.define("", out_shape)
+    ctx.step(op.COPY, [work, ctx.t(dy)], [ctx.tensors[work].size])
+    strides = contiguous_strides(out_shape)
+    for region, start, source, source_strides in reversed(
+            _pad_borders(out_shape, shape, begins, _pad_mode(ctx, node))):
+        _strided_copy(ctx, work, work, region, source, source_strides, start, strides,
+                      code=op.STRIDED_ADD)
+    window, at_y, _ = _pad_window(shape, out_shape, begins, ends)
+    dx = ctx.define(node.output[0])
+    _strided_copy(ctx, dx, work, window, 0, contiguous_strides(window), at_y, strides)
+
+
+def lower_constant_of_shape(ctx, node):
+    # Only gradient graphs keep ConstantOfShape (zeros for a Split output nothing reads);
+    # load_model folds those of the model itself.
+    value = _attr(node, "value")
+    if value is not None and value.data_type != TensorProto.FLOAT:
+        raise UnsupportedOpError(f"{ctx.where(node)}: only float values are computed on the "
+                                 f"device")
+    y = ctx.define(node.output[0])
+    _fill(ctx, y, float(numpy_helper.to_array(value).reshape(-1)[0]) if value is not None
+          else 0.0)
+
+
+def _matmul(ctx, node, shape_a, shape_b, trans_a, trans_b, alpha):
+    """Y = alpha * op(A) op(B) over the broadcast batch dimensions, op = transpose of the
+    last two. One GEMM when there is one product, or when B is shared by the whole batch
+    (A's batch then folds into its rows); otherwise BATCHED_GEMM."""
+    a, b = node.input
+    rows_a, cols_a = shape_a[-2:]
+    rows_b, cols_b = shape_b[-2:]
+    m, k = (cols_a, rows_a) if trans_a else (rows_a, cols_a)
+    n = rows_b if trans_b else cols_b
+    sa_m, sa_k = (1, cols_a) if trans_a else (cols_a, 1)
+    sb_k, sb_n = (1, cols_b) if trans_b else (cols_b, 1)
+    batch = tuple(np.broadcast_shapes(shape_a[:-2], shape_b[:-2]))
+    count = int(np.prod(batch, dtype=np.int64))
+    y = ctx.define(node.output[0])
+    if count == 1 or (not trans_a and np.prod(shape_b[:-2], dtype=np.int64) == 1
+                      and np.prod(shape_a[:-2], dtype=np.int64) == count):
+        ctx.step(op.GEMM, [y, ctx.t(a), ctx.t(b), NO_TENSOR],
+                 [count * m, k, n, sa_m, sa_k, sb_k, sb_n, 0, 0], [alpha, 0.0])
+        return
+    strides = [[s * m * n for s in contiguous_strides(batch)],
+               [s * rows_a * cols_a for s in broadcast_strides(batch, shape_a[:-2])],
+               [s * rows_b * cols_b for s in broadcast_strides(batch, shape_b[:-2])]]
+    dims, (_, s_a, s_b) = collapse(batch, strides, ctx.where(node))
+    ctx.step(op.BATCHED_GEMM, [y, ctx.t(a), ctx.t(b)],
+             dims + s_a + s_b + [m, k, n, sa_m, sa_k, sb_k, sb_n], [alpha])
+
+
+def lower_fused_matmul(ctx, node):
+    # ai.microtrain FusedMatMul (ORT's op of that name, without its transBatch options):
+    # the gradients of a batched MatMul read their operands transposed.
+    a, b = node.input
+    if len(ctx.shape(a)) < 2 or len(ctx.shape(b)) < 2:
+        raise UnsupportedOpError(f"{ctx.where(node)}: operands must have rank >= 2")
+    _matmul(ctx, node, ctx.shape(a), ctx.shape(b), _attr(node, "transA", 0),
+            _attr(node, "transB", 0), _attr(node, "alpha", 1.0))
+
+
+# -- pooling and the piecewise-linear activations --------------------------------------
+
+def lower_pool(ctx, node):
+    # MaxPool, AveragePool and their Global forms: pooling.py resolves the windows.
+    x, y = node.input[0], node.output[0]
+    ints = pool_kernel_ints(node, ctx.shape(x), ctx.shape(y), ctx.where(node))
+    code = op.MAX_POOL if "Max" in node.op_type else op.AVERAGE_POOL
+    ctx.step(code, [ctx.define(y), ctx.t(x)], ints)
+
+
+def lower_pool_grad(ctx, node):
+    # MaxPoolGrad(dY, X) recomputes each window's argmax from X. AveragePoolGrad(dY, X)
+    # takes only its shape from X, so its step does not keep X alive.
+    dy, x = node.input
+    ints = pool_kernel_ints(node, ctx.shape(x), ctx.shape(dy), ctx.where(node))
+    dx = ctx.define(node.output[0])
+    if node.op_type == "MaxPoolGrad":
+        ctx.step(op.MAX_POOL_GRAD, [dx, ctx.t(dy), ctx.t(x)], ints)
+    else:
+        ctx.step(op.AVERAGE_POOL_GRAD, [dx, ctx.t(dy)], ints)
+
+
+def _clip_bounds(ctx, node):
+    # ClipGrad carries its bounds as attributes; Clip takes them as optional constant inputs.
+    if node.op_type == "ClipGrad":
+        return [_attr(node, "min", -math.inf), _attr(node, "max", math.inf)]
+    bounds = []
+    for index, name, default in ((1, "min", -math.inf), (2, "max", math.inf)):
+        tensor = node.input[index] if len(node.input) > index else ""
+        if not tensor:
+            bounds.append(default)
+            continue
+        value = ctx.value(tensor)
+        if value is None or value.size != 1:
+            raise UnsupportedOpError(f"{ctx.where(node)}: input '{name}' must be a constant "
+                                     f"scalar (a Constant node or a non-parameter initializer)")
+        bounds.append(float(np.asarray(value).reshape(())))
+    return bounds
+
+
+def _piecewise(code, floats):
+    # LeakyRelu, Clip, HardSigmoid, HardSwish, and their gradients, which read (dY, X).
+    def lower(ctx, node):
+        inputs = node.input[:2] if node.op_type.endswith("Grad") else node.input[:1]
+        y = ctx.define(node.output[0])
+        ctx.step(code, [y] + [ctx.t(i) for i in inputs], [ctx.tensors[y].size],
+                 floats(ctx, node))
+    return lower
+
+
+def _leaky_relu_alpha(ctx, node):
+    return [_attr(node, "alpha", 0.01)]
+
+
+def _hard_sigmoid_floats(ctx, node):
+    return [_attr(node, "alpha", 0.2), _attr(node, "beta", 0.5)]
+
+
+def _no_floats(ctx, node):
+    return []
+
+
+def _conv_step(ctx, node, code, tensors, x_shape, w_shape):
+    attrs = conv_attributes(node, x_shape, w_shape, ctx.where(node))
+    ctx.step(code, tensors, device_geometry(attrs, x_shape, w_shape))
+    return attrs
+
+
+def lower_conv(ctx, node):
+    x, w = node.input[0], node.input[1]
+    b = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    y = ctx.define(node.output[0])
+    attrs = _conv_step(ctx, node, op.CONV, [y, ctx.t(x), ctx.t(w), ctx.t(b) if b else NO_TENSOR],
+                       ctx.shape(x), ctx.shape(w))
+    expected = ctx.shape(x)[:1] + ctx.shape(w)[:1] + tuple(output_spatial(ctx.shape(x)[2:], attrs))
+    if ctx.shape(node.output[0]) != expected:
+        raise UnsupportedOpError(f"{ctx.where(node)}: the attributes give output shape "
+                                 f"{list(expected)}, the graph says "
+                                 f"{list(ctx.shape(node.output[0]))}")
+
+
+def lower_conv_grad_input(ctx, node):
+    dy, w = node.input
+    dx = ctx.define(node.output[0])
+    _conv_step(ctx, node, op.CONV_GRAD_INPUT, [dx, ctx.t(dy), ctx.t(w)], ctx.shape(node.output[0]),
+               ctx.shape(w))
+
+
+def lower_conv_grad_weight(ctx, node):
+    # The fourth tensor (the reset flag) is set when lower_grad_accumulate fuses the step.
+    dy, x = node.input
+    dw = ctx.define(node.output[0])
+    _conv_step(ctx, node, op.CONV_GRAD_WEIGHT, [dw, ctx.t(dy), ctx.t(x), NO_TENSOR],
+               ctx.shape(x), ctx.shape(node.output[0]))
+
+
+RANDOM_STATE = ".random_state"   # suffix of each Dropout's generator state (Module.set_seed)
+
+
+def _channel_view(ctx, node, x):
+    # (N, C, inner): the BatchNormalization kernels walk channel planes of `inner` elements.
+    shape = ctx.shape(x)
+    if len(shape) < 2:
+        raise UnsupportedOpError(f"{ctx.where(node)}: the input must be (N, C, ...), got "
+                                 f"{list(shape)}")
+    return [shape[0], shape[1], int(np.prod(shape[2:], dtype=np.int64))]
+
+
+def _batch_norm_multiplier(ctx, scale, var, eps):
+    # a = scale / sqrt(var + eps) of constant inputs, computed here in float64 once.
+    return ctx.value(scale).astype(np.float64) / np.sqrt(ctx.value(var).astype(np.float64) + eps)
+
+
+def _folded_batch_norm(ctx, scale, bias, mean, var, eps):
+    # A BatchNormalization whose inputs are all constants is y = x * a + b per channel with
+    # b = bias - mean * a: one multiply-add.
+    a = _batch_norm_multiplier(ctx, scale, var, eps)
+    b = ctx.value(bias).astype(np.float64) - ctx.value(mean).astype(np.float64) * a
+    multiplier = f"batch_norm_multiplier({scale},{var})"
+    offset = f"batch_norm_offset({scale},{bias},{mean},{var})"
+    ctx._constant(multiplier, a.astype(np.float32))
+    ctx._constant(offset, b.astype(np.float32))
+    return ctx.t(multiplier), ctx.t(offset)
+
+
+def lower_batch_norm(ctx, node):
+    x, scale, bias, mean, var = node.input[:5]
+    view = _channel_view(ctx, node, x)
+    eps = _attr(node, "epsilon", 1e-5)
+    if batch_norm_training(node):
+        _lower_batch_norm_training(ctx, node, view, eps)
+        return
+    y = ctx.define(node.output[0])
+    if all(ctx.value(name) is not None for name in (scale, bias, mean, var)):
+        a, b = _folded_batch_norm(ctx, scale, bias, mean, var, eps)
+        ctx.step(op.CHANNEL_AFFINE, [y, ctx.t(x), a, b], view)
+    else:
+        ctx.step(op.BATCH_NORM_INFERENCE, [y] + [ctx.t(name) for name in node.input[:5]], view,
+                 [eps])
+
+
+def _lower_batch_norm_training(ctx, node, view, eps):
+    # Running statistics that are parameters are updated in place, and the node's running
+    # statistics outputs name them; computed ones (track_running_stats=False) are not.
+    x, scale, bias, mean, var = node.input[:5]
+    n, _, inner = view
+    if n * inner < 2:
+        raise UnsupportedOpError(f"{ctx.where(node)}: training mode needs more than one value "
+                                 f"per channel, the input has shape {list(ctx.shape(x))}")
+    if any(node.output[3:]):
+        raise UnsupportedOpError(f"{ctx.where(node)}: the saved mean and variance outputs "
+                                 f"(opset 9-13) are not supported; export with opset >= 15")
+    stats = []
+    for stat, out in zip((mean, var), (list(node.output[1:3]) + ["", ""])[:2]):
+        tid = ctx.local.get(stat)
+        updated = tid is not None and ctx.tensors[tid].role == PARAM
+        stats.append(tid if updated else NO_TENSOR)
+        if out and updated:
+            ctx.alias_in_place(out, stat)
+        elif out and ctx.uses.get(out):
+            raise UnsupportedOpError(f"{ctx.where(node)}: output '{out}' reads the running "
+                                     f"statistic '{stat}', which is not a parameter")
+    y = ctx.define(node.output[0])
+    ctx.step(op.BATCH_NORM_TRAINING, [y, ctx.t(x), ctx.t(scale), ctx.t(bias)] + stats, view,
+             [eps, _attr(node, "momentum", 0.9)])
+
+
+def lower_batch_norm_grad(ctx, node):
+    dy, x, scale = node.input[:3]
+    training = _attr(node, "training_mode", 0)
+    eps = _attr(node, "epsilon", 1e-5)
+    view = _channel_view(ctx, node, x)
+    dx, dscale, dbias = (list(node.output) + ["", ""])[:3]
+    stats = node.input[3:5]
+    if (not training and not dscale and not dbias
+            and all(ctx.value(name) is not None for name in (scale, stats[1]))):
+        # Constant scale and statistics: dx = dy * a (the forward's multiplier when folded).
+        multiplier = f"batch_norm_multiplier({scale},{stats[1]})"
+        ctx._constant(multiplier, _batch_norm_multiplier(ctx, scale, stats[1], eps)
+                      .astype(np.float32))
+        ctx.step(op.CHANNEL_AFFINE, [ctx.define(dx), ctx.t(dy), ctx.t(multiplier), NO_TENSOR],
+                 view)
+        return
+    outs = [ctx.define(name) if name else NO_TENSOR for name in (dx, dscale, dbias)]
+    stat_ids = [NO_TENSOR, NO_TENSOR] if training else [ctx.t(name) for name in stats]
+    ctx.step(op.BATCH_NORM_GRAD, outs + [ctx.t(dy), ctx.t(x), ctx.t(scale)] + stat_ids, view,
+             [eps])
+
+
+def lower_dropout(ctx, node):
+    # Training: y = x * mask / (1 - ratio) with a mask drawn on the device, kept bit-packed
+    # in the int arena for the backward (1 bit per element instead of a 4-byte float).
+    # Inference, or ratio 0: the identity, no step.
+    ratio, training = dropout_config(node, ctx.value, ctx.where(node))
+    x = node.input[0]
+    mask = node.output[1] if len(node.output) > 1 else ""
+    if not training or ratio == 0.0:
+        if mask and ctx.uses.get(mask):
+            raise UnsupportedOpError(f"{ctx.where(node)}: the mask of a Dropout that drops "
+                                     f"nothing is not supported")
+        ctx.alias(node.output[0], x)
+        return
+    size = ctx.tensors[ctx.t(x)].size
+    y = ctx.define(node.output[0])
+    mask_id = ctx.add(Tensor(mask, INT32, ACTIVATION, ((size + 29) // 30,),
+                             program=ctx.program_name))
+    if mask:
+        ctx.local[mask] = mask_id
+    stream = sum(1 for t in ctx.tensors if t.name.endswith(RANDOM_STATE))
+    state = ctx.add(Tensor(ctx.node_name + RANDOM_STATE, INT32, CONTROL, (2,)))
+    ctx.step(op.DROPOUT, [y, ctx.t(x), mask_id, state],
+             [size, round(ratio * RANDOM_SPAN), _attr(node, "seed", 0) % RANDOM_SPAN, stream],
+             [1.0 / (1.0 - ratio)])
+
+
+def lower_dropout_grad(ctx, node):
+    dy, mask = node.input
+    dx = ctx.define(node.output[0])
+    ctx.step(op.DROPOUT_GRAD, [dx, ctx.t(dy), ctx.t(mask)], [ctx.tensors[dx].size],
+             [1.0 / (1.0 - _attr(node, "ratio", 0.5))])
 
 
 LOWERINGS = {
@@ -460,6 +1066,20 @@ LOWERINGS = {
     "Sigmoid": _unary(op.SIGMOID),
     "Tanh": _unary(op.TANH),
     "Softplus": _unary(op.SOFTPLUS),
+    "LeakyRelu": _piecewise(op.LEAKY_RELU, _leaky_relu_alpha),
+    "LeakyReluGrad": _piecewise(op.LEAKY_RELU_GRAD, _leaky_relu_alpha),
+    "Clip": _piecewise(op.CLIP, _clip_bounds),
+    "ClipGrad": _piecewise(op.CLIP_GRAD, _clip_bounds),
+    "HardSigmoid": _piecewise(op.HARD_SIGMOID, _hard_sigmoid_floats),
+    "HardSigmoidGrad": _piecewise(op.HARD_SIGMOID_GRAD, _hard_sigmoid_floats),
+    "HardSwish": _piecewise(op.HARD_SWISH, _no_floats),
+    "HardSwishGrad": _piecewise(op.HARD_SWISH_GRAD, _no_floats),
+    "MaxPool": lower_pool,
+    "AveragePool": lower_pool,
+    "GlobalMaxPool": lower_pool,
+    "GlobalAveragePool": lower_pool,
+    "MaxPoolGrad": lower_pool_grad,
+    "AveragePoolGrad": lower_pool_grad,
     "Softmax": _softmax(op.SOFTMAX),
     "LogSoftmax": _softmax(op.LOG_SOFTMAX),
     "ReluGrad": _activation_grad(op.RELU_GRAD),
@@ -478,8 +1098,30 @@ LOWERINGS = {
     "SoftmaxCrossEntropyLoss": lower_softmax_cross_entropy,
     "SoftmaxCrossEntropyLossGrad": lower_softmax_cross_entropy_grad,
     "GradAccumulate": lower_grad_accumulate,
+    "ClipGradNorm": lower_clip_grad_norm,
     "SGD": lower_sgd,
     "AdamW": lower_adamw,
+    "Transpose": lower_transpose,
+    "Slice": lower_slice,
+    "SliceGrad": lower_slice_grad,
+    "Concat": lower_concat,
+    "Split": lower_split,
+    "Pad": lower_pad,
+    "PadGrad": lower_pad_grad,
+    "ConstantOfShape": lower_constant_of_shape,
+    "FusedMatMul": lower_fused_matmul,
+    "Gather": lower_gather,
+    "GatherGrad": lower_gather_grad,
+    "Tile": lower_tile,
+    "TileGrad": lower_tile_grad,
+    "Reciprocal": lower_reciprocal,
+    "Conv": lower_conv,
+    "ConvGradInput": lower_conv_grad_input,
+    "ConvGradWeight": lower_conv_grad_weight,
+    "BatchNormalization": lower_batch_norm,
+    "BatchNormalizationGrad": lower_batch_norm_grad,
+    "Dropout": lower_dropout,
+    "DropoutGrad": lower_dropout_grad,
 }
 
 
@@ -496,6 +1138,8 @@ def roles_from_metadata(model, optimizer_model=None):
         roles[name] = INPUT
     for name in meta_names(meta, "labels"):
         roles[name] = LABEL
+    for name in meta_names(meta, "output_grads"):
+        roles[name] = INPUT
     for name in meta_names(meta, "params"):
         roles[name] = PARAM
     for name in meta_names(meta, "trainable"):

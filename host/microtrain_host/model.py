@@ -7,6 +7,7 @@ import onnx
 from onnx import helper, numpy_helper, shape_inference
 
 from .errors import ArtifactError, DynamicShapeError
+from .fold import fold_constants
 
 MIN_OPSET = 13  # ReduceSum takes axes as an input, Softmax works on one axis
 
@@ -66,6 +67,14 @@ def load_model(model, batch_size=None):
         model = shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
     except Exception as e:
         raise ArtifactError(f"shape inference failed: {e}") from e
+    # With every shape fixed, shape arithmetic is constant: fold it, then infer again so
+    # the shapes it fed (Reshape, Expand, Pad...) are read off constants.
+    if fold_constants(model, tensor_shapes(model.graph)):
+        del model.graph.value_info[:]
+        try:
+            model = shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+        except Exception as e:
+            raise ArtifactError(f"shape inference failed after constant folding: {e}") from e
     shapes = tensor_shapes(model.graph)
     for node in model.graph.node:
         for out in node.output:

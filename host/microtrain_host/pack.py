@@ -9,16 +9,20 @@ import zlib
 import flatbuffers
 import numpy as np
 
-from . import planner
+from . import inference, planner
 from .checkpoint import write_atomically
 from .errors import ArtifactError
 from .lower import (ACTIVATION, CONSTANT, CONTROL, FLOAT, GRAD, INPUT, INT32, LABEL, NO_TENSOR,
-                    OPTIMIZER_STATE, PARAM, Lowering, meta_names, roles_from_metadata)
-from .optimizers import STATE_NAMES, OptimType, grad_buffer, state_name
+                    OPTIMIZER_STATE, PARAM, Lowering, Program, meta_names,
+                    roles_from_metadata)
+from .optimizers import OptimType, grad_buffer, state_name, state_names
 
 IDENTIFIER = b"MTRB"
 FORMAT_VERSION = 1
 PERSISTENT_ORDER = (INPUT, LABEL, PARAM, GRAD, OPTIMIZER_STATE, CONSTANT, CONTROL)
+# The programs of one training step: "train", or "forward" + "backward" when the loss is
+# computed outside the graph.
+TRAINING_PROGRAMS = ("train", "forward", "backward")
 
 
 def lifetimes(program, tensors):
@@ -26,7 +30,8 @@ def lifetimes(program, tensors):
     spans = {}
     for index, step in enumerate(program.steps):
         for tid in step.tensors:
-            if tid == NO_TENSOR or tensors[tid].role != ACTIVATION:
+            if (tid == NO_TENSOR or tensors[tid].role != ACTIVATION
+                    or tensors[tid].dtype != FLOAT):
                 continue
             s = tensors[tid].storage
             span = spans.setdefault(s, [index, index])
@@ -49,6 +54,12 @@ def assign_offsets(lowering):
             if t.role == role and t.storage == tid:
                 t.offset = ends[t.dtype]
                 ends[t.dtype] += t.size
+    for tid, t in enumerate(tensors):
+        # Integer activations (bit-packed dropout masks, 1/30 of their float size) get space
+        # of their own: the planner shares float space only.
+        if t.role == ACTIVATION and t.dtype == INT32 and t.storage == tid:
+            t.offset = ends[INT32]
+            ends[INT32] += t.size
     base = ends[FLOAT]
     region = peak = 0
     naive = base
@@ -73,7 +84,8 @@ def _uints(builder, values, dtype):
     return builder.CreateNumpyVector(np.asarray(values, dtype=dtype))
 
 
-def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options):
+def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options,
+           full_training=(0, 0), inference_template=None):
     float_arena, int_arena, naive_size, lower_bound = sizes
     b = flatbuffers.Builder(4096)
     tensor_offsets = []
@@ -128,22 +140,31 @@ def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options):
     opt = None
     if optimizer is not None:
         kind = b.CreateString(optimizer.name)
-        b.StartObject(7)
+        b.StartObject(13)
         b.PrependUOffsetTRelativeSlot(0, kind, 0)
         b.PrependFloat32Slot(1, options["learning_rate"], 0.001)
         if optimizer == OptimType.AdamW:
             b.PrependFloat32Slot(2, options["beta1"], 0.9)
             b.PrependFloat32Slot(3, options["beta2"], 0.999)
             b.PrependFloat32Slot(4, options["epsilon"], 1e-6)
-            b.PrependFloat32Slot(5, options["weight_decay"], 0.0)
             b.PrependBoolSlot(6, bool(options["bias_correction"]), True)
+        else:
+            b.PrependFloat32Slot(7, options.get("momentum", 0.0), 0.0)
+            b.PrependFloat32Slot(8, options.get("dampening", 0.0), 0.0)
+            b.PrependBoolSlot(9, bool(options.get("nesterov", False)), False)
+        b.PrependFloat32Slot(5, options.get("weight_decay", 0.0), 0.0)
+        b.PrependFloat32Slot(10, options.get("l1_penalty", 0.0), 0.0)
+        b.PrependFloat32Slot(11, options.get("l2_penalty", 0.0), 0.0)
+        b.PrependFloat32Slot(12, options.get("clip_grad_norm") or 0.0, 0.0)
         opt = b.EndObject()
     producer = b.CreateString("microtrain")
     tensors_vec = _table_vector(b, tensor_offsets)
     params_vec = _table_vector(b, param_offsets)
     programs_vec = _table_vector(b, program_offsets)
     loss_name = b.CreateString(loss)
-    b.StartObject(12)
+    template = (inference.write_template(b, inference_template)
+                if inference_template is not None else None)
+    b.StartObject(15)
     b.PrependUint16Slot(0, FORMAT_VERSION, 0)
     b.PrependUOffsetTRelativeSlot(1, producer, 0)
     b.PrependUOffsetTRelativeSlot(2, tensors_vec, 0)
@@ -157,6 +178,10 @@ def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options):
         b.PrependUOffsetTRelativeSlot(9, opt, 0)
     b.PrependUint32Slot(10, naive_size, 0)
     b.PrependUint32Slot(11, lower_bound, 0)
+    b.PrependUint32Slot(12, full_training[0], 0)
+    b.PrependUint32Slot(13, full_training[1], 0)
+    if template is not None:
+        b.PrependUOffsetTRelativeSlot(14, template, 0)
     b.FinishSizePrefixed(b.EndObject(), file_identifier=IDENTIFIER)
     body = bytes(b.Output())
     return body + (zlib.crc32(body[4:]) & 0xFFFFFFFF).to_bytes(4, "little")
@@ -169,11 +194,36 @@ def _table_vector(b, offsets):
     return b.EndVector()
 
 
-def pack(training_model, eval_model, optimizer_model, path, optimizer_options=None):
-    """Lower the graphs, plan the arenas and write the blob to path."""
+def _split_forward_backward(lowering, forward_nodes, output_grads):
+    """Split the program "forward_backward" into "forward" (model inputs -> outputs) and
+    "backward" (d loss / d outputs -> accumulated gradients). It was planned as one
+    timeline, so the activations backward reads survive between the two calls, and the
+    outputs stay valid until the end of backward."""
+    combined = lowering.programs.pop("forward_backward")
+    steps = combined.steps
+    boundary = 0
+    while boundary < len(steps) and steps[boundary].node in forward_nodes:
+        boundary += 1
+    late = [s.node for s in steps[boundary:] if s.node in forward_nodes]
+    if late:
+        raise ArtifactError(f"cannot tell forward from backward steps: node name '{late[0]}' "
+                            f"is used twice; give the model's nodes unique names")
+    seeds = [lowering.persistent[name] for name in output_grads]
+    lowering.programs["forward"] = Program(
+        "forward", steps[:boundary], [t for t in combined.inputs if t not in seeds],
+        combined.outputs)
+    lowering.programs["backward"] = Program("backward", steps[boundary:], seeds, [])
+
+
+def pack(training_model, eval_model, optimizer_model, path, optimizer_options=None,
+         full_training=(0, 0)):
+    """Lower the graphs, plan the arenas and write the blob to path. full_training: (float
+    arena, train steps) of the same model with every parameter trained, recorded so that
+    inspect can show what freezing parameters saved."""
     roles, meta = roles_from_metadata(training_model, optimizer_model)
     lowering = Lowering(roles)
-    lowering.lower("train", training_model)
+    output_grads = meta_names(meta, "output_grads")
+    lowering.lower("forward_backward" if output_grads else "train", training_model)
     lowering.lower("eval", eval_model)
     optimizer = None
     if optimizer_model is not None:
@@ -187,16 +237,26 @@ def pack(training_model, eval_model, optimizer_model, path, optimizer_options=No
     if optimizer == OptimType.AdamW:
         lowering.control("step_size")
     sizes = assign_offsets(lowering)
+    if output_grads:
+        # Without a loss block the training graph starts with the eval graph's nodes (in
+        # their training form: names as the lowering sees them).
+        forward = training_model.graph.node[:len(eval_model.graph.node)]
+        _split_forward_backward(lowering, {n.name or n.op_type for n in forward}, output_grads)
+    template = inference.inference_template(
+        eval_model, roles, lowering,
+        lambda infer: _write(infer, [], assign_offsets(infer), "", 0, None, None))
     trainable = set(meta_names(meta, "trainable"))
     parameters = []
     for name in meta_names(meta, "params"):
         tid = lowering.persistent[name]
         grad = lowering.persistent.get(grad_buffer(name), -1) if name in trainable else -1
-        states = [lowering.persistent[state_name(name, s)] for s in STATE_NAMES[optimizer]] \
+        states = [lowering.persistent[state_name(name, s)]
+                  for s in state_names(optimizer, optimizer_options)] \
             if optimizer is not None and name in trainable else []
         parameters.append((tid, grad, states))
     data = _write(lowering, parameters, sizes, meta.get("microtrain.loss", ""),
-                  int(meta.get("microtrain.num_classes", "0") or 0), optimizer, optimizer_options)
+                  int(meta.get("microtrain.num_classes", "0") or 0), optimizer, optimizer_options,
+                  full_training, template)
     try:
         write_atomically(os.fspath(path), data)
     except OSError as e:

@@ -2,6 +2,7 @@
 from microtrain import blob as device_blob
 
 from . import opcodes
+from .pack import TRAINING_PROGRAMS
 
 ROLE_ORDER = ("input", "label", "param", "grad", "optimizer_state", "constant", "control",
               "activation")
@@ -27,6 +28,14 @@ def describe(path, steps=True):
     lines.append(f"  lower bound      {b.lower_bound:8d}  ({_kib(b.lower_bound)})  persistent + "
                  f"peak of live temporaries")
     lines.append(f"  int32 arena      {b.int_arena:8d}  ({_kib(b.int_arena)})")
+    if b.full_training_arena:
+        saved = b.full_training_arena - b.float_arena
+        train_steps = sum(len(b.programs[p].steps) for p in TRAINING_PROGRAMS
+                          if p in b.programs)
+        lines.append(f"  partial update   {b.float_arena:8d}  vs {b.full_training_arena} training "
+                     f"every parameter: pruning saved {saved} ({_kib(saved)}, "
+                     f"{100.0 * saved / b.full_training_arena:.0f} %); train program "
+                     f"{train_steps} steps vs {b.full_training_steps}")
     lines.append("")
     lines.append("parameters:")
     for tensor, grad, state in b.parameters:

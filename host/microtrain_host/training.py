@@ -54,6 +54,9 @@ def load_data(path, val_split=0.2):
 
 def write_device_data(directory, blob, x, y, x_val, y_val):
     """Write the raw files microtrain.fit reads, after checking sizes against the blob."""
+    if "train" not in blob.programs:
+        raise TrainError("this model computes its loss outside the graph (packed with loss "
+                         "none): train it with Module.forward and Module.backward")
     if len(blob.programs["train"].inputs) != 2:
         raise TrainError("`microtrain train` feeds one input and one label tensor; this model's "
                          "train program takes %d inputs (use the device API directly)"

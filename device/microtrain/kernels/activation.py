@@ -141,3 +141,79 @@ def log_softmax_grad(F, I, args):
             for j in range(n):
                 at = base + j * inner
                 F[dx + at] = F[dy + at] - e(F[y + at]) * total
+
+
+# Piecewise-linear activations. Their backward kernels take the forward *input* x: y alone
+# cannot tell x = min from x < min for Clip, and HardSwish is not monotonic. The kinks
+# follow torch's autograd (checked in tests/test_ops_pool.py).
+
+def leaky_relu(F, I, args):
+    y, x, n, alpha = args
+    for i in range(n):
+        v = F[x + i]
+        F[y + i] = v if v > 0.0 else v * alpha
+
+
+def leaky_relu_grad(F, I, args):
+    # slope 1 where x > 0, alpha where x <= 0 (torch takes alpha at x = 0)
+    dx, dy, x, n, alpha = args
+    for i in range(n):
+        F[dx + i] = F[dy + i] if F[x + i] > 0.0 else F[dy + i] * alpha
+
+
+def clip(F, I, args):
+    # min(max(x, lo), hi): with lo > hi every element becomes hi, as in ONNX; NaN stays.
+    y, x, n, lo, hi = args
+    for i in range(n):
+        v = F[x + i]
+        if v < lo:
+            v = lo
+        if v > hi:
+            v = hi
+        F[y + i] = v
+
+
+def clip_grad(F, I, args):
+    # dx = dy where lo <= x <= hi: the bounds themselves pass the gradient, as in
+    # torch.clamp and onnxruntime's Clip gradient (torch's relu6 / hardtanh give 0 there).
+    dx, dy, x, n, lo, hi = args
+    for i in range(n):
+        v = F[x + i]
+        F[dx + i] = F[dy + i] if lo <= v <= hi else 0.0
+
+
+def hard_sigmoid(F, I, args):
+    y, x, n, alpha, beta = args
+    for i in range(n):
+        t = alpha * F[x + i] + beta
+        F[y + i] = 0.0 if t <= 0.0 else (1.0 if t >= 1.0 else t)
+
+
+def hard_sigmoid_grad(F, I, args):
+    # dx = alpha * dy strictly inside 0 < alpha * x + beta < 1 (torch: 0 at the kinks)
+    dx, dy, x, n, alpha, beta = args
+    for i in range(n):
+        t = alpha * F[x + i] + beta
+        F[dx + i] = F[dy + i] * alpha if 0.0 < t < 1.0 else 0.0
+
+
+def hard_swish(F, I, args):
+    # x * clamp(x / 6 + 1 / 2, 0, 1) = x * relu6(x + 3) / 6
+    y, x, n = args
+    for i in range(n):
+        v = F[x + i]
+        F[y + i] = 0.0 if v <= -3.0 else (v if v >= 3.0 else v * (v + 3.0) / 6.0)
+
+
+def hard_swish_grad(F, I, args):
+    # dx = dy * (x / 3 + 1 / 2) strictly inside -3 < x < 3, 0 below, dy above (torch: 0
+    # at x = -3 and 1 at x = 3)
+    dx, dy, x, n = args
+    for i in range(n):
+        v = F[x + i]
+        if v <= -3.0:
+            F[dx + i] = 0.0
+        elif v >= 3.0:
+            F[dx + i] = F[dy + i]
+        else:
+            F[dx + i] = F[dy + i] * (v / 3.0 + 0.5)

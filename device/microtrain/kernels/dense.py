@@ -37,3 +37,22 @@ def gemm_accumulate(F, I, args):
     y, a, b, reset, m, k, n, sa_m, sa_k, sb_k, sb_n, alpha = args
     _gemm(F, y, a, b, -1 if F[reset] != 0.0 else y, m, k, n, sa_m, sa_k, sb_k, sb_n, n, 1,
           alpha, 1.0)
+
+
+def batched_gemm(F, I, args):
+    # Y[i] = alpha * A[i] B[i] for every index i of up to three (host-collapsed) batch
+    # dimensions: N-D MatMul. An operand broadcast along a batch dimension has stride 0
+    # there; Y is contiguous. Each matrix is the strided GEMM above, so transposed
+    # operands of the backward pass cost nothing here either.
+    (y, a, b, d0, d1, d2, sa0, sa1, sa2, sb0, sb1, sb2, m, k, n, sa_m, sa_k, sb_k, sb_n,
+     alpha) = args
+    size = m * n
+    for i0 in range(d0):
+        for i1 in range(d1):
+            pa = a + i0 * sa0 + i1 * sa1
+            pb = b + i0 * sb0 + i1 * sb1
+            for _ in range(d2):
+                _gemm(F, y, pa, pb, -1, m, k, n, sa_m, sa_k, sb_k, sb_n, 0, 0, alpha, 0.0)
+                y += size
+                pa += sa2
+                pb += sb2

@@ -38,3 +38,74 @@ def adamw(F, I, args):
         F[m + i] = beta1 * F[m + i] + c1 * grad
         F[v + i] = beta2 * F[v + i] + c2 * grad * grad
         F[p + i] = (F[p + i] - size * F[m + i] / (root(F[v + i]) + eps)) * decay
+
+
+# -- the general forms: elastic penalty, global-norm clipping, momentum ---------------------
+# The gradient an update uses is d = (g + l1*sign(p) + 2*l2*p) * c, where c is the clipping
+# factor (1 without clipping). The accumulated gradient buffer itself is never changed, so
+# gradients keep accumulating correctly when the caller does not reset them.
+
+def grad_norm_squared(F, I, args):
+    # Adds sum(d^2) of one parameter (before clipping) into F[total]; `first` overwrites it,
+    # so the optimizer program needs no separate zeroing step.
+    total, g, p, n, first, l1, l2 = args
+    two_l2 = 2.0 * l2
+    acc = 0.0
+    for i in range(n):
+        x = F[p + i]
+        d = F[g + i] + two_l2 * x + (l1 if x > 0.0 else (-l1 if x < 0.0 else 0.0))
+        acc += d * d
+    F[total] = acc if first else F[total] + acc
+
+
+def clip_coef(F, I, args):
+    # torch.nn.utils.clip_grad_norm_: c = min(1, max_norm / (norm + 1e-6)), in place of the
+    # sum of squares grad_norm_squared left in F[at].
+    at, max_norm = args
+    c = max_norm / (math.sqrt(F[at]) + 1e-6)
+    F[at] = c if c < 1.0 else 1.0
+
+
+def sgd_general(F, I, args):
+    # torch.optim.SGD: d += weight_decay*p; with momentum (buf >= 0) buf = d on the first step
+    # (F[step] == 1), else momentum*buf + (1-dampening)*d; then d = d + momentum*buf
+    # (nesterov) or buf; p -= lr*d.
+    p, g, lr, step, buf, coef, n, nesterov, momentum, dampening, weight_decay, l1, l2 = args
+    rate = F[lr]
+    c = F[coef] if coef >= 0 else 1.0
+    two_l2 = 2.0 * l2
+    if buf < 0:
+        for i in range(n):
+            x = F[p + i]
+            d = (F[g + i] + two_l2 * x + (l1 if x > 0.0 else (-l1 if x < 0.0 else 0.0))) * c
+            F[p + i] = x - rate * (d + weight_decay * x)
+        return
+    # First step: buf = d, i.e. keep 0*buf + 1*d.
+    first = F[step] == 1.0
+    keep = 0.0 if first else momentum
+    take = 1.0 if first else 1.0 - dampening
+    for i in range(n):
+        x = F[p + i]
+        d = (F[g + i] + two_l2 * x + (l1 if x > 0.0 else (-l1 if x < 0.0 else 0.0))) * c
+        d += weight_decay * x
+        b = keep * F[buf + i] + take * d
+        F[buf + i] = b
+        F[p + i] = x - rate * (d + momentum * b if nesterov else b)
+
+
+def adamw_general(F, I, args):
+    # adamw (above) on the penalized, clipped gradient.
+    p, g, m, v, lr, step_size, coef, n, beta1, beta2, eps, weight_decay, l1, l2 = args
+    root = math.sqrt
+    size = F[step_size]
+    decay = 1.0 - F[lr] * weight_decay
+    c = F[coef] if coef >= 0 else 1.0
+    two_l2 = 2.0 * l2
+    c1 = 1.0 - beta1
+    c2 = 1.0 - beta2
+    for i in range(n):
+        x = F[p + i]
+        grad = (F[g + i] + two_l2 * x + (l1 if x > 0.0 else (-l1 if x < 0.0 else 0.0))) * c
+        F[m + i] = beta1 * F[m + i] + c1 * grad
+        F[v + i] = beta2 * F[v + i] + c2 * grad * grad
+        F[p + i] = (x - size * F[m + i] / (root(F[v + i]) + eps)) * decay

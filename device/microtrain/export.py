@@ -1,0 +1,119 @@
+# Module.export_model_for_inferencing: write an inference-only blob.
+#
+# The host packed that blob into the training blob already (schema: InferenceTemplate in
+# host/microtrain_host/schema/microtrain.fbs), its own arena plan included, minus what only
+# the device knows at export time: the current parameter values and the outputs asked for.
+# Here the template is streamed from the training blob file with those inserted at its
+# cuts and the CRC-32 computed on the way, so no copy of the model is ever held in RAM.
+import os
+import struct
+from microtrain.crc32 import crc32
+from microtrain.errors import BlobError, InputError, ParameterError
+
+_OUTPUT_IDS = 0xFFFFFFFF  # cut kind: the infer program's output-id vector
+_CHUNK = 256              # bytes copied (or floats converted) at a time
+
+
+def export_inference_blob(module, path, output_names):
+    """Write the inference blob of `module` (current parameter values) to path, atomically."""
+    b = module.blob
+    if b.inference is None:
+        raise BlobError("'%s' has no inference template: repack the model with this "
+                        "version of microtrain" % module.uri)
+    if module.state.is_nominal:
+        raise ParameterError("the checkpoint state is nominal (no parameter values): load them "
+                             "with copy_buffer_to_parameters before exporting")
+    pos, length, cuts, outputs = b.inference
+    ids = _output_ids(outputs, output_names)
+    size = length + 4 + 4 * len(outputs)
+    for i in range(1, len(cuts), 2):
+        if cuts[i] != _OUTPUT_IDS:
+            size += 4 * b.sizes[cuts[i]]
+    tmp = path + ".tmp"
+    try:
+        with open(module.uri, "rb") as src:
+            _check_unchanged(src, module.uri, b.crc)
+            src.seek(pos)
+            with open(tmp, "wb") as out:
+                out.write(struct.pack("<I", size))
+                chunk = bytearray(_CHUNK)
+                crc = 0
+                at = 0
+                for i in range(0, len(cuts), 2):
+                    crc = _copy(src, out, cuts[i] - at, chunk, crc)
+                    at = cuts[i]
+                    if cuts[i + 1] == _OUTPUT_IDS:
+                        # k chosen ids where the template had room for all of them; the
+                        # unused words are never referenced.
+                        piece = (struct.pack("<%dI" % (1 + len(ids)), len(ids), *ids)
+                                 + bytes(4 * (len(outputs) - len(ids))))
+                        out.write(piece)
+                        crc = crc32(piece, crc)
+                    else:
+                        crc = _write_floats(out, module.F, b.offsets[cuts[i + 1]],
+                                            b.sizes[cuts[i + 1]], crc)
+                crc = _copy(src, out, length - at, chunk, crc)
+                out.write(struct.pack("<I", crc & 0xFFFFFFFF))
+        _replace(tmp, path)
+    except OSError as e:
+        raise BlobError("cannot write inference blob '%s': %s" % (path, e))
+
+
+def _output_ids(outputs, output_names):
+    if isinstance(output_names, str):
+        output_names = [output_names]
+    known = [name for name, _ in outputs]
+    ids = []
+    for name in output_names:
+        if name not in known:
+            raise InputError("'%s' is not an output of the model; its outputs are: %s"
+                             % (name, ", ".join(known)))
+        tid = outputs[known.index(name)][1]
+        if tid in ids:
+            raise InputError("output '%s' is named twice" % name)
+        ids.append(tid)
+    if not ids:
+        raise InputError("name at least one output to export; the model's outputs are: %s"
+                         % ", ".join(known))
+    return ids
+
+
+def _check_unchanged(src, uri, crc):
+    # The template is read from the file the Module was loaded from: it must still be
+    # that file, not one repacked since.
+    src.seek(os.stat(uri)[6] - 4)
+    if struct.unpack("<I", src.read(4))[0] != crc:
+        raise BlobError("'%s' changed since the Module loaded it; load it again" % uri)
+
+
+def _copy(src, out, n, chunk, crc):
+    view = memoryview(chunk)
+    while n > 0:
+        k = min(n, len(chunk))
+        if src.readinto(view[:k]) != k:
+            raise BlobError("the training blob ended inside its inference template")
+        out.write(view[:k])
+        crc = crc32(view[:k], crc)
+        n -= k
+    return crc
+
+
+def _write_floats(out, F, offset, count, crc):
+    # bytes() of a slice of the float arena: its raw little-endian bytes, which every
+    # crc32 (binascii's or the pure-Python fallback) reads as bytes.
+    view = memoryview(F)
+    step = _CHUNK // 4
+    for start in range(offset, offset + count, step):
+        piece = bytes(view[start:min(start + step, offset + count)])
+        out.write(piece)
+        crc = crc32(piece, crc)
+    return crc
+
+
+def _replace(tmp, path):
+    try:
+        os.rename(tmp, path)
+    except OSError:
+        # Some board filesystems will not rename over an existing file.
+        os.remove(path)
+        os.rename(tmp, path)

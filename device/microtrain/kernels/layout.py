@@ -1,0 +1,51 @@
+# Layout ops: Transpose, Slice, Concat, Split, Pad and their gradients only move elements,
+# so they all are one strided copy: the host views both sides as (d0, d1, d2, d3) and gives
+# each side a start and four strides (negative for a reversed Slice, 0 for Pad's edge mode).
+# Concat writes one piece per step into a window of Y, Split reads one window of X per step,
+# Slice's gradient and Pad are a fill followed by a copy into a window.
+
+
+def _each_row(F, args, row):
+    y, x, y0, x0, d0, d1, d2, d3, sy0, sy1, sy2, sy3, sx0, sx1, sx2, sx3 = args
+    y += y0
+    x += x0
+    for i0 in range(d0):
+        for i1 in range(d1):
+            py = y + i0 * sy0 + i1 * sy1
+            px = x + i0 * sx0 + i1 * sx1
+            for _ in range(d2):
+                row(F, py, sy3, px, sx3, d3)
+                py += sy2
+                px += sx2
+
+
+def _copy_row(F, py, sy, px, sx, n):
+    for _ in range(n):
+        F[py] = F[px]
+        py += sy
+        px += sx
+
+
+def _add_row(F, py, sy, px, sx, n):
+    for _ in range(n):
+        F[py] += F[px]
+        py += sy
+        px += sx
+
+
+def strided_copy(F, I, args):
+    # Y[window] = X[window]
+    _each_row(F, args, _copy_row)
+
+
+def strided_add(F, I, args):
+    # Y[window] += X[window]: gradients where several outputs read one input element
+    # (Pad's edge and reflect modes), summed in a fixed order.
+    _each_row(F, args, _add_row)
+
+
+def fill(F, I, args):
+    # Y = value: Pad's border, the zeros a Slice gradient is scattered into.
+    y, n, value = args
+    for i in range(y, y + n):
+        F[i] = value

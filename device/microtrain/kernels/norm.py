@@ -1,0 +1,244 @@
+# BatchNormalization and Dropout, forward and backward side by side.
+#
+# BatchNormalization works on X of shape (N, C, inner): the host passes n, c and inner (the
+# product of the spatial dimensions, 1 for (N, C)). The elements of channel ch sit at
+# x + i*c*inner + ch*inner + j for i < n, j < inner.
+#
+# Dropout draws its mask from a seeded integer generator: two Lehmer generators with prime
+# moduli below 2**30, stepped with Schrage's method so that no intermediate reaches 2**30
+# (a small int on 32-bit MicroPython: nothing is allocated), combined by subtraction as in
+# L'Ecuyer's combined generators (period about 2**59). Integer arithmetic only, so every
+# port (single or double precision floats) draws the same sequence.
+import math
+try:
+    from micropython import const
+except ImportError:
+    def const(x):
+        return x
+
+_M1 = const(1073741789)   # 2**30 - 35, prime; 31999 is a primitive root
+_A1 = const(31999)
+_Q1 = const(33555)        # _M1 // _A1
+_R1 = const(15344)        # _M1 % _A1 (< _Q1, as Schrage's method needs)
+_M2 = const(1073741783)   # 2**30 - 41, prime; 32000 is a primitive root
+_A2 = const(32000)
+_Q2 = const(33554)
+_R2 = const(13783)
+_SPAN = const(1073741788)  # _M1 - 1: draws z lie in [1, _SPAN]
+_TOP_BIT = const(536870912)   # 2**29: a mask word holds 30 bits, so it stays a small int
+_WARM_UP = const(4)
+
+
+# -- BatchNormalization -----------------------------------------------------------------
+
+def _channel_sum(F, p, n, plane, inner):
+    total = 0.0
+    for _ in range(n):
+        for j in range(p, p + inner):
+            total += F[j]
+        p += plane
+    return total
+
+
+def _channel_squares(F, p, n, plane, inner, mean):
+    # sum((x - mean)^2): the two-pass variance, which stays accurate when |mean| >> std.
+    total = 0.0
+    for _ in range(n):
+        for j in range(p, p + inner):
+            d = F[j] - mean
+            total += d * d
+        p += plane
+    return total
+
+
+def _normalize_channel(F, py, px, n, plane, inner, mean, a, b):
+    # y = (x - mean) * a + b
+    for _ in range(n):
+        for j in range(inner):
+            F[py + j] = (F[px + j] - mean) * a + b
+        px += plane
+        py += plane
+
+
+def batch_norm_training(F, I, args):
+    # Normalizes with the batch statistics (biased variance) and updates the running
+    # statistics in place the way PyTorch does: running = momentum*running +
+    # (1-momentum)*batch, with the *unbiased* batch variance for running_var (ONNX's
+    # reference and onnxruntime use the biased one). rmean/rvar = -1: nothing to update.
+    y, x, scale, bias, rmean, rvar, n, c, inner, eps, momentum = args
+    plane = c * inner
+    count = n * inner
+    unbiased = count / (count - 1)
+    keep = 1.0 - momentum
+    for ch in range(c):
+        px = x + ch * inner
+        mean = _channel_sum(F, px, n, plane, inner) / count
+        var = _channel_squares(F, px, n, plane, inner, mean) / count
+        a = F[scale + ch] / math.sqrt(var + eps)
+        _normalize_channel(F, y + ch * inner, px, n, plane, inner, mean, a, F[bias + ch])
+        if rmean >= 0:
+            F[rmean + ch] = momentum * F[rmean + ch] + keep * mean
+        if rvar >= 0:
+            F[rvar + ch] = momentum * F[rvar + ch] + keep * var * unbiased
+
+
+def batch_norm_inference(F, I, args):
+    # Normalizes with the running statistics: y = (x - mean) * scale/sqrt(var + eps) + bias.
+    y, x, scale, bias, mean, var, n, c, inner, eps = args
+    plane = c * inner
+    for ch in range(c):
+        a = F[scale + ch] / math.sqrt(F[var + ch] + eps)
+        _normalize_channel(F, y + ch * inner, x + ch * inner, n, plane, inner, F[mean + ch], a,
+                           F[bias + ch])
+
+
+def channel_affine(F, I, args):
+    # y = x * a[ch] + b[ch] (b = -1: no offset). A BatchNormalization whose scale, bias and
+    # statistics are all frozen, folded on the host; with b = -1 also its gradient dx = dy * a.
+    y, x, a, b, n, c, inner = args
+    plane = c * inner
+    for ch in range(c):
+        k = F[a + ch]
+        offset = F[b + ch] if b >= 0 else 0.0
+        py = y + ch * inner
+        px = x + ch * inner
+        for _ in range(n):
+            for j in range(inner):
+                F[py + j] = F[px + j] * k + offset
+            px += plane
+            py += plane
+
+
+def batch_norm_grad(F, I, args):
+    # dscale = sum(dy * xhat), dbias = sum(dy), xhat = (x - mean) / sqrt(var + eps).
+    # Training mode (mean = var = -1): mean and var are the batch statistics, recomputed from
+    # x exactly as the forward kernel computed them (no saved tensors to keep alive), and
+    # dx = scale/sqrt(var+eps) * (dy - sum(dy)/count - xhat * sum(dy*xhat)/count).
+    # Inference mode: the running statistics are constants, dx = dy * scale/sqrt(var+eps).
+    # Absent outputs (-1) are not needed by any trainable parameter.
+    dx, dscale, dbias, dy, x, scale, mean, var, n, c, inner, eps = args
+    plane = c * inner
+    count = n * inner
+    for ch in range(c):
+        px = x + ch * inner
+        pdy = dy + ch * inner
+        if mean < 0:
+            mu = _channel_sum(F, px, n, plane, inner) / count
+            sigma2 = _channel_squares(F, px, n, plane, inner, mu) / count
+        else:
+            mu = F[mean + ch]
+            sigma2 = F[var + ch]
+        inv_std = 1.0 / math.sqrt(sigma2 + eps)
+        sum_dy = 0.0
+        sum_dy_centered = 0.0
+        p, q = px, pdy
+        for _ in range(n):
+            for j in range(inner):
+                g = F[q + j]
+                sum_dy += g
+                sum_dy_centered += g * (F[p + j] - mu)
+            p += plane
+            q += plane
+        if dbias >= 0:
+            F[dbias + ch] = sum_dy
+        if dscale >= 0:
+            F[dscale + ch] = sum_dy_centered * inv_std
+        if dx < 0:
+            continue
+        k = F[scale + ch] * inv_std
+        q, r = pdy, dx + ch * inner
+        if mean >= 0:
+            for _ in range(n):
+                for j in range(inner):
+                    F[r + j] = k * F[q + j]
+                q += plane
+                r += plane
+            continue
+        shift = sum_dy / count
+        slope = sum_dy_centered * inv_std * inv_std / count
+        p = px
+        for _ in range(n):
+            for j in range(inner):
+                F[r + j] = k * (F[q + j] - shift - (F[p + j] - mu) * slope)
+            p += plane
+            q += plane
+            r += plane
+
+
+# -- Dropout ----------------------------------------------------------------------------
+
+def seed_state(I, at, seed, stream):
+    # Generator state I[at], I[at + 1] for `seed` and dropout node number `stream`. Distinct
+    # (seed, stream) pairs start distinct streams; a few warm-up draws move small seeds away
+    # from small first values.
+    a = 1 + seed % _SPAN
+    b = 1 + stream % (_M2 - 1)
+    for _ in range(_WARM_UP):
+        a = _A1 * (a % _Q1) - _R1 * (a // _Q1)
+        if a < 0:
+            a += _M1
+        b = _A2 * (b % _Q2) - _R2 * (b // _Q2)
+        if b < 0:
+            b += _M2
+    I[at] = a
+    I[at + 1] = b
+
+
+def dropout(F, I, args):
+    # y = x * scale where kept, 0 where dropped; an element is dropped when the draw
+    # z in [1, _SPAN] is <= threshold (the host sets threshold = ratio * _SPAN).
+    # The mask goes to the int arena, 30 elements per word (bit j of word w is element
+    # 30*w + j): the backward needs one bit per element, not a float.
+    # state[0] == 0 means not seeded yet (the arena starts zeroed): seed from the node's own
+    # seed, unless Module.set_seed got there first.
+    y, x, mask, state, n, threshold, seed, stream, scale = args
+    if I[state] == 0:
+        seed_state(I, state, seed, stream)
+    a = I[state]
+    b = I[state + 1]
+    word = mask
+    bits = 0
+    bit = 1
+    for i in range(n):
+        a = _A1 * (a % _Q1) - _R1 * (a // _Q1)
+        if a < 0:
+            a += _M1
+        b = _A2 * (b % _Q2) - _R2 * (b // _Q2)
+        if b < 0:
+            b += _M2
+        z = a - b
+        if z < 1:
+            z += _SPAN
+        if z > threshold:
+            F[y + i] = F[x + i] * scale
+            bits |= bit
+        else:
+            F[y + i] = 0.0
+        if bit == _TOP_BIT:
+            I[word] = bits
+            word += 1
+            bits = 0
+            bit = 1
+        else:
+            bit <<= 1
+    if bit != 1:
+        I[word] = bits
+    I[state] = a
+    I[state + 1] = b
+
+
+def dropout_grad(F, I, args):
+    # dx = dy * scale where the forward kept the element, else 0.
+    dx, dy, mask, n, scale = args
+    word = mask
+    bits = I[word]
+    bit = 1
+    for i in range(n):
+        F[dx + i] = F[dy + i] * scale if bits & bit else 0.0
+        if bit == _TOP_BIT:
+            word += 1
+            bit = 1
+            if i + 1 < n:
+                bits = I[word]
+        else:
+            bit <<= 1

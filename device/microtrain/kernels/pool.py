@@ -1,0 +1,122 @@
+# Pooling over (planes, H, W) tensors, forward and backward side by side. The host turns
+# 1-D pooling into H = 1, resolves auto_pad into pads and drops ceil_mode windows that
+# would start in the padding, so a kernel only walks windows:
+#   window (oh, ow) covers rows oh * sH - pT + kh * dH, columns ow * sW - pL + kw * dW;
+#   rows and columns outside [0, H) x [0, W) are padding.
+# Window bounds are worked out once per output row and per output element (a few integer
+# operations), never per input element.
+#
+# MaxPool's backward recomputes each window's argmax from X instead of keeping int32
+# indices from the forward pass: in the usual Conv -> Relu -> MaxPool, ReluGrad keeps X
+# alive until MaxPoolGrad anyway, so recomputing costs no memory, while indices would hold
+# 4 bytes per output element from the forward to the backward pass.
+
+
+def _max_windows(F, out, x, dx, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, dH, dW):
+    # Forward (dx < 0): out[o] = max of window o. Backward: dx[argmax of window o] += out[o]
+    # (out is then dY). The argmax is the first maximum in row-major window order, and a
+    # NaN wins, as in torch, so both passes route through the same element.
+    plane = H * W
+    o = out
+    for p in range(planes):
+        base = x + p * plane
+        for oh in range(OH):
+            h0 = oh * sH - pT
+            kh0 = 0 if h0 >= 0 else (dH - 1 - h0) // dH      # first row inside the input
+            kh1 = (H - h0 + dH - 1) // dH                      # one past the last
+            if kh1 > kH:
+                kh1 = kH
+            first_row = base + (h0 + kh0 * dH) * W
+            last_row = base + (h0 + kh1 * dH) * W
+            row_step = dH * W
+            for ow in range(OW):
+                w0 = ow * sW - pL
+                kw0 = 0 if w0 >= 0 else (dW - 1 - w0) // dW
+                kw1 = (W - w0 + dW - 1) // dW
+                if kw1 > kW:
+                    kw1 = kW
+                start = w0 + kw0 * dW
+                stop = w0 + kw1 * dW
+                arg = first_row + start
+                best = F[arg]
+                for row in range(first_row, last_row, row_step):
+                    for i in range(row + start, row + stop, dW):
+                        v = F[i]
+                        if v > best or v != v:
+                            best = v
+                            arg = i
+                if dx < 0:
+                    F[o] = best
+                else:
+                    F[dx + arg - x] += F[o]
+                o += 1
+
+
+def max_pool(F, I, args):
+    y, x, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, dH, dW = args
+    _max_windows(F, y, x, -1, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, dH, dW)
+
+
+def max_pool_grad(F, I, args):
+    # dx = dy routed to each window's argmax, recomputed from x.
+    dx, dy, x, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, dH, dW = args
+    for i in range(dx, dx + planes * H * W):
+        F[i] = 0.0
+    _max_windows(F, dy, x, dx, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, dH, dW)
+
+
+# Averages divide by the window clipped to rows [ch0, ch1) and columns [cw0, cw1): the
+# input itself, or the padded input when count_include_pad (the host passes the bounds).
+
+def average_pool(F, I, args):
+    y, x, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, ch0, ch1, cw0, cw1 = args
+    plane = H * W
+    o = y
+    for p in range(planes):
+        base = x + p * plane
+        for oh in range(OH):
+            h0 = oh * sH - pT
+            h1 = h0 + kH
+            rows = (h1 if h1 < ch1 else ch1) - (h0 if h0 > ch0 else ch0)
+            first_row = base + (h0 if h0 > 0 else 0) * W
+            last_row = base + (h1 if h1 < H else H) * W
+            for ow in range(OW):
+                w0 = ow * sW - pL
+                w1 = w0 + kW
+                cols = (w1 if w1 < cw1 else cw1) - (w0 if w0 > cw0 else cw0)
+                start = w0 if w0 > 0 else 0
+                stop = w1 if w1 < W else W
+                total = 0.0
+                for row in range(first_row, last_row, W):
+                    for i in range(row + start, row + stop):
+                        total += F[i]
+                F[o] = total / (rows * cols)
+                o += 1
+
+
+def average_pool_grad(F, I, args):
+    # dx = each window's dy / count, spread over the window's input elements.
+    dx, dy, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, ch0, ch1, cw0, cw1 = args
+    plane = H * W
+    for i in range(dx, dx + planes * plane):
+        F[i] = 0.0
+    o = dy
+    for p in range(planes):
+        base = dx + p * plane
+        for oh in range(OH):
+            h0 = oh * sH - pT
+            h1 = h0 + kH
+            rows = (h1 if h1 < ch1 else ch1) - (h0 if h0 > ch0 else ch0)
+            first_row = base + (h0 if h0 > 0 else 0) * W
+            last_row = base + (h1 if h1 < H else H) * W
+            for ow in range(OW):
+                w0 = ow * sW - pL
+                w1 = w0 + kW
+                cols = (w1 if w1 < cw1 else cw1) - (w0 if w0 > cw0 else cw0)
+                start = w0 if w0 > 0 else 0
+                stop = w1 if w1 < W else W
+                share = F[o] / (rows * cols)
+                for row in range(first_row, last_row, W):
+                    for i in range(row + start, row + stop):
+                        F[i] += share
+                o += 1

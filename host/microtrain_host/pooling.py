@@ -1,0 +1,166 @@
+"""Pooling geometry, shared by the gradient rules, the lowering and the numpy references.
+
+An ONNX pooling node (MaxPool, AveragePool, GlobalMaxPool, GlobalAveragePool, or our
+MaxPoolGrad / AveragePoolGrad) is resolved once into explicit attributes: kernel_shape,
+strides, pads (begins then ends), dilations, ceil_mode and, for averages, count_include_pad.
+auto_pad is turned into pads here, so gradient nodes and kernels never see it.
+
+Window rules (onnxruntime and torch agree on all of them):
+  * window o along a dimension starts at o * stride - pad_begin and takes kernel elements,
+    dilation apart; elements outside the input are padding and never win a max;
+  * output size = floor or, with ceil_mode, ceil((in + pads - dilated kernel) / stride) + 1,
+    minus one when ceil_mode would start the last window in the end padding;
+  * an average divides by the number of input elements in the window, or with
+    count_include_pad by the window clipped to the padded input [-pad_begin, in + pad_end),
+    so a ceil_mode window running past the padded edge counts only what lies inside it."""
+from onnx import helper
+
+from .errors import UnsupportedOpError
+
+
+def _attr(node, name, default):
+    for a in node.attribute:
+        if a.name == name:
+            value = helper.get_attribute_value(a)
+            return value.decode() if isinstance(value, bytes) else value
+    return default
+
+
+def _output_size(size, kernel, stride, dilation, pad_begin, pad_end, ceil_mode):
+    span = size + pad_begin + pad_end - ((kernel - 1) * dilation + 1)
+    if not ceil_mode:
+        return span // stride + 1
+    out = -(-span // stride) + 1
+    if (out - 1) * stride >= size + pad_begin:
+        out -= 1  # the last window would start in the end padding
+    return out
+
+
+def _touches_input(size, kernel, stride, dilation, pad_begin, window):
+    start = window * stride - pad_begin
+    return any(0 <= start + k * dilation < size for k in range(kernel))
+
+
+def _same_pads(size, kernel, stride, upper, where):
+    out = -(-size // stride)
+    total = (out - 1) * stride + kernel - size
+    if total < 0:
+        raise UnsupportedOpError(f"{where}: attribute auto_pad with strides larger than the "
+                                 f"kernel asks for negative pads ({total}), which onnxruntime "
+                                 f"does not run the same for every pool; give explicit pads")
+    small = total // 2
+    return (small, total - small) if upper else (total - small, small)
+
+
+def pool_attributes(node, in_shape, out_shape, where):
+    """Explicit attributes of a pooling node whose input has in_shape; checks that the
+    windows give out_shape. Raises UnsupportedOpError for what the kernels cannot do."""
+    if len(in_shape) not in (3, 4):
+        raise UnsupportedOpError(f"{where}: only 1-D (N, C, L) and 2-D (N, C, H, W) pooling is "
+                                 f"supported, got input shape {list(in_shape)}")
+    spatial = list(in_shape[2:])
+    rank = len(spatial)
+    if node.op_type.startswith("Global"):
+        attrs = {"kernel_shape": spatial, "strides": [1] * rank, "pads": [0] * (2 * rank),
+                 "dilations": [1] * rank, "ceil_mode": 0}
+    else:
+        attrs = _window_attributes(node, spatial, where)
+        _check_windows(attrs, spatial, where)
+    if "Max" not in node.op_type:
+        attrs["count_include_pad"] = int(_attr(node, "count_include_pad", 0))
+    expected = list(in_shape[:2]) + _window_counts(attrs, spatial)
+    if list(out_shape) != expected:
+        raise UnsupportedOpError(
+            f"{where}: the windows give output shape {expected}, but the graph says "
+            f"{list(out_shape)}; onnx shape inference before opset 22 keeps a ceil_mode window "
+            f"that starts in the end padding, which onnxruntime and torch drop (attribute "
+            f"ceil_mode): export with opset >= 22 or change pads or strides")
+    return attrs
+
+
+def _window_attributes(node, spatial, where):
+    # kernel_shape, strides, pads, dilations, ceil_mode of a MaxPool / AveragePool (or of
+    # its gradient node), validated, with auto_pad resolved into pads.
+    rank = len(spatial)
+    is_max = "Max" in node.op_type
+    if is_max and len(node.output) > 1 and node.output[1]:
+        raise UnsupportedOpError(f"{where}: the optional Indices output is not supported")
+    if is_max and _attr(node, "storage_order", 0) != 0:
+        raise UnsupportedOpError(f"{where}: attribute storage_order="
+                                 f"{_attr(node, 'storage_order', 0)} is not supported (only 0)")
+    kernel = list(_attr(node, "kernel_shape", []))
+    if len(kernel) != rank:
+        raise UnsupportedOpError(f"{where}: attribute kernel_shape={kernel} does not match "
+                                 f"the {rank} spatial dimensions")
+    strides = list(_attr(node, "strides", [1] * rank))
+    dilations = list(_attr(node, "dilations", [1] * rank))
+    pads = list(_attr(node, "pads", [0] * (2 * rank)))
+    for name, values, count in (("strides", strides, rank), ("dilations", dilations, rank),
+                                ("pads", pads, 2 * rank)):
+        if len(values) != count or min(values) < (0 if name == "pads" else 1):
+            raise UnsupportedOpError(f"{where}: attribute {name}={values} is not valid for "
+                                     f"{rank} spatial dimensions")
+    if not is_max and dilations != [1] * rank:
+        raise UnsupportedOpError(f"{where}: attribute dilations={dilations} is not supported "
+                                 f"for AveragePool (only 1)")
+    auto_pad = _attr(node, "auto_pad", "NOTSET")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        if dilations != [1] * rank:
+            raise UnsupportedOpError(f"{where}: attribute auto_pad={auto_pad} with dilations="
+                                     f"{dilations} is not supported (onnxruntime pads these "
+                                     f"differently from the ONNX spec); give explicit pads")
+        same = [_same_pads(spatial[i], kernel[i], strides[i], auto_pad == "SAME_UPPER", where)
+                for i in range(rank)]
+        pads = [p[0] for p in same] + [p[1] for p in same]
+    elif auto_pad == "VALID":
+        pads = [0] * (2 * rank)
+    elif auto_pad != "NOTSET":
+        raise UnsupportedOpError(f"{where}: attribute auto_pad={auto_pad!r} is not valid")
+    return {"kernel_shape": kernel, "strides": strides, "pads": pads, "dilations": dilations,
+            "ceil_mode": int(_attr(node, "ceil_mode", 0))}
+
+
+def _check_windows(attrs, spatial, where):
+    # Every window must fit the padded input and hold at least one input element.
+    rank = len(spatial)
+    kernel, dilations, pads = attrs["kernel_shape"], attrs["dilations"], attrs["pads"]
+    for i in range(rank):
+        if spatial[i] + pads[i] + pads[i + rank] < (kernel[i] - 1) * dilations[i] + 1:
+            raise UnsupportedOpError(f"{where}: attribute kernel_shape={kernel} (dilations "
+                                     f"{dilations}) is larger than the padded input "
+                                     f"{spatial} (pads {pads})")
+    for i, count in enumerate(_window_counts(attrs, spatial)):
+        if not all(_touches_input(spatial[i], kernel[i], attrs["strides"][i], dilations[i],
+                                  pads[i], o) for o in range(count)):
+            raise UnsupportedOpError(f"{where}: attribute pads={pads} leaves a window with "
+                                     f"only padding in it along spatial axis {i}")
+
+
+def _window_counts(attrs, spatial):
+    """Number of windows along each spatial dimension."""
+    rank = len(spatial)
+    return [_output_size(spatial[i], attrs["kernel_shape"][i], attrs["strides"][i],
+                         attrs["dilations"][i], attrs["pads"][i], attrs["pads"][i + rank],
+                         attrs["ceil_mode"]) for i in range(rank)]
+
+
+def pool_kernel_ints(node, in_shape, out_shape, where):
+    """The int attributes of the device pool kernels (kernels/pool.py), with 1-D pooling as
+    height 1: planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, then dH, dW for a max, or for an
+    average the rows [ch0, ch1) and columns [cw0, cw1) a window is counted within."""
+    attrs = pool_attributes(node, in_shape, out_shape, where)
+    lead = 4 - len(in_shape)  # 1 for 1-D pooling: a unit height in front
+    size = [1] * lead + list(in_shape[2:])
+    out = [1] * lead + list(out_shape[2:])
+    kernel = [1] * lead + attrs["kernel_shape"]
+    strides = [1] * lead + attrs["strides"]
+    dilations = [1] * lead + attrs["dilations"]
+    rank = len(in_shape) - 2
+    begin = [0] * lead + attrs["pads"][:rank]
+    end = [0] * lead + attrs["pads"][rank:]
+    ints = [in_shape[0] * in_shape[1]] + size + out + kernel + strides + begin
+    if "Max" in node.op_type:
+        return ints + dilations
+    if attrs["count_include_pad"]:
+        return ints + [-begin[0], size[0] + end[0], -begin[1], size[1] + end[1]]
+    return ints + [0, size[0], 0, size[1]]

@@ -1,0 +1,235 @@
+"""Module.forward / Module.backward: training with a loss computed outside the graph (the
+TrainingAgent style of onnxcustom). A model packed with loss=None whose output is not a
+scalar gets forward and backward programs; backward takes d loss / d output.
+
+Oracles: torch autograd (float64) for the outputs and parameter gradients of an external
+Huber loss, torch.optim.SGD for a short training run, and the device's own __call__ with an
+in-graph MSE loss, itself checked against torch in test_parity.py."""
+import subprocess
+import sys
+import tracemalloc
+from array import array
+
+import numpy as np
+import pytest
+import torch
+
+import microtrain_host as mh
+from conftest import ROOT, run_micropython
+from microtrain import CheckpointState, InputError, Module, Optimizer, TrainingError
+from microtrain import blob as device_blob
+from test_ops import relative_error
+from torch_reference import export, mlp
+
+BATCH, N_IN, N_OUT = 6, 7, 3
+GRAD_TOLERANCE = 1e-4
+
+
+def pack(tmp_path, net, loss=None, optimizer="SGD", **kwargs):
+    return mh.generate_artifacts(export(net, torch.zeros(2, N_IN)), loss=loss, optimizer=optimizer,
+                                 artifact_directory=tmp_path, batch_size=BATCH, **kwargs)
+
+
+def load(artifacts):
+    state = CheckpointState.load_checkpoint(artifacts.checkpoint)
+    module = Module(artifacts.blob, state)
+    return state, module, Optimizer(artifacts.blob, module)
+
+
+def batches(steps, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((steps, BATCH, N_IN)).astype(np.float32),
+            2 * rng.standard_normal((steps, BATCH, N_OUT)).astype(np.float32))
+
+
+def huber_grad(outputs, target):
+    """d huber_loss(outputs, target) / d outputs, computed by torch (the external loss)."""
+    out = torch.tensor(np.asarray(outputs, np.float64).reshape(target.shape), requires_grad=True)
+    loss = torch.nn.functional.huber_loss(out, torch.tensor(target, dtype=torch.float64))
+    return torch.autograd.grad(loss, out)[0].numpy()
+
+
+def grads_of(state, net):
+    return {name: np.array(state.parameters[name].grad) for name, _ in net.named_parameters()}
+
+
+def test_blob_has_forward_and_backward_programs(tmp_path):
+    artifacts = pack(tmp_path, mlp(N_IN, N_OUT))
+    b = device_blob.load(artifacts.blob)
+    assert "train" not in b.programs
+    forward, backward = b.programs["forward"], b.programs["backward"]
+    assert [b.names[t] for t in forward.inputs] == ["input"]
+    assert [b.names[t] for t in forward.outputs] == ["output"]
+    assert [b.names[t] for t in backward.inputs] == ["output_grad"]
+    assert backward.outputs == []
+
+
+def test_huber_gradients_match_torch(tmp_path):
+    net = mlp(N_IN, N_OUT)
+    state, module, _ = load(pack(tmp_path, net))
+    xs, ys = batches(1)
+    outputs = module.forward(xs[0].reshape(-1))
+    net64 = net.double()
+    expected = net64(torch.from_numpy(xs[0]).double())
+    assert relative_error(outputs, expected.detach().numpy()) <= 1e-5
+    module.backward(array("f", huber_grad(outputs, ys[0]).reshape(-1)))
+    torch.nn.functional.huber_loss(expected, torch.from_numpy(ys[0]).double()).backward()
+    device = grads_of(state, net64)
+    for name, p in net64.named_parameters():
+        assert relative_error(device[name], p.grad.numpy()) <= GRAD_TOLERANCE, name
+
+
+def test_batch_norm_model_gradients_match_torch(tmp_path):
+    # Training-mode forward (batch statistics) kept alive for backward.
+    torch.manual_seed(3)
+    net = torch.nn.Sequential(torch.nn.Linear(N_IN, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(),
+                              torch.nn.Linear(8, N_OUT))
+    state, module, _ = load(pack(tmp_path, net))
+    xs, ys = batches(1, seed=5)
+    outputs = module.forward(xs[0].reshape(-1))
+    net64 = net.double().train()
+    expected = net64(torch.from_numpy(xs[0]).double())
+    assert relative_error(outputs, expected.detach().numpy()) <= 1e-5
+    module.backward(huber_grad(outputs, ys[0]).reshape(-1))
+    torch.nn.functional.huber_loss(expected, torch.from_numpy(ys[0]).double()).backward()
+    device = grads_of(state, net64)
+    for name, p in net64.named_parameters():
+        assert relative_error(device[name], p.grad.numpy()) <= GRAD_TOLERANCE, name
+
+
+def test_training_with_sgd_matches_torch(tmp_path):
+    net = mlp(N_IN, N_OUT, seed=4)
+    state, module, opt = load(pack(tmp_path, net))
+    opt.set_learning_rate(0.1)
+    reference = mlp(N_IN, N_OUT, seed=4).double()
+    torch_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    xs, ys = batches(5, seed=2)
+    for x, y in zip(xs, ys):
+        outputs = module.forward(x.reshape(-1))
+        module.backward(huber_grad(outputs, y).reshape(-1))
+        opt.step()
+        module.lazy_reset_grad()
+        torch_opt.zero_grad()
+        torch.nn.functional.huber_loss(reference(torch.from_numpy(x).double()),
+                                       torch.from_numpy(y).double()).backward()
+        torch_opt.step()
+    for name, p in reference.named_parameters():
+        assert relative_error(state.parameters[name].data, p.detach().numpy()) <= GRAD_TOLERANCE
+
+
+def test_gradients_accumulate_until_lazy_reset_grad(tmp_path):
+    net = mlp(N_IN, N_OUT, seed=6)
+    state, module, _ = load(pack(tmp_path, net))
+    xs, ys = batches(3, seed=3)
+    net64 = net.double()
+    for x, y in zip(xs[:2], ys[:2]):          # summed, as torch sums .grad across backwards
+        module.backward(huber_grad(module.forward(x.reshape(-1)), y).reshape(-1))
+        torch.nn.functional.huber_loss(net64(torch.from_numpy(x).double()),
+                                       torch.from_numpy(y).double()).backward()
+    for name, p in net64.named_parameters():
+        assert relative_error(grads_of(state, net64)[name], p.grad.numpy()) <= GRAD_TOLERANCE
+    module.lazy_reset_grad()                   # the next backward overwrites
+    net64.zero_grad()
+    module.backward(huber_grad(module.forward(xs[2].reshape(-1)), ys[2]).reshape(-1))
+    torch.nn.functional.huber_loss(net64(torch.from_numpy(xs[2]).double()),
+                                   torch.from_numpy(ys[2]).double()).backward()
+    for name, p in net64.named_parameters():
+        assert relative_error(grads_of(state, net64)[name], p.grad.numpy()) <= GRAD_TOLERANCE
+
+
+def test_matches_call_with_the_same_loss_in_the_graph(tmp_path):
+    # MSE outside the graph (d/d out = 2 (out - y) / n) against MSELoss inside it.
+    net = mlp(N_IN, N_OUT, seed=8)
+    in_graph = pack(tmp_path / "call", net, loss="MSELoss")
+    outside = pack(tmp_path / "fb", net)
+    state_a, module_a, opt_a = load(in_graph)
+    state_b, module_b, opt_b = load(outside)
+    xs, ys = batches(3, seed=9)
+    for x, y in zip(xs, ys):
+        loss = module_a(x.reshape(-1), y.reshape(-1))
+        outputs = np.array(module_b.forward(x.reshape(-1)), np.float64)
+        assert abs(np.mean((outputs - y.reshape(-1)) ** 2) - loss) <= 1e-5 * abs(loss)
+        module_b.backward(2.0 * (outputs - y.reshape(-1)) / outputs.size)
+        for name in state_a.parameters:
+            assert relative_error(state_b.parameters[name].grad,
+                                  state_a.parameters[name].grad) <= GRAD_TOLERANCE, name
+        for opt, module in ((opt_a, module_a), (opt_b, module_b)):
+            opt.step()
+            module.lazy_reset_grad()
+
+
+def test_eval_mode_forward_runs_the_eval_program(tmp_path):
+    net = mlp(N_IN, N_OUT, seed=1)
+    state, module, _ = load(pack(tmp_path, net))
+    xs, _ = batches(1)
+    outputs = module.eval().forward(xs[0].reshape(-1))
+    expected = net.double()(torch.from_numpy(xs[0]).double()).detach().numpy()
+    assert relative_error(outputs, expected) <= 1e-5
+    with pytest.raises(TrainingError, match="train-mode forward"):
+        module.backward(np.zeros(BATCH * N_OUT))
+
+
+def test_misuse_is_refused(tmp_path):
+    state, module, opt = load(pack(tmp_path / "fb", mlp(N_IN, N_OUT)))
+    x = np.zeros(BATCH * N_IN)
+    with pytest.raises(TrainingError, match="forward"):
+        module.backward(np.zeros(BATCH * N_OUT))           # no forward yet
+    with pytest.raises(TrainingError, match="outside the graph"):
+        module(x)                                           # __call__ has no loss to return
+    module.forward(x)
+    with pytest.raises(InputError, match="1 inputs"):
+        module.backward(np.zeros(BATCH * N_OUT), np.zeros(BATCH * N_OUT))
+    with pytest.raises(InputError, match="needs 18 values"):
+        module.backward(np.zeros(5))
+    module.forward(x)
+    opt.step()
+    with pytest.raises(TrainingError, match="optimizer step"):
+        module.backward(np.zeros(BATCH * N_OUT))            # activations of another step
+    _, with_loss, _ = load(pack(tmp_path / "call", mlp(N_IN, N_OUT), loss="MSELoss"))
+    with pytest.raises(TrainingError, match="no forward program"):
+        with_loss.forward(x)
+
+
+def test_steps_do_not_grow_the_heap(tmp_path):
+    state, module, opt = load(pack(tmp_path, mlp(N_IN, N_OUT)))
+    xs, ys = batches(1)
+    x, grad = array("f", xs[0].reshape(-1)), array("f", ys[0].reshape(-1))
+
+    def steps(n):
+        for _ in range(n):
+            module.forward(x)
+            module.backward(grad)
+            opt.step()
+            module.lazy_reset_grad()
+
+    steps(5)
+    tracemalloc.start()
+    steps(5)
+    before = tracemalloc.take_snapshot()
+    steps(100)
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    device = [s for s in after.compare_to(before, "filename") if "microtrain" in str(s.traceback)]
+    assert sum(s.size_diff for s in device) <= 0, [str(s) for s in device[:5]]
+
+
+def test_micropython_matches_cpython(tmp_path, micropython):
+    pack(tmp_path, mlp(N_IN, N_OUT, seed=2))
+    xs, ys = batches(3, seed=4)
+    with open(tmp_path / "data.bin", "wb") as f:
+        for x, y in zip(xs, ys):
+            f.write(x.astype("<f4").tobytes() + y.astype("<f4").tobytes())
+    script = ROOT / "tests" / "device_scripts" / "forward_backward.py"
+    args = (tmp_path, tmp_path / "data.bin", 3)
+    on_micropython = np.array(run_micropython(micropython, script, *args).split(), np.float64)
+    on_cpython = np.array(run_cpython(script, *args).split(), np.float64)
+    assert on_micropython.size == on_cpython.size > 3 * BATCH * N_OUT
+    assert relative_error(on_micropython, on_cpython) <= 1e-5
+
+
+def run_cpython(script, *args):
+    """Run a device script under CPython with only the device package on its path."""
+    proc = subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True,
+                          text=True, env={"PYTHONPATH": str(ROOT / "device"), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
