@@ -38,6 +38,22 @@ def test_unknown_parameter_name(tmp_path):
                               batch_size=4)
 
 
+def test_empty_tensor_names_the_node(tmp_path):
+    # Slice [2:2] of an axis: shape inference gives an output with no elements.
+    starts, ends, axes = (numpy_helper.from_array(np.array([v], np.int64), n)
+                          for v, n in ((2, "starts"), (2, "ends"), (1, "axes")))
+    nodes = [helper.make_node("Mul", ["input", "w"], ["h"], name="scale"),
+             helper.make_node("Slice", ["h", "starts", "ends", "axes"], ["output"],
+                              name="empty_slice")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("input", 1, [2, 4])],
+                              [helper.make_tensor_value_info("output", 1, [2, 0])],
+                              [numpy_helper.from_array(np.ones((2, 4), np.float32), "w"),
+                               starts, ends, axes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    with pytest.raises(mh.ArtifactError, match=r"node 'empty_slice' \(Slice\).*no elements"):
+        mh.generate_artifacts(model, loss="MSELoss", artifact_directory=tmp_path)
+
+
 def _model_with(op_type, tmp_path):
     w = numpy_helper.from_array(np.ones((4, 3), np.float32), "w")
     nodes = [helper.make_node("MatMul", ["input", "w"], ["h"], name="dense"),

@@ -327,6 +327,9 @@ def test_frozen_inference_batch_norm_folds_into_a_multiply_add(tmp_path, affine)
         ops = ops_of(tmp_path, program)
         assert not set(ops) & BN_OPS, program
         assert ops.count(device_ops.CHANNEL_AFFINE) == count, program
+    # The folded statistics are read by no step, so they take no arena space or blob bytes.
+    names = device_blob.load(str(tmp_path / "model.mtb")).names
+    assert not set(artifacts.folded) & set(names), names
     (x,), (y,) = data(shape, shape)
     loss, _, grads = torch_step(reference, x, y)
     assert rel(device(flat(x), flat(y)), loss) <= GRAD_TOLERANCE

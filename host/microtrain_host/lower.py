@@ -147,11 +147,14 @@ class Lowering:
                 self.uses[i] = self.uses.get(i, 0) + 1
         for o in graph.output:
             self.uses[o.name] = self.uses.get(o.name, 0) + 1
+        # Float constants get arena space (and blob bytes) only when a step reads them: a
+        # folded BatchNorm's statistics, for one, are read by no step.
+        self.unplaced = {}
         for init in graph.initializer:
             self._constant(init.name, numpy_helper.to_array(init))
         inputs = []
         for vi in graph.input:
-            if vi.name in self.local or vi.name in self.host_values:
+            if vi.name in self.local or vi.name in self.host_values or vi.name in self.unplaced:
                 continue
             role = self.roles.get(vi.name)
             if role is None:
@@ -191,14 +194,23 @@ class Lowering:
         if value.dtype.kind in "iub":
             self.host_values[name] = value
             return
-        if name not in self.persistent:
-            data = np.ascontiguousarray(value, dtype="<f4").tobytes()
-            self.persistent[name] = self.add(Tensor(name, FLOAT, CONSTANT, tuple(value.shape),
-                                                    data=data))
+        if name in self.persistent:     # placed by an earlier program
+            self.local[name] = self.persistent[name]
+        else:
+            self.unplaced[name] = value
+
+    def _place_constant(self, name):
+        value = self.unplaced.pop(name)
+        data = np.ascontiguousarray(value, dtype="<f4").tobytes()
+        self.persistent[name] = self.add(Tensor(name, FLOAT, CONSTANT, tuple(value.shape),
+                                                data=data))
         self.local[name] = self.persistent[name]
 
     def t(self, name):
         if name in self.local:
+            return self.local[name]
+        if name in self.unplaced:
+            self._place_constant(name)
             return self.local[name]
         raise UnsupportedOpError(f"node '{self.node_name}': tensor '{name}' is not computed "
                                  f"on the device (integer or unknown)")
@@ -209,6 +221,8 @@ class Lowering:
     def value(self, name):
         if name in self.host_values:
             return self.host_values[name]
+        if name in self.unplaced:
+            return self.unplaced[name]
         tid = self.local.get(name)
         if tid is not None and self.tensors[tid].role == CONSTANT:
             return np.frombuffer(self.tensors[tid].data, "<f4").reshape(self.tensors[tid].shape)
