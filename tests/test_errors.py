@@ -38,22 +38,6 @@ def test_unknown_parameter_name(tmp_path):
                               batch_size=4)
 
 
-def test_empty_tensor_names_the_node(tmp_path):
-    # Slice [2:2] of an axis: shape inference gives an output with no elements.
-    starts, ends, axes = (numpy_helper.from_array(np.array([v], np.int64), n)
-                          for v, n in ((2, "starts"), (2, "ends"), (1, "axes")))
-    nodes = [helper.make_node("Mul", ["input", "w"], ["h"], name="scale"),
-             helper.make_node("Slice", ["h", "starts", "ends", "axes"], ["output"],
-                              name="empty_slice")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("input", 1, [2, 4])],
-                              [helper.make_tensor_value_info("output", 1, [2, 0])],
-                              [numpy_helper.from_array(np.ones((2, 4), np.float32), "w"),
-                               starts, ends, axes])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    with pytest.raises(mh.ArtifactError, match=r"node 'empty_slice' \(Slice\).*no elements"):
-        mh.generate_artifacts(model, loss="MSELoss", artifact_directory=tmp_path)
-
-
 def _model_with(op_type, tmp_path):
     w = numpy_helper.from_array(np.ones((4, 3), np.float32), "w")
     nodes = [helper.make_node("MatMul", ["input", "w"], ["h"], name="dense"),
@@ -171,3 +155,189 @@ def test_programs_from_another_blob(packed, tmp_path):
                          CheckpointState.load_checkpoint(str(other / "checkpoint")))
     with pytest.raises(BlobError, match="no optimizer program"):
         Optimizer(str(other / "model.mtb"), other_model)
+
+
+# -- pack-time refusals: every one names the node and the attribute or input at fault -----
+
+def _tensor(name, value):
+    return numpy_helper.from_array(np.asarray(value), name)
+
+
+def _graph(nodes, params, input_shape, opset=17, extra_inputs=()):
+    """A model of nodes (name, op_type, inputs, outputs, attrs) reading "input" (float, of
+    input_shape), the initializers params and earlier outputs; the last writes "output"
+    (its shape left to shape inference)."""
+    graph = helper.make_graph(
+        [helper.make_node(op, ins, outs, name=name, **attrs)
+         for name, op, ins, outs, attrs in nodes], "refusal",
+        [helper.make_tensor_value_info("input", onnx.TensorProto.FLOAT, list(input_shape))]
+        + list(extra_inputs),
+        [helper.make_tensor_value_info("output", onnx.TensorProto.FLOAT, [])],
+        [_tensor(k, v) for k, v in params.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                             ir_version=8)
+
+
+def _n(name, op_type, inputs, outputs, **attrs):
+    return (name, op_type, list(inputs), [outputs] if isinstance(outputs, str) else outputs,
+            attrs)
+
+
+def _const(name, value):
+    return _n(name, "Constant", [], name, value=_tensor(name, value))
+
+
+def _ones(*shape):
+    return np.ones(shape, np.float32)
+
+
+def _scaled(nodes, shape, params=None, **kwargs):
+    """h = input * w (w trainable, so the nodes after it are differentiated), then nodes."""
+    params = dict(params or {}, w=_ones(*shape))
+    return _graph([_n("scale", "Mul", ["input", "w"], "h")] + nodes, params, shape, **kwargs)
+
+
+def _pool(op_type, shape, outputs="output", opset=17, **attrs):
+    # A pool of input + b: b's gradient is the pool's input gradient.
+    return _graph([_n("shift", "Add", ["input", "b"], "h"),
+                   _n("the_pool", op_type, ["h"], outputs, **attrs)], {"b": np.float32(0.5)},
+                  shape, opset=opset)
+
+
+BN_PARAMS = {"bn.weight": _ones(3), "bn.bias": np.zeros(3, np.float32),
+             "bn.running_mean": np.zeros(3, np.float32), "bn.running_var": _ones(3)}
+BN_INPUTS = ["h", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"]
+
+
+def _dropout(ratio_nodes, ratio="ratio"):
+    return _scaled(ratio_nodes + [_const("training", np.array(True)),
+                                  _n("the_dropout", "Dropout", ["h", ratio, "training"],
+                                     ["output", "mask"])], (4, 3))
+
+
+def _slice(steps):
+    return _scaled([_const("starts", [0]), _const("ends", [3]), _const("axes", [1]),
+                    _const("steps", steps),
+                    _n("the_slice", "Slice", ["h", "starts", "ends", "axes", "steps"],
+                       "output")], (4, 3))
+
+
+def _gather(indices):
+    return _scaled([_const("indices", np.array(indices, np.int64)),
+                    _n("the_gather", "Gather", ["h", "indices"], "output", axis=1)], (4, 3))
+
+
+ERROR_CASES = [
+    # id, model builder, generate_artifacts keyword arguments, error type, words of the message
+    # (the first is always the node's name, quoted)
+    ("conv_kernel_larger_than_padded_input",
+     lambda: _graph([_n("the_conv", "Conv", ["input", "w"], "output", pads=[1, 0])],
+                    {"w": _ones(3, 2, 6)}, (1, 2, 3)),
+     {}, mh.UnsupportedOpError, ["kernel_shape=[6]", "pads=[1, 0]", "larger than the input"]),
+    ("conv_3d_input",
+     lambda: _graph([_n("the_conv", "Conv", ["input", "w"], "output")],
+                    {"w": _ones(3, 2, 3, 3, 3)}, (1, 2, 4, 4, 4)),
+     {}, mh.UnsupportedOpError, ["only 1-D (N, C, L) and 2-D (N, C, H, W)",
+                                 "input shape [1, 2, 4, 4, 4]"]),
+    ("conv_kernel_shape_disagrees_with_weight",
+     lambda: _graph([_n("the_conv", "Conv", ["input", "w"], "output", kernel_shape=[5])],
+                    {"w": _ones(3, 2, 3)}, (1, 2, 8)),
+     {}, mh.UnsupportedOpError, ["attribute kernel_shape=[5]", "spatial shape [3]"]),
+    ("max_pool_window_of_padding_only",
+     lambda: _pool("MaxPool", (1, 2, 5), kernel_shape=[2], pads=[2, 0]),
+     {}, mh.UnsupportedOpError, ["attribute pads=[2, 0]", "only padding"]),
+    ("max_pool_indices_output",
+     lambda: _pool("MaxPool", (1, 2, 5), ["output", "indices"], kernel_shape=[2]),
+     {}, mh.UnsupportedOpError, ["Indices output"]),
+    ("max_pool_storage_order",
+     lambda: _pool("MaxPool", (1, 2, 5, 5), kernel_shape=[2, 2], storage_order=1),
+     {}, mh.UnsupportedOpError, ["attribute storage_order=1", "only 0"]),
+    ("average_pool_dilations",
+     lambda: _pool("AveragePool", (1, 2, 6), opset=19, kernel_shape=[2], dilations=[2]),
+     {}, mh.UnsupportedOpError, ["attribute dilations=[2]", "AveragePool"]),
+    ("batch_norm_saved_mean_and_var_outputs_opset_13",
+     lambda: _scaled([_n("the_bn", "BatchNormalization", BN_INPUTS,
+                         ["output", "mean_out", "var_out", "saved_mean", "saved_var"])],
+                     (4, 3), BN_PARAMS, opset=13),
+     {}, mh.UnsupportedOpError, ["saved_mean", "saved_var", "opset 9-13",
+                                 "export with opset >= 15"]),
+    ("batch_norm_statistics_output_feeds_a_node",
+     lambda: _scaled([_n("the_bn", "BatchNormalization", BN_INPUTS, ["y", "mean_out", "var_out"],
+                         training_mode=1),
+                      _n("add", "Add", ["y", "mean_out"], "output")], (4, 3), BN_PARAMS),
+     {}, mh.UnsupportedOpError, ["running statistics outputs mean_out", "feed other nodes"]),
+    ("dropout_ratio_not_constant",
+     lambda: _dropout([_n("mean", "ReduceMean", ["input"], "ratio", keepdims=0)]),
+     {}, mh.UnsupportedOpError, ["ratio must be a constant"]),
+    ("dropout_ratio_one",
+     lambda: _dropout([_const("ratio", np.float32(1.0))]),
+     {}, mh.UnsupportedOpError, ["ratio 1.0 is outside [0, 1)"]),
+    ("pow_exponent_computed",
+     lambda: _scaled([_n("mean", "ReduceMean", ["input"], "p", keepdims=0),
+                      _n("the_pow", "Pow", ["h", "p"], "output")], (4, 3)),
+     {}, mh.UnsupportedOpError, ["constant scalar exponent"]),
+    ("pow_exponent_trainable_parameter",
+     lambda: _scaled([_n("the_pow", "Pow", ["h", "p"], "output")], (4, 3),
+                     {"p": np.float32(2.0)}),
+     {}, mh.UnsupportedOpError, ["exponent", "'p'"]),
+    ("pow_exponent_frozen_parameter",
+     lambda: _scaled([_n("the_pow", "Pow", ["h", "p"], "output")], (4, 3),
+                     {"p": np.float32(2.0)}),
+     {"frozen_params": ["p"]}, mh.UnsupportedOpError, ["exponent must be a constant scalar"]),
+    ("clip_min_trainable_parameter",
+     lambda: _scaled([_n("the_clip", "Clip", ["h", "low"], "output")], (4, 3),
+                     {"low": np.float32(-1.0)}),
+     {}, mh.UnsupportedOpError, ["min and max get no gradient"]),
+    ("clip_min_frozen_parameter",
+     lambda: _scaled([_n("the_clip", "Clip", ["h", "low"], "output")], (4, 3),
+                     {"low": np.float32(-1.0)}),
+     {"frozen_params": ["low"]}, mh.UnsupportedOpError, ["input 'min' must be a constant"]),
+    # onnx shape inference already refuses a zero step, naming the node and 'step'.
+    ("slice_zero_step", lambda: _slice([0]),
+     {}, mh.ArtifactError, ["shape inference failed", "'step' cannot be 0"]),
+    ("transpose_perm_repeats_an_axis",
+     lambda: _scaled([_n("the_transpose", "Transpose", ["h"], "output", perm=[0, 0])], (4, 3)),
+     {}, mh.ArtifactError, ["shape inference failed", "perm", "repeated value"]),
+    # ... but not a perm shorter than the rank.
+    ("transpose_perm_misses_an_axis",
+     lambda: _scaled([_n("the_transpose", "Transpose", ["h"], "output", perm=[1])], (4, 3)),
+     {}, mh.UnsupportedOpError, ["perm [1] is not a permutation of the 2 axes"]),
+    ("gather_index_out_of_range", lambda: _gather([0, 5]),
+     {}, mh.UnsupportedOpError, ["index 5 out of range for an axis of 3"]),
+    ("gather_negative_index_out_of_range", lambda: _gather([-4]),
+     {}, mh.UnsupportedOpError, ["index -4 out of range for an axis of 3"]),
+    ("gather_indices_from_a_graph_input",
+     lambda: _graph([_n("the_gather", "Gather", ["table", "ids"], "output")],
+                    {"table": _ones(5, 3)}, (4, 3),
+                    extra_inputs=[helper.make_tensor_value_info(
+                        "ids", onnx.TensorProto.INT64, [4])]),
+     {}, mh.UnsupportedOpError, ["indices must be a constant"]),
+    # onnx shape inference refuses differing inner dimensions, naming the node.
+    ("matmul_inner_dimensions_differ",
+     lambda: _graph([_n("the_matmul", "MatMul", ["input", "w"], "output")],
+                    {"w": _ones(5, 2)}, (4, 3)),
+     {}, mh.ArtifactError, ["shape inference failed", "MatMul",
+                            "Incompatible dimensions for matrix multiplication"]),
+    ("pad_wrap_mode",
+     lambda: _scaled([_const("pads", [0, 1, 0, 1]),
+                      _n("the_pad", "Pad", ["h", "pads"], "output", mode="wrap")], (4, 3),
+                     opset=19),
+     {}, mh.UnsupportedOpError, ["mode 'wrap' is not supported"]),
+]
+
+
+@pytest.mark.parametrize("build,kwargs,error,words", [c[1:] for c in ERROR_CASES],
+                         ids=[c[0] for c in ERROR_CASES])
+def test_refused_at_pack_time_naming_node_and_attribute(tmp_path, build, kwargs, error, words):
+    model = build()
+    onnx.checker.check_model(model)  # a valid ONNX model: the refusal is microtrain's
+    with pytest.raises(mh.ArtifactError) as raised:
+        mh.generate_artifacts(model, loss="MSELoss", optimizer="SGD",
+                              artifact_directory=tmp_path, **kwargs)
+    assert type(raised.value) is error, (type(raised.value), str(raised.value))
+    message = str(raised.value)
+    node_name = next(n.name for n in model.graph.node if n.name.startswith("the_"))
+    # ours quote it; onnx shape inference's say "node name: ..."
+    assert f"'{node_name}'" in message or f"node name: {node_name})" in message, message
+    for word in words:
+        assert word in message, (word, message)

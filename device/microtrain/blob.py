@@ -5,7 +5,7 @@
 import struct
 from array import array
 from microtrain.crc32 import crc32
-from microtrain.errors import BlobError
+from microtrain.errors import BlobError, InputError
 from microtrain.flatbuf import Reader
 from microtrain.opcodes import SIGNATURES, kernel_module
 
@@ -36,7 +36,8 @@ class Blob:
         self.shapes = []
         self.offsets = []
         self.sizes = []
-        self.constants = []     # (tensor id, raw little-endian bytes)
+        self.constants = []     # (tensor id, raw little-endian bytes); None once in
+                                # the arena (load_into_arenas)
         self.parameters = []    # (param tensor id, grad tensor id or -1, state tensor ids)
         self.programs = {}
         self.float_arena = 0
@@ -71,10 +72,25 @@ def zeros(typecode, n):
     return a
 
 
-def read(path):
+def read_file(path):
+    """(bytes, the path read): `path`, or path.bak when `path` cannot be read. A board
+    whose filesystem cannot rename over a file moves the previous file to path.bak while it
+    replaces it (checkpoint.write_atomically); a power cut there leaves only path.bak.
+    Raises the OSError of `path` when neither can be read."""
     try:
         with open(path, "rb") as f:
-            return f.read()
+            return f.read(), path
+    except OSError as e:
+        try:
+            with open(path + ".bak", "rb") as f:
+                return f.read(), path + ".bak"
+        except OSError:
+            raise e
+
+
+def read(path):
+    try:
+        return read_file(path)[0]
     except OSError as e:
         raise BlobError("cannot read blob '%s': %s" % (path, e))
 
@@ -82,6 +98,50 @@ def read(path):
 def load(path_or_bytes, keep_steps=False):
     data = read(path_or_bytes) if isinstance(path_or_bytes, str) else path_or_bytes
     return parse(data, keep_steps)
+
+
+def load_into_arenas(path):
+    """(blob, float arena, int arena) of the blob file at path, its constants copied in.
+    The arenas are the largest blocks: they are allocated before the blob's many small
+    objects can fragment a small heap."""
+    data = read(path)
+    r, root = _root(data)
+    F = zeros("f", r.scalar(root, 5, "I", 0))
+    I = zeros("i", r.scalar(root, 6, "I", 0))
+    b = _parse_root(r, root, data, False)
+    del data, r, root
+    for tid, raw in b.constants:
+        off = b.offsets[tid]
+        F[off:off + b.sizes[tid]] = array("f", raw)
+    b.constants = None  # in the arena now: let the GC have the raw bytes
+    return b, F, I
+
+
+def copy_inputs(b, F, I, program, inputs, classes):
+    """Copy one flat sequence per input of `program` into the arenas. With classes > 0,
+    int inputs (labels) must be class indices in [0, classes)."""
+    tids = program.inputs
+    if len(inputs) != len(tids):
+        raise InputError("the %s program takes %d inputs (%s), got %d"
+                         % (program.name, len(tids), ", ".join(b.names[t] for t in tids),
+                            len(inputs)))
+    for k in range(len(tids)):  # an index loop: zip() would allocate a tuple per input
+        tid = tids[k]
+        values = inputs[k]
+        off, n = b.offsets[tid], b.sizes[tid]
+        if len(values) != n:
+            raise InputError("input '%s' needs %d values (shape %r), got %d"
+                             % (b.names[tid], n, b.shapes[tid], len(values)))
+        if b.dtypes[tid] == INT32:
+            for i in range(n):
+                v = values[i]
+                if classes and not 0 <= v < classes:
+                    raise InputError("label %r at position %d of '%s' is not a class index "
+                                     "in [0, %d)" % (v, i, b.names[tid], classes))
+                I[off + i] = int(v)
+        else:
+            for i in range(n):
+                F[off + i] = values[i]
 
 
 def program(b, uri, name, default_uri):
@@ -98,12 +158,17 @@ def program(b, uri, name, default_uri):
     return b.programs[name]
 
 
-def arena_sizes(data):
-    """(float, int) arena sizes in elements, read from the root table only."""
+def _root(data):
+    # Check the frame (size, identifier, CRC-32) and the format version; return the reader
+    # and the root table. The CRC is computed once per load: the fallback crc32 is slow.
     _check_frame(data)
     r = Reader(memoryview(data)[:len(data) - 4], BlobError, start=4)
     root = r.root()
-    return r.scalar(root, 5, "I", 0), r.scalar(root, 6, "I", 0)
+    version = r.scalar(root, 0, "H", 0)
+    if version != FORMAT_VERSION:
+        raise BlobError("blob format version %d is not supported by this runtime (it reads %d);"
+                        " repack the model with a matching microtrain" % (version, FORMAT_VERSION))
+    return r, root
 
 
 def _check_frame(data):
@@ -123,13 +188,11 @@ def _check_frame(data):
 
 def parse(data, keep_steps=False):
     """Validate and parse a blob. keep_steps also keeps each step's tensor ids (for tools)."""
-    _check_frame(data)
-    r = Reader(memoryview(data)[:len(data) - 4], BlobError, start=4)
-    root = r.root()
-    version = r.scalar(root, 0, "H", 0)
-    if version != FORMAT_VERSION:
-        raise BlobError("blob format version %d is not supported by this runtime (it reads %d);"
-                        " repack the model with a matching microtrain" % (version, FORMAT_VERSION))
+    r, root = _root(data)
+    return _parse_root(r, root, data, keep_steps)
+
+
+def _parse_root(r, root, data, keep_steps):
     b = Blob()
     b.float_arena = r.scalar(root, 5, "I", 0)
     b.int_arena = r.scalar(root, 6, "I", 0)

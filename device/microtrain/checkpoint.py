@@ -15,6 +15,7 @@ import os
 import struct
 from array import array
 from microtrain import fbwriter
+from microtrain.blob import read_file
 from microtrain.crc32 import crc32
 from microtrain.errors import CheckpointError
 from microtrain.flatbuf import Reader
@@ -44,8 +45,12 @@ class Parameter:
 
 
 class CheckpointState:
+    """Like onnxruntime.training.api.CheckpointState: load_checkpoint(checkpoint_uri),
+    save_checkpoint(state, checkpoint_uri, include_optimizer_state=False),
+    state.parameters[name] (a Parameter) and state.properties[name]."""
+
     def __init__(self):
-        self.parameters = {}       # name -> Parameter, in file order
+        self.parameters = {}       # name -> Parameter
         self.properties = {}       # name -> int, float or str
         self.is_nominal = False
         self.optimizer_step = 0
@@ -55,41 +60,48 @@ class CheckpointState:
         self.parameter_order = []  # names in file order (dict order on MicroPython is not)
 
     @staticmethod
-    def load_checkpoint(uri):
-        """Read and validate a checkpoint. When `uri` is missing but `uri`.bak exists (a
-        save on a filesystem that cannot rename over a file was cut off half-way, see
-        save_checkpoint), the .bak file, the previous checkpoint, is loaded."""
+    def load_checkpoint(checkpoint_uri):
+        """Read and validate a checkpoint. When `checkpoint_uri` is missing but its .bak
+        exists (a save on a filesystem that cannot rename over a file was cut off half-way,
+        see write_atomically), the .bak file, the previous checkpoint, is loaded."""
         try:
-            data = _read_file(uri)
+            data, path = read_file(checkpoint_uri)
         except OSError as e:
-            try:
-                data = _read_file(uri + ".bak")
-            except OSError:
-                raise CheckpointError("cannot read checkpoint '%s': %s" % (uri, e))
-            uri += ".bak"
-        return _parse(data, uri)
+            raise CheckpointError("cannot read checkpoint '%s': %s" % (checkpoint_uri, e))
+        return _parse(data, path)
 
     @staticmethod
-    def save_checkpoint(state, uri, include_optimizer_state=False):
-        """Write `uri` atomically: a temporary file uri.tmp, then a rename over the old
-        checkpoint, so an interrupted save leaves the previous checkpoint in place."""
-        tmp = uri + ".tmp"
-        try:
-            with open(tmp, "wb") as f:
-                out = _Crc32Stream(f)
-                fbwriter.write(out, _to_flatbuffer(state, include_optimizer_state), IDENTIFIER)
-                f.write(struct.pack("<I", out.crc & 0xFFFFFFFF) + TRAILER_MAGIC)
-                if hasattr(os, "fsync"):  # CPython; MicroPython's close() flushes
-                    f.flush()
-                    os.fsync(f.fileno())
-            _replace(tmp, uri)
-        except OSError as e:
-            raise CheckpointError("cannot write checkpoint '%s': %s" % (uri, e))
+    def save_checkpoint(state, checkpoint_uri, include_optimizer_state=False):
+        """Write the checkpoint atomically (write_atomically): an interrupted save leaves
+        the previous checkpoint in place."""
+        if not isinstance(state, CheckpointState):
+            raise CheckpointError("save_checkpoint(state, checkpoint_uri, include_optimizer_state"
+                                  "=False): state must be a CheckpointState, not %s"
+                                  % type(state).__name__)
+
+        def write(f):
+            out = _Crc32Stream(f)
+            fbwriter.write(out, _to_flatbuffer(state, include_optimizer_state), IDENTIFIER)
+            f.write(struct.pack("<I", out.crc & 0xFFFFFFFF) + TRAILER_MAGIC)
+
+        write_atomically(checkpoint_uri, write, CheckpointError, "checkpoint")
 
 
-def _read_file(path):
-    with open(path, "rb") as f:
-        return f.read()
+def write_atomically(path, write, error, what):
+    """Write `path` with write(file) into path.tmp, flush it to storage, then rename it over
+    `path` (_replace), so an interrupted write leaves the previous file in place. An OSError
+    becomes error("cannot write <what> '<path>': ..."). Checkpoints and exported inference
+    blobs are saved this way."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            if hasattr(os, "fsync"):  # CPython; MicroPython's close() flushes
+                f.flush()
+                os.fsync(f.fileno())
+        _replace(tmp, path)
+    except OSError as e:
+        raise error("cannot write %s '%s': %s" % (what, path, e))
 
 
 def _replace(tmp, uri):
@@ -102,8 +114,8 @@ def _replace(tmp, uri):
         except OSError:
             raise e  # nothing to move aside: the rename failed for another reason
         # This filesystem will not rename over an existing file (some board ports). Move
-        # the old checkpoint aside first, so that at every moment uri or uri.bak is a
-        # complete checkpoint (load_checkpoint falls back to uri.bak when uri is missing).
+        # the old file aside first, so that at every moment uri or uri.bak is a
+        # complete file (blob.read_file falls back to uri.bak when uri is missing).
         _remove(bak)  # left by an earlier interrupted save; uri is complete now
         os.rename(uri, bak)
         os.rename(tmp, uri)
@@ -182,8 +194,9 @@ def _parse(data, uri):
     root = r.root()
     version = r.scalar(root, 0, "i", 0)
     if version != VERSION:
-        raise CheckpointError("checkpoint version %d is not supported (expected %d)"
-                              % (version, VERSION))
+        raise CheckpointError("checkpoint '%s': version %d is not supported (expected %d); "
+                              "write it with onnxruntime-training 1.19 or microtrain"
+                              % (uri, version, VERSION))
     if r.scalar(root, 4, "B", 0) and not checked:
         raise CheckpointError("checkpoint '%s' is truncated or corrupt: its CRC-32 trailer is "
                               "missing" % uri)

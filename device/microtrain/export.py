@@ -7,11 +7,12 @@
 # cuts and the CRC-32 computed on the way, so no copy of the model is ever held in RAM.
 import os
 import struct
+from microtrain.blob import NO_TENSOR
+from microtrain.checkpoint import write_atomically
 from microtrain.crc32 import crc32
 from microtrain.errors import BlobError, InputError, ParameterError
 
-_OUTPUT_IDS = 0xFFFFFFFF  # cut kind: the infer program's output-id vector
-_CHUNK = 256              # bytes copied (or floats converted) at a time
+_CHUNK = 256  # bytes copied (or floats converted) at a time
 
 
 def export_inference_blob(module, path, output_names):
@@ -27,42 +28,43 @@ def export_inference_blob(module, path, output_names):
     ids = _output_ids(outputs, output_names)
     size = length + 4 + 4 * len(outputs)
     for i in range(1, len(cuts), 2):
-        if cuts[i] != _OUTPUT_IDS:
+        if cuts[i] != NO_TENSOR:
             size += 4 * b.sizes[cuts[i]]
-    tmp = path + ".tmp"
-    try:
-        with open(module.uri, "rb") as src:
-            _check_unchanged(src, module.uri, b.crc)
-            src.seek(pos)
-            with open(tmp, "wb") as out:
-                out.write(struct.pack("<I", size))
-                chunk = bytearray(_CHUNK)
-                crc = 0
-                at = 0
-                for i in range(0, len(cuts), 2):
-                    crc = _copy(src, out, cuts[i] - at, chunk, crc)
-                    at = cuts[i]
-                    if cuts[i + 1] == _OUTPUT_IDS:
-                        # k chosen ids where the template had room for all of them; the
-                        # unused words are never referenced.
-                        piece = (struct.pack("<%dI" % (1 + len(ids)), len(ids), *ids)
-                                 + bytes(4 * (len(outputs) - len(ids))))
-                        out.write(piece)
-                        crc = crc32(piece, crc)
-                    else:
-                        crc = _write_floats(out, module.F, b.offsets[cuts[i + 1]],
-                                            b.sizes[cuts[i + 1]], crc)
-                crc = _copy(src, out, length - at, chunk, crc)
-                out.write(struct.pack("<I", crc & 0xFFFFFFFF))
-        _replace(tmp, path)
-    except OSError as e:
-        raise BlobError("cannot write inference blob '%s': %s" % (path, e))
+
+    with _open_unchanged(module.uri, b.crc) as src:
+        src.seek(pos)
+
+        def write(out):
+            out.write(struct.pack("<I", size))
+            chunk = bytearray(_CHUNK)
+            crc = 0
+            at = 0
+            for i in range(0, len(cuts), 2):
+                crc = _copy(src, out, cuts[i] - at, chunk, crc)
+                at = cuts[i]
+                if cuts[i + 1] == NO_TENSOR:
+                    # The output-id vector: the k chosen ids where the template had room for
+                    # all of them; the unused words are never referenced.
+                    piece = (struct.pack("<%dI" % (1 + len(ids)), len(ids), *ids)
+                             + bytes(4 * (len(outputs) - len(ids))))
+                    out.write(piece)
+                    crc = crc32(piece, crc)
+                else:
+                    crc = _write_floats(out, module.F, b.offsets[cuts[i + 1]],
+                                        b.sizes[cuts[i + 1]], crc)
+            crc = _copy(src, out, length - at, chunk, crc)
+            out.write(struct.pack("<I", crc & 0xFFFFFFFF))
+
+        write_atomically(path, write, BlobError, "inference blob")
 
 
 def _output_ids(outputs, output_names):
     if isinstance(output_names, str):
         output_names = [output_names]
     known = [name for name, _ in outputs]
+    if not output_names:
+        raise InputError("name at least one output to export; the model's outputs are: %s"
+                         % ", ".join(known))
     ids = []
     for name in output_names:
         if name not in known:
@@ -72,18 +74,22 @@ def _output_ids(outputs, output_names):
         if tid in ids:
             raise InputError("output '%s' is named twice" % name)
         ids.append(tid)
-    if not ids:
-        raise InputError("name at least one output to export; the model's outputs are: %s"
-                         % ", ".join(known))
     return ids
 
 
-def _check_unchanged(src, uri, crc):
+def _open_unchanged(uri, crc):
     # The template is read from the file the Module was loaded from: it must still be
     # that file, not one repacked since.
-    src.seek(os.stat(uri)[6] - 4)
-    if struct.unpack("<I", src.read(4))[0] != crc:
+    try:
+        src = open(uri, "rb")
+        src.seek(os.stat(uri)[6] - 4)
+        stored = struct.unpack("<I", src.read(4))[0]
+    except OSError as e:
+        raise BlobError("cannot read '%s', the blob the Module was loaded from: %s" % (uri, e))
+    if stored != crc:
+        src.close()
         raise BlobError("'%s' changed since the Module loaded it; load it again" % uri)
+    return src
 
 
 def _copy(src, out, n, chunk, crc):
@@ -109,11 +115,3 @@ def _write_floats(out, F, offset, count, crc):
         crc = crc32(piece, crc)
     return crc
 
-
-def _replace(tmp, path):
-    try:
-        os.rename(tmp, path)
-    except OSError:
-        # Some board filesystems will not rename over an existing file.
-        os.remove(path)
-        os.rename(tmp, path)

@@ -25,10 +25,6 @@ class Reader:
             self.fail("truncated or corrupt: %s at byte %d (+%d) is outside the %d-byte buffer"
                       % (what, pos, nbytes, self.size))
 
-    def u8(self, pos):
-        self.need(pos, 1, "u8")
-        return self.buf[pos]
-
     def u16(self, pos):
         self.need(pos, 2, "u16")
         return struct.unpack_from("<H", self.buf, pos)[0]
@@ -40,10 +36,6 @@ class Reader:
     def root(self):
         # u32 offset to the root table at the start of the (unprefixed) buffer.
         return self.table_at(self.start + self.u32(self.start), "root table")
-
-    def identifier(self):
-        self.need(self.start + 4, 4, "file identifier")
-        return bytes(self.buf[self.start + 4:self.start + 8])
 
     def table_at(self, pos, what):
         self.need(pos, 4, what)

@@ -2,7 +2,6 @@
 # one) with the same reader and kernels as training. A board that only predicts needs this
 # file, blob.py with its helpers and the kernel families the model uses - no module.py,
 # checkpoint.py or optimizer.
-from array import array
 from microtrain import blob as blobfile
 from microtrain.errors import BlobError, InputError
 
@@ -10,22 +9,14 @@ INFER_PROGRAM = "infer"
 
 
 class InferenceSession:
-    """InferenceSession(path): session.run(x) -> array('f') of the model's outputs."""
+    """InferenceSession(path): session.run(x) -> array('f') of the model's outputs.
+    Named after onnxruntime.InferenceSession, but run() takes the inputs themselves."""
 
     def __init__(self, path):
-        data = blobfile.read(path)
-        float_arena, int_arena = blobfile.arena_sizes(data)
-        self.F = blobfile.zeros("f", float_arena)
-        self.I = blobfile.zeros("i", int_arena)
-        b = blobfile.parse(data)
-        del data
+        b, self.F, self.I = blobfile.load_into_arenas(path)
         if INFER_PROGRAM not in b.programs:
             raise BlobError("'%s' is not an inference blob (its programs: %s); write one with "
                             "Module.export_model_for_inferencing" % (path, ", ".join(b.programs)))
-        for tid, raw in b.constants:
-            off = b.offsets[tid]
-            self.F[off:off + b.sizes[tid]] = array("f", raw)
-        b.constants = None  # copied into the arena: let the GC have the raw bytes
         self.blob = b
         self._program = b.programs[INFER_PROGRAM]
         self._view = memoryview(self.F)
@@ -48,17 +39,11 @@ class InferenceSession:
         session's own: the next run overwrites it (copy it to keep it)."""
         b = self.blob
         program = self._program
-        if len(inputs) != len(program.inputs):
-            raise InputError("the model takes %d inputs (%s), got %d"
-                             % (len(program.inputs), ", ".join(self.input_names()), len(inputs)))
-        for tid, values in zip(program.inputs, inputs):
-            off, n = b.offsets[tid], b.sizes[tid]
-            if len(values) != n:
-                raise InputError("input '%s' needs %d values (shape %r), got %d"
-                                 % (b.names[tid], n, b.shapes[tid], len(values)))
-            arena = self.I if b.dtypes[tid] == blobfile.INT32 else self.F
-            for i in range(n):
-                arena[off + i] = values[i]
+        if inputs and (inputs[0] is None or isinstance(inputs[-1], dict)):
+            raise InputError("run() takes the inputs themselves, one flat sequence each in "
+                             "input_names() order: run(x), not onnxruntime's "
+                             "run(output_names, input_feed)")
+        blobfile.copy_inputs(b, self.F, self.I, program, inputs, 0)
         F = self.F
         I = self.I
         for kernel, args in program.steps:

@@ -1,39 +1,32 @@
 # Module: runs the train and eval programs of a blob over arenas allocated once.
 import math
-from array import array
 from microtrain import blob as blobfile
-from microtrain.errors import InputError, ParameterError, TrainingError
+from microtrain.errors import ParameterError, TrainingError
 
-_ROLE_PARAM = 2
-_ROLE_LABEL = 1
-
-
-_zeros = blobfile.zeros
+_INF = math.inf
+_NEG_INF = -math.inf
 
 
 class Module:
-    """Like onnxruntime.training.api.Module: Module(blob_uri, state[, eval_uri]).
+    """Like onnxruntime.training.api.Module: Module(train_model_uri, state,
+    eval_model_uri=None), the uris naming .mtb blobs (the eval program is in the training
+    blob too, so eval_model_uri is only needed to take it from another blob).
 
     model(*inputs) runs the train program in train mode (returns the loss, accumulating
     gradients) and the eval program in eval mode (returns the loss, or a list of the loss
-    and views of the other outputs when the eval program has more). A model whose loss is
-    computed outside the graph trains with forward() and backward() instead."""
+    and views of the other outputs when the eval program has more; the list and the views
+    are reused by the next call). A model whose loss is computed outside the graph trains
+    with forward() and backward() instead."""
 
     def __init__(self, train_model_uri, state, eval_model_uri=None):
-        # The arenas are the largest blocks: allocate them before the blob's many small
-        # objects fragment a small heap.
-        data = blobfile.read(train_model_uri)
-        float_arena, int_arena = blobfile.arena_sizes(data)
-        self.F = _zeros("f", float_arena)
-        self.I = _zeros("i", int_arena)
-        b = blobfile.parse(data)
-        del data
+        if not hasattr(state, "parameters") or not hasattr(state, "is_nominal"):
+            raise ParameterError("Module(train_model_uri, state, eval_model_uri=None): state "
+                                 "must be a CheckpointState (CheckpointState.load_checkpoint"
+                                 "(path)), not %s" % type(state).__name__)
+        b, self.F, self.I = blobfile.load_into_arenas(train_model_uri)
         self.blob = b
         self.uri = train_model_uri
         self.state = state
-        for tid, raw in b.constants:
-            off = b.offsets[tid]
-            self.F[off:off + b.sizes[tid]] = array("f", raw)
         self._view = memoryview(self.F)
         self._bind_parameters()
         # A model whose loss is computed outside the graph has forward and backward
@@ -87,7 +80,7 @@ class Module:
         return sum(self.blob.sizes[t] for t in self._parameter_ids(trainable_only))
 
     def get_contiguous_parameters(self, trainable_only=False):
-        out = _zeros("f", self.get_parameters_size(trainable_only))
+        out = blobfile.zeros("f", self.get_parameters_size(trainable_only))
         at = 0
         for t in self._parameter_ids(trainable_only):
             off, n = self.blob.offsets[t], self.blob.sizes[t]
@@ -98,8 +91,10 @@ class Module:
     def copy_buffer_to_parameters(self, buffer, trainable_only=True):
         want = self.get_parameters_size(trainable_only)
         if len(buffer) != want:
-            raise ParameterError("parameter buffer has %d values, the model's %s parameters need %d"
-                                 % (len(buffer), "trainable" if trainable_only else "", want))
+            raise ParameterError("parameter buffer has %d values, the model's %s parameters need "
+                                 "%d (get_parameters_size(trainable_only=%r))"
+                                 % (len(buffer), "trainable" if trainable_only else "",
+                                    want, trainable_only))
         at = 0
         F = self.F
         for t in self._parameter_ids(trainable_only):
@@ -152,13 +147,8 @@ class Module:
             raise ParameterError("the checkpoint state is nominal (no parameter values): load "
                                  "all of them with copy_buffer_to_parameters(buffer, "
                                  "trainable_only=False) before training or eval")
-        if len(inputs) != len(program.inputs):
-            raise InputError("the %s program takes %d inputs (%s), got %d"
-                             % (program.name, len(program.inputs),
-                                ", ".join(self.blob.names[t] for t in program.inputs),
-                                len(inputs)))
-        for tid, values in zip(program.inputs, inputs):
-            self._copy_in(tid, values)
+        b = self.blob
+        blobfile.copy_inputs(b, self.F, self.I, program, inputs, b.num_classes)
 
     def __call__(self, *inputs):
         if self._forward is not None:
@@ -176,7 +166,7 @@ class Module:
         loss = F[self.blob.offsets[program.outputs[0]]]
         if self._training:
             self._reset_pending = False
-            if loss != loss or loss in (math.inf, -math.inf):
+            if not _NEG_INF < loss < _INF:  # NaN too
                 # The gradient buffers now hold garbage: the next train call overwrites them.
                 self._reset_pending = True
                 raise TrainingError("the loss is %r: training diverged (lower the learning rate "
@@ -184,7 +174,9 @@ class Module:
                                     "accumulated gradients are dropped" % loss)
         if len(program.outputs) == 1:
             return loss
-        return [loss] + [self.output(t) for t in program.outputs[1:]]
+        results = self._views(program)
+        results[0] = loss  # a number in place of its view (forward() never sees this list)
+        return results
 
     def forward(self, *inputs):
         """outputs = model.forward(*inputs) for a model packed with loss=None and a
@@ -192,10 +184,7 @@ class Module:
         the training forward pass and keeps what backward() needs; in eval mode the eval
         program. Returns a view of the output (a list of views with several outputs), valid
         until the next forward or call; the views are the same objects every time."""
-        if self._forward is None:
-            raise TrainingError("'%s' has no forward program: pack the model with loss=None "
-                                "(its output not a scalar) to compute the loss outside the "
-                                "graph" % self.uri)
+        self._check_forward_program()
         program = self._forward if self._training else self._eval
         self._forward_at = None  # until this forward has run
         self._load_inputs(program, inputs)
@@ -204,10 +193,7 @@ class Module:
         for kernel, args in program.steps:
             kernel(F, I, args)
         self._forward_at = self.state.optimizer_step if self._training else None
-        views = self._output_views.get(program.name)
-        if views is None:
-            views = [self.output(t) for t in program.outputs]
-            self._output_views[program.name] = views
+        views = self._views(program)
         return views[0] if len(views) == 1 else views
 
     def backward(self, *grad_outputs):
@@ -216,6 +202,7 @@ class Module:
         to the outputs are given, like a train call (lazy_reset_grad() semantics included);
         then Optimizer.step() as usual. Needs a train-mode forward() just before: nothing
         else (eval, optimizer step) may run in between."""
+        self._check_forward_program()
         if self._forward_at != self.state.optimizer_step:
             raise TrainingError("backward() needs the activations of a train-mode forward() "
                                 "run just before it (with no eval call or optimizer step in "
@@ -237,29 +224,23 @@ class Module:
         from microtrain.export import export_inference_blob
         export_inference_blob(self, inference_model_uri, graph_output_names)
 
+    def _check_forward_program(self):
+        if self._forward is None:
+            raise TrainingError("'%s' has no forward program: pack the model with loss=None "
+                                "(its output not a scalar) to compute the loss outside the "
+                                "graph, or call model(*inputs) to train" % self.uri)
+
+    def _views(self, program):
+        # Views of the program's outputs, made once: a step allocates no list or view.
+        views = self._output_views.get(program.name)
+        if views is None:
+            views = [self.output(t) for t in program.outputs]
+            self._output_views[program.name] = views
+        return views
+
     def output(self, tensor):
         """A view of an output tensor (id or name) in the arena; valid until the next call."""
         b = self.blob
         tid = b.tensor_id(tensor) if isinstance(tensor, str) else tensor
         off = b.offsets[tid]
         return self._view[off:off + b.sizes[tid]]
-
-    def _copy_in(self, tid, values):
-        b = self.blob
-        name, off, n = b.names[tid], b.offsets[tid], b.sizes[tid]
-        if len(values) != n:
-            raise InputError("input '%s' needs %d values (shape %r), got %d"
-                             % (name, n, b.shapes[tid], len(values)))
-        if b.dtypes[tid] == blobfile.INT32:
-            I = self.I
-            classes = b.num_classes
-            for i in range(n):
-                v = values[i]
-                if classes and not 0 <= v < classes:
-                    raise InputError("label %r at position %d of '%s' is not a class index in "
-                                     "[0, %d)" % (v, i, name, classes))
-                I[off + i] = int(v)
-        else:
-            F = self.F
-            for i in range(n):
-                F[off + i] = values[i]

@@ -6,9 +6,9 @@ except ImportError:
     def const(x):
         return x
 
-# Code ranges by family: dense 1-9, elementwise 10-29, activation 30-49, loss 50-59,
-# optim 60-69, conv 70-79, pool 80-89, norm (BatchNormalization, Dropout) 90-99,
-# layout (Transpose, Slice, Concat, Split, Pad) 100-119.
+# Code ranges by family: dense 1-9, elementwise 10-29, activation 30-49 (but 40 is
+# reduce), loss 50-59, optim 60-69, conv 70-79, pool 80-89, norm (BatchNormalization,
+# Dropout) 90-99, layout (Transpose, Slice, Concat, Split, Pad) 100-119.
 GEMM = const(1)
 GEMM_ACCUMULATE = const(2)
 BATCHED_GEMM = const(3)
@@ -35,6 +35,7 @@ SOFTMAX = const(36)
 LOG_SOFTMAX = const(37)
 SOFTMAX_GRAD = const(38)
 LOG_SOFTMAX_GRAD = const(39)
+REDUCE_SUM = const(40)
 SOFTPLUS = const(41)
 LEAKY_RELU = const(42)
 LEAKY_RELU_GRAD = const(43)
@@ -44,11 +45,6 @@ HARD_SIGMOID = const(46)
 HARD_SIGMOID_GRAD = const(47)
 HARD_SWISH = const(48)
 HARD_SWISH_GRAD = const(49)
-MAX_POOL = const(80)
-MAX_POOL_GRAD = const(81)
-AVERAGE_POOL = const(82)
-AVERAGE_POOL_GRAD = const(83)
-REDUCE_SUM = const(40)
 SOFTMAX_CE = const(50)
 SOFTMAX_CE_GRAD = const(51)
 ACCUMULATE = const(60)
@@ -61,6 +57,10 @@ CLIP_COEF = const(66)
 CONV = const(70)
 CONV_GRAD_INPUT = const(71)
 CONV_GRAD_WEIGHT = const(72)
+MAX_POOL = const(80)
+MAX_POOL_GRAD = const(81)
+AVERAGE_POOL = const(82)
+AVERAGE_POOL_GRAD = const(83)
 BATCH_NORM_TRAINING = const(90)
 BATCH_NORM_INFERENCE = const(91)
 CHANNEL_AFFINE = const(92)
@@ -114,10 +114,6 @@ SIGNATURES = {
     HARD_SIGMOID_GRAD: ("activation", "hard_sigmoid_grad", "fff", 1, 2),
     HARD_SWISH: ("activation", "hard_swish") + _UNARY,
     HARD_SWISH_GRAD: ("activation", "hard_swish_grad") + _ACT_GRAD,
-    MAX_POOL: ("pool", "max_pool", "ff", 13, 0),
-    MAX_POOL_GRAD: ("pool", "max_pool_grad", "fff", 13, 0),
-    AVERAGE_POOL: ("pool", "average_pool", "ff", 15, 0),
-    AVERAGE_POOL_GRAD: ("pool", "average_pool_grad", "ff", 15, 0),
     REDUCE_SUM: ("reduce", "reduce_sum", "ff", 7, 1),
     SOFTMAX_CE: ("loss", "softmax_cross_entropy", "fffi", 2, 0),
     SOFTMAX_CE_GRAD: ("loss", "softmax_cross_entropy_grad", "fffi", 2, 0),
@@ -131,6 +127,10 @@ SIGNATURES = {
     CONV: ("conv", "conv", "fff?", 16, 0),
     CONV_GRAD_INPUT: ("conv", "conv_grad_input", "fff", 16, 0),
     CONV_GRAD_WEIGHT: ("conv", "conv_grad_weight", "fff?", 16, 0),
+    MAX_POOL: ("pool", "max_pool", "ff", 13, 0),
+    MAX_POOL_GRAD: ("pool", "max_pool_grad", "fff", 13, 0),
+    AVERAGE_POOL: ("pool", "average_pool", "ff", 15, 0),
+    AVERAGE_POOL_GRAD: ("pool", "average_pool_grad", "ff", 15, 0),
     BATCH_NORM_TRAINING: ("norm", "batch_norm_training", "ffff??", 3, 2),
     BATCH_NORM_INFERENCE: ("norm", "batch_norm_inference", "ffffff", 3, 1),
     CHANNEL_AFFINE: ("norm", "channel_affine", "fff?", 3, 0),

@@ -1,14 +1,19 @@
 # Optimizer: runs the blob's optimizer program over the Module's arena, in place.
 import math
 from microtrain import blob as blobfile
-from microtrain.errors import CheckpointError
+from microtrain.errors import CheckpointError, ParameterError
+from microtrain.module import Module
 
 
 class Optimizer:
-    """Like onnxruntime.training.api.Optimizer: Optimizer(uri, module); step() updates the
+    """Like onnxruntime.training.api.Optimizer: Optimizer(optimizer_uri, module), the uri
+    naming the .mtb blob (the training blob holds the optimizer program); step() updates the
     trainable parameters from their accumulated gradients."""
 
     def __init__(self, optimizer_uri, module):
+        if not isinstance(module, Module):
+            raise ParameterError("Optimizer(optimizer_uri, module): module must be a Module, "
+                                 "not %s" % type(module).__name__)
         b = module.blob
         self.module = module
         self.config = b.optimizer

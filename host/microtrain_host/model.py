@@ -82,11 +82,6 @@ def load_model(model, batch_size=None):
                 raise DynamicShapeError(
                     f"cannot fix the shape of '{out}' produced by node '{node.name}' "
                     f"({node.op_type}); pass batch_size or export with static shapes")
-            if out and 0 in shapes[out][1]:
-                raise ArtifactError(
-                    f"node '{node.name}' ({node.op_type}) produces '{out}' with shape "
-                    f"{list(shapes[out][1])}, which has no elements (a kernel or window larger "
-                    f"than its input?)")
     return model, shapes
 
 

@@ -15,16 +15,28 @@
 # lie back to back in both X and Y (full rows, stride 1), they are walked as one long row.
 
 
+try:
+    from micropython import const
+except ImportError:
+    def const(x):
+        return x
+
+# What _taps does with each tap's rectangles:
+_FORWARD = const(0)      # Y += w * X
+_GRAD_INPUT = const(1)   # X += w * Y, Y holding dY
+_GRAD_WEIGHT = const(2)  # w += sum(Y * X), w holding dW, Y holding dY
+
+
 def _fill(F, start, n, value):
     for i in range(start, start + n):
         F[i] = value
 
 
-def _taps(F, y, x, w, into_x, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w,
+def _taps(F, mode, y, x, w, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w,
           k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l):
-    # For every tap and every (image, output channel, input channel) of a group:
-    #   Y rectangle += w * X rectangle     into_x false: the forward pass
-    #   X rectangle += w * Y rectangle     into_x true: the input gradient (Y holds dY)
+    # For every tap and every (output channel m, input channel c) of a group, over all
+    # images: one of the three updates above. Each element of Y, X or W is updated in the
+    # order (tap, c) or (tap, m) whatever the mode, so the results do not depend on it.
     in_plane = in_h * in_w
     out_plane = out_h * out_w
     x_image = groups * cin_g * in_plane
@@ -40,7 +52,7 @@ def _taps(F, y, x, w, into_x, n_images, groups, cin_g, cout_g, in_h, in_w, out_h
             ox_lo = 0 if off_x >= 0 else (s_w - 1 - off_x) // s_w
             count = min(out_w, (in_w - 1 - off_x) // s_w + 1) - ox_lo
             if rows <= 0 or count <= 0:
-                continue
+                continue  # this tap only ever reads padding
             lines = rows
             if count == out_w and x_row == count * s_w:
                 count *= rows
@@ -48,27 +60,34 @@ def _taps(F, y, x, w, into_x, n_images, groups, cin_g, cout_g, in_h, in_w, out_h
             y_tap = y + oy_lo * out_w + ox_lo
             x_tap = x + (oy_lo * s_h + off_y) * in_w + ox_lo * s_w + off_x
             w_tap = w + ky * k_w + kx
-            for n in range(n_images):
-                for m in range(groups * cout_g):
-                    y_start = y_tap + n * y_image + m * out_plane
-                    x_group = x_tap + n * x_image + (m // cout_g) * cin_g * in_plane
-                    w_m = w_tap + m * cin_g * taps
-                    for c in range(cin_g):
-                        wv = F[w_m + c * taps]
-                        py = y_start
-                        px = x_group + c * in_plane
+            for m in range(groups * cout_g):
+                y_m = y_tap + m * out_plane
+                x_group = x_tap + (m // cout_g) * cin_g * in_plane
+                for c in range(cin_g):
+                    at_w = w_tap + (m * cin_g + c) * taps
+                    wv = F[at_w]  # unused by _GRAD_WEIGHT
+                    s = 0.0
+                    for n in range(n_images):
+                        py = y_m + n * y_image
+                        px = x_group + n * x_image + c * in_plane
                         for _ in range(lines):
                             b = px
-                            if into_x:
+                            if mode == _FORWARD:
+                                for a in range(py, py + count):
+                                    F[a] += wv * F[b]
+                                    b += s_w
+                            elif mode == _GRAD_INPUT:
                                 for a in range(py, py + count):
                                     F[b] += wv * F[a]
                                     b += s_w
                             else:
                                 for a in range(py, py + count):
-                                    F[a] += wv * F[b]
+                                    s += F[a] * F[b]
                                     b += s_w
                             py += out_w
                             px += x_row
+                    if mode == _GRAD_WEIGHT:
+                        F[at_w] += s  # summed in a local, stored once
 
 
 def conv(F, I, args):
@@ -80,7 +99,7 @@ def conv(F, I, args):
     for n in range(n_images):
         for m in range(channels):
             _fill(F, y + (n * channels + m) * out_plane, out_plane, F[b + m] if b >= 0 else 0.0)
-    _taps(F, y, x, w, False, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w,
+    _taps(F, _FORWARD, y, x, w, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w,
           k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l)
 
 
@@ -90,54 +109,18 @@ def conv_grad_input(F, I, args):
     (dx, dy, w, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w,
      k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l) = args
     _fill(F, dx, n_images * groups * cin_g * in_h * in_w, 0.0)
-    _taps(F, dy, dx, w, True, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w,
+    _taps(F, _GRAD_INPUT, dy, dx, w, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w,
           k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l)
 
 
 def conv_grad_weight(F, I, args):
     # dW[m, c, ky, kx] = sum over images and the tap's rectangle of dY[n, m, oy, ox] * X[n, c,
-    # iy, ix]: a dot product per weight, summed in a local and stored once.
+    # iy, ix]: a dot product per weight. A tap that only reads padding adds nothing.
     # reset >= 0: dW is a gradient accumulation buffer and the sum is added to it unless
     # F[reset] (lazy_reset_grad) is set, which saves a weight-sized temporary.
     (dw, dy, x, reset, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w,
      k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l) = args
-    in_plane = in_h * in_w
-    out_plane = out_h * out_w
-    x_image = groups * cin_g * in_plane
-    y_image = groups * cout_g * out_plane
-    x_row = s_h * in_w
-    taps = k_h * k_w
     if reset < 0 or F[reset] != 0.0:
-        _fill(F, dw, groups * cout_g * cin_g * taps, 0.0)
-    for ky in range(k_h):
-        off_y = ky * d_h - pad_t
-        oy_lo = 0 if off_y >= 0 else (s_h - 1 - off_y) // s_h
-        rows = min(out_h, (in_h - 1 - off_y) // s_h + 1) - oy_lo
-        for kx in range(k_w):
-            off_x = kx * d_w - pad_l
-            ox_lo = 0 if off_x >= 0 else (s_w - 1 - off_x) // s_w
-            count = min(out_w, (in_w - 1 - off_x) // s_w + 1) - ox_lo
-            if rows <= 0 or count <= 0:
-                continue  # this tap only ever reads padding: its gradient is 0
-            lines = rows
-            if count == out_w and x_row == count * s_w:
-                count *= rows
-                lines = 1
-            y_tap = dy + oy_lo * out_w + ox_lo
-            x_tap = x + (oy_lo * s_h + off_y) * in_w + ox_lo * s_w + off_x
-            w_tap = dw + ky * k_w + kx
-            for m in range(groups * cout_g):
-                x_group = x_tap + (m // cout_g) * cin_g * in_plane
-                for c in range(cin_g):
-                    s = 0.0
-                    for n in range(n_images):
-                        py = y_tap + n * y_image + m * out_plane
-                        px = x_group + n * x_image + c * in_plane
-                        for _ in range(lines):
-                            b = px
-                            for a in range(py, py + count):
-                                s += F[a] * F[b]
-                                b += s_w
-                            py += out_w
-                            px += x_row
-                    F[w_tap + (m * cin_g + c) * taps] += s
+        _fill(F, dw, groups * cout_g * cin_g * k_h * k_w, 0.0)
+    _taps(F, _GRAD_WEIGHT, dy, x, dw, n_images, groups, cin_g, cout_g, in_h, in_w, out_h,
+          out_w, k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l)

@@ -68,10 +68,12 @@ def max_pool_grad(F, I, args):
 # Averages divide by the window clipped to rows [ch0, ch1) and columns [cw0, cw1): the
 # input itself, or the padded input when count_include_pad (the host passes the bounds).
 
-def average_pool(F, I, args):
-    y, x, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, ch0, ch1, cw0, cw1 = args
+def _average_windows(F, out, x, backward, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL,
+                     ch0, ch1, cw0, cw1):
+    # Forward: out[o] = mean of window o. Backward: x[window o] += out[o] / count (x is then
+    # dX, out is dY).
     plane = H * W
-    o = y
+    o = out
     for p in range(planes):
         base = x + p * plane
         for oh in range(OH):
@@ -86,37 +88,30 @@ def average_pool(F, I, args):
                 cols = (w1 if w1 < cw1 else cw1) - (w0 if w0 > cw0 else cw0)
                 start = w0 if w0 > 0 else 0
                 stop = w1 if w1 < W else W
-                total = 0.0
-                for row in range(first_row, last_row, W):
-                    for i in range(row + start, row + stop):
-                        total += F[i]
-                F[o] = total / (rows * cols)
+                if backward:
+                    share = F[o] / (rows * cols)
+                    for row in range(first_row, last_row, W):
+                        for i in range(row + start, row + stop):
+                            F[i] += share
+                else:
+                    total = 0.0
+                    for row in range(first_row, last_row, W):
+                        for i in range(row + start, row + stop):
+                            total += F[i]
+                    F[o] = total / (rows * cols)
                 o += 1
+
+
+def average_pool(F, I, args):
+    y, x, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, ch0, ch1, cw0, cw1 = args
+    _average_windows(F, y, x, False, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL,
+                     ch0, ch1, cw0, cw1)
 
 
 def average_pool_grad(F, I, args):
     # dx = each window's dy / count, spread over the window's input elements.
     dx, dy, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, ch0, ch1, cw0, cw1 = args
-    plane = H * W
-    for i in range(dx, dx + planes * plane):
+    for i in range(dx, dx + planes * H * W):
         F[i] = 0.0
-    o = dy
-    for p in range(planes):
-        base = dx + p * plane
-        for oh in range(OH):
-            h0 = oh * sH - pT
-            h1 = h0 + kH
-            rows = (h1 if h1 < ch1 else ch1) - (h0 if h0 > ch0 else ch0)
-            first_row = base + (h0 if h0 > 0 else 0) * W
-            last_row = base + (h1 if h1 < H else H) * W
-            for ow in range(OW):
-                w0 = ow * sW - pL
-                w1 = w0 + kW
-                cols = (w1 if w1 < cw1 else cw1) - (w0 if w0 > cw0 else cw0)
-                start = w0 if w0 > 0 else 0
-                stop = w1 if w1 < W else W
-                share = F[o] / (rows * cols)
-                for row in range(first_row, last_row, W):
-                    for i in range(row + start, row + stop):
-                        F[i] += share
-                o += 1
+    _average_windows(F, dy, dx, True, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL,
+                     ch0, ch1, cw0, cw1)
