@@ -65,16 +65,30 @@ def test_inspect_shows_the_memory_plan(build, capsys):
     assert "GEMM" in text and "SOFTMAX_CE_GRAD" in text and "ADAMW" in text
 
 
-@pytest.mark.parametrize("command", [[], ["pack"], ["inspect"], ["train"]])
+HELP_TEXTS = {
+    # command: what its --help must say (whitespace-normalized: argparse rewraps)
+    "": ["Train neural networks on microcontrollers", "example: microtrain pack"],
+    "pack": ["Generate ORT-style training artifacts", "--batch-size", "--frozen"],
+    "inspect": ["memory plan", "For a partial update", "what pruning saved",
+                "against training every parameter", "example: microtrain inspect"],
+    "train": ["with the device runtime", "--runtime", "micropython"],
+    "export": ["Write a standard ONNX model for inference", "--checkpoint",
+               "example: microtrain export build/ --checkpoint build/trained_checkpoint "
+               "-o model.onnx"],
+    "aggregate": ["Federated averaging", "weighted by the number of samples", "--weights",
+                  "example: microtrain aggregate dev0/ckpt dev1/ckpt dev2/ckpt --weights"],
+}
+
+
+@pytest.mark.parametrize("command", list(HELP_TEXTS), ids=lambda c: c or "microtrain")
 def test_help(command):
-    proc = subprocess.run([sys.executable, "-m", "microtrain_host.cli", *command, "--help"],
-                          capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "microtrain_host.cli", *command.split(),
+                           "--help"], capture_output=True, text=True)
     assert proc.returncode == 0
-    assert "usage: microtrain" in proc.stdout
-    if command == ["pack"]:
-        assert "--batch-size" in proc.stdout and "--frozen" in proc.stdout
-    if command == ["train"]:
-        assert "--runtime" in proc.stdout and "micropython" in proc.stdout
+    text = " ".join(proc.stdout.split())
+    assert text.startswith(f"usage: microtrain {command}".rstrip()), text
+    for words in HELP_TEXTS[command]:
+        assert words in text, (words, text)
 
 
 def test_train_rejects_mismatched_data(build, tmp_path, capsys):

@@ -1,4 +1,5 @@
 """The device checks (tests/device_scripts/device_checks.py) under CPython and MicroPython."""
+import shutil
 import subprocess
 import sys
 
@@ -17,6 +18,10 @@ def artifacts(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("device_checks")
     mh.generate_artifacts(export(mlp(12, 5), torch.zeros(1, 12)), loss="CrossEntropyLoss",
                           optimizer="AdamW", artifact_directory=tmp, batch_size=8)
+    # A checkpoint onnxruntime-training 1.19.2 wrote (no CRC-32 trailer), for the corruption
+    # checks; it is only parsed, never bound to this model.
+    shutil.copyfile(ROOT / "tests" / "data" / "ort-1.19.2" / "adamw_step5_checkpoint",
+                    tmp / "ort_checkpoint")
     return tmp
 
 

@@ -5,6 +5,7 @@ parameter, so the modes differ) against the checkpoint as the host reads it;
 microtrain_host.fedavg and `microtrain aggregate` of checkpoints that the device runtime
 wrote (CPython and MicroPython) against numpy's weighted mean; clear errors.
 """
+import os
 import re
 import subprocess
 import sys
@@ -178,15 +179,17 @@ def test_fedavg_errors(artifacts, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_federated_example_accuracy_rises(tmp_path):
-    """examples/federated: global validation accuracy rises round after round (CPython
-    devices here; the MicroPython device is the same client.py, run in the test above)."""
+def test_federated_example_accuracy_rises(tmp_path, micropython):
+    """examples/federated for 2 rounds with its device 0 running client.py under MicroPython
+    (the others under CPython): global validation accuracy rises round after round (2.6 %,
+    39.2 %, 80.7 % measured)."""
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / "federated" / "federated.py"),
-                           "--rounds", "3", "--cpython-only", "--work", str(tmp_path)],
-                          capture_output=True, text=True)
+                           "--rounds", "2", "--work", str(tmp_path)], capture_output=True,
+                          text=True, env=dict(os.environ, MICROTRAIN_MICROPYTHON=micropython))
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"^device 0: .*MicroPython$", proc.stdout, re.M), proc.stdout
     accuracies = [float(a) for a in re.findall(r"global validation accuracy +([0-9.]+) %",
                                                proc.stdout)]
-    assert len(accuracies) == 4, proc.stdout
+    assert len(accuracies) == 3, proc.stdout
     assert all(a < b for a, b in zip(accuracies, accuracies[1:])), proc.stdout
-    assert accuracies[-1] >= 80.0, proc.stdout
+    assert accuracies[-1] >= 75.0, proc.stdout

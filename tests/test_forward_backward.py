@@ -97,6 +97,62 @@ def test_batch_norm_model_gradients_match_torch(tmp_path):
         assert relative_error(device[name], p.grad.numpy()) <= GRAD_TOLERANCE, name
 
 
+class TwoHeads(torch.nn.Module):
+    """Two outputs of the same shape from a shared trunk: a swap of their gradients would
+    not be caught by a length check."""
+
+    def __init__(self, seed=11):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.trunk = torch.nn.Linear(N_IN, 8)
+        self.head_a = torch.nn.Linear(8, N_OUT)
+        self.head_b = torch.nn.Linear(8, N_OUT)
+
+    def forward(self, x):
+        h = torch.tanh(self.trunk(x))
+        return self.head_a(h), torch.sigmoid(self.head_b(h)) * x[:, :N_OUT]
+
+
+def test_two_outputs_gradients_match_torch(tmp_path):
+    import io
+    import onnx
+    net = TwoHeads()
+    buf = io.BytesIO()
+    torch.onnx.export(net, torch.zeros(BATCH, N_IN), buf, input_names=["input"],
+                      output_names=["out_a", "out_b"], dynamo=False, opset_version=17,
+                      training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
+    artifacts = mh.generate_artifacts(onnx.load_from_string(buf.getvalue()), loss=None,
+                                      optimizer="SGD", artifact_directory=tmp_path,
+                                      loss_input_names=["out_a", "out_b"])
+    b = device_blob.load(artifacts.blob)
+    assert [b.names[t] for t in b.programs["forward"].outputs] == ["out_a", "out_b"]
+    assert [b.names[t] for t in b.programs["backward"].inputs] == ["out_a_grad", "out_b_grad"]
+    state, module, _ = load(artifacts)
+    net64 = net.double()
+    xs, ys = batches(2, seed=13)
+    for step, (x, y) in enumerate(zip(xs, ys)):
+        out_a, out_b = (np.array(v, np.float64) for v in module.forward(x.reshape(-1)))
+        expected_a, expected_b = net64(torch.from_numpy(x).double())
+        assert relative_error(out_a, expected_a.detach().numpy()) <= 1e-5
+        assert relative_error(out_b, expected_b.detach().numpy()) <= 1e-5
+        # d loss / d outputs of an external loss of both outputs, from the device's outputs:
+        # Huber on out_a, 3 * MSE on out_b (of another scale, so a swap shows).
+        d_a = huber_grad(out_a, y)
+        d_b = 6.0 * (out_b.reshape(y.shape) - 0.5 * y) / y.size
+        module.backward(d_a.reshape(-1), array("f", d_b.reshape(-1)))
+        torch.autograd.backward([expected_a, expected_b],
+                                [torch.from_numpy(d_a), torch.from_numpy(d_b)])
+        device = grads_of(state, net64)
+        for name, p in net64.named_parameters():   # step 1: the sum of both steps
+            assert relative_error(device[name], p.grad.numpy()) <= GRAD_TOLERANCE, (step, name)
+    # Each output's gradient matters: without d_b, head_b gets none.
+    module.lazy_reset_grad()
+    module.forward(xs[0].reshape(-1))
+    module.backward(d_a.reshape(-1), np.zeros(BATCH * N_OUT))
+    assert not np.any(grads_of(state, net64)["head_b.weight"])
+    assert np.any(grads_of(state, net64)["head_a.weight"])
+
+
 def test_training_with_sgd_matches_torch(tmp_path):
     net = mlp(N_IN, N_OUT, seed=4)
     state, module, opt = load(pack(tmp_path, net))

@@ -2,7 +2,8 @@
 device runtime (CPython), against the same computation in PyTorch autograd; the eval forward
 pass against onnxruntime running the original model.
 
-A case is one row of CASES: (name, input shape, parameters {name: shape}, nodes, torch function).
+A case is one row of CASES: (name, input shape, parameters {name: shape}, nodes, torch function
+[, opset, default 17]).
 Nodes read "input", the parameters and earlier outputs, and the last one writes "output"; the
 loss block is MSELoss. The torch function gets the input and the parameters as float64 tensors
 and returns the output."""
@@ -35,7 +36,7 @@ def const(output, value):
     return node("Constant", [], output, value=numpy_helper.from_array(np.asarray(value), output))
 
 
-def build_model(input_shape, params, nodes, output_shape):
+def build_model(input_shape, params, nodes, output_shape, opset=17):
     onnx_nodes = [helper.make_node(op, ins, [out], name=f"{op.lower()}_{i}", **attrs)
                   for i, (op, ins, out, attrs) in enumerate(nodes)]
     graph = helper.make_graph(
@@ -43,7 +44,8 @@ def build_model(input_shape, params, nodes, output_shape):
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, list(input_shape))],
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, list(output_shape))],
         initializer=[numpy_helper.from_array(v, k) for k, v in params.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                              ir_version=8)
     onnx.checker.check_model(model)
     return model
 
@@ -109,23 +111,33 @@ def unary_case(name, op_nodes, fn, shape=(K, N)):
             lambda x, p: fn(x * p["w"]))
 
 
-def reduce_case(op, axes, keepdims, shape=(M, K, N)):
+def reduce_case(op, axes, keepdims, shape=(M, K, N), opset=17, noop=None):
     """Y = Reduce(input * w); ReduceSum takes axes as an input, ReduceMean as an attribute
-    (opset 17)."""
+    before opset 18 and as an input from opset 18 on. axes=None: no axes; []: an empty axes
+    input. noop: the noop_with_empty_axes attribute (1: no axes reduce nothing)."""
     nodes = []
     attrs = {"keepdims": keepdims}
+    if noop is not None:
+        attrs["noop_with_empty_axes"] = noop
     inputs = ["h"]
-    if axes is not None and op == "ReduceSum":
+    if axes is not None and (op == "ReduceSum" or opset >= 18):
         nodes.append(const("axes", np.array(axes, np.int64)))
         inputs.append("axes")
     elif axes is not None:
         attrs["axes"] = axes
     nodes.append(node(op, inputs, "output", **attrs))
-    dims = list(range(len(shape))) if axes is None else axes
+    dims = axes or list(range(len(shape)))
     fn = torch.sum if op == "ReduceSum" else torch.mean
-    axes_id = "all" if axes is None else ",".join(map(str, axes))
-    return unary_case(f"{op}_axes{axes_id}_keepdims{keepdims}", nodes,
-                      lambda h: fn(h, dim=dims, keepdim=bool(keepdims)), shape)
+    axes_id = "all" if axes is None else ",".join(map(str, axes)) or "empty"
+    name = f"{op}_axes{axes_id}_keepdims{keepdims}"
+    if noop is not None:
+        name += f"_noop_with_empty_axes{noop}"
+    if opset != 17:
+        name += f"_opset{opset}"
+    if noop and not axes:
+        return unary_case(name, nodes, lambda h: h, shape) + (opset,)
+    return unary_case(name, nodes, lambda h: fn(h, dim=dims, keepdim=bool(keepdims)),
+                      shape) + (opset,)
 
 
 def softmax_case(op, axis, shape):
@@ -218,7 +230,18 @@ CASES = (
     + [reduce_case(op, axes, keepdims) for op in ("ReduceSum", "ReduceMean")
        for axes, keepdims in (([1], 1), ([1], 0), ([0, 2], 0), ([-1], 1), (None, 1),
                               (None, 0))]
+    # opset 18: ReduceMean's axes become an input too; an empty axes input reduces all
+    + [reduce_case(op, axes, keepdims, opset=18) for op in ("ReduceSum", "ReduceMean")
+       for axes, keepdims in (([1], 1), ([0, 2], 0), ([-1], 0), ([], 1), ([], 0))]
+    # noop_with_empty_axes=1: without axes (none or empty) the reduction is the identity;
+    # given axes still reduce (ReduceSum has the attribute from opset 13, ReduceMean from 18)
+    + [reduce_case(op, axes, keepdims, opset=opset, noop=1)
+       for op, opset in (("ReduceSum", 17), ("ReduceSum", 18), ("ReduceMean", 18))
+       for axes, keepdims in ((None, 1), ([], 0), ([1], 0))]
+    + [reduce_case("ReduceMean", None, 0, opset=18, noop=0)]
 )
+# A row may end with its opset (default 17).
+CASES = [case if len(case) == 6 else case + (17,) for case in CASES]
 
 POSITIVE = ("Log", "Sqrt", "Div", "Pow_0.5", "Pow_-1")  # cases whose values must stay positive
 
@@ -242,13 +265,13 @@ def torch_reference(fn, x, params, target_of):
     return loss.item(), out.detach().numpy(), {k: v.grad.numpy() for k, v in p.items()}, target
 
 
-@pytest.mark.parametrize("name,input_shape,param_shapes,nodes,fn", CASES,
+@pytest.mark.parametrize("name,input_shape,param_shapes,nodes,fn,opset", CASES,
                          ids=[c[0] for c in CASES])
-def test_op_gradient(tmp_path, name, input_shape, param_shapes, nodes, fn):
+def test_op_gradient(tmp_path, name, input_shape, param_shapes, nodes, fn, opset):
     x, params, rng = case_values(name, input_shape, param_shapes)
     loss, out, grads, target = torch_reference(
         fn, x, params, lambda shape: rng.standard_normal(shape).astype(np.float32))
-    model = build_model(input_shape, params, nodes, out.shape)
+    model = build_model(input_shape, params, nodes, out.shape, opset)
     target = target.numpy().astype(np.float32)
 
     mh.generate_artifacts(model, loss="MSELoss", optimizer="SGD", artifact_directory=tmp_path)

@@ -175,7 +175,11 @@ def conv_model(spec, params, out_shape):
 
 @pytest.mark.parametrize("spec", CASES)
 def test_conv_gradient(tmp_path, request, spec):
-    name = request.node.callspec.id
+    run_conv_case(tmp_path, request.node.callspec.id, spec)
+
+
+def run_conv_case(tmp_path, name, spec):
+    """Pack the case, train two device steps and run eval: against torch and onnxruntime."""
     x, params, target, loss, out, grads = case_data(name, spec)
     model = conv_model(spec, params, out.shape)
     mh.generate_artifacts(model, loss="MSELoss", optimizer="SGD", artifact_directory=tmp_path)
@@ -201,6 +205,67 @@ def test_conv_gradient(tmp_path, request, spec):
     assert ort_out.shape == out.shape
     assert relative_error(out, ort_out) <= FORWARD_TOLERANCE  # the torch side's pads are ONNX's
     assert relative_error(device_out, ort_out) <= FORWARD_TOLERANCE
+
+
+def random_conv_specs(count, seed):
+    """count random valid geometries: 1-D or 2-D, batch 1-3, group 1-3 with 1-2 input and
+    output channels per group (grouped, depthwise, depthwise with a multiplier), kernel 1-4,
+    stride 1-3, and either explicit pads 0-3 (asymmetric) with dilations 1-3 or an auto_pad;
+    sizes odd or even, from the smallest the window fits on. Big ones are skipped to keep
+    the pure-Python kernels quick."""
+    rng = np.random.default_rng(seed)
+
+    def draw(low, high, n):
+        return [int(v) for v in rng.integers(low, high + 1, n)]
+
+    specs = []
+    while len(specs) < count:
+        rank = int(rng.integers(1, 3))
+        group = int(rng.integers(1, 4))
+        channels, out_channels = group * int(rng.integers(1, 3)), group * int(rng.integers(1, 3))
+        kernel = draw(1, 4, rank)
+        attrs = {"strides": draw(1, 3, rank)}
+        if group > 1 or rng.random() < 0.3:
+            attrs["group"] = group
+        if rng.random() < 0.3:
+            attrs["kernel_shape"] = kernel
+        auto_pad = str(rng.choice(["NOTSET"] * 4 + ["SAME_UPPER", "SAME_LOWER", "VALID"]))
+        begins, ends, dilations = [0] * rank, [0] * rank, [1] * rank
+        if auto_pad == "NOTSET":
+            dilations = draw(1, 3, rank)
+            pads = draw(0, 3, 2 * rank)
+            begins, ends = pads[:rank], pads[rank:]
+            attrs.update(dilations=dilations, pads=pads)
+        else:
+            attrs["auto_pad"] = auto_pad
+        spatial = []
+        for k, d, b, e in zip(kernel, dilations, begins, ends):
+            smallest = max(1, (k - 1) * d + 1 - b - e) if auto_pad != "SAME_UPPER" \
+                and auto_pad != "SAME_LOWER" else 1
+            spatial.append(int(rng.integers(smallest, smallest + 7)))
+        spec = Spec(tuple(spatial), channels, out_channels, tuple(kernel),
+                    bool(rng.random() < 0.7), bool(rng.random() < 0.8), int(rng.integers(1, 4)),
+                    attrs)
+        work = spec.batch * out_channels * channels // group * np.prod(kernel) * np.prod(
+            [s + b + e for s, b, e in zip(spatial, begins, ends)])
+        if work <= 6000:
+            specs.append(spec)
+    return specs
+
+
+def test_conv_gradient_on_random_geometries(tmp_path):
+    # Issue 3's acceptance: random shapes, odd sizes and stride / padding / dilation /
+    # group combinations, each through the same checks as a CASES row.
+    specs = random_conv_specs(25, seed=3)
+    seen = {(len(s.spatial), s.attrs.get("group", 1) > 1, s.attrs.get("auto_pad", "NOTSET"),
+             max(s.attrs.get("dilations", [1])) > 1) for s in specs}
+    assert len(seen) >= 8, seen   # the draw covers the combinations, not one corner
+    for i, spec in enumerate(specs):
+        name = f"random{i}"
+        try:
+            run_conv_case(tmp_path / name, name, spec)
+        except AssertionError as e:
+            raise AssertionError(f"{name}: {spec}") from e
 
 
 @pytest.mark.parametrize("spec", CASES)

@@ -205,6 +205,42 @@ def test_running_statistics_after_sgd_steps_match_torch_buffers(tmp_path):
         assert list(saved[name].reshape(-1)) == list(state.parameters[name].data), name
 
 
+def test_batch_norm_momentum_and_epsilon_match_torch(tmp_path):
+    # ONNX's momentum weighs the old running value, torch's the batch statistic: torch's
+    # momentum 0.99 exports as ONNX momentum 0.01. Inputs are scaled down to a batch variance
+    # of a few 1e-3, so that epsilon 1e-3 (not the default 1e-5) shows in every output and
+    # gradient; two SGD steps, each checked for loss, gradients and running statistics.
+    shape = (3, 4, 3, 5)
+    model = Scaled(shape[1:], batch_norm(shape, momentum=0.99, eps=1e-3))
+    onnx_model = export(model, torch.zeros(shape), dynamic_batch=False)
+    node = next(n for n in onnx_model.graph.node if n.op_type == "BatchNormalization")
+    attrs = {a.name: a.f for a in node.attribute if a.name in ("momentum", "epsilon")}
+    assert attrs == {"momentum": pytest.approx(0.01, rel=1e-6),
+                     "epsilon": pytest.approx(1e-3, rel=1e-6)}
+    reference = copy.deepcopy(model).double()
+    _, state, device = build(tmp_path, onnx_model)
+    opt = Optimizer(str(tmp_path / "model.mtb"), device)
+    opt.set_learning_rate(0.1)
+    torch_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    xs, ys = data(shape, shape, steps=2)
+    for step, (x, y) in enumerate(zip((0.05 * xs).astype(np.float32), ys)):
+        loss, _, grads = torch_step(reference, x, y)
+        assert rel(device(flat(x), flat(y)), loss) <= GRAD_TOLERANCE, step
+        for name, expected in grads.items():
+            assert rel(list(state.parameters[name].grad), expected) <= GRAD_TOLERANCE, \
+                (step, name)
+        for name in ("running_mean", "running_var"):
+            actual = list(state.parameters[f"layer.{name}"].data)
+            assert rel(actual, getattr(reference.layer, name).numpy()) <= FORWARD_TOLERANCE, \
+                (step, name)
+        opt.step()
+        device.lazy_reset_grad()
+        torch_opt.step()
+    # Mostly the batch's statistics (momentum 0.99 in torch's terms): the batch variance is
+    # about 3e-3, far from the exported values in [0.5, 1.5].
+    assert np.all(reference.layer.running_var.numpy() < 0.1)
+
+
 def test_eval_uses_running_statistics(tmp_path):
     # Eval runs BatchNormalization in inference form with the trained running statistics:
     # against onnxruntime on eval_model.onnx (with the device's parameters) and torch eval.
@@ -497,6 +533,36 @@ def test_dropout_gradient_matches_torch_with_the_same_mask(tmp_path):
     assert rel(list(out), ort_out) <= FORWARD_TOLERANCE
     assert rel(list(out), x * np.array(list(state.parameters["w"].data)).reshape(shape)) \
         <= FORWARD_TOLERANCE
+
+
+def test_dropout_seed_attribute_sets_the_first_mask(tmp_path):
+    # Without Module.set_seed a Dropout's stream starts from its seed attribute: another seed
+    # gives another first mask, the same seed the same mask (in another Module, and in a
+    # blob packed again), and set_seed(s) restarts the stream exactly where seed=s starts it.
+    shape = (9, 13)
+    exported = export(DropoutModel(shape, 0.5), torch.zeros(shape), dynamic_batch=False)
+    (x,), (y,) = data(shape, shape)
+
+    def first_mask(name, seed=None, set_seed=None):
+        model = copy.deepcopy(exported)
+        if seed is not None:
+            dropout = next(n for n in model.graph.node if n.op_type == "Dropout")
+            dropout.attribute.append(onnx.helper.make_attribute("seed", seed))
+        _, state, device = build(tmp_path / name, model)
+        if set_seed is not None:
+            device.set_seed(set_seed)
+        device(flat(x), flat(y))
+        # A dropped element gets exactly zero gradient (x, w and the error are never zero).
+        return np.array(list(state.parameters["w"].grad)) != 0.0
+
+    seeded = first_mask("seed7", seed=7)
+    assert 0.3 < 1.0 - seeded.mean() < 0.7
+    assert np.array_equal(first_mask("seed7_again", seed=7), seeded)
+    assert not np.array_equal(first_mask("seed8", seed=8), seeded)
+    unseeded = first_mask("no_seed")
+    assert not np.array_equal(unseeded, seeded)
+    assert np.array_equal(first_mask("seed0", seed=0), unseeded)   # the default seed is 0
+    assert np.array_equal(first_mask("set_seed7", set_seed=7), seeded)
 
 
 def test_dropout_mask_is_bit_packed_in_the_int_arena(tmp_path):

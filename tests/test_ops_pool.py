@@ -278,6 +278,93 @@ def test_max_pool_ties_route_to_the_first_maximum(tmp_path, op_type, attrs, fn):
              fn)
 
 
+def onnx_pool(op_type, kernel, strides, pads, dilations, ceil_mode, count_include_pad):
+    """torch equivalent of an ONNX pool with explicit, asymmetric pads, dilations, ceil_mode
+    and count_include_pad: torch's own pooling, unpadded, of the input padded out to the
+    last window (-inf for a max; for an average, zeros, and the sum divided by the pooled
+    mask of what counts: the input, and with count_include_pad the declared pads, never
+    the extra end a ceil_mode window runs past them)."""
+    rank = len(kernel)
+
+    def fn(h):
+        reach = []  # end padding the last window reads, per dimension
+        for i, size in enumerate(h.shape[2:]):
+            dilated = (kernel[i] - 1) * dilations[i] + 1
+            span = size + pads[i] + pads[i + rank] - dilated
+            out = (-(-span // strides[i]) if ceil_mode else span // strides[i]) + 1
+            if ceil_mode and (out - 1) * strides[i] >= size + pads[i]:
+                out -= 1  # a window may not start in the end padding
+            reach.append((out - 1) * strides[i] + dilated - size - pads[i])
+        full = torch_pads(list(pads[:rank]) + reach)
+        if op_type == "MaxPool":
+            return torch_max(kernel, strides, 0, dilations)(F.pad(h, full, value=-INF))
+        total = torch_average(kernel, strides)(F.pad(h, full))
+        if count_include_pad:
+            extra = torch_pads([0] * rank + [r - e for r, e in zip(reach, pads[rank:])])
+            mask = F.pad(F.pad(torch.ones_like(h), torch_pads(pads), value=1.0), extra)
+        else:
+            mask = F.pad(torch.ones_like(h), full)
+        return total / torch_average(kernel, strides)(mask)
+    return fn
+
+
+def random_pool_cases(count, seed):
+    """count random pools: MaxPool or AveragePool, 1-D or 2-D, batch and channels 1-3,
+    kernel 1-4, stride 1-3, pads 0 to kernel - 1 at each end (onnxruntime's limit),
+    dilations 1-3 (MaxPool), ceil_mode, count_include_pad (AveragePool); sizes odd or even
+    from the smallest the window fits on. Geometries with a window of padding only, which
+    microtrain refuses, are drawn again."""
+    rng = np.random.default_rng(seed)
+    cases = []
+    while len(cases) < count:
+        op_type = ("MaxPool", "AveragePool")[len(cases) % 2]
+        rank = int(rng.integers(1, 3))
+        kernel = [int(k) for k in rng.integers(1, 5, rank)]
+        strides = [int(s) for s in rng.integers(1, 4, rank)]
+        pads = [int(rng.integers(0, k)) for k in kernel * 2]
+        dilations = [int(d) for d in rng.integers(1, 4, rank)] if op_type == "MaxPool" \
+            else [1] * rank
+        ceil_mode = int(rng.integers(0, 2))
+        count_include_pad = int(rng.integers(0, 2)) if op_type == "AveragePool" else 0
+        spatial = [int(rng.integers(max(1, (k - 1) * d + 1 - b - e), (k - 1) * d + 8 - b - e))
+                   for k, d, b, e in zip(kernel, dilations, pads[:rank], pads[rank:])]
+        fn = onnx_pool(op_type, kernel, strides, pads, dilations, ceil_mode, count_include_pad)
+        out = fn(torch.zeros([1, 1] + spatial, dtype=torch.float64)).shape[2:]
+        if not all(any(0 <= o * strides[i] - pads[i] + j * dilations[i] < spatial[i]
+                       for j in range(kernel[i])) for i in range(rank) for o in range(out[i])):
+            continue
+        attrs = dict(kernel_shape=kernel, strides=strides, pads=pads, ceil_mode=ceil_mode)
+        if op_type == "MaxPool":
+            attrs["dilations"] = dilations
+        else:
+            attrs["count_include_pad"] = count_include_pad
+        shape = [int(rng.integers(1, 4)), int(rng.integers(1, 4))] + spatial
+        cases.append((op_type, tuple(shape), attrs, fn))
+    return cases
+
+
+def test_pool_on_random_geometries(tmp_path):
+    # Issue 3's acceptance: random shapes, odd sizes and stride / padding / dilation /
+    # ceil_mode / count_include_pad combinations, each through run_case (device step against
+    # torch, forward against onnxruntime, which also confirms the output shape, and the
+    # numpy gradient reference). Opset 22: its shape inference drops a ceil_mode window that
+    # would start in the end padding, as onnxruntime and torch do.
+    cases = random_pool_cases(25, seed=7)
+    kinds = {(op_type, len(shape), attrs["ceil_mode"], attrs.get("count_include_pad"),
+              max(attrs.get("dilations", [1])) > 1) for op_type, shape, attrs, _ in cases}
+    assert len(kinds) >= 8, kinds   # the draw covers the combinations, not one corner
+    assert any(attrs["pads"][:len(shape) - 2] != attrs["pads"][len(shape) - 2:]
+               for _, shape, attrs, _ in cases)
+    for i, (op_type, shape, attrs, fn) in enumerate(cases):
+        name = f"random{i}"
+        x, b = values(name, shape, 0.5, 1.5)
+        try:
+            run_case(tmp_path / name, x, b, [node(op_type, ["h"], "output", **attrs)], fn,
+                     opset=22)
+        except AssertionError as e:
+            raise AssertionError(f"{name}: {op_type} {shape} {attrs}") from e
+
+
 def onnxruntime_pool(op_type, x, attrs):
     n = helper.make_node(op_type, ["x"], ["y"], **attrs)
     graph = helper.make_graph(

@@ -5,7 +5,8 @@ expected.json): ORT's initial and nominal checkpoints of the digits MLP, and its
 after 5 AdamW / SGD steps with optimizer state and properties, with the parameters as ORT
 itself read them and the losses ORT computed continuing from them. That script runs the
 same checks live against onnxruntime-training, and the other direction too; this suite needs
-only the recorded files. These files have no CRC-32 trailer (ORT writes none).
+only the recorded files. These files have no CRC-32 trailer (ORT writes none). expected.json
+also holds the learning rates ORT's Python LinearLRScheduler gave for a few (warmup, total).
 """
 import json
 
@@ -99,3 +100,46 @@ def test_device_resumes_ort_checkpoint_like_ort(artifacts, optimizer, runtime, r
     assert resaved.checked and resaved.optimizer_step == 2 * STEPS
     assert all(len(m) == 2 for m in resaved.momentums.values())
     assert len(resaved.momentums) == (len(resaved.trainable) if optimizer == "AdamW" else 0)
+
+
+def scheduler_rates(art, warmup, total, lr, steps):
+    """microtrain's LinearLRScheduler on the device runtime: the rate before each step."""
+    from microtrain import LinearLRScheduler, Optimizer
+    module = Module(art.blob, CheckpointState.load_checkpoint(art.checkpoint))
+    optimizer = Optimizer(art.blob, module)
+    scheduler = LinearLRScheduler(optimizer, warmup, total, lr)
+    x, y = [0.5] * (8 * 64), [1] * 8
+    rates = []
+    for _ in range(steps):
+        rates.append(optimizer.get_learning_rate())
+        module(x, y)
+        optimizer.step()
+        module.lazy_reset_grad()
+        scheduler.step()
+    return np.array(rates)
+
+
+def test_linear_lr_scheduler_is_ort_with_the_counts_swapped(artifacts):
+    """ORT 1.19.2's Python LinearLRScheduler(opt, a, b, lr) hands its C++ scheduler warmup b
+    and total a (recorded rates in expected.json). microtrain follows the documented order,
+    so microtrain's (b, a) gives ORT's rates exactly (float32 rounding aside); microtrain
+    refuses warmup > total, and when a < b ORT's rates are lr * k / b then 0, microtrain's
+    (b, b). Its own (a, b) is the documented schedule, which ORT's Python API does not run."""
+    arts, _ = artifacts
+    runs = EXPECTED["linear_lr_scheduler"]["runs"]
+    pairs = {(r["warmup_step_count"], r["total_step_count"]) for r in runs}
+    assert {(4, 10), (10, 4), (0, 10), (10, 0), (0, 0)} <= pairs  # warm-up 0 included
+    for run in runs:
+        a, b, lr = run["warmup_step_count"], run["total_step_count"], run["initial_lr"]
+        theirs = np.array(run["rates"])
+        # ORT's C++ scheduler ran with warmup b, total a: microtrain's (b, a), or (b, b)
+        # when a < b (same rates; microtrain refuses warmup > total).
+        mine = scheduler_rates(arts["SGD"], b, max(a, b), lr, len(theirs))
+        assert np.max(np.abs(mine - theirs)) <= 1e-7, (a, b, lr, mine, theirs)
+        if a < b:
+            # The divergence: microtrain's documented (a, b) is not what ORT's Python runs.
+            documented = scheduler_rates(arts["SGD"], a, b, lr, len(theirs))
+            assert np.max(np.abs(documented - theirs)) > 0.1 * lr, (a, b)
+    # The auditor's figures: ORT's Python (4, 10, 1.0) gives 0, .1, ..., .9, 0, 0.
+    first = next(r for r in runs if (r["warmup_step_count"], r["total_step_count"]) == (4, 10))
+    assert np.allclose(first["rates"], [k / 10 for k in range(10)] + [0, 0], atol=1e-7)

@@ -2,8 +2,9 @@
 
 The trajectory (every loss, the final parameters and the final checkpoint file, byte for
 byte) equals an uninterrupted run, on CPython and on MicroPython, for AdamW, SGD and SGD
-with momentum. Properties written on one side are read on the other. MicroPython agrees with
-CPython within 1e-5 relative.
+with momentum, and for a model with BatchNorm and Dropout (the generators' states are saved
+with the optimizer state). Properties written on one side are read on the other. MicroPython
+agrees with CPython within 1e-5 relative.
 """
 import struct
 import subprocess
@@ -168,3 +169,107 @@ def test_switching_optimizers_needs_a_checkpoint_without_optimizer_state(artifac
     with pytest.raises(CheckpointError, match=r"1 optimizer moment\(s\) for '1.weight'; this "
                                               r"optimizer \(AdamW\) keeps 2"):
         Optimizer(adamw.blob, model)
+
+
+# -- Dropout: the generators' states travel with the optimizer state --------------------------
+
+DROPOUT_OPTIMIZERS = {"AdamW": 0.01, "SGD": 0.1}
+
+
+@pytest.fixture(scope="module")
+def dropout_artifacts(tmp_path_factory):
+    """Linear -> BatchNorm1d -> ReLU -> Dropout(0.3) -> Linear on the digits, per optimizer."""
+    import torch
+    from torch_reference import export
+
+    torch.manual_seed(3)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.BatchNorm1d(16),
+                              torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(16, 10))
+    onnx_model = export(net, torch.zeros(8, 64))
+    assert [n.op_type for n in onnx_model.graph.node].count("Dropout") == 1
+    tmp = tmp_path_factory.mktemp("resume_dropout")
+    out = {name: (mh.generate_artifacts(onnx_model, loss="CrossEntropyLoss", optimizer=name,
+                                        batch_size=8, artifact_directory=tmp / name), lr)
+           for name, lr in DROPOUT_OPTIMIZERS.items()}
+    out["data"] = write_batches(tmp / "data", 2 * STEPS)
+    return out
+
+
+@pytest.mark.parametrize("optimizer", list(DROPOUT_OPTIMIZERS))
+@pytest.mark.parametrize("runtime", ["cpython", "micropython"])
+def test_resume_with_dropout_and_batch_norm_is_bit_identical(dropout_artifacts, optimizer,
+                                                             runtime, tmp_path, request):
+    """The checkpoint saved with optimizer state holds the Dropout generator's state
+    (property microtrain.rng.0), so the resumed run draws the masks the uninterrupted run
+    draws: the same losses, parameters (running statistics included) and final file."""
+    interpreter = request.getfixturevalue("micropython") if runtime == "micropython" \
+        else "cpython"
+    art, lr = dropout_artifacts[optimizer]
+    whole, first, second, full_end, mid, resumed_end = resume_run(
+        interpreter, art, lr, dropout_artifacts["data"], tmp_path)
+
+    assert losses(whole) == losses(first) + losses(second)
+    assert params(whole) == params(second)
+    assert full_end.read_bytes() == resumed_end.read_bytes()
+    # The reserved property is in the file (an int64 for ORT) but not among the user's.
+    rng = read_checkpoint(mid).properties["microtrain.rng.0"]
+    assert 0 < rng < 2**60
+    assert read_checkpoint(resumed_end).properties["microtrain.rng.0"] != rng
+    assert second[0] == "props epoch=%d lr=%s note=trained to step %d" % (STEPS, lr_bits(lr),
+                                                                        STEPS)
+    state = CheckpointState.load_checkpoint(str(mid))
+    assert state.random_states == {"microtrain.rng.0": rng}
+    assert "microtrain.rng.0" not in state.properties
+    assert len(set(losses(whole))) > 1
+
+
+def test_resume_with_dropout_needs_the_generator_state(dropout_artifacts, tmp_path):
+    """Saved without optimizer state, the checkpoint has no generator state; with plain SGD
+    (no moments) that is the only difference, and the resumed run draws other masks: the
+    first resumed loss already differs, so the comparison above can fail."""
+    art, lr = dropout_artifacts["SGD"]
+    data = dropout_artifacts["data"]
+    whole = run_device("cpython", art.blob, art.checkpoint, data, 0, 2 * STEPS, lr_bits(lr),
+                       "-", 1)
+    run_device("cpython", art.blob, art.checkpoint, data, 0, STEPS, lr_bits(lr),
+               tmp_path / "params_only", 0)
+    saved = read_checkpoint(tmp_path / "params_only")
+    assert not any(name.startswith("microtrain.rng.") for name in saved.properties)
+    second = run_device("cpython", art.blob, tmp_path / "params_only", data, STEPS, STEPS,
+                        lr_bits(lr), "-", 1)
+    assert losses(whole)[STEPS] != losses(second)[0]
+    assert params(whole) != params(second)
+
+
+def test_set_seed_overrides_a_restored_generator_state(dropout_artifacts, tmp_path):
+    art, lr = dropout_artifacts["SGD"]
+    run_device("cpython", art.blob, art.checkpoint, dropout_artifacts["data"], 0, STEPS,
+               lr_bits(lr), tmp_path / "mid", 1)
+    x = np.fromfile(dropout_artifacts["data"] / "x.f32", "<f4")[:8 * 64].tolist()
+    y = np.fromfile(dropout_artifacts["data"] / "y.i32", "<i4")[:8].tolist()
+
+    def first_loss(forget, seed):
+        state = CheckpointState.load_checkpoint(str(tmp_path / "mid"))
+        if forget:
+            state.random_states = {}
+        model = Module(str(art.blob), state)
+        if seed is not None:
+            model.set_seed(seed)
+        return model(x, y)
+
+    assert first_loss(False, 7) == first_loss(True, 7)         # set_seed wins over the file
+    assert first_loss(False, None) != first_loss(True, None)   # the file's state was restored
+
+
+def test_generator_state_properties_are_reserved_and_checked(dropout_artifacts, tmp_path):
+    art, _ = dropout_artifacts["SGD"]
+    state = CheckpointState.load_checkpoint(str(art.checkpoint))
+    state.properties["microtrain.rng.0"] = 5
+    with pytest.raises(CheckpointError, match="'microtrain.rng.0': names starting with "
+                                              "'microtrain.rng.' are reserved"):
+        CheckpointState.save_checkpoint(state, str(tmp_path / "ckpt"), True)
+    del state.properties["microtrain.rng.0"]
+    state.random_states = {"microtrain.rng.0": 2**30}   # a = 1, b = 0: no generator state
+    with pytest.raises(CheckpointError, match="'microtrain.rng.0' = 1073741824 is not a "
+                                              "Dropout generator state"):
+        Module(str(art.blob), state)

@@ -11,6 +11,10 @@
 #   ends in an 8-byte trailer, the CRC-32 of all bytes before it and b"MTCK". A file with
 #   the trailer must match it; one whose root asks for it but lacks it was cut short; files
 #   written by ORT have neither and load unchecked.
+#   Int properties named RNG_PREFIX + k (k = 0, 1, ...: the k-th Dropout of the blob, the
+#   stream number of Module.set_seed) are reserved: the state a*2**30 + b of that Dropout's
+#   generator (kernels/norm.py get_state), written by save_checkpoint with the optimizer
+#   state and restored by Module. They load into state.random_states, not state.properties.
 import os
 import struct
 from array import array
@@ -24,6 +28,7 @@ IDENTIFIER = b"ODTC"
 VERSION = 2
 ONNX_FLOAT = 1
 TRAILER_MAGIC = b"MTCK"
+RNG_PREFIX = "microtrain.rng."
 
 
 class Parameter:
@@ -58,6 +63,8 @@ class CheckpointState:
         self.momentums = {}        # parameter name -> [array('f'), ...]
         self.has_optimizer_state = False  # the file had an optimizer group
         self.parameter_order = []  # names in file order (dict order on MicroPython is not)
+        self.random_states = {}    # RNG_PREFIX + k -> int, as loaded (Dropout generators)
+        self._random_source = None  # set by Module: returns the current random_states
 
     @staticmethod
     def load_checkpoint(checkpoint_uri):
@@ -73,7 +80,9 @@ class CheckpointState:
     @staticmethod
     def save_checkpoint(state, checkpoint_uri, include_optimizer_state=False):
         """Write the checkpoint atomically (write_atomically): an interrupted save leaves
-        the previous checkpoint in place."""
+        the previous checkpoint in place. include_optimizer_state=True also writes the
+        Dropout generators' states (properties microtrain.rng.<k>), so that a resumed run
+        draws the same masks."""
         if not isinstance(state, CheckpointState):
             raise CheckpointError("save_checkpoint(state, checkpoint_uri, include_optimizer_state"
                                   "=False): state must be a CheckpointState, not %s"
@@ -240,15 +249,20 @@ def _parse(data, uri):
     if bag is not None:
         for index, fmt, default in ((0, "q", 0), (1, "f", 0.0)):
             for p in r.tables(bag, index, "property"):
-                state.properties[r.string(p, 0, "property name")] = r.scalar(p, 1, fmt, default)
+                name = r.string(p, 0, "property name")
+                value = r.scalar(p, 1, fmt, default)
+                if index == 0 and name.startswith(RNG_PREFIX):
+                    state.random_states[name] = value
+                else:
+                    state.properties[name] = value
         for p in r.tables(bag, 2, "property"):
             state.properties[r.string(p, 0, "property name")] = r.string(p, 1, "property")
     return state
 
 
 def _tensor(name, shape, values, nominal):
-    # A nominal tensor keeps its dims and has an empty raw_data vector (as ORT writes it;
-    # ORT refuses a tensor without either vector).
+    # A nominal tensor keeps its dims and has an empty raw_data vector (ORT writes empty
+    # dims there; it refuses a tensor without either vector; see schema/checkpoint.fbs).
     n = 0
     if not nominal:
         n = 1
@@ -279,11 +293,22 @@ def _to_flatbuffer(state, include_optimizer_state):
         groups = fbwriter.Tables([fbwriter.Table([
             fbwriter.String("group0"), ("q", state.optimizer_step),
             ("f", state.initial_learning_rate), fbwriter.Tables(per_param)])])
+    properties = state.properties
+    for name in properties:
+        if name.startswith(RNG_PREFIX):
+            raise CheckpointError("property '%s': names starting with '%s' are reserved for "
+                                  "the Dropout generators' states" % (name, RNG_PREFIX))
+    if include_optimizer_state:
+        source = state._random_source
+        randoms = source() if source is not None else state.random_states
+        if randoms:
+            properties = dict(properties)
+            properties.update(randoms)
     bag = None
-    if state.properties:
+    if properties:
         kinds = ([], [], [])
-        for name in sorted(state.properties):
-            value = state.properties[name]
+        for name in sorted(properties):
+            value = properties[name]
             if isinstance(value, bool) or isinstance(value, int):
                 kinds[0].append(fbwriter.Table([fbwriter.String(name), ("q", int(value))]))
             elif isinstance(value, float):

@@ -23,7 +23,15 @@ class LinearLRScheduler(_Scheduler):
     """Like onnxruntime.training.api.LinearLRScheduler(optimizer, warmup_step_count,
     total_step_count, initial_lr): the rate rises linearly from 0 over the warm-up steps
     (so the first step runs at 0 when warmup_step_count > 0), then falls linearly to 0 at
-    total_step_count and stays there."""
+    total_step_count and stays there.
+
+    This is ORT's documented and C++ meaning of the two counts. ORT 1.19.2's Python
+    LinearLRScheduler swaps warmup_step_count and total_step_count on their way to its C++
+    scheduler; microtrain follows the documented order. To reproduce ORT's actual Python
+    behaviour for (w, t), pass them swapped, (t, w); when w < t that would be a warm-up
+    longer than the total, which microtrain refuses: pass (t, t), which gives ORT's rates
+    there (initial_lr * k / t for k < t, then 0; the warm-up count plays no part).
+    Recorded from ORT: tests/data/ort-1.19.2/expected.json."""
 
     def __init__(self, optimizer, warmup_step_count, total_step_count, initial_lr):
         if not 0 <= warmup_step_count <= total_step_count:

@@ -1,7 +1,7 @@
 # Module: runs the train and eval programs of a blob over arenas allocated once.
 import math
 from microtrain import blob as blobfile
-from microtrain.errors import ParameterError, TrainingError
+from microtrain.errors import CheckpointError, ParameterError, TrainingError
 
 _INF = math.inf
 _NEG_INF = -math.inf
@@ -29,6 +29,7 @@ class Module:
         self.state = state
         self._view = memoryview(self.F)
         self._bind_parameters()
+        self._bind_random_states()
         # A model whose loss is computed outside the graph has forward and backward
         # programs instead of train (see forward()).
         self._forward = b.programs.get("forward")
@@ -72,6 +73,36 @@ class Module:
             if grad >= 0:
                 g = b.offsets[grad]
                 p.grad = self._view[g:g + n]
+
+    # -- Dropout generators ---------------------------------------------------------------
+    def _bind_random_states(self):
+        # Each Dropout's generator state (2 ints in the int arena; stream k = the k-th
+        # '.random_state' tensor) is restored from the state's microtrain.rng.<k> property
+        # when it has one (otherwise the kernel seeds it on its first draw), and the state
+        # keeps _random_states to write the current ones on a save with optimizer state.
+        b = self.blob
+        self._random_at = [b.offsets[t] for t in range(len(b.names))
+                           if b.names[t].endswith(".random_state")]
+        self.state._random_source = self._random_states
+        saved = getattr(self.state, "random_states", None)
+        if not self._random_at or not saved:
+            return
+        from microtrain.checkpoint import RNG_PREFIX
+        from microtrain.kernels.norm import set_state
+        for stream, at in enumerate(self._random_at):
+            name = RNG_PREFIX + str(stream)
+            if name in saved and not set_state(self.I, at, saved[name]):
+                raise CheckpointError("property '%s' = %r is not a Dropout generator state"
+                                      % (name, saved[name]))
+
+    def _random_states(self):
+        # {microtrain.rng.<k>: state} of every Dropout, for save_checkpoint (only then).
+        if not self._random_at:
+            return {}
+        from microtrain.checkpoint import RNG_PREFIX
+        from microtrain.kernels.norm import get_state
+        return dict((RNG_PREFIX + str(stream), get_state(self.I, at))
+                    for stream, at in enumerate(self._random_at))
 
     def _parameter_ids(self, trainable_only):
         return [t for t, grad, _ in self.blob.parameters if grad >= 0 or not trainable_only]
@@ -121,12 +152,11 @@ class Module:
     def set_seed(self, seed):
         """Restart every Dropout's random stream from `seed` (ORT's SetSeed, per Module):
         the same seed gives the same masks on CPython and on every MicroPython port. Without
-        it a Dropout starts from its `seed` attribute, or 0."""
-        b = self.blob
-        states = [b.offsets[t] for t in range(len(b.names)) if b.names[t].endswith(".random_state")]
-        if states:
+        it a Dropout starts from its `seed` attribute, or 0, or from the state a checkpoint
+        saved with optimizer state holds."""
+        if self._random_at:
             from microtrain.kernels.norm import seed_state
-            for stream, at in enumerate(states):
+            for stream, at in enumerate(self._random_at):
                 seed_state(self.I, at, seed, stream)
 
     def input_names(self, training=None):

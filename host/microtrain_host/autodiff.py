@@ -217,6 +217,9 @@ def grad_sqrt(g, node, dys, needs):
 def grad_pow(g, node, dys, needs):
     # y = x^p with a constant p: dx = dy * p * x^(p-1)
     x, p = node.input
+    if needs[1]:
+        raise UnsupportedOpError(f"Pow node '{node.name}': the exponent '{p}' gets no gradient; "
+                                 f"freeze it or make it a constant")
     exponent = g.constant_value(p)
     if exponent is None or exponent.size != 1:
         raise UnsupportedOpError(f"Pow node '{node.name}': only a constant scalar exponent "
@@ -262,6 +265,8 @@ def grad_reduce(g, node, dys, needs):
                 hint="dReduce")
     if node.op_type == "ReduceMean":
         count = int(np.prod([shape[a] for a in axes])) if axes else 1
+        if count == 0:  # X is empty (e.g. a Conv or pool window larger than its input, which
+            return [dx] + [None] * (len(node.input) - 1)  # that node's rule refuses): so is dX
         dx = g.node("Mul", [dx, g.constant("inv_count", np.float32(1.0 / count))], shape,
                     hint="dReduceMean")
     grads = [None] * len(node.input)
@@ -286,6 +291,9 @@ def grad_transpose(g, node, dys, needs):
     # The inverse permutation.
     shape = g.shape(node.input[0])
     perm = _attr(node, "perm", None) or list(reversed(range(len(shape))))
+    if sorted(perm) != list(range(len(shape))):  # onnx shape inference lets a short one pass
+        raise UnsupportedOpError(f"Transpose node '{node.name}': perm {list(perm)} is not a "
+                                 f"permutation of the {len(shape)} axes")
     inverse = [0] * len(perm)
     for i, p in enumerate(perm):
         inverse[p] = i

@@ -171,7 +171,11 @@ def build_parser():
 
     p = sub.add_parser("inspect", help="describe a packed blob",
                        description="Show a blob's memory plan (arena vs naive sum vs lower "
-                                   "bound), parameters, tensor table and programs step by step.")
+                                   "bound), parameters, tensor table and programs step by step. "
+                                   "For a partial update (requires_grad / frozen_params) it "
+                                   "also reports what pruning saved: the arena and the train "
+                                   "program's step count against training every parameter.",
+                       epilog="example: microtrain inspect build/model.mtb --no-steps")
     p.add_argument("blob", help="a model.mtb file")
     p.add_argument("--no-steps", action="store_true", help="omit the program listings")
     p.set_defaults(func=cmd_inspect)

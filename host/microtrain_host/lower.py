@@ -374,6 +374,9 @@ def lower_reduce(ctx, node):
     y_strides = [0 if i in axes else s for i, s in enumerate(contiguous_strides(kept))]
     dims, (_, s_y) = collapse(shape, [contiguous_strides(shape), y_strides], ctx.where(node))
     count = int(np.prod([shape[a] for a in axes], dtype=np.int64)) if axes else 1
+    if count == 0 and node.op_type == "ReduceMean":
+        raise UnsupportedOpError(f"{ctx.where(node)}: the mean of '{x}' (shape {list(shape)}) "
+                                 f"over axes {axes} is a mean of no elements")
     scale = 1.0 / count if node.op_type == "ReduceMean" else 1.0
     y = ctx.define(node.output[0])
     ctx.step(op.REDUCE_SUM, [y, ctx.t(x)], dims + s_y + [ctx.tensors[y].size], [scale])

@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
-from .errors import ArtifactError, DynamicShapeError
+from .errors import ArtifactError, DynamicShapeError, UnsupportedOpError
 from .fold import fold_constants
 
 MIN_OPSET = 13  # ReduceSum takes axes as an input, Softmax works on one axis
@@ -79,6 +79,14 @@ def load_model(model, batch_size=None):
     for node in model.graph.node:
         for out in node.output:
             if out and (out not in shapes or any(d is None for d in shapes[out][1])):
+                if node.op_type == "BatchNormalization" and out != node.output[0]:
+                    # onnx infers only Y of the opset 9-13 form, whose extra outputs imply
+                    # training mode
+                    raise UnsupportedOpError(
+                        f"BatchNormalization node '{node.name}': the outputs "
+                        f"{', '.join(o for o in node.output[1:] if o)} of the opset 9-13 form "
+                        f"(running, saved mean and variance) are not supported; export with "
+                        f"opset >= 15 (training_mode attribute, three outputs)")
                 raise DynamicShapeError(
                     f"cannot fix the shape of '{out}' produced by node '{node.name}' "
                     f"({node.op_type}); pass batch_size or export with static shapes")

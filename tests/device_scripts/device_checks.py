@@ -1,11 +1,13 @@
 # Device checks that run unchanged under CPython and MicroPython.
 #   device_checks.py ARTIFACT_DIR     (artifacts of a CrossEntropy MLP packed with batch 8)
+# ARTIFACT_DIR may also hold ort_checkpoint, a checkpoint onnxruntime-training wrote (no
+# CRC-32 trailer), for the corruption checks of trailer-less files.
 # Prints one line per check and a closing "N passed, M failed".
 import gc
 import sys
 from array import array
-from microtrain import (BlobError, CheckpointState, InputError, Module, Optimizer,
-                        ParameterError, TrainingError)
+from microtrain import (BlobError, CheckpointError, CheckpointState, InputError, Module,
+                        Optimizer, ParameterError, TrainingError)
 from microtrain import blob as blobfile
 
 results = [0, 0]
@@ -68,6 +70,83 @@ def bit_flips():
         bad = bytearray(BLOB)
         bad[i] ^= 0x10
         expect(BlobError, lambda: blobfile.parse(bytes(bad)))
+
+
+def checkpoint_bytes():
+    # The host-written checkpoint, and one this runtime writes after a step with optimizer
+    # state and a property; both end in microtrain's CRC-32 trailer.
+    state, model, opt, x, y = setup()
+    model(x, y)
+    opt.step()
+    state.properties["epoch"] = 1
+    path = directory + "/device_written_checkpoint"
+    CheckpointState.save_checkpoint(state, path, True)
+    out = []
+    for p in (directory + "/checkpoint", path):
+        with open(p, "rb") as f:
+            out.append(f.read())
+    return out
+
+
+def load_bytes(data):
+    path = directory + "/damaged_checkpoint"
+    with open(path, "wb") as f:
+        f.write(data)
+    return CheckpointState.load_checkpoint(path)
+
+
+def ort_checkpoint():
+    try:
+        with open(directory + "/ort_checkpoint", "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def checkpoint_truncation_anywhere():
+    # Every length of microtrain's files, and a dense sample of lengths of a trailer-less ORT
+    # file, which the structure checks alone must catch.
+    for good in checkpoint_bytes():
+        load_bytes(good)
+        for n in range(len(good)):
+            expect(CheckpointError, lambda: load_bytes(good[:n]))
+    good = ort_checkpoint()
+    if good is None:
+        return
+    full = load_bytes(good)
+    # ORT's buffer ends in the NUL of its last string, then zero padding: cutting only
+    # padding loses nothing and loads the same state; any longer cut is refused.
+    end = len(good.rstrip(b"\x00")) + 1
+    for n in list(range(0, end, max(1, end // 500))) + [end - 1]:
+        expect(CheckpointError, lambda: load_bytes(good[:n]))
+    for n in range(end, len(good)):
+        cut = load_bytes(good[:n])
+        assert cut.optimizer_step == full.optimizer_step
+        for name in full.parameters:
+            assert list(cut.parameters[name].data) == list(full.parameters[name].data), name
+
+
+def checkpoint_byte_flips():
+    # With the trailer, every flipped byte is refused (raw float data included).
+    for good in checkpoint_bytes():
+        for i in range(len(good)):
+            bad = bytearray(good)
+            bad[i] ^= (0x01, 0x80, 0xFF)[i % 3]
+            expect(CheckpointError, lambda: load_bytes(bytes(bad)))
+    # Without it (ORT's files), a flip inside raw data loads unnoticed, but anything else
+    # either loads or raises CheckpointError: never another exception.
+    good = ort_checkpoint()
+    if good is None:
+        return
+    refused = 0
+    for i in range(0, len(good), max(1, len(good) // 600)):
+        bad = bytearray(good)
+        bad[i] ^= 0x5A
+        try:
+            load_bytes(bytes(bad))
+        except CheckpointError:
+            refused += 1
+    assert refused > 0, "no flip of the ORT checkpoint was refused"
 
 
 def wrong_input_lengths():
@@ -150,7 +229,8 @@ def heap_does_not_grow():
     assert after == before, (before, after)
 
 
-for name in ("truncation_anywhere", "wrong_identifier", "bit_flips", "wrong_input_lengths",
+for name in ("truncation_anywhere", "wrong_identifier", "bit_flips",
+             "checkpoint_truncation_anywhere", "checkpoint_byte_flips", "wrong_input_lengths",
              "wrong_parameter_buffer", "parameters_round_trip", "nan_loss_keeps_parameters",
              "accumulate_until_reset", "heap_does_not_grow"):
     check(name, globals()[name])

@@ -178,6 +178,27 @@ def seed_state(I, at, seed, stream):
     I[at + 1] = b
 
 
+def get_state(I, at):
+    # The generator state I[at], I[at + 1] as one int a * 2**30 + b in [0, 2**60), an int64
+    # (0: not drawn from or seeded yet), for checkpoints (Module: property microtrain.rng.<k>).
+    # Only at save time: on 32-bit ports the result is a long int.
+    return I[at] * 1073741824 + I[at + 1]
+
+
+def set_state(I, at, value):
+    # Inverse of get_state; False, and nothing changed, when `value` is no state of this
+    # generator (0 < a < _M1 and 0 < b < _M2, or both 0).
+    if not isinstance(value, int) or value < 0:
+        return False
+    a = value // 1073741824
+    b = value % 1073741824
+    if a >= _M1 or b >= _M2 or (a == 0) != (b == 0):
+        return False
+    I[at] = a
+    I[at + 1] = b
+    return True
+
+
 def dropout(F, I, args):
     # y = x * scale where kept, 0 where dropped; an element is dropped when the draw
     # z in [1, _SPAN] is <= threshold (the host sets threshold = ratio * _SPAN).
