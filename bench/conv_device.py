@@ -1,7 +1,7 @@
 # Device side of bench/conv_kernels.py: the rate of the conv kernels (kernels/conv.py: forward,
 # input gradient, weight gradient) on a few representative layers and, in the same process,
 # the interpreter's plain multiply-accumulate loop.
-# Runs unchanged on MicroPython and CPython (only array, gc, sys, time).
+# Runs unchanged on MicroPython and CPython (only array, gc, sys, time, via mac_loop.py).
 #   micropython bench/conv_device.py ROUNDS     (MICROPYPATH=device)
 #   python      bench/conv_device.py ROUNDS     (PYTHONPATH=device)
 # Prints one "RESULT key=value ..." line per layer and kernel for the host script.
@@ -9,24 +9,8 @@ import gc
 import sys
 from array import array
 
-try:
-    from time import ticks_diff, ticks_us  # MicroPython
-
-    def now_us():
-        return ticks_us()
-
-    def since_us(t0):
-        return ticks_diff(ticks_us(), t0)
-except ImportError:  # CPython
-    from time import perf_counter
-
-    def now_us():
-        return perf_counter() * 1e6
-
-    def since_us(t0):
-        return perf_counter() * 1e6 - t0
-
-from microtrain.kernels.conv import conv, conv_grad_input, conv_grad_weight  # noqa: E402
+from mac_loop import now_us, plain_loop_rate, since_us
+from microtrain.kernels.conv import conv, conv_grad_input, conv_grad_weight
 
 IMPL = sys.implementation.name
 
@@ -38,32 +22,6 @@ LAYERS = (
     ("conv2d_3x3_s2_8to16_24x24", (1, 1, 8, 16, 24, 24, 3, 3, 2, 1)),
     ("conv1d_k5_8to16_128", (1, 1, 8, 16, 1, 128, 1, 5, 1, 2)),
 )
-
-
-def plain_dot(F, G, k, sa, sb):
-    # The inner loop of kernels/dense.gemm, as in bench/device_step.py: one MAC per trip.
-    pa = 0
-    pb = 0
-    s = 0.0
-    for _ in range(k):
-        s += F[pa] * G[pb]
-        pa += sa
-        pb += sb
-    return s
-
-
-def plain_loop_rate(seconds=0.2):
-    n = 64 * 32
-    F = array("f", [((i * 37) % 101) / 101.0 for i in range(n)])
-    G = array("f", [((i * 53) % 97) / 97.0 for i in range(n)])
-    calls = 0
-    t0 = now_us()
-    while True:
-        plain_dot(F, G, n, 1, 1)
-        calls += 1
-        dt = since_us(t0)
-        if dt >= seconds * 1e6:
-            return calls * n / (dt / 1e6)
 
 
 def taps_inside(size, out, kernel, stride, pad):

@@ -6,30 +6,12 @@ in the same process. Prints figures only; asserts nothing.
     python bench/conv_kernels.py [--rounds N] [--micropython PATH]
 """
 import argparse
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-from train_step import DEVICE, find_micropython
+from train_step import device_runtimes, run_results
 
 DEVICE_SCRIPT = Path(__file__).resolve().parent / "conv_device.py"
 KERNELS = ("forward", "grad_input", "grad_weight")
-
-
-def run_device(command, env, rounds):
-    """Run conv_device.py; returns {(layer, kernel): RESULT fields}, or None on failure."""
-    proc = subprocess.run(command + [str(DEVICE_SCRIPT), str(rounds)],
-                          env=dict(os.environ, **env), capture_output=True, text=True)
-    if proc.returncode != 0:
-        print(f"  failed ({' '.join(command)}, exit {proc.returncode}):\n{proc.stderr.strip()}")
-        return None
-    results = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            fields = dict(kv.split("=", 1) for kv in line.split()[1:])
-            results[fields["layer"], fields["kernel"]] = fields
-    return results
 
 
 def main():
@@ -40,22 +22,16 @@ def main():
                                           "then .cache/micropython/micropython)")
     args = ap.parse_args()
 
-    runtimes = [("cpython", [sys.executable], {"PYTHONPATH": str(DEVICE)})]
-    mp = find_micropython(args.micropython)
-    if mp:
-        runtimes.append(("micropython", [mp, "-X", "heapsize=2M"], {"MICROPYPATH": str(DEVICE)}))
-    print(f"python {sys.version.split()[0]}; micropython: {mp or 'not found'}; "
-          f"best of {args.rounds} interleaved rounds")
-    if not mp:
-        print("MicroPython not found (pass --micropython, set MICROTRAIN_MICROPYTHON or run "
-              "scripts/build_micropython.sh): CPython figures only")
+    runtimes = device_runtimes(args.micropython, heap="2M")
+    print(f"best of {args.rounds} interleaved rounds")
 
     print("\n%-12s %-28s %7s %11s  %-14s %-14s %-14s" % (
         "runtime", "layer", "MACs", "loop MMAC/s", "forward", "grad input", "grad weight"))
     for name, command, env in runtimes:
-        results = run_device(command, env, args.rounds)
-        if results is None:
+        lines = run_results(command, env, DEVICE_SCRIPT, args.rounds)
+        if lines is None:
             continue
+        results = {(r["layer"], r["kernel"]): r for r in lines}
         for layer in dict.fromkeys(layer for layer, _ in results):
             first = results[layer, KERNELS[0]]
             loop = float(first["loop"])

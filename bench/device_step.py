@@ -1,7 +1,7 @@
 # Device side of bench/train_step.py: times train steps and eval calls of the packed digits
 # MLP (64-32-10; step_macs() assumes that shape) and, in the same process, the interpreter's
 # plain float multiply-accumulate loop.
-# Runs unchanged on MicroPython and CPython (only array, gc, sys, time).
+# Runs unchanged on MicroPython and CPython (only array, gc, sys, time, via mac_loop.py).
 #   micropython bench/device_step.py ARTIFACT_DIR STEPS BATCH     (MICROPYPATH=device)
 #   python      bench/device_step.py ARTIFACT_DIR STEPS BATCH     (PYTHONPATH=device)
 # Prints human-readable lines and one "RESULT key=value ..." line for the host script.
@@ -9,22 +9,7 @@ import gc
 import sys
 from array import array
 
-try:
-    from time import ticks_diff, ticks_us  # MicroPython
-
-    def now_us():
-        return ticks_us()
-
-    def since_us(t0):
-        return ticks_diff(ticks_us(), t0)
-except ImportError:  # CPython
-    from time import perf_counter
-
-    def now_us():
-        return perf_counter() * 1e6
-
-    def since_us(t0):
-        return perf_counter() * 1e6 - t0
+from mac_loop import now_us, plain_loop_rate, since_us
 
 IMPL = sys.implementation.name
 HAS_MEM_ALLOC = hasattr(gc, "mem_alloc")  # MicroPython only
@@ -49,32 +34,6 @@ def step_macs(b):
     forward = b * (64 * 32 + 32 * 10)
     backward = 10 * 32 * b + b * 10 * 32 + 32 * 64 * b
     return forward, backward
-
-
-def plain_dot(F, G, k, sa, sb):
-    # The inner loop of kernels/dense.gemm, verbatim: strided indices, one MAC per trip.
-    pa = 0
-    pb = 0
-    s = 0.0
-    for _ in range(k):
-        s += F[pa] * G[pb]
-        pa += sa
-        pb += sb
-    return s
-
-
-def plain_loop_rate(seconds=0.2):
-    n = 64 * 32
-    F = array("f", [((i * 37) % 101) / 101.0 for i in range(n)])
-    G = array("f", [((i * 53) % 97) / 97.0 for i in range(n)])
-    calls = 0
-    t0 = now_us()
-    while True:
-        plain_dot(F, G, n, 1, 1)
-        calls += 1
-        dt = since_us(t0)
-        if dt >= seconds * 1e6:
-            return calls * n / (dt / 1e6)
 
 
 # -- load --------------------------------------------------------------------------------

@@ -15,7 +15,6 @@ alone see bench/conv_kernels.py). Prints figures only; asserts nothing.
 """
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -32,7 +31,7 @@ from microtrain import blob as blobfile  # noqa: E402
 from microtrain_host import generate_artifacts  # noqa: E402
 from reference_models import REFERENCE_MODELS  # noqa: E402
 from torch_reference import export  # noqa: E402
-from train_step import find_micropython  # noqa: E402
+from train_step import device_runtimes, run_results  # noqa: E402
 
 
 def _shapes(model):
@@ -67,18 +66,6 @@ def train_step_macs(training_model):
     return total
 
 
-def run_device(command, env, directory, steps):
-    proc = subprocess.run(command + [str(DEVICE_SCRIPT), directory, str(steps)],
-                          env=dict(os.environ, **env), capture_output=True, text=True)
-    if proc.returncode != 0:
-        print(f"  failed ({' '.join(command)}, exit {proc.returncode}):\n{proc.stderr.strip()}")
-        return None
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return dict(kv.split("=", 1) for kv in line.split()[1:])
-    return None
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=10, help="timed steps per round (3 rounds)")
@@ -86,14 +73,8 @@ def main():
                                           "then .cache/micropython/micropython)")
     ap.add_argument("--only", help="run only the reference model with this name")
     args = ap.parse_args()
-    runtimes = [("cpython", [sys.executable], {"PYTHONPATH": str(DEVICE)})]
-    mp = find_micropython(args.micropython)
-    if mp:
-        runtimes.append(("micropython", [mp, "-X", "heapsize=8M"], {"MICROPYPATH": str(DEVICE)}))
-    else:
-        print("MicroPython not found: CPython figures only")
-    print(f"python {sys.version.split()[0]}; micropython: {mp or 'not found'}; "
-          f"best of 3 rounds of {args.steps} train steps (AdamW)")
+    runtimes = device_runtimes(args.micropython, heap="8M")
+    print(f"best of 3 rounds of {args.steps} train steps (AdamW)")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for build in REFERENCE_MODELS:
@@ -108,9 +89,9 @@ def main():
             b = blobfile.load(result.blob)
             params = sum(b.sizes[t] for t, _, _ in b.parameters)
             for name, command, env in runtimes:
-                r = run_device(command, env, directory, args.steps)
-                if r is not None:
-                    rows.append((ref, name, macs, params, b.float_arena, r))
+                results = run_results(command, env, DEVICE_SCRIPT, directory, args.steps)
+                if results:
+                    rows.append((ref, name, macs, params, b.float_arena, results[0]))
     print("\n%-20s %-12s %5s %7s %7s %9s %9s %11s %11s %6s" % (
         "model", "runtime", "batch", "params", "arena", "MACs", "step ms", "step MMAC/s",
         "loop MMAC/s", "ratio"))

@@ -37,6 +37,38 @@ def find_micropython(explicit):
     return None
 
 
+def device_runtimes(explicit, heap=None):
+    """[(name, command, env)] to run a device-side script: CPython, and the MicroPython Unix
+    port when found (said when it is not). Used by every benchmark here."""
+    runtimes = [("cpython", [sys.executable], {"PYTHONPATH": str(DEVICE)})]
+    mp = find_micropython(explicit)
+    if mp:
+        runtimes.append(("micropython", [mp] + (["-X", f"heapsize={heap}"] if heap else []),
+                         {"MICROPYPATH": str(DEVICE)}))
+    else:
+        print("MicroPython not found (pass --micropython, set MICROTRAIN_MICROPYTHON or run "
+              "scripts/build_micropython.sh): CPython figures only")
+    print(f"python {sys.version.split()[0]}; micropython: {mp or 'not found'}")
+    return runtimes
+
+
+def run_results(command, env, script, *args):
+    """Run a device-side script; echo its human lines, return the fields of its
+    "RESULT key=value ..." lines (None when it failed)."""
+    proc = subprocess.run(command + [str(script)] + [str(a) for a in args],
+                          env=dict(os.environ, **env), capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"  failed ({' '.join(command)}, exit {proc.returncode}):\n{proc.stderr.strip()}")
+        return None
+    results = []
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            results.append(dict(kv.split("=", 1) for kv in line.split()[1:]))
+        else:
+            print("  " + line)
+    return results
+
+
 def pack(directory, batch):
     generate_artifacts(str(MODEL), loss="CrossEntropyLoss", optimizer="AdamW",
                        artifact_directory=directory, batch_size=batch)
@@ -47,22 +79,6 @@ def pack(directory, batch):
             "float_arena": b.float_arena, "int_arena": b.int_arena}
 
 
-def run_device(command, env, directory, steps, batch):
-    """Run device_step.py; echo its human lines, return its RESULT fields (or None)."""
-    proc = subprocess.run(command + [str(DEVICE_SCRIPT), directory, str(steps), str(batch)],
-                          env=dict(os.environ, **env), capture_output=True, text=True)
-    if proc.returncode != 0:
-        print(f"  failed ({' '.join(command)}, exit {proc.returncode}):\n{proc.stderr.strip()}")
-        return None
-    result = None
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            result = dict(kv.split("=", 1) for kv in line.split()[1:])
-        else:
-            print("  " + line)
-    return result
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=50,
@@ -71,15 +87,8 @@ def main():
                                           "then .cache/micropython/micropython)")
     args = ap.parse_args()
 
-    runtimes = [("cpython", [sys.executable], {"PYTHONPATH": str(DEVICE)})]
-    mp = find_micropython(args.micropython)
-    if mp:
-        runtimes.append(("micropython", [mp], {"MICROPYPATH": str(DEVICE)}))
-    print(f"python {sys.version.split()[0]}; micropython: {mp or 'not found'}; "
-          f"best of 5 interleaved rounds of {args.steps} calls each")
-    if not mp:
-        print("MicroPython not found (pass --micropython, set MICROTRAIN_MICROPYTHON or run "
-              "scripts/build_micropython.sh): CPython figures only")
+    runtimes = device_runtimes(args.micropython)
+    print(f"best of 5 interleaved rounds of {args.steps} calls each")
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -90,9 +99,9 @@ def main():
                   f"arena {sizes['arena']} B ({sizes['float_arena']} floats + "
                   f"{sizes['int_arena']} ints)")
             for name, command, env in runtimes:
-                r = run_device(command, env, directory, args.steps, batch)
-                if r is not None:
-                    rows.append((name, batch, r))
+                results = run_results(command, env, DEVICE_SCRIPT, directory, args.steps, batch)
+                if results:
+                    rows.append((name, batch, results[0]))
 
     print("\n%-12s %5s %6s %8s %8s %11s %11s %6s %8s %8s" % (
         "runtime", "batch", "MACs", "step ms", "AdamW ms", "step MMAC/s", "loop MMAC/s",
