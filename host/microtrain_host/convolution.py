@@ -9,32 +9,12 @@ Rules (onnxruntime and torch agree on all of them):
   * output o along a dimension reads the input at o * stride - pad_begin + k * dilation for
     every kernel tap k; positions outside the input are zero padding;
   * output size = floor((in + pad_begin + pad_end - ((kernel - 1) * dilation + 1)) / stride) + 1;
-  * SAME_UPPER / SAME_LOWER: output size = ceil(in / stride), total padding
-    (out - 1) * stride + kernel - in, its odd element at the end (UPPER) or the beginning
-    (LOWER); onnxruntime refuses them with dilations, and so do we; VALID: no padding;
+  * auto_pad as in windows.py (SAME with a stride larger than the kernel pads nothing);
   * W is (M, C / group, *kernel); output channel m reads the input channels of group
     m // (M / group)."""
-from onnx import helper
-
 from .errors import UnsupportedOpError
-
-AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
-
-
-def _attr(node, name, default):
-    for a in node.attribute:
-        if a.name == name:
-            value = helper.get_attribute_value(a)
-            return value.decode() if isinstance(value, bytes) else value
-    return default
-
-
-def _same_pads(size, kernel, stride, upper):
-    out = -(-size // stride)
-    total = max(0, (out - 1) * stride + kernel - size)
-    small = total // 2
-    return (small, total - small) if upper else (total - small, small)
-
+from .windows import attr as _attr
+from .windows import window_attributes
 
 def conv_attributes(node, x_shape, w_shape, where):
     """Explicit attributes of a convolution of an input of x_shape with a weight of w_shape.
@@ -53,29 +33,7 @@ def conv_attributes(node, x_shape, w_shape, where):
         raise UnsupportedOpError(f"{where}: attribute kernel_shape="
                                  f"{list(_attr(node, 'kernel_shape', kernel))} does not match the "
                                  f"weight's spatial shape {kernel}")
-    strides = list(_attr(node, "strides", [1] * rank))
-    dilations = list(_attr(node, "dilations", [1] * rank))
-    pads = list(_attr(node, "pads", [0] * (2 * rank)))
-    for name, values, count, least in (("strides", strides, rank, 1),
-                                       ("dilations", dilations, rank, 1),
-                                       ("pads", pads, 2 * rank, 0)):
-        if len(values) != count or min(values) < least:
-            raise UnsupportedOpError(f"{where}: attribute {name}={values} is not valid for "
-                                     f"{rank} spatial dimensions (need {count} values >= {least})")
-    auto_pad = _attr(node, "auto_pad", "NOTSET")
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        if dilations != [1] * rank:
-            raise UnsupportedOpError(f"{where}: attribute auto_pad={auto_pad} with dilations="
-                                     f"{dilations} is not supported (onnxruntime refuses it too); "
-                                     f"give explicit pads")
-        same = [_same_pads(spatial[i], kernel[i], strides[i], auto_pad == "SAME_UPPER")
-                for i in range(rank)]
-        pads = [p[0] for p in same] + [p[1] for p in same]
-    elif auto_pad == "VALID":
-        pads = [0] * (2 * rank)
-    elif auto_pad != "NOTSET":
-        raise UnsupportedOpError(f"{where}: attribute auto_pad={auto_pad!r} is not valid; "
-                                 f"use one of {', '.join(AUTO_PADS)}")
+    strides, dilations, pads = window_attributes(node, kernel, spatial, where, "clamp")
     group = _attr(node, "group", 1)
     channels, out_channels = x_shape[1], w_shape[0]
     if group < 1 or channels % group or out_channels % group or w_shape[1] * group != channels:

@@ -13,17 +13,9 @@ Window rules (onnxruntime and torch agree on all of them):
   * an average divides by the number of input elements in the window, or with
     count_include_pad by the window clipped to the padded input [-pad_begin, in + pad_end),
     so a ceil_mode window running past the padded edge counts only what lies inside it."""
-from onnx import helper
-
 from .errors import UnsupportedOpError
-
-
-def _attr(node, name, default):
-    for a in node.attribute:
-        if a.name == name:
-            value = helper.get_attribute_value(a)
-            return value.decode() if isinstance(value, bytes) else value
-    return default
+from .windows import attr as _attr
+from .windows import window_attributes
 
 
 def _output_size(size, kernel, stride, dilation, pad_begin, pad_end, ceil_mode):
@@ -39,17 +31,6 @@ def _output_size(size, kernel, stride, dilation, pad_begin, pad_end, ceil_mode):
 def _touches_input(size, kernel, stride, dilation, pad_begin, window):
     start = window * stride - pad_begin
     return any(0 <= start + k * dilation < size for k in range(kernel))
-
-
-def _same_pads(size, kernel, stride, upper, where):
-    out = -(-size // stride)
-    total = (out - 1) * stride + kernel - size
-    if total < 0:
-        raise UnsupportedOpError(f"{where}: attribute auto_pad with strides larger than the "
-                                 f"kernel asks for negative pads ({total}), which onnxruntime "
-                                 f"does not run the same for every pool; give explicit pads")
-    small = total // 2
-    return (small, total - small) if upper else (total - small, small)
 
 
 def pool_attributes(node, in_shape, out_shape, where):
@@ -92,30 +73,10 @@ def _window_attributes(node, spatial, where):
     if len(kernel) != rank:
         raise UnsupportedOpError(f"{where}: attribute kernel_shape={kernel} does not match "
                                  f"the {rank} spatial dimensions")
-    strides = list(_attr(node, "strides", [1] * rank))
-    dilations = list(_attr(node, "dilations", [1] * rank))
-    pads = list(_attr(node, "pads", [0] * (2 * rank)))
-    for name, values, count in (("strides", strides, rank), ("dilations", dilations, rank),
-                                ("pads", pads, 2 * rank)):
-        if len(values) != count or min(values) < (0 if name == "pads" else 1):
-            raise UnsupportedOpError(f"{where}: attribute {name}={values} is not valid for "
-                                     f"{rank} spatial dimensions")
+    strides, dilations, pads = window_attributes(node, kernel, spatial, where, "refuse")
     if not is_max and dilations != [1] * rank:
         raise UnsupportedOpError(f"{where}: attribute dilations={dilations} is not supported "
                                  f"for AveragePool (only 1)")
-    auto_pad = _attr(node, "auto_pad", "NOTSET")
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        if dilations != [1] * rank:
-            raise UnsupportedOpError(f"{where}: attribute auto_pad={auto_pad} with dilations="
-                                     f"{dilations} is not supported (onnxruntime pads these "
-                                     f"differently from the ONNX spec); give explicit pads")
-        same = [_same_pads(spatial[i], kernel[i], strides[i], auto_pad == "SAME_UPPER", where)
-                for i in range(rank)]
-        pads = [p[0] for p in same] + [p[1] for p in same]
-    elif auto_pad == "VALID":
-        pads = [0] * (2 * rank)
-    elif auto_pad != "NOTSET":
-        raise UnsupportedOpError(f"{where}: attribute auto_pad={auto_pad!r} is not valid")
     return {"kernel_shape": kernel, "strides": strides, "pads": pads, "dilations": dilations,
             "ceil_mode": int(_attr(node, "ceil_mode", 0))}
 

@@ -1,0 +1,63 @@
+"""Sliding-window attributes shared by convolution and pooling: strides, dilations and pads
+read and checked once, auto_pad resolved into explicit pads.
+
+SAME_UPPER / SAME_LOWER: output size ceil(in / stride), total padding
+(out - 1) * stride + kernel - in, its odd element at the end (UPPER) or the beginning (LOWER);
+VALID: no padding. With dilations onnxruntime does not follow the spec's padding rule, so
+SAME with dilations is refused."""
+from onnx import helper
+
+from .errors import UnsupportedOpError
+
+AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
+
+
+def attr(node, name, default):
+    """An attribute's value (strings decoded), or default."""
+    for a in node.attribute:
+        if a.name == name:
+            value = helper.get_attribute_value(a)
+            return value.decode() if isinstance(value, bytes) else value
+    return default
+
+
+def window_attributes(node, kernel, spatial, where, negative_same):
+    """(strides, dilations, pads) of a node sliding `kernel` over `spatial`, validated.
+
+    negative_same: what SAME does when a stride larger than the kernel asks for negative
+    padding: "clamp" to no padding (onnxruntime's Conv) or "refuse" (its pools error)."""
+    rank = len(spatial)
+    strides = list(attr(node, "strides", [1] * rank))
+    dilations = list(attr(node, "dilations", [1] * rank))
+    pads = list(attr(node, "pads", [0] * (2 * rank)))
+    for name, values, count, least in (("strides", strides, rank, 1),
+                                       ("dilations", dilations, rank, 1),
+                                       ("pads", pads, 2 * rank, 0)):
+        if len(values) != count or min(values) < least:
+            raise UnsupportedOpError(f"{where}: attribute {name}={values} is not valid for "
+                                     f"{rank} spatial dimensions (need {count} values >= {least})")
+    auto_pad = attr(node, "auto_pad", "NOTSET")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        if dilations != [1] * rank:
+            raise UnsupportedOpError(f"{where}: attribute auto_pad={auto_pad} with dilations="
+                                     f"{dilations} is not supported (onnxruntime pads these "
+                                     f"differently from the ONNX spec); give explicit pads")
+        begins, ends = [], []
+        for size, k, stride in zip(spatial, kernel, strides):
+            total = (-(-size // stride) - 1) * stride + k - size
+            if total < 0 and negative_same == "refuse":
+                raise UnsupportedOpError(f"{where}: attribute auto_pad with strides larger than "
+                                         f"the kernel asks for negative pads ({total}), which "
+                                         f"onnxruntime does not run the same for every pool; "
+                                         f"give explicit pads")
+            total = max(0, total)
+            small = total // 2
+            begins.append(small if auto_pad == "SAME_UPPER" else total - small)
+            ends.append(total - begins[-1])
+        pads = begins + ends
+    elif auto_pad == "VALID":
+        pads = [0] * (2 * rank)
+    elif auto_pad != "NOTSET":
+        raise UnsupportedOpError(f"{where}: attribute auto_pad={auto_pad!r} is not valid; "
+                                 f"use one of {', '.join(AUTO_PADS)}")
+    return strides, dilations, pads
