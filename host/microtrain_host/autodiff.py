@@ -10,17 +10,10 @@ from onnx import TensorProto, helper
 
 from .convolution import conv_attributes
 from .errors import UnsupportedOpError
-from .graph import DOMAIN
+from .graph import DOMAIN, attr
 from .normalization import batch_norm_training, dropout_config
 from .pooling import pool_attributes
 from .layout import matmul_views, pad_amounts
-
-
-def _attr(node, name, default):
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
 
 
 def unbroadcast(g, dy, in_shape):
@@ -50,9 +43,9 @@ def grad_gemm(g, node, dys, needs):
     # Y = alpha * op(A) op(B) + beta * C, op = transpose when transA / transB.
     a, b = node.input[0], node.input[1]
     dy = dys[0]
-    alpha = _attr(node, "alpha", 1.0)
-    beta = _attr(node, "beta", 1.0)
-    ta, tb = _attr(node, "transA", 0), _attr(node, "transB", 0)
+    alpha = attr(node, "alpha", 1.0)
+    beta = attr(node, "beta", 1.0)
+    ta, tb = attr(node, "transA", 0), attr(node, "transB", 0)
     grads = [None] * len(node.input)
     if needs[0]:
         # dA = alpha * dY op(B)^T, or its transpose when A was transposed.
@@ -164,7 +157,7 @@ def _activation_grad(op_type):
 
 def _softmax_grad(op_type):
     def rule(g, node, dys, needs):
-        axis = _attr(node, "axis", -1)
+        axis = attr(node, "axis", -1)
         return [g.node(op_type, [dys[0], node.output[0]], g.shape(node.input[0]), domain=DOMAIN,
                        hint="d" + node.op_type, axis=axis)]
     return rule
@@ -238,14 +231,14 @@ def grad_pow(g, node, dys, needs):
 def _reduce_axes(g, node):
     x = node.input[0]
     rank = len(g.shape(x))
-    axes = _attr(node, "axes", None)
+    axes = attr(node, "axes", None)
     if axes is None and len(node.input) > 1 and node.input[1]:
         value = g.constant_value(node.input[1])
         if value is None:
             raise UnsupportedOpError(f"{node.op_type} node '{node.name}': axes must be constant")
         axes = [int(v) for v in value.reshape(-1)]
     if not axes:
-        if _attr(node, "noop_with_empty_axes", 0):
+        if attr(node, "noop_with_empty_axes", 0):
             return []
         axes = list(range(rank))
     return sorted(a % rank for a in axes)
@@ -290,7 +283,7 @@ def grad_expand(g, node, dys, needs):
 def grad_transpose(g, node, dys, needs):
     # The inverse permutation.
     shape = g.shape(node.input[0])
-    perm = _attr(node, "perm", None) or list(reversed(range(len(shape))))
+    perm = attr(node, "perm", None) or list(reversed(range(len(shape))))
     if sorted(perm) != list(range(len(shape))):  # onnx shape inference lets a short one pass
         raise UnsupportedOpError(f"Transpose node '{node.name}': perm {list(perm)} is not a "
                                  f"permutation of the {len(shape)} axes")
@@ -310,7 +303,7 @@ def grad_slice(g, node, dys, needs):
 
 def grad_concat(g, node, dys, needs):
     # Each input's gradient is its window of dY along the axis.
-    axis = _attr(node, "axis", 0) % len(g.shape(node.output[0]))
+    axis = attr(node, "axis", 0) % len(g.shape(node.output[0]))
     grads, at = [], 0
     for x, need in zip(node.input, needs):
         size = g.shape(x)[axis]
@@ -331,7 +324,7 @@ def grad_split(g, node, dys, needs):
         hint="dSplit_zeros", value=helper.make_tensor("value", TensorProto.FLOAT, [1], [0.0]))
         for out, dy in zip(node.output, dys)]
     return [g.node("Concat", pieces, g.shape(node.input[0]), hint="dSplit",
-                   axis=_attr(node, "axis", 0))] + [None] * (len(node.input) - 1)
+                   axis=attr(node, "axis", 0))] + [None] * (len(node.input) - 1)
 
 
 def grad_gather(g, node, dys, needs):
@@ -339,7 +332,7 @@ def grad_gather(g, node, dys, needs):
     data, indices = node.input
     shape = g.constant("shape", np.array(g.shape(data), np.int64))
     return [g.node("GatherGrad", [shape, indices, dys[0]], g.shape(data), domain=DOMAIN,
-                   hint="dGather", axis=_attr(node, "axis", 0)), None]
+                   hint="dGather", axis=attr(node, "axis", 0)), None]
 
 
 def grad_tile(g, node, dys, needs):
@@ -369,8 +362,7 @@ def grad_pad(g, node, dys, needs):
     axes = node.input[3] if len(node.input) > 3 and node.input[3] else None
     begins, ends = pad_amounts(len(g.shape(x)), g.constant_value(node.input[1]),
                                g.constant_value(axes) if axes else None, where)
-    mode = _attr(node, "mode", b"constant")
-    mode = mode.decode() if isinstance(mode, bytes) else mode
+    mode = attr(node, "mode", "constant")
     if mode == "constant":
         dx, shape = dys[0], g.shape(dys[0])
         if max(begins + ends) > 0:
@@ -466,7 +458,7 @@ def grad_batch_norm(g, node, dys, needs):
                for part, need in zip(("X", "scale", "bias"), needs[:3])]
     g.node("BatchNormalizationGrad", [dys[0], x, scale] + ([] if training else [mean, var]),
            [g.shape(x), g.shape(scale), g.shape(bias)], outputs=outputs, domain=DOMAIN,
-           epsilon=_attr(node, "epsilon", 1e-5), training_mode=int(training))
+           epsilon=attr(node, "epsilon", 1e-5), training_mode=int(training))
     return [o or None for o in outputs] + [None, None]
 
 

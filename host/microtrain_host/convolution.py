@@ -13,7 +13,7 @@ Rules (onnxruntime and torch agree on all of them):
   * W is (M, C / group, *kernel); output channel m reads the input channels of group
     m // (M / group)."""
 from .errors import UnsupportedOpError
-from .windows import attr as _attr
+from .graph import attr
 from .windows import window_attributes
 
 def conv_attributes(node, x_shape, w_shape, where):
@@ -29,12 +29,12 @@ def conv_attributes(node, x_shape, w_shape, where):
         raise UnsupportedOpError(f"{where}: the weight has shape {list(w_shape)}; for input "
                                  f"{list(x_shape)} it must be (M, C / group, *kernel_shape)")
     kernel = list(w_shape[2:])
-    if list(_attr(node, "kernel_shape", kernel)) != kernel:
+    if list(attr(node, "kernel_shape", kernel)) != kernel:
         raise UnsupportedOpError(f"{where}: attribute kernel_shape="
-                                 f"{list(_attr(node, 'kernel_shape', kernel))} does not match the "
+                                 f"{list(attr(node, 'kernel_shape', kernel))} does not match the "
                                  f"weight's spatial shape {kernel}")
     strides, dilations, pads = window_attributes(node, kernel, spatial, where, "clamp")
-    group = _attr(node, "group", 1)
+    group = attr(node, "group", 1)
     channels, out_channels = x_shape[1], w_shape[0]
     if group < 1 or channels % group or out_channels % group or w_shape[1] * group != channels:
         raise UnsupportedOpError(f"{where}: attribute group={group} does not fit input channels "

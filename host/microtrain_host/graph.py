@@ -6,6 +6,15 @@ DOMAIN = "ai.microtrain"   # gradient and optimizer helpers ONNX lacks (like ORT
 DOMAIN_VERSION = 1
 
 
+def attr(node, name, default=None):
+    """A node attribute's value (strings decoded to str), or default when it is absent."""
+    for a in node.attribute:
+        if a.name == name:
+            value = helper.get_attribute_value(a)
+            return value.decode() if isinstance(value, bytes) else value
+    return default
+
+
 class GraphBuilder:
     def __init__(self, shapes):
         self.shapes = dict(shapes)        # name -> (elem_type, shape tuple)

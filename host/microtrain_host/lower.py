@@ -7,11 +7,12 @@ import dataclasses
 import math
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, numpy_helper
 
 from . import opcodes as op
 from .convolution import conv_attributes, device_geometry, output_spatial
 from .errors import UnsupportedOpError
+from .graph import attr
 from .layout import matmul_views, pad_amounts, slice_windows
 from .model import constant_value, tensor_shapes
 from .normalization import RANDOM_SPAN, batch_norm_training, dropout_config
@@ -92,13 +93,6 @@ def collapse(shape, stride_sets, where, rank=3):
     while len(dims) < rank:
         dims.insert(0, (1, [0] * len(stride_sets)))
     return [d for d, _ in dims], [[s[k] for _, s in dims] for k in range(len(stride_sets))]
-
-
-def _attr(node, name, default=None):
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
 
 
 def _axis_view(shape, axis, where):
@@ -267,7 +261,7 @@ def lower_gemm(ctx, node):
     if len(sa) != 2 or len(sb) != 2:
         raise UnsupportedOpError(f"{ctx.where(node)}: only 2-D operands are supported, got "
                                  f"{list(sa)} x {list(sb)}")
-    ta, tb = _attr(node, "transA", 0), _attr(node, "transB", 0)
+    ta, tb = attr(node, "transA", 0), attr(node, "transB", 0)
     m, k = (sa[1], sa[0]) if ta else sa
     n = sb[0] if tb else sb[1]
     sa_m, sa_k = (1, sa[1]) if ta else (sa[1], 1)
@@ -276,7 +270,7 @@ def lower_gemm(ctx, node):
     y = ctx.define(node.output[0])
     ctx.step(op.GEMM, [y, ctx.t(a), ctx.t(b), ctx.t(c) if c else NO_TENSOR],
              [m, k, n, sa_m, sa_k, sb_k, sb_n, sc[0], sc[1]],
-             [_attr(node, "alpha", 1.0), _attr(node, "beta", 1.0) if c else 0.0])
+             [attr(node, "alpha", 1.0), attr(node, "beta", 1.0) if c else 0.0])
 
 
 def lower_matmul(ctx, node):
@@ -316,7 +310,7 @@ def _activation_grad(code):
 def _softmax(code):
     def lower(ctx, node):
         x = node.input[0]
-        view = _axis_view(ctx.shape(x), _attr(node, "axis", -1), ctx.where(node))
+        view = _axis_view(ctx.shape(x), attr(node, "axis", -1), ctx.where(node))
         y = ctx.define(node.output[0])
         ctx.step(code, [y, ctx.t(x)], view)
     return lower
@@ -325,7 +319,7 @@ def _softmax(code):
 def _softmax_grad(code):
     def lower(ctx, node):
         dy, y = node.input
-        view = _axis_view(ctx.shape(y), _attr(node, "axis", -1), ctx.where(node))
+        view = _axis_view(ctx.shape(y), attr(node, "axis", -1), ctx.where(node))
         dx = ctx.define(node.output[0])
         ctx.step(code, [dx, ctx.t(dy), ctx.t(y)], view)
     return lower
@@ -353,14 +347,14 @@ def lower_pow(ctx, node):
 
 
 def _reduce_axes(ctx, node, rank):
-    axes = _attr(node, "axes")
+    axes = attr(node, "axes")
     if axes is None and len(node.input) > 1 and node.input[1]:
         value = ctx.value(node.input[1])
         if value is None:
             raise UnsupportedOpError(f"{ctx.where(node)}: axes must be a constant")
         axes = [int(v) for v in np.asarray(value).reshape(-1)]
     if not axes:
-        if _attr(node, "noop_with_empty_axes", 0):
+        if attr(node, "noop_with_empty_axes", 0):
             return []
         return list(range(rank))
     return sorted(a % rank for a in axes)
@@ -397,9 +391,9 @@ def _check_cross_entropy(ctx, node):
     if len(ctx.shape(scores)) != 2:
         raise UnsupportedOpError(f"{ctx.where(node)}: scores must be [batch, classes], got "
                                  f"{list(ctx.shape(scores))}")
-    if _attr(node, "reduction", b"mean") not in (b"mean", "mean"):
+    if attr(node, "reduction", "mean") != "mean":
         raise UnsupportedOpError(f"{ctx.where(node)}: only reduction='mean' is supported")
-    if _attr(node, "ignore_index") is not None:
+    if attr(node, "ignore_index") is not None:
         raise UnsupportedOpError(f"{ctx.where(node)}: ignore_index is not supported")
     return ctx.shape(scores)
 
@@ -453,7 +447,7 @@ def _optional_inputs(node, count):
 
 
 def _penalties(ctx, node):
-    l1, l2 = _attr(node, "l1_penalty", 0.0), _attr(node, "l2_penalty", 0.0)
+    l1, l2 = attr(node, "l1_penalty", 0.0), attr(node, "l2_penalty", 0.0)
     if l1 < 0 or l2 < 0:
         raise UnsupportedOpError(f"{ctx.where(node)}: l1_penalty and l2_penalty must be >= 0, "
                                  f"got {l1}, {l2}")
@@ -463,7 +457,7 @@ def _penalties(ctx, node):
 def lower_clip_grad_norm(ctx, node):
     # Inputs g1, p1, g2, p2, ...: one pass summing the squared penalized gradients into the
     # output, then that sum becomes the clipping factor in place.
-    max_norm = _attr(node, "max_norm", 1.0)
+    max_norm = attr(node, "max_norm", 1.0)
     if not max_norm > 0 or len(node.input) % 2:
         raise UnsupportedOpError(f"{ctx.where(node)}: needs (gradient, parameter) pairs and "
                                  f"max_norm > 0, got {len(node.input)} inputs, max_norm {max_norm}")
@@ -478,8 +472,8 @@ def lower_clip_grad_norm(ctx, node):
 
 def lower_sgd(ctx, node):
     _, p, g, step, buf, coef = _optional_inputs(node, 6)
-    momentum, dampening = _attr(node, "momentum", 0.0), _attr(node, "dampening", 0.0)
-    nesterov, weight_decay = _attr(node, "nesterov", 0), _attr(node, "weight_decay", 0.0)
+    momentum, dampening = attr(node, "momentum", 0.0), attr(node, "dampening", 0.0)
+    nesterov, weight_decay = attr(node, "nesterov", 0), attr(node, "weight_decay", 0.0)
     penalties = _penalties(ctx, node)
     if momentum < 0 or weight_decay < 0 or nesterov not in (0, 1):
         raise UnsupportedOpError(f"{ctx.where(node)}: momentum {momentum} and weight_decay "
@@ -506,16 +500,16 @@ def lower_sgd(ctx, node):
 
 def lower_adamw(ctx, node):
     _, _, p, g, m, v, coef = _optional_inputs(node, 7)
-    if _attr(node, "correct_bias", 1) not in (0, 1):
+    if attr(node, "correct_bias", 1) not in (0, 1):
         raise UnsupportedOpError(f"{ctx.where(node)}: correct_bias must be 0 or 1")
-    if _attr(node, "adam_mode", 1) != 1:
+    if attr(node, "adam_mode", 1) != 1:
         raise UnsupportedOpError(f"{ctx.where(node)}: only adam_mode 1 (the Hugging Face "
                                  f"AdamW rule) is supported")
     penalties = _penalties(ctx, node)
     tensors = [ctx.t(p), ctx.t(g), ctx.t(m), ctx.t(v), ctx.control("learning_rate"),
                ctx.control("step_size")]
-    floats = [_attr(node, "alpha", 0.9), _attr(node, "beta", 0.999),
-              _attr(node, "epsilon", 1e-6), _attr(node, "weight_decay", 0.0)]
+    floats = [attr(node, "alpha", 0.9), attr(node, "beta", 0.999),
+              attr(node, "epsilon", 1e-6), attr(node, "weight_decay", 0.0)]
     size = [ctx.tensors[ctx.t(p)].size]
     if coef or any(penalties):
         ctx.step(op.ADAMW_GENERAL, tensors + [ctx.t(coef) if coef else NO_TENSOR], size,
@@ -551,7 +545,7 @@ def _fill(ctx, y, value):
 def lower_transpose(ctx, node):
     x = node.input[0]
     shape = ctx.shape(x)
-    perm = _attr(node, "perm") or list(reversed(range(len(shape))))
+    perm = attr(node, "perm") or list(reversed(range(len(shape))))
     if sorted(perm) != list(range(len(shape))):
         raise UnsupportedOpError(f"{ctx.where(node)}: perm {list(perm)} is not a permutation "
                                  f"of the {len(shape)} axes")
@@ -603,7 +597,7 @@ def lower_slice_grad(ctx, node):
 
 def lower_concat(ctx, node):
     out_shape = ctx.shape(node.output[0])
-    axis = _attr(node, "axis") % len(out_shape)
+    axis = attr(node, "axis") % len(out_shape)
     strides = contiguous_strides(out_shape)
     y = ctx.define(node.output[0])
     at = 0
@@ -618,7 +612,7 @@ def lower_split(ctx, node):
     # The split sizes (input, attribute or num_outputs) are already in the output shapes.
     x = node.input[0]
     shape = ctx.shape(x)
-    axis = _attr(node, "axis", 0) % len(shape)
+    axis = attr(node, "axis", 0) % len(shape)
     strides = contiguous_strides(shape)
     at = 0
     for out in node.output:
@@ -635,7 +629,7 @@ def _gather_windows(ctx, node, shape, indices):
     if indices is None:
         raise UnsupportedOpError(f"{ctx.where(node)}: indices must be a constant (computed "
                                  f"on the host)")
-    outer, size, inner = _axis_view(shape, _attr(node, "axis", 0), ctx.where(node))
+    outer, size, inner = _axis_view(shape, attr(node, "axis", 0), ctx.where(node))
     flat = [int(v) for v in np.asarray(indices).reshape(-1)]
     for v in flat:
         if not -size <= v < size:
@@ -703,8 +697,7 @@ def lower_reciprocal(ctx, node):
 
 
 def _pad_mode(ctx, node):
-    mode = _attr(node, "mode", b"constant")
-    mode = mode.decode() if isinstance(mode, bytes) else mode
+    mode = attr(node, "mode", "constant")
     if mode not in ("constant", "edge", "reflect"):
         raise UnsupportedOpError(f"{ctx.where(node)}: mode '{mode}' is not supported "
                                  f"(constant, edge and reflect are)")
@@ -796,7 +789,7 @@ def lower_pad_grad(ctx, node):
 def lower_constant_of_shape(ctx, node):
     # Only gradient graphs keep ConstantOfShape (zeros for a Split output nothing reads);
     # load_model folds those of the model itself.
-    value = _attr(node, "value")
+    value = attr(node, "value")
     if value is not None and value.data_type != TensorProto.FLOAT:
         raise UnsupportedOpError(f"{ctx.where(node)}: only float values are computed on the "
                                  f"device")
@@ -838,8 +831,8 @@ def lower_fused_matmul(ctx, node):
     a, b = node.input
     if len(ctx.shape(a)) < 2 or len(ctx.shape(b)) < 2:
         raise UnsupportedOpError(f"{ctx.where(node)}: operands must have rank >= 2")
-    _matmul(ctx, node, ctx.shape(a), ctx.shape(b), _attr(node, "transA", 0),
-            _attr(node, "transB", 0), _attr(node, "alpha", 1.0))
+    _matmul(ctx, node, ctx.shape(a), ctx.shape(b), attr(node, "transA", 0),
+            attr(node, "transB", 0), attr(node, "alpha", 1.0))
 
 
 # -- pooling and the piecewise-linear activations --------------------------------------
@@ -867,7 +860,7 @@ def lower_pool_grad(ctx, node):
 def _clip_bounds(ctx, node):
     # ClipGrad carries its bounds as attributes; Clip takes them as optional constant inputs.
     if node.op_type == "ClipGrad":
-        return [_attr(node, "min", -math.inf), _attr(node, "max", math.inf)]
+        return [attr(node, "min", -math.inf), attr(node, "max", math.inf)]
     bounds = []
     for index, name, default in ((1, "min", -math.inf), (2, "max", math.inf)):
         tensor = node.input[index] if len(node.input) > index else ""
@@ -893,11 +886,11 @@ def _piecewise(code, floats):
 
 
 def _leaky_relu_alpha(ctx, node):
-    return [_attr(node, "alpha", 0.01)]
+    return [attr(node, "alpha", 0.01)]
 
 
 def _hard_sigmoid_floats(ctx, node):
-    return [_attr(node, "alpha", 0.2), _attr(node, "beta", 0.5)]
+    return [attr(node, "alpha", 0.2), attr(node, "beta", 0.5)]
 
 
 def _no_floats(ctx, node):
@@ -970,7 +963,7 @@ def _folded_batch_norm(ctx, scale, bias, mean, var, eps):
 def lower_batch_norm(ctx, node):
     x, scale, bias, mean, var = node.input[:5]
     view = _channel_view(ctx, node, x)
-    eps = _attr(node, "epsilon", 1e-5)
+    eps = attr(node, "epsilon", 1e-5)
     if batch_norm_training(node):
         _lower_batch_norm_training(ctx, node, view, eps)
         return
@@ -1006,13 +999,13 @@ def _lower_batch_norm_training(ctx, node, view, eps):
                                      f"statistic '{stat}', which is not a parameter")
     y = ctx.define(node.output[0])
     ctx.step(op.BATCH_NORM_TRAINING, [y, ctx.t(x), ctx.t(scale), ctx.t(bias)] + stats, view,
-             [eps, _attr(node, "momentum", 0.9)])
+             [eps, attr(node, "momentum", 0.9)])
 
 
 def lower_batch_norm_grad(ctx, node):
     dy, x, scale = node.input[:3]
-    training = _attr(node, "training_mode", 0)
-    eps = _attr(node, "epsilon", 1e-5)
+    training = attr(node, "training_mode", 0)
+    eps = attr(node, "epsilon", 1e-5)
     view = _channel_view(ctx, node, x)
     dx, dscale, dbias = (list(node.output) + ["", ""])[:3]
     stats = node.input[3:5]
@@ -1053,7 +1046,7 @@ def lower_dropout(ctx, node):
     stream = sum(1 for t in ctx.tensors if t.name.endswith(RANDOM_STATE))
     state = ctx.add(Tensor(ctx.node_name + RANDOM_STATE, INT32, CONTROL, (2,)))
     ctx.step(op.DROPOUT, [y, ctx.t(x), mask_id, state],
-             [size, round(ratio * RANDOM_SPAN), _attr(node, "seed", 0) % RANDOM_SPAN, stream],
+             [size, round(ratio * RANDOM_SPAN), attr(node, "seed", 0) % RANDOM_SPAN, stream],
              [1.0 / (1.0 - ratio)])
 
 
@@ -1061,7 +1054,7 @@ def lower_dropout_grad(ctx, node):
     dy, mask = node.input
     dx = ctx.define(node.output[0])
     ctx.step(op.DROPOUT_GRAD, [dx, ctx.t(dy), ctx.t(mask)], [ctx.tensors[dx].size],
-             [1.0 / (1.0 - _attr(node, "ratio", 0.5))])
+             [1.0 / (1.0 - attr(node, "ratio", 0.5))])
 
 
 LOWERINGS = {

@@ -11,6 +11,7 @@ import numpy as np
 from onnx import helper
 
 from .errors import ArtifactError, UnsupportedOpError
+from .graph import attr
 
 # The device's dropout generator draws integers in [1, RANDOM_SPAN] (kernels/norm.py: the
 # first Lehmer modulus 2**30 - 35, minus one); an element is dropped when its draw is at
@@ -18,17 +19,10 @@ from .errors import ArtifactError, UnsupportedOpError
 RANDOM_SPAN = 2**30 - 36
 
 
-def _attr(node, name, default):
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
-
-
 def batch_norm_training(node):
     """True when a BatchNormalization node normalizes with batch statistics: training_mode=1
     (opset 14+), or more than one output (opset 9-13, where the mode is implied)."""
-    mode = _attr(node, "training_mode", None)
+    mode = attr(node, "training_mode", None)
     if mode is not None:
         return bool(mode)
     return sum(1 for o in node.output if o) > 1

@@ -14,7 +14,7 @@ Window rules (onnxruntime and torch agree on all of them):
     count_include_pad by the window clipped to the padded input [-pad_begin, in + pad_end),
     so a ceil_mode window running past the padded edge counts only what lies inside it."""
 from .errors import UnsupportedOpError
-from .windows import attr as _attr
+from .graph import attr
 from .windows import window_attributes
 
 
@@ -48,7 +48,7 @@ def pool_attributes(node, in_shape, out_shape, where):
         attrs = _window_attributes(node, spatial, where)
         _check_windows(attrs, spatial, where)
     if "Max" not in node.op_type:
-        attrs["count_include_pad"] = int(_attr(node, "count_include_pad", 0))
+        attrs["count_include_pad"] = int(attr(node, "count_include_pad", 0))
     expected = list(in_shape[:2]) + _window_counts(attrs, spatial)
     if list(out_shape) != expected:
         raise UnsupportedOpError(
@@ -66,10 +66,10 @@ def _window_attributes(node, spatial, where):
     is_max = "Max" in node.op_type
     if is_max and len(node.output) > 1 and node.output[1]:
         raise UnsupportedOpError(f"{where}: the optional Indices output is not supported")
-    if is_max and _attr(node, "storage_order", 0) != 0:
+    if is_max and attr(node, "storage_order", 0) != 0:
         raise UnsupportedOpError(f"{where}: attribute storage_order="
-                                 f"{_attr(node, 'storage_order', 0)} is not supported (only 0)")
-    kernel = list(_attr(node, "kernel_shape", []))
+                                 f"{attr(node, 'storage_order', 0)} is not supported (only 0)")
+    kernel = list(attr(node, "kernel_shape", []))
     if len(kernel) != rank:
         raise UnsupportedOpError(f"{where}: attribute kernel_shape={kernel} does not match "
                                  f"the {rank} spatial dimensions")
@@ -78,7 +78,7 @@ def _window_attributes(node, spatial, where):
         raise UnsupportedOpError(f"{where}: attribute dilations={dilations} is not supported "
                                  f"for AveragePool (only 1)")
     return {"kernel_shape": kernel, "strides": strides, "pads": pads, "dilations": dilations,
-            "ceil_mode": int(_attr(node, "ceil_mode", 0))}
+            "ceil_mode": int(attr(node, "ceil_mode", 0))}
 
 
 def _check_windows(attrs, spatial, where):

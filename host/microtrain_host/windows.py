@@ -5,20 +5,10 @@ SAME_UPPER / SAME_LOWER: output size ceil(in / stride), total padding
 (out - 1) * stride + kernel - in, its odd element at the end (UPPER) or the beginning (LOWER);
 VALID: no padding. With dilations onnxruntime does not follow the spec's padding rule, so
 SAME with dilations is refused."""
-from onnx import helper
-
 from .errors import UnsupportedOpError
+from .graph import attr
 
 AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
-
-
-def attr(node, name, default):
-    """An attribute's value (strings decoded), or default."""
-    for a in node.attribute:
-        if a.name == name:
-            value = helper.get_attribute_value(a)
-            return value.decode() if isinstance(value, bytes) else value
-    return default
 
 
 def window_attributes(node, kernel, spatial, where, negative_same):
