@@ -37,7 +37,9 @@ def const(output, value):
 
 
 def build_model(input_shape, params, nodes, output_shape, opset=17):
-    onnx_nodes = [helper.make_node(op, ins, [out], name=f"{op.lower()}_{i}", **attrs)
+    # A node's output is a name, or a list of names (Split).
+    onnx_nodes = [helper.make_node(op, ins, out if isinstance(out, list) else [out],
+                                   name=f"{op.lower()}_{i}", **attrs)
                   for i, (op, ins, out, attrs) in enumerate(nodes)]
     graph = helper.make_graph(
         onnx_nodes, "op_test",

@@ -23,28 +23,13 @@ import microtrain_host as mh
 from conftest import ROOT, run_micropython
 from microtrain import CheckpointState, Module
 from microtrain_host.reference import reference_evaluator
-from test_ops import const, node, relative_error
+from test_ops import build_model, const, node, relative_error
 from torch_reference import export, parse_run, run_device_cpython, torch_train, write_batches
 
 M, K, N = 3, 5, 7
 GRAD_TOLERANCE = 1e-4
 FORWARD_TOLERANCE = 1e-5
 INT64_MAX = np.iinfo(np.int64).max
-
-
-def build_model(input_shape, params, nodes, output_shape, opset=17):
-    onnx_nodes = [helper.make_node(op, ins, out if isinstance(out, list) else [out],
-                                   name=f"{op.lower()}_{i}", **attrs)
-                  for i, (op, ins, out, attrs) in enumerate(nodes)]
-    graph = helper.make_graph(
-        onnx_nodes, "layout_test",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, list(input_shape))],
-        [helper.make_tensor_value_info("output", TensorProto.FLOAT, list(output_shape))],
-        initializer=[numpy_helper.from_array(v, k) for k, v in params.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
-                              ir_version=8)
-    onnx.checker.check_model(model)
-    return model
 
 
 def ints(name, values):
