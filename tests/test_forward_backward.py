@@ -7,7 +7,6 @@ Huber loss, torch.optim.SGD for a short training run, and the device's own __cal
 in-graph MSE loss, itself checked against torch in test_parity.py."""
 import subprocess
 import sys
-import tracemalloc
 from array import array
 
 import numpy as np
@@ -18,6 +17,7 @@ import microtrain_host as mh
 from conftest import ROOT, run_micropython
 from microtrain import CheckpointState, InputError, Module, Optimizer, TrainingError
 from microtrain import blob as device_blob
+from test_memory import assert_steps_do_not_grow_the_heap
 from test_ops import relative_error
 from torch_reference import export, mlp
 
@@ -258,15 +258,7 @@ def test_steps_do_not_grow_the_heap(tmp_path):
             opt.step()
             module.lazy_reset_grad()
 
-    steps(5)
-    tracemalloc.start()
-    steps(5)
-    before = tracemalloc.take_snapshot()
-    steps(100)
-    after = tracemalloc.take_snapshot()
-    tracemalloc.stop()
-    device = [s for s in after.compare_to(before, "filename") if "microtrain" in str(s.traceback)]
-    assert sum(s.size_diff for s in device) <= 0, [str(s) for s in device[:5]]
+    assert_steps_do_not_grow_the_heap(steps)
 
 
 def test_micropython_matches_cpython(tmp_path, micropython):
