@@ -433,12 +433,12 @@ def lower_grad_accumulate(ctx, node):
         # into the buffer itself.
         producer.tensors = [ctx.t(buf)] + producer.tensors[1:3] + [reset]
     else:
+        fusable = False
         ctx.step(op.ACCUMULATE, [ctx.t(buf), ctx.t(value), reset],
                  [ctx.tensors[ctx.t(buf)].size])
-        ctx.alias_in_place(node.output[0], buf)
-        return
-    fused = ctx.tensors[ctx.t(value)]
-    fused.storage, fused.role, fused.program = ctx.tensors[ctx.t(buf)].storage, GRAD, ""
+    if fusable:  # the gradient temporary now names the buffer's space
+        fused = ctx.tensors[ctx.t(value)]
+        fused.storage, fused.role, fused.program = ctx.tensors[ctx.t(buf)].storage, GRAD, ""
     ctx.alias_in_place(node.output[0], buf)
 
 
