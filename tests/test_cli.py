@@ -44,7 +44,7 @@ def test_digits_example_learns(build, runtime, capsys, request):
 
 
 def test_both_runtimes_give_the_same_epochs(build, micropython):
-    from microtrain_host.training import train
+    from microtrain_host.tools.train import train
     kwargs = dict(epochs=1, learning_rate=0.01, seed=3)
     a = train(build, EXAMPLE / "digits.npz", output=build / "a", runtime="cpython", **kwargs)
     b = train(build, EXAMPLE / "digits.npz", output=build / "b", runtime="micropython",

@@ -4,7 +4,7 @@ import re
 from conftest import ROOT
 from microtrain import opcodes as device_ops
 from microtrain_host import opcodes as host_ops
-from microtrain_host.lower import LOWERINGS, ROLES
+from microtrain_host.pipeline.lower import LOWERINGS, ROLES
 from microtrain import blob as device_blob
 
 

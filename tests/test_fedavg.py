@@ -2,7 +2,7 @@
 
 get_contiguous_parameters / copy_buffer_to_parameters in both modes (a model with a frozen
 parameter, so the modes differ) against the checkpoint as the host reads it;
-microtrain_host.fedavg and `microtrain aggregate` of checkpoints that the device runtime
+microtrain_host.tools.fedavg and `microtrain aggregate` of checkpoints that the device runtime
 wrote (CPython and MicroPython) against numpy's weighted mean; clear errors.
 """
 import os
@@ -17,7 +17,7 @@ import microtrain_host as mh
 from conftest import ROOT
 from microtrain import CheckpointState, Module, Optimizer
 from microtrain.errors import ParameterError
-from microtrain_host.checkpoint import read_checkpoint, write_checkpoint
+from microtrain_host.pipeline.checkpoint import read_checkpoint, write_checkpoint
 from microtrain_host.cli import main
 from test_resume import MODEL, lr_bits, run_device, write_batches
 

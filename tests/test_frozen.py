@@ -9,7 +9,7 @@ import torch
 import microtrain_host as mh
 from microtrain import CheckpointState, Module, Optimizer, ParameterError
 from microtrain import blob as blobfile
-from microtrain_host.report import describe
+from microtrain_host.tools.inspect import describe
 from torch_reference import (export, make_batches, mlp, relative_error, run_device_cpython,
                              torch_train, write_batches)
 

@@ -424,7 +424,7 @@ def test_folding_keeps_parameters_and_randomness(tmp_path):
              node("Add", ["w6", "noise"], "w6n"),
              node("Mul", ["w6n", "ones"], "y"), node("Mul", ["y", "input"], "output")]
     model = build_model((M, K), params, nodes, (M, K))
-    folded, _ = mh.model.load_model(model)
+    folded, _ = mh.pipeline.load.load_model(model)
     kinds = {n.output[0]: n.op_type for n in folded.graph.node}
     assert kinds["six"] == kinds["ones"] == "Constant"
     for name in ("two", "three", "shape"):                   # nothing reads them any more

@@ -22,7 +22,7 @@ import microtrain_host as mh
 from conftest import ROOT, run_micropython
 from microtrain import CheckpointState, Module
 from microtrain.kernels import pool as pool_kernels
-from microtrain_host.pooling import pool_kernel_ints
+from microtrain_host.ops.pool import pool_kernel_ints
 from microtrain_host.reference import reference_evaluator
 from test_ops import build_model, const, node, relative_error
 from torch_reference import export, parse_run, run_device_cpython, torch_train, write_batches

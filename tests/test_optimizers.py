@@ -15,9 +15,9 @@ import torch
 import microtrain_host as mh
 from conftest import DEVICE, ROOT, run_micropython
 from microtrain import blob as device_blob
-from microtrain_host.checkpoint import read_checkpoint
+from microtrain_host.pipeline.checkpoint import read_checkpoint
 from microtrain_host.cli import main as cli_main
-from microtrain_host.pack import pack
+from microtrain_host.pipeline.pack import pack
 from microtrain_host.reference import reference_evaluator
 from torch_reference import export, make_batches, mlp, ort_rule_step, torch_loss, write_batches
 
@@ -128,7 +128,7 @@ def torch_run(model, optimizer, options, xs, ys, lr, make_scheduler=None, accumu
     the step, the torch scheduler stepped after it. Returns what the device script prints,
     plus the gradient norms clip_grad_norm_ saw."""
     params = list(model.parameters())
-    o = dict(mh.optimizers.DEFAULTS[mh.OptimType[optimizer]], **options)
+    o = dict(mh.pipeline.optimizers.DEFAULTS[mh.OptimType[optimizer]], **options)
     if optimizer == "SGD":
         opt = torch.optim.SGD(params, lr=lr, momentum=o["momentum"], dampening=o["dampening"],
                               nesterov=o["nesterov"], weight_decay=o["weight_decay"])

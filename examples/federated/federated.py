@@ -6,7 +6,7 @@ device sees mostly two or three digits and few of the others (non-IID data, as o
 devices). Every round, the devices - separate processes, running at the same time - load
 the global checkpoint, train on their shards with the microtrain device runtime (device 0
 under the MicroPython Unix port when it is available, the others under CPython) and save
-their checkpoints; the server averages them weighted by shard size (microtrain_host.fedavg,
+their checkpoints; the server averages them weighted by shard size (microtrain_host.tools.fedavg,
 as `microtrain aggregate` does) into the next global checkpoint and measures its validation
 accuracy on all ten digits.
 
@@ -28,7 +28,7 @@ sys.path[:0] = [os.path.join(ROOT, "host"), os.path.join(ROOT, "device")]  # uni
 from microtrain import CheckpointState, Module  # noqa: E402
 from microtrain.fit import Batches, evaluate  # noqa: E402
 from microtrain_host import fedavg, generate_artifacts  # noqa: E402
-from microtrain_host.training import TrainError, device_package_dir, find_micropython  # noqa: E402
+from microtrain_host.tools.train import TrainError, device_package_dir, find_micropython  # noqa: E402
 
 DATA = os.path.join(ROOT, "examples", "digits", "digits.npz")
 MODEL = os.path.join(ROOT, "examples", "digits", "mlp.onnx")

@@ -19,7 +19,7 @@ def _names(text):
 
 def cmd_pack(args):
     from . import generate_artifacts
-    from .report import describe
+    from .tools.inspect import describe
     options = {}
     if args.lr is not None:
         options["learning_rate"] = args.lr
@@ -47,13 +47,13 @@ def cmd_pack(args):
 
 
 def cmd_inspect(args):
-    from .report import describe
+    from .tools.inspect import describe
     print(describe(args.blob, steps=not args.no_steps))
     return 0
 
 
 def cmd_export(args):
-    from .inference import export_inference_model
+    from .pipeline.export import export_inference_model
     model = export_inference_model(args.artifacts, args.checkpoint, args.output,
                                    output_names=_names(args.outputs), prefix=args.prefix)
     graph = model.graph
@@ -64,7 +64,7 @@ def cmd_export(args):
 
 
 def cmd_aggregate(args):
-    from .fedavg import fedavg
+    from .tools.fedavg import fedavg
     result = fedavg(args.checkpoints, weights=args.weights, output=args.output)
     values = sum(a.size for a in list(result.trainable.values()) + list(result.frozen.values()))
     weights = (", ".join(f"{w:g}" for w in args.weights) if args.weights
@@ -105,7 +105,7 @@ class Progress:
 
 
 def cmd_train(args):
-    from .training import train
+    from .tools.train import train
     output = args.output or os.path.join(args.artifacts, "trained_checkpoint")
     print(f"training {args.artifacts} on {args.data} with the device runtime under "
           f"{'MicroPython' if args.runtime == 'micropython' else 'CPython'}", flush=True)

@@ -11,8 +11,8 @@ import numbers
 
 from onnx import TensorProto
 
-from .errors import ArtifactError
-from .graph import DOMAIN
+from ..errors import ArtifactError
+from ..graph import DOMAIN
 
 
 class OptimType(enum.IntEnum):

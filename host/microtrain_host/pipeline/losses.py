@@ -7,7 +7,7 @@ import enum
 import numpy as np
 from onnx import TensorProto
 
-from .errors import ArtifactError
+from ..errors import ArtifactError
 
 
 class LossType(enum.IntEnum):

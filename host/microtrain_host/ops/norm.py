@@ -10,8 +10,8 @@ them.)"""
 import numpy as np
 from onnx import helper
 
-from .errors import ArtifactError, UnsupportedOpError
-from .graph import attr
+from ..errors import ArtifactError, UnsupportedOpError
+from ..graph import attr
 
 # The device's dropout generator draws integers in [1, RANDOM_SPAN] (kernels/norm.py: the
 # first Lehmer modulus 2**30 - 35, minus one); an element is dropped when its draw is at

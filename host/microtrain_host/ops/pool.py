@@ -13,8 +13,8 @@ Window rules (onnxruntime and torch agree on all of them):
   * an average divides by the number of input elements in the window, or with
     count_include_pad by the window clipped to the padded input [-pad_begin, in + pad_end),
     so a ceil_mode window running past the padded edge counts only what lies inside it."""
-from .errors import UnsupportedOpError
-from .graph import attr
+from ..errors import UnsupportedOpError
+from ..graph import attr
 from .windows import window_attributes
 
 

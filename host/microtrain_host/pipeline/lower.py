@@ -9,15 +9,15 @@ import math
 import numpy as np
 from onnx import TensorProto, numpy_helper
 
-from . import opcodes as op
-from .convolution import conv_attributes, device_geometry, output_spatial
-from .errors import UnsupportedOpError
-from .graph import attr
-from .layout import matmul_views, pad_amounts, slice_windows
-from .model import constant_value, tensor_shapes
-from .normalization import RANDOM_SPAN, batch_norm_training, dropout_config
+from .. import opcodes as op
+from ..ops.conv import conv_attributes, device_geometry, output_spatial
+from ..errors import UnsupportedOpError
+from ..graph import attr
+from ..ops.layout import matmul_views, pad_amounts, slice_windows
+from .load import constant_value, tensor_shapes
+from ..ops.norm import RANDOM_SPAN, batch_norm_training, dropout_config
 from .optimizers import grad_buffer
-from .pooling import pool_kernel_ints
+from ..ops.pool import pool_kernel_ints
 
 FLOAT, INT32 = 0, 1
 ROLES = ("input", "label", "param", "grad", "activation", "optimizer_state", "constant",

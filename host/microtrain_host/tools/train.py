@@ -8,9 +8,9 @@ import tempfile
 
 import numpy as np
 
-from .errors import MicrotrainHostError
+from ..errors import MicrotrainHostError
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
 class TrainError(MicrotrainHostError):

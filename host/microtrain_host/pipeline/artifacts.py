@@ -11,14 +11,14 @@ from onnx import TensorProto, helper, numpy_helper
 
 from . import checkpoint as ckpt
 from .autodiff import build_gradients
-from .errors import ArtifactError, MicrotrainHostError
-from .graph import DOMAIN, DOMAIN_VERSION, GraphBuilder
+from ..errors import ArtifactError, MicrotrainHostError
+from ..graph import DOMAIN, DOMAIN_VERSION, GraphBuilder
 from .losses import LOSS_BLOCKS, LossType
-from .model import constant_value, load_model
-from .normalization import (check_requires_grad, folded_parameters, inference_form,
-                            running_statistics)
+from .load import constant_value, load_model
+from ..ops.norm import folded_parameters, inference_form
 from .optimizers import DEFAULTS, OptimType, build_optimizer_graph, grad_buffer
 from .pack import TRAINING_PROGRAMS, pack
+from .params import split_parameters
 
 LAZY_RESET_GRAD = "lazy_reset_grad"
 
@@ -46,33 +46,6 @@ def _enum(value, kind, what):
     except (KeyError, ValueError):
         names = ", ".join(k.name for k in kind)
         raise ArtifactError(f"unknown {what} {value!r}; choose one of {names}") from None
-
-
-def split_parameters(model, requires_grad, frozen_params):
-    """(trainable, frozen) parameter names in initializer order, with ORT's rules, except
-    that BatchNormalization running statistics are frozen by default (normalization.py)."""
-    floats = [i.name for i in model.graph.initializer if i.data_type == TensorProto.FLOAT]
-    requires_grad = list(requires_grad) if requires_grad is not None else None
-    frozen_params = list(frozen_params) if frozen_params is not None else None
-    both = sorted(set(requires_grad or ()) & set(frozen_params or ()))
-    if both:
-        raise ArtifactError(f"parameter(s) {', '.join(both)} named in both requires_grad and "
-                            f"frozen_params; a parameter is either trainable or frozen")
-    for name in (requires_grad or []) + (frozen_params or []):
-        if name not in floats:
-            raise ArtifactError(f"'{name}' is not a float initializer of the model; parameters "
-                                f"are: {', '.join(floats)}")
-    check_requires_grad(model.graph, requires_grad or [])
-    if requires_grad is None:
-        statistics = running_statistics(model.graph)
-        requires_grad = [n for n in floats
-                         if n not in set(frozen_params or ()) and n not in statistics]
-    trainable = [n for n in floats if n in set(requires_grad)]
-    frozen = [n for n in floats if n not in set(requires_grad)]
-    if not trainable:
-        raise ArtifactError("no trainable parameters: requires_grad is empty or every "
-                            "parameter is frozen")
-    return trainable, frozen
 
 
 def _save(model, path):

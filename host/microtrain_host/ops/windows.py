@@ -5,8 +5,8 @@ SAME_UPPER / SAME_LOWER: output size ceil(in / stride), total padding
 (out - 1) * stride + kernel - in, its odd element at the end (UPPER) or the beginning (LOWER);
 VALID: no padding. With dilations onnxruntime does not follow the spec's padding rule, so
 SAME with dilations is refused."""
-from .errors import UnsupportedOpError
-from .graph import attr
+from ..errors import UnsupportedOpError
+from ..graph import attr
 
 AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
 

@@ -18,8 +18,8 @@ from flatbuffers.table import Table
 from onnx import helper, numpy_helper
 
 from .checkpoint import read_checkpoint, write_atomically
-from .errors import ArtifactError
-from .graph import DOMAIN
+from ..errors import ArtifactError
+from ..graph import DOMAIN
 from .lower import CONSTANT, INPUT, LABEL, NO_TENSOR, Lowering, meta_names
 
 INFER_PROGRAM = "infer"

@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
-from .errors import ArtifactError, DynamicShapeError, UnsupportedOpError
+from ..errors import ArtifactError, DynamicShapeError, UnsupportedOpError
 from .fold import fold_constants
 
 MIN_OPSET = 13  # ReduceSum takes axes as an input, Softmax works on one axis

@@ -17,8 +17,8 @@ import os
 
 import numpy as np
 
-from .checkpoint import Checkpoint, read_checkpoint, write_checkpoint
-from .errors import CheckpointError
+from ..pipeline.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
+from ..errors import CheckpointError
 
 
 def fedavg(checkpoints, weights=None, output=None) -> Checkpoint:

@@ -9,75 +9,18 @@ import zlib
 import flatbuffers
 import numpy as np
 
-from . import inference, planner
+from . import export as inference
 from .checkpoint import write_atomically
-from .errors import ArtifactError
-from .lower import (ACTIVATION, CONSTANT, CONTROL, FLOAT, GRAD, INPUT, INT32, LABEL, NO_TENSOR,
-                    OPTIMIZER_STATE, PARAM, Lowering, Program, meta_names,
-                    roles_from_metadata)
+from ..errors import ArtifactError
+from .lower import CONSTANT, Lowering, Program, meta_names, roles_from_metadata
 from .optimizers import OptimType, grad_buffer, state_name, state_names
+from .plan import assign_offsets
 
 IDENTIFIER = b"MTRB"
 FORMAT_VERSION = 1
-PERSISTENT_ORDER = (INPUT, LABEL, PARAM, GRAD, OPTIMIZER_STATE, CONSTANT, CONTROL)
 # The programs of one training step: "train", or "forward" + "backward" when the loss is
 # computed outside the graph.
 TRAINING_PROGRAMS = ("train", "forward", "backward")
-
-
-def lifetimes(program, tensors):
-    """{storage id: [first step, last step]} of the activations a program touches."""
-    spans = {}
-    for index, step in enumerate(program.steps):
-        for tid in step.tensors:
-            if (tid == NO_TENSOR or tensors[tid].role != ACTIVATION
-                    or tensors[tid].dtype != FLOAT):
-                continue
-            s = tensors[tid].storage
-            span = spans.setdefault(s, [index, index])
-            span[1] = index
-    for tid in program.outputs:
-        s = tensors[tid].storage
-        if s in spans:
-            spans[s][1] = len(program.steps)
-    return spans
-
-
-def assign_offsets(lowering):
-    """Persistent tensors first, one after another; then each program's temporaries
-    planned into one shared region. Returns the float arena, int arena, naive sum (every
-    tensor in its own space) and lower bound (persistent + largest live peak), in elements."""
-    tensors = lowering.tensors
-    ends = {FLOAT: 0, INT32: 0}
-    for role in PERSISTENT_ORDER:
-        for tid, t in enumerate(tensors):
-            if t.role == role and t.storage == tid:
-                t.offset = ends[t.dtype]
-                ends[t.dtype] += t.size
-    for tid, t in enumerate(tensors):
-        # Integer activations (bit-packed dropout masks, 1/30 of their float size) get space
-        # of their own: the planner shares float space only.
-        if t.role == ACTIVATION and t.dtype == INT32 and t.storage == tid:
-            t.offset = ends[INT32]
-            ends[INT32] += t.size
-    base = ends[FLOAT]
-    region = peak = 0
-    naive = base
-    for program in lowering.programs.values():
-        spans = lifetimes(program, tensors)
-        ids = sorted(spans)
-        buffers = [(tensors[s].size, spans[s][0], spans[s][1]) for s in ids]
-        offsets, size = planner.plan(buffers)
-        planner.check(buffers, offsets)
-        naive += sum(b[0] for b in buffers)
-        peak = max(peak, planner.lower_bound(buffers))
-        for s, off in zip(ids, offsets):
-            tensors[s].offset = base + off
-        region = max(region, size)
-    for tid, t in enumerate(tensors):
-        if t.storage != tid:
-            t.offset = tensors[t.storage].offset
-    return base + region, ends[INT32], naive, base + peak
 
 
 def _uints(builder, values, dtype):

@@ -12,8 +12,8 @@ Rules (onnxruntime and torch agree on all of them):
   * auto_pad as in windows.py (SAME with a stride larger than the kernel pads nothing);
   * W is (M, C / group, *kernel); output channel m reads the input channels of group
     m // (M / group)."""
-from .errors import UnsupportedOpError
-from .graph import attr
+from ..errors import UnsupportedOpError
+from ..graph import attr
 from .windows import window_attributes
 
 def conv_attributes(node, x_shape, w_shape, where):

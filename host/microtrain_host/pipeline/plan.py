@@ -8,6 +8,9 @@ The algorithm (the greedy planner TensorFlow Lite Micro uses):
     lifetime intersects its own (first fit over the gaps between those buffers);
   * the arena is the highest end of any placed buffer.
 The lower bound no plan can beat is the largest total size of buffers alive at one step."""
+from .lower import (ACTIVATION, CONSTANT, CONTROL, FLOAT, GRAD, INPUT, INT32, LABEL, NO_TENSOR,
+                    OPTIMIZER_STATE, PARAM)
+
 
 
 def _overlaps_in_time(a, b):
@@ -72,3 +75,63 @@ def picture(buffers, offsets, size, width=64, names=None):
         rows.append("     " + "  ".join(f"{symbols[i % len(symbols)]}={n}" for i, n in
                                          enumerate(names)))
     return "\n".join(rows)
+
+
+# -- the blob's two arenas ---------------------------------------------------------------
+
+PERSISTENT_ORDER = (INPUT, LABEL, PARAM, GRAD, OPTIMIZER_STATE, CONSTANT, CONTROL)
+
+
+def lifetimes(program, tensors):
+    """{storage id: [first step, last step]} of the activations a program touches."""
+    spans = {}
+    for index, step in enumerate(program.steps):
+        for tid in step.tensors:
+            if (tid == NO_TENSOR or tensors[tid].role != ACTIVATION
+                    or tensors[tid].dtype != FLOAT):
+                continue
+            s = tensors[tid].storage
+            span = spans.setdefault(s, [index, index])
+            span[1] = index
+    for tid in program.outputs:
+        s = tensors[tid].storage
+        if s in spans:
+            spans[s][1] = len(program.steps)
+    return spans
+
+
+def assign_offsets(lowering):
+    """Persistent tensors first, one after another; then each program's temporaries
+    planned into one shared region. Returns the float arena, int arena, naive sum (every
+    tensor in its own space) and lower bound (persistent + largest live peak), in elements."""
+    tensors = lowering.tensors
+    ends = {FLOAT: 0, INT32: 0}
+    for role in PERSISTENT_ORDER:
+        for tid, t in enumerate(tensors):
+            if t.role == role and t.storage == tid:
+                t.offset = ends[t.dtype]
+                ends[t.dtype] += t.size
+    for tid, t in enumerate(tensors):
+        # Integer activations (bit-packed dropout masks, 1/30 of their float size) get space
+        # of their own: the planner shares float space only.
+        if t.role == ACTIVATION and t.dtype == INT32 and t.storage == tid:
+            t.offset = ends[INT32]
+            ends[INT32] += t.size
+    base = ends[FLOAT]
+    region = peak = 0
+    naive = base
+    for program in lowering.programs.values():
+        spans = lifetimes(program, tensors)
+        ids = sorted(spans)
+        buffers = [(tensors[s].size, spans[s][0], spans[s][1]) for s in ids]
+        offsets, size = plan(buffers)
+        check(buffers, offsets)
+        naive += sum(b[0] for b in buffers)
+        peak = max(peak, lower_bound(buffers))
+        for s, off in zip(ids, offsets):
+            tensors[s].offset = base + off
+        region = max(region, size)
+    for tid, t in enumerate(tensors):
+        if t.storage != tid:
+            t.offset = tensors[t.storage].offset
+    return base + region, ends[INT32], naive, base + peak

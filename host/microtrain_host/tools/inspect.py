@@ -1,8 +1,8 @@
 """Human-readable description of a packed blob, as read by the device's own reader."""
 from microtrain import blob as device_blob
 
-from . import opcodes
-from .pack import TRAINING_PROGRAMS
+from .. import opcodes
+from ..pipeline.pack import TRAINING_PROGRAMS
 
 ROLE_ORDER = ("input", "label", "param", "grad", "optimizer_state", "constant", "control",
               "activation")

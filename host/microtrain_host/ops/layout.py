@@ -2,7 +2,7 @@
 shared by their gradient rules (autodiff.py) and their lowerings (lower.py)."""
 import numpy as np
 
-from .errors import UnsupportedOpError
+from ..errors import UnsupportedOpError
 
 
 def _ints(value, what, where):

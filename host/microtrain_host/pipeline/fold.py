@@ -14,7 +14,7 @@ import numpy as np
 from onnx import AttributeProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from .errors import ArtifactError
+from ..errors import ArtifactError
 
 # Ops whose output is not a function of their inputs' values.
 NOT_FOLDABLE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",

@@ -8,12 +8,12 @@ input gradient of the first trainable layer cost nothing."""
 import numpy as np
 from onnx import TensorProto, helper
 
-from .convolution import conv_attributes
-from .errors import UnsupportedOpError
-from .graph import DOMAIN, attr
-from .normalization import batch_norm_training, dropout_config
-from .pooling import pool_attributes
-from .layout import matmul_views, pad_amounts
+from ..ops.conv import conv_attributes
+from ..errors import UnsupportedOpError
+from ..graph import DOMAIN, attr
+from ..ops.norm import batch_norm_training, dropout_config
+from ..ops.pool import pool_attributes
+from ..ops.layout import matmul_views, pad_amounts
 
 
 def unbroadcast(g, dy, in_shape):

@@ -1,0 +1,33 @@
+"""Parameters: which float initializers train and which stay frozen, with the rules and
+errors of ORT's generate_artifacts (requires_grad / frozen_params)."""
+from onnx import TensorProto
+
+from ..errors import ArtifactError
+from ..ops.norm import check_requires_grad, running_statistics
+
+
+def split_parameters(model, requires_grad, frozen_params):
+    """(trainable, frozen) parameter names in initializer order, with ORT's rules, except
+    that BatchNormalization running statistics are frozen by default (normalization.py)."""
+    floats = [i.name for i in model.graph.initializer if i.data_type == TensorProto.FLOAT]
+    requires_grad = list(requires_grad) if requires_grad is not None else None
+    frozen_params = list(frozen_params) if frozen_params is not None else None
+    both = sorted(set(requires_grad or ()) & set(frozen_params or ()))
+    if both:
+        raise ArtifactError(f"parameter(s) {', '.join(both)} named in both requires_grad and "
+                            f"frozen_params; a parameter is either trainable or frozen")
+    for name in (requires_grad or []) + (frozen_params or []):
+        if name not in floats:
+            raise ArtifactError(f"'{name}' is not a float initializer of the model; parameters "
+                                f"are: {', '.join(floats)}")
+    check_requires_grad(model.graph, requires_grad or [])
+    if requires_grad is None:
+        statistics = running_statistics(model.graph)
+        requires_grad = [n for n in floats
+                         if n not in set(frozen_params or ()) and n not in statistics]
+    trainable = [n for n in floats if n in set(requires_grad)]
+    frozen = [n for n in floats if n not in set(requires_grad)]
+    if not trainable:
+        raise ArtifactError("no trainable parameters: requires_grad is empty or every "
+                            "parameter is frozen")
+    return trainable, frozen
