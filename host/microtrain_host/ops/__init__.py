@@ -1,0 +1,5 @@
+"""Op families: one module per family, named like its device kernel module
+(device/microtrain/kernels/<family>.py). Each holds its ops' gradient rules, lowerings and the
+numpy references of its gradient ops, registered into registry.py's tables (and reference.OPS)
+by being imported here. `windows.py` is geometry shared by conv and pool."""
+from . import activation, conv, dense, elementwise, layout, loss, norm, optim, pool, reduce  # noqa: F401

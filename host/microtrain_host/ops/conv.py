@@ -1,4 +1,5 @@
-"""Convolution geometry, shared by the gradient rule, the lowering and the numpy references.
+"""Convolution: Conv and its gradient ops ConvGradInput (dX) and ConvGradWeight (dW), with
+the geometry they share. Device kernels: kernels/conv.py.
 
 An ONNX Conv node (or our ConvGradInput / ConvGradWeight) on a 1-D (N, C, L) or 2-D
 (N, C, H, W) input is resolved once into explicit attributes: kernel_shape, strides, pads
@@ -12,9 +13,16 @@ Rules (onnxruntime and torch agree on all of them):
   * auto_pad as in windows.py (SAME with a stride larger than the kernel pads nothing);
   * W is (M, C / group, *kernel); output channel m reads the input channels of group
     m // (M / group)."""
+import numpy as np
+
+from .. import opcodes as op
 from ..errors import UnsupportedOpError
-from ..graph import attr
+from ..graph import DOMAIN, attr
+from ..pipeline.lower import NO_TENSOR
+from ..reference import MicrotrainOp
+from ..registry import gradient, lowering
 from .windows import window_attributes
+
 
 def conv_attributes(node, x_shape, w_shape, where):
     """Explicit attributes of a convolution of an input of x_shape with a weight of w_shape.
@@ -75,3 +83,115 @@ def device_geometry(attrs, x_shape, w_shape):
     pad_t, pad_l = two_d(attrs["pads"][:rank], 0)
     return [x_shape[0], group, x_shape[1] // group, w_shape[0] // group, in_h, in_w, out_h,
             out_w, k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l]
+
+
+# -- gradient rule, lowerings, numpy references ------------------------------------------
+
+@gradient("Conv")
+def grad_conv(g, node, dys, needs):
+    # Y = Conv(X, W[, B]), auto_pad resolved into pads: dX = ConvGradInput(dY, W) (only when
+    # X needs it: never for the first trainable layer), dW = ConvGradWeight(dY, X),
+    # dB = dY summed over images and positions.
+    x, w = node.input[0], node.input[1]
+    attrs = conv_attributes(node, g.shape(x), g.shape(w), f"Conv node '{node.name}'")
+    shared = {k: attrs[k] for k in ("strides", "pads", "dilations", "group")}
+    dy = dys[0]
+    grads = [None] * len(node.input)
+    if needs[0]:
+        grads[0] = g.node("ConvGradInput", [dy, w], g.shape(x), domain=DOMAIN, hint="dConvX",
+                          input_shape=list(g.shape(x)), **shared)
+    if needs[1]:
+        grads[1] = g.node("ConvGradWeight", [dy, x], g.shape(w), domain=DOMAIN, hint="dConvW",
+                          kernel_shape=attrs["kernel_shape"], **shared)
+    if len(node.input) > 2 and node.input[2] and needs[2]:
+        axes = [0] + list(range(2, len(g.shape(dy))))
+        grads[2] = g.node("ReduceSum", [dy, g.constant("axes", np.array(axes, np.int64))],
+                          g.shape(node.input[2]), hint="dConvB", keepdims=0)
+    return grads
+
+
+def _conv_step(ctx, node, code, tensors, x_shape, w_shape):
+    attrs = conv_attributes(node, x_shape, w_shape, ctx.where(node))
+    ctx.step(code, tensors, device_geometry(attrs, x_shape, w_shape))
+    return attrs
+
+
+@lowering("Conv")
+def lower_conv(ctx, node):
+    x, w = node.input[0], node.input[1]
+    b = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    y = ctx.define(node.output[0])
+    attrs = _conv_step(ctx, node, op.CONV, [y, ctx.t(x), ctx.t(w), ctx.t(b) if b else NO_TENSOR],
+                       ctx.shape(x), ctx.shape(w))
+    expected = ctx.shape(x)[:1] + ctx.shape(w)[:1] + tuple(output_spatial(ctx.shape(x)[2:], attrs))
+    if ctx.shape(node.output[0]) != expected:
+        raise UnsupportedOpError(f"{ctx.where(node)}: the attributes give output shape "
+                                 f"{list(expected)}, the graph says "
+                                 f"{list(ctx.shape(node.output[0]))}")
+
+
+@lowering("ConvGradInput")
+def lower_conv_grad_input(ctx, node):
+    dy, w = node.input
+    dx = ctx.define(node.output[0])
+    _conv_step(ctx, node, op.CONV_GRAD_INPUT, [dx, ctx.t(dy), ctx.t(w)], ctx.shape(node.output[0]),
+               ctx.shape(w))
+
+
+@lowering("ConvGradWeight")
+def lower_conv_grad_weight(ctx, node):
+    # The fourth tensor (the reset flag) is set when lower_grad_accumulate fuses the step.
+    dy, x = node.input
+    dw = ctx.define(node.output[0])
+    _conv_step(ctx, node, op.CONV_GRAD_WEIGHT, [dw, ctx.t(dy), ctx.t(x), NO_TENSOR],
+               ctx.shape(x), ctx.shape(node.output[0]))
+
+
+def _conv_taps(kernel_shape, strides, dilations, out_spatial):
+    """(tap, slices of the padded input that tap reads for all outputs) for every kernel tap."""
+    for tap in np.ndindex(*kernel_shape):
+        yield tap, tuple(slice(k * d, k * d + (o - 1) * s + 1, s)
+                         for k, d, s, o in zip(tap, dilations, strides, out_spatial))
+
+
+def _conv_groups(group, out_channels, in_channels):
+    """(output channel slice, input channel slice) of each group."""
+    m, c = out_channels // group, in_channels // group
+    return [(slice(g * m, (g + 1) * m), slice(g * c, (g + 1) * c)) for g in range(group)]
+
+
+class ConvGradInput(MicrotrainOp):
+    """dX of Y = Conv(X, W) (pads explicit, no auto_pad): every tap spreads dY, weighted by
+    W, back over the padded input positions it read; then the padding is cut off.
+    input_shape is X's shape."""
+
+    def _run(self, dy, w, input_shape=None, strides=None, pads=None, dilations=None, group=1):
+        rank = len(input_shape) - 2
+        begins, ends = pads[:rank], pads[rank:]
+        padded = np.zeros(list(input_shape[:2]) + [d + b + e for d, b, e in
+                                                   zip(input_shape[2:], begins, ends)], dy.dtype)
+        groups = _conv_groups(group, w.shape[0], input_shape[1])
+        for tap, window in _conv_taps(w.shape[2:], strides, dilations, dy.shape[2:]):
+            for outs, ins in groups:
+                padded[(slice(None), ins) + window] += np.einsum(
+                    "nm...,mc->nc...", dy[:, outs], w[(outs, slice(None)) + tap])
+        inside = tuple(slice(b, b + d) for b, d in zip(begins, input_shape[2:]))
+        return (padded[(slice(None), slice(None)) + inside],)
+
+
+class ConvGradWeight(MicrotrainOp):
+    """dW of Y = Conv(X, W) (pads explicit, no auto_pad): for every tap, dY times the padded
+    input positions that tap read, summed over images and output positions."""
+
+    def _run(self, dy, x, kernel_shape=None, strides=None, pads=None, dilations=None, group=1):
+        rank = x.ndim - 2
+        padded = np.pad(x, [(0, 0), (0, 0)] + list(zip(pads[:rank], pads[rank:])))
+        dw = np.zeros((dy.shape[1], x.shape[1] // group) + tuple(kernel_shape), dy.dtype)
+        groups = _conv_groups(group, dy.shape[1], x.shape[1])
+        for tap, window in _conv_taps(kernel_shape, strides, dilations, dy.shape[2:]):
+            for outs, ins in groups:
+                taken = padded[(slice(None), ins) + window]
+                dw[(outs, slice(None)) + tap] = np.einsum(
+                    "nmp,ncp->mc", dy[:, outs].reshape(dy.shape[0], -1, taken[0, 0].size),
+                    taken.reshape(taken.shape[0], taken.shape[1], -1))
+        return (dw,)

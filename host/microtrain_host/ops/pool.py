@@ -1,4 +1,6 @@
-"""Pooling geometry, shared by the gradient rules, the lowering and the numpy references.
+"""Pooling: MaxPool, AveragePool, GlobalMaxPool, GlobalAveragePool and their gradient ops
+MaxPoolGrad / AveragePoolGrad, with the window geometry they share. Device kernels:
+kernels/pool.py.
 
 An ONNX pooling node (MaxPool, AveragePool, GlobalMaxPool, GlobalAveragePool, or our
 MaxPoolGrad / AveragePoolGrad) is resolved once into explicit attributes: kernel_shape,
@@ -13,8 +15,13 @@ Window rules (onnxruntime and torch agree on all of them):
   * an average divides by the number of input elements in the window, or with
     count_include_pad by the window clipped to the padded input [-pad_begin, in + pad_end),
     so a ceil_mode window running past the padded edge counts only what lies inside it."""
+import numpy as np
+
+from .. import opcodes as op
 from ..errors import UnsupportedOpError
-from ..graph import attr
+from ..graph import DOMAIN, attr
+from ..reference import MicrotrainOp
+from ..registry import gradient, lowering
 from .windows import window_attributes
 
 
@@ -125,3 +132,86 @@ def pool_kernel_ints(node, in_shape, out_shape, where):
     if attrs["count_include_pad"]:
         return ints + [-begin[0], size[0] + end[0], -begin[1], size[1] + end[1]]
     return ints + [0, size[0], 0, size[1]]
+
+
+# -- gradient rule, lowerings, numpy references ------------------------------------------
+
+@gradient("MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool")
+def grad_pool(g, node, dys, needs):
+    # MaxPoolGrad(dY, X) / AveragePoolGrad(dY, X) with explicit windows: auto_pad resolved
+    # into pads, a Global pool as one window over the whole plane.
+    x = node.input[0]
+    attrs = pool_attributes(node, g.shape(x), g.shape(node.output[0]),
+                            f"{node.op_type} node '{node.name}'")
+    op_type = "MaxPoolGrad" if "Max" in node.op_type else "AveragePoolGrad"
+    return [g.node(op_type, [dys[0], x], g.shape(x), domain=DOMAIN, hint="d" + node.op_type,
+                   **attrs)]
+
+
+@lowering("MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool")
+def lower_pool(ctx, node):
+    # MaxPool, AveragePool and their Global forms: pooling.py resolves the windows.
+    x, y = node.input[0], node.output[0]
+    ints = pool_kernel_ints(node, ctx.shape(x), ctx.shape(y), ctx.where(node))
+    code = op.MAX_POOL if "Max" in node.op_type else op.AVERAGE_POOL
+    ctx.step(code, [ctx.define(y), ctx.t(x)], ints)
+
+
+@lowering("MaxPoolGrad", "AveragePoolGrad")
+def lower_pool_grad(ctx, node):
+    # MaxPoolGrad(dY, X) recomputes each window's argmax from X. AveragePoolGrad(dY, X)
+    # takes only its shape from X, so its step does not keep X alive.
+    dy, x = node.input
+    ints = pool_kernel_ints(node, ctx.shape(x), ctx.shape(dy), ctx.where(node))
+    dx = ctx.define(node.output[0])
+    if node.op_type == "MaxPoolGrad":
+        ctx.step(op.MAX_POOL_GRAD, [dx, ctx.t(dy), ctx.t(x)], ints)
+    else:
+        ctx.step(op.AVERAGE_POOL_GRAD, [dx, ctx.t(dy)], ints)
+
+
+def _pool_windows(in_size, out_size, kernel_shape, strides, pads, dilations):
+    """For each output position: the input indices of its window along each spatial axis,
+    and the window's length along each axis clipped to the padded input."""
+    rank = len(in_size)
+    for out in np.ndindex(*out_size):
+        taps, padded = [], []
+        for i in range(rank):
+            start = out[i] * strides[i] - pads[i]
+            index = start + dilations[i] * np.arange(kernel_shape[i])
+            taps.append(index[(index >= 0) & (index < in_size[i])])
+            padded.append(min(start + kernel_shape[i], in_size[i] + pads[rank + i]) - start)
+        yield out, taps, padded
+
+
+class MaxPoolGrad(MicrotrainOp):
+    """dX = each window's dY added at the window's first maximum of X (row-major order)."""
+
+    def _run(self, dy, x, kernel_shape=None, strides=None, pads=None, dilations=None,
+             ceil_mode=0):
+        dx = np.zeros_like(x)
+        for out, taps, _ in _pool_windows(x.shape[2:], dy.shape[2:], kernel_shape, strides,
+                                          pads, dilations):
+            grid = np.stack(np.meshgrid(*taps, indexing="ij"), -1).reshape(-1, len(taps))
+            window = x[(slice(None), slice(None)) + np.ix_(*taps)].reshape(x.shape[:2] + (-1,))
+            first_max = np.argmax(window, axis=-1)
+            for plane in np.ndindex(*x.shape[:2]):
+                dx[plane + tuple(grid[first_max[plane]])] += dy[plane + out]
+        return (dx,)
+
+
+class AveragePoolGrad(MicrotrainOp):
+    """dX = each window's dY / count spread over the window's input elements; count = the
+    elements of the input in it, or with count_include_pad the window clipped to the padded
+    input. X only gives the shape."""
+
+    def _run(self, dy, x, kernel_shape=None, strides=None, pads=None, dilations=None,
+             ceil_mode=0, count_include_pad=0):
+        dx = np.zeros_like(x)
+        for out, taps, padded in _pool_windows(x.shape[2:], dy.shape[2:], kernel_shape, strides,
+                                               pads, dilations):
+            count = np.prod(padded) if count_include_pad else np.prod([len(t) for t in taps])
+            share = dy[(slice(None), slice(None)) + out] / count
+            dx[(slice(None), slice(None)) + np.ix_(*taps)] += share.reshape(
+                share.shape + (1,) * len(taps))
+        return (dx,)
