@@ -5,7 +5,7 @@
 import struct
 from array import array
 from microtrain.crc32 import crc32
-from microtrain.errors import BlobError, InputError
+from microtrain.errors import BlobError, InputError, OutOfMemoryError
 from microtrain.flatbuf import Reader
 from microtrain.opcodes import SIGNATURES, kernel_module
 
@@ -14,6 +14,8 @@ FORMAT_VERSION = 1
 NO_TENSOR = 0xFFFFFFFF
 FLOAT = 0
 INT32 = 1
+_HUGE = 3e38               # about float32's largest
+_BELOW_ONE = 0.99999994    # float32's largest value below 1
 ROLE_NAMES = ("input", "label", "param", "grad", "activation", "optimizer_state",
               "constant", "control")
 
@@ -106,15 +108,48 @@ def load_into_arenas(path):
     objects can fragment a small heap."""
     data = read(path)
     r, root = _root(data)
-    F = zeros("f", r.scalar(root, 5, "I", 0))
-    I = zeros("i", r.scalar(root, 6, "I", 0))
-    b = _parse_root(r, root, data, False)
+    floats, ints = _arena_sizes(r, root)
+    try:
+        F = zeros("f", floats)
+        I = zeros("i", ints)
+        b = _parse_root(r, root, data, False)
+    except MemoryError:
+        raise OutOfMemoryError("'%s' needs %d bytes of arenas (%d floats, %d ints) besides "
+                               "its %d-byte file; the heap has %s bytes free"
+                               % (path, 4 * (floats + ints), floats, ints, len(data), _mem_free()))
     del data, r, root
     for tid, raw in b.constants:
         off = b.offsets[tid]
         F[off:off + b.sizes[tid]] = array("f", raw)
     b.constants = None  # in the arena now: let the GC have the raw bytes
     return b, F, I
+
+
+def _mem_free():
+    try:
+        import gc
+        return gc.mem_free()
+    except AttributeError:  # CPython
+        return "an unknown number of"
+
+
+def _arena_sizes(r, root):
+    """The arena sizes (floats, ints) the root table states, checked against what its
+    tensor table needs before anything that large is allocated: a blob whose size fields
+    were altered must not make the device allocate whatever they say."""
+    floats = r.scalar(root, 5, "I", 0)
+    ints = r.scalar(root, 6, "I", 0)
+    need = [0, 0]
+    for t in r.tables(root, 2, "tensor"):
+        dtype = r.scalar(t, 1, "B", 0)
+        end = r.scalar(t, 4, "I", 0) + r.scalar(t, 5, "I", 0)
+        if dtype in (FLOAT, INT32) and end > need[dtype]:
+            need[dtype] = end
+    for stated, needed, kind in ((floats, need[FLOAT], "float"), (ints, need[INT32], "int")):
+        if stated != needed:
+            raise BlobError("the %s arena is %d elements, its tensors need %d"
+                            % (kind, stated, needed))
+    return floats, ints
 
 
 def copy_inputs(b, F, I, program, inputs, classes):
@@ -194,8 +229,7 @@ def parse(data, keep_steps=False):
 
 def _parse_root(r, root, data, keep_steps):
     b = Blob()
-    b.float_arena = r.scalar(root, 5, "I", 0)
-    b.int_arena = r.scalar(root, 6, "I", 0)
+    b.float_arena, b.int_arena = _arena_sizes(r, root)
     b.loss = r.string(root, 7, "loss")
     b.num_classes = r.scalar(root, 8, "I", 0)
     b.naive_size = r.scalar(root, 10, "I", 0)
@@ -285,6 +319,16 @@ def _read_optimizer(r, root, b):
         "l2_penalty": r.scalar(t, 11, "f", 0.0),
         "clip_grad_norm": r.scalar(t, 12, "f", 0.0),  # 0: no clipping
     }
+    # Optimizer.step divides by 1 - beta1**t and takes sqrt(1 - beta2**t): the betas must
+    # lie in [0, 1); the rest must be finite (NaN fails every comparison).
+    for name, low, high in (("learning_rate", 0.0, _HUGE), ("beta1", 0.0, _BELOW_ONE),
+                            ("beta2", 0.0, _BELOW_ONE), ("epsilon", 1e-30, _HUGE),
+                            ("weight_decay", 0.0, _HUGE), ("momentum", 0.0, _HUGE),
+                            ("dampening", -_HUGE, _HUGE), ("l1_penalty", 0.0, _HUGE),
+                            ("l2_penalty", 0.0, _HUGE), ("clip_grad_norm", 0.0, _HUGE)):
+        value = b.optimizer[name]
+        if not low <= value <= high:
+            raise BlobError("optimizer %s is %r, outside [%r, %r]" % (name, value, low, high))
 
 
 def _read_inference(r, root, b):
@@ -321,9 +365,86 @@ def _ids(r, table, index, b, what):
     return list(ids)
 
 
+class StepCheck:
+    """What a kernel's checker (`<kernel>_check(args, c)` beside each kernel in kernels/)
+    asserts about one step's arguments at load, so that kernels can trust them: every
+    index lands inside its tensor, every loop is bounded by the tensors' sizes, no
+    hyperparameter makes a kernel raise. Each failure is a BlobError naming the step."""
+
+    def __init__(self, b):
+        self.blob = b
+        self.where = ""
+        self.tensors = ()   # the step's tensor ids (NO_TENSOR when absent)
+
+    def fail(self, what):
+        raise BlobError("%s: %s" % (self.where, what))
+
+    def positive(self, *values):
+        for v in values:
+            if v < 1:
+                self.fail("count %d must be at least 1" % v)
+
+    def each_holds(self, count, n):
+        # tensor arguments 0 .. count-1 each hold n elements
+        for k in range(count):
+            self.holds(k, n)
+
+    def equal(self, value, expected, what):
+        if value != expected:
+            self.fail("%s is %r, expected %r" % (what, value, expected))
+
+    def present(self, k):
+        return self.tensors[k] != NO_TENSOR
+
+    def _extent(self, k):
+        tid = self.tensors[k]
+        if tid == NO_TENSOR:
+            self.fail("tensor argument %d is required" % k)
+        return self.blob.offsets[tid], self.blob.offsets[tid] + self.blob.sizes[tid]
+
+    def holds(self, k, n):
+        start, end = self._extent(k)
+        if n < 0 or start + n > end:
+            self.fail("tensor '%s' holds %d elements, the step reads or writes %d"
+                      % (self.blob.names[self.tensors[k]], end - start, n))
+
+    def span(self, k, base, counts, strides):
+        # The lowest and highest element the index walk reaches, against tensor k's extent.
+        start, end = self._extent(k)
+        low = high = base
+        for i in range(len(counts)):
+            n = counts[i]
+            if n < 1:
+                self.fail("count %d must be at least 1" % n)
+            reach = (n - 1) * strides[i]
+            if reach < 0:
+                low += reach
+            else:
+                high += reach
+        if low < start or high >= end:
+            self.fail("elements [%d, %d] lie outside tensor '%s' [%d, %d)"
+                      % (low - start, high - start, self.blob.names[self.tensors[k]], 0,
+                         end - start))
+
+    def moving(self, counts, strides):
+        for i in range(len(counts)):
+            if counts[i] > 1 and strides[i] == 0:
+                self.fail("a dimension of %d elements is walked with stride 0" % counts[i])
+
+    def within(self, value, low, high, what):
+        if not low <= value <= high:  # NaN fails too
+            self.fail("%s is %r, outside [%r, %r]" % (what, value, low, high))
+
+    def role(self, k, *names):
+        tid = self.tensors[k]
+        if tid == NO_TENSOR or ROLE_NAMES[self.blob.roles[tid]] not in names:
+            self.fail("tensor argument %d must be a %s tensor" % (k, " or ".join(names)))
+
+
 def _read_steps(r, program, b, program_name, records):
     steps = []
     modules = {}
+    check = StepCheck(b)
     for index, t in enumerate(r.tables(program, 1, "step")):
         op = r.scalar(t, 0, "H", 0)
         where = "%s step %d (op %d)" % (program_name, index, op)
@@ -349,7 +470,11 @@ def _read_steps(r, program, b, program_name, records):
             offsets.append(b.offsets[tid])
         if family not in modules:
             modules[family] = kernel_module(family)
-        steps.append((getattr(modules[family], function), tuple(offsets) + ints + floats))
+        args = tuple(offsets) + ints + floats
+        check.where = "%s step %d (%s)" % (program_name, index, function)
+        check.tensors = tensors
+        getattr(modules[family], function + "_check")(args, check)
+        steps.append((getattr(modules[family], function), args))
         if records is not None:
             records.append((op, tensors, ints, floats))
     return steps
