@@ -25,14 +25,14 @@ def mlp(n_in, n_out, seed=0, hidden=(16, 8), activations=("Relu", "Tanh")):
     return torch.nn.Sequential(*layers)
 
 
-def export(model, example, dynamic_batch=True):
+def export(model, example, dynamic_batch=True, opset=17):
     """torch -> ONNX ModelProto, training-mode export (parameters stay initializers)."""
     buf = io.BytesIO()
     kwargs = {}
     if dynamic_batch:
         kwargs["dynamic_axes"] = {"input": {0: "batch"}, "output": {0: "batch"}}
     torch.onnx.export(model, example, buf, input_names=["input"], output_names=["output"],
-                      dynamo=False, opset_version=17, training=torch.onnx.TrainingMode.TRAINING,
+                      dynamo=False, opset_version=opset, training=torch.onnx.TrainingMode.TRAINING,
                       do_constant_folding=False, **kwargs)
     return onnx.load_from_string(buf.getvalue())
 

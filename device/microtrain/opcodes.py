@@ -8,7 +8,8 @@ except ImportError:
 
 # Code ranges by family: dense 1-9, elementwise 10-29, activation 30-49 (but 40 is
 # reduce), loss 50-59, optim 60-69, conv 70-79, pool 80-89, norm (BatchNormalization,
-# Dropout) 90-99, layout (Transpose, Slice, Concat, Split, Pad) 100-119.
+# Dropout) 90-99, layout (Transpose, Slice, Concat, Split, Pad) 100-119; issue 9's first
+# half 120-159: smooth (Elu, Selu, Celu, Erf, Gelu, Softsign) 120-127.
 GEMM = const(1)
 GEMM_ACCUMULATE = const(2)
 BATCHED_GEMM = const(3)
@@ -70,6 +71,14 @@ DROPOUT_GRAD = const(95)
 STRIDED_COPY = const(100)
 STRIDED_ADD = const(101)
 FILL = const(102)
+EXP_LINEAR = const(120)
+EXP_LINEAR_GRAD = const(121)
+ERF = const(122)
+ERF_GRAD = const(123)
+GELU = const(124)
+GELU_GRAD = const(125)
+SOFTSIGN = const(126)
+SOFTSIGN_GRAD = const(127)
 
 # op code -> (kernel family module, function, tensor dtypes, int count, float count)
 # Tensor dtypes: "f" float arena, "i" int arena, "?" float arena or no tensor.
@@ -140,6 +149,14 @@ SIGNATURES = {
     STRIDED_COPY: ("layout", "strided_copy", "ff", 14, 0),
     STRIDED_ADD: ("layout", "strided_add", "ff", 14, 0),
     FILL: ("layout", "fill", "f", 1, 1),
+    EXP_LINEAR: ("smooth", "exp_linear", "ff", 1, 3),
+    EXP_LINEAR_GRAD: ("smooth", "exp_linear_grad", "fff", 1, 3),
+    ERF: ("smooth", "erf") + _UNARY,
+    ERF_GRAD: ("smooth", "erf_grad") + _ACT_GRAD,
+    GELU: ("smooth", "gelu", "ff", 2, 0),
+    GELU_GRAD: ("smooth", "gelu_grad", "fff", 2, 0),
+    SOFTSIGN: ("smooth", "softsign") + _UNARY,
+    SOFTSIGN_GRAD: ("smooth", "softsign_grad") + _ACT_GRAD,
 }
 
 
@@ -165,6 +182,8 @@ def kernel_module(family):
         from microtrain.kernels import norm as module
     elif family == "layout":
         from microtrain.kernels import layout as module
+    elif family == "smooth":
+        from microtrain.kernels import smooth as module
     else:
         raise ImportError("no kernel family " + family)
     return module

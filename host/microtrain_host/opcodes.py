@@ -62,6 +62,14 @@ DROPOUT_GRAD = 95
 STRIDED_COPY = 100
 STRIDED_ADD = 101
 FILL = 102
+EXP_LINEAR = 120
+EXP_LINEAR_GRAD = 121
+ERF = 122
+ERF_GRAD = 123
+GELU = 124
+GELU_GRAD = 125
+SOFTSIGN = 126
+SOFTSIGN_GRAD = 127
 
 NAMES = {value: name for name, value in list(globals().items())
          if name.isupper() and isinstance(value, int)}
