@@ -19,7 +19,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import microtrain_host as mh
 from microtrain import CheckpointState, Module, TrainingError
-from torch_reference import export
+from conftest import ROOT, run_micropython
+from torch_reference import export, parse_run, run_device_cpython, torch_train, write_batches
 
 M, K, N = 3, 5, 7          # odd sizes, so a transposed or broadcast operand cannot pass by luck
 GRAD_TOLERANCE = 1e-4
@@ -340,6 +341,29 @@ def check_exported_module(tmp_path, module, x, opset=17, grad_tolerance=GRAD_TOL
     assert relative_error(device_out, ort_out) <= FORWARD_TOLERANCE + ort_rounding
     assert relative_error(device_out, out.detach().numpy()) <= FORWARD_TOLERANCE
     return model
+
+
+def check_micropython_training(tmp_path, micropython, module, input_shape, output_shape,
+                               steps=6, lr=0.05, seed=8):
+    """A torch module (float input, MSELoss, SGD) trained a few steps by torch, by the device
+    under CPython (losses within 1e-4 of torch's) and under MicroPython (losses, parameters
+    and eval loss within 1e-5 of CPython's)."""
+    mh.generate_artifacts(export(module, torch.zeros(input_shape)), loss="MSELoss",
+                          optimizer="SGD", artifact_directory=tmp_path,
+                          batch_size=input_shape[0])
+    rng = np.random.default_rng(seed)
+    xs = rng.standard_normal((steps,) + tuple(input_shape)).astype(np.float32)
+    ys = rng.standard_normal((steps,) + tuple(output_shape)).astype(np.float32)
+    write_batches(tmp_path / "data.bin", xs, ys)
+    torch_losses, _ = torch_train(copy.deepcopy(module), "MSELoss", "SGD", xs, ys, lr)
+    losses, params, eval_loss = run_device_cpython(tmp_path, tmp_path / "data.bin", steps, lr)
+    assert relative_error(losses, torch_losses) <= GRAD_TOLERANCE
+    out = run_micropython(micropython, ROOT / "tests" / "device_scripts" / "train_steps.py",
+                          tmp_path, tmp_path / "data.bin", steps, repr(lr))
+    mp_losses, mp_params, mp_eval = parse_run(out)
+    assert relative_error(mp_losses, losses) <= 1e-5
+    assert relative_error(mp_params, params) <= 1e-5
+    assert relative_error(mp_eval, eval_loss) <= 1e-5
 
 
 # -- ops microtrain cannot handle fail loudly, naming the op and the node ---------------

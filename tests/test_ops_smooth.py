@@ -12,12 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import ROOT, run_micropython
 from microtrain.kernels import smooth
-from test_ops import (check_case, check_exported_module, node, relative_error, shape_id,
-                      unary_case)
+from test_ops import (check_case, check_exported_module, check_micropython_training, node,
+                      relative_error, shape_id, unary_case)
 from test_ops_layout import reference_training_step
-from torch_reference import parse_run, run_device_cpython, write_batches
 
 TOLERANCE = 1e-5      # the issue's: gradients vs float64 autograd, forward vs onnxruntime
 SHAPES = [(5, 7), (3, 1, 4), (1, 9)] + [
@@ -134,24 +132,4 @@ class SmoothNet(torch.nn.Module):
 
 
 def test_smooth_net_micropython_matches_cpython_and_torch(tmp_path, micropython):
-    import copy
-
-    import microtrain_host as mh
-    from torch_reference import export, torch_train
-    module = SmoothNet()
-    mh.generate_artifacts(export(module, torch.zeros(4, 6)), loss="MSELoss", optimizer="SGD",
-                          artifact_directory=tmp_path, batch_size=4)
-    rng = np.random.default_rng(8)
-    steps, lr = 6, 0.05
-    xs = rng.standard_normal((steps, 4, 6)).astype(np.float32)
-    ys = rng.standard_normal((steps, 4, 3)).astype(np.float32)
-    write_batches(tmp_path / "data.bin", xs, ys)
-    torch_losses, _ = torch_train(copy.deepcopy(module), "MSELoss", "SGD", xs, ys, lr)
-    losses, params, eval_loss = run_device_cpython(tmp_path, tmp_path / "data.bin", steps, lr)
-    assert relative_error(losses, torch_losses) <= 1e-4
-    out = run_micropython(micropython, ROOT / "tests" / "device_scripts" / "train_steps.py",
-                          tmp_path, tmp_path / "data.bin", steps, repr(lr))
-    mp_losses, mp_params, mp_eval = parse_run(out)
-    assert relative_error(mp_losses, losses) <= 1e-5
-    assert relative_error(mp_params, params) <= 1e-5
-    assert relative_error(mp_eval, eval_loss) <= 1e-5
+    check_micropython_training(tmp_path, micropython, SmoothNet(), (4, 6), (4, 3))

@@ -9,7 +9,8 @@ except ImportError:
 # Code ranges by family: dense 1-9, elementwise 10-29, activation 30-49 (but 40 is
 # reduce), loss 50-59, optim 60-69, conv 70-79, pool 80-89, norm (BatchNormalization,
 # Dropout) 90-99, layout (Transpose, Slice, Concat, Split, Pad) 100-119; issue 9's first
-# half 120-159: smooth (Elu, Selu, Celu, Erf, Gelu, Softsign) 120-127.
+# half 120-159: smooth (Elu, Selu, Celu, Erf, Gelu, Softsign) 120-127, elementwise (Max, Min,
+# PRelu) 130-135.
 GEMM = const(1)
 GEMM_ACCUMULATE = const(2)
 BATCHED_GEMM = const(3)
@@ -79,6 +80,12 @@ GELU = const(124)
 GELU_GRAD = const(125)
 SOFTSIGN = const(126)
 SOFTSIGN_GRAD = const(127)
+MAX = const(130)
+MIN = const(131)
+COUNT_EQUAL = const(132)
+TIE_SHARE = const(133)
+PRELU = const(134)
+PRELU_GRAD = const(135)
 
 # op code -> (kernel family module, function, tensor dtypes, int count, float count)
 # Tensor dtypes: "f" float arena, "i" int arena, "?" float arena or no tensor.
@@ -157,6 +164,12 @@ SIGNATURES = {
     GELU_GRAD: ("smooth", "gelu_grad", "fff", 2, 0),
     SOFTSIGN: ("smooth", "softsign") + _UNARY,
     SOFTSIGN_GRAD: ("smooth", "softsign_grad") + _ACT_GRAD,
+    MAX: ("elementwise", "maximum") + _BINARY,
+    MIN: ("elementwise", "minimum") + _BINARY,
+    COUNT_EQUAL: ("elementwise", "count_equal") + _BINARY,
+    TIE_SHARE: ("elementwise", "tie_share", "fffff", 6, 0),
+    PRELU: ("elementwise", "prelu") + _BINARY,
+    PRELU_GRAD: ("elementwise", "prelu_grad", "??fff", 6, 0),
 }
 
 

@@ -70,6 +70,12 @@ GELU = 124
 GELU_GRAD = 125
 SOFTSIGN = 126
 SOFTSIGN_GRAD = 127
+MAX = 130
+MIN = 131
+COUNT_EQUAL = 132
+TIE_SHARE = 133
+PRELU = 134
+PRELU_GRAD = 135
 
 NAMES = {value: name for name, value in list(globals().items())
          if name.isupper() and isinstance(value, int)}

@@ -216,3 +216,133 @@ def power(F, I, args):
 
 
 power_check = _unary_check
+
+
+# -- Max, Min (folded pairwise by the host) and their gradient: ties share dY equally ---------
+
+def _max_row(F, y, pa, sa, pb, sb, n):
+    for _ in range(n):
+        a = F[pa]
+        b = F[pb]
+        F[y] = a if a >= b or a != a else b  # NaN wins, as in torch.maximum
+        y += 1
+        pa += sa
+        pb += sb
+
+
+def _min_row(F, y, pa, sa, pb, sb, n):
+    for _ in range(n):
+        a = F[pa]
+        b = F[pb]
+        F[y] = a if a <= b or a != a else b
+        y += 1
+        pa += sa
+        pb += sb
+
+
+def _count_equal_row(F, y, pa, sa, pb, sb, n):
+    for _ in range(n):
+        if F[pa] == F[pb]:
+            F[y] += 1.0
+        y += 1
+        pa += sa
+        pb += sb
+
+
+def maximum(F, I, args):
+    _each_row(F, args, _max_row)
+
+
+maximum_check = _binary_check
+
+
+def minimum(F, I, args):
+    _each_row(F, args, _min_row)
+
+
+minimum_check = _binary_check
+
+
+def count_equal(F, I, args):
+    # count += 1 where Y == X_i: how many inputs of Max / Min gave the output (one step per
+    # input after the count is zeroed).
+    _each_row(F, args, _count_equal_row)
+
+
+count_equal_check = _binary_check
+
+
+def tie_share(F, I, args):
+    # dX_i (Y's shape) = dY / count where X_i == Y, else 0 (torch.amax / amin's split on ties;
+    # count >= 1 wherever X_i == Y). dx, dy, y, count contiguous; X_i through strides.
+    dx, dy, y, count, x, d0, d1, d2, sx0, sx1, sx2 = args
+    i = 0
+    for i0 in range(d0):
+        for i1 in range(d1):
+            px = x + i0 * sx0 + i1 * sx1
+            for _ in range(d2):
+                F[dx + i] = F[dy + i] / F[count + i] if F[px] == F[y + i] else 0.0
+                i += 1
+                px += sx2
+
+
+def tie_share_check(args, c):
+    d0, d1, d2, sx0, sx1, sx2 = args[5:11]
+    c.positive(d0, d1, d2)
+    c.each_holds(4, d0 * d1 * d2)
+    c.span(4, args[4], (d0, d1, d2), (sx0, sx1, sx2))
+
+
+# -- PRelu: y = x where x > 0, else slope * x, the slope broadcast ----------------------------
+
+def _prelu_row(F, y, pa, sa, pb, sb, n):
+    for _ in range(n):
+        v = F[pa]
+        F[y] = v if v > 0.0 else v * F[pb]
+        y += 1
+        pa += sa
+        pb += sb
+
+
+def prelu(F, I, args):
+    _each_row(F, args, _prelu_row)
+
+
+prelu_check = _binary_check
+
+
+def prelu_grad(F, I, args):
+    # dx = dy where x > 0, else dy * slope; dslope (X's shape, summed over the broadcast
+    # dimensions by the host) = 0 where x > 0, else dy * x. Either output may be absent (-1).
+    dx, dslope, dy, x, slope, d0, d1, d2, ss0, ss1, ss2 = args
+    i = 0
+    for i0 in range(d0):
+        for i1 in range(d1):
+            ps = slope + i0 * ss0 + i1 * ss1
+            for _ in range(d2):
+                v = F[x + i]
+                g = F[dy + i]
+                if v > 0.0:
+                    if dx >= 0:
+                        F[dx + i] = g
+                    if dslope >= 0:
+                        F[dslope + i] = 0.0
+                else:
+                    if dx >= 0:
+                        F[dx + i] = g * F[ps]
+                    if dslope >= 0:
+                        F[dslope + i] = g * v
+                i += 1
+                ps += ss2
+
+
+def prelu_grad_check(args, c):
+    d0, d1, d2, ss0, ss1, ss2 = args[5:11]
+    c.positive(d0, d1, d2)
+    n = d0 * d1 * d2
+    for k in (0, 1):
+        if c.present(k):
+            c.holds(k, n)
+    c.holds(2, n)
+    c.holds(3, n)
+    c.span(4, args[4], (d0, d1, d2), (ss0, ss1, ss2))

@@ -6,21 +6,29 @@ import numpy as np
 
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
+from ..graph import DOMAIN
 from ..pipeline.autodiff import unbroadcast
-from ..pipeline.lower import broadcast_strides, collapse, contiguous_strides, unary
+from ..pipeline.lower import NO_TENSOR, broadcast_strides, collapse, contiguous_strides, unary
+from ..reference import MicrotrainOp
 from ..registry import gradient, lowering
+
+
+def binary_step(ctx, code, y, a, b, where):
+    """One strided step Y = f(A, B) of a broadcasting binary kernel; y, a, b are tensor ids
+    (Y has the broadcast shape)."""
+    out_shape = ctx.tensors[y].shape
+    strides = [contiguous_strides(out_shape),
+               broadcast_strides(out_shape, ctx.tensors[a].shape),
+               broadcast_strides(out_shape, ctx.tensors[b].shape)]
+    dims, (_, s_a, s_b) = collapse(out_shape, strides, where)
+    ctx.step(code, [y, a, b], dims + s_a + s_b)
 
 
 def _binary(code):
     """The lowering of a broadcasting binary op Y = f(A, B): one strided step."""
     def lower(ctx, node):
-        a, b = node.input
-        out_shape = ctx.shape(node.output[0])
-        strides = [contiguous_strides(out_shape), broadcast_strides(out_shape, ctx.shape(a)),
-                   broadcast_strides(out_shape, ctx.shape(b))]
-        dims, (_, s_a, s_b) = collapse(out_shape, strides, ctx.where(node))
-        y = ctx.define(node.output[0])
-        ctx.step(code, [y, ctx.t(a), ctx.t(b)], dims + s_a + s_b)
+        a, b = ctx.t(node.input[0]), ctx.t(node.input[1])
+        binary_step(ctx, code, ctx.define(node.output[0]), a, b, ctx.where(node))
     return lower
 
 
@@ -176,3 +184,156 @@ def grad_reciprocal(g, node, dys, needs):
 def lower_reciprocal(ctx, node):
     y = ctx.define(node.output[0])
     ctx.step(op.POW, [y, ctx.t(node.input[0])], [ctx.tensors[y].size], [-1.0])
+
+
+# -- Max, Min, Sum, Mean: variadic, broadcasting, folded pairwise ---------------------------
+
+def _fold(ctx, node, code):
+    """Y = f(f(f(X0, X1), X2), ...): one binary step per further input, each partial result
+    shaped like the broadcast of the inputs so far; the last writes Y."""
+    inputs = [i for i in node.input if i]
+    if len(inputs) == 1:
+        return ctx.t(inputs[0]), False
+    acc = ctx.t(inputs[0])
+    for k, name in enumerate(inputs[1:], start=2):
+        x = ctx.t(name)
+        if k == len(inputs):
+            y = ctx.define(node.output[0])
+        else:
+            y = ctx.define("", np.broadcast_shapes(ctx.tensors[acc].shape, ctx.tensors[x].shape))
+        binary_step(ctx, code, y, acc, x, ctx.where(node))
+        acc = y
+    return acc, True
+
+
+def _lower_fold(code):
+    def lower(ctx, node):
+        if not _fold(ctx, node, code)[1]:
+            ctx.alias(node.output[0], node.input[0])
+    return lower
+
+
+lowering("Max")(_lower_fold(op.MAX))
+lowering("Min")(_lower_fold(op.MIN))
+lowering("Sum")(_lower_fold(op.ADD))
+
+
+@lowering("Mean")
+def lower_mean(ctx, node):
+    count = sum(1 for i in node.input if i)
+    if count == 1:
+        ctx.alias(node.output[0], node.input[0])
+        return
+    total, _ = _fold(ctx, node, op.ADD)
+    # Y = sum * (1 / count) in place: the elementwise kernels read each element once, before
+    # writing it.
+    scale = f"mean_scale({count})"
+    ctx._constant(scale, np.array(1.0 / count, np.float32))
+    binary_step(ctx, op.MUL, total, total, ctx.t(scale), ctx.where(node))
+
+
+@gradient("Sum")
+def grad_sum(g, node, dys, needs):
+    return [unbroadcast(g, dys[0], g.shape(x)) if need else None
+            for x, need in zip(node.input, needs)]
+
+
+@gradient("Mean")
+def grad_mean(g, node, dys, needs):
+    scale = g.constant("mean_scale", np.float32(1.0 / len(node.input)))
+    dy = g.node("Mul", [dys[0], scale], g.shape(dys[0]), hint="dMean")
+    return [unbroadcast(g, dy, g.shape(x)) if need else None
+            for x, need in zip(node.input, needs)]
+
+
+@gradient("Max", "Min")
+def grad_max_min(g, node, dys, needs):
+    # dX_i = dY / count where X_i gave the output, count = how many inputs tie for it.
+    if len(node.input) == 1:
+        return [dys[0]]
+    y = node.output[0]
+    shape = g.shape(y)
+    count = g.node("TieCount", [y] + list(node.input), shape, domain=DOMAIN,
+                   hint="d" + node.op_type + "_ties")
+    return [unbroadcast(g, g.node("TieShare", [dys[0], y, count, x], shape, domain=DOMAIN,
+                                  hint="d" + node.op_type), g.shape(x)) if need else None
+            for x, need in zip(node.input, needs)]
+
+
+@lowering("TieCount")
+def lower_tie_count(ctx, node):
+    count = ctx.define(node.output[0])
+    ctx.step(op.FILL, [count], [ctx.tensors[count].size], [0.0])
+    y = ctx.t(node.input[0])
+    for x in node.input[1:]:
+        binary_step(ctx, op.COUNT_EQUAL, count, y, ctx.t(x), ctx.where(node))
+
+
+@lowering("TieShare")
+def lower_tie_share(ctx, node):
+    dy, y, count, x = node.input
+    shape = ctx.shape(y)
+    dims, (_, s_x) = collapse(shape, [contiguous_strides(shape),
+                                      broadcast_strides(shape, ctx.shape(x))], ctx.where(node))
+    dx = ctx.define(node.output[0])
+    ctx.step(op.TIE_SHARE, [dx, ctx.t(dy), ctx.t(y), ctx.t(count), ctx.t(x)], dims + s_x)
+
+
+class TieCount(MicrotrainOp):
+    """How many of the inputs X_i (broadcast) equal Y at each element."""
+
+    def _run(self, y, *xs):
+        return (sum((np.broadcast_to(x, y.shape) == y).astype(y.dtype) for x in xs),)
+
+
+class TieShare(MicrotrainOp):
+    """dY / count where X (broadcast) equals Y, else 0: X's share of Max / Min's gradient."""
+
+    def _run(self, dy, y, count, x):
+        tied = np.broadcast_to(x, y.shape) == y
+        return (np.where(tied, dy / np.where(tied, count, 1), 0).astype(dy.dtype),)
+
+
+# -- PRelu ---------------------------------------------------------------------------------
+
+@lowering("PRelu")
+def lower_prelu(ctx, node):
+    x, slope = node.input
+    if np.broadcast_shapes(ctx.shape(x), ctx.shape(slope)) != tuple(ctx.shape(x)):
+        raise UnsupportedOpError(f"{ctx.where(node)}: slope {list(ctx.shape(slope))} does not "
+                                 f"broadcast to X {list(ctx.shape(x))}")
+    binary_step(ctx, op.PRELU, ctx.define(node.output[0]), ctx.t(x), ctx.t(slope),
+                ctx.where(node))
+
+
+@gradient("PRelu")
+def grad_prelu(g, node, dys, needs):
+    # PReluGrad(dY, X, slope) -> dX, dslope in X's shape (summed to the slope's shape here).
+    x, slope = node.input
+    outputs = [g.fresh(f"d{node.name}_{part}") if need else ""
+               for part, need in zip(("X", "slope"), needs)]
+    g.node("PReluGrad", [dys[0], x, slope], [g.shape(x), g.shape(x)], outputs=outputs,
+           domain=DOMAIN)
+    dslope = unbroadcast(g, outputs[1], g.shape(slope)) if needs[1] else None
+    return [outputs[0] or None, dslope]
+
+
+@lowering("PReluGrad")
+def lower_prelu_grad(ctx, node):
+    dy, x, slope = node.input
+    shape = ctx.shape(x)
+    dims, (_, s_slope) = collapse(shape, [contiguous_strides(shape),
+                                          broadcast_strides(shape, ctx.shape(slope))],
+                                  ctx.where(node))
+    outs = [ctx.define(name) if name else NO_TENSOR for name in list(node.output) + [""] * 2][:2]
+    ctx.step(op.PRELU_GRAD, outs + [ctx.t(dy), ctx.t(x), ctx.t(slope)], dims + s_slope)
+
+
+class PReluGrad(MicrotrainOp):
+    """dX = dY where X > 0, else dY * slope; dslope (X's shape) = 0 where X > 0, else
+    dY * X (torch's PReLU backward)."""
+
+    def _run(self, dy, x, slope):
+        positive = x > 0
+        return (np.where(positive, dy, dy * slope).astype(dy.dtype),
+                np.where(positive, 0, dy * x).astype(dy.dtype))
