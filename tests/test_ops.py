@@ -304,9 +304,10 @@ def check_case(tmp_path, name, input_shape, param_shapes, nodes, fn, opset,
     (ort_out,) = ort.InferenceSession(model.SerializeToString(),
                                       providers=["CPUExecutionProvider"]).run(None, {"input": x})
     assert ort_out.shape == out.shape
-    # onnxruntime's float32 kernels (its erf, say) may stand 2e-5 from the float64 result:
-    # that distance is allowed on top, and the device must be within tolerance of float64.
-    ort_rounding = relative_error(ort_out, out)
+    # onnxruntime's float32 kernels may stand off the float64 result (its erf 2e-5, its
+    # opset-21 GroupNormalization 1.2e-4): that distance (relative to onnxruntime's values)
+    # is allowed on top, and the device must be within tolerance of float64 itself.
+    ort_rounding = relative_error(out, ort_out)
     assert relative_error(device_out[1].tolist(), ort_out) <= FORWARD_TOLERANCE + ort_rounding
     assert relative_error(device_out[1].tolist(), out) <= FORWARD_TOLERANCE
     assert relative_error(device_out[0], loss) <= grad_tolerance
@@ -337,9 +338,13 @@ def check_exported_module(tmp_path, module, x, opset=17, grad_tolerance=GRAD_TOL
     device_out = device(x_flat, target_flat)[1].tolist()
     (ort_out,) = ort.InferenceSession(model.SerializeToString(),
                                       providers=["CPUExecutionProvider"]).run(None, {"input": x})
-    ort_rounding = relative_error(ort_out, out.detach().numpy())
-    assert relative_error(device_out, ort_out) <= FORWARD_TOLERANCE + ort_rounding
-    assert relative_error(device_out, out.detach().numpy()) <= FORWARD_TOLERANCE
+    # Against the output's scale, as test_models compares parameters: an output that is a
+    # cancellation of O(1) float32 terms (a normalised value near 0) carries ~1e-7 absolute
+    # rounding in any float32 implementation, onnxruntime's included.
+    for expected in (ort_out, out.detach().numpy()):
+        scale = max(1.0, float(np.max(np.abs(expected))))
+        error = np.max(np.abs(np.array(device_out) - np.reshape(expected, -1)))
+        assert error <= FORWARD_TOLERANCE * scale, (error, scale)
     return model
 
 

@@ -10,7 +10,8 @@ except ImportError:
 # reduce), loss 50-59, optim 60-69, conv 70-79, pool 80-89, norm (BatchNormalization,
 # Dropout) 90-99, layout (Transpose, Slice, Concat, Split, Pad) 100-119; issue 9's first
 # half 120-159: smooth (Elu, Selu, Celu, Erf, Gelu, Softsign) 120-127, elementwise (Max, Min,
-# PRelu) 130-135.
+# PRelu) 130-135, group_norm (LayerNormalization, InstanceNormalization,
+# GroupNormalization) 140-141.
 GEMM = const(1)
 GEMM_ACCUMULATE = const(2)
 BATCHED_GEMM = const(3)
@@ -86,6 +87,8 @@ COUNT_EQUAL = const(132)
 TIE_SHARE = const(133)
 PRELU = const(134)
 PRELU_GRAD = const(135)
+GROUP_NORM = const(140)
+GROUP_NORM_GRAD = const(141)
 
 # op code -> (kernel family module, function, tensor dtypes, int count, float count)
 # Tensor dtypes: "f" float arena, "i" int arena, "?" float arena or no tensor.
@@ -170,6 +173,8 @@ SIGNATURES = {
     TIE_SHARE: ("elementwise", "tie_share", "fffff", 6, 0),
     PRELU: ("elementwise", "prelu") + _BINARY,
     PRELU_GRAD: ("elementwise", "prelu_grad", "??fff", 6, 0),
+    GROUP_NORM: ("group_norm", "group_norm", "ff??", 4, 1),
+    GROUP_NORM_GRAD: ("group_norm", "group_norm_grad", "???ff?", 4, 1),
 }
 
 
@@ -197,6 +202,8 @@ def kernel_module(family):
         from microtrain.kernels import layout as module
     elif family == "smooth":
         from microtrain.kernels import smooth as module
+    elif family == "group_norm":
+        from microtrain.kernels import group_norm as module
     else:
         raise ImportError("no kernel family " + family)
     return module

@@ -76,6 +76,8 @@ COUNT_EQUAL = 132
 TIE_SHARE = 133
 PRELU = 134
 PRELU_GRAD = 135
+GROUP_NORM = 140
+GROUP_NORM_GRAD = 141
 
 NAMES = {value: name for name, value in list(globals().items())
          if name.isupper() and isinstance(value, int)}

@@ -11,6 +11,8 @@ its gradient ops side by side, and registers them here with the decorators below
 """
 GRAD_RULES = {}
 LOWERINGS = {}
+SHAPED_LIKE_INPUT = set()   # op types whose output has their first input's shape, for the
+                            # ones onnx's shape inference leaves unknown (pipeline/load.py)
 
 
 def _register(table, kind, op_types, function):

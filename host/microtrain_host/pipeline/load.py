@@ -7,6 +7,7 @@ import onnx
 from onnx import helper, numpy_helper, shape_inference
 
 from ..errors import ArtifactError, DynamicShapeError, UnsupportedOpError
+from ..registry import SHAPED_LIKE_INPUT
 from .fold import fold_constants
 
 MIN_OPSET = 13  # ReduceSum takes axes as an input, Softmax works on one axis
@@ -75,6 +76,7 @@ def load_model(model, batch_size=None):
             model = shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
         except Exception as e:
             raise ArtifactError(f"shape inference failed after constant folding: {e}") from e
+    model = _infer_shaped_like_input(model)
     shapes = tensor_shapes(model.graph)
     for node in model.graph.node:
         for out in node.output:
@@ -91,6 +93,27 @@ def load_model(model, batch_size=None):
                     f"cannot fix the shape of '{out}' produced by node '{node.name}' "
                     f"({node.op_type}); pass batch_size or export with static shapes")
     return model, shapes
+
+
+def _infer_shaped_like_input(model):
+    """onnx infers no shape for some function ops (GroupNormalization); for the op types in
+    registry.SHAPED_LIKE_INPUT, Y has X's shape: record it and infer the rest again."""
+    while True:
+        shapes = tensor_shapes(model.graph)
+        added = False
+        for node in model.graph.node:
+            out = node.output[0] if node.output else ""
+            x = shapes.get(node.input[0]) if node.input else None
+            if (node.op_type in SHAPED_LIKE_INPUT and out and x and None not in x[1]
+                    and (out not in shapes or None in shapes[out][1])):
+                model.graph.value_info.append(helper.make_tensor_value_info(out, x[0], x[1]))
+                added = True
+        if not added:
+            return model
+        try:
+            model = shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+        except Exception as e:
+            raise ArtifactError(f"shape inference failed: {e}") from e
 
 
 def tensor_shapes(graph):
