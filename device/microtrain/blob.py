@@ -18,6 +18,7 @@ _HUGE = 3e38               # about float32's largest
 _BELOW_ONE = 0.99999994    # float32's largest value below 1
 ROLE_NAMES = ("input", "label", "param", "grad", "activation", "optimizer_state",
               "constant", "control")
+_LABEL = 1                 # ROLE_NAMES.index("label")
 
 
 class Program:
@@ -154,7 +155,8 @@ def _arena_sizes(r, root):
 
 def copy_inputs(b, F, I, program, inputs, classes):
     """Copy one flat sequence per input of `program` into the arenas. With classes > 0,
-    int inputs (labels) must be class indices in [0, classes)."""
+    labels must be class indices in [0, classes); other int inputs (Gather's indices) are
+    checked by the kernels that read them."""
     tids = program.inputs
     if len(inputs) != len(tids):
         raise InputError("the %s program takes %d inputs (%s), got %d"
@@ -168,9 +170,10 @@ def copy_inputs(b, F, I, program, inputs, classes):
             raise InputError("input '%s' needs %d values (shape %r), got %d"
                              % (b.names[tid], n, b.shapes[tid], len(values)))
         if b.dtypes[tid] == INT32:
+            label = classes if b.roles[tid] == _LABEL else 0
             for i in range(n):
                 v = values[i]
-                if classes and not 0 <= v < classes:
+                if label and not 0 <= v < label:
                     raise InputError("label %r at position %d of '%s' is not a class index "
                                      "in [0, %d)" % (v, i, b.names[tid], classes))
                 I[off + i] = int(v)

@@ -78,6 +78,8 @@ PRELU = 134
 PRELU_GRAD = 135
 GROUP_NORM = 140
 GROUP_NORM_GRAD = 141
+GATHER_ROWS = 150
+GATHER_ROWS_GRAD = 151
 
 NAMES = {value: name for name, value in list(globals().items())
          if name.isupper() and isinstance(value, int)}

@@ -1,5 +1,6 @@
 """Layout ops: Flatten, Reshape, Identity, Squeeze, Unsqueeze (free aliases), Transpose,
-Slice, Concat, Split, Pad, Gather (constant indices), Tile, ConstantOfShape, and the
+Slice, Concat, Split, Pad, Gather (constant indices, or indices from an int input: an
+embedding lookup), Tile, ConstantOfShape, and the
 gradient ops SliceGrad, GatherGrad, TileGrad, PadGrad. On the device every one that moves
 data is a strided copy (kernels/layout.py: STRIDED_COPY, STRIDED_ADD, FILL)."""
 import numpy as np
@@ -8,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
 from ..graph import DOMAIN, attr
-from ..pipeline.lower import axis_view, collapse, contiguous_strides
+from ..pipeline.lower import INT32, axis_view, collapse, contiguous_strides
 from ..reference import MicrotrainOp
 from ..registry import gradient, lowering
 
@@ -297,9 +298,28 @@ def _gather_windows(ctx, node, shape, indices):
             [(p * inner, (v % size) * inner) for p, v in enumerate(flat)])
 
 
+def _gather_rows(ctx, node, code, out, data_shape, pair):
+    """Gather (or its gradient) with indices computed on the device, an int tensor:
+    one GATHER_ROWS(_GRAD) step over data viewed as (outer, size, inner)."""
+    indices = ctx.t(node.input[1])
+    if ctx.tensors[indices].dtype != INT32:
+        raise UnsupportedOpError(f"{ctx.where(node)}: indices '{node.input[1]}' must be "
+                                 f"integers (a constant or an int input)")
+    outer, size, inner = axis_view(data_shape, attr(node, "axis", 0), ctx.where(node))
+    count = ctx.tensors[indices].size
+    if 0 in (outer, size, inner, count):
+        raise UnsupportedOpError(f"{ctx.where(node)}: nothing to gather (data "
+                                 f"{list(data_shape)}, {count} indices)")
+    ctx.step(code, [out, ctx.t(pair), indices], [outer, size, inner, count])
+
+
 @lowering("Gather")
 def lower_gather(ctx, node):
     data, indices = node.input
+    if ctx.value(indices) is None:
+        _gather_rows(ctx, node, op.GATHER_ROWS, ctx.define(node.output[0]), ctx.shape(data),
+                     data)
+        return
     window, s_data, s_out, starts = _gather_windows(ctx, node, ctx.shape(data),
                                                     ctx.value(indices))
     y = ctx.define(node.output[0])
@@ -311,6 +331,10 @@ def lower_gather(ctx, node):
 def lower_gather_grad(ctx, node):
     # dX = zeros plus dY's slice at every index, added: an index may repeat.
     _, indices, dy = node.input
+    if ctx.value(indices) is None:  # indices from an int input: scattered on the device
+        _gather_rows(ctx, node, op.GATHER_ROWS_GRAD, ctx.define(node.output[0]),
+                     ctx.shape(node.output[0]), dy)
+        return
     window, s_data, s_out, starts = _gather_windows(ctx, node, ctx.shape(node.output[0]),
                                                     ctx.value(indices))
     dx = ctx.define(node.output[0])
