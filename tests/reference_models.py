@@ -13,6 +13,7 @@ by 5e-4 after 50 steps although single-step gradients agree to 3e-7 relative to 
 largest element; at 0.001 they stay within 5e-7.
 """
 import dataclasses
+import math
 
 import torch
 from torch import nn
@@ -26,6 +27,7 @@ class ReferenceModel:
     loss: str              # "CrossEntropyLoss" (classes = output width) or "MSELoss"
     batch: int
     lr: dict               # optimizer name -> learning rate
+    vocabulary: int = 0    # > 0: the input is int64 token ids in [0, vocabulary)
 
 
 def lenet():
@@ -144,4 +146,58 @@ def conv_autoencoder():
                           {"SGD": 0.05, "AdamW": 0.001})
 
 
-REFERENCE_MODELS = (lenet, ds_cnn, gesture_1d, mobilenet_v2_block, conv_autoencoder)
+class TinyTransformer(nn.Module):
+    """One pre-norm transformer encoder block (issue 9): LayerNorm, two-head self-attention
+    (MatMul, scaled, Softmax, MatMul), a GELU MLP (exact GELU: Erf in the export), residual
+    connections, mean over tokens, a classifier. Sensor or audio frames as tokens."""
+
+    def __init__(self, dim=8, heads=2, classes=4):
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        size = d // self.heads
+        q, k, v = self.qkv(self.norm1(x)).split(d, dim=-1)
+        q, k, v = (z.reshape(b, t, self.heads, size).transpose(1, 2) for z in (q, k, v))
+        attention = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(size), dim=-1)
+        mixed = (attention @ v).transpose(1, 2).reshape(b, t, d)
+        x = x + self.proj(mixed)
+        x = x + self.mlp(self.norm2(x))
+        return self.head(x.mean(dim=1))
+
+
+def tiny_transformer():
+    torch.manual_seed(15)
+    return ReferenceModel("tiny_transformer", TinyTransformer(), (6, 8), "CrossEntropyLoss", 4,
+                          {"SGD": 0.05, "AdamW": 0.001})
+
+
+class KeywordClassifier(nn.Module):
+    """Embedding lookup of token ids (Gather with indices from the int input), mean over the
+    sequence, a small MLP: keyword / text classification on device (issue 9)."""
+
+    def __init__(self, vocabulary=20, dim=8, classes=3):
+        super().__init__()
+        self.embed = nn.Embedding(vocabulary, dim)
+        self.fc = nn.Linear(dim, 16)
+        self.out = nn.Linear(16, classes)
+
+    def forward(self, tokens):
+        return self.out(torch.relu(self.fc(self.embed(tokens).mean(dim=1))))
+
+
+def keyword_classifier():
+    torch.manual_seed(16)
+    return ReferenceModel("keyword_classifier", KeywordClassifier(), (10,), "CrossEntropyLoss",
+                          4, {"SGD": 0.5, "AdamW": 0.01}, vocabulary=20)
+
+
+REFERENCE_MODELS = (lenet, ds_cnn, gesture_1d, mobilenet_v2_block, conv_autoencoder,
+                    tiny_transformer, keyword_classifier)

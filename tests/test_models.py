@@ -25,20 +25,28 @@ def make_data(ref, steps, distinct=4, seed=7):
     """`distinct` batches of random inputs with random class labels (or the input itself
     for the autoencoder), cycled over the steps: a task 50 steps can make progress on."""
     rng = np.random.default_rng(seed)
-    xs = rng.standard_normal((distinct, ref.batch) + ref.inputs).astype(np.float32)
+    if ref.vocabulary:
+        xs = rng.integers(0, ref.vocabulary, (distinct, ref.batch) + ref.inputs)
+    else:
+        xs = rng.standard_normal((distinct, ref.batch) + ref.inputs).astype(np.float32)
     if ref.loss == "MSELoss":
         ys = xs.copy()
     else:
         # On a copy in eval mode: a train-mode forward would move BatchNorm's running
         # statistics away from the exported ones.
-        classes = copy.deepcopy(ref.module).eval()(torch.zeros((1,) + ref.inputs)).shape[-1]
+        classes = copy.deepcopy(ref.module).eval()(example(ref, 1)).shape[-1]
         ys = rng.integers(0, classes, (distinct, ref.batch)).astype(np.int64)
     cycle = np.arange(steps) % distinct
     return xs[cycle], ys[cycle]
 
 
+def example(ref, batch):
+    """An input of `batch` samples for export: zeros, token ids for an embedding model."""
+    return torch.zeros((batch,) + ref.inputs, dtype=torch.int64 if ref.vocabulary else None)
+
+
 def pack(ref, directory, optimizer, **kwargs):
-    onnx_model = export(ref.module, torch.zeros((ref.batch,) + ref.inputs))
+    onnx_model = export(ref.module, example(ref, ref.batch))
     return mh.generate_artifacts(onnx_model, loss=ref.loss, optimizer=optimizer,
                                  artifact_directory=directory, batch_size=ref.batch, **kwargs)
 

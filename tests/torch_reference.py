@@ -55,7 +55,7 @@ def make_batches(loss, steps, batch, n_in, n_out, seed=1):
 def write_batches(path, xs, ys):
     with open(path, "wb") as f:
         for x, y in zip(xs, ys):
-            f.write(x.astype("<f4").tobytes())
+            f.write(x.astype("<i4" if x.dtype.kind == "i" else "<f4").tobytes())
             f.write(y.astype("<i4" if y.dtype.kind == "i" else "<f4").tobytes())
 
 

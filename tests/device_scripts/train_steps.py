@@ -1,7 +1,7 @@
 # Device-side driver shared by the CPython and MicroPython runs of the parity tests.
 #   train_steps.py ARTIFACT_DIR DATA_FILE STEPS LEARNING_RATE [ACCUMULATE]
-# DATA_FILE holds, for each step, the input (float32) then the labels (int32 for
-# cross-entropy, float32 otherwise), little-endian. Prints one loss per line (repr), then
+# DATA_FILE holds, for each step, the input (float32; int32 token ids for an embedding
+# model) then the labels (int32 for cross-entropy, float32 otherwise), little-endian. Prints one loss per line (repr), then
 # "params" and the contiguous parameters, then "eval" and the eval loss on the first batch.
 # ACCUMULATE=k calls lazy_reset_grad and step only every k train calls.
 import sys
@@ -19,8 +19,9 @@ def main(argv):
     opt.set_learning_rate(lr)
     b = model.blob
     x_id, y_id = b.programs["train"].inputs
+    x_type = "i" if b.dtypes[x_id] == 1 else "f"   # int: token ids
     y_type = "i" if b.dtypes[y_id] == 1 else "f"
-    x = array("f", bytes(4 * b.sizes[x_id]))
+    x = array(x_type, bytes(4 * b.sizes[x_id]))
     y = array(y_type, bytes(4 * b.sizes[y_id]))
     first = None
     with open(data_file, "rb") as f:
@@ -29,7 +30,7 @@ def main(argv):
             f.readinto(x)
             f.readinto(y)
             if first is None:
-                first = (array("f", x), array(y_type, y))
+                first = (array(x_type, x), array(y_type, y))
             print(repr(model(x, y)))
             if (step + 1) % accumulate == 0:
                 opt.step()
