@@ -1,8 +1,9 @@
 # Device-side driver shared by the CPython and MicroPython runs of the parity tests.
 #   train_steps.py ARTIFACT_DIR DATA_FILE STEPS LEARNING_RATE [ACCUMULATE]
 # DATA_FILE holds, for each step, the input (float32; int32 token ids for an embedding
-# model) then the labels (int32 for cross-entropy, float32 otherwise), little-endian. Prints one loss per line (repr), then
-# "params" and the contiguous parameters, then "eval" and the eval loss on the first batch.
+# model) then the labels (int32 for cross-entropy, float32 otherwise), little-endian.
+# Prints one loss per line (repr), then "params" and the contiguous parameters, then
+# "eval" and the eval loss on the first batch.
 # ACCUMULATE=k calls lazy_reset_grad and step only every k train calls.
 import sys
 from array import array
