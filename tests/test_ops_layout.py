@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 import torch
 import torch.nn.functional as F
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, numpy_helper
 
 import microtrain_host as mh
 from conftest import ROOT, run_micropython
@@ -452,21 +452,6 @@ def test_pad_modes_that_cannot_train(tmp_path, case):
                                      node("Pad", ["h", "pads"], "output", mode=mode)],
                           opset=opset)
     assert "Pad" in message and "pad_2" in message and "mode" in message and mode in message
-
-
-def test_gather_of_indices_from_an_input_is_refused(tmp_path):
-    # An embedding lookup: the indices arrive with each batch, so there are no strides to
-    # precompute; Gather takes constant indices only.
-    graph = helper.make_graph(
-        [helper.make_node("Gather", ["table", "input"], ["output"], name="embedding")], "embed",
-        [helper.make_tensor_value_info("input", TensorProto.INT64, [M, 2])],
-        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [M, 2, N])],
-        initializer=[numpy_helper.from_array(np.ones((K, N), np.float32), "table")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    with pytest.raises(mh.UnsupportedOpError) as error:
-        mh.generate_artifacts(model, loss="MSELoss", optimizer="SGD", artifact_directory=tmp_path)
-    message = str(error.value)
-    assert "Gather" in message and "embedding" in message and "indices" in message
 
 
 def test_trainable_pad_value_is_refused(tmp_path):
