@@ -313,3 +313,13 @@ def test_sequence_ops_are_unsupported_ops_not_dynamic_shapes(tmp_path, op):
                                                  r"supported; microtrain trains on tensors of "
                                                  r"fixed shapes$" % op):
         mh.generate_artifacts(model, loss="MSELoss", optimizer="SGD", artifact_directory=tmp_path)
+
+
+def test_train_program_without_a_loss_output_is_refused(digits, tmp_path):
+    def edit(data, r, root):
+        train = next(p for p in r.tables(root, 4, "program") if r.string(p, 0, "name") == "train")
+        count_at = r.vector(train, 3, 4, "outputs")[0] - 4
+        struct.pack_into("<I", data, count_at, 0)  # an empty outputs vector
+    with pytest.raises(BlobError, match=r"^the train program has no float loss as its first "
+                                        r"output$"):
+        load(crafted(digits, tmp_path, edit), tmp_path)

@@ -256,6 +256,11 @@ def _parse_root(r, root, data, keep_steps):
         b.programs[name] = Program(name, _read_steps(r, t, b, name, records),
                                    _ids(r, t, 2, b, name + " inputs"),
                                    _ids(r, t, 3, b, name + " outputs"))
+    for name in ("train", "eval"):
+        # Module reads the loss from the first output of these programs.
+        p = b.programs.get(name)
+        if p is not None and (not p.outputs or b.dtypes[p.outputs[0]] != FLOAT):
+            raise BlobError("the %s program has no float loss as its first output" % name)
     return b
 
 
