@@ -8,10 +8,10 @@ from microtrain.crc32 import crc32
 from microtrain.errors import BlobError, InputError, OutOfMemoryError
 from microtrain.flatbuf import Reader
 from microtrain.opcodes import SIGNATURES, kernel_module
+from microtrain.stepcheck import NO_TENSOR, StepCheck
 
 IDENTIFIER = b"MTRB"
 FORMAT_VERSION = 1
-NO_TENSOR = 0xFFFFFFFF
 FLOAT = 0
 INT32 = 1
 _HUGE = 3e38               # about float32's largest
@@ -52,6 +52,7 @@ class Blob:
         self.lower_bound = 0    # float elements no plan can go below (for inspect)
         self.full_training_arena = 0  # with frozen parameters: the arena if all trained
         self.full_training_steps = 0  # ... and its train program's step count (inspect)
+        self.source_opset = 0   # the opset of a model upgraded on load (0: not upgraded)
         self.step_records = {}  # program -> [(op, tensor ids, ints, floats)] when kept
         self.inference = None   # InferenceTemplate: (position in the file, length, cuts,
                                 # [(output name, tensor id)]), for microtrain.export
@@ -107,16 +108,21 @@ def load_into_arenas(path):
     """(blob, float arena, int arena) of the blob file at path, its constants copied in.
     The arenas are the largest blocks: they are allocated before the blob's many small
     objects can fragment a small heap."""
-    data = read(path)
-    r, root = _root(data)
-    floats, ints = _arena_sizes(r, root)
+    floats = ints = None
     try:
+        data = read(path)
+        r, root = _root(data)
+        floats, ints = _arena_sizes(r, root)
         F = zeros("f", floats)
         I = zeros("i", ints)
         b = _parse_root(r, root, data, False)
     except MemoryError:
+        if floats is None:
+            raise OutOfMemoryError("'%s' does not fit in the heap (%s bytes free)"
+                                   % (path, _mem_free()))
         raise OutOfMemoryError("'%s' needs %d bytes of arenas (%d floats, %d ints) besides "
-                               "its %d-byte file; the heap has %s bytes free"
+                               "its %d-byte file; the heap has %s bytes free (each arena "
+                               "needs one contiguous block)"
                                % (path, 4 * (floats + ints), floats, ints, len(data), _mem_free()))
     del data, r, root
     for tid, raw in b.constants:
@@ -239,6 +245,7 @@ def _parse_root(r, root, data, keep_steps):
     b.lower_bound = r.scalar(root, 11, "I", 0)
     b.full_training_arena = r.scalar(root, 12, "I", 0)
     b.full_training_steps = r.scalar(root, 13, "I", 0)
+    b.source_opset = r.scalar(root, 15, "H", 0)
     _read_tensors(r, root, b)
     _read_parameters(r, root, b)
     _read_optimizer(r, root, b)
@@ -252,6 +259,11 @@ def _parse_root(r, root, data, keep_steps):
         b.programs[name] = Program(name, _read_steps(r, t, b, name, records),
                                    _ids(r, t, 2, b, name + " inputs"),
                                    _ids(r, t, 3, b, name + " outputs"))
+    for name in ("train", "eval"):
+        # Module reads the loss from the first output of these programs.
+        p = b.programs.get(name)
+        if p is not None and (not p.outputs or b.dtypes[p.outputs[0]] != FLOAT):
+            raise BlobError("the %s program has no float loss as its first output" % name)
     return b
 
 
@@ -289,6 +301,22 @@ def _read_tensors(r, root, b):
         b.shapes.append(tuple(shape))
         b.offsets.append(offset)
         b.sizes.append(size)
+    _check_fed_ints(b)
+
+
+def _check_fed_ints(b):
+    # Labels and int inputs are checked when they are copied in (class indices in range);
+    # the int tensors kernels write (dropout masks and generator states) must then never
+    # share their place, or a mask could turn a label into an index outside its row.
+    fed = [t for t in range(len(b.names))
+           if b.dtypes[t] == INT32 and ROLE_NAMES[b.roles[t]] in ("input", "label")]
+    for t in range(len(b.names)):
+        if b.dtypes[t] != INT32 or t in fed:
+            continue
+        for f in fed:
+            if b.offsets[t] < b.offsets[f] + b.sizes[f] and b.offsets[f] < b.offsets[t] + b.sizes[t]:
+                raise BlobError("int tensor '%s' overlaps the fed tensor '%s'"
+                                % (b.names[t], b.names[f]))
 
 
 def _read_parameters(r, root, b):
@@ -366,82 +394,6 @@ def _ids(r, table, index, b, what):
         if tid >= len(b.names):
             raise BlobError("%s: tensor id %d out of range" % (what, tid))
     return list(ids)
-
-
-class StepCheck:
-    """What a kernel's checker (`<kernel>_check(args, c)` beside each kernel in kernels/)
-    asserts about one step's arguments at load, so that kernels can trust them: every
-    index lands inside its tensor, every loop is bounded by the tensors' sizes, no
-    hyperparameter makes a kernel raise. Each failure is a BlobError naming the step."""
-
-    def __init__(self, b):
-        self.blob = b
-        self.where = ""
-        self.tensors = ()   # the step's tensor ids (NO_TENSOR when absent)
-
-    def fail(self, what):
-        raise BlobError("%s: %s" % (self.where, what))
-
-    def positive(self, *values):
-        for v in values:
-            if v < 1:
-                self.fail("count %d must be at least 1" % v)
-
-    def each_holds(self, count, n):
-        # tensor arguments 0 .. count-1 each hold n elements
-        for k in range(count):
-            self.holds(k, n)
-
-    def equal(self, value, expected, what):
-        if value != expected:
-            self.fail("%s is %r, expected %r" % (what, value, expected))
-
-    def present(self, k):
-        return self.tensors[k] != NO_TENSOR
-
-    def _extent(self, k):
-        tid = self.tensors[k]
-        if tid == NO_TENSOR:
-            self.fail("tensor argument %d is required" % k)
-        return self.blob.offsets[tid], self.blob.offsets[tid] + self.blob.sizes[tid]
-
-    def holds(self, k, n):
-        start, end = self._extent(k)
-        if n < 0 or start + n > end:
-            self.fail("tensor '%s' holds %d elements, the step reads or writes %d"
-                      % (self.blob.names[self.tensors[k]], end - start, n))
-
-    def span(self, k, base, counts, strides):
-        # The lowest and highest element the index walk reaches, against tensor k's extent.
-        start, end = self._extent(k)
-        low = high = base
-        for i in range(len(counts)):
-            n = counts[i]
-            if n < 1:
-                self.fail("count %d must be at least 1" % n)
-            reach = (n - 1) * strides[i]
-            if reach < 0:
-                low += reach
-            else:
-                high += reach
-        if low < start or high >= end:
-            self.fail("elements [%d, %d] lie outside tensor '%s' [%d, %d)"
-                      % (low - start, high - start, self.blob.names[self.tensors[k]], 0,
-                         end - start))
-
-    def moving(self, counts, strides):
-        for i in range(len(counts)):
-            if counts[i] > 1 and strides[i] == 0:
-                self.fail("a dimension of %d elements is walked with stride 0" % counts[i])
-
-    def within(self, value, low, high, what):
-        if not low <= value <= high:  # NaN fails too
-            self.fail("%s is %r, outside [%r, %r]" % (what, value, low, high))
-
-    def role(self, k, *names):
-        tid = self.tensors[k]
-        if tid == NO_TENSOR or ROLE_NAMES[self.blob.roles[tid]] not in names:
-            self.fail("tensor argument %d must be a %s tensor" % (k, " or ".join(names)))
 
 
 def _read_steps(r, program, b, program_name, records):

@@ -4,14 +4,26 @@ import math
 _HUGE = 3e38  # about float32's largest: hyperparameters must be finite
 
 
+def _state_check(c, first, count):
+    # Tensor arguments first .. first+count-1 are the optimizer state of the parameter in
+    # argument 0, in the order of its parameter entry: AdamW's v is its second moment
+    # (which the Optimizer keeps >= 0 when it restores one), never its first or another's.
+    p = c.tensors[0]
+    for tensor, grad, state in c.blob.parameters:
+        if tensor == p:
+            if tuple(c.tensors[first:first + count]) != tuple(state[:count]):
+                c.fail("the optimizer state arguments are not the state of parameter '%s'"
+                       % c.blob.names[p])
+            return
+    c.fail("tensor argument 0 is not a parameter")
+
+
 def _adam_check(c, n, beta1, beta2, eps, weight_decay):
-    # p, g, m, v, lr, step_size, ...: the moments are optimizer state, whose second one the
-    # checkpoint reader keeps >= 0, so sqrt(v) + eps > 0.
+    # p, g, m, v, lr, step_size, ...
     c.each_holds(4, n)
     c.holds(4, 1)
     c.holds(5, 1)
-    c.role(2, "optimizer_state")
-    c.role(3, "optimizer_state")
+    _state_check(c, 2, 2)
     c.within(beta1, 0.0, 1.0, "beta1")
     c.within(beta2, 0.0, 1.0, "beta2")
     c.within(eps, 1e-30, _HUGE, "epsilon")
@@ -60,6 +72,7 @@ def adamw(F, I, args):
     # step_size is computed once per step by the Optimizer and passed in the arena.
     p, g, m, v, lr, step_size, n, beta1, beta2, eps, weight_decay = args
     root = math.sqrt
+    nan = math.nan
     size = F[step_size]
     decay = 1.0 - F[lr] * weight_decay
     c1 = 1.0 - beta1
@@ -68,7 +81,8 @@ def adamw(F, I, args):
         grad = F[g + i]
         F[m + i] = beta1 * F[m + i] + c1 * grad
         F[v + i] = beta2 * F[v + i] + c2 * grad * grad
-        F[p + i] = (F[p + i] - size * F[m + i] / (root(F[v + i]) + eps)) * decay
+        s = F[v + i]  # >= 0 unless something wrote into it: NaN then, not a domain error
+        F[p + i] = (F[p + i] - size * F[m + i] / ((root(s) if s >= 0.0 else nan) + eps)) * decay
 
 
 def adamw_check(args, c):
@@ -148,7 +162,7 @@ def sgd_general_check(args, c):
     c.holds(2, 1)
     if c.present(4):  # momentum: the kernel also reads the step number
         c.holds(4, n)
-        c.role(4, "optimizer_state")
+        _state_check(c, 4, 1)
         c.holds(3, 1)
     if c.present(5):
         c.holds(5, 1)
@@ -162,6 +176,7 @@ def adamw_general(F, I, args):
     # adamw (above) on the penalized, clipped gradient.
     p, g, m, v, lr, step_size, coef, n, beta1, beta2, eps, weight_decay, l1, l2 = args
     root = math.sqrt
+    nan = math.nan
     size = F[step_size]
     decay = 1.0 - F[lr] * weight_decay
     c = F[coef] if coef >= 0 else 1.0
@@ -173,7 +188,8 @@ def adamw_general(F, I, args):
         grad = (F[g + i] + two_l2 * x + (l1 if x > 0.0 else (-l1 if x < 0.0 else 0.0))) * c
         F[m + i] = beta1 * F[m + i] + c1 * grad
         F[v + i] = beta2 * F[v + i] + c2 * grad * grad
-        F[p + i] = (x - size * F[m + i] / (root(F[v + i]) + eps)) * decay
+        s = F[v + i]
+        F[p + i] = (x - size * F[m + i] / ((root(s) if s >= 0.0 else nan) + eps)) * decay
 
 
 def adamw_general_check(args, c):
