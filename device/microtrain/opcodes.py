@@ -11,7 +11,7 @@ except ImportError:
 # Dropout) 90-99, layout (Transpose, Slice, Concat, Split, Pad) 100-119; issue 9's first
 # half 120-159: smooth (Elu, Selu, Celu, Erf, Gelu, Softsign) 120-127, elementwise (Max, Min,
 # PRelu) 130-135, group_norm (LayerNormalization, InstanceNormalization,
-# GroupNormalization) 140-141, layout (Gather with int indices) 150-151.
+# GroupNormalization) 140-141, gather (Gather with int indices) 150-151.
 GEMM = const(1)
 GEMM_ACCUMULATE = const(2)
 BATCHED_GEMM = const(3)
@@ -177,8 +177,8 @@ SIGNATURES = {
     PRELU_GRAD: ("elementwise", "prelu_grad", "??fff", 6, 0),
     GROUP_NORM: ("group_norm", "group_norm", "ff??", 4, 1),
     GROUP_NORM_GRAD: ("group_norm", "group_norm_grad", "???ff?", 4, 1),
-    GATHER_ROWS: ("layout", "gather_rows", "ffi", 4, 0),
-    GATHER_ROWS_GRAD: ("layout", "gather_rows_grad", "ffi", 4, 0),
+    GATHER_ROWS: ("gather", "gather_rows", "ffi", 4, 0),
+    GATHER_ROWS_GRAD: ("gather", "gather_rows_grad", "ffi", 4, 0),
 }
 
 
@@ -204,6 +204,8 @@ def kernel_module(family):
         from microtrain.kernels import norm as module
     elif family == "layout":
         from microtrain.kernels import layout as module
+    elif family == "gather":
+        from microtrain.kernels import gather as module
     elif family == "smooth":
         from microtrain.kernels import smooth as module
     elif family == "group_norm":

@@ -2,5 +2,5 @@
 (device/microtrain/kernels/<family>.py). Each holds its ops' gradient rules, lowerings and the
 numpy references of its gradient ops, registered into registry.py's tables (and reference.OPS)
 by being imported here. `windows.py` is geometry shared by conv and pool."""
-from . import (activation, conv, dense, elementwise, group_norm, layout, loss, norm,  # noqa: F401
-               optim, pool, reduce, smooth)
+from . import (activation, conv, dense, elementwise, gather, group_norm, layout, loss,  # noqa: F401
+               norm, optim, pool, reduce, smooth)

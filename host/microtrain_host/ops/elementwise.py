@@ -27,8 +27,8 @@ def binary_step(ctx, code, y, a, b, where):
 def _binary(code):
     """The lowering of a broadcasting binary op Y = f(A, B): one strided step."""
     def lower(ctx, node):
-        a, b = ctx.t(node.input[0]), ctx.t(node.input[1])
-        binary_step(ctx, code, ctx.define(node.output[0]), a, b, ctx.where(node))
+        y = ctx.define(node.output[0])  # before the inputs: constants get ids after Y
+        binary_step(ctx, code, y, ctx.t(node.input[0]), ctx.t(node.input[1]), ctx.where(node))
     return lower
 
 

@@ -1,8 +1,7 @@
 """Layout ops: Flatten, Reshape, Identity, Squeeze, Unsqueeze (free aliases), Transpose,
-Slice, Concat, Split, Pad, Gather (constant indices, or indices from an int input: an
-embedding lookup), Tile, ConstantOfShape, and the
-gradient ops SliceGrad, GatherGrad, TileGrad, PadGrad. On the device every one that moves
-data is a strided copy (kernels/layout.py: STRIDED_COPY, STRIDED_ADD, FILL)."""
+Slice, Concat, Split, Pad, Tile, ConstantOfShape, and the gradient ops SliceGrad, TileGrad,
+PadGrad. On the device every one that moves data is a strided copy (kernels/layout.py:
+STRIDED_COPY, STRIDED_ADD, FILL), which gather.py uses too."""
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
@@ -90,7 +89,7 @@ def lower_alias(ctx, node):
 
 # -- strided copies ------------------------------------------------------------------------
 
-def _strided_copy(ctx, y, x, shape, y_start, y_strides, x_start, x_strides,
+def strided_copy(ctx, y, x, shape, y_start, y_strides, x_start, x_strides,
                   code=op.STRIDED_COPY):
     """Steps that copy a window of `shape` elements, Y[y_start + i.y_strides] =
     X[x_start + i.x_strides] (+= with STRIDED_ADD). The kernel walks four dimensions; a
@@ -106,7 +105,7 @@ def _strided_copy(ctx, y, x, shape, y_start, y_strides, x_start, x_strides,
         ctx.step(code, [y, x], [at_y, at_x] + dims[lead:] + s_y[lead:] + s_x[lead:])
 
 
-def _fill(ctx, y, value):
+def fill(ctx, y, value):
     ctx.step(op.FILL, [y], [ctx.tensors[y].size], [value])
 
 
@@ -119,7 +118,7 @@ def lower_constant_of_shape(ctx, node):
         raise UnsupportedOpError(f"{ctx.where(node)}: only float values are computed on the "
                                  f"device")
     y = ctx.define(node.output[0])
-    _fill(ctx, y, float(numpy_helper.to_array(value).reshape(-1)[0]) if value is not None
+    fill(ctx, y, float(numpy_helper.to_array(value).reshape(-1)[0]) if value is not None
           else 0.0)
 
 
@@ -152,7 +151,7 @@ def lower_transpose(ctx, node):
     out_shape = [shape[p] for p in perm]
     strides = contiguous_strides(shape)
     y = ctx.define(node.output[0])
-    _strided_copy(ctx, y, ctx.t(x), out_shape, 0, contiguous_strides(out_shape), 0,
+    strided_copy(ctx, y, ctx.t(x), out_shape, 0, contiguous_strides(out_shape), 0,
                   [strides[p] for p in perm])
 
 
@@ -185,7 +184,7 @@ def lower_slice(ctx, node):
     x = node.input[0]
     start, strides, window = _slice_window(ctx, node, ctx.shape(x), 1)
     y = ctx.define(node.output[0])
-    _strided_copy(ctx, y, ctx.t(x), window, 0, contiguous_strides(window), start, strides)
+    strided_copy(ctx, y, ctx.t(x), window, 0, contiguous_strides(window), start, strides)
 
 
 @lowering("SliceGrad")
@@ -195,8 +194,8 @@ def lower_slice_grad(ctx, node):
     start, strides, window = _slice_window(ctx, node, ctx.shape(node.output[0]), 2)
     dx = ctx.define(node.output[0])
     if ctx.tensors[dx].size != ctx.tensors[ctx.t(dy)].size:
-        _fill(ctx, dx, 0.0)
-    _strided_copy(ctx, dx, ctx.t(dy), window, start, strides, 0, contiguous_strides(window))
+        fill(ctx, dx, 0.0)
+    strided_copy(ctx, dx, ctx.t(dy), window, start, strides, 0, contiguous_strides(window))
 
 
 class SliceGrad(MicrotrainOp):
@@ -239,7 +238,7 @@ def lower_concat(ctx, node):
     at = 0
     for x in node.input:
         shape = ctx.shape(x)
-        _strided_copy(ctx, y, ctx.t(x), shape, at * strides[axis], strides, 0,
+        strided_copy(ctx, y, ctx.t(x), shape, at * strides[axis], strides, 0,
                       contiguous_strides(shape))
         at += shape[axis]
 
@@ -266,92 +265,12 @@ def lower_split(ctx, node):
     for out in node.output:
         window = ctx.shape(out)
         y = ctx.define(out)
-        _strided_copy(ctx, y, ctx.t(x), window, 0, contiguous_strides(window),
+        strided_copy(ctx, y, ctx.t(x), window, 0, contiguous_strides(window),
                       at * strides[axis], strides)
         at += window[axis]
 
 
-# -- Gather, Tile -----------------------------------------------------------------------------
-
-@gradient("Gather")
-def grad_gather(g, node, dys, needs):
-    # Zeros of the data's shape plus dY's slices at the indices (ORT's GatherGrad).
-    data, indices = node.input
-    shape = g.constant("shape", np.array(g.shape(data), np.int64))
-    return [g.node("GatherGrad", [shape, indices, dys[0]], g.shape(data), domain=DOMAIN,
-                   hint="dGather", axis=attr(node, "axis", 0)), None]
-
-
-def _gather_windows(ctx, node, shape, indices):
-    """Gather with constant indices is one copy per index: (window, data strides, output
-    strides, [(output start, data start) per index])."""
-    if indices is None:
-        raise UnsupportedOpError(f"{ctx.where(node)}: indices must be a constant (computed "
-                                 f"on the host)")
-    outer, size, inner = axis_view(shape, attr(node, "axis", 0), ctx.where(node))
-    flat = [int(v) for v in np.asarray(indices).reshape(-1)]
-    for v in flat:
-        if not -size <= v < size:
-            raise UnsupportedOpError(f"{ctx.where(node)}: index {v} out of range for an axis "
-                                     f"of {size}")
-    return ([outer, inner], [size * inner, 1], [len(flat) * inner, 1],
-            [(p * inner, (v % size) * inner) for p, v in enumerate(flat)])
-
-
-def _gather_rows(ctx, node, code, out, data_shape, pair):
-    """Gather (or its gradient) with indices computed on the device, an int tensor:
-    one GATHER_ROWS(_GRAD) step over data viewed as (outer, size, inner)."""
-    indices = ctx.t(node.input[1])
-    if ctx.tensors[indices].dtype != INT32:
-        raise UnsupportedOpError(f"{ctx.where(node)}: indices '{node.input[1]}' must be "
-                                 f"integers (a constant or an int input)")
-    outer, size, inner = axis_view(data_shape, attr(node, "axis", 0), ctx.where(node))
-    count = ctx.tensors[indices].size
-    if 0 in (outer, size, inner, count):
-        raise UnsupportedOpError(f"{ctx.where(node)}: nothing to gather (data "
-                                 f"{list(data_shape)}, {count} indices)")
-    ctx.step(code, [out, ctx.t(pair), indices], [outer, size, inner, count])
-
-
-@lowering("Gather")
-def lower_gather(ctx, node):
-    data, indices = node.input
-    if ctx.value(indices) is None:
-        _gather_rows(ctx, node, op.GATHER_ROWS, ctx.define(node.output[0]), ctx.shape(data),
-                     data)
-        return
-    window, s_data, s_out, starts = _gather_windows(ctx, node, ctx.shape(data),
-                                                    ctx.value(indices))
-    y = ctx.define(node.output[0])
-    for at_y, at_x in starts:
-        _strided_copy(ctx, y, ctx.t(data), window, at_y, s_out, at_x, s_data)
-
-
-@lowering("GatherGrad")
-def lower_gather_grad(ctx, node):
-    # dX = zeros plus dY's slice at every index, added: an index may repeat.
-    _, indices, dy = node.input
-    if ctx.value(indices) is None:  # indices from an int input: scattered on the device
-        _gather_rows(ctx, node, op.GATHER_ROWS_GRAD, ctx.define(node.output[0]),
-                     ctx.shape(node.output[0]), dy)
-        return
-    window, s_data, s_out, starts = _gather_windows(ctx, node, ctx.shape(node.output[0]),
-                                                    ctx.value(indices))
-    dx = ctx.define(node.output[0])
-    _fill(ctx, dx, 0.0)
-    for at_y, at_x in starts:
-        _strided_copy(ctx, dx, ctx.t(dy), window, at_x, s_data, at_y, s_out,
-                      code=op.STRIDED_ADD)
-
-
-class GatherGrad(MicrotrainOp):
-    """dX = zeros(shape) plus dY's slice added at every index Gather read (ORT's op)."""
-
-    def _run(self, shape, indices, dy, axis=0):
-        dx = np.zeros(tuple(int(d) for d in shape), dtype=dy.dtype)
-        np.add.at(dx, (slice(None),) * (axis % dx.ndim) + (indices,), dy)
-        return (dx,)
-
+# -- Tile ---------------------------------------------------------------------------------
 
 @gradient("Tile")
 def grad_tile(g, node, dys, needs):
@@ -379,7 +298,7 @@ def lower_tile(ctx, node):
     x = node.input[0]
     view, x_strides = _tile_view(ctx.shape(x), ctx.value(node.input[1]), ctx.where(node))
     y = ctx.define(node.output[0])
-    _strided_copy(ctx, y, ctx.t(x), view, 0, contiguous_strides(view), 0, x_strides)
+    strided_copy(ctx, y, ctx.t(x), view, 0, contiguous_strides(view), 0, x_strides)
 
 
 @lowering("TileGrad")
@@ -389,8 +308,8 @@ def lower_tile_grad(ctx, node):
     view, dx_strides = _tile_view(ctx.shape(node.output[0]), ctx.value(node.input[1]),
                                   ctx.where(node))
     dx = ctx.define(node.output[0])
-    _fill(ctx, dx, 0.0)
-    _strided_copy(ctx, dx, ctx.t(dy), view, 0, dx_strides, 0, contiguous_strides(view),
+    fill(ctx, dx, 0.0)
+    strided_copy(ctx, dx, ctx.t(dy), view, 0, dx_strides, 0, contiguous_strides(view),
                   code=op.STRIDED_ADD)
 
 
@@ -499,13 +418,13 @@ def lower_pad(ctx, node):
     window, at_y, at_x = _pad_window(shape, out_shape, begins, ends)
     y = ctx.define(node.output[0])
     if mode == "constant" and ctx.tensors[y].size != int(np.prod(window, dtype=np.int64)):
-        _fill(ctx, y, value)
-    _strided_copy(ctx, y, ctx.t(x), window, at_y, contiguous_strides(out_shape), at_x,
+        fill(ctx, y, value)
+    strided_copy(ctx, y, ctx.t(x), window, at_y, contiguous_strides(out_shape), at_x,
                   contiguous_strides(shape))
     if mode != "constant":
         for region, start, source, source_strides in _pad_borders(out_shape, shape, begins,
                                                                   mode):
-            _strided_copy(ctx, y, y, region, start, contiguous_strides(out_shape), source,
+            strided_copy(ctx, y, y, region, start, contiguous_strides(out_shape), source,
                           source_strides)
 
 
@@ -521,11 +440,11 @@ def lower_pad_grad(ctx, node):
     strides = contiguous_strides(out_shape)
     for region, start, source, source_strides in reversed(
             _pad_borders(out_shape, shape, begins, _pad_mode(ctx, node))):
-        _strided_copy(ctx, work, work, region, source, source_strides, start, strides,
+        strided_copy(ctx, work, work, region, source, source_strides, start, strides,
                       code=op.STRIDED_ADD)
     window, at_y, _ = _pad_window(shape, out_shape, begins, ends)
     dx = ctx.define(node.output[0])
-    _strided_copy(ctx, dx, work, window, 0, contiguous_strides(window), at_y, strides)
+    strided_copy(ctx, dx, work, window, 0, contiguous_strides(window), at_y, strides)
 
 
 class PadGrad(MicrotrainOp):
