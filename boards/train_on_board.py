@@ -1,0 +1,69 @@
+# Training script `microtrain deploy` runs on the board (mpremote run). deploy prepends the
+# settings: STEPS (0: whole epochs), EPOCHS, LR (None: the blob's), LABELS ("i32" or "f32"),
+# OUTPUT (the checkpoint to save), WITH_OPTIMIZER_STATE. Data streams from x_train.f32 and
+# y_<LABELS> files, one batch in RAM. Prints one "step N LOSS" line per step and
+# "heap PHASE BYTES" after each phase (live heap after gc.collect(), relative to before the
+# import), then "peak BYTES"; an out-of-memory error names the phase and the bytes.
+import gc
+from array import array
+
+gc.collect()
+BASE = gc.mem_alloc()
+peak = 0
+phase = "import"
+
+
+def probe(name, quiet=False):
+    global peak, phase
+    gc.collect()
+    used = gc.mem_alloc() - BASE
+    peak = max(peak, used)
+    if not quiet:
+        print("heap", name, used)
+    phase = name
+
+
+def run():
+    from microtrain import CheckpointState, Module, Optimizer
+    probe("import")
+    state = CheckpointState.load_checkpoint("checkpoint")
+    probe("checkpoint")
+    model = Module("model.mtb", state)
+    probe("module")
+    opt = Optimizer("model.mtb", model)
+    if LR is not None:
+        opt.set_learning_rate(LR)
+    b = model.blob
+    x_id, y_id = b.programs["train"].inputs
+    x = array("f", bytes(4 * b.sizes[x_id]))
+    y = array("i" if LABELS == "i32" else "f", bytes(4 * b.sizes[y_id]))
+    probe("optimizer")
+    model.train()
+    step = 0
+    for epoch in range(EPOCHS):
+        with open("x_train.f32", "rb") as fx, open("y_train." + LABELS, "rb") as fy:
+            while fx.readinto(x) == 4 * len(x) and fy.readinto(y) == 4 * len(y):
+                loss = model(x, y)
+                opt.step()
+                model.lazy_reset_grad()
+                print("step", step, repr(loss))
+                step += 1
+                probe("train", True)
+                if step == STEPS:
+                    break
+        if step == STEPS:
+            break
+    if step == 0:
+        raise ValueError("x_train.f32 holds less than one batch")
+    CheckpointState.save_checkpoint(state, OUTPUT, include_optimizer_state=WITH_OPTIMIZER_STATE)
+    probe("save")
+
+
+try:
+    run()
+except MemoryError as e:
+    gc.collect()
+    print("error: out of memory after phase '%s' (live heap %d, free %d): %s"
+          % (phase, gc.mem_alloc() - BASE, gc.mem_free(), e))
+    raise
+print("peak", peak)
