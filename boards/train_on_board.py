@@ -1,14 +1,21 @@
 # Training script `microtrain deploy` runs on the board (mpremote run). deploy prepends the
 # settings: STEPS (0: whole epochs), EPOCHS, LR (None: the blob's), LABELS ("i32" or "f32"),
-# OUTPUT (the checkpoint to save), WITH_OPTIMIZER_STATE. Data streams from x_train.f32 and
-# y_<LABELS> files, one batch in RAM. Prints one "step N LOSS" line per step and
-# "heap PHASE BYTES" after each phase (live heap after gc.collect(), relative to before the
-# import), then "peak BYTES"; an out-of-memory error names the phase and the bytes.
+# OUTPUT (the checkpoint to save), WITH_OPTIMIZER_STATE, RESERVE (bytes). Data streams from
+# x_train.f32 and y_<LABELS> files, one batch in RAM. Prints one "step N LOSS" line per step
+# and "heap PHASE BYTES" after each phase (live heap after gc.collect(), relative to before
+# the import), then "peak BYTES"; an out-of-memory error names the phase and the bytes.
 import gc
 from array import array
 
 gc.collect()
 BASE = gc.mem_alloc()
+# Imports and the checkpoint leave the heap fragmented, with no hole as large as the arena
+# Module allocates. So a block of RESERVE bytes (the arenas and the blob file, which Module
+# reads first) is taken before anything else, low in the heap, and freed just before Module
+# loads: the arenas land in that hole.
+reserve = bytearray(RESERVE)
+gc.collect()
+RESERVED = gc.mem_alloc() - BASE
 peak = 0
 phase = "import"
 
@@ -16,7 +23,7 @@ phase = "import"
 def probe(name, quiet=False):
     global peak, phase
     gc.collect()
-    used = gc.mem_alloc() - BASE
+    used = gc.mem_alloc() - BASE - (RESERVED if reserve is not None else 0)
     peak = max(peak, used)
     if not quiet:
         print("heap", name, used)
@@ -24,10 +31,13 @@ def probe(name, quiet=False):
 
 
 def run():
+    global reserve
     from microtrain import CheckpointState, Module, Optimizer
     probe("import")
     state = CheckpointState.load_checkpoint("checkpoint")
     probe("checkpoint")
+    reserve = None
+    gc.collect()
     model = Module("model.mtb", state)
     probe("module")
     opt = Optimizer("model.mtb", model)

@@ -9,6 +9,7 @@
 # reset (mpremote does one on connect), so files stay until qemu exits; mount() again after
 # each reset.
 import sys
+import micropython
 import uctypes
 import vfs
 
@@ -20,21 +21,35 @@ BLOCK_SIZE = 512
 ROMFS_HEADER = b"\xd2\xcd\x31"
 
 
+@micropython.viper
+def _read(address: int, buf: ptr8, n: int):
+    src = ptr8(address)
+    for i in range(n):
+        buf[i] = src[i]
+
+
+@micropython.viper
+def _write(address: int, buf: ptr8, n: int):
+    dst = ptr8(address)
+    for i in range(n):
+        dst[i] = buf[i]
+
+
 class MemoryBlocks:
-    """A block device over a window of RAM, for littlefs."""
+    """A block device over a window of RAM, for littlefs. Reads and writes allocate nothing
+    (viper copies, no memoryview slices), as a real board's flash driver in C: littlefs
+    calls them per 32 bytes, and garbage made there would shuffle a small heap."""
 
     def __init__(self, address, size, block_size):
-        self.memory = memoryview(uctypes.bytearray_at(address, size))
+        self.address = address
         self.block_size = block_size
         self.blocks = size // block_size
 
     def readblocks(self, block, buf, offset=0):
-        start = block * self.block_size + offset
-        buf[:] = self.memory[start:start + len(buf)]
+        _read(self.address + block * self.block_size + offset, buf, len(buf))
 
     def writeblocks(self, block, buf, offset=0):
-        start = block * self.block_size + offset
-        self.memory[start:start + len(buf)] = buf
+        _write(self.address + block * self.block_size + offset, buf, len(buf))
 
     def ioctl(self, op, arg):
         if op == 4:  # block count

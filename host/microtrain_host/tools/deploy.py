@@ -101,7 +101,8 @@ def training_script(plan, labels, lr, output, with_optimizer_state):
     epochs = 1 if plan.steps is not None else plan.epochs
     settings = (f"STEPS = {plan.steps or 0}\nEPOCHS = {epochs}\n"
                 f"LR = {lr!r}\nLABELS = {labels!r}\nOUTPUT = {output!r}\n"
-                f"WITH_OPTIMIZER_STATE = {bool(with_optimizer_state)}\n")
+                f"WITH_OPTIMIZER_STATE = {bool(with_optimizer_state)}\n"
+                f"RESERVE = {plan.fit.reserve}\n")
     return settings + TRAIN_SCRIPT.read_text()
 
 
@@ -123,6 +124,11 @@ def mpremote_command(plan, port, script, fetched):
                      "exec", install.format(image="microtrain.romfs"), "+"]
         else:  # a board whose firmware has the ROM ioctl (MicroPython >= 1.25)
             args += ["romfs", "deploy", str(plan.romfs_image), "+"]
+    # a soft reset before the run: the copies leave mpremote's helpers on the heap,
+    # fragmenting it; the files stay (the emulated board's setup mounts them again)
+    args += ["soft-reset", "+"]
+    if setup:
+        args += ["exec", setup, "+"]
     args += ["run", str(script), "+", "cp", ":trained", str(fetched)]
     return args
 
