@@ -66,6 +66,9 @@ def test_digits_mlp_trains_on_the_emulated_board_like_pytorch(firmware, tmp_path
     model = torch_model_from(build(), artifacts / "checkpoint")
     losses, params = torch_train(model, "CrossEntropyLoss", optimizer, xs, ys, lr)
 
+    print(f"\ndigits {optimizer}: losses {result.losses[0]:.4f} -> {result.losses[-1]:.4f}, "
+          f"max relative error vs torch float32 {relative_error(result.losses, losses):.2e}; "
+          f"peak heap predicted {plan.fit.train} measured {result.peak}; {result.heap}")
     assert len(result.losses) == STEPS
     assert relative_error(result.losses, losses) < 1e-3, (result.losses, losses.tolist())
     assert np.mean(result.losses[-5:]) < np.mean(result.losses[:5])
@@ -107,5 +110,9 @@ def test_lenet_trains_on_the_emulated_board_or_is_predicted_not_to(firmware, tmp
     losses, _ = torch_train(model, "CrossEntropyLoss", "SGD",
                             x.reshape(STEPS, ref.batch, *ref.inputs),
                             y.reshape(STEPS, ref.batch), lr)
+    print(f"\nlenet SGD: losses {result.losses[0]:.4f} -> {result.losses[-1]:.4f}, max "
+          f"relative error vs torch float32 {relative_error(result.losses, losses):.2e}; peak "
+          f"heap predicted {plan.fit.train} measured {result.peak}; needed {plan.fit.needed}; "
+          f"runtime {plan.fit.runtime_mpy} B .mpy; {result.heap}")
     assert relative_error(result.losses, losses) < 1e-3, (result.losses, losses.tolist())
     assert abs(plan.fit.train - result.peak) <= 0.10 * result.peak, (plan.fit.train, result.peak)
