@@ -72,10 +72,10 @@ def prepare(plan, data, workdir):
                           "none): deploy trains models with a train program")
     x, y, x_val, y_val = load_data(data)
     batch = b.shapes[b.programs["train"].inputs[0]][0]
-    count = len(x) if plan.steps is None else min(len(x), plan.steps * batch)
-    if plan.steps is not None and plan.steps * batch > len(x):
-        raise DeployError(f"--steps {plan.steps} needs {plan.steps * batch} training samples "
-                          f"(batch {batch}); {data} has {len(x)}")
+    count = len(x) if plan.steps is None else plan.steps * batch
+    if count > len(x):
+        raise DeployError(f"--steps {plan.steps} needs {count} training samples (batch "
+                          f"{batch}); {data} has {len(x)}")
     write_device_data(workdir, b, x[:count], y[:count], x_val, y_val)
     plan.samples = count
     labels = "i32" if (workdir / "y_train.i32").exists() else "f32"

@@ -4,7 +4,6 @@ for a board's architecture, packed as a ROMFS image, or listed in a manifest.py 
 firmware."""
 import ast
 import json
-import os
 import pathlib
 import re
 import shutil
