@@ -17,9 +17,13 @@ def test_op_codes_agree():
     assert set(device_ops.SIGNATURES) == set(host.values())
 
 
-def test_every_kernel_exists():
+def test_every_kernel_exists_with_its_load_time_checker():
+    # "Validate once at load, kernels trust their inputs": blob._read_steps calls
+    # <kernel>_check(args, c) for every step.
     for code, (family, function, *_rest) in device_ops.SIGNATURES.items():
-        assert callable(getattr(device_ops.kernel_module(family), function)), (code, function)
+        module = device_ops.kernel_module(family)
+        assert callable(getattr(module, function)), (code, function)
+        assert callable(getattr(module, function + "_check", None)), (code, function + "_check")
 
 
 def test_roles_agree():

@@ -1,7 +1,7 @@
 # microtrain device runtime: train ONNX-exported models on MicroPython (or CPython) from a
 # packed .mtb blob. API modelled on onnxruntime.training.api.
 from microtrain.errors import (MicrotrainError, BlobError, CheckpointError, InputError,
-                               ParameterError, TrainingError)
+                               ParameterError, TrainingError, OutOfMemoryError)
 from microtrain.inference import InferenceSession
 try:
     from microtrain.checkpoint import CheckpointState, Parameter

@@ -5,15 +5,17 @@
 import struct
 from array import array
 from microtrain.crc32 import crc32
-from microtrain.errors import BlobError, InputError
+from microtrain.errors import BlobError, InputError, OutOfMemoryError
 from microtrain.flatbuf import Reader
 from microtrain.opcodes import SIGNATURES, kernel_module
+from microtrain.stepcheck import NO_TENSOR, StepCheck
 
 IDENTIFIER = b"MTRB"
 FORMAT_VERSION = 1
-NO_TENSOR = 0xFFFFFFFF
 FLOAT = 0
 INT32 = 1
+_HUGE = 3e38               # about float32's largest
+_BELOW_ONE = 0.99999994    # float32's largest value below 1
 ROLE_NAMES = ("input", "label", "param", "grad", "activation", "optimizer_state",
               "constant", "control")
 
@@ -49,6 +51,7 @@ class Blob:
         self.lower_bound = 0    # float elements no plan can go below (for inspect)
         self.full_training_arena = 0  # with frozen parameters: the arena if all trained
         self.full_training_steps = 0  # ... and its train program's step count (inspect)
+        self.source_opset = 0   # the opset of a model upgraded on load (0: not upgraded)
         self.step_records = {}  # program -> [(op, tensor ids, ints, floats)] when kept
         self.inference = None   # InferenceTemplate: (position in the file, length, cuts,
                                 # [(output name, tensor id)]), for microtrain.export
@@ -121,17 +124,55 @@ def load_into_arenas(path):
     """(blob, float arena, int arena) of the blob file at path, its constants copied in.
     The arenas are the largest blocks: they are allocated before the blob's many small
     objects can fragment a small heap."""
-    data = read(path)
-    r, root = _root(data)
-    F = zeros("f", r.scalar(root, 5, "I", 0))
-    I = zeros("i", r.scalar(root, 6, "I", 0))
-    b = _parse_root(r, root, data, False)
+    floats = ints = None
+    try:
+        data = read(path)
+        r, root = _root(data)
+        floats, ints = _arena_sizes(r, root)
+        F = zeros("f", floats)
+        I = zeros("i", ints)
+        b = _parse_root(r, root, data, False)
+    except MemoryError:
+        if floats is None:
+            raise OutOfMemoryError("'%s' does not fit in the heap (%s bytes free)"
+                                   % (path, _mem_free()))
+        raise OutOfMemoryError("'%s' needs %d bytes of arenas (%d floats, %d ints) besides "
+                               "its %d-byte file; the heap has %s bytes free (each arena "
+                               "needs one contiguous block)"
+                               % (path, 4 * (floats + ints), floats, ints, len(data), _mem_free()))
     del data, r, root
     for tid, raw in b.constants:
         off = b.offsets[tid]
         F[off:off + b.sizes[tid]] = array("f", raw)
     b.constants = None  # in the arena now: let the GC have the raw bytes
     return b, F, I
+
+
+def _mem_free():
+    try:
+        import gc
+        return gc.mem_free()
+    except AttributeError:  # CPython
+        return "an unknown number of"
+
+
+def _arena_sizes(r, root):
+    """The arena sizes (floats, ints) the root table states, checked against what its
+    tensor table needs before anything that large is allocated: a blob whose size fields
+    were altered must not make the device allocate whatever they say."""
+    floats = r.scalar(root, 5, "I", 0)
+    ints = r.scalar(root, 6, "I", 0)
+    need = [0, 0]
+    for t in r.tables(root, 2, "tensor"):
+        dtype = r.scalar(t, 1, "B", 0)
+        end = r.scalar(t, 4, "I", 0) + r.scalar(t, 5, "I", 0)
+        if dtype in (FLOAT, INT32) and end > need[dtype]:
+            need[dtype] = end
+    for stated, needed, kind in ((floats, need[FLOAT], "float"), (ints, need[INT32], "int")):
+        if stated != needed:
+            raise BlobError("the %s arena is %d elements, its tensors need %d"
+                            % (kind, stated, needed))
+    return floats, ints
 
 
 def copy_inputs(b, F, I, program, inputs, classes):
@@ -211,14 +252,14 @@ def parse(data, keep_steps=False):
 
 def _parse_root(r, root, data, keep_steps):
     b = Blob()
-    b.float_arena = r.scalar(root, 5, "I", 0)
-    b.int_arena = r.scalar(root, 6, "I", 0)
+    b.float_arena, b.int_arena = _arena_sizes(r, root)
     b.loss = r.string(root, 7, "loss")
     b.num_classes = r.scalar(root, 8, "I", 0)
     b.naive_size = r.scalar(root, 10, "I", 0)
     b.lower_bound = r.scalar(root, 11, "I", 0)
     b.full_training_arena = r.scalar(root, 12, "I", 0)
     b.full_training_steps = r.scalar(root, 13, "I", 0)
+    b.source_opset = r.scalar(root, 15, "H", 0)
     _read_tensors(r, root, b)
     _read_parameters(r, root, b)
     _read_optimizer(r, root, b)
@@ -232,6 +273,11 @@ def _parse_root(r, root, data, keep_steps):
         b.programs[name] = Program(name, _read_steps(r, t, b, name, records),
                                    _ids(r, t, 2, b, name + " inputs"),
                                    _ids(r, t, 3, b, name + " outputs"))
+    for name in ("train", "eval"):
+        # Module reads the loss from the first output of these programs.
+        p = b.programs.get(name)
+        if p is not None and (not p.outputs or b.dtypes[p.outputs[0]] != FLOAT):
+            raise BlobError("the %s program has no float loss as its first output" % name)
     return b
 
 
@@ -269,6 +315,22 @@ def _read_tensors(r, root, b):
         b.shapes.append(tuple(shape))
         b.offsets.append(offset)
         b.sizes.append(size)
+    _check_fed_ints(b)
+
+
+def _check_fed_ints(b):
+    # Labels and int inputs are checked when they are copied in (class indices in range);
+    # the int tensors kernels write (dropout masks and generator states) must then never
+    # share their place, or a mask could turn a label into an index outside its row.
+    fed = [t for t in range(len(b.names))
+           if b.dtypes[t] == INT32 and ROLE_NAMES[b.roles[t]] in ("input", "label")]
+    for t in range(len(b.names)):
+        if b.dtypes[t] != INT32 or t in fed:
+            continue
+        for f in fed:
+            if b.offsets[t] < b.offsets[f] + b.sizes[f] and b.offsets[f] < b.offsets[t] + b.sizes[t]:
+                raise BlobError("int tensor '%s' overlaps the fed tensor '%s'"
+                                % (b.names[t], b.names[f]))
 
 
 def _read_parameters(r, root, b):
@@ -302,6 +364,16 @@ def _read_optimizer(r, root, b):
         "l2_penalty": r.scalar(t, 11, "f", 0.0),
         "clip_grad_norm": r.scalar(t, 12, "f", 0.0),  # 0: no clipping
     }
+    # Optimizer.step divides by 1 - beta1**t and takes sqrt(1 - beta2**t): the betas must
+    # lie in [0, 1); the rest must be finite (NaN fails every comparison).
+    for name, low, high in (("learning_rate", 0.0, _HUGE), ("beta1", 0.0, _BELOW_ONE),
+                            ("beta2", 0.0, _BELOW_ONE), ("epsilon", 1e-30, _HUGE),
+                            ("weight_decay", 0.0, _HUGE), ("momentum", 0.0, _HUGE),
+                            ("dampening", -_HUGE, _HUGE), ("l1_penalty", 0.0, _HUGE),
+                            ("l2_penalty", 0.0, _HUGE), ("clip_grad_norm", 0.0, _HUGE)):
+        value = b.optimizer[name]
+        if not low <= value <= high:
+            raise BlobError("optimizer %s is %r, outside [%r, %r]" % (name, value, low, high))
 
 
 def _read_inference(r, root, b):
@@ -341,6 +413,7 @@ def _ids(r, table, index, b, what):
 def _read_steps(r, program, b, program_name, records):
     steps = []
     modules = {}
+    check = StepCheck(b)
     for index, t in enumerate(r.tables(program, 1, "step")):
         op = r.scalar(t, 0, "H", 0)
         where = "%s step %d (op %d)" % (program_name, index, op)
@@ -366,7 +439,11 @@ def _read_steps(r, program, b, program_name, records):
             offsets.append(b.offsets[tid])
         if family not in modules:
             modules[family] = kernel_module(family)
-        steps.append((getattr(modules[family], function), tuple(offsets) + ints + floats))
+        args = tuple(offsets) + ints + floats
+        check.where = "%s step %d (%s)" % (program_name, index, function)
+        check.tensors = tensors
+        getattr(modules[family], function + "_check")(args, check)
+        steps.append((getattr(modules[family], function), args))
         if records is not None:
             records.append((op, tensors, ints, floats))
     return steps

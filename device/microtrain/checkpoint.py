@@ -228,6 +228,8 @@ def _parse(data, uri):
     for group in groups:
         state.has_optimizer_state = True
         state.optimizer_step = r.scalar(group, 1, "q", 0)
+        if state.optimizer_step < 0:
+            raise CheckpointError("optimizer step %d is negative" % state.optimizer_step)
         state.initial_learning_rate = r.scalar(group, 2, "f", 0.0)  # schema default
         for ps in r.tables(group, 3, "parameter optimizer state"):
             pname = r.string(ps, 0, "param_name")

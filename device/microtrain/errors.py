@@ -9,6 +9,10 @@ class BlobError(MicrotrainError):
     """The .mtb blob is not one we can run: wrong identifier or version, truncated, corrupt."""
 
 
+class OutOfMemoryError(MicrotrainError):
+    """The model's arenas (or its other buffers) do not fit in the free heap."""
+
+
 class CheckpointError(MicrotrainError):
     """The checkpoint file is missing, truncated, corrupt, or does not match the model."""
 

@@ -58,6 +58,8 @@ class Optimizer:
                 off, n = b.offsets[tid], b.sizes[tid]
                 if saved is not None:
                     values = saved[i]
+                    if i == 1 and self.config.get("kind") == "AdamW":
+                        _check_second_moment(values, name)
                     for j in range(n):
                         F[off + j] = values[j]
                 views.append(view[off:off + n])
@@ -87,3 +89,12 @@ class Optimizer:
         I = self.module.I
         for kernel, args in self._program.steps:
             kernel(F, I, args)
+
+
+def _check_second_moment(values, name):
+    # AdamW divides by sqrt(v) + eps: a negative v (only a crafted checkpoint has one) would
+    # raise a math domain error in the middle of a step.
+    for j in range(len(values)):
+        if values[j] < 0.0:
+            raise CheckpointError("the AdamW second moment of '%s' has a negative value %r at "
+                                  "position %d" % (name, values[j], j))

@@ -20,6 +20,7 @@ def _names(text):
 def cmd_pack(args):
     from . import generate_artifacts
     from .tools.inspect import describe
+    from .pipeline.upgrade import TARGET_OPSET
     options = {}
     if args.lr is not None:
         options["learning_rate"] = args.lr
@@ -33,6 +34,9 @@ def cmd_pack(args):
         nominal_checkpoint=args.nominal_checkpoint, batch_size=args.batch_size,
         optimizer_options=options or None)
     print(f"packed {args.model} -> {args.output}/")
+    if result.source_opset is not None:
+        print(f"  exported at opset {result.source_opset}, upgraded on load to opset "
+              f"{TARGET_OPSET} with onnx.version_converter")
     for path in (result.training_model, result.eval_model, result.optimizer_model,
                  result.checkpoint, result.nominal_checkpoint, result.blob):
         if path:

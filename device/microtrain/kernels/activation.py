@@ -3,6 +3,28 @@
 import math
 
 
+def _unary_check(args, c):
+    # y, x, n, ...: both hold n elements
+    c.each_holds(2, args[2])
+
+
+def _grad_check(args, c):
+    # dx, dy, y (or x), n, ...: all three hold n elements
+    c.each_holds(3, args[3])
+
+
+def _axis_check(args, c):
+    outer, n, inner = args[2:5]
+    c.positive(outer, n, inner)
+    c.each_holds(2, outer * n * inner)
+
+
+def _axis_grad_check(args, c):
+    outer, n, inner = args[3:6]
+    c.positive(outer, n, inner)
+    c.each_holds(3, outer * n * inner)
+
+
 def relu(F, I, args):
     y, x, n = args
     for i in range(n):
@@ -10,11 +32,17 @@ def relu(F, I, args):
         F[y + i] = 0.0 if v <= 0.0 else v  # NaN passes through, as in PyTorch
 
 
+relu_check = _unary_check
+
+
 def relu_grad(F, I, args):
     # dx = dy where y > 0 (relu(x) > 0 exactly when x > 0)
     dx, dy, y, n = args
     for i in range(n):
         F[dx + i] = F[dy + i] if F[y + i] > 0.0 else 0.0
+
+
+relu_grad_check = _grad_check
 
 
 def sigmoid(F, I, args):
@@ -29,12 +57,18 @@ def sigmoid(F, I, args):
             F[y + i] = z / (1.0 + z)
 
 
+sigmoid_check = _unary_check
+
+
 def sigmoid_grad(F, I, args):
     # dx = dy * y * (1 - y)
     dx, dy, y, n = args
     for i in range(n):
         s = F[y + i]
         F[dx + i] = F[dy + i] * s * (1.0 - s)
+
+
+sigmoid_grad_check = _grad_check
 
 
 def softplus(F, I, args):
@@ -50,11 +84,17 @@ def softplus(F, I, args):
             F[y + i] = ln(1.0 + e(v))
 
 
+softplus_check = _unary_check
+
+
 def tanh(F, I, args):
     y, x, n = args
     t = math.tanh
     for i in range(n):
         F[y + i] = t(F[x + i])
+
+
+tanh_check = _unary_check
 
 
 def tanh_grad(F, I, args):
@@ -63,6 +103,9 @@ def tanh_grad(F, I, args):
     for i in range(n):
         t = F[y + i]
         F[dx + i] = F[dy + i] * (1.0 - t * t)
+
+
+tanh_grad_check = _grad_check
 
 
 # Softmax family over one axis of a tensor viewed as (outer, n, inner): element (o, j, i)
@@ -97,6 +140,9 @@ def softmax(F, I, args):
                 F[py + j * inner] /= total
 
 
+softmax_check = _axis_check
+
+
 def softmax_grad(F, I, args):
     # dx = y * (dy - sum_j dy_j * y_j)
     dx, dy, y, outer, n, inner = args
@@ -109,6 +155,9 @@ def softmax_grad(F, I, args):
             for j in range(n):
                 at = base + j * inner
                 F[dx + at] = F[y + at] * (F[dy + at] - dot)
+
+
+softmax_grad_check = _axis_grad_check
 
 
 def log_softmax(F, I, args):
@@ -128,6 +177,9 @@ def log_softmax(F, I, args):
                 F[py + j * inner] = F[px + j * inner] - shift
 
 
+log_softmax_check = _axis_check
+
+
 def log_softmax_grad(F, I, args):
     # dx = dy - exp(y) * sum_j dy_j
     dx, dy, y, outer, n, inner = args
@@ -140,7 +192,11 @@ def log_softmax_grad(F, I, args):
                 total += F[dy + base + j * inner]
             for j in range(n):
                 at = base + j * inner
-                F[dx + at] = F[dy + at] - e(F[y + at]) * total
+                v = F[y + at]  # <= 0 from log_softmax; guarded all the same
+                F[dx + at] = F[dy + at] - (e(v) if v < 88.8 else math.inf) * total
+
+
+log_softmax_grad_check = _axis_grad_check
 
 
 # Piecewise-linear activations. Their backward kernels take the forward *input* x: y alone
@@ -154,11 +210,17 @@ def leaky_relu(F, I, args):
         F[y + i] = v if v > 0.0 else v * alpha
 
 
+leaky_relu_check = _unary_check
+
+
 def leaky_relu_grad(F, I, args):
     # slope 1 where x > 0, alpha where x <= 0 (torch takes alpha at x = 0)
     dx, dy, x, n, alpha = args
     for i in range(n):
         F[dx + i] = F[dy + i] if F[x + i] > 0.0 else F[dy + i] * alpha
+
+
+leaky_relu_grad_check = _grad_check
 
 
 def clip(F, I, args):
@@ -173,6 +235,9 @@ def clip(F, I, args):
         F[y + i] = v
 
 
+clip_check = _unary_check
+
+
 def clip_grad(F, I, args):
     # dx = dy where lo <= x <= hi: the bounds themselves pass the gradient, as in
     # torch.clamp and onnxruntime's Clip gradient (torch's relu6 / hardtanh give 0 there).
@@ -182,11 +247,17 @@ def clip_grad(F, I, args):
         F[dx + i] = F[dy + i] if lo <= v <= hi else 0.0
 
 
+clip_grad_check = _grad_check
+
+
 def hard_sigmoid(F, I, args):
     y, x, n, alpha, beta = args
     for i in range(n):
         t = alpha * F[x + i] + beta
         F[y + i] = 0.0 if t <= 0.0 else (1.0 if t >= 1.0 else t)
+
+
+hard_sigmoid_check = _unary_check
 
 
 def hard_sigmoid_grad(F, I, args):
@@ -197,12 +268,18 @@ def hard_sigmoid_grad(F, I, args):
         F[dx + i] = F[dy + i] * alpha if 0.0 < t < 1.0 else 0.0
 
 
+hard_sigmoid_grad_check = _grad_check
+
+
 def hard_swish(F, I, args):
     # x * clamp(x / 6 + 1 / 2, 0, 1) = x * relu6(x + 3) / 6
     y, x, n = args
     for i in range(n):
         v = F[x + i]
         F[y + i] = 0.0 if v <= -3.0 else (v if v >= 3.0 else v * (v + 3.0) / 6.0)
+
+
+hard_swish_check = _unary_check
 
 
 def hard_swish_grad(F, I, args):
@@ -217,3 +294,6 @@ def hard_swish_grad(F, I, args):
             F[dx + i] = F[dy + i]
         else:
             F[dx + i] = F[dy + i] * (v / 3.0 + 0.5)
+
+
+hard_swish_grad_check = _grad_check

@@ -90,6 +90,17 @@ def _taps(F, mode, y, x, w, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, 
                         F[at_w] += s  # summed in a local, stored once
 
 
+def _geometry_check(c, geometry):
+    # The element counts of X, Y and W. Any pads are safe (_taps clips every tap's
+    # rectangle to the image); the sizes, strides and dilations must be positive.
+    (n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w, s_h, s_w, d_h,
+     d_w, pad_t, pad_l) = geometry
+    c.positive(n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w, s_h, s_w,
+               d_h, d_w)
+    return (n_images * groups * cin_g * in_h * in_w, n_images * groups * cout_g * out_h * out_w,
+            groups * cout_g * cin_g * k_h * k_w)
+
+
 def conv(F, I, args):
     # Y = Conv(X, W) + B (B < 0: no bias).
     (y, x, w, b, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w,
@@ -103,6 +114,15 @@ def conv(F, I, args):
           k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l)
 
 
+def conv_check(args, c):
+    x_size, y_size, w_size = _geometry_check(c, args[4:20])
+    c.holds(0, y_size)
+    c.holds(1, x_size)
+    c.holds(2, w_size)
+    if c.present(3):
+        c.holds(3, args[5] * args[7])  # groups * cout_g
+
+
 def conv_grad_input(F, I, args):
     # dX[n, c, iy, ix] = sum over the taps and output channels that read X[n, c, iy, ix] of
     # dY[n, m, oy, ox] * W[m, c, ky, kx]: the forward's walk with the accumulation reversed.
@@ -111,6 +131,13 @@ def conv_grad_input(F, I, args):
     _fill(F, dx, n_images * groups * cin_g * in_h * in_w, 0.0)
     _taps(F, _GRAD_INPUT, dy, dx, w, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w,
           k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l)
+
+
+def conv_grad_input_check(args, c):
+    x_size, y_size, w_size = _geometry_check(c, args[3:19])
+    c.holds(0, x_size)
+    c.holds(1, y_size)
+    c.holds(2, w_size)
 
 
 def conv_grad_weight(F, I, args):
@@ -124,3 +151,12 @@ def conv_grad_weight(F, I, args):
         _fill(F, dw, groups * cout_g * cin_g * k_h * k_w, 0.0)
     _taps(F, _GRAD_WEIGHT, dy, x, dw, n_images, groups, cin_g, cout_g, in_h, in_w, out_h,
           out_w, k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l)
+
+
+def conv_grad_weight_check(args, c):
+    x_size, y_size, w_size = _geometry_check(c, args[4:20])
+    c.holds(0, w_size)
+    c.holds(1, y_size)
+    c.holds(2, x_size)
+    if c.present(3):
+        c.holds(3, 1)

@@ -24,9 +24,23 @@ def _gemm(F, y, a, b, c, m, k, n, sa_m, sa_k, sb_k, sb_n, sc_m, sc_n, alpha, bet
             y += 1
 
 
+def _gemm_check(c, y, a, b, m, k, n, sa_m, sa_k, sb_k, sb_n):
+    c.span(0, y, (m, n), (n, 1))
+    c.span(1, a, (m, k), (sa_m, sa_k))
+    c.span(2, b, (k, n), (sb_k, sb_n))
+    c.moving((k,), (sa_k,))  # k bounds the inner loop: A must walk along it
+
+
 def gemm(F, I, args):
     y, a, b, c, m, k, n, sa_m, sa_k, sb_k, sb_n, sc_m, sc_n, alpha, beta = args
     _gemm(F, y, a, b, c, m, k, n, sa_m, sa_k, sb_k, sb_n, sc_m, sc_n, alpha, beta)
+
+
+def gemm_check(args, c):
+    y, a, b, bias, m, k, n, sa_m, sa_k, sb_k, sb_n, sc_m, sc_n = args[:13]
+    _gemm_check(c, y, a, b, m, k, n, sa_m, sa_k, sb_k, sb_n)
+    if c.present(3):
+        c.span(3, bias, (m, n), (sc_m, sc_n))
 
 
 def gemm_accumulate(F, I, args):
@@ -37,6 +51,12 @@ def gemm_accumulate(F, I, args):
     y, a, b, reset, m, k, n, sa_m, sa_k, sb_k, sb_n, alpha = args
     _gemm(F, y, a, b, -1 if F[reset] != 0.0 else y, m, k, n, sa_m, sa_k, sb_k, sb_n, n, 1,
           alpha, 1.0)
+
+
+def gemm_accumulate_check(args, c):
+    y, a, b, reset, m, k, n, sa_m, sa_k, sb_k, sb_n = args[:11]
+    _gemm_check(c, y, a, b, m, k, n, sa_m, sa_k, sb_k, sb_n)
+    c.holds(3, 1)
 
 
 def batched_gemm(F, I, args):
@@ -56,3 +76,13 @@ def batched_gemm(F, I, args):
                 y += size
                 pa += sa2
                 pb += sb2
+
+
+def batched_gemm_check(args, c):
+    (y, a, b, d0, d1, d2, sa0, sa1, sa2, sb0, sb1, sb2, m, k, n, sa_m, sa_k, sb_k,
+     sb_n) = args[:19]
+    c.positive(d0, d1, d2, m, n)
+    c.span(0, y, (d0, d1, d2, m, n), (d1 * d2 * m * n, d2 * m * n, m * n, n, 1))
+    c.span(1, a, (d0, d1, d2, m, k), (sa0, sa1, sa2, sa_m, sa_k))
+    c.span(2, b, (d0, d1, d2, k, n), (sb0, sb1, sb2, sb_k, sb_n))
+    c.moving((k,), (sa_k,))

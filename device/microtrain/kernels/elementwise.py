@@ -14,6 +14,19 @@ def _each_row(F, args, row):
             y += d2
 
 
+def _binary_check(args, c):
+    y, a, b, d0, d1, d2, sa0, sa1, sa2, sb0, sb1, sb2 = args
+    c.positive(d0, d1, d2)
+    c.span(0, y, (d0, d1, d2), (d1 * d2, d2, 1))
+    c.span(1, a, (d0, d1, d2), (sa0, sa1, sa2))
+    c.span(2, b, (d0, d1, d2), (sb0, sb1, sb2))
+
+
+def _unary_check(args, c):
+    # y, x, n: both hold n elements
+    c.each_holds(2, args[2])
+
+
 def _add_row(F, y, pa, sa, pb, sb, n):
     for _ in range(n):
         F[y] = F[pa] + F[pb]
@@ -61,23 +74,43 @@ def _pow_not_positive(v, p):
         return math.copysign(math.inf, v) if p % 2.0 == 1.0 else math.inf
     if v < 0.0 and p % 1.0 != 0.0:
         return math.nan
-    return v ** p
+    return _pow_positive(v, p)
+
+
+def _pow_positive(v, p):
+    # CPython raises OverflowError where float math gives inf (e.g. 1e30 ** 20.0)
+    try:
+        return v ** p
+    except OverflowError:
+        return math.inf
 
 
 def add(F, I, args):
     _each_row(F, args, _add_row)
 
 
+add_check = _binary_check
+
+
 def sub(F, I, args):
     _each_row(F, args, _sub_row)
+
+
+sub_check = _binary_check
 
 
 def mul(F, I, args):
     _each_row(F, args, _mul_row)
 
 
+mul_check = _binary_check
+
+
 def div(F, I, args):
     _each_row(F, args, _div_row)
+
+
+div_check = _binary_check
 
 
 def expand(F, I, args):
@@ -92,10 +125,20 @@ def expand(F, I, args):
                 px += sx2
 
 
+def expand_check(args, c):
+    y, x, d0, d1, d2, sx0, sx1, sx2 = args
+    c.positive(d0, d1, d2)
+    c.span(0, y, (d0, d1, d2), (d1 * d2, d2, 1))
+    c.span(1, x, (d0, d1, d2), (sx0, sx1, sx2))
+
+
 def copy(F, I, args):
     y, x, n = args
     for i in range(n):
         F[y + i] = F[x + i]
+
+
+copy_check = _unary_check
 
 
 def neg(F, I, args):
@@ -104,10 +147,16 @@ def neg(F, I, args):
         F[y + i] = -F[x + i]
 
 
+neg_check = _unary_check
+
+
 def absolute(F, I, args):
     y, x, n = args
     for i in range(n):
         F[y + i] = abs(F[x + i])
+
+
+absolute_check = _unary_check
 
 
 def sign(F, I, args):
@@ -115,6 +164,9 @@ def sign(F, I, args):
     for i in range(n):
         v = F[x + i]
         F[y + i] = 1.0 if v > 0.0 else (-1.0 if v < 0.0 else 0.0)
+
+
+sign_check = _unary_check
 
 
 def exp(F, I, args):
@@ -126,6 +178,9 @@ def exp(F, I, args):
         F[y + i] = e(v) if v < 88.8 else math.inf
 
 
+exp_check = _unary_check
+
+
 def log(F, I, args):
     y, x, n = args
     ln = math.log
@@ -134,12 +189,18 @@ def log(F, I, args):
         F[y + i] = ln(v) if v > 0.0 else (-math.inf if v == 0.0 else math.nan)
 
 
+log_check = _unary_check
+
+
 def sqrt(F, I, args):
     y, x, n = args
     root = math.sqrt
     for i in range(n):
         v = F[x + i]
         F[y + i] = root(v) if v >= 0.0 else math.nan
+
+
+sqrt_check = _unary_check
 
 
 def power(F, I, args):
@@ -151,4 +212,7 @@ def power(F, I, args):
     else:
         for i in range(n):
             v = F[x + i]
-            F[y + i] = v ** exponent if v > 0.0 else _pow_not_positive(v, exponent)
+            F[y + i] = _pow_positive(v, exponent) if v > 0.0 else _pow_not_positive(v, exponent)
+
+
+power_check = _unary_check

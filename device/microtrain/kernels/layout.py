@@ -19,6 +19,16 @@ def _each_row(F, args, row):
                 px += sx2
 
 
+def _strided_check(args, c):
+    y, x, y0, x0, d0, d1, d2, d3, sy0, sy1, sy2, sy3, sx0, sx1, sx2, sx3 = args
+    counts = (d0, d1, d2, d3)
+    c.span(0, y + y0, counts, (sy0, sy1, sy2, sy3))
+    c.span(1, x + x0, counts, (sx0, sx1, sx2, sx3))
+    # Either side may stand still along a dimension (Pad's edge, a summed gradient), not both.
+    c.moving(counts, (abs(sy0) + abs(sx0), abs(sy1) + abs(sx1), abs(sy2) + abs(sx2),
+                      abs(sy3) + abs(sx3)))
+
+
 def _copy_row(F, py, sy, px, sx, n):
     for _ in range(n):
         F[py] = F[px]
@@ -38,10 +48,16 @@ def strided_copy(F, I, args):
     _each_row(F, args, _copy_row)
 
 
+strided_copy_check = _strided_check
+
+
 def strided_add(F, I, args):
     # Y[window] += X[window]: gradients where several outputs read one input element
     # (Pad's edge and reflect modes), summed in a fixed order.
     _each_row(F, args, _add_row)
+
+
+strided_add_check = _strided_check
 
 
 def fill(F, I, args):
@@ -49,3 +65,7 @@ def fill(F, I, args):
     y, n, value = args
     for i in range(y, y + n):
         F[i] = value
+
+
+def fill_check(args, c):
+    c.holds(0, args[1])

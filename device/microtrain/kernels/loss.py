@@ -24,6 +24,18 @@ def softmax_cross_entropy(F, I, args):
     F[loss] = total / n
 
 
+def softmax_cross_entropy_check(args, c):
+    n, classes = args[4:6]
+    c.positive(n, classes)
+    c.holds(0, 1)
+    c.holds(1, n * classes)
+    c.holds(2, n * classes)
+    c.holds(3, n)
+    # The labels are checked to lie in [0, num_classes) when they are copied in.
+    c.role(3, "label")
+    c.equal(c.blob.num_classes, classes, "the blob's class count")
+
+
 def softmax_cross_entropy_grad(F, I, args):
     # dscores[i, j] = (softmax[i, j] - [j == label_i]) * dloss / n
     dscores, dloss, log_prob, labels, n, c = args
@@ -32,5 +44,17 @@ def softmax_cross_entropy_grad(F, I, args):
     for i in range(n):
         row = i * c
         for j in range(c):
-            F[dscores + row + j] = e(F[log_prob + row + j]) * scale
+            v = F[log_prob + row + j]  # <= 0 from the forward; guarded all the same
+            F[dscores + row + j] = (e(v) if v < 88.8 else math.inf) * scale
         F[dscores + row + I[labels + i]] -= scale
+
+
+def softmax_cross_entropy_grad_check(args, c):
+    n, classes = args[4:6]
+    c.positive(n, classes)
+    c.holds(0, n * classes)
+    c.holds(1, 1)
+    c.holds(2, n * classes)
+    c.holds(3, n)
+    c.role(3, "label")
+    c.equal(c.blob.num_classes, classes, "the blob's class count")

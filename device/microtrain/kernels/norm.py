@@ -31,6 +31,26 @@ _WARM_UP = const(4)
 
 # -- BatchNormalization -----------------------------------------------------------------
 
+def _channels_check(c, n, channels, inner, eps, tensors, per_channel):
+    # Tensor arguments `tensors` hold n*channels*inner elements, `per_channel` hold channels
+    # (both skip absent ones); eps > 0 keeps sqrt(var + eps) > 0.
+    c.positive(n, channels, inner)
+    for k in tensors:
+        if c.present(k):
+            c.holds(k, n * channels * inner)
+    for k in per_channel:
+        if c.present(k):
+            c.holds(k, channels)
+    if eps is not None:
+        c.within(eps, 1e-30, 3e38, "epsilon")
+
+
+def _inverse_std(var, eps):
+    # 1 / sqrt(var + eps), NaN for a negative variance (running statistics come from a
+    # checkpoint or a mutated blob and may be anything) instead of a math domain error.
+    v = var + eps
+    return 1.0 / math.sqrt(v) if v > 0.0 else math.nan
+
 def _channel_sum(F, p, n, plane, inner):
     total = 0.0
     for _ in range(n):
@@ -82,14 +102,26 @@ def batch_norm_training(F, I, args):
             F[rvar + ch] = momentum * F[rvar + ch] + keep * var * unbiased
 
 
+def batch_norm_training_check(args, c):
+    n, channels, inner, eps, momentum = args[6:11]
+    _channels_check(c, n, channels, inner, eps, (0, 1), (2, 3, 4, 5))
+    if n * inner < 2:  # the unbiased variance divides by count - 1
+        c.fail("batch statistics need at least 2 values per channel, got %d" % (n * inner))
+    c.within(momentum, 0.0, 1.0, "momentum")
+
+
 def batch_norm_inference(F, I, args):
     # Normalizes with the running statistics: y = (x - mean) * scale/sqrt(var + eps) + bias.
     y, x, scale, bias, mean, var, n, c, inner, eps = args
     plane = c * inner
     for ch in range(c):
-        a = F[scale + ch] / math.sqrt(F[var + ch] + eps)
+        a = F[scale + ch] * _inverse_std(F[var + ch], eps)
         _normalize_channel(F, y + ch * inner, x + ch * inner, n, plane, inner, F[mean + ch], a,
                            F[bias + ch])
+
+
+def batch_norm_inference_check(args, c):
+    _channels_check(c, args[6], args[7], args[8], args[9], (0, 1), (2, 3, 4, 5))
 
 
 def channel_affine(F, I, args):
@@ -101,6 +133,10 @@ def channel_affine(F, I, args):
         # (x - 0.0) * a + b: subtracting 0.0 changes no float, so this is x * a + b exactly.
         _normalize_channel(F, y + ch * inner, x + ch * inner, n, plane, inner, 0.0, F[a + ch],
                            F[b + ch] if b >= 0 else 0.0)
+
+
+def channel_affine_check(args, c):
+    _channels_check(c, args[4], args[5], args[6], None, (0, 1), (2, 3))
 
 
 def batch_norm_grad(F, I, args):
@@ -122,7 +158,7 @@ def batch_norm_grad(F, I, args):
         else:
             mu = F[mean + ch]
             sigma2 = F[var + ch]
-        inv_std = 1.0 / math.sqrt(sigma2 + eps)
+        inv_std = _inverse_std(sigma2, eps)
         sum_dy = 0.0
         sum_dy_centered = 0.0
         p, q = px, pdy
@@ -157,6 +193,14 @@ def batch_norm_grad(F, I, args):
             p += plane
             q += plane
             r += plane
+
+
+def batch_norm_grad_check(args, c):
+    _channels_check(c, args[8], args[9], args[10], args[11], (0, 3, 4), (1, 2, 5, 6, 7))
+    for k in (3, 4, 5):
+        c.holds(k, 1)  # dy, x and scale are always read
+    if c.present(6) != c.present(7):
+        c.fail("running mean and variance must both be given or both be absent")
 
 
 # -- Dropout ----------------------------------------------------------------------------
@@ -242,6 +286,22 @@ def dropout(F, I, args):
     I[state + 1] = b
 
 
+def _mask_check(c, n, tensors, mask):
+    # The mask holds one bit per element, 30 per int; it is activation data, never a label
+    # or an input (dropout writes it).
+    c.positive(n)
+    for k in tensors:
+        c.holds(k, n)
+    c.holds(mask, (n + 29) // 30)
+    c.role(mask, "activation")
+
+
+def dropout_check(args, c):
+    _mask_check(c, args[4], (0, 1), 2)
+    c.holds(3, 2)
+    c.role(3, "activation", "optimizer_state", "control")
+
+
 def dropout_grad(F, I, args):
     # dx = dy * scale where the forward kept the element, else 0.
     dx, dy, mask, n, scale = args
@@ -257,3 +317,7 @@ def dropout_grad(F, I, args):
                 bits = I[word]
         else:
             bit <<= 1
+
+
+def dropout_grad_check(args, c):
+    _mask_check(c, args[3], (0, 1), 2)

@@ -1,6 +1,39 @@
 # Gradient accumulation and parameter updates, in place.
 import math
 
+_HUGE = 3e38  # about float32's largest: hyperparameters must be finite
+
+
+def _state_check(c, first, count):
+    # Tensor arguments first .. first+count-1 are the optimizer state of the parameter in
+    # argument 0, in the order of its parameter entry: AdamW's v is its second moment
+    # (which the Optimizer keeps >= 0 when it restores one), never its first or another's.
+    p = c.tensors[0]
+    for tensor, grad, state in c.blob.parameters:
+        if tensor == p:
+            if tuple(c.tensors[first:first + count]) != tuple(state[:count]):
+                c.fail("the optimizer state arguments are not the state of parameter '%s'"
+                       % c.blob.names[p])
+            return
+    c.fail("tensor argument 0 is not a parameter")
+
+
+def _adam_check(c, n, beta1, beta2, eps, weight_decay):
+    # p, g, m, v, lr, step_size, ...
+    c.each_holds(4, n)
+    c.holds(4, 1)
+    c.holds(5, 1)
+    _state_check(c, 2, 2)
+    c.within(beta1, 0.0, 1.0, "beta1")
+    c.within(beta2, 0.0, 1.0, "beta2")
+    c.within(eps, 1e-30, _HUGE, "epsilon")
+    c.within(weight_decay, 0.0, _HUGE, "weight decay")
+
+
+def _penalty_check(c, l1, l2):
+    c.within(l1, 0.0, _HUGE, "L1 penalty")
+    c.within(l2, 0.0, _HUGE, "L2 penalty")
+
 
 def accumulate(F, I, args):
     # ORT's InPlaceAccumulatorV2: buf = value if lazy_reset_grad else buf + value
@@ -13,12 +46,22 @@ def accumulate(F, I, args):
             F[buf + i] += F[value + i]
 
 
+def accumulate_check(args, c):
+    c.each_holds(2, args[3])
+    c.holds(2, 1)
+
+
 def sgd(F, I, args):
     # p -= lr * g
     p, g, lr, n = args
     rate = F[lr]
     for i in range(n):
         F[p + i] -= rate * F[g + i]
+
+
+def sgd_check(args, c):
+    c.each_holds(2, args[3])
+    c.holds(2, 1)
 
 
 def adamw(F, I, args):
@@ -29,6 +72,7 @@ def adamw(F, I, args):
     # step_size is computed once per step by the Optimizer and passed in the arena.
     p, g, m, v, lr, step_size, n, beta1, beta2, eps, weight_decay = args
     root = math.sqrt
+    nan = math.nan
     size = F[step_size]
     decay = 1.0 - F[lr] * weight_decay
     c1 = 1.0 - beta1
@@ -37,7 +81,12 @@ def adamw(F, I, args):
         grad = F[g + i]
         F[m + i] = beta1 * F[m + i] + c1 * grad
         F[v + i] = beta2 * F[v + i] + c2 * grad * grad
-        F[p + i] = (F[p + i] - size * F[m + i] / (root(F[v + i]) + eps)) * decay
+        s = F[v + i]  # >= 0 unless something wrote into it: NaN then, not a domain error
+        F[p + i] = (F[p + i] - size * F[m + i] / ((root(s) if s >= 0.0 else nan) + eps)) * decay
+
+
+def adamw_check(args, c):
+    _adam_check(c, *args[6:11])
 
 
 # -- the general forms: elastic penalty, global-norm clipping, momentum ---------------------
@@ -63,12 +112,26 @@ def grad_norm_squared(F, I, args):
     F[total] = acc if first else F[total] + acc
 
 
+def grad_norm_squared_check(args, c):
+    total, g, p, n, first, l1, l2 = args
+    c.holds(0, 1)
+    c.holds(1, n)
+    c.holds(2, n)
+    _penalty_check(c, l1, l2)
+
+
 def clip_coef(F, I, args):
     # torch.nn.utils.clip_grad_norm_: c = min(1, max_norm / (norm + 1e-6)), in place of the
     # sum of squares grad_norm_squared left in F[at].
     at, max_norm = args
-    c = max_norm / (math.sqrt(F[at]) + 1e-6)
+    total = F[at]
+    c = max_norm / (math.sqrt(total) + 1e-6) if total >= 0.0 else math.nan
     F[at] = c if c < 1.0 else 1.0
+
+
+def clip_coef_check(args, c):
+    c.holds(0, 1)
+    c.within(args[1], 0.0, _HUGE, "max norm")
 
 
 def sgd_general(F, I, args):
@@ -98,10 +161,27 @@ def sgd_general(F, I, args):
         F[p + i] = x - rate * (d + momentum * b if nesterov else b)
 
 
+def sgd_general_check(args, c):
+    p, g, lr, step, buf, coef, n, nesterov, momentum, dampening, weight_decay, l1, l2 = args
+    c.each_holds(2, n)
+    c.holds(2, 1)
+    if c.present(4):  # momentum: the kernel also reads the step number
+        c.holds(4, n)
+        _state_check(c, 4, 1)
+        c.holds(3, 1)
+    if c.present(5):
+        c.holds(5, 1)
+    c.within(momentum, 0.0, _HUGE, "momentum")
+    c.within(dampening, -_HUGE, _HUGE, "dampening")
+    c.within(weight_decay, 0.0, _HUGE, "weight decay")
+    _penalty_check(c, l1, l2)
+
+
 def adamw_general(F, I, args):
     # adamw (above) on the penalized, clipped gradient.
     p, g, m, v, lr, step_size, coef, n, beta1, beta2, eps, weight_decay, l1, l2 = args
     root = math.sqrt
+    nan = math.nan
     size = F[step_size]
     decay = 1.0 - F[lr] * weight_decay
     c = F[coef] if coef >= 0 else 1.0
@@ -113,4 +193,12 @@ def adamw_general(F, I, args):
         grad = (F[g + i] + two_l2 * x + (l1 if x > 0.0 else (-l1 if x < 0.0 else 0.0))) * c
         F[m + i] = beta1 * F[m + i] + c1 * grad
         F[v + i] = beta2 * F[v + i] + c2 * grad * grad
-        F[p + i] = (x - size * F[m + i] / (root(F[v + i]) + eps)) * decay
+        s = F[v + i]
+        F[p + i] = (x - size * F[m + i] / ((root(s) if s >= 0.0 else nan) + eps)) * decay
+
+
+def adamw_general_check(args, c):
+    _adam_check(c, *args[7:12])
+    if c.present(6):
+        c.holds(6, 1)
+    _penalty_check(c, args[12], args[13])

@@ -52,9 +52,29 @@ def _max_windows(F, out, x, dx, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, dH
                 o += 1
 
 
+def _windows_check(c, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, dH, dW):
+    # Every window must hold an input element: the kernels start from the window's first one.
+    # Worked out as the kernels do, per output row and column (not per element).
+    c.positive(planes, H, W, OH, OW, kH, kW, sH, sW, dH, dW)
+    for size, outs, k, s, pad, d in ((H, OH, kH, sH, pT, dH), (W, OW, kW, sW, pL, dW)):
+        for o in range(outs):
+            start = o * s - pad
+            first = 0 if start >= 0 else (d - 1 - start) // d
+            stop = (size - start + d - 1) // d
+            if (stop if stop < k else k) <= first:
+                c.fail("pooling window %d lies entirely in the padding" % o)
+
+
 def max_pool(F, I, args):
     y, x, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, dH, dW = args
     _max_windows(F, y, x, -1, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, dH, dW)
+
+
+def max_pool_check(args, c):
+    planes, H, W, OH, OW = args[2:7]
+    c.holds(0, planes * OH * OW)
+    c.holds(1, planes * H * W)
+    _windows_check(c, *args[2:15])
 
 
 def max_pool_grad(F, I, args):
@@ -63,6 +83,14 @@ def max_pool_grad(F, I, args):
     for i in range(dx, dx + planes * H * W):
         F[i] = 0.0
     _max_windows(F, dy, x, dx, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, dH, dW)
+
+
+def max_pool_grad_check(args, c):
+    planes, H, W, OH, OW = args[3:8]
+    c.holds(0, planes * H * W)
+    c.holds(1, planes * OH * OW)
+    c.holds(2, planes * H * W)
+    _windows_check(c, *args[3:16])
 
 
 # Averages divide by the window clipped to rows [ch0, ch1) and columns [cw0, cw1): the
@@ -102,10 +130,28 @@ def _average_windows(F, out, x, backward, planes, H, W, OH, OW, kH, kW, sH, sW, 
                 o += 1
 
 
+def _average_check(c, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, ch0, ch1, cw0, cw1):
+    # Each window's divisor (its rows and columns inside the counted bounds) must be >= 1.
+    c.positive(planes, H, W, OH, OW, kH, kW, sH, sW)
+    for outs, k, s, pad, low, high in ((OH, kH, sH, pT, ch0, ch1), (OW, kW, sW, pL, cw0, cw1)):
+        for o in range(outs):
+            start = o * s - pad
+            stop = start + k
+            if (stop if stop < high else high) - (start if start > low else low) < 1:
+                c.fail("average pooling window %d counts no element" % o)
+
+
 def average_pool(F, I, args):
     y, x, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, ch0, ch1, cw0, cw1 = args
     _average_windows(F, y, x, False, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL,
                      ch0, ch1, cw0, cw1)
+
+
+def average_pool_check(args, c):
+    planes, H, W, OH, OW = args[2:7]
+    c.holds(0, planes * OH * OW)
+    c.holds(1, planes * H * W)
+    _average_check(c, *args[2:17])
 
 
 def average_pool_grad(F, I, args):
@@ -115,3 +161,10 @@ def average_pool_grad(F, I, args):
         F[i] = 0.0
     _average_windows(F, dy, dx, True, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL,
                      ch0, ch1, cw0, cw1)
+
+
+def average_pool_grad_check(args, c):
+    planes, H, W, OH, OW = args[2:7]
+    c.holds(0, planes * H * W)
+    c.holds(1, planes * OH * OW)
+    _average_check(c, *args[2:17])

@@ -36,3 +36,11 @@ def reduce_sum(F, I, args):
     if scale != 1.0:
         for i in range(ny):
             F[y + i] *= scale
+
+
+def reduce_sum_check(args, c):
+    y, x, d0, d1, d2, sy0, sy1, sy2, ny = args[:9]
+    c.positive(d0, d1, d2)
+    c.holds(0, ny)
+    c.holds(1, d0 * d1 * d2)
+    c.span(0, y, (d0, d1, d2), (sy0, sy1, sy2))

@@ -17,8 +17,9 @@ from .losses import LOSS_BLOCKS, LossType
 from .load import constant_value, load_model
 from ..ops.norm import folded_parameters, inference_form
 from .optimizers import DEFAULTS, OptimType, build_optimizer_graph, grad_buffer
-from .pack import TRAINING_PROGRAMS, pack
+from .pack import TRAINING_PROGRAMS, blob_bytes, write_blob
 from .params import split_parameters
+from .upgrade import source_opset
 
 LAZY_RESET_GRAD = "lazy_reset_grad"
 
@@ -36,6 +37,7 @@ class Artifacts:
     frozen: list
     loss_name: str
     folded: list = dataclasses.field(default_factory=list)  # frozen, now model constants
+    source_opset: int | None = None  # the opset of a model upgraded on load
 
 
 def _enum(value, kind, what):
@@ -138,6 +140,8 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
             "params": ",".join(params), "trainable": ",".join(trainable),
             "loss": loss.name if loss is not None else "", "num_classes": str(num_classes),
             "outputs": ",".join(model_outputs), "output_grads": ",".join(output_grads.values())}
+    if source_opset(model) is not None:
+        meta["source_opset"] = str(source_opset(model))
 
     eval_model = _make_model(model, g, inference_form(forward), user_inputs + labels + params,
                              [loss_name] + extra_outputs, constants + list(g.initializers),
@@ -176,6 +180,14 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
                                       dict(meta, optimizer=optimizer.name,
                                            options=repr(sorted(options.items()))))
 
+    # The blob first: a model that cannot be packed leaves the directory as it was.
+    full_training = (0, 0)
+    if set(trainable) != set(split_parameters(model, None, None)[0]):
+        full_training = _full_training_figures(
+            model, loss=loss, optimizer=optimizer, loss_input_names=loss_input_names,
+            optimizer_options=optimizer_options, additional_output_names=additional_output_names)
+    blob = blob_bytes(training_model, eval_model, optimizer_model, options, full_training)
+
     directory = artifact_directory if artifact_directory is not None else os.getcwd()
     os.makedirs(directory, exist_ok=True)
     path = lambda name: os.path.join(directory, prefix + name)  # noqa: E731
@@ -188,19 +200,13 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
         checkpoint=path("checkpoint"),
         nominal_checkpoint=path("nominal_checkpoint") if nominal_checkpoint else None,
         blob=path("model.mtb"), trainable=trainable, frozen=frozen, loss_name=loss_name,
-        folded=folded)
+        folded=folded, source_opset=source_opset(model))
     ckpt.write_checkpoint(written.checkpoint, {p: values[p] for p in trainable},
                           {p: values[p] for p in frozen})
     if nominal_checkpoint:
         ckpt.write_checkpoint(written.nominal_checkpoint, {p: values[p] for p in trainable},
                               {p: values[p] for p in frozen}, nominal=True)
-    full_training = (0, 0)
-    if set(trainable) != set(split_parameters(model, None, None)[0]):
-        full_training = _full_training_figures(
-            model, loss=loss, optimizer=optimizer, loss_input_names=loss_input_names,
-            optimizer_options=optimizer_options, additional_output_names=additional_output_names)
-    pack(training_model, eval_model, optimizer_model, written.blob, optimizer_options=options,
-         full_training=full_training)
+    write_blob(written.blob, blob)
     return written
 
 

@@ -8,8 +8,14 @@ from onnx import helper, numpy_helper, shape_inference
 
 from ..errors import ArtifactError, DynamicShapeError, UnsupportedOpError
 from .fold import fold_constants
+from .upgrade import upgrade
 
-MIN_OPSET = 13  # ReduceSum takes axes as an input, Softmax works on one axis
+MIN_OPSET = 13  # ReduceSum takes axes as an input, Softmax works on one axis; older
+                # models are upgraded on load (upgrade.py)
+# Ops on sequences of tensors: no fixed shape to plan memory for.
+SEQUENCE_OPS = ("SequenceConstruct", "SequenceEmpty", "SequenceInsert", "SequenceErase",
+                "SequenceAt", "SequenceLength", "SplitToSequence", "ConcatFromSequence",
+                "SequenceMap")
 
 
 def _load(model):
@@ -40,10 +46,13 @@ def load_model(model, batch_size=None):
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as e:
         raise ArtifactError(f"the ONNX model does not pass onnx.checker: {e}") from e
+    for node in model.graph.node:
+        if node.op_type in SEQUENCE_OPS:
+            raise UnsupportedOpError(f"node '{node.name}' ({node.op_type}): sequence ops are not "
+                                     f"supported; microtrain trains on tensors of fixed shapes")
     opset = opset_of(model)
     if opset < MIN_OPSET:
-        raise ArtifactError(f"the model uses opset {opset}; microtrain needs opset >= {MIN_OPSET}"
-                            f" (export with opset_version=17)")
+        model = upgrade(model, opset)
     graph = model.graph
     params = {i.name for i in graph.initializer}
     for inp in graph.input:

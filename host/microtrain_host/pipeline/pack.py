@@ -28,7 +28,7 @@ def _uints(builder, values, dtype):
 
 
 def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options,
-           full_training=(0, 0), inference_template=None):
+           full_training=(0, 0), inference_template=None, source_opset=0):
     float_arena, int_arena, naive_size, lower_bound = sizes
     b = flatbuffers.Builder(4096)
     tensor_offsets = []
@@ -107,7 +107,7 @@ def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options,
     loss_name = b.CreateString(loss)
     template = (inference.write_template(b, inference_template)
                 if inference_template is not None else None)
-    b.StartObject(15)
+    b.StartObject(16)
     b.PrependUint16Slot(0, FORMAT_VERSION, 0)
     b.PrependUOffsetTRelativeSlot(1, producer, 0)
     b.PrependUOffsetTRelativeSlot(2, tensors_vec, 0)
@@ -123,6 +123,7 @@ def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options,
     b.PrependUint32Slot(11, lower_bound, 0)
     b.PrependUint32Slot(12, full_training[0], 0)
     b.PrependUint32Slot(13, full_training[1], 0)
+    b.PrependUint16Slot(15, source_opset, 0)  # absent (0) unless upgraded: blobs stay as they were
     if template is not None:
         b.PrependUOffsetTRelativeSlot(14, template, 0)
     b.FinishSizePrefixed(b.EndObject(), file_identifier=IDENTIFIER)
@@ -158,9 +159,40 @@ def _split_forward_backward(lowering, forward_nodes, output_grads):
     lowering.programs["backward"] = Program("backward", steps[boundary:], seeds, [])
 
 
+# Step arguments (offsets, counts, strides) are int32 in the blob and element indices on
+# the device: no tensor and no arena may hold more elements than an int32 can count.
+MAX_ELEMENTS = 2**31 - 1
+
+
+def _check_limits(lowering, sizes):
+    for t in lowering.tensors:
+        if t.size > MAX_ELEMENTS:
+            raise ArtifactError(f"tensor '{t.name}' has {t.size} elements (shape "
+                                f"{list(t.shape)}); a blob holds at most 2**31 - 1 = "
+                                f"{MAX_ELEMENTS} elements per tensor")
+    for arena, kind in zip(sizes[:2], ("float", "int")):
+        if arena > MAX_ELEMENTS:
+            raise ArtifactError(f"the {kind} arena would need {arena} elements; a blob holds "
+                                f"at most 2**31 - 1 = {MAX_ELEMENTS} elements per arena")
+
+
 def pack(training_model, eval_model, optimizer_model, path, optimizer_options=None,
          full_training=(0, 0)):
-    """Lower the graphs, plan the arenas and write the blob to path. full_training: (float
+    """Lower the graphs, plan the arenas and write the blob to path (see blob_bytes)."""
+    write_blob(path, blob_bytes(training_model, eval_model, optimizer_model, optimizer_options,
+                                full_training))
+
+
+def write_blob(path, data):
+    try:
+        write_atomically(os.fspath(path), data)
+    except OSError as e:
+        raise ArtifactError(f"cannot write blob '{path}': {e}") from e
+
+
+def blob_bytes(training_model, eval_model, optimizer_model, optimizer_options=None,
+               full_training=(0, 0)):
+    """The blob of the three graphs: lowered, planned and serialized. full_training: (float
     arena, train steps) of the same model with every parameter trained, recorded so that
     inspect can show what freezing parameters saved."""
     roles, meta = roles_from_metadata(training_model, optimizer_model)
@@ -180,6 +212,7 @@ def pack(training_model, eval_model, optimizer_model, path, optimizer_options=No
     if optimizer == OptimType.AdamW:
         lowering.control("step_size")
     sizes = assign_offsets(lowering)
+    _check_limits(lowering, sizes)
     if output_grads:
         # Without a loss block the training graph starts with the eval graph's nodes (in
         # their training form: names as the lowering sees them).
@@ -197,10 +230,7 @@ def pack(training_model, eval_model, optimizer_model, path, optimizer_options=No
                   for s in state_names(optimizer, optimizer_options)] \
             if optimizer is not None and name in trainable else []
         parameters.append((tid, grad, states))
-    data = _write(lowering, parameters, sizes, meta.get("microtrain.loss", ""),
-                  int(meta.get("microtrain.num_classes", "0") or 0), optimizer, optimizer_options,
-                  full_training, template)
-    try:
-        write_atomically(os.fspath(path), data)
-    except OSError as e:
-        raise ArtifactError(f"cannot write blob '{path}': {e}") from e
+    return _write(lowering, parameters, sizes, meta.get("microtrain.loss", ""),
+                  int(meta.get("microtrain.num_classes", "0") or 0), optimizer,
+                  optimizer_options, full_training, template,
+                  int(meta.get("microtrain.source_opset", "0")))

@@ -3,6 +3,7 @@ from microtrain import blob as device_blob
 
 from .. import opcodes
 from ..pipeline.pack import TRAINING_PROGRAMS
+from ..pipeline.upgrade import TARGET_OPSET
 
 ROLE_ORDER = ("input", "label", "param", "grad", "optimizer_state", "constant", "control",
               "activation")
@@ -19,6 +20,9 @@ def describe(path, steps=True):
     lines.append(f"blob {path}: format {device_blob.FORMAT_VERSION}, loss {b.loss or '-'}"
                  + (f", {b.num_classes} classes" if b.num_classes else "")
                  + (f", optimizer {opt['kind']} (lr {opt['learning_rate']:g})" if opt else ""))
+    if b.source_opset:
+        lines.append(f"  exported at opset {b.source_opset}, upgraded on load to opset "
+                     f"{TARGET_OPSET} with onnx.version_converter")
     lines.append("")
     lines.append("memory (float32 elements):")
     lines.append(f"  arena            {b.float_arena:8d}  ({_kib(b.float_arena)})  planned, "

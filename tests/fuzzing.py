@@ -1,0 +1,91 @@
+"""Host side of the mutation fuzzing (tests/device_scripts/fuzz_mutations.py): builds the
+fuzzed artifacts, runs the device script under CPython or MicroPython in chunks, and turns
+a chunk that stops answering into a recorded hang instead of a stuck run."""
+import collections
+import os
+import subprocess
+import sys
+
+import torch
+from torch import nn
+
+import microtrain_host as mh
+from conftest import DEVICE, ROOT
+from torch_reference import export
+
+SCRIPT = ROOT / "tests" / "device_scripts" / "fuzz_mutations.py"
+DIGITS = ROOT / "examples" / "digits" / "mlp.onnx"
+
+
+def make_artifacts(directory):
+    """{name: artifact directory}: the digits MLP with AdamW, and a small CNN (Conv,
+    BatchNormalization, Relu, MaxPool, Dropout, global average pooling, Gemm) with SGD and
+    momentum, so that every kernel family of a typical model is fuzzed."""
+    mlp = directory / "mlp"
+    mh.generate_artifacts(str(DIGITS), loss="CrossEntropyLoss", optimizer="AdamW",
+                          artifact_directory=mlp, batch_size=4)
+    torch.manual_seed(0)
+    cnn_module = nn.Sequential(
+        nn.Conv2d(1, 3, 3, padding=1), nn.BatchNorm2d(3), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Dropout(0.25), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        nn.Linear(4, 5))
+    cnn = directory / "cnn"
+    mh.generate_artifacts(export(cnn_module, torch.zeros(1, 1, 8, 8)), loss="CrossEntropyLoss",
+                          optimizer="SGD", optimizer_options={"momentum": 0.9},
+                          artifact_directory=cnn, batch_size=2)
+    return {"mlp": mlp, "cnn": cnn}
+
+
+def command(interpreter):
+    if interpreter == "cpython":
+        return [sys.executable], dict(os.environ, PYTHONPATH=str(DEVICE))
+    env = dict(os.environ, MICROPYPATH=str(DEVICE))
+    return [interpreter, "-X", "heapsize=16M"], env
+
+
+def fuzz(interpreter, directory, kind, seed, count, chunk=100, chunk_timeout=300):
+    """Counter of outcomes ("trained", "refused <type>", "crash <type: message>", "hang")
+    of mutations 0 .. count-1, plus ("arena", largest loaded, unmutated) under key "arena"."""
+    argv, env = command(interpreter)
+    outcomes = collections.Counter()
+    examples = {}
+    arena = [0, 0]
+    first = 0
+    while first < count:
+        n = min(chunk, count - first)
+        try:
+            proc = subprocess.run(argv + [str(SCRIPT), str(directory), kind, str(seed),
+                                          str(first), str(n)],
+                                  capture_output=True, text=True, env=env, timeout=chunk_timeout)
+            out, finished = proc.stdout, proc.returncode == 0
+        except subprocess.TimeoutExpired as e:
+            out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            finished = False
+            proc = None
+        tried = first - 1
+        for line in out.splitlines():
+            words = line.split(" ", 2)
+            if words[0] == "try":
+                tried = int(words[1])
+            elif words[0] == "arena":
+                arena = [max(arena[0], int(words[1])), int(words[2])]
+            elif words[0].isdigit():
+                key = " ".join(words[1:])
+                outcomes[words[1] if words[1] == "trained" else key] += 1
+                examples.setdefault(key, int(words[0]))
+        if finished:
+            first += n
+            continue
+        # The process stopped inside mutation `tried` (killed after the timeout, or died).
+        if tried < first:
+            raise AssertionError("the fuzz driver failed before its first mutation:\n%s\n%s"
+                                 % (out, proc.stderr if proc else ""))
+        key = "hang" if proc is None else "died (%d): %s" % (proc.returncode, proc.stderr[-300:])
+        outcomes[key] += 1
+        examples.setdefault(key, tried)
+        first = tried + 1
+    return outcomes, examples, arena
+
+
+def failures(outcomes):
+    return {k: v for k, v in outcomes.items() if k != "trained" and not k.startswith("refused")}
