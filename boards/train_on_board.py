@@ -12,8 +12,11 @@ BASE = gc.mem_alloc()
 # Imports and the checkpoint leave the heap fragmented, with no hole as large as the arena
 # Module allocates. So a block of RESERVE bytes (the arenas and the blob file, which Module
 # reads first) is taken before anything else, low in the heap, and freed just before Module
-# loads: the arenas land in that hole.
-reserve = bytearray(RESERVE)
+# loads: the arenas land in that hole. A BytesIO preallocated to that size, because close()
+# frees its buffer at once; a dropped bytearray stays until the GC finds no pointer to it,
+# and MicroPython's GC scans the C stack conservatively, where stale copies linger.
+import io
+reserve = io.BytesIO(RESERVE)
 gc.collect()
 RESERVED = gc.mem_alloc() - BASE
 peak = 0
@@ -36,9 +39,13 @@ def run():
     probe("import")
     state = CheckpointState.load_checkpoint("checkpoint")
     probe("checkpoint")
+    reserve.close()
     reserve = None
-    gc.collect()
+    # Collect every 4 KB allocated while Module loads: the garbage its reader makes then keeps
+    # reusing the small holes instead of marching into the one kept for the arenas.
+    gc.threshold(4096)
     model = Module("model.mtb", state)
+    gc.threshold(-1)
     probe("module")
     opt = Optimizer("model.mtb", model)
     if LR is not None:
@@ -71,9 +78,13 @@ def run():
 
 try:
     run()
-except MemoryError as e:
-    gc.collect()
-    print("error: out of memory after phase '%s' (live heap %d, free %d): %s"
-          % (phase, gc.mem_alloc() - BASE, gc.mem_free(), e))
+except Exception as e:
+    # the VM's MemoryError, or microtrain's OutOfMemoryError (the arenas), which names the bytes
+    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
+        gc.collect()
+        print("error: out of memory after phase '%s' (live heap %d, free %d): %s"
+              % (phase, gc.mem_alloc() - BASE, gc.mem_free(), e))
+        import micropython
+        micropython.mem_info()  # "max free sz": the largest hole, in 16-byte blocks
     raise
 print("peak", peak)

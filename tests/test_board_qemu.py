@@ -102,7 +102,7 @@ def test_lenet_trains_on_the_emulated_board_or_is_predicted_not_to(firmware, tmp
              y_val=y[:ref.batch])
     plan = deploy.plan(artifacts, "qemu-mps2-an385", steps=STEPS)
     if not plan.fit.fits:
-        with pytest.raises(deploy.DeployError, match="out of memory.*allocating"):
+        with pytest.raises(deploy.DeployError, match="out of memory"):
             deploy.run(plan, tmp_path / "data.npz", lr=lr, firmware=firmware)
         return
     result = deploy.run(plan, tmp_path / "data.npz", lr=lr, firmware=firmware)
