@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# The whole test suite, on a fresh machine too: installs the package with its test extra,
-# builds (or reuses) the MicroPython Unix port, then runs pytest with the MicroPython suite
-# required (a missing interpreter fails instead of skipping).
+# The whole test suite, on a fresh machine too: installs the package with its test and
+# deploy extras, builds (or reuses) the MicroPython Unix port and the emulated Cortex-M3
+# board (scripts/build_qemu_board.sh: installs qemu-system-arm and the ARM toolchain from
+# Debian when missing), then runs pytest with both required (a missing interpreter or
+# firmware fails instead of skipping).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"
+python3 -m pip install --quiet --disable-pip-version-check -e ".[test,deploy]"
 export MICROTRAIN_MICROPYTHON=$(bash scripts/build_micropython.sh)
 export MICROTRAIN_REQUIRE_MICROPYTHON=1
+export MICROTRAIN_QEMU_FIRMWARE=$(bash scripts/build_qemu_board.sh)
+export MICROTRAIN_REQUIRE_QEMU=1
 set +e
 python3 -m pytest "$@"
 status=$?

