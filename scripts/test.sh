@@ -7,6 +7,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"
 export MICROTRAIN_MICROPYTHON=$(bash scripts/build_micropython.sh)
+if command -v npm >/dev/null; then    # web/: MicroPython's WebAssembly port, playwright-core
+    (cd web && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+fi
 export MICROTRAIN_REQUIRE_MICROPYTHON=1
 set +e
 python3 -m pytest "$@"
