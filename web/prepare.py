@@ -42,6 +42,9 @@ def prepare(out, artifacts=None, model=DIGITS / "mlp.onnx", data=DIGITS / "digit
         if not artifacts:
             pack(model, source)
         for name in ("model.mtb", "checkpoint"):
+            if not (source / name).is_file():
+                raise SystemExit(f"{source}/{name} missing: give --artifacts the directory "
+                                 f"`microtrain pack` wrote")
             shutil.copyfile(source / name, out / "artifacts" / name)
     blob = device_blob.load(str(out / "artifacts" / "model.mtb"))
     write_device_data(str(out / "data"), blob, *load_data(data))
