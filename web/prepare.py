@@ -34,6 +34,9 @@ def pack(model, directory):
 def prepare(out, artifacts=None, model=DIGITS / "mlp.onnx", data=DIGITS / "digits.npz"):
     out = pathlib.Path(out)
     if out.exists():
+        if any(out.iterdir()) and not (out / "manifest.json").is_file():
+            raise SystemExit(f"{out} is not empty and not an earlier prepare.py output: "
+                             f"not overwriting it")
         shutil.rmtree(out)
     (out / "artifacts").mkdir(parents=True)
     (out / "data").mkdir()
