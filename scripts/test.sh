@@ -9,6 +9,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 python3 -m pip install --quiet --disable-pip-version-check -e ".[test,deploy]"
 export MICROTRAIN_MICROPYTHON=$(bash scripts/build_micropython.sh)
+if command -v npm >/dev/null; then    # web/: MicroPython's WebAssembly port, playwright-core
+    (cd web && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+fi
 export MICROTRAIN_REQUIRE_MICROPYTHON=1
 export MICROTRAIN_QEMU_FIRMWARE=$(bash scripts/build_qemu_board.sh)
 export MICROTRAIN_REQUIRE_QEMU=1

@@ -142,8 +142,9 @@ def _print_report(kind, values):
     print("@" + kind + " " + " ".join(repr(v) for v in values))
 
 
-def run(artifacts, data, epochs, lr, out, report, seed=1):
-    """Load ARTIFACTS/{checkpoint,model.mtb} and the raw files in DATA, train, save OUT."""
+def load(artifacts, data, lr):
+    """(state, module, optimizer, train batches, val batches) from
+    ARTIFACTS/{checkpoint,model.mtb} and the raw files in DATA."""
     state = CheckpointState.load_checkpoint(artifacts + "/checkpoint")
     module = Module(artifacts + "/model.mtb", state)
     optimizer = Optimizer(artifacts + "/model.mtb", module)
@@ -152,6 +153,12 @@ def run(artifacts, data, epochs, lr, out, report, seed=1):
     ext = ".i32" if y_type == "i" else ".f32"
     train = Batches(module, _read(data + "/x_train.f32", "f"), _read(data + "/y_train" + ext, y_type))
     val = Batches(module, _read(data + "/x_val.f32", "f"), _read(data + "/y_val" + ext, y_type))
+    return state, module, optimizer, train, val
+
+
+def run(artifacts, data, epochs, lr, out, report, seed=1):
+    """Load ARTIFACTS/{checkpoint,model.mtb} and the raw files in DATA, train, save OUT."""
+    state, module, optimizer, train, val = load(artifacts, data, lr)
     fit(module, optimizer, train, val, epochs, report, seed)
     CheckpointState.save_checkpoint(state, out)
 

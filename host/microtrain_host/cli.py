@@ -200,13 +200,20 @@ class Progress:
 
 def cmd_train(args):
     from .tools.train import train
+    from .tools.plot import plot_curves, require_matplotlib
     output = args.output or os.path.join(args.artifacts, "trained_checkpoint")
+    if args.plot:
+        require_matplotlib()
     print(f"training {args.artifacts} on {args.data} with the device runtime under "
           f"{'MicroPython' if args.runtime == 'micropython' else 'CPython'}", flush=True)
-    train(args.artifacts, args.data, args.epochs, args.lr, output, runtime=args.runtime,
-          seed=args.seed, report=Progress(args.epochs), micropython=args.micropython,
-          heap=args.heap)
+    records = train(args.artifacts, args.data, args.epochs, args.lr, output,
+                    runtime=args.runtime, seed=args.seed, report=Progress(args.epochs),
+                    micropython=args.micropython, heap=args.heap)
     print(f"trained checkpoint written to {output}")
+    if args.plot:
+        plot_curves(records, args.plot, title=f"{os.path.basename(os.path.normpath(args.artifacts))}"
+                    f" ({args.runtime}, lr {args.lr})")
+        print(f"loss/accuracy curves written to {args.plot}")
     return 0
 
 
@@ -360,6 +367,8 @@ def build_parser():
     p.add_argument("--micropython", help="MicroPython binary (default: $MICROTRAIN_MICROPYTHON, "
                                          "the cached build, or PATH)")
     p.add_argument("--heap", default="8M", help="MicroPython heap size (default 8M)")
+    p.add_argument("--plot", metavar="PNG", help="write loss/accuracy per epoch to this PNG "
+                   "(needs the extra: pip install 'microtrain[plot]')")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("aggregate", help="FedAvg: weighted mean of device checkpoints",
