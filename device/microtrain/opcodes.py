@@ -11,7 +11,9 @@ except ImportError:
 # Dropout) 90-99, layout (Transpose, Slice, Concat, Split, Pad) 100-119; issue 9's first
 # half 120-159: smooth (Elu, Selu, Celu, Erf, Gelu, Softsign) 120-127, elementwise (Max, Min,
 # PRelu) 130-135, group_norm (LayerNormalization, InstanceNormalization,
-# GroupNormalization) 140-141, gather (Gather with int indices) 150-151.
+# GroupNormalization) 140-141, gather (Gather with int indices) 150-151. Issue 10
+# (quantization) 200-239: quant (fake quantization for training, observers, weight
+# scales) 200-219.
 GEMM = const(1)
 GEMM_ACCUMULATE = const(2)
 BATCHED_GEMM = const(3)
@@ -91,6 +93,11 @@ GROUP_NORM = const(140)
 GROUP_NORM_GRAD = const(141)
 GATHER_ROWS = const(150)
 GATHER_ROWS_GRAD = const(151)
+FAKE_QUANT = const(200)
+FAKE_QUANT_GRAD = const(201)
+ABS_MAX_SCALE = const(202)
+OBSERVE_MIN_MAX = const(203)
+QUANT_PARAMS = const(204)
 
 # op code -> (kernel family module, function, tensor dtypes, int count, float count)
 # Tensor dtypes: "f" float arena, "i" int arena, "?" float arena or no tensor.
@@ -179,6 +186,11 @@ SIGNATURES = {
     GROUP_NORM_GRAD: ("group_norm", "group_norm_grad", "???ff?", 4, 1),
     GATHER_ROWS: ("gather", "gather_rows", "ffi", 4, 0),
     GATHER_ROWS_GRAD: ("gather", "gather_rows_grad", "ffi", 4, 0),
+    FAKE_QUANT: ("quant", "fake_quant", "ffff", 5, 0),
+    FAKE_QUANT_GRAD: ("quant", "fake_quant_grad", "fffff", 5, 0),
+    ABS_MAX_SCALE: ("quant", "abs_max_scale", "ff", 3, 2),
+    OBSERVE_MIN_MAX: ("quant", "observe_min_max", "ffff", 3, 2),
+    QUANT_PARAMS: ("quant", "quant_params", "fff", 2, 1),
 }
 
 
@@ -210,6 +222,8 @@ def kernel_module(family):
         from microtrain.kernels import smooth as module
     elif family == "group_norm":
         from microtrain.kernels import group_norm as module
+    elif family == "quant":
+        from microtrain.kernels import quant as module
     else:
         raise ImportError("no kernel family " + family)
     return module

@@ -80,6 +80,11 @@ GROUP_NORM = 140
 GROUP_NORM_GRAD = 141
 GATHER_ROWS = 150
 GATHER_ROWS_GRAD = 151
+FAKE_QUANT = 200
+FAKE_QUANT_GRAD = 201
+ABS_MAX_SCALE = 202
+OBSERVE_MIN_MAX = 203
+QUANT_PARAMS = 204
 
 NAMES = {value: name for name, value in list(globals().items())
          if name.isupper() and isinstance(value, int)}

@@ -19,6 +19,7 @@ from ..ops.norm import folded_parameters, inference_form
 from .optimizers import DEFAULTS, OptimType, build_optimizer_graph, grad_buffer
 from .pack import TRAINING_PROGRAMS, blob_bytes, write_blob
 from .params import split_parameters
+from .quantize import METADATA_KEY, QuantizationConfig, eval_form, quantize_model
 from .upgrade import source_opset
 
 LAZY_RESET_GRAD = "lazy_reset_grad"
@@ -74,7 +75,7 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
                        loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
                        artifact_directory=None, prefix="", nominal_checkpoint=False,
                        loss_input_names=None, batch_size=None, optimizer_options=None,
-                       additional_output_names=None):
+                       additional_output_names=None, quantization=None):
     """Write {prefix}training_model.onnx, eval_model.onnx, optimizer_model.onnx, checkpoint
     (and nominal_checkpoint) and the packed blob {prefix}model.mtb into artifact_directory.
 
@@ -90,11 +91,21 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
     AdamW: learning_rate, beta1, beta2, epsilon, weight_decay, bias_correction; SGD:
     learning_rate, momentum, dampening, nesterov, weight_decay; both: l1_penalty, l2_penalty,
     clip_grad_norm). additional_output_names: model outputs
-    the eval graph returns after the loss (default: all model outputs)."""
+    the eval graph returns after the loss (default: all model outputs).
+    quantization: None, True (defaults) or a QuantizationConfig / dict of its fields: insert
+    QDQ fake quantization for quantization-aware training (pipeline/quantize.py); the
+    observers' ranges become frozen parameters `<tensor>.observer_range`."""
     loss = _enum(loss, LossType, "loss")
     optimizer = _enum(optimizer, OptimType, "optimizer")
+    original = model
     model, shapes = load_model(model, batch_size)
     trainable, frozen = split_parameters(model, requires_grad, frozen_params)
+    trains_everything = set(trainable) == set(split_parameters(model, None, None)[0])
+    quant_config = QuantizationConfig.of(quantization)
+    quant_record = None
+    if quant_config is not None:
+        shapes, ranges, quant_record = quantize_model(model, shapes, quant_config)
+        frozen = frozen + ranges
     graph = model.graph
     folded = folded_parameters(graph, frozen)
     frozen = [p for p in frozen if p not in folded]
@@ -142,8 +153,10 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
             "outputs": ",".join(model_outputs), "output_grads": ",".join(output_grads.values())}
     if source_opset(model) is not None:
         meta["source_opset"] = str(source_opset(model))
+    if quant_record is not None:
+        meta[METADATA_KEY] = quant_record
 
-    eval_model = _make_model(model, g, inference_form(forward), user_inputs + labels + params,
+    eval_model = _make_model(model, g, eval_form(inference_form(forward)), user_inputs + labels + params,
                              [loss_name] + extra_outputs, constants + list(g.initializers),
                              "eval", meta)
 
@@ -182,10 +195,12 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
 
     # The blob first: a model that cannot be packed leaves the directory as it was.
     full_training = (0, 0)
-    if set(trainable) != set(split_parameters(model, None, None)[0]):
+    if not trains_everything:
         full_training = _full_training_figures(
-            model, loss=loss, optimizer=optimizer, loss_input_names=loss_input_names,
-            optimizer_options=optimizer_options, additional_output_names=additional_output_names)
+            original if quant_record is not None else model, batch_size=batch_size,
+            loss=loss, optimizer=optimizer, loss_input_names=loss_input_names,
+            optimizer_options=optimizer_options, additional_output_names=additional_output_names,
+            quantization=quantization)
     blob = blob_bytes(training_model, eval_model, optimizer_model, options, full_training)
 
     directory = artifact_directory if artifact_directory is not None else os.getcwd()

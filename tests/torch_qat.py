@@ -1,0 +1,144 @@
+"""The PyTorch side of the quantization-aware training tests: the same fake-quant
+configuration as microtrain's QAT (pipeline/quantize.py), built from PyTorch's own
+torch.ao.quantization modules, so the oracle's rounding, observers and gradients are
+PyTorch's code, not ours:
+
+  * weights: FakeQuantize with a PerChannelMinMaxObserver (per_channel_symmetric, qint8,
+    [-127, 127]) reset before every forward, so the scale is max|w| / 127 of the current
+    weights (clamped at float32 eps) at every step;
+  * activations: FakeQuantize with a MovingAverageMinMaxObserver (per_tensor_affine, quint8
+    [0, 255] or qint8 [-128, 127], averaging constant 0.01), observing in training,
+    frozen (disable_observer) for evaluation.
+
+The placement of the activation fake quantizations is written out by hand per model below
+(where microtrain's pass puts them: the input of each quantized op, the output of each
+quantized op after its BatchNorm / ReLU, the output of global average pooling)."""
+import copy
+
+import torch
+from torch import nn
+from torch.ao.quantization import FakeQuantize
+from torch.ao.quantization.observer import (MovingAverageMinMaxObserver,
+                                            PerChannelMinMaxObserver)
+
+
+def activation_fake_quant(dtype="uint8", momentum=0.01):
+    qmin, qmax, qdtype = (0, 255, torch.quint8) if dtype == "uint8" else (-128, 127, torch.qint8)
+    return FakeQuantize(observer=MovingAverageMinMaxObserver, quant_min=qmin, quant_max=qmax,
+                        dtype=qdtype, qscheme=torch.per_tensor_affine,
+                        averaging_constant=momentum)
+
+
+class WeightFakeQuant(nn.Module):
+    """max|w| / 127 per output channel, from the current weights at every call."""
+
+    def __init__(self, axis=0):
+        super().__init__()
+        self.fq = FakeQuantize(observer=PerChannelMinMaxObserver, quant_min=-127, quant_max=127,
+                               dtype=torch.qint8, qscheme=torch.per_channel_symmetric,
+                               ch_axis=axis)
+
+    def forward(self, w):
+        self.fq.activation_post_process.reset_min_max_vals()
+        return self.fq(w)
+
+
+class QATLinear(nn.Module):
+    def __init__(self, linear):
+        super().__init__()
+        self.linear = linear
+        self.wfq = WeightFakeQuant(0)
+
+    def forward(self, x):
+        return nn.functional.linear(x, self.wfq(self.linear.weight), self.linear.bias)
+
+
+class QATConv(nn.Module):
+    def __init__(self, conv):
+        super().__init__()
+        self.conv = conv
+        self.wfq = WeightFakeQuant(0)
+
+    def forward(self, x):
+        return self.conv._conv_forward(x, self.wfq(self.conv.weight), self.conv.bias)
+
+
+def set_observing(module, on):
+    for m in module.modules():
+        if isinstance(m, FakeQuantize):
+            (m.enable_observer if on else m.disable_observer)()
+
+
+class QATMLP(nn.Module):
+    """Flatten -> Linear -> ReLU -> Linear (the digits MLP): activations at the input, after
+    the ReLU, at the logits."""
+
+    def __init__(self, sequential, dtype="uint8", momentum=0.01):
+        super().__init__()
+        _, fc1, _, fc2 = sequential
+        self.fc1, self.fc2 = QATLinear(fc1), QATLinear(fc2)
+        self.fq = nn.ModuleList(activation_fake_quant(dtype, momentum) for _ in range(3))
+
+    def forward(self, x):
+        x = self.fq[0](torch.flatten(x, 1))
+        x = self.fq[1](torch.relu(self.fc1(x)))
+        return self.fq[2](self.fc2(x))
+
+    def ranges(self):
+        return ranges_of(self.fq)
+
+
+class QATLeNet(nn.Module):
+    """tests/reference_models.lenet: the input, after each ReLU (MaxPool keeps the grid), the
+    logits."""
+
+    def __init__(self, sequential, dtype="uint8", momentum=0.01):
+        super().__init__()
+        c1, _, p1, c2, _, p2, _, f1, _, f2 = sequential
+        self.c1, self.c2, self.f1, self.f2 = QATConv(c1), QATConv(c2), QATLinear(f1), QATLinear(f2)
+        self.p1, self.p2 = p1, p2
+        self.fq = nn.ModuleList(activation_fake_quant(dtype, momentum) for _ in range(5))
+
+    def forward(self, x):
+        x = self.fq[0](x)
+        x = self.p1(self.fq[1](torch.relu(self.c1(x))))
+        x = self.p2(self.fq[2](torch.relu(self.c2(x))))
+        x = self.fq[3](torch.relu(self.f1(torch.flatten(x, 1))))
+        return self.fq[4](self.f2(x))
+
+    def ranges(self):
+        return ranges_of(self.fq)
+
+
+class QATDSCNN(nn.Module):
+    """tests/reference_models.DSCNN: the input, after every BatchNorm + ReLU, after global
+    average pooling, the logits."""
+
+    def __init__(self, dscnn, dtype="uint8", momentum=0.01):
+        super().__init__()
+        m = copy.deepcopy(dscnn)
+        stem_conv, self.stem_bn, _ = m.stem
+        self.stem = QATConv(stem_conv)
+        layers = list(m.blocks)
+        self.convs = nn.ModuleList(QATConv(layers[i]) for i in range(0, len(layers), 3))
+        self.bns = nn.ModuleList(layers[i] for i in range(1, len(layers), 3))
+        self.classifier = QATLinear(m.classifier)
+        self.pool = m.pool
+        self.fq = nn.ModuleList(activation_fake_quant(dtype, momentum)
+                                for _ in range(len(self.convs) + 4))
+
+    def forward(self, x):
+        x = self.fq[0](x)
+        x = self.fq[1](torch.relu(self.stem_bn(self.stem(x))))
+        for k, (conv, bn) in enumerate(zip(self.convs, self.bns)):
+            x = self.fq[2 + k](torch.relu(bn(conv(x))))
+        x = self.fq[-2](self.pool(x))
+        return self.fq[-1](self.classifier(torch.flatten(x, 1)))
+
+    def ranges(self):
+        return ranges_of(self.fq)
+
+
+def ranges_of(fake_quants):
+    return [(float(f.activation_post_process.min_val), float(f.activation_post_process.max_val))
+            for f in fake_quants]
