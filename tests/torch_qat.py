@@ -12,8 +12,19 @@ PyTorch's code, not ours:
 
 The placement of the activation fake quantizations is written out by hand per model below
 (where microtrain's pass puts them: the input of each quantized op, the output of each
-quantized op after its BatchNorm / ReLU, the output of global average pooling)."""
+quantized op after its BatchNorm / ReLU, the output of global average pooling).
+
+Float32 storage, float64 arithmetic. The device keeps every tensor in float32 and computes
+each op in double (CPython, the Unix port). A quantized network amplifies the difference
+between two float32 implementations: PyTorch's float32 convolutions sum in another order, so
+a value lands on the other side of a rounding tie now and then and the losses part by 1e-3
+within 50 steps. So the oracle runs in float64 and rounds to float32 wherever the device
+stores a tensor (`stored`: after every op, forward and backward, and the parameters and
+optimizer state after every step); the fake quantizations themselves run in float32,
+PyTorch's kernels. What remains is the order of double-precision sums, far below float32's
+rounding."""
 import copy
+import math
 
 import torch
 from torch import nn
@@ -29,6 +40,23 @@ def activation_fake_quant(dtype="uint8", momentum=0.01):
                         averaging_constant=momentum)
 
 
+def stored(t):
+    """t rounded to float32 and back: a tensor as the device stores it (the gradient flowing
+    back through it is rounded the same way)."""
+    return t.float().double() if t.dtype == torch.float64 else t
+
+
+class Stored(nn.Module):
+    """A FakeQuantize on the float32 value of a float64 tensor."""
+
+    def __init__(self, fake_quant):
+        super().__init__()
+        self.fq = fake_quant
+
+    def forward(self, t):
+        return self.fq(t.float()).double() if t.dtype == torch.float64 else self.fq(t)
+
+
 class WeightFakeQuant(nn.Module):
     """max|w| / 127 per output channel, from the current weights at every call."""
 
@@ -40,7 +68,7 @@ class WeightFakeQuant(nn.Module):
 
     def forward(self, w):
         self.fq.activation_post_process.reset_min_max_vals()
-        return self.fq(w)
+        return self.fq(w.float()).double() if w.dtype == torch.float64 else self.fq(w)
 
 
 class QATLinear(nn.Module):
@@ -50,7 +78,7 @@ class QATLinear(nn.Module):
         self.wfq = WeightFakeQuant(0)
 
     def forward(self, x):
-        return nn.functional.linear(x, self.wfq(self.linear.weight), self.linear.bias)
+        return stored(nn.functional.linear(x, self.wfq(self.linear.weight), self.linear.bias))
 
 
 class QATConv(nn.Module):
@@ -60,7 +88,11 @@ class QATConv(nn.Module):
         self.wfq = WeightFakeQuant(0)
 
     def forward(self, x):
-        return self.conv._conv_forward(x, self.wfq(self.conv.weight), self.conv.bias)
+        return stored(self.conv._conv_forward(x, self.wfq(self.conv.weight), self.conv.bias))
+
+
+def activations(count, dtype, momentum):
+    return nn.ModuleList(Stored(activation_fake_quant(dtype, momentum)) for _ in range(count))
 
 
 def set_observing(module, on):
@@ -77,11 +109,11 @@ class QATMLP(nn.Module):
         super().__init__()
         _, fc1, _, fc2 = sequential
         self.fc1, self.fc2 = QATLinear(fc1), QATLinear(fc2)
-        self.fq = nn.ModuleList(activation_fake_quant(dtype, momentum) for _ in range(3))
+        self.fq = activations(3, dtype, momentum)
 
     def forward(self, x):
         x = self.fq[0](torch.flatten(x, 1))
-        x = self.fq[1](torch.relu(self.fc1(x)))
+        x = self.fq[1](stored(torch.relu(self.fc1(x))))
         return self.fq[2](self.fc2(x))
 
     def ranges(self):
@@ -97,13 +129,13 @@ class QATLeNet(nn.Module):
         c1, _, p1, c2, _, p2, _, f1, _, f2 = sequential
         self.c1, self.c2, self.f1, self.f2 = QATConv(c1), QATConv(c2), QATLinear(f1), QATLinear(f2)
         self.p1, self.p2 = p1, p2
-        self.fq = nn.ModuleList(activation_fake_quant(dtype, momentum) for _ in range(5))
+        self.fq = activations(5, dtype, momentum)
 
     def forward(self, x):
         x = self.fq[0](x)
-        x = self.p1(self.fq[1](torch.relu(self.c1(x))))
-        x = self.p2(self.fq[2](torch.relu(self.c2(x))))
-        x = self.fq[3](torch.relu(self.f1(torch.flatten(x, 1))))
+        x = self.p1(self.fq[1](stored(torch.relu(self.c1(x)))))
+        x = self.p2(self.fq[2](stored(torch.relu(self.c2(x)))))
+        x = self.fq[3](stored(torch.relu(self.f1(torch.flatten(x, 1)))))
         return self.fq[4](self.f2(x))
 
     def ranges(self):
@@ -124,15 +156,14 @@ class QATDSCNN(nn.Module):
         self.bns = nn.ModuleList(layers[i] for i in range(1, len(layers), 3))
         self.classifier = QATLinear(m.classifier)
         self.pool = m.pool
-        self.fq = nn.ModuleList(activation_fake_quant(dtype, momentum)
-                                for _ in range(len(self.convs) + 4))
+        self.fq = activations(len(self.convs) + 4, dtype, momentum)
 
     def forward(self, x):
         x = self.fq[0](x)
-        x = self.fq[1](torch.relu(self.stem_bn(self.stem(x))))
+        x = self.fq[1](stored(torch.relu(stored(self.stem_bn(self.stem(x))))))
         for k, (conv, bn) in enumerate(zip(self.convs, self.bns)):
-            x = self.fq[2 + k](torch.relu(bn(conv(x))))
-        x = self.fq[-2](self.pool(x))
+            x = self.fq[2 + k](stored(torch.relu(stored(bn(conv(x))))))
+        x = self.fq[-2](stored(self.pool(x)))
         return self.fq[-1](self.classifier(torch.flatten(x, 1)))
 
     def ranges(self):
@@ -140,5 +171,39 @@ class QATDSCNN(nn.Module):
 
 
 def ranges_of(fake_quants):
-    return [(float(f.activation_post_process.min_val), float(f.activation_post_process.max_val))
-            for f in fake_quants]
+    return [(float(f.fq.activation_post_process.min_val),
+             float(f.fq.activation_post_process.max_val)) for f in fake_quants]
+
+
+def qat_train(model, optimizer, xs, ys, lr, eps=1e-6):
+    """Train the float64 QAT model (cross-entropy) with torch.optim: SGD, or AdamW made to
+    follow ORT's rule as torch_reference.torch_train does; parameters, BatchNorm statistics
+    and optimizer moments rounded to float32 after every step. Returns the losses."""
+    model = model.double().train()
+    for m in model.modules():
+        if isinstance(m, FakeQuantize):
+            m.float()    # scales, zero points and observers stay float32 (PyTorch's kernels)
+    if optimizer == "SGD":
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=eps,
+                                weight_decay=0.0)
+    criterion = nn.CrossEntropyLoss()
+    losses = []
+    for t, (x, y) in enumerate(zip(xs, ys), start=1):
+        opt.zero_grad()
+        loss = criterion(model(torch.from_numpy(x).double()), torch.from_numpy(y))
+        loss.backward()
+        losses.append(loss.item())
+        if optimizer == "AdamW":
+            for group in opt.param_groups:
+                group["eps"] = eps / math.sqrt(1.0 - 0.999 ** t)
+        opt.step()
+        with torch.no_grad():
+            tensors = list(model.parameters()) + list(model.buffers())
+            tensors += [v for state in opt.state.values() for v in state.values()
+                        if torch.is_tensor(v) and v.dtype == torch.float64]
+            for v in tensors:
+                if v.dtype == torch.float64:
+                    v.copy_(v.float().double())
+    return losses
