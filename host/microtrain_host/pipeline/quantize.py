@@ -12,7 +12,8 @@ What gets quantized (QuantizationConfig):
     int8 kernel writes it), the output of average pooling and of Add whose inputs are
     quantized. MaxPool of a quantized tensor gets a QDQ pair with its input's scale and zero
     point (max commutes with rounding, so training is unchanged; onnxruntime needs the pair
-    to run MaxPool in int8). Ranges are tracked by a moving average of min/max
+    to run MaxPool in int8); so does a Flatten / Reshape view of a quantized tensor read by a
+    quantized op. Ranges are tracked by a moving average of min/max
     (MinMaxObserver, PyTorch's MovingAverageMinMaxObserver, momentum 0.01), kept in a
     frozen parameter `<tensor>.observer_range` = [min, max] (so the checkpoint saves and
     restores them), frozen in the eval graph (QuantParams);
@@ -159,6 +160,12 @@ def quantize_model(model, shapes, config):
                 if t not in observed:
                     observed[t] = t
                     order.append(t)
+            if node.input[0] != x and node.input[0] not in observed:
+                # A view (Flatten, Reshape) of a quantized tensor: a pair with the source's
+                # scale right before the op (a no-op in training), so that onnxruntime finds
+                # DequantizeLinear -> op and fuses them.
+                observed[node.input[0]] = observed[x]
+                order.append(node.input[0])
         elif node.op_type in SHARED_RANGE_OPS + OWN_RANGE_OPS:
             ins = [source(i) for i in node.input[:2 if node.op_type == "Add" else 1]]
             if all(i in observed for i in ins):
