@@ -221,3 +221,59 @@ def test_op_without_int8_kernel_is_refused_by_name(tmp_path):
     with pytest.raises(mh.ArtifactError, match="neither node nor weight"):
         mh.generate_artifacts(str(EXAMPLE), artifact_directory=tmp_path, batch_size=8,
                               quantization={"skip": ["nope"]})
+
+
+def test_collapsed_ranges_train_without_nan(tmp_path):
+    # A hidden layer whose weights and bias are all zero: its ReLU output is constant 0
+    # (range [0, 0]) and its weight scale would be 0 / 127; the eps floors keep everything
+    # finite, and the layer after it still trains.
+    import torch
+    from microtrain import CheckpointState, Module, Optimizer
+    from torch_reference import export
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3))
+    with torch.no_grad():
+        net[0].weight.zero_()
+        net[0].bias.zero_()
+    mh.generate_artifacts(export(net, torch.zeros(1, 6)), artifact_directory=tmp_path,
+                          batch_size=4, optimizer="SGD", quantization=True)
+    state = CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
+    model = Module(str(tmp_path / "model.mtb"), state)
+    opt = Optimizer(str(tmp_path / "model.mtb"), model)
+    rng = np.random.default_rng(0)
+    losses = []
+    for _ in range(20):
+        losses.append(model(list(rng.standard_normal(24)), [0, 1, 2, 0]))
+        opt.step()
+        model.lazy_reset_grad()
+    assert np.all(np.isfinite(losses))
+    hidden = state.parameters["/1/Relu_output_0.observer_range"].data
+    assert list(hidden) == [0.0, 0.0]
+    assert all(np.isfinite(v) for p in state.parameters.values() for v in p.data)
+    assert losses[-1] < losses[0]   # the output bias still learns
+
+
+def test_cli_qat_pack_train_export(tmp_path, capsys):
+    from microtrain_host.cli import main
+    digits = ROOT / "examples" / "digits"
+    build = tmp_path / "build"
+    assert main(["pack", str(EXAMPLE), "-o", str(build), "--qat", "--batch-size", "8"]) == 0
+    assert main(["train", str(build), "--data", str(digits / "digits.npz"), "--epochs", "1"]) == 0
+    assert main(["export", str(build), "--checkpoint", str(build / "trained_checkpoint"),
+                 "--qdq", "-o", str(build / "model_qdq.onnx")]) == 0
+    text = capsys.readouterr().out
+    assert "QDQ model: 2 int8 weight tensors" in text
+    model = onnx.load(build / "model_qdq.onnx")
+    assert not any(n.domain for n in model.graph.node)   # no ai.microtrain op
+    assert main(["inspect", str(build / "model.mtb"), "--no-steps"]) == 0
+    text = capsys.readouterr().out
+    assert "1.weight" in text and "int8  [-127, 127]  symmetric, 32 channel scales" in text
+    assert "quantized weights: 9,472 B as float32, 2,536 B as int8" in text
+    with pytest.raises(SystemExit):
+        main(["pack", "--help"])
+    assert "--qat" in capsys.readouterr().out
+    float_build = tmp_path / "float"
+    assert main(["pack", str(EXAMPLE), "-o", str(float_build), "--batch-size", "8"]) == 0
+    assert main(["export", str(float_build), "--checkpoint", str(float_build / "checkpoint"),
+                 "--qdq", "-o", str(tmp_path / "x.onnx")]) == 2
+    assert "not packed for quantization-aware training" in capsys.readouterr().err

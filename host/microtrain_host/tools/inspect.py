@@ -40,6 +40,9 @@ def describe(path, steps=True):
                      f"every parameter: pruning saved {saved} ({_kib(saved)}, "
                      f"{100.0 * saved / b.full_training_arena:.0f} %); train program "
                      f"{train_steps} steps vs {b.full_training_steps}")
+    quantized = _quantization(b)
+    if quantized:
+        lines += [""] + quantized
     lines.append("")
     lines.append("parameters:")
     for tensor, grad, state in b.parameters:
@@ -72,3 +75,40 @@ def describe(path, steps=True):
                     attrs += " | " + " ".join(f"{v:g}" for v in floats)
                 lines.append(f"  {i:3d} {opcodes.NAMES.get(op, str(op)):17s} ({args})  [{attrs}]")
     return "\n".join(lines)
+
+
+def _quantization(b):
+    """The fake-quantized tensors of a QAT blob (the eval program's FAKE_QUANT steps): dtype,
+    per tensor or per channel, where the scale and zero point come from; and the bytes the
+    quantized weights take as float32 now and as int8 (+ a float32 scale per channel) once
+    exported."""
+    records = b.step_records.get("eval") or []
+    producers = {tensors[0]: (op, tensors) for op, tensors, _, _ in records}
+    lines = []
+    float_bytes = int8_bytes = 0
+    for op, tensors, ints, _ in records:
+        if op != opcodes.FAKE_QUANT:
+            continue
+        y, x, scale, _ = tensors
+        outer, channels, inner, qmin, qmax = ints
+        dtype = "uint8" if qmin == 0 else "int8"
+        source = producers.get(scale)
+        if source and source[0] == opcodes.ABS_MAX_SCALE:
+            qmin = -127   # |w| / scale <= 127: the int8 grid's -128 is never reached
+            how = (f"symmetric, {channels} channel scales = max|w| / 127 of the current "
+                   f"weights")
+            n = b.sizes[x]
+            float_bytes += 4 * n
+            int8_bytes += n + 4 * channels
+        elif source and source[0] == opcodes.QUANT_PARAMS:
+            how = f"per tensor, range {b.names[source[1][2]]} (moving average of min/max)"
+        else:
+            how = "per tensor, shares the scale of " + (b.names[scale] if scale < len(b.names)
+                                                        else "?")
+        lines.append(f"  {b.names[x]:32s} {dtype:5s} [{qmin}, {qmax}]  {how}")
+    if not lines:
+        return []
+    header = ["quantization-aware training (fake quantization, float arena):"]
+    footer = [f"  quantized weights: {float_bytes:,} B as float32, {int8_bytes:,} B as int8 + "
+              f"scales once exported ({100.0 * int8_bytes / max(float_bytes, 1):.0f} %)"]
+    return header + lines + footer
