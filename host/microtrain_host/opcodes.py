@@ -85,6 +85,12 @@ FAKE_QUANT_GRAD = 201
 ABS_MAX_SCALE = 202
 OBSERVE_MIN_MAX = 203
 QUANT_PARAMS = 204
+QUANTIZE_LINEAR = 220
+DEQUANTIZE_LINEAR = 221
+QLINEAR_GEMM = 222
+QLINEAR_CONV = 223
+QLINEAR_GLOBAL_AVERAGE_POOL = 224
+QLINEAR_MAX_POOL = 225
 
 NAMES = {value: name for name, value in list(globals().items())
          if name.isupper() and isinstance(value, int)}
