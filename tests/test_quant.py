@@ -204,9 +204,10 @@ def test_qat_artifacts_hold_qdq_pairs(tmp_path):
         producers = {o: n for n in nodes for o in n.output}
         pairs = [n for n in nodes if n.op_type == "DequantizeLinear"
                  and producers[n.input[0]].op_type == "QuantizeLinear"]
-        # input, hidden and logits activations; two weights
-        assert len(pairs) == 5, [n.name for n in pairs]
-        assert sum(n.op_type == "QuantizeLinear" for n in nodes) == 5
+        # input (and its Flatten view, with the input's scale), hidden and logits
+        # activations; two weights
+        assert len(pairs) == 6, [n.name for n in pairs]
+        assert sum(n.op_type == "QuantizeLinear" for n in nodes) == 6
         onnx.checker.check_model(model)
     eval_ops = {n.op_type for n in onnx.load(result.eval_model).graph.node}
     assert "MinMaxObserver" not in eval_ops and "QuantParams" in eval_ops
