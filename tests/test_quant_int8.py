@@ -150,3 +150,38 @@ def test_crafted_int8_step_is_refused(digits_qdq, tmp_path):
     data[4 + size:] = struct.pack("<I", zlib.crc32(bytes(data[4:4 + size])) & 0xFFFFFFFF)
     with pytest.raises(BlobError, match="qlinear_gemm"):
         device_blob.load(bytes(data))
+
+
+def test_int8_forward_under_heap_lock_and_viper_equals_pure(ds_cnn_qdq, micropython, tmp_path):
+    tmp, ref, xs = ds_cnn_qdq
+    (tmp_path / "x.f32").write_bytes(xs[1].astype("<f4").tobytes())
+    out = run_micropython(micropython, ROOT / "tests" / "device_scripts" / "int8_heap_lock.py",
+                          tmp / "int8.mtb", tmp_path / "x.f32")
+    # stem, 2 x (depthwise, pointwise), pool, classifier: every int8 step locked
+    assert "locked 7 of 9" in out and "same True" in out, out
+
+
+def test_viper_requantization_equals_pure(micropython, tmp_path):
+    script = tmp_path / "requant.py"
+    script.write_text("""
+import random
+from microtrain.kernels import qlinear
+from microtrain.kernels import qlinear_viper as v
+random.seed(1)
+bad = 0
+cases = 0
+for t in range(20000):
+    acc = random.randint(-(1 << 24) + 1, (1 << 24) - 1)
+    if t % 3 == 0:
+        acc = random.randint(-3000, 3000)
+    m0 = random.randint(1 << 23, 1 << 24)
+    shift = random.randint(1, 62) if t % 5 else random.randint(20, 45)
+    if t % 7 == 0:
+        m0 = 1 << 23          # exact ties
+    clamp = lambda q: max(-1000, min(1000, q))
+    cases += 1
+    if clamp(v._requant(acc, m0, shift)) != clamp(qlinear._requant(acc, m0, shift)):
+        bad += 1
+print(qlinear.FAST, cases, bad)
+""")
+    assert run_micropython(micropython, script).split() == ["True", "20000", "0"]

@@ -247,3 +247,24 @@ def qlinear_max_pool_check(args, c):
     c.positive(planes, H, W, OH, OW, kH, kW, sH, sW)
     c.holds(0, planes * OH * OW)
     c.holds(1, planes * H * W)
+
+
+# The viper fast paths (MicroPython with the viper emitter): same bytes, no allocation.
+# `use_fast(False)` switches back to the pure-Python kernels (tests compare the two).
+_pure = (qlinear_gemm, qlinear_conv)
+
+
+def use_fast(on=True):
+    global qlinear_gemm, qlinear_conv
+    qlinear_gemm, qlinear_conv = _pure
+    if on:
+        try:
+            from microtrain.kernels import qlinear_viper as fast
+        except (ImportError, SyntaxError):   # CPython; a MicroPython without viper
+            return False
+        fast._slow = _requant
+        qlinear_gemm, qlinear_conv = fast.qlinear_gemm, fast.qlinear_conv
+    return on
+
+
+FAST = use_fast()
