@@ -185,3 +185,8 @@ for t in range(20000):
 print(qlinear.FAST, cases, bad)
 """)
     assert run_micropython(micropython, script).split() == ["True", "20000", "0"]
+
+
+def test_viper_kernels_equal_pure_on_random_geometries(micropython):
+    out = run_micropython(micropython, ROOT / "tests" / "device_scripts" / "qlinear_fast.py")
+    assert out.split() == ["cases", "300", "different", "0"], out

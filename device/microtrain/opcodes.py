@@ -202,7 +202,7 @@ SIGNATURES = {
     QUANTIZE_LINEAR: ("qlinear", "quantize_linear", "bff", 3, 0),
     DEQUANTIZE_LINEAR: ("qlinear", "dequantize_linear", "fbf", 2, 0),
     QLINEAR_GEMM: ("qlinear", "qlinear_gemm", "bbbki", 9, 0),
-    QLINEAR_CONV: ("qlinear", "qlinear_conv", "bbbki", 18, 0),
+    QLINEAR_CONV: ("qlinear", "qlinear_conv", "bbbkii", 18, 0),
     QLINEAR_GLOBAL_AVERAGE_POOL: ("qlinear", "qlinear_global_average_pool", "bbi", 4, 0),
     QLINEAR_MAX_POOL: ("qlinear", "qlinear_max_pool", "bb", 12, 0),
 }

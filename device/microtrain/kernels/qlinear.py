@@ -14,6 +14,9 @@
 # computes the same integers gives the same bytes. lo, hi: the quantized bounds of a fused
 # Relu / Clip, or the type's range.
 #
+# A convolution also gets an int32 scratch tensor of out_h * out_w elements (the viper path
+# accumulates one output plane there; the pure-Python kernel does not need it).
+#
 # Int32 tensor `req` of a layer with C output channels: [x_zp, y_zp, lo, hi, then (m0,
 # shift) for each channel]. A global average pool has one channel pair for every plane.
 
@@ -137,8 +140,8 @@ def qlinear_gemm_check(args, c):
 def qlinear_conv(F, I, args):
     # Y = requant(Conv(X - x_zp, W) + bias), geometry as kernels/conv.py: one output element
     # at a time, its taps clipped to the image.
-    (Q, y, x, w, bias, req, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w,
-     k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, x_signed, y_signed) = args
+    (Q, y, x, w, bias, req, scratch, n_images, groups, cin_g, cout_g, in_h, in_w, out_h,
+     out_w, k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, x_signed, y_signed) = args
     x_zp = I[req]
     y_zp = I[req + 1]
     lo = I[req + 2]
@@ -180,8 +183,9 @@ def qlinear_conv(F, I, args):
 
 
 def qlinear_conv_check(args, c):
+    # tensor 5: an int32 scratch plane of out_h * out_w accumulators (the viper kernel's)
     (n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w, s_h, s_w, d_h,
-     d_w) = args[6:20]
+     d_w) = args[7:21]
     c.positive(n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w, s_h, s_w,
                d_h, d_w)
     c.holds(0, n_images * groups * cout_g * out_h * out_w)
@@ -190,6 +194,7 @@ def qlinear_conv_check(args, c):
     if c.present(3):
         c.holds(3, groups * cout_g)
     _req_check(c, 4, groups * cout_g)
+    c.holds(5, out_h * out_w)
 
 
 def qlinear_global_average_pool(F, I, args):
@@ -263,6 +268,7 @@ def use_fast(on=True):
         except (ImportError, SyntaxError):   # CPython; a MicroPython without viper
             return False
         fast._slow = _requant
+        fast._pure_conv = _pure[1]
         qlinear_gemm, qlinear_conv = fast.qlinear_gemm, fast.qlinear_conv
     return on
 

@@ -133,7 +133,11 @@ def lower_qlinear_conv(ctx, node):
     w, wid, bias, reals = _weights(ctx, node)
     attrs = conv_attributes(node, ctx.shape(x), w.shape, ctx.where(node))
     y = _output(ctx, node)
-    ctx.step(op.QLINEAR_CONV, [y, ctx.t(x), wid, bias, _requant_tensor(ctx, node, reals)],
+    out_plane = int(np.prod(ctx.shape(node.output[0])[2:], dtype=np.int64))
+    scratch = ctx.add(Tensor(f"{node.name}.accumulators", INT32, ACTIVATION, (out_plane,),
+                             program=ctx.program_name))
+    ctx.step(op.QLINEAR_CONV, [y, ctx.t(x), wid, bias, _requant_tensor(ctx, node, reals),
+                               scratch],
              device_geometry(attrs, ctx.shape(x), w.shape)
              + [_signed(ctx, x), int(ctx.tensors[y].dtype == INT8)])
 
