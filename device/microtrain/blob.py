@@ -416,8 +416,8 @@ def _read_inference(r, root, b):
         at = cut
         if tid == NO_TENSOR:
             output_cuts += 1
-        elif tid >= len(b.names) or b.dtypes[tid] != FLOAT:
-            raise BlobError("inference template: cut names tensor %d, not a float tensor" % tid)
+        elif tid >= len(b.names):
+            raise BlobError("inference template: cut names tensor %d, which does not exist" % tid)
     if len(cuts) % 2 or output_cuts != 1 or not outputs:
         raise BlobError("inference template: %d cut values with %d output-id cuts, %d outputs"
                         % (len(cuts), output_cuts, len(outputs)))

@@ -14,7 +14,8 @@ from .autodiff import build_gradients
 from ..errors import ArtifactError, MicrotrainHostError
 from ..graph import DOMAIN, DOMAIN_VERSION, GraphBuilder
 from .losses import LOSS_BLOCKS, LossType
-from .load import constant_value, load_model
+from .int8 import ALL_WEIGHTS, int8_graph, is_qdq_model
+from .load import constant_value, load_model, tensor_shapes
 from ..ops.norm import folded_parameters, inference_form
 from .optimizers import DEFAULTS, OptimType, build_optimizer_graph, grad_buffer
 from .pack import TRAINING_PROGRAMS, blob_bytes, write_blob
@@ -99,6 +100,12 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
     optimizer = _enum(optimizer, OptimType, "optimizer")
     original = model
     model, shapes = load_model(model, batch_size)
+    if is_qdq_model(model):
+        # A quantized model (microtrain export --qdq): frozen layers run as int8 kernels,
+        # the layers of the weights in requires_grad stay float (pipeline/int8.py).
+        model = int8_graph(model, training=True, float_weights=set(requires_grad)
+                           if requires_grad is not None else ALL_WEIGHTS)
+        shapes = {**shapes, **tensor_shapes(model.graph)}
     trainable, frozen = split_parameters(model, requires_grad, frozen_params)
     trains_everything = set(trainable) == set(split_parameters(model, None, None)[0])
     quant_config = QuantizationConfig.of(quantization)

@@ -134,13 +134,23 @@ def lower_inference(eval_model, roles, training):
     spliced = []
     for name, tid in lowering.persistent.items():
         t = lowering.tensors[tid]
-        if t.role in (INPUT, LABEL, CONSTANT):
+        if t.role == CONSTANT:
+            # a constant the training blob holds too (int8 weights of frozen layers, their
+            # requantization tensors): taken from its arena at export, not stored twice
+            source = training.persistent.get(name)
+            twin = training.tensors[source] if source is not None else None
+            if twin is not None and twin.role == CONSTANT and twin.dtype == t.dtype \
+                    and twin.data == t.data and len(t.data) >= 64:
+                t.data = bytes(len(t.data))
+                spliced.append((tid, source))
+            continue
+        if t.role in (INPUT, LABEL):
             continue
         source = training.persistent.get(name)
         if source is None or training.tensors[source].size != t.size:
             raise ArtifactError(f"inference tensor '{name}' has no counterpart in the training "
                                 f"blob to take its values from")
-        t.role, t.data = CONSTANT, bytes(4 * t.size)
+        t.role, t.data = CONSTANT, bytes(len(t.data) if t.data else 4 * t.size)
         spliced.append((tid, source))
     return lowering, spliced
 

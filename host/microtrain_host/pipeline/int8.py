@@ -36,8 +36,16 @@ def _scalar(values, name):
     return np.asarray(v).reshape(-1)
 
 
-def int8_graph(model):
-    """The QDQ model `model` (shapes inferred) with its quantized ops fused; a new model."""
+def int8_graph(model, float_weights=(), training=False):
+    """The QDQ model `model` with its quantized ops fused; a new model.
+
+    float_weights: names of weights or biases (a weight's name is its DequantizeLinear's
+    output with a trailing ".fake_quant" dropped, e.g. "classifier.weight"; a bias keeps its
+    float name, or "<node>.bias" when BatchNormalization was folded in) whose ops stay float: their int8 weights and int32 biases become float initializers of
+    that name (the trainable layers of a fine-tune). training=True keeps a QuantizeLinear ->
+    DequantizeLinear pair between float ops as fake quantization (constant scale and zero
+    point, as Constant nodes) instead of real int8 tensors, so gradients pass; initializers
+    no node reads any more are dropped."""
     model = shape_inference.infer_shapes(model)
     graph = model.graph
     values = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
@@ -133,7 +141,8 @@ def int8_graph(model):
             same = (x_params[0][0] == y_params[0][0] and x_params[1][0] == y_params[1][0]
                     and x_params[2] == y_params[2])
             made = None
-            if n.op_type in FUSED_OPS:
+            if n.op_type in FUSED_OPS and weight_name(n.input[1]) not in float_weights and not (
+                    len(n.input) > 2 and n.input[2] in float_weights):
                 w = weight_of(n.input[1])
                 b = weight_of(n.input[2]) if len(n.input) > 2 and n.input[2] else None
                 transposed = n.op_type == "Gemm" and attr(n, "transB", 0)
@@ -186,7 +195,8 @@ def int8_graph(model):
                 dequantize(i)
             elif i and producers.get(i) is not None and producers[i].op_type == \
                     "DequantizeLinear" and producers[i].input[0] in values:
-                # a float op reading a dequantized constant: the float value as a constant
+                # a float op reading a dequantized constant: the float value, an
+                # initializer named as the weight (a parameter of a fine-tune)
                 w_dq = producers[i]
                 p = qparams(w_dq)
                 axis = attr(w_dq, "axis", 1)
@@ -194,18 +204,75 @@ def int8_graph(model):
                 view = [1] * q.ndim
                 if p[0].size > 1:
                     view[axis % q.ndim] = -1
-                values[i] = ((q - p[1].reshape(view)) * p[0].reshape(view)).astype(np.float32)
-                graph.initializer.append(numpy_helper.from_array(values[i], i))
+                name = weight_name(i)
+                if name not in values:
+                    values[name] = ((q - p[1].reshape(view)) * p[0].reshape(view)
+                                    ).astype(np.float32)
+                    graph.initializer.append(numpy_helper.from_array(values[name], name))
+                n.input[list(n.input).index(i)] = name
         new.append(n)
     for o in graph.output:
         if o.name in dq_source:
             dequantize(o.name)
+    if training:
+        new = _fake_quant_pairs(new)
+    read = {i for n in new for i in n.input}
     result = helper.make_graph(new, graph.name, list(graph.input), list(graph.output),
-                               initializer=list(graph.initializer),
+                               initializer=[i for i in graph.initializer if i.name in read],
                                value_info=list(graph.value_info))
     opsets = [o for o in model.opset_import if o.domain != DOMAIN]
     opsets.append(helper.make_opsetid(DOMAIN, 1))
     return helper.make_model(result, opset_imports=opsets, ir_version=model.ir_version)
+
+
+class _Everything:
+    def __contains__(self, name):
+        return True
+
+
+ALL_WEIGHTS = _Everything()   # float_weights that keeps every layer float
+
+
+def weight_name(dequantized):
+    """The parameter name of a dequantized weight: 'w.fake_quant' -> 'w'."""
+    return dequantized[:-len(".fake_quant")] if dequantized.endswith(".fake_quant") \
+        else dequantized
+
+
+def _fake_quant_pairs(nodes):
+    """Quantize -> Dequantize between float ops back to a standard QDQ pair (fake
+    quantization with the straight-through gradient), its scale and zero point Constants."""
+    readers = {}
+    for n in nodes:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    result = []
+    for n in nodes:
+        if n.op_type == "Quantize" and n.domain == DOMAIN and readers.get(n.output[0]) and all(
+                r.op_type == "Dequantize" for r in readers[n.output[0]]):
+            scale, zp = n.name + ".scale", n.name + ".zero_point"
+            elem = attr(n, "y_type", TensorProto.UINT8)
+            result += [
+                helper.make_node("Constant", [], [scale], name=scale, value=numpy_helper.from_array(
+                    np.array(attr(n, "scale"), np.float32))),
+                helper.make_node("Constant", [], [zp], name=zp, value=numpy_helper.from_array(
+                    np.array(attr(n, "zero_point"), np.uint8 if elem == TensorProto.UINT8
+                             else np.int8))),
+                helper.make_node("QuantizeLinear", [n.input[0], scale, zp], list(n.output),
+                                 name=n.name)]
+            for r in readers[n.output[0]]:
+                r.op_type, r.domain = "DequantizeLinear", ""
+                del r.attribute[:]
+                r.input.extend([scale, zp])
+            continue
+        result.append(n)
+    return result
+
+
+def is_qdq_model(model):
+    """True when some DequantizeLinear reads an int8 initializer (a quantized weight)."""
+    ints = {i.name for i in model.graph.initializer if i.data_type == TensorProto.INT8}
+    return any(n.op_type == "DequantizeLinear" and n.input[0] in ints for n in model.graph.node)
 
 
 def pack_inference_model(model, path):

@@ -107,6 +107,7 @@ def qdq_model(model, eval_model):
             consumers.setdefault(i, []).append(n)
     new_inits = {}
     drop = set()
+    bias_nodes = set()
 
     def constant(name, value):
         new_inits[name] = numpy_helper.from_array(value, name)
@@ -156,13 +157,14 @@ def qdq_model(model, eval_model):
                 raise ArtifactError(f"{node.op_type} node '{node.name}': its input is not "
                                     f"quantized, so its bias cannot be")
             b_q, b_scale = quantize_bias(b, scales[x_dq.input[1]], w_scale)
-            base = f"{node.name}.bias"
+            base = node.input[2] if len(node.input) > 2 and node.input[2] else f"{node.name}.bias"
             constant(base + ".quantized", b_q)
             constant(base + ".scale", b_scale)
             constant(base + ".zero_point", np.zeros(len(b_q), np.int32))
             nodes.append(helper.make_node(
                 "DequantizeLinear", [base + ".quantized", base + ".scale", base + ".zero_point"],
                 [base], name=base + ".dequantize", axis=0))
+            bias_nodes.add(base + ".dequantize")
             if len(node.input) > 2:
                 node.input[2] = base
             else:
@@ -170,10 +172,10 @@ def qdq_model(model, eval_model):
     order = [n for n in nodes if n.name not in drop]
     # the bias DequantizeLinear nodes were appended: put them first (their inputs are
     # constants), so the graph stays topologically sorted
-    order.sort(key=lambda n: 0 if n.name.endswith(".bias.dequantize") else 1)
+    order.sort(key=lambda n: 0 if n.name in bias_nodes else 1)
     del graph.node[:]
     graph.node.extend(order)
-    replaced = set(new_inits)
+    replaced = set(new_inits) | {o for n in order for o in n.output}
     keep = [i for i in graph.initializer if i.name not in replaced]
     del graph.initializer[:]
     graph.initializer.extend(keep + list(new_inits.values()))
