@@ -144,11 +144,12 @@ def load_into_arenas(path):
         if floats is None:
             raise OutOfMemoryError("'%s' does not fit in the heap (%s bytes free)"
                                    % (path, _mem_free()))
-        raise OutOfMemoryError("'%s' needs %d bytes of arenas (%d floats, %d ints, %d int8 "
-                               "bytes) besides its %d-byte file; the heap has %s bytes free "
-                               "(each arena needs one contiguous block)"
-                               % (path, 4 * (floats + ints) + nbytes, floats, ints, nbytes,
-                                  len(data), _mem_free()))
+        raise OutOfMemoryError("'%s' needs %d bytes of arenas (%d floats, %d ints%s) besides "
+                               "its %d-byte file; the heap has %s bytes free (each arena "
+                               "needs one contiguous block)"
+                               % (path, 4 * (floats + ints) + nbytes, floats, ints,
+                                  ", %d int8 bytes" % nbytes if nbytes else "", len(data),
+                                  _mem_free()))
     del data, r, root
     for tid, raw in b.constants:
         off = b.offsets[tid]

@@ -383,7 +383,7 @@ def build_parser():
                                    "with the checkpoint's parameters as initializers. (On the "
                                    "device, Module.export_model_for_inferencing writes the "
                                    "blob form that microtrain.InferenceSession runs.)",
-                       epilog="examples: microtrain export build/ --checkpoint "
+                       epilog="example: microtrain export build/ --checkpoint "
                               "build/trained_checkpoint -o model.onnx; after pack --qat: "
                               "microtrain export build/ --checkpoint build/trained_checkpoint "
                               "--qdq -o model_qdq.onnx")
