@@ -32,6 +32,18 @@ def describe(path, steps=True):
     lines.append(f"  lower bound      {b.lower_bound:8d}  ({_kib(b.lower_bound)})  persistent + "
                  f"peak of live temporaries")
     lines.append(f"  int32 arena      {b.int_arena:8d}  ({_kib(b.int_arena)})")
+    if b.byte_arena:
+        int8 = [t for t in range(len(b.names)) if b.dtypes[t] in (device_blob.INT8,
+                                                                   device_blob.UINT8)]
+        weights = sum(b.sizes[t] for t in int8
+                      if device_blob.ROLE_NAMES[b.roles[t]] == "constant")
+        lines.append(f"  int8 arena       {b.byte_arena:8d}  ({b.byte_arena / 1024:.1f} KiB) bytes: "
+                     f"{weights} int8 weights ({weights / 1024:.1f} KiB; {4 * weights / 1024:.1f} "
+                     f"KiB as float32), {b.byte_arena - weights} bytes of int8 activations")
+        total = 4 * (b.float_arena + b.int_arena) + b.byte_arena
+        lines.append(f"  all arenas       {total:8d}  bytes ({total / 1024:.1f} KiB); the same "
+                     f"layers in float32 would hold {4 * weights - weights} more bytes of "
+                     f"weights alone")
     if b.full_training_arena:
         saved = b.full_training_arena - b.float_arena
         train_steps = sum(len(b.programs[p].steps) for p in TRAINING_PROGRAMS
@@ -58,7 +70,7 @@ def describe(path, steps=True):
         for tid, name in enumerate(b.names):
             if device_blob.ROLE_NAMES[b.roles[tid]] != role:
                 continue
-            dtype = "f32" if b.dtypes[tid] == device_blob.FLOAT else "i32"
+            dtype = ("f32", "i32", "i8", "u8")[b.dtypes[tid]]
             lines.append(f"  {tid:4d} {role:15s} {dtype} {list(b.shapes[tid])!s:14s} "
                          f"@{b.offsets[tid]:<7d} {b.sizes[tid]:7d}  {name}")
     if steps:
@@ -102,9 +114,10 @@ def _quantization(b):
             int8_bytes += n + 4 * channels
         elif source and source[0] == opcodes.QUANT_PARAMS:
             how = f"per tensor, range {b.names[source[1][2]]} (moving average of min/max)"
+        elif device_blob.ROLE_NAMES[b.roles[scale]] == "constant":
+            how = "per tensor, fixed scale and zero point (from the quantized model)"
         else:
-            how = "per tensor, shares the scale of " + (b.names[scale] if scale < len(b.names)
-                                                        else "?")
+            how = "per tensor, shares the scale of " + b.names[scale]
         lines.append(f"  {b.names[x]:32s} {dtype:5s} [{qmin}, {qmax}]  {how}")
     if not lines:
         return []
