@@ -190,3 +190,25 @@ print(qlinear.FAST, cases, bad)
 def test_viper_kernels_equal_pure_on_random_geometries(micropython):
     out = run_micropython(micropython, ROOT / "tests" / "device_scripts" / "qlinear_fast.py")
     assert out.split() == ["cases", "300", "different", "0"], out
+
+
+def test_crafted_byte_arena_size_is_refused(digits_qdq):
+    # Model.byte_arena (field 16) must equal what the int8 tensors need, before anything
+    # is allocated: a blob claiming a huge byte arena is refused, as for the other arenas.
+    import struct
+    import zlib
+    data = bytearray((digits_qdq / "int8.mtb").read_bytes())
+    b = device_blob.load(bytes(data))
+    needle = struct.pack("<I", b.byte_arena)
+    positions = [i for i in range(8, len(data) - 4) if data[i:i + 4] == needle]
+    refused = 0
+    for at in positions:
+        crafted = bytearray(data)
+        crafted[at:at + 4] = struct.pack("<I", 1 << 30)
+        size = struct.unpack_from("<I", crafted, 0)[0]
+        crafted[4 + size:] = struct.pack("<I", zlib.crc32(bytes(crafted[4:4 + size])) & 0xFFFFFFFF)
+        try:
+            device_blob.load(bytes(crafted))
+        except BlobError as e:
+            refused += "byte arena" in str(e)
+    assert refused == 1
