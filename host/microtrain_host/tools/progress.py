@@ -28,7 +28,7 @@ class Bar:
                         else bool(getattr(self.stream, "isatty", lambda: False)()))
         self.width, self.interval = width, interval
         self.shown = 0        # characters on the line now
-        self.last = 0.0
+        self.last = None      # time of the last redraw
         self.started = {}     # label -> time of its first update
 
     def update(self, label, done, total, note=""):
@@ -36,7 +36,7 @@ class Bar:
             return
         now = time.monotonic()
         start = self.started.setdefault(label, now)
-        if now - self.last < self.interval and done < total:
+        if self.last is not None and now - self.last < self.interval and done < total:
             return
         self.last = now
         total = max(total, 1)
@@ -51,7 +51,7 @@ class Bar:
         pad = max(0, self.shown - len(text))
         self.stream.write("\r" + text + " " * pad)
         self.stream.flush()
-        self.shown = len(text)
+        self.shown = len(text) + pad
 
     def clear(self):
         if self.enabled and self.shown:
