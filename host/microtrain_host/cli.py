@@ -238,7 +238,7 @@ def cmd_train(args):
 def cmd_federate(args):
     from .tools.progress import Bar
     try:
-        from .flower import federate
+        from .flower import describe_report, federate
         import flwr
     except ImportError as e:
         print(f"microtrain federate: error: {e}", file=sys.stderr)
@@ -246,32 +246,12 @@ def cmd_federate(args):
     bar = Bar()
 
     def report(kind, values):
-        if kind == "shards":
-            sizes, labels, top = values
-            print(f"{len(sizes)} emulated devices ({args.runtime}), non-IID shards of the "
-                  f"training set (Dirichlet label mixes, alpha {args.alpha:g}): "
-                  f"{min(sizes)}-{max(sizes)} samples, {min(labels)}-{max(labels)} distinct "
-                  f"labels (mean {sum(labels) / len(labels):.1f}), the commonest label "
-                  f"{100 * sum(top) / len(top):.0f} % of a device's samples on average",
-                  flush=True)
-        elif kind == "round-progress":
+        if kind == "round-progress":
             server_round, done, total = values
             bar.update(f"round {server_round}/{args.rounds}", done, total, "devices")
-        elif kind == "round":
+        else:
             bar.clear()
-            r = values
-            text = f"round {r['round']}: global accuracy "
-            text += (f"{100 * r['accuracy']:5.1f} %" if r["accuracy"] is not None else "  n/a")
-            text += f"  loss {r['loss']:.4f}"
-            if r["round"] == 0:
-                print(text + "  (the initial model)", flush=True)
-                return
-            text += (f"  devices' train loss {r['train_loss']:.4f}  {r['devices']} devices"
-                     f"  {r['seconds']:.1f} s (+ {r['eval_seconds']:.2f} s evaluation)")
-            if r["rss_server"] is not None:
-                text += (f"  memory {r['rss_server'] / 2**20:.0f} MiB server, "
-                         f"{r['rss_total'] / 2**20:.0f} MiB with Ray's processes")
-            print(text, flush=True)
+            print(describe_report(kind, values, args.runtime, args.alpha), flush=True)
 
     print(f"federating {args.artifacts} on {args.data}: FedAvg (Flower {flwr.__version__}'s "
           f"strategy, simulation engine), {args.rounds} rounds, {args.epochs} local "
@@ -470,19 +450,15 @@ def build_parser():
     p.set_defaults(func=cmd_aggregate)
 
     p = sub.add_parser("federate", help="federated learning of emulated devices on Flower",
-                       description="FedAvg over N emulated devices in Flower's simulation "
-                                   "engine (the flower extra: pip install "
-                                   "'microtrain[flower]'). Each device is the device runtime "
-                                   "(under CPython in Flower's Ray workers, or a MicroPython "
-                                   "process) holding a non-IID shard of the training set: "
-                                   "equal-size shards whose label mixes are drawn from a "
-                                   "Dirichlet distribution (--alpha; Hsu et al. 2019). Every "
-                                   "round the sampled devices "
-                                   "load the global parameters with copy_buffer_to_parameters, "
-                                   "train, and send get_contiguous_parameters back; Flower's "
-                                   "FedAvg averages them by sample count (in device order, "
-                                   "float64, rounded once to float32: the same bits as "
-                                   "`microtrain aggregate`); the global model is evaluated on "
+                       description="FedAvg over N emulated devices (the device runtime "
+                                   "under CPython, or MicroPython processes) in Flower's "
+                                   "simulation engine (pip install 'microtrain[flower]'). Each "
+                                   "device holds an equal-size non-IID shard of the training "
+                                   "set (Dirichlet label mixes, --alpha), loads the global "
+                                   "parameters with copy_buffer_to_parameters, trains, and "
+                                   "sends get_contiguous_parameters back; Flower's FedAvg "
+                                   "averages them by sample count with the same bits as "
+                                   "`microtrain aggregate`; the global model is evaluated on "
                                    "the validation set after each round.",
                        epilog="example: microtrain federate examples/digits/build --data "
                               "examples/digits/digits.npz --clients 100 --rounds 5")

@@ -284,3 +284,26 @@ def _batch_size(artifacts):
     from microtrain import blob as device_blob
     b = device_blob.load(os.path.join(artifacts, "model.mtb"))
     return b.shapes[b.programs["train"].inputs[0]][0]
+
+
+def describe_report(kind, values, runtime, alpha):
+    """The line `microtrain federate` prints for a ("shards", ...) or ("round", ...) report."""
+    if kind == "shards":
+        sizes, labels, top = values
+        return (f"{len(sizes)} emulated devices ({runtime}), non-IID shards of the training set "
+                f"(Dirichlet label mixes, alpha {alpha:g}): {min(sizes)}-{max(sizes)} samples, "
+                f"{min(labels)}-{max(labels)} distinct labels (mean "
+                f"{sum(labels) / len(labels):.1f}), the commonest label "
+                f"{100 * sum(top) / len(top):.0f} % of a device's samples on average")
+    r = values
+    text = f"round {r['round']}: global accuracy "
+    text += f"{100 * r['accuracy']:5.1f} %" if r["accuracy"] is not None else "  n/a"
+    text += f"  loss {r['loss']:.4f}"
+    if r["round"] == 0:
+        return text + "  (the initial model)"
+    text += (f"  devices' train loss {r['train_loss']:.4f}  {r['devices']} devices"
+             f"  {r['seconds']:.1f} s (+ {r['eval_seconds']:.2f} s evaluation)")
+    if r["rss_server"] is not None:
+        text += (f"  memory {r['rss_server'] / 2**20:.0f} MiB server, "
+                 f"{r['rss_total'] / 2**20:.0f} MiB with Ray's processes")
+    return text
