@@ -253,7 +253,10 @@ def federate(artifacts, data, clients=100, rounds=5, epochs=5, lr=0.02, alpha=0.
     cpus = workers or os.cpu_count() or 1
     backend = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                "init_args": {"num_cpus": cpus, "num_gpus": 0, "include_dashboard": False,
-                             "logging_level": "ERROR"}}
+                             "logging_level": "ERROR",
+                             # the workers' log lines (Flower's own, e.g. at shutdown);
+                             # a device's failure comes back in its reply anyway
+                             "log_to_driver": bool(verbose)}}
     logger = logging.getLogger("flwr")
     level = logger.level
     logger.setLevel(logging.INFO if verbose else logging.ERROR)
