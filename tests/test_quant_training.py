@@ -52,13 +52,13 @@ CASES = {"digits_mlp": lambda: digits_case(),
          "ds_cnn": lambda: reference_case(ds_cnn, QATDSCNN)}
 LR = {"SGD": 0.05, "AdamW": 0.001}
 RUNS = [(name, opt) for name in CASES for opt in ("SGD", "AdamW")]
-# Relative tolerance on the 50 losses. Two runs stay within 1e-4 only up to the first
-# rounding flip: the device's convolution accumulates each tap into the float32 arena
-# (kernels/conv.py), in an order PyTorch's kernels do not follow, so now and then a value
-# lands on the other side of a quantization tie and the runs part by one quantization step
-# (measured: LeNet/SGD 2.7e-3 from step 3 on, DS-CNN/AdamW 6.5e-4, where AdamW also blows
-# rounding noise in the BatchNorm scales up into full steps, see reference_models.py).
-TOLERANCE = {("lenet", "SGD"): 5e-3, ("ds_cnn", "AdamW"): 2e-3}
+# Relative tolerance on the 50 losses: 1e-4, except DS-CNN with AdamW. There a BatchNorm
+# scale feeding ReLU and another BatchNorm has a gradient that is only rounding noise
+# (reference_models.py), which AdamW turns into full-size steps; any two implementations
+# (here PyTorch's BatchNorm backward and the device's) round that noise differently, the
+# weights part in the last bit, and a quantized network turns that into a flipped
+# quantization tie now and then. Measured: 4.3e-4 over 50 steps.
+TOLERANCE = {("ds_cnn", "AdamW"): 1e-3}
 EXACT_STEPS = 2   # before the first update every case agrees to float32 rounding
 
 

@@ -71,6 +71,84 @@ class WeightFakeQuant(nn.Module):
         return self.fq(w.float()).double() if w.dtype == torch.float64 else self.fq(w)
 
 
+def _row_sums_f32(dy, dims):
+    """Sum dy over dims other than 1 (batch first) the way the device's ReduceSum does for a
+    bias gradient: each image's (or row's) partial sum in double, added into a float32
+    result image after image."""
+    total = torch.zeros(dy.shape[1], dtype=dy.dtype)
+    for n in range(dy.shape[0]):
+        part = dy[n].sum(dims) if dims else dy[n]
+        total = stored(total + part)
+    return total
+
+
+class DeviceLinear(torch.autograd.Function):
+    """F.linear in float64, rounded as the device stores it: Y, dX and dW each summed in
+    double and rounded once; dB accumulated row by row in float32 (kernels/reduce.py)."""
+
+    @staticmethod
+    def forward(ctx, x, w, b):
+        ctx.save_for_backward(x, w)
+        return stored(x @ w.t() + b)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        return stored(dy @ w), stored(dy.t() @ x), _row_sums_f32(dy, ())
+
+
+class DeviceConv(torch.autograd.Function):
+    """A 2-D convolution in float64 in the device's order (kernels/conv.py): every tap,
+    then every input channel, added into the float32 output; dX likewise, tap by tap and
+    output channel by output channel; dW summed in double and rounded once; dB image by
+    image in float32."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, stride, padding, dilation, groups):
+        n, c_in, h, wd = x.shape
+        m, cg, kh, kw = w.shape
+        (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+        oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+        ow = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+        xp = torch.nn.functional.pad(x, (pw, pw, ph, ph))
+        start = b if b is not None else torch.zeros(m, dtype=x.dtype)
+        y = start.view(1, m, 1, 1).expand(n, m, oh, ow).clone()
+        inputs_of = (torch.arange(m) // (m // groups)) * cg
+        for ky in range(kh):
+            for kx in range(kw):
+                window = xp[:, :, ky * dh:ky * dh + sh * (oh - 1) + 1:sh,
+                            kx * dw:kx * dw + sw * (ow - 1) + 1:sw]
+                for c in range(cg):
+                    y = stored(y + w[:, c, ky, kx].view(1, m, 1, 1) * window[:, inputs_of + c])
+        ctx.save_for_backward(x, w)
+        ctx.geometry = (stride, padding, dilation, groups, oh, ow, b is not None)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        (sh, sw), (ph, pw), (dh, dw), groups, oh, ow, has_bias = ctx.geometry
+        n, c_in, h, wd = x.shape
+        m, cg, kh, kw = w.shape
+        xp = torch.nn.functional.pad(x, (pw, pw, ph, ph))
+        dxp = torch.zeros_like(xp)
+        dw_ = torch.zeros_like(w)
+        inputs_of = (torch.arange(m) // (m // groups)) * cg
+        for ky in range(kh):
+            for kx in range(kw):
+                rows = slice(ky * dh, ky * dh + sh * (oh - 1) + 1, sh)
+                cols = slice(kx * dw, kx * dw + sw * (ow - 1) + 1, sw)
+                for mo in range(m):
+                    for c in range(cg):
+                        ci = int(inputs_of[mo]) + c
+                        dxp[:, ci, rows, cols] = stored(dxp[:, ci, rows, cols]
+                                                        + w[mo, c, ky, kx] * dy[:, mo])
+                        dw_[mo, c, ky, kx] = (dy[:, mo] * xp[:, ci, rows, cols]).sum()
+        dx = dxp[:, :, ph:ph + h, pw:pw + wd]
+        db = _row_sums_f32(dy, (1, 2)) if has_bias else None
+        return dx, stored(dw_), db, None, None, None, None
+
+
 class QATLinear(nn.Module):
     def __init__(self, linear):
         super().__init__()
@@ -78,7 +156,9 @@ class QATLinear(nn.Module):
         self.wfq = WeightFakeQuant(0)
 
     def forward(self, x):
-        return stored(nn.functional.linear(x, self.wfq(self.linear.weight), self.linear.bias))
+        if x.dtype == torch.float64:
+            return DeviceLinear.apply(x, self.wfq(self.linear.weight), self.linear.bias)
+        return nn.functional.linear(x, self.wfq(self.linear.weight), self.linear.bias)
 
 
 class QATConv(nn.Module):
@@ -88,7 +168,11 @@ class QATConv(nn.Module):
         self.wfq = WeightFakeQuant(0)
 
     def forward(self, x):
-        return stored(self.conv._conv_forward(x, self.wfq(self.conv.weight), self.conv.bias))
+        conv = self.conv
+        if x.dtype == torch.float64:
+            return DeviceConv.apply(x, self.wfq(conv.weight), conv.bias, conv.stride,
+                                    conv.padding, conv.dilation, conv.groups)
+        return conv._conv_forward(x, self.wfq(conv.weight), conv.bias)
 
 
 def activations(count, dtype, momentum):
@@ -177,8 +261,9 @@ def ranges_of(fake_quants):
 
 def qat_train(model, optimizer, xs, ys, lr, eps=1e-6):
     """Train the float64 QAT model (cross-entropy) with torch.optim: SGD, or AdamW made to
-    follow ORT's rule as torch_reference.torch_train does; parameters, BatchNorm statistics
-    and optimizer moments rounded to float32 after every step. Returns the losses."""
+    follow ORT's rule as torch_reference.torch_train does; parameters, BatchNorm statistics,
+    gradients and optimizer moments rounded to float32 as the device stores them. Returns
+    the losses."""
     model = model.double().train()
     for m in model.modules():
         if isinstance(m, FakeQuantize):
@@ -195,6 +280,10 @@ def qat_train(model, optimizer, xs, ys, lr, eps=1e-6):
         loss = criterion(model(torch.from_numpy(x).double()), torch.from_numpy(y))
         loss.backward()
         losses.append(loss.item())
+        with torch.no_grad():
+            for p in model.parameters():   # the device's gradient buffers are float32
+                if p.grad is not None:
+                    p.grad.copy_(stored(p.grad))
         if optimizer == "AdamW":
             for group in opt.param_groups:
                 group["eps"] = eps / math.sqrt(1.0 - 0.999 ** t)
@@ -205,5 +294,5 @@ def qat_train(model, optimizer, xs, ys, lr, eps=1e-6):
                         if torch.is_tensor(v) and v.dtype == torch.float64]
             for v in tensors:
                 if v.dtype == torch.float64:
-                    v.copy_(v.float().double())
+                    v.copy_(stored(v))
     return losses
