@@ -264,6 +264,16 @@ def test_cli_qat_pack_train_export(tmp_path, capsys):
                  "--qdq", "-o", str(build / "model_qdq.onnx")]) == 0
     text = capsys.readouterr().out
     assert "QDQ model: 2 int8 weight tensors" in text
+    assert main(["export", str(build), "--checkpoint", str(build / "trained_checkpoint"),
+                 "--qdq", "-o", str(build / "q.onnx"), "--int8-blob", str(build / "int8.mtb")]) == 0
+    assert "int8 inference blob" in capsys.readouterr().out
+    from microtrain import InferenceSession
+    x = np.load(digits / "digits.npz")["x_val"][:8].astype(np.float32)
+    import onnxruntime as ort
+    expected = ort.InferenceSession(str(build / "q.onnx"), providers=["CPUExecutionProvider"]
+                                    ).run(None, {"input": x})[0]
+    got = np.array(InferenceSession(str(build / "int8.mtb")).run(x.reshape(-1))).reshape(8, 10)
+    assert np.array_equal(got, expected)
     model = onnx.load(build / "model_qdq.onnx")
     assert not any(n.domain for n in model.graph.node)   # no ai.microtrain op
     assert main(["inspect", str(build / "model.mtb"), "--no-steps"]) == 0

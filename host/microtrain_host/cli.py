@@ -188,6 +188,14 @@ def cmd_export(args):
         print(f"QDQ model: {int8} int8 weight tensors, "
               f"{sum(n.op_type == 'QuantizeLinear' for n in graph.node)} quantized "
               f"activations (onnxruntime fuses them into QLinearConv / QGemm / ...)")
+    if args.int8_blob:
+        from .pipeline.int8 import pack_inference_model
+        if not args.qdq:
+            from .errors import ArtifactError
+            raise ArtifactError("--int8-blob needs --qdq (it is packed from the QDQ model)")
+        pack_inference_model(args.output, args.int8_blob)
+        print(f"int8 inference blob {args.int8_blob} ({os.path.getsize(args.int8_blob)} bytes) "
+              f"for microtrain.InferenceSession: int8 kernels, integer requantization")
     print(f"exported {args.output} ({os.path.getsize(args.output)} bytes): inputs "
           f"{', '.join(i.name for i in graph.input)}; outputs "
           f"{', '.join(o.name for o in graph.output)}; {len(graph.node)} nodes")
@@ -457,6 +465,10 @@ def build_parser():
                         "activation ranges, BatchNormalization folded into the convolution "
                         "before it - that onnxruntime runs with its int8 kernels (without "
                         "--qdq a QAT model exports as its float model)")
+    p.add_argument("--int8-blob", metavar="MTB",
+                   help="with --qdq: also write the int8 inference blob of the QDQ model for "
+                        "the device (microtrain.InferenceSession runs it with the int8 kernels; "
+                        "its outputs equal onnxruntime's on the QDQ model)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("train", help="train on the host with the device runtime",
