@@ -106,10 +106,10 @@ def gru(F, I, args):
 
 
 def _geometry_check(args, c, x, y, states, weights, gates, slot):
-    # Spans of X and Y (tensor arguments x and y), of the state tensors (arguments in
-    # `states`, when present) and of the weights (`weights`: (argument, elements per
-    # direction as a multiple of (I, H) products: "w" G*H*I, "r" G*H*H, "b" 2*G*H,
-    # "p" 3*H)); returns how many elements the saved tensor must hold.
+    # Spans of X and Y (tensor arguments x and y) and of the state tensors (the arguments
+    # in `states`, when present); sizes of the weights (`weights`: (argument, kind), a kind
+    # holding per direction "w" G*H*I, "r" G*H*H, "b" 2*G*H or "p" 3*H elements). Returns
+    # the elements the saved tensor holds.
     (steps, batch, n_in, hidden, dirs, reverse, sx_t, sx_n, sy_t, sy_d, sy_n, sh_d, sh_n,
      keep) = args[-14:]
     c.positive(steps, batch, n_in, hidden, dirs)
