@@ -19,13 +19,13 @@ from onnx.reference import ReferenceEvaluator
 
 import microtrain_host as mh
 from conftest import ROOT, run_micropython
-from microtrain import CheckpointState, Module
+from microtrain import CheckpointState, InferenceSession, Module
 from microtrain.errors import BlobError
 from microtrain import blob as device_blob
 from microtrain.kernels import recurrent
 from test_hardening import Check
-from test_ops import (GRAD_TOLERANCE, build_model, check_exported_module, check_micropython_training, const,
-                      node, relative_error, torch_reference)
+from test_ops import (GRAD_TOLERANCE, build_model, check_exported_module,
+                      check_micropython_training, const, node, relative_error, torch_reference)
 from test_ops_layout import reference_training_step
 from torch_reference import parse_run, run_device_cpython, write_batches
 
@@ -333,6 +333,28 @@ def test_the_default_activations_spelled_out_are_accepted(tmp_path):
     model = refused_model("GRU", {"linear_before_reset": 1, "direction": "bidirectional",
                                   "activations": ["Sigmoid", "Tanh"] * 2}, dirs=2)
     mh.generate_artifacts(model, loss="MSELoss", optimizer="SGD", artifact_directory=tmp_path)
+
+
+def test_inference_export_and_the_callers_model_is_left_alone(tmp_path):
+    # Y unnamed: the gradient rule names it in the training graph, not in the caller's model;
+    # the device's inference blob (one slot, one step of Y) runs like onnxruntime.
+    name, shape, params, nodes, fn, _ = rnn_case("LSTM", "bidirectional", initial=True,
+                                                 use="Y_h")
+    x, values_, _ = values(name, shape, params)
+    out = fn(torch.tensor(x, dtype=torch.float64),
+             {k: torch.tensor(v, dtype=torch.float64) for k, v in values_.items()})
+    model = build_model(shape, values_, nodes, tuple(out.shape))
+    before = model.SerializeToString()
+    mh.generate_artifacts(model, loss="MSELoss", optimizer="SGD", artifact_directory=tmp_path)
+    assert model.SerializeToString() == before
+    training = onnx.load(str(tmp_path / "training_model.onnx"))
+    (lstm,) = [n for n in training.graph.node if n.op_type == "LSTM"]
+    assert lstm.output[0] and lstm.output[0] in {i for n in training.graph.node for i in n.input}
+    module = Module(str(tmp_path / "model.mtb"),
+                    CheckpointState.load_checkpoint(str(tmp_path / "checkpoint")))
+    module.export_model_for_inferencing(str(tmp_path / "inference.mtb"), ["output"])
+    device_out = InferenceSession(str(tmp_path / "inference.mtb")).run(x.reshape(-1).tolist())
+    assert scaled_error(device_out.tolist(), forward_oracle(model, x, 0)) <= TOLERANCE
 
 
 # -- what the gates cost, and the load-time checkers ---------------------------------------

@@ -27,6 +27,7 @@ DEFAULT_ACTIVATIONS = {"GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "
 SLOT = {"GRU": 4, "LSTM": 5}       # saved floats per hidden unit and step (kernels/recurrent.py)
 GRAD_OF = {"GRUGrad": "GRU", "LSTMGrad": "LSTM"}
 # Forward inputs: X, W, R, B, sequence_lens, initial_h, [initial_c, P]
+INPUT_NAMES = ("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P")
 X, W, R, B, SEQUENCE_LENS, INITIAL_H, INITIAL_C, P = range(8)
 
 
@@ -81,11 +82,10 @@ def recurrent_config(node, shape_of, value_of, where):
     expected = {W: (dirs, gates * hidden, n_in), R: (dirs, gates * hidden, hidden),
                 B: (dirs, 2 * gates * hidden), INITIAL_H: state, INITIAL_C: state,
                 P: (dirs, 3 * hidden)}
-    names = ("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P")
     for k, shape in expected.items():
         name = _input(node, k)
         if name and (kind == "LSTM" or k < INITIAL_C) and tuple(shape_of(name)) != shape:
-            raise UnsupportedOpError(f"{where}: input {names[k]} has shape "
+            raise UnsupportedOpError(f"{where}: input {INPUT_NAMES[k]} has shape "
                                      f"{list(shape_of(name))}, expected {list(shape)}")
     lens = _input(node, SEQUENCE_LENS)
     if lens:
@@ -188,8 +188,8 @@ def grad_recurrent(g, node, dys, needs):
         g.shapes[node.output[0]] = (g.shapes[node.input[X]][0], shapes(config)[1])
     forward = (X, W, R, B, INITIAL_H) + ((INITIAL_C, P) if kind == "LSTM" else ())
     need = list(needs) + [False] * 8
-    outputs = [g.fresh(f"d{node.name or kind}_{('X', 'W', 'R', 'B', '', 'initial_h', 'initial_c', 'P')[k]}")
-               if need[k] and _input(node, k) else "" for k in forward]
+    outputs = [g.fresh(f"d{node.name or kind}_{INPUT_NAMES[k]}") if need[k] and _input(node, k)
+               else "" for k in forward]
     grads = (list(dys) + [None] * 3)[:3 if kind == "LSTM" else 2]   # dY, dY_h[, dY_c]
     inputs = [_input(node, k) for k in forward] + [node.output[0]] + [d or "" for d in grads]
     out_shapes = [tuple(g.shape(_input(node, k))) if _input(node, k) else None for k in forward]
