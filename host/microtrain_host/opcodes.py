@@ -80,6 +80,10 @@ GROUP_NORM = 140
 GROUP_NORM_GRAD = 141
 GATHER_ROWS = 150
 GATHER_ROWS_GRAD = 151
+GRU = 170
+GRU_GRAD = 171
+LSTM = 172
+LSTM_GRAD = 173
 
 NAMES = {value: name for name, value in list(globals().items())
          if name.isupper() and isinstance(value, int)}
