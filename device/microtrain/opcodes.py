@@ -11,9 +11,9 @@ except ImportError:
 # Dropout) 90-99, layout (Transpose, Slice, Concat, Split, Pad) 100-119; issue 9's first
 # half 120-159: smooth (Elu, Selu, Celu, Erf, Gelu, Softsign) 120-127, elementwise (Max, Min,
 # PRelu) 130-135, group_norm (LayerNormalization, InstanceNormalization,
-# GroupNormalization) 140-141, gather (Gather with int indices) 150-151. Issue 10
-# (quantization) 200-239: quant (fake quantization for training, observers, weight
-# scales) 200-219, qlinear (int8 kernels) 220-239.
+# GroupNormalization) 140-141, gather (Gather with int indices) 150-151; recurrent (GRU,
+# LSTM) 170-189. Issue 10 (quantization) 200-239: quant (fake quantization for
+# training, observers, weight scales) 200-219, qlinear (int8 kernels) 220-239.
 GEMM = const(1)
 GEMM_ACCUMULATE = const(2)
 BATCHED_GEMM = const(3)
@@ -93,6 +93,10 @@ GROUP_NORM = const(140)
 GROUP_NORM_GRAD = const(141)
 GATHER_ROWS = const(150)
 GATHER_ROWS_GRAD = const(151)
+GRU = const(170)
+GRU_GRAD = const(171)
+LSTM = const(172)
+LSTM_GRAD = const(173)
 FAKE_QUANT = const(200)
 FAKE_QUANT_GRAD = const(201)
 ABS_MAX_SCALE = const(202)
@@ -194,6 +198,10 @@ SIGNATURES = {
     GROUP_NORM_GRAD: ("group_norm", "group_norm_grad", "???ff?", 4, 1),
     GATHER_ROWS: ("gather", "gather_rows", "ffi", 4, 0),
     GATHER_ROWS_GRAD: ("gather", "gather_rows_grad", "ffi", 4, 0),
+    GRU: ("recurrent", "gru", "f?ffff??", 14, 0),
+    GRU_GRAD: ("recurrent", "gru_grad", "?????fffff?f??", 14, 0),
+    LSTM: ("recurrent", "lstm", "f??ffff????", 14, 0),
+    LSTM_GRAD: ("recurrent", "lstm_grad", "???????fffff???f???", 14, 0),
     FAKE_QUANT: ("quant", "fake_quant", "ffff", 5, 0),
     FAKE_QUANT_GRAD: ("quant", "fake_quant_grad", "fffff", 5, 0),
     ABS_MAX_SCALE: ("quant", "abs_max_scale", "ff", 3, 2),
@@ -236,6 +244,8 @@ def kernel_module(family):
         from microtrain.kernels import smooth as module
     elif family == "group_norm":
         from microtrain.kernels import group_norm as module
+    elif family == "recurrent":
+        from microtrain.kernels import recurrent as module
     elif family == "quant":
         from microtrain.kernels import quant as module
     elif family == "qlinear":
