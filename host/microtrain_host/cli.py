@@ -29,12 +29,20 @@ def cmd_pack(args):
     for name in OPTIMIZER_FLAGS:
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
+    quantization = None
+    if args.qat:
+        quantization = {"activation_dtype": args.activation_dtype,
+                        "momentum": args.observer_momentum,
+                        "layers": _names(args.quantize), "skip": _names(args.keep_float) or []}
+    elif args.quantize or args.keep_float:
+        from .errors import ArtifactError
+        raise ArtifactError("--quantize and --keep-float choose layers for --qat; add --qat")
     result = generate_artifacts(
         args.model, requires_grad=_names(args.requires_grad), frozen_params=_names(args.frozen),
         loss=LOSS_NAMES[args.loss], optimizer=OPTIMIZER_NAMES[args.optimizer],
         artifact_directory=args.output, prefix=args.prefix,
         nominal_checkpoint=args.nominal_checkpoint, batch_size=args.batch_size,
-        optimizer_options=options or None,
+        optimizer_options=options or None, quantization=quantization,
         progress=lambda stage, index, count: bar.update("pack", index, count, stage))
     bar.clear()
     print(f"packed {args.model} -> {args.output}/")
@@ -172,8 +180,22 @@ def _default_data(artifacts):
 def cmd_export(args):
     from .pipeline.export import export_inference_model
     model = export_inference_model(args.artifacts, args.checkpoint, args.output,
-                                   output_names=_names(args.outputs), prefix=args.prefix)
+                                   output_names=_names(args.outputs), prefix=args.prefix,
+                                   qdq=args.qdq)
     graph = model.graph
+    if args.qdq:
+        int8 = sum(i.data_type in (2, 3) and len(i.dims) > 1 for i in graph.initializer)
+        print(f"QDQ model: {int8} int8 weight tensors, "
+              f"{sum(n.op_type == 'QuantizeLinear' for n in graph.node)} quantized "
+              f"activations (onnxruntime fuses them into QLinearConv / QGemm / ...)")
+    if args.int8_blob:
+        from .pipeline.int8 import pack_inference_model
+        if not args.qdq:
+            from .errors import ArtifactError
+            raise ArtifactError("--int8-blob needs --qdq (it is packed from the QDQ model)")
+        pack_inference_model(args.output, args.int8_blob)
+        print(f"int8 inference blob {args.int8_blob} ({os.path.getsize(args.int8_blob)} bytes) "
+              f"for microtrain.InferenceSession: int8 kernels, integer requantization")
     print(f"exported {args.output} ({os.path.getsize(args.output)} bytes): inputs "
           f"{', '.join(i.name for i in graph.input)}; outputs "
           f"{', '.join(o.name for o in graph.output)}; {len(graph.node)} nodes")
@@ -290,7 +312,10 @@ def build_parser():
     p = sub.add_parser("pack", help="ONNX model -> training artifacts + model.mtb",
                        description="Generate ORT-style training artifacts (training_model.onnx, "
                                    "eval_model.onnx, optimizer_model.onnx, checkpoint) and the "
-                                   "packed blob model.mtb for the device runtime.")
+                                   "packed blob model.mtb for the device runtime.",
+                       epilog="examples: microtrain pack model.onnx -o build --batch-size 8; "
+                              "quantization-aware: microtrain pack model.onnx -o build --qat "
+                              "--batch-size 8 --keep-float classifier.weight")
     p.add_argument("model", help="ONNX model (export from PyTorch with dynamo=False, "
                                  "opset_version=17, training=TRAINING, do_constant_folding=False)")
     p.add_argument("-o", "--output", required=True, help="artifact directory (created)")
@@ -328,6 +353,29 @@ def build_parser():
     p.add_argument("--prefix", default="", help="prefix for every file name")
     p.add_argument("--nominal-checkpoint", action="store_true",
                    help="also write nominal_checkpoint (names and types, no values)")
+    q = p.add_argument_group(
+        "quantization-aware training",
+        "--qat inserts fake quantization as standard QuantizeLinear/DequantizeLinear pairs "
+        "into the training and eval graphs: Conv/Gemm/MatMul weights symmetric int8 per "
+        "output channel (scale max|w|/127 of the current weights, every step); their input "
+        "and output activations asymmetric per tensor, the range a moving average of "
+        "min/max while training (frozen in eval, saved in the checkpoint as frozen "
+        "parameters <tensor>.observer_range); gradients straight through. Afterwards "
+        "`microtrain export --qdq` writes the int8 QDQ model for onnxruntime.")
+    q.add_argument("--qat", action="store_true", help="quantization-aware training")
+    q.add_argument("--activation-dtype", choices=("uint8", "int8"), default="uint8",
+                   help="activation type (default uint8, what onnxruntime's CPU QDQ kernels "
+                        "prefer; weights are always int8)")
+    q.add_argument("--observer-momentum", type=float, default=0.01, metavar="M",
+                   help="moving-average momentum of the activation ranges (default 0.01, as "
+                        "PyTorch's MovingAverageMinMaxObserver)")
+    q.add_argument("--quantize", metavar="NAMES",
+                   help="comma-separated node or weight names to quantize (default: every "
+                        "Conv, Gemm and MatMul with an initializer weight); a node without an "
+                        "int8 kernel is refused by name")
+    q.add_argument("--keep-float", metavar="NAMES",
+                   help="comma-separated node or weight names that stay float, e.g. the first "
+                        "conv or the classifier")
     p.set_defaults(func=cmd_pack)
 
     p = sub.add_parser("inspect", help="describe a packed blob",
@@ -401,7 +449,9 @@ def build_parser():
                                    "device, Module.export_model_for_inferencing writes the "
                                    "blob form that microtrain.InferenceSession runs.)",
                        epilog="example: microtrain export build/ --checkpoint "
-                              "build/trained_checkpoint -o model.onnx")
+                              "build/trained_checkpoint -o model.onnx; after pack --qat: "
+                              "microtrain export build/ --checkpoint build/trained_checkpoint "
+                              "--qdq -o model_qdq.onnx")
     p.add_argument("artifacts", help="artifact directory written by `microtrain pack`")
     p.add_argument("--checkpoint", required=True,
                    help="checkpoint with the parameter values, e.g. one a device saved")
@@ -409,6 +459,16 @@ def build_parser():
     p.add_argument("--outputs", metavar="NAMES",
                    help="comma-separated model outputs to keep (default: all)")
     p.add_argument("--prefix", default="", help="file name prefix given to `pack`")
+    p.add_argument("--qdq", action="store_true",
+                   help="for artifacts packed with --qat: write the quantized (QDQ) model - "
+                        "int8 weights with per-channel scales, int32 biases, the learned "
+                        "activation ranges, BatchNormalization folded into the convolution "
+                        "before it - that onnxruntime runs with its int8 kernels (without "
+                        "--qdq a QAT model exports as its float model)")
+    p.add_argument("--int8-blob", metavar="MTB",
+                   help="with --qdq: also write the int8 inference blob of the QDQ model for "
+                        "the device (microtrain.InferenceSession runs it with the int8 kernels; "
+                        "its outputs equal onnxruntime's on the QDQ model)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("train", help="train on the host with the device runtime",
