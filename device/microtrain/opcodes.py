@@ -11,7 +11,8 @@ except ImportError:
 # Dropout) 90-99, layout (Transpose, Slice, Concat, Split, Pad) 100-119; issue 9's first
 # half 120-159: smooth (Elu, Selu, Celu, Erf, Gelu, Softsign) 120-127, elementwise (Max, Min,
 # PRelu) 130-135, group_norm (LayerNormalization, InstanceNormalization,
-# GroupNormalization) 140-141, gather (Gather with int indices) 150-151.
+# GroupNormalization) 140-141, gather (Gather with int indices) 150-151; issue 9's second
+# half: conv's CONV_TRANSPOSE 73, resize (Resize / Upsample) 160-163.
 GEMM = const(1)
 GEMM_ACCUMULATE = const(2)
 BATCHED_GEMM = const(3)
@@ -92,9 +93,16 @@ GROUP_NORM = const(140)
 GROUP_NORM_GRAD = const(141)
 GATHER_ROWS = const(150)
 GATHER_ROWS_GRAD = const(151)
+RESIZE_NEAREST = const(160)
+RESIZE_NEAREST_GRAD = const(161)
+RESIZE_LINEAR = const(162)
+RESIZE_LINEAR_GRAD = const(163)
 
 # op code -> (kernel family module, function, tensor dtypes, int count, float count)
 # Tensor dtypes: "f" float arena, "i" int arena, "?" float arena or no tensor.
+# A count of _ANY: as many as the step carries (tables that come with the geometry); the
+# kernel's checker checks the exact counts (StepCheck.counts) against its geometry.
+_ANY = -1
 _BINARY = ("fff", 9, 0)
 _UNARY = ("ff", 1, 0)
 _ACT_GRAD = ("fff", 1, 0)
@@ -181,6 +189,10 @@ SIGNATURES = {
     GROUP_NORM_GRAD: ("group_norm", "group_norm_grad", "???ff?", 4, 1),
     GATHER_ROWS: ("gather", "gather_rows", "ffi", 4, 0),
     GATHER_ROWS_GRAD: ("gather", "gather_rows_grad", "ffi", 4, 0),
+    RESIZE_NEAREST: ("resize", "resize_nearest", "ff", _ANY, 0),
+    RESIZE_NEAREST_GRAD: ("resize", "resize_nearest_grad", "ff", _ANY, 0),
+    RESIZE_LINEAR: ("resize", "resize_linear", "ff", _ANY, _ANY),
+    RESIZE_LINEAR_GRAD: ("resize", "resize_linear_grad", "ff", _ANY, _ANY),
 }
 
 
@@ -212,6 +224,8 @@ def kernel_module(family):
         from microtrain.kernels import smooth as module
     elif family == "group_norm":
         from microtrain.kernels import group_norm as module
+    elif family == "resize":
+        from microtrain.kernels import resize as module
     else:
         raise ImportError("no kernel family " + family)
     return module

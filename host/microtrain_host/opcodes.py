@@ -81,6 +81,10 @@ GROUP_NORM = 140
 GROUP_NORM_GRAD = 141
 GATHER_ROWS = 150
 GATHER_ROWS_GRAD = 151
+RESIZE_NEAREST = 160
+RESIZE_NEAREST_GRAD = 161
+RESIZE_LINEAR = 162
+RESIZE_LINEAR_GRAD = 163
 
 NAMES = {value: name for name, value in list(globals().items())
          if name.isupper() and isinstance(value, int)}

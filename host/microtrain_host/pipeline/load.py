@@ -78,8 +78,9 @@ def load_model(model, batch_size=None):
     except Exception as e:
         raise ArtifactError(f"shape inference failed: {e}") from e
     # With every shape fixed, shape arithmetic is constant: fold it, then infer again so
-    # the shapes it fed (Reshape, Expand, Pad...) are read off constants.
-    if fold_constants(model, tensor_shapes(model.graph)):
+    # the shapes it fed (Reshape, Expand, Pad...) are read off constants; again while that
+    # makes more shapes known (a Resize to folded sizes, then a Shape of its output).
+    while fold_constants(model, tensor_shapes(model.graph)):
         del model.graph.value_info[:]
         try:
             model = shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
