@@ -17,10 +17,27 @@ SCRIPT = ROOT / "tests" / "device_scripts" / "fuzz_mutations.py"
 DIGITS = ROOT / "examples" / "digits" / "mlp.onnx"
 
 
+class Decoder(nn.Module):
+    """A conv decoder: ConvTranspose (strided, grouped, with output_padding) and Resize
+    (nearest, bilinear, 1-D linear), whose steps carry tables of any length."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.ConvTranspose2d(2, 4, 3, stride=2, padding=1, output_padding=1, groups=2)
+        self.mix = nn.Conv2d(4, 2, 1)
+
+    def forward(self, x):
+        h = torch.tanh(self.up(x))                                            # 3x3 -> 6x6
+        h = nn.functional.interpolate(h, scale_factor=2) + nn.functional.interpolate(
+            h, scale_factor=2, mode="bilinear")
+        return nn.functional.interpolate(self.mix(h).flatten(2), size=20, mode="linear")
+
+
 def make_artifacts(directory):
-    """{name: artifact directory}: the digits MLP with AdamW, and a small CNN (Conv,
+    """{name: artifact directory}: the digits MLP with AdamW, a small CNN (Conv,
     BatchNormalization, Relu, MaxPool, Dropout, global average pooling, Gemm) with SGD and
-    momentum, so that every kernel family of a typical model is fuzzed."""
+    momentum, and a conv decoder (ConvTranspose, Resize) with MSE and SGD, so that every
+    kernel family of a typical model is fuzzed."""
     mlp = directory / "mlp"
     mh.generate_artifacts(str(DIGITS), loss="CrossEntropyLoss", optimizer="AdamW",
                           artifact_directory=mlp, batch_size=4)
@@ -33,7 +50,11 @@ def make_artifacts(directory):
     mh.generate_artifacts(export(cnn_module, torch.zeros(1, 1, 8, 8)), loss="CrossEntropyLoss",
                           optimizer="SGD", optimizer_options={"momentum": 0.9},
                           artifact_directory=cnn, batch_size=2)
-    return {"mlp": mlp, "cnn": cnn}
+    torch.manual_seed(0)
+    decoder = directory / "decoder"
+    mh.generate_artifacts(export(Decoder(), torch.zeros(1, 2, 3, 3)), loss="MSELoss",
+                          optimizer="SGD", artifact_directory=decoder, batch_size=2)
+    return {"mlp": mlp, "cnn": cnn, "decoder": decoder}
 
 
 def command(interpreter):
