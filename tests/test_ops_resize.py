@@ -198,7 +198,57 @@ def assert_close_to_scale(actual, expected):
 
 @pytest.mark.parametrize("spec", CASES)
 def test_resize_gradient(tmp_path, request, spec):
-    name = request.node.callspec.id
+    run_case(tmp_path, request.node.callspec.id, spec)
+
+
+def random_resize_specs(count, seed):
+    """count random cases: rank 2, 3 or 4 (the last one or two axes resized), odd and even
+    sizes 1-7, nearest or linear, any supported coordinate mode and nearest_mode, scales
+    (0.5-3, upsampling and downsampling) or sizes; checked against onnxruntime's adjoint."""
+    rng = np.random.default_rng(seed)
+    modes = ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric",
+             "tf_half_pixel_for_nn", "half_pixel_symmetric"]
+    specs = []
+    while len(specs) < count:
+        rank = int(rng.integers(2, 5))
+        x_shape = tuple(int(v) for v in rng.integers(1, 8, rank))
+        resized = [rank - 1] if rank == 2 or rng.random() < 0.4 else [rank - 2, rank - 1]
+        attrs = {"mode": str(rng.choice(["nearest", "linear"])),
+                 "coordinate_transformation_mode": str(rng.choice(modes))}
+        if attrs["mode"] == "nearest":
+            attrs["nearest_mode"] = str(rng.choice(["round_prefer_floor", "round_prefer_ceil",
+                                                    "floor", "ceil"]))
+        opset = 19 if attrs["coordinate_transformation_mode"] == "half_pixel_symmetric" else 17
+        scales = sizes = None
+        if rng.random() < 0.5:
+            scales = [1.0] * rank
+            for a in resized:
+                scales[a] = float(rng.choice([0.5, 0.6, 0.75, 1.5, 1.7, 2.0, 2.5, 3.0]))
+            if min(int(np.floor(np.float32(n) * np.float32(f)))
+                   for n, f in zip(x_shape, scales)) < 1:
+                continue
+        else:
+            sizes = list(x_shape)
+            for a in resized:
+                sizes[a] = int(rng.integers(1, 10))
+        specs.append((x_shape, scales, sizes, None, opset, attrs))
+    return specs
+
+
+def test_resize_gradient_on_random_geometries(tmp_path):
+    specs = random_resize_specs(30, seed=11)
+    seen = {(len(s[0]), s[5]["mode"], s[5]["coordinate_transformation_mode"]) for s in specs}
+    assert len(seen) >= 15, seen   # the draw covers the combinations, not one corner
+    for i, spec in enumerate(specs):
+        try:
+            run_case(tmp_path / f"random{i}", f"random{i}", spec)
+        except AssertionError as e:
+            raise AssertionError(f"random{i}: {spec}") from e
+
+
+def run_case(tmp_path, name, spec):
+    """One case: a device step against the oracles, the eval forward against onnxruntime
+    (and torch), the training graph in onnx.reference."""
     x_shape, scales, sizes, torch_fn, opset, attrs = spec
     x, w, target, out_shape, ort_oracle, torch_oracle = case_data(name, spec)
     model = resize_model(x_shape, scales, sizes, opset, attrs, out_shape, w)
