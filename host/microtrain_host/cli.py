@@ -106,6 +106,9 @@ def cmd_deploy(args):
             if plan.romfs_image is not None:
                 print(f"  {'microtrain.romfs':34s} {plan.romfs_image.stat().st_size:7,d}  "
                       f"(ROMFS image of the runtime)")
+            if plan.frozen_manifest is not None:
+                print(f"runtime to freeze into the firmware: make -C ports/PORT BOARD=... "
+                      f"FROZEN_MANIFEST={plan.frozen_manifest}")
             for local, remote in plan.files:
                 size = (sum(p.stat().st_size for p in local.rglob("*") if p.is_file())
                         if local.is_dir() else local.stat().st_size)
@@ -317,8 +320,8 @@ def build_parser():
     p.add_argument("--runtime", choices=("files", "romfs", "frozen"),
                    help="how the runtime gets there: .mpy files (bytecode in the heap), a ROMFS "
                         "image (bytecode in flash; default where the board has one) or nothing "
-                        "(already frozen into the firmware, see the manifest printed by "
-                        "--dry-run)")
+                        "(already frozen into the firmware: --dry-run writes the trimmed "
+                        "sources and their manifest.py to ARTIFACTS/frozen_runtime/)")
     p.add_argument("--output", help="where the trained checkpoint lands (default "
                                     "ARTIFACTS/board_checkpoint)")
     p.add_argument("--with-optimizer-state", action="store_true",
