@@ -21,6 +21,8 @@ def cmd_pack(args):
     from . import generate_artifacts
     from .tools.inspect import describe
     from .pipeline.upgrade import TARGET_OPSET
+    from .tools.progress import Bar
+    bar = Bar()
     options = {}
     if args.lr is not None:
         options["learning_rate"] = args.lr
@@ -32,7 +34,9 @@ def cmd_pack(args):
         loss=LOSS_NAMES[args.loss], optimizer=OPTIMIZER_NAMES[args.optimizer],
         artifact_directory=args.output, prefix=args.prefix,
         nominal_checkpoint=args.nominal_checkpoint, batch_size=args.batch_size,
-        optimizer_options=options or None)
+        optimizer_options=options or None,
+        progress=lambda stage, index, count: bar.update("pack", index, count, stage))
+    bar.clear()
     print(f"packed {args.model} -> {args.output}/")
     if result.source_opset is not None:
         print(f"  exported at opset {result.source_opset}, upgraded on load to opset "
@@ -120,7 +124,16 @@ def cmd_deploy(args):
               "board's own error)", file=sys.stderr)
         return 1
 
+    from .tools.progress import Bar
+    bar = Bar()
+
     def report(kind, value):
+        # On a terminal a bar over the steps; elsewhere one line per step, as always.
+        if kind == "step" and bar.enabled:
+            total = plan.steps or plan.epochs * (plan.samples // _batch(args.artifacts))
+            bar.update("training on the board", value[0], total, f"loss {value[1]:.6f}")
+            return
+        bar.clear()
         if kind == "step":
             print(f"step {value[0]:4d}  loss {value[1]:.6f}", flush=True)
         elif kind == "heap":
@@ -131,12 +144,19 @@ def cmd_deploy(args):
     result = deploy.run(plan, data, port=args.port, lr=args.lr, output=args.output,
                         with_optimizer_state=args.with_optimizer_state, report=report,
                         firmware=args.firmware)
+    bar.clear()
     error = 100.0 * (plan.fit.train - result.peak) / result.peak
     print(f"peak heap between phases: predicted {_kb(plan.fit.train)}, measured "
           f"{_kb(result.peak)} on the board (prediction {error:+.1f} %)")
     print(f"trained checkpoint fetched to {result.checkpoint} (read it with microtrain "
           f"export {args.artifacts} --checkpoint {result.checkpoint} -o model.onnx)")
     return 0
+
+
+def _batch(artifacts):
+    from microtrain import blob as device_blob
+    b = device_blob.load(os.path.join(artifacts, "model.mtb"))
+    return b.shapes[b.programs["train"].inputs[0]][0]
 
 
 def _default_data(artifacts):
@@ -172,27 +192,22 @@ def cmd_aggregate(args):
     return 0
 
 
-class Progress:
-    """A progress bar on a terminal; plain per-epoch lines otherwise."""
+class EpochProgress:
+    """train's report: a bar over each epoch's steps on a terminal (tools/progress.py), and
+    one line per epoch everywhere."""
 
-    def __init__(self, epochs, stream=sys.stderr):
+    def __init__(self, epochs):
+        from .tools.progress import Bar
         self.epochs = epochs
-        self.stream = stream
-        self.tty = stream.isatty()
+        self.bar = Bar()
 
     def __call__(self, kind, values):
-        if kind == "step" and self.tty:
+        if kind == "step":
             epoch, index, count, loss = values
-            if index % max(1, count // 50) and index != count:
-                return
-            filled = int(30 * index / count)
-            self.stream.write(f"\r  epoch {epoch}/{self.epochs} [{'#' * filled}"
-                              f"{'.' * (30 - filled)}] {index}/{count} loss {loss:.4f}")
-            self.stream.flush()
+            self.bar.update(f"epoch {epoch}/{self.epochs}", index, count, f"loss {loss:.4f}")
         elif kind == "epoch":
             epoch, train_loss, val_loss, val_acc = values
-            if self.tty:
-                self.stream.write("\r" + " " * 79 + "\r")
+            self.bar.clear()
             text = f"epoch {epoch}/{self.epochs}  train loss {train_loss:.4f}"
             if val_loss is not None:
                 text += f"  val loss {val_loss:.4f}"
@@ -210,13 +225,55 @@ def cmd_train(args):
     print(f"training {args.artifacts} on {args.data} with the device runtime under "
           f"{'MicroPython' if args.runtime == 'micropython' else 'CPython'}", flush=True)
     records = train(args.artifacts, args.data, args.epochs, args.lr, output,
-                    runtime=args.runtime, seed=args.seed, report=Progress(args.epochs),
+                    runtime=args.runtime, seed=args.seed, report=EpochProgress(args.epochs),
                     micropython=args.micropython, heap=args.heap)
     print(f"trained checkpoint written to {output}")
     if args.plot:
         plot_curves(records, args.plot, title=f"{os.path.basename(os.path.normpath(args.artifacts))}"
                     f" ({args.runtime}, lr {args.lr})")
         print(f"loss/accuracy curves written to {args.plot}")
+    return 0
+
+
+def cmd_federate(args):
+    from .tools.progress import Bar
+    try:
+        from .flower import describe_report, federate
+        import flwr
+    except ImportError as e:
+        print(f"microtrain federate: error: {e}", file=sys.stderr)
+        return 2
+    bar = Bar()
+
+    def report(kind, values):
+        if kind == "round-progress":
+            server_round, done, total = values
+            bar.update(f"round {server_round}/{args.rounds}", done, total, "devices")
+        else:
+            bar.clear()
+            print(describe_report(kind, values, args.runtime, args.alpha), flush=True)
+
+    print(f"federating {args.artifacts} on {args.data}: FedAvg (Flower {flwr.__version__}'s "
+          f"strategy, simulation engine), {args.rounds} rounds, {args.epochs} local "
+          f"epoch(s) per round, lr {args.lr}", flush=True)
+    records = federate(args.artifacts, args.data, clients=args.clients, rounds=args.rounds,
+                       epochs=args.epochs, lr=args.lr, alpha=args.alpha,
+                       fraction=args.fraction,
+                       runtime=args.runtime, micropython=args.micropython, heap=args.heap,
+                       seed=args.seed, workers=args.workers, updates_dir=args.keep_updates,
+                       report=report, verbose=args.verbose)
+    rounds = records[1:]
+    print(f"{len(rounds)} rounds in {sum(r['seconds'] + r['eval_seconds'] for r in rounds):.1f}"
+          f" s; the first includes starting Ray")
+    if args.output:
+        from .tools.devices import buffer_to_checkpoint
+        buffer_to_checkpoint(args.artifacts, records[-1]["parameters"], args.output)
+        print(f"global checkpoint written to {args.output}")
+    if args.keep_updates:
+        k = os.path.join(args.keep_updates, "round1")
+        print(f"device updates and global models kept in {args.keep_updates}/roundR/; check "
+              f"round 1 with: microtrain aggregate {k}/device* --weights $(cat "
+              f"{k}/weights.txt) -o g && cmp g {k}/global")
     return 0
 
 
@@ -391,6 +448,51 @@ def build_parser():
                         "(default: equal weights)")
     p.add_argument("-o", "--output", required=True, help="the averaged checkpoint to write")
     p.set_defaults(func=cmd_aggregate)
+
+    p = sub.add_parser("federate", help="federated learning of emulated devices on Flower",
+                       description="FedAvg over N emulated devices (the device runtime "
+                                   "under CPython, or MicroPython processes) in Flower's "
+                                   "simulation engine (pip install 'microtrain[flower]'). Each "
+                                   "device holds an equal-size non-IID shard of the training "
+                                   "set (Dirichlet label mixes, --alpha), loads the global "
+                                   "parameters with copy_buffer_to_parameters, trains, and "
+                                   "sends get_contiguous_parameters back; Flower's FedAvg "
+                                   "averages them by sample count with the same bits as "
+                                   "`microtrain aggregate`; the global model is evaluated on "
+                                   "the validation set after each round.",
+                       epilog="example: microtrain federate examples/digits/build --data "
+                              "examples/digits/digits.npz --clients 100 --rounds 5")
+    p.add_argument("artifacts", help="artifact directory written by `microtrain pack`")
+    p.add_argument("--data", required=True,
+                   help=".npz with x_train, y_train, x_val, y_val (or x, y: 20%% held out); the "
+                        "devices share the training set, the validation set scores the global "
+                        "model")
+    p.add_argument("--clients", type=int, default=100, help="emulated devices (default 100)")
+    p.add_argument("--rounds", type=int, default=5, help="FedAvg rounds (default 5)")
+    p.add_argument("--epochs", type=int, default=5, help="local epochs per round (default 5)")
+    p.add_argument("--lr", type=float, default=0.02, help="devices' learning rate (default "
+                                                          "0.02; a fresh optimizer each round)")
+    p.add_argument("--alpha", type=float, default=0.3,
+                   help="Dirichlet concentration of the devices' label mixes: smaller is less "
+                        "IID (default 0.3)")
+    p.add_argument("--fraction", type=float, default=1.0,
+                   help="fraction of the devices sampled each round (default 1.0)")
+    p.add_argument("--runtime", choices=("cpython", "micropython"), default="cpython",
+                   help="interpreter running each device (default cpython, in Flower's "
+                        "workers; micropython: one Unix-port process per device and round)")
+    p.add_argument("--micropython", help="MicroPython binary (default: $MICROTRAIN_MICROPYTHON, "
+                                         "the cached build, or PATH)")
+    p.add_argument("--heap", default="4M", help="MicroPython heap per device (default 4M)")
+    p.add_argument("--seed", type=int, default=0, help="shards, sampling and shuffling seed "
+                                                       "(default 0)")
+    p.add_argument("--workers", type=int,
+                   help="Ray workers running devices at the same time (default: one per CPU)")
+    p.add_argument("--keep-updates", metavar="DIR",
+                   help="keep every round's device updates, weights and global model as "
+                        "checkpoints in DIR/roundR/ (to check them with `microtrain aggregate`)")
+    p.add_argument("-o", "--output", help="write the final global checkpoint here")
+    p.add_argument("--verbose", action="store_true", help="show Flower's own log")
+    p.set_defaults(func=cmd_federate)
     return parser
 
 

@@ -74,7 +74,7 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
                        loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
                        artifact_directory=None, prefix="", nominal_checkpoint=False,
                        loss_input_names=None, batch_size=None, optimizer_options=None,
-                       additional_output_names=None):
+                       additional_output_names=None, progress=None):
     """Write {prefix}training_model.onnx, eval_model.onnx, optimizer_model.onnx, checkpoint
     (and nominal_checkpoint) and the packed blob {prefix}model.mtb into artifact_directory.
 
@@ -90,8 +90,11 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
     AdamW: learning_rate, beta1, beta2, epsilon, weight_decay, bias_correction; SGD:
     learning_rate, momentum, dampening, nesterov, weight_decay; both: l1_penalty, l2_penalty,
     clip_grad_norm). additional_output_names: model outputs
-    the eval graph returns after the loss (default: all model outputs)."""
+    the eval graph returns after the loss (default: all model outputs). progress(stage,
+    index, count), when given, is called as each stage starts (for a progress bar)."""
+    stage = _stages(progress)
     loss = _enum(loss, LossType, "loss")
+    stage("load")
     optimizer = _enum(optimizer, OptimType, "optimizer")
     model, shapes = load_model(model, batch_size)
     trainable, frozen = split_parameters(model, requires_grad, frozen_params)
@@ -113,6 +116,7 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
     constants = [i for i in graph.initializer if i.name not in param_set]
 
     # Loss block.
+    stage("loss")
     loss_inputs = list(loss_input_names) if loss_input_names else model_outputs[:1]
     for name in loss_inputs:
         if name not in shapes:
@@ -148,6 +152,7 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
                              "eval", meta)
 
     # Backward pass and ORT-style gradient accumulation.
+    stage("gradients")
     grads = build_gradients(g, forward, loss_name, trainable, seeds=output_grads or None)
     g.shapes[LAZY_RESET_GRAD] = (TensorProto.BOOL, (1,))
     accumulated = []
@@ -165,6 +170,7 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
         (loss_inputs if output_grads else [loss_name]) + accumulated,
         constants + list(g.initializers), "training", meta)
 
+    stage("optimizer")
     options = None
     optimizer_model = None
     if optimizer is not None:
@@ -183,11 +189,14 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
     # The blob first: a model that cannot be packed leaves the directory as it was.
     full_training = (0, 0)
     if set(trainable) != set(split_parameters(model, None, None)[0]):
+        stage("full-training figures")
         full_training = _full_training_figures(
             model, loss=loss, optimizer=optimizer, loss_input_names=loss_input_names,
             optimizer_options=optimizer_options, additional_output_names=additional_output_names)
+    stage("lower, plan, pack")
     blob = blob_bytes(training_model, eval_model, optimizer_model, options, full_training)
 
+    stage("write")
     directory = artifact_directory if artifact_directory is not None else os.getcwd()
     os.makedirs(directory, exist_ok=True)
     path = lambda name: os.path.join(directory, prefix + name)  # noqa: E731
@@ -208,6 +217,23 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
                               {p: values[p] for p in frozen}, nominal=True)
     write_blob(written.blob, blob)
     return written
+
+
+STAGES = ("load", "loss", "gradients", "optimizer", "lower, plan, pack", "write")
+
+
+def _stages(progress):
+    """stage(name): tell progress(name, index, count); the full-training figures of a
+    partial update are an extra stage, counted when they come."""
+    done = []
+
+    def stage(name):
+        if progress is not None:
+            done.append(name)
+            count = len(STAGES) + (name == "full-training figures" or
+                                   "full-training figures" in done)
+            progress(name, len(done), count)
+    return stage
 
 
 def _full_training_figures(model, **kwargs):
