@@ -121,6 +121,36 @@ def mobilenet_v2_block():
                           "CrossEntropyLoss", 4, {"SGD": 0.05, "AdamW": 0.001})
 
 
+class ResidualBlock(nn.Module):
+    """ResNet-8's (MLPerf Tiny image classification) building block: a 3x3 stem with
+    BatchNorm and ReLU, then a stage of 3x3 conv (stride 2) + BN + ReLU and 3x3 conv + BN,
+    its shortcut a strided 1x1 conv, the skip Add and a ReLU; average pooling over 3x3
+    windows (stride 2, padding 1, pads not counted) and a classifier."""
+
+    def __init__(self, channels=4, classes=5):
+        super().__init__()
+        wide = 2 * channels
+        self.stem = nn.Sequential(nn.Conv2d(3, channels, 3, padding=1, bias=False),
+                                  nn.BatchNorm2d(channels), nn.ReLU())
+        self.body = nn.Sequential(
+            nn.Conv2d(channels, wide, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(wide),
+            nn.ReLU(), nn.Conv2d(wide, wide, 3, padding=1, bias=False), nn.BatchNorm2d(wide))
+        self.shortcut = nn.Conv2d(channels, wide, 1, stride=2)
+        self.pool = nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False)
+        self.head = nn.Linear(wide * 2 * 2, classes)
+
+    def forward(self, x):
+        x = self.stem(x)
+        y = torch.relu(self.body(x) + self.shortcut(x))
+        return self.head(torch.flatten(self.pool(y), 1))
+
+
+def resnet_block():
+    torch.manual_seed(19)
+    return ReferenceModel("resnet_block", ResidualBlock(), (3, 8, 8), "CrossEntropyLoss", 4,
+                          {"SGD": 0.05, "AdamW": 0.001})
+
+
 class ConvAutoencoder(nn.Module):
     """Anomaly detection by reconstruction: strided conv encoder to a small code, a dense
     decoder back to feature maps, a conv to the image; trained with MSE against its input."""
@@ -296,4 +326,4 @@ def upsample_net():
 
 REFERENCE_MODELS = (lenet, ds_cnn, gesture_1d, mobilenet_v2_block, conv_autoencoder,
                     tiny_transformer, keyword_classifier, imu_gru_classifier, lstm_autoencoder,
-                    deconv_autoencoder, upsample_net)
+                    deconv_autoencoder, upsample_net, resnet_block)

@@ -189,7 +189,7 @@ print(qlinear.FAST, cases, bad)
 
 def test_viper_kernels_equal_pure_on_random_geometries(micropython):
     out = run_micropython(micropython, ROOT / "tests" / "device_scripts" / "qlinear_fast.py")
-    assert out.split() == ["cases", "300", "different", "0"], out
+    assert out.split() == ["cases", "600", "different", "0"], out
 
 
 def test_crafted_byte_arena_size_is_refused(digits_qdq):
@@ -212,3 +212,41 @@ def test_crafted_byte_arena_size_is_refused(digits_qdq):
         except BlobError as e:
             refused += "byte arena" in str(e)
     assert refused == 1
+
+
+def test_inspect_shows_scales_and_zero_points_of_the_qdq_model(ds_cnn_qdq):
+    """The int8 blob stores every quantized tensor's scale(s) and zero point(s); inspect
+    prints them (and the int32 biases' scales, input x weight scale), equal to the QDQ
+    model's initializers bit for bit."""
+    import re
+    from microtrain_host.tools.inspect import describe
+    tmp, ref, xs = ds_cnn_qdq
+    qdq = onnx.load(tmp / "qdq.onnx")
+    values = {i.name: numpy_helper.to_array(i) for i in qdq.graph.initializer}
+    expected = {}   # quantized tensor -> (dtype, scales, zero points)
+    for n in qdq.graph.node:
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            q = n.output[0] if n.op_type == "QuantizeLinear" else n.input[0]
+            zp = values[n.input[2]]
+            dtype = {np.dtype(np.uint8): "uint8", np.dtype(np.int8): "int8",
+                     np.dtype(np.int32): "int32"}[zp.dtype]
+            expected[q] = (dtype, values[n.input[1]].reshape(-1), zp.reshape(-1))
+    text = describe(tmp / "int8.mtb", steps=False, scales=True)
+    shown = {}
+    for line in text.split("quantized tensors (")[1].splitlines()[1:]:
+        m = re.match(r"  (\S+)\s+(u?int\d+)\s+scale(?: \(axis \d+\)| \(input x weight\))? "
+                     r"(.*); zero point (.*)$", line)
+        if not m:
+            break
+        shown[m.group(1)] = (m.group(2), np.array(m.group(3).split(), np.float64),
+                             np.array(m.group(4).split(), np.int64))
+    # every int8 / uint8 tensor of the blob and every bias, with the model's exact values:
+    # 6 layers (5 convolutions, the classifier) x (weight, bias, output), input, pool, view
+    assert len(shown) == 3 * 6 + 3, sorted(shown)
+    for name, (dtype, scales, zps) in shown.items():
+        e_dtype, e_scales, e_zps = expected[name]
+        assert dtype == e_dtype, name
+        assert scales.astype(np.float32).tobytes() == e_scales.astype(np.float32).tobytes(), name
+        assert np.array_equal(np.broadcast_to(zps, e_zps.shape), e_zps), name
+    # without --scales: a count and a range per channel vector
+    assert "8 values" in describe(tmp / "int8.mtb", steps=False)

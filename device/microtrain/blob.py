@@ -22,6 +22,7 @@ _BELOW_ONE = 0.99999994    # float32's largest value below 1
 ROLE_NAMES = ("input", "label", "param", "grad", "activation", "optimizer_state",
               "constant", "control")
 _LABEL = 1                 # ROLE_NAMES.index("label")
+_COPY = 0x80000000         # inference template cut kind: copy bytes of the training blob
 
 
 class Program:
@@ -60,7 +61,11 @@ class Blob:
         self.source_opset = 0   # the opset of a model upgraded on load (0: not upgraded)
         self.step_records = {}  # program -> [(op, tensor ids, ints, floats)] when kept
         self.inference = None   # InferenceTemplate: (position in the file, length, cuts,
-                                # [(output name, tensor id)]), for microtrain.export
+                                # [(output name, tensor id)], copies), for microtrain.export
+        self.quant = {}         # tensor id -> (scales, zero points, axis) of a quantized
+                                # INT8 / UINT8 tensor (blobs that store them)
+        self.derived = {}       # tensor id -> its given first elements, of a CONSTANT whose
+                                # rest the step reading it computes at load (then removed)
         self.crc = 0            # the file's CRC-32, to notice a blob replaced since load
 
     def tensor_id(self, name):
@@ -296,6 +301,9 @@ def _parse_root(r, root, data, keep_steps, Q):
         b.programs[name] = Program(name, _read_steps(r, t, b, name, records, Q),
                                    _ids(r, t, 2, b, name + " inputs"),
                                    _ids(r, t, 3, b, name + " outputs"))
+    if b.derived:
+        raise BlobError("derived constant '%s' is computed by no step"
+                        % b.names[list(b.derived)[0]])
     for name in ("train", "eval"):
         # Module reads the loss from the first output of these programs.
         p = b.programs.get(name)
@@ -328,10 +336,25 @@ def _read_tensors(r, root, b):
                             % (name, offset, offset + size, arena))
         if ROLE_NAMES[role] == "constant":
             pos, nbytes = r.vector(t, 6, 1, "constant data")
-            if nbytes != ITEM_BYTES[dtype] * size:
+            if r.scalar(t, 11, "B", 0):
+                # derived: the given head; the step reading it computes the rest
+                if dtype > INT32 or nbytes > 4 * size or nbytes % 4:
+                    raise BlobError("derived constant '%s' has %d data bytes for %d elements"
+                                    % (name, nbytes, size))
+                b.derived[len(b.names)] = struct.unpack_from(
+                    "<%d%s" % (nbytes // 4, "fi"[dtype]), r.buf, pos) if nbytes else ()
+            elif nbytes != ITEM_BYTES[dtype] * size:
                 raise BlobError("constant '%s' has %d data bytes, expected %d"
                                 % (name, nbytes, ITEM_BYTES[dtype] * size))
-            b.constants.append((len(b.names), bytes(r.buf[pos:pos + nbytes])))
+            else:
+                b.constants.append((len(b.names), bytes(r.buf[pos:pos + nbytes])))
+        scales = r.scalars(t, 8, "f", "tensor scales")
+        if scales:
+            zero_points = r.scalars(t, 9, "i", "tensor zero points")
+            if dtype not in (INT8, UINT8) or len(zero_points) not in (1, len(scales)):
+                raise BlobError("tensor '%s': %d scales and %d zero points for a tensor of "
+                                "dtype %d" % (name, len(scales), len(zero_points), dtype))
+            b.quant[len(b.names)] = (scales, zero_points, r.scalar(t, 10, "i", 0))
         b.names.append(name)
         b.dtypes.append(dtype)
         b.roles.append(role)
@@ -408,21 +431,35 @@ def _read_inference(r, root, b):
     outputs = [(r.string(o, 0, "output name"), r.scalar(o, 1, "I", 0))
                for o in r.tables(t, 2, "inference output")]
     at = 0
+    copied = []   # cut index -> bytes it copies (0: not a copy)
     output_cuts = 0
     for i in range(0, len(cuts) - 1, 2):
-        cut, tid = cuts[i], cuts[i + 1]
+        cut, kind = cuts[i], cuts[i + 1]
         if cut < at or cut > length:
             raise BlobError("inference template: cut at byte %d is out of order or outside "
                             "its %d bytes" % (cut, length))
         at = cut
-        if tid == NO_TENSOR:
+        n = 0
+        if kind == NO_TENSOR:
             output_cuts += 1
-        elif tid >= len(b.names):
-            raise BlobError("inference template: cut names tensor %d, which does not exist" % tid)
+        elif kind & _COPY:
+            # a string (e 0) or a vector of 4-byte elements (e 1) of this blob, d bytes
+            # before its end: its length from its count, inside the blob
+            distance = kind & 0x0FFFFFFF
+            e = (kind >> 28) & 7
+            count = r.u32(len(r.buf) - distance) if 4 <= distance <= len(r.buf) - 4 else -1
+            n = 5 + count if e == 0 else 4 + 4 * count
+            if e > 1 or count < 0 or n > distance:
+                raise BlobError("inference template: cut %d copies bytes outside the blob"
+                                % (i // 2))
+        elif kind >= len(b.names):
+            raise BlobError("inference template: cut names tensor %d, which does not exist"
+                            % kind)
+        copied.append(n)
     if len(cuts) % 2 or output_cuts != 1 or not outputs:
         raise BlobError("inference template: %d cut values with %d output-id cuts, %d outputs"
                         % (len(cuts), output_cuts, len(outputs)))
-    b.inference = (pos, length, cuts, outputs)
+    b.inference = (pos, length, cuts, outputs, copied)
 
 
 def _ids(r, table, index, b, what):

@@ -1,4 +1,5 @@
-# Module.export_model_for_inferencing: write an inference-only blob.
+# Module.export_model_for_inferencing: write an inference-only blob (of a quantization-aware
+# training blob: the int8 inference blob, its values computed by the blob's "export" program).
 #
 # The host packed that blob into the training blob already (schema: InferenceTemplate in
 # host/microtrain_host/schema/microtrain.fbs), its own arena plan included, minus what only
@@ -13,6 +14,7 @@ from microtrain.crc32 import crc32
 from microtrain.errors import BlobError, InputError, ParameterError
 
 _CHUNK = 256  # bytes copied (or floats converted) at a time
+_COPY = 0x80000000  # template cut kind: bytes copied from elsewhere in the training blob
 
 
 def export_inference_blob(module, path, output_names):
@@ -24,14 +26,28 @@ def export_inference_blob(module, path, output_names):
     if module.state.is_nominal:
         raise ParameterError("the checkpoint state is nominal (no parameter values): load them "
                              "with copy_buffer_to_parameters before exporting")
-    pos, length, cuts, outputs = b.inference
+    pos, length, cuts, outputs, copied = b.inference
     ids = _output_ids(outputs, output_names)
+    program = b.programs.get("export")
+    if program is not None:
+        # a quantization-aware blob: compute the int8 blob's weights, biases, scales, zero
+        # points and requantization heads into the arenas (kernels/quant.py), from which the
+        # template's cuts take them
+        F, I = module.F, module.I
+        for kernel, args in program.steps:
+            kernel(F, I, args)
     size = length + 4 + 4 * len(outputs)
     for i in range(1, len(cuts), 2):
-        if cuts[i] != NO_TENSOR:
-            size += ITEM_BYTES[b.dtypes[cuts[i]]] * b.sizes[cuts[i]]
+        kind = cuts[i]
+        if kind == NO_TENSOR:
+            continue
+        if kind & _COPY:
+            size += copied[i // 2]
+        else:
+            size += ITEM_BYTES[b.dtypes[kind]] * b.sizes[kind]
 
-    with _open_unchanged(module.uri, b.crc) as src:
+    src, end = _open_unchanged(module.uri, b.crc)
+    with src:
         src.seek(pos)
 
         def write(out):
@@ -42,7 +58,13 @@ def export_inference_blob(module, path, output_names):
             for i in range(0, len(cuts), 2):
                 crc = _copy(src, out, cuts[i] - at, chunk, crc)
                 at = cuts[i]
-                if cuts[i + 1] == NO_TENSOR:
+                kind = cuts[i + 1]
+                if kind != NO_TENSOR and kind & _COPY:
+                    # bytes the training blob holds elsewhere: read them there, come back
+                    src.seek(end - (kind & 0x0FFFFFFF))
+                    crc = _copy(src, out, copied[i // 2], chunk, crc)
+                    src.seek(pos + at)
+                elif kind == NO_TENSOR:
                     # The output-id vector: the k chosen ids where the template had room for
                     # all of them; the unused words are never referenced.
                     piece = (struct.pack("<%dI" % (1 + len(ids)), len(ids), *ids)
@@ -81,16 +103,18 @@ def _output_ids(outputs, output_names):
 def _open_unchanged(uri, crc):
     # The template is read from the file the Module was loaded from: it must still be
     # that file, not one repacked since.
+    # Returns the open file and where its FlatBuffer ends (before the CRC).
     try:
         src = open(uri, "rb")
-        src.seek(os.stat(uri)[6] - 4)
+        end = os.stat(uri)[6] - 4
+        src.seek(end)
         stored = struct.unpack("<I", src.read(4))[0]
     except OSError as e:
         raise BlobError("cannot read '%s', the blob the Module was loaded from: %s" % (uri, e))
     if stored != crc:
         src.close()
         raise BlobError("'%s' changed since the Module loaded it; load it again" % uri)
-    return src
+    return src, end
 
 
 def _copy(src, out, n, chunk, crc):

@@ -108,12 +108,20 @@ FAKE_QUANT_GRAD = const(201)
 ABS_MAX_SCALE = const(202)
 OBSERVE_MIN_MAX = const(203)
 QUANT_PARAMS = const(204)
+FOLD_BATCH_NORM = const(205)
+QUANTIZE_WEIGHT = const(206)
+QUANTIZE_BIAS = const(207)
+REQUANT_HEADER = const(208)
+ZERO_POINT_INT = const(209)
 QUANTIZE_LINEAR = const(220)
 DEQUANTIZE_LINEAR = const(221)
 QLINEAR_GEMM = const(222)
 QLINEAR_CONV = const(223)
 QLINEAR_GLOBAL_AVERAGE_POOL = const(224)
 QLINEAR_MAX_POOL = const(225)
+QLINEAR_AVERAGE_POOL = const(226)
+QLINEAR_ADD = const(227)
+QLINEAR_LOOKUP = const(228)
 
 # op code -> (kernel family module, function, tensor dtypes, int count, float count)
 # Tensor dtypes: "f" float arena, "i" int arena, "?" float arena or no tensor, "b" byte
@@ -221,12 +229,20 @@ SIGNATURES = {
     ABS_MAX_SCALE: ("quant", "abs_max_scale", "ff", 3, 2),
     OBSERVE_MIN_MAX: ("quant", "observe_min_max", "ffff", 3, 2),
     QUANT_PARAMS: ("quant", "quant_params", "fff", 2, 1),
+    FOLD_BATCH_NORM: ("quant", "fold_batch_norm", "fff?ffff", 3, 1),
+    QUANTIZE_WEIGHT: ("quant", "quantize_weight", "bff", 3, 0),
+    QUANTIZE_BIAS: ("quant", "quantize_bias", "ifff", 1, 0),
+    REQUANT_HEADER: ("quant", "requant_header", "if?ff", 4, 2),
+    ZERO_POINT_INT: ("quant", "zero_point_int", "if", 0, 0),
     QUANTIZE_LINEAR: ("qlinear", "quantize_linear", "bff", 3, 0),
     DEQUANTIZE_LINEAR: ("qlinear", "dequantize_linear", "fbf", 2, 0),
     QLINEAR_GEMM: ("qlinear", "qlinear_gemm", "bbbki", 9, 0),
     QLINEAR_CONV: ("qlinear", "qlinear_conv", "bbbkii", 18, 0),
     QLINEAR_GLOBAL_AVERAGE_POOL: ("qlinear", "qlinear_global_average_pool", "bbi", 4, 0),
     QLINEAR_MAX_POOL: ("qlinear", "qlinear_max_pool", "bb", 12, 0),
+    QLINEAR_AVERAGE_POOL: ("qlinear", "qlinear_average_pool", "bbi", 17, 0),
+    QLINEAR_ADD: ("qlinear", "qlinear_add", "bbbi", 4, 0),
+    QLINEAR_LOOKUP: ("qlinear", "qlinear_lookup", "bbb", 1, 0),
 }
 
 

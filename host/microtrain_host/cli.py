@@ -64,7 +64,8 @@ def cmd_pack(args):
 
 def cmd_inspect(args):
     from .tools.inspect import describe
-    print(describe(args.blob, steps=not args.no_steps))
+    print(describe(args.blob, steps=not args.no_steps, scales=args.scales,
+                   checkpoint=args.checkpoint))
     if args.board:
         from .tools import boards
         board = boards.load_board(args.board)
@@ -387,6 +388,12 @@ def build_parser():
                        epilog="example: microtrain inspect build/model.mtb --no-steps")
     p.add_argument("blob", help="a model.mtb file")
     p.add_argument("--no-steps", action="store_true", help="omit the program listings")
+    p.add_argument("--scales", action="store_true",
+                   help="print every per-channel scale of the quantized tensors (default: "
+                        "their count and range)")
+    p.add_argument("--checkpoint", metavar="CKPT",
+                   help="a quantization-aware model's checkpoint: show the scales and zero "
+                        "points it holds now (observer ranges, max|w| / 127 of the weights)")
     p.add_argument("--board", metavar="NAME",
                    help="also check that training fits the board's MicroPython heap "
                         "(profiles in boards/*.json); needs the checkpoint beside the blob")

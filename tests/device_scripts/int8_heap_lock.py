@@ -14,8 +14,7 @@ session = InferenceSession(sys.argv[1])
 x = array("f", open(sys.argv[2], "rb").read())
 b = session.blob
 program = session._program
-int8 = (qlinear.qlinear_gemm, qlinear.qlinear_conv, qlinear.qlinear_global_average_pool,
-        qlinear.qlinear_max_pool)
+int8 = [getattr(qlinear, name) for name in qlinear._FAST_NAMES] + [qlinear.qlinear_max_pool]
 from microtrain.blob import copy_inputs
 copy_inputs(b, session.F, session.I, program, (x,), 0)
 F, I = session.F, session.I

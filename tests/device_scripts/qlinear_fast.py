@@ -1,13 +1,15 @@
 # The viper int8 kernels against the pure-Python ones on random geometries and data
 # (signed and unsigned activations, negative and huge biases, accumulators past 2**24 that
-# take the exact slow path). Prints "cases N different M".
+# take the exact slow path): Gemm, Conv, global and windowed average pooling, Add, lookup.
+# Prints "cases N different M".
 import random
 from array import array
 from microtrain.kernels import qlinear
 from microtrain.kernels import qlinear_viper as fast
 
 random.seed(7)
-pure_gemm, pure_conv = qlinear._pure
+pure = qlinear._pure
+pure_gemm, pure_conv = pure['qlinear_gemm'], pure['qlinear_conv']
 
 
 def req(channels, x_zp, y_zp, lo, hi):
@@ -63,14 +65,72 @@ def gemm_case():
     return Q, I, args, pure_gemm, fast.qlinear_gemm
 
 
+def pairs(count):
+    r = []
+    for _ in range(count):
+        r += [random.randint(1 << 23, (1 << 24) - 1), random.randint(6, 40)]
+    return r
+
+
+def pool_case():
+    H, W = random.randint(1, 9), random.randint(1, 9)
+    kh, kw = random.randint(1, min(4, H)), random.randint(1, min(4, W))
+    sh, sw = random.randint(1, 3), random.randint(1, 3)
+    pt, pl = random.randint(0, kh - 1), random.randint(0, kw - 1)
+    pb, pr = random.randint(0, kh - 1), random.randint(0, kw - 1)
+    OH, OW = (H + pt + pb - kh) // sh + 1, (W + pl + pr - kw) // sw + 1
+    if OH < 1 or OW < 1:
+        return None
+    planes = random.randint(1, 3)
+    Q = bytearray(random.getrandbits(8) for _ in range(planes * (H * W + OH * OW)))
+    include = random.randint(0, 1)
+    ch0, ch1, cw0, cw1 = (-pt, H + pb, -pl, W + pr) if include else (0, H, 0, W)
+    lo, hi = (-128, 127) if random.randint(0, 1) else (0, 255)
+    I = array("i", [random.randint(-128, 255), random.randint(-20, 20), lo, hi]
+              + pairs(kh * kw))
+    args = (Q, planes * H * W, 0, 0, planes, H, W, OH, OW, kh, kw, sh, sw, pt, pl, ch0, ch1,
+            cw0, cw1, random.randint(0, 1), 0)
+    return Q, I, args, pure["qlinear_average_pool"], fast.qlinear_average_pool
+
+
+def global_pool_case():
+    planes, count = random.randint(1, 5), random.choice((1, 7, 64, 300))
+    Q = bytearray(random.getrandbits(8) for _ in range(planes * (count + 1)))
+    lo, hi = (-128, 127) if random.randint(0, 1) else (0, 255)
+    I = array("i", [random.randint(-128, 255), random.randint(-20, 20), lo, hi] + pairs(1))
+    args = (Q, planes * count, 0, 0, planes, count, random.randint(0, 1), 0)
+    return Q, I, args, pure["qlinear_global_average_pool"], fast.qlinear_global_average_pool
+
+
+def add_case():
+    n = random.randint(1, 40)
+    Q = bytearray(random.getrandbits(8) for _ in range(3 * n))
+    lo, hi = (-128, 127) if random.randint(0, 1) else (0, 255)
+    scales = [random.uniform(0.001, 0.1) for _ in range(3)]
+    ma, mb, s = qlinear.add_multipliers(scales[0] / scales[2], scales[1] / scales[2])
+    I = array("i", [random.randint(-128, 255), random.randint(-128, 255),
+                    random.randint(-20, 20), lo, hi, ma, mb, s])
+    args = (Q, 2 * n, 0, n, 0, n, random.randint(0, 1), random.randint(0, 1), 0)
+    return Q, I, args, pure["qlinear_add"], fast.qlinear_add
+
+
+def lookup_case():
+    n = random.randint(1, 40)
+    Q = bytearray(random.getrandbits(8) for _ in range(256 + 2 * n))
+    args = (Q, 256 + n, 256, 0, n)
+    return Q, I, args, pure["qlinear_lookup"], fast.qlinear_lookup
+
+
+I = array("i", [0])
+MAKERS = (gemm_case, conv_case, pool_case, global_pool_case, add_case, lookup_case)
 cases = different = 0
-while cases < 300:
-    case = conv_case() if cases % 2 else gemm_case()
+while cases < 600:
+    case = MAKERS[cases % len(MAKERS)]()
     if case is None:
         continue
-    Q, I, args, pure, viper = case
+    Q, I, args, pure_kernel, viper = case
     Q2 = bytearray(Q)
-    pure(None, I, args)
+    pure_kernel(None, I, args)
     viper(None, I, (Q2,) + args[1:])
     cases += 1
     if bytes(Q) != bytes(Q2):

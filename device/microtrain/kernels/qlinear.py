@@ -1,5 +1,6 @@
-# int8 inference kernels: the quantized forms of Gemm, Conv and global average pooling, as
-# onnxruntime's QGemm / QLinearConv / QLinearGlobalAveragePool compute them, plus
+# int8 inference kernels: the quantized forms of Gemm, Conv, Add, average pooling (global
+# and windowed), max pooling and Relu / Clip, as onnxruntime's QGemm / QLinearConv /
+# QLinearAdd / QLinearGlobalAveragePool / QLinearAveragePool compute them, plus
 # QuantizeLinear and DequantizeLinear between the float and the byte arena.
 #
 # Byte tensors live in the byte arena Q (a bytearray, first element of every args tuple here):
@@ -8,20 +9,98 @@
 #
 # Requantization, integers only: acc = sum (x - x_zp) * w + bias (int32 bias) becomes
 #   y = clamp(round_half_even(acc * m0 / 2**shift) + y_zp, lo, hi)
-# with m0 in [2**23, 2**24] and shift from the real multiplier x_scale * w_scale / y_scale
-# (host: ops/qlinear.py requant_multiplier), so 24 significant bits as in onnxruntime's
-# float32 multiplier. The rounding is exact here (Python integers), so a fast path that
-# computes the same integers gives the same bytes. lo, hi: the quantized bounds of a fused
-# Relu / Clip, or the type's range.
+# where m0 / 2**shift is exactly the float32 multiplier onnxruntime computes,
+# float32(float32(x_scale * w_scale) / y_scale) (m0 its 24-bit mantissa, so m0 < 2**24).
+# The rounding is exact, so a fast path that computes the same integers gives the same
+# bytes. lo, hi: the quantized bounds of a fused Relu / Clip, or the type's range.
+#
+# Int32 tensor `req` of a layer with C output channels: [x_zp, y_zp, lo, hi, then (m0,
+# shift) for each channel]. A blob stores the first four; the (m0, shift) pairs are derived
+# here at load from the scales of the step's tensors (`_derive`, called by the checkers), so
+# the blob holds each scale once and the device never trusts a multiplier it did not
+# compute. (Blobs that store the whole tensor are read as they are.)
 #
 # A convolution also gets an int32 scratch tensor of out_h * out_w elements (the viper path
 # accumulates one output plane there; the pure-Python kernel does not need it).
 #
-# Int32 tensor `req` of a layer with C output channels: [x_zp, y_zp, lo, hi, then (m0,
-# shift) for each channel]. A global average pool has one channel pair for every plane.
+# 32-bit boards: small ints end at 2**30. The pure-Python requantization there splits the
+# product into 12-bit limbs (_requant_narrow, as the viper path does), so no int8 kernel
+# allocates a big int unless an int32 bias or an accumulator reaches 2**24 (a bias beyond
+# 2**30 is itself a big int when read).
+import math
+import sys
+from array import array
+
+_F32 = array("f", [0.0])
 
 
-def _requant(acc, m0, shift):
+def _f32(v):
+    # v rounded to float32 (a no-op on boards, whose floats are float32)
+    _F32[0] = v
+    return _F32[0]
+
+
+def requant_pair(real):
+    # (m0, shift) with real == m0 / 2**shift, m0 < 2**24, 1 <= shift <= 62, of a float32
+    # multiplier; (0, 1) for 0, a negative, NaN or one below 2**-38 (always the zero point);
+    # (2**24, 1) for one beyond 2**23 (always saturates). Mirrors ops/qlinear.py.
+    if not 0.0 < real < 3.4e38:
+        return 0, 1
+    mantissa, exponent = math.frexp(real)
+    shift = 24 - exponent
+    if shift < 1:
+        return 16777216, 1
+    if shift > 62:
+        return 0, 1
+    return int(mantissa * 16777216.0), shift
+
+
+def _scale(c, k):
+    # The scale(s) of the step's tensor argument k (quantization parameters in the blob)
+    q = c.blob.quant.get(c.tensors[k])
+    if q is None:
+        c.fail("tensor argument %d has no quantization scale to derive the multipliers from"
+               % k)
+    return q[0]
+
+
+def _derive(c, k, header, reals):
+    # A derived req tensor (argument k): its given header and the (m0, shift) of each real
+    # multiplier; stored in the blob's constants, copied into the int arena at load.
+    values = _head(c, k, header)
+    for real in reals:
+        m0, shift = requant_pair(real)
+        values.append(m0)
+        values.append(shift)
+    c.blob.constants.append((c.tensors[k], bytes(values)))
+
+
+def _head(c, k, header):
+    # The given zero points and clamp bounds of derived req tensor k, each a byte's value
+    head = c.blob.derived.pop(c.tensors[k], ())
+    if len(head) != header:
+        c.fail("requantization tensor has %d given values, expected %d" % (len(head), header))
+    for v in head:
+        c.within(v, -128, 255, "zero point or bound")
+    return array("i", head)
+
+
+def _derive_channels(c, k, x, w, y, channels):
+    # real[c] = float32(float32(x_scale * w_scale[c]) / y_scale), onnxruntime's order
+    if c.tensors[k] not in c.blob.derived:
+        return
+    sx = _scale(c, x)[0]
+    sw = _scale(c, w)
+    sy = _scale(c, y)[0]
+    if len(sw) not in (1, channels):
+        c.fail("%d weight scales for %d output channels" % (len(sw), channels))
+    _derive(c, k, 4, [_f32(_f32(sx * sw[i if len(sw) > 1 else 0]) / sy)
+                      for i in range(channels)])
+
+
+def _requant_wide(acc, m0, shift):
+    # round_half_even(acc * m0 / 2**shift): exact with Python integers (64-bit small ints
+    # hold the product of a 24-bit accumulator and a 24-bit multiplier)
     if shift < 1:       # the host writes 1..62; a crafted blob must not make this raise
         shift = 1
     p = acc * m0
@@ -33,9 +112,49 @@ def _requant(acc, m0, shift):
     return q
 
 
-def _get(Q, i, signed):
-    v = Q[i]
-    return v - 256 if signed and v > 127 else v
+def _requant_narrow(acc, m0, shift):
+    # The same integer with 12-bit limbs, every intermediate below 2**30 (32-bit boards),
+    # for |acc| < 2**24 and 0 <= m0 <= 2**24 (else the exact formula).
+    if not (-16777216 < acc < 16777216 and 0 <= m0 <= 16777216):
+        return _requant_wide(acc, m0, shift)
+    if shift < 1:
+        shift = 1
+    negative = acc < 0
+    a = -acc if negative else acc
+    a1 = a >> 12
+    a0 = a & 0xFFF
+    m1 = m0 >> 12
+    ml = m0 & 0xFFF
+    mid = a1 * ml + a0 * m1
+    t = a0 * ml + ((mid & 0xFFF) << 12)
+    low = t & 0xFFFFFF
+    high = a1 * m1 + (mid >> 12) + (t >> 24)      # product = high * 2**24 + low
+    if shift >= 24:
+        s2 = shift - 24
+        if s2 > 25:
+            return 0                               # product < 2**49 <= 2**(shift - 1)
+        q = high >> s2
+        if s2 == 0:
+            rem, half, tail = low, 0x800000, 0
+        else:
+            rem, half, tail = high & ((1 << s2) - 1), 1 << (s2 - 1), low
+        if rem > half or (rem == half and (tail > 0 or q & 1)):
+            q += 1
+    else:
+        s1 = 24 - shift
+        if high >= (1 << (29 - s1)):
+            q = 1 << 29                            # far beyond any clamp bound
+        else:
+            q = (high << s1) + (low >> shift)
+            rem = low & ((1 << shift) - 1)
+            half = 1 << (shift - 1)
+            if rem > half or (rem == half and q & 1):
+                q += 1
+    return -q if negative else q
+
+
+# 64-bit small ints (CPython, the Unix port): the direct product; else limbs
+_requant = _requant_wide if sys.maxsize > 1 << 40 else _requant_narrow
 
 
 def _store(Q, i, acc, m0, shift, y_zp, lo, hi):
@@ -67,6 +186,22 @@ def quantize_linear(F, I, args):
         Q[y + i] = q & 255
 
 
+def _derive_qparams(c, k, q):
+    # A derived [scale, zero point, scratch] float constant (argument k): the scale and zero
+    # point of the byte tensor (argument q) the step writes or reads
+    tid = c.tensors[k]
+    if tid not in c.blob.derived:
+        return                       # stored (older blobs)
+    if c.blob.derived.pop(tid):
+        c.fail("derived quantization parameters have given values")
+    scale = _scale(c, q)[0]
+    zero_point = c.blob.quant[c.tensors[q]][1][0]
+    if not 0.0 < scale < 3.4e38:
+        c.fail("scale %r is not positive and finite" % scale)
+    c.within(zero_point, -128, 255, "zero point")
+    c.blob.constants.append((tid, bytes(array("f", (scale, zero_point, 0.0)))))
+
+
 def quantize_linear_check(args, c):
     Q, y, x, qp, n, qmin, qmax = args
     c.positive(n)
@@ -75,6 +210,7 @@ def quantize_linear_check(args, c):
     c.holds(2, 3)
     c.within(qmin, -128, 0, "qmin")
     c.within(qmax, 127, 255, "qmax")
+    _derive_qparams(c, 2, 0)
 
 
 def dequantize_linear(F, I, args):
@@ -95,10 +231,7 @@ def dequantize_linear_check(args, c):
     c.holds(0, n)
     c.holds(1, n)
     c.holds(2, 2)
-
-
-def _req_check(c, k, channels):
-    c.holds(k, 4 + 2 * channels)
+    _derive_qparams(c, 2, 1)
 
 
 def qlinear_gemm(F, I, args):
@@ -134,7 +267,8 @@ def qlinear_gemm_check(args, c):
     c.span(2, w, (k, n), (sw_k, sw_n))
     if c.present(3):
         c.holds(3, n)
-    _req_check(c, 4, n)
+    c.holds(4, 4 + 2 * n)
+    _derive_channels(c, 4, 1, 2, 0, n)
 
 
 def qlinear_conv(F, I, args):
@@ -193,13 +327,14 @@ def qlinear_conv_check(args, c):
     c.holds(2, groups * cout_g * cin_g * k_h * k_w)
     if c.present(3):
         c.holds(3, groups * cout_g)
-    _req_check(c, 4, groups * cout_g)
+    c.holds(4, 4 + 2 * groups * cout_g)
     c.holds(5, out_h * out_w)
+    _derive_channels(c, 4, 1, 2, 0, groups * cout_g)
 
 
 def qlinear_global_average_pool(F, I, args):
     # Y[p] = requant(sum over the plane of (X - x_zp)), the multiplier x_scale / (y_scale *
-    # count) folded into (m0, shift) by the host.
+    # count) (onnxruntime's MLAS formula, float32).
     Q, y, x, req, planes, count, x_signed, y_signed = args
     x_zp = I[req]
     y_zp = I[req + 1]
@@ -222,7 +357,128 @@ def qlinear_global_average_pool_check(args, c):
     c.positive(planes, count)
     c.holds(0, planes)
     c.holds(1, planes * count)
-    _req_check(c, 2, 1)
+    c.holds(2, 6)
+    if c.tensors[2] in c.blob.derived:
+        _derive(c, 2, 4, [_f32(_scale(c, 1)[0] / _f32(_scale(c, 0)[0] * count))])
+
+
+def qlinear_average_pool(F, I, args):
+    # Average over each window of kernels/pool.py's geometry (no dilation): the sum of
+    # (X - x_zp) over its elements inside the image, requantized by the multiplier of its
+    # count, the elements inside rows [ch0, ch1) x columns [cw0, cw1) (the padded area
+    # when pads count, else the image): req holds (m0, shift) for counts 1 .. kH * kW.
+    (Q, y, x, req, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, ch0, ch1, cw0, cw1,
+     x_signed, y_signed) = args
+    x_zp = I[req]
+    y_zp = I[req + 1]
+    lo = I[req + 2]
+    hi = I[req + 3]
+    flip = 128 if x_signed else 0
+    for p in range(planes):
+        base = x + p * H * W
+        for oh in range(OH):
+            h0 = oh * sH - pT
+            h1 = h0 + kH
+            rows = (h1 if h1 < ch1 else ch1) - (h0 if h0 > ch0 else ch0)
+            r0 = h0 if h0 > 0 else 0
+            r1 = h1 if h1 < H else H
+            for ow in range(OW):
+                w0 = ow * sW - pL
+                w1 = w0 + kW
+                count = rows * ((w1 if w1 < cw1 else cw1) - (w0 if w0 > cw0 else cw0))
+                c0 = base + (w0 if w0 > 0 else 0)
+                c1 = base + (w1 if w1 < W else W)
+                acc = 0
+                for h in range(r0, r1):
+                    for i in range(c0 + h * W, c1 + h * W):
+                        acc += ((Q[i] ^ flip) - flip) - x_zp
+                if count < 1:      # a window with nothing to count (ceil_mode): the value 0
+                    acc = 0
+                    count = 1
+                _store(Q, y, acc, I[req + 2 + 2 * count], I[req + 3 + 2 * count], y_zp, lo, hi)
+                y += 1
+
+
+def qlinear_average_pool_check(args, c):
+    (Q, y, x, req, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, ch0, ch1, cw0, cw1) = args[:19]
+    c.positive(planes, H, W, OH, OW, kH, kW, sH, sW)
+    c.within(pT, 0, kH - 1, "top padding")
+    c.within(pL, 0, kW - 1, "left padding")
+    c.within(ch0, -pT, 0, "first counted row")
+    c.within(cw0, -pL, 0, "first counted column")
+    c.within(ch1, H, H + kH, "counted rows")
+    c.within(cw1, W, W + kW, "counted columns")
+    c.holds(0, planes * OH * OW)
+    c.holds(1, planes * H * W)
+    c.holds(2, 4 + 2 * kH * kW)
+    sx = _scale(c, 1)[0]
+    sy = _scale(c, 0)[0]
+    _derive(c, 2, 4, [_f32(sx / _f32(sy * n)) for n in range(1, kH * kW + 1)])
+
+
+def qlinear_add(F, I, args):
+    # Y = A + B of quantized tensors of one shape (onnxruntime's QLinearAdd), fixed point:
+    # y = clamp(round_half_even(((a - a_zp) * MA + (b - b_zp) * MB) / 2**S) + y_zp, lo, hi),
+    # MA / 2**S and MB / 2**S the ratios a_scale / y_scale and b_scale / y_scale (float32)
+    # with 21 significant bits, so |sum| < 2**30: small ints everywhere.
+    # req = [a_zp, b_zp, y_zp, lo, hi, MA, MB, S].
+    Q, y, a, b, req, n, a_signed, b_signed, y_signed = args
+    a_zp = I[req]
+    b_zp = I[req + 1]
+    y_zp = I[req + 2]
+    lo = I[req + 3]
+    hi = I[req + 4]
+    ma = I[req + 5]
+    mb = I[req + 6]
+    s = I[req + 7]
+    fa = 128 if a_signed else 0
+    fb = 128 if b_signed else 0
+    half = 1 << (s - 1)
+    for i in range(n):
+        acc = (((Q[a + i] ^ fa) - fa) - a_zp) * ma + (((Q[b + i] ^ fb) - fb) - b_zp) * mb
+        v = acc >> s
+        r = acc - (v << s)
+        if r > half or (r == half and v & 1):
+            v += 1
+        v += y_zp
+        if v < lo:
+            v = lo
+        elif v > hi:
+            v = hi
+        Q[y + i] = v & 255
+
+
+ADD_BITS = 21    # MA, MB <= 2**21: |(a - a_zp) * MA + (b - b_zp) * MB| <= 2 * 255 * 2**21 < 2**30
+
+
+def add_multipliers(ra, rb):
+    # (MA, MB, S) of the float32 ratios: S = 21 - exponent of the larger (within [1, 30])
+    e = math.frexp(ra if ra > rb else rb)[1]
+    s = ADD_BITS - e
+    if s > 30:
+        s = 30
+    elif s < 1:
+        s = 1
+    top = 1 << ADD_BITS
+    return (min(round(ra * (1 << s)), top) if ra < 1e30 else top,
+            min(round(rb * (1 << s)), top) if rb < 1e30 else top, s)
+
+
+def qlinear_add_check(args, c):
+    Q, y, a, b, req, n = args[:6]
+    c.positive(n)
+    c.each_holds(3, n)
+    c.holds(3, 8)
+    # always derived (the multipliers must keep the sum below 2**30)
+    sy = _scale(c, 0)[0]
+    ra = _f32(_scale(c, 1)[0] / sy)
+    rb = _f32(_scale(c, 2)[0] / sy)
+    if not (0.0 < ra < 3.4e38 and 0.0 < rb < 3.4e38):
+        c.fail("scale ratios %r, %r are not positive and finite" % (ra, rb))
+    values = _head(c, 3, 5)
+    for v in add_multipliers(ra, rb):
+        values.append(v)
+    c.blob.constants.append((c.tensors[3], bytes(values)))
 
 
 def qlinear_max_pool(F, I, args):
@@ -254,22 +510,45 @@ def qlinear_max_pool_check(args, c):
     c.holds(1, planes * H * W)
 
 
+def qlinear_lookup(F, I, args):
+    # Y[i] = table[X[i]] (a 256-byte constant indexed by the byte): Relu, Relu6 / Clip (and
+    # any requantization between two scales) of a quantized tensor, the table computed on
+    # the host as onnxruntime's DequantizeLinear -> op -> QuantizeLinear computes it.
+    Q, y, x, table, n = args
+    for i in range(n):
+        Q[y + i] = Q[table + Q[x + i]]
+
+
+def qlinear_lookup_check(args, c):
+    Q, y, x, table, n = args
+    c.positive(n)
+    c.holds(0, n)
+    c.holds(1, n)
+    c.holds(2, 256)
+
+
 # The viper fast paths (MicroPython with the viper emitter): same bytes, no allocation.
 # `use_fast(False)` switches back to the pure-Python kernels (tests compare the two).
-_pure = (qlinear_gemm, qlinear_conv)
+_FAST_NAMES = ("qlinear_gemm", "qlinear_conv", "qlinear_add", "qlinear_average_pool",
+               "qlinear_global_average_pool", "qlinear_lookup")
+_pure = {}
+for _name in _FAST_NAMES:
+    _pure[_name] = globals()[_name]
 
 
 def use_fast(on=True):
-    global qlinear_gemm, qlinear_conv
-    qlinear_gemm, qlinear_conv = _pure
+    g = globals()
+    for name in _FAST_NAMES:
+        g[name] = _pure[name]
     if on:
         try:
             from microtrain.kernels import qlinear_viper as fast
         except (ImportError, SyntaxError):   # CPython; a MicroPython without viper
             return False
-        fast._slow = _requant
-        fast._pure_conv = _pure[1]
-        qlinear_gemm, qlinear_conv = fast.qlinear_gemm, fast.qlinear_conv
+        fast._slow = _requant_wide
+        fast._pure_conv = _pure["qlinear_conv"]
+        for name in _FAST_NAMES:
+            g[name] = getattr(fast, name)
     return on
 
 

@@ -305,3 +305,179 @@ def qlinear_conv(F, I, args) -> int:
 
 _pure_conv = None   # set by qlinear.py: its pure-Python kernel
 _slow = None   # set by qlinear.py: its exact pure-Python _requant
+
+
+@micropython.viper
+def _requant_store(q, y: int, acc: int, m0: int, shift: int, y_zp: int, lo: int,
+                   hi: int) -> int:
+    # Q[y] = clamp(requant(acc) + y_zp, lo, hi): _requant when it applies, else the exact
+    # pure-Python helper (an accumulator of 2**24 or more).
+    if shift < 1:
+        shift = 1
+    if acc > 0 - _LIMIT and acc < _LIMIT and m0 >= 0 and m0 <= _LIMIT:
+        v = int(_requant(acc, m0, shift)) + y_zp
+    else:
+        v = int(_slow(acc, m0, shift)) + y_zp
+    if v < lo:
+        v = lo
+    elif v > hi:
+        v = hi
+    b = ptr8(q)
+    b[y] = v & 0xFF
+    return 0
+
+
+@micropython.viper
+def qlinear_global_average_pool(F, I, args) -> int:
+    q = ptr8(args[0])
+    r = ptr32(I)
+    y = int(args[1])
+    x = int(args[2])
+    req = int(args[3])
+    planes = int(args[4])
+    count = int(args[5])
+    flip = 0
+    if int(args[6]):
+        flip = 0x80
+    x_zp = int(I[req])
+    y_zp = int(I[req + 1])
+    lo = int(I[req + 2])
+    hi = int(I[req + 3])
+    m0 = r[req + 4]
+    shift = r[req + 5]
+    for p in range(planes):
+        acc = 0
+        i = x + p * count
+        for _ in range(count):
+            acc += ((int(q[i]) ^ flip) - flip) - x_zp
+            i += 1
+        _requant_store(args[0], y + p, acc, m0, shift, y_zp, lo, hi)
+    return 0
+
+
+@micropython.viper
+def qlinear_average_pool(F, I, args) -> int:
+    q = ptr8(args[0])
+    r = ptr32(I)
+    y = int(args[1])
+    x = int(args[2])
+    req = int(args[3])
+    planes = int(args[4])
+    H = int(args[5])
+    W = int(args[6])
+    OH = int(args[7])
+    OW = int(args[8])
+    kH = int(args[9])
+    kW = int(args[10])
+    sH = int(args[11])
+    sW = int(args[12])
+    pT = int(args[13])
+    pL = int(args[14])
+    ch0 = int(args[15])
+    ch1 = int(args[16])
+    cw0 = int(args[17])
+    cw1 = int(args[18])
+    flip = 0
+    if int(args[19]):
+        flip = 0x80
+    x_zp = int(I[req])
+    y_zp = int(I[req + 1])
+    lo = int(I[req + 2])
+    hi = int(I[req + 3])
+    for p in range(planes):
+        base = x + p * H * W
+        for oh in range(OH):
+            h0 = oh * sH - pT
+            h1 = h0 + kH
+            rows = ch1 - ch0
+            if h1 < ch1:
+                rows = h1 - ch0
+            if h0 > ch0:
+                rows -= h0 - ch0
+            r0 = h0
+            if r0 < 0:
+                r0 = 0
+            r1 = h1
+            if r1 > H:
+                r1 = H
+            for ow in range(OW):
+                w0 = ow * sW - pL
+                w1 = w0 + kW
+                cols = cw1 - cw0
+                if w1 < cw1:
+                    cols = w1 - cw0
+                if w0 > cw0:
+                    cols -= w0 - cw0
+                count = rows * cols
+                c0 = w0
+                if c0 < 0:
+                    c0 = 0
+                c1 = w1
+                if c1 > W:
+                    c1 = W
+                acc = 0
+                for h in range(r0, r1):
+                    i = base + h * W + c0
+                    for _ in range(c1 - c0):
+                        acc += ((int(q[i]) ^ flip) - flip) - x_zp
+                        i += 1
+                if count < 1:
+                    acc = 0
+                    count = 1
+                _requant_store(args[0], y, acc, r[req + 2 + 2 * count], r[req + 3 + 2 * count],
+                               y_zp, lo, hi)
+                y += 1
+    return 0
+
+
+@micropython.viper
+def qlinear_add(F, I, args) -> int:
+    q = ptr8(args[0])
+    r = ptr32(I)
+    y = int(args[1])
+    a = int(args[2])
+    b = int(args[3])
+    req = int(args[4])
+    n = int(args[5])
+    fa = 0
+    if int(args[6]):
+        fa = 0x80
+    fb = 0
+    if int(args[7]):
+        fb = 0x80
+    a_zp = int(I[req])
+    b_zp = int(I[req + 1])
+    y_zp = int(I[req + 2])
+    lo = int(I[req + 3])
+    hi = int(I[req + 4])
+    ma = r[req + 5]
+    mb = r[req + 6]
+    s = r[req + 7]
+    half = 1 << (s - 1)
+    for i in range(n):
+        acc = (((int(q[a + i]) ^ fa) - fa) - a_zp) * ma + (((int(q[b + i]) ^ fb) - fb) - b_zp) * mb
+        v = acc >> s
+        rem = acc - (v << s)
+        if rem > half:
+            v += 1
+        elif rem == half and (v & 1):
+            v += 1
+        v += y_zp
+        if v < lo:
+            v = lo
+        elif v > hi:
+            v = hi
+        q[y + i] = v & 0xFF
+    return 0
+
+
+@micropython.viper
+def qlinear_lookup(F, I, args) -> int:
+    q = ptr8(args[0])
+    y = int(args[1])
+    x = int(args[2])
+    table = int(args[3])
+    n = int(args[4])
+    for i in range(n):
+        q[y + i] = q[table + int(q[x + i])]
+    return 0

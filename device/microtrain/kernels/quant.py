@@ -15,7 +15,11 @@
 # reading it back (a product or quotient of float32 values computed in double and rounded
 # once to float32 is the correctly rounded float32 result). round() is round-half-even on
 # CPython and MicroPython alike, like nearbyint.
+import math
+from array import array
+
 _INF = float("inf")
+_NAN = float("nan")
 
 
 def _fake_quant_channel(F, y, x, count, scale, lo, hi):
@@ -207,3 +211,163 @@ def quant_params_check(args, c):
     c.within(args[3], -32768, args[4] - 1, "qmin")
     c.within(args[4], args[3] + 1, 65535, "qmax")
     c.within(args[5], 1e-38, 1.0, "eps")
+
+
+# -- int8 export on the device (Module.export_model_for_inferencing of a QAT blob) ----------
+# The "export" program of a quantization-aware training blob computes, from the current
+# float weights and the frozen observer ranges, what the int8 inference blob holds: BatchNorm
+# folded into the weights, int8 weights with per-channel scales, int32 biases, zero points
+# and the clamp bounds of each requantization. Every float32 rounding the host's QDQ export
+# (pipeline/qdq.py) makes is made here the same way (a store into a float32 array), so both
+# give the same bytes, on boards with float32 arithmetic too.
+_S = array("f", [0.0])    # float32 scratch: _S[0] = v rounds v to float32
+
+
+def fold_batch_norm(F, I, args):
+    # W'[.., c, ..] = W * a[c], B'[c] = beta[c] + (B[c] - mean[c]) * a[c] (B = 0 when absent),
+    # a[c] = gamma[c] / sqrt(var[c] + eps): float32 after every operation.
+    w2, b2, w, b, gamma, beta, mean, var, outer, channels, inner, eps = args
+    for c in range(channels):
+        _S[0] = F[var + c] + eps
+        v = _S[0]
+        _S[0] = math.sqrt(v) if v >= 0.0 else _NAN
+        _S[0] = F[gamma + c] / _S[0] if _S[0] != 0.0 else _NAN
+        a = _S[0]
+        for o in range(outer):
+            at = (o * channels + c) * inner
+            for i in range(at, at + inner):
+                F[w2 + i] = F[w + i] * a
+        F[b2 + c] = (F[b + c] if b >= 0 else 0.0) - F[mean + c]
+        F[b2 + c] = F[b2 + c] * a
+        F[b2 + c] = F[beta + c] + F[b2 + c]
+
+
+def fold_batch_norm_check(args, c):
+    outer, channels, inner = args[8:11]
+    c.positive(outer, channels, inner)
+    c.holds(0, outer * channels * inner)
+    c.holds(2, outer * channels * inner)
+    c.holds(1, channels)
+    if c.present(3):
+        c.holds(3, channels)
+    for k in range(4, 8):
+        c.holds(k, channels)
+
+
+def quantize_weight(F, I, args):
+    # int8 weight q = clamp(round(w * float32(1 / scale[c])), -127, 127) (the rounding of
+    # fake_quant, so the exported weights are the ones training saw), into the byte arena
+    Q, q, w, scale, outer, channels, inner = args
+    for c in range(channels):
+        _S[0] = 1.0 / F[scale + c]
+        inv = _S[0]
+        for o in range(outer):
+            at = (o * channels + c) * inner
+            for i in range(at, at + inner):
+                _S[0] = F[w + i] * inv
+                v = _S[0]
+                if -128.0 < v < 128.0:
+                    k = round(v)
+                    if k < -127:
+                        k = -127
+                    elif k > 127:
+                        k = 127
+                elif v > 0.0:
+                    k = 127
+                else:
+                    k = -127          # -inf, NaN: as fake_quant's lower bound
+                Q[q + i] = k & 255
+
+
+def quantize_weight_check(args, c):
+    outer, channels, inner = args[4:7]
+    c.positive(outer, channels, inner)
+    c.holds(0, outer * channels * inner)
+    c.holds(1, outer * channels * inner)
+    c.holds(2, channels)
+
+
+_I32 = 2147483647
+
+
+def quantize_bias(F, I, args):
+    # int32 bias q[c] = round_half_even(float32(b[c] / float32(x_scale * w_scale[c]))),
+    # clamped to +-(2**31 - 1); NaN gives 0 (onnxruntime's quantizer divides in float32)
+    q, b, x_scale, w_scale, channels = args
+    for c in range(channels):
+        _S[0] = F[x_scale] * F[w_scale + c]
+        _S[0] = F[b + c] / _S[0] if _S[0] != 0.0 else _NAN
+        v = _S[0]
+        if -3e9 < v < 3e9:
+            k = round(v)
+            if k > _I32:
+                k = _I32
+            elif k < -_I32:
+                k = -_I32
+        elif v > 0.0:
+            k = _I32
+        elif v < 0.0:
+            k = -_I32
+        else:
+            k = 0
+        I[q + c] = k
+
+
+def quantize_bias_check(args, c):
+    channels = args[4]
+    c.positive(channels)
+    c.holds(0, channels)
+    c.holds(1, channels)
+    c.holds(2, 1)
+    c.holds(3, channels)
+
+
+def requant_header(F, I, args):
+    # The given head of a requantization tensor: the zero points (x, [second input of an
+    # Add,] y) and the output's clamp bounds: the type's range, narrowed by a fused Relu /
+    # Clip: y_zp + round(float32(bound / y_scale)).
+    h, zx, zb, zy, sy, qmin, qmax, has_min, has_max, cmin, cmax = args
+    I[h] = int(F[zx])
+    k = h + 1
+    if zb >= 0:
+        I[k] = int(F[zb])
+        k += 1
+    y_zp = int(F[zy])
+    I[k] = y_zp
+    lo = qmin
+    hi = qmax
+    if has_min:
+        lo = _bound(cmin, F[sy], y_zp, qmin, qmax, lo, 1)
+    if has_max:
+        hi = _bound(cmax, F[sy], y_zp, qmin, qmax, hi, 0)
+    I[k + 1] = lo
+    I[k + 2] = hi
+
+
+def _bound(value, scale, zp, qmin, qmax, current, lower):
+    _S[0] = value / scale if scale != 0.0 else _NAN
+    v = _S[0]
+    q = zp + round(v) if -1e6 < v < 1e6 else (qmax if v > 0.0 else qmin)
+    if lower:
+        return q if q > current else current
+    return q if q < current else current
+
+
+def requant_header_check(args, c):
+    n = 5 if c.present(2) else 4
+    c.holds(0, n)
+    for k in (1, 2, 3, 4):
+        if k != 2 or c.present(2):
+            c.holds(k, 1)
+    c.within(args[5], -128, 0, "qmin")
+    c.within(args[6], 127, 255, "qmax")
+
+
+def zero_point_int(F, I, args):
+    # the zero point QUANT_PARAMS computed (a float holding an integer) as an int32
+    I[args[0]] = int(F[args[1]])
+
+
+def zero_point_int_check(args, c):
+    c.holds(0, 1)
+    c.holds(1, 1)

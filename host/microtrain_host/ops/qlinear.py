@@ -7,12 +7,20 @@ integer requantization parameters. Device kernels: kernels/qlinear.py.
   QLinearGemm(T, W[, B]) -> Y   Gemm of int8 operands, int32 bias, requantized output
   QLinearConv(T, W[, B]) -> Y   Conv likewise (ONNX Conv attributes)
   QLinearGlobalAveragePool(T) -> Y
+  QLinearAveragePool(T) -> Y    AveragePool attributes (kernel, strides, pads, ceil_mode,
+                                count_include_pad)
+  QLinearAdd(A, B) -> Y         a_scale, a_zero_point, b_scale, b_zero_point, ...
   QLinearMaxPool(T) -> Y        the scale and zero point stay
+  QLinearLookup(T) -> Y         a standalone Relu / Clip: `table` (256 bytes, by X's byte)
 
 Every quantized op carries x_scale, x_zero_point, y_scale, y_zero_point, the output type
 (y_type, ONNX's enum), the clamp bounds lo / hi in the output's quantized domain (a fused
 Relu or Clip, or the type's range); QLinearGemm / QLinearConv also w_scales (per output
-channel). The lowering turns the scales into integer multipliers (requant_multiplier)."""
+channel). Every int8 / uint8 tensor of the blob carries its scale(s) and zero point(s)
+(Tensor.scale, zero_point, axis); a step's requantization tensor stores only its zero points
+and bounds, the device derives the integer multipliers from those scales at load
+(kernels/qlinear.py), in float32 as onnxruntime computes its multipliers.
+`channel_reals` / `requant_multiplier` / `add_multipliers` mirror that derivation."""
 import math
 
 import numpy as np
@@ -30,8 +38,35 @@ MULTIPLIER_BITS = 24   # m0 in [2**23, 2**24]: float32's precision, as onnxrunti
 DEVICE_TYPES = {TensorProto.UINT8: UINT8, TensorProto.INT8: INT8}
 
 
+def channel_reals(x_scale, w_scales, y_scale):
+    """float32(float32(x_scale * w_scale) / y_scale) per channel (onnxruntime's multiplier)."""
+    f = np.float32
+    return [float(f(f(f(x_scale) * f(w)) / f(y_scale))) for w in np.ravel(w_scales)]
+
+
+def pool_reals(x_scale, y_scale, counts):
+    """float32(x_scale / float32(y_scale * count)) for each count (MLAS's average pool)."""
+    f = np.float32
+    return [float(f(f(x_scale) / f(f(y_scale) * f(n)))) for n in counts]
+
+
+ADD_BITS = 21
+
+
+def add_multipliers(a_scale, b_scale, y_scale):
+    """(MA, MB, S) of QLinearAdd (kernels/qlinear.py add_multipliers): the float32 ratios
+    a_scale / y_scale and b_scale / y_scale as MA / 2**S, MB / 2**S with 21 bits."""
+    f = np.float32
+    ra, rb = float(f(f(a_scale) / f(y_scale))), float(f(f(b_scale) / f(y_scale)))
+    s = min(max(ADD_BITS - math.frexp(max(ra, rb))[1], 1), 30)
+    top = 1 << ADD_BITS
+    return (min(round(ra * (1 << s)), top) if ra < 1e30 else top,
+            min(round(rb * (1 << s)), top) if rb < 1e30 else top, s)
+
+
 def requant_multiplier(real):
-    """(m0, shift) with real ~= m0 / 2**shift, m0 < 2**24 + 1, 1 <= shift <= 62."""
+    """(m0, shift) with real ~= m0 / 2**shift, m0 < 2**24 + 1, 1 <= shift <= 62 (exactly
+    for a float32 real: m0 is its mantissa)."""
     if not real > 0.0 or not math.isfinite(real):
         return 0, 1
     mantissa, exponent = math.frexp(real)           # real = mantissa * 2**exponent
@@ -58,28 +93,33 @@ def _round_shift(p, shift):
     return q + 1 if r > half or (r == half and q & 1) else q
 
 
-def _byte_tensor(ctx, name, dtype, shape):
-    tid = ctx.add(Tensor(name, dtype, ACTIVATION, tuple(shape), program=ctx.program_name))
+def _byte_tensor(ctx, name, dtype, shape, scale=(), zero_point=()):
+    tid = ctx.add(Tensor(name, dtype, ACTIVATION, tuple(shape), program=ctx.program_name,
+                         scale=tuple(float(v) for v in scale),
+                         zero_point=tuple(int(v) for v in zero_point)))
     ctx.local[name] = tid
     return tid
 
 
-def _constant(ctx, name, dtype, value):
-    """A constant tensor of the given device dtype (placed once per blob)."""
+def _constant(ctx, name, dtype, value, **quantization):
+    """A constant tensor of the given device dtype (placed once per blob); quantization:
+    scale, zero_point, axis of an int8 one."""
     if name in ctx.persistent:
         ctx.local[name] = ctx.persistent[name]
         return ctx.persistent[name]
     numpy_type = {FLOAT: "<f4", INT32: "<i4", INT8: "i1", UINT8: "u1"}[dtype]
     value = np.asarray(value)
     tid = ctx.add(Tensor(name, dtype, CONSTANT, tuple(value.shape) or (1,),
-                         data=np.ascontiguousarray(value, numpy_type).tobytes()))
+                         data=np.ascontiguousarray(value, numpy_type).tobytes(),
+                         **quantization))
     ctx.persistent[name] = ctx.local[name] = tid
     return tid
 
 
 def _output(ctx, node):
     elem = attr(node, "y_type", TensorProto.UINT8)
-    return _byte_tensor(ctx, node.output[0], DEVICE_TYPES[elem], ctx.shape(node.output[0]))
+    return _byte_tensor(ctx, node.output[0], DEVICE_TYPES[elem], ctx.shape(node.output[0]),
+                        [attr(node, "y_scale")], [attr(node, "y_zero_point", 0)])
 
 
 def _signed(ctx, name):
@@ -87,56 +127,103 @@ def _signed(ctx, name):
 
 
 def _requant_tensor(ctx, node, channel_multipliers):
+    """A stored requantization tensor [x_zp, y_zp, lo, hi, (m0, shift) per channel] (the
+    layout the kernels read; blobs of this version store only the head: _derived_requant)."""
     header = [attr(node, "x_zero_point", 0), attr(node, "y_zero_point", 0), attr(node, "lo", 0),
               attr(node, "hi", 255)]
     pairs = [v for real in channel_multipliers for v in requant_multiplier(real)]
     return _constant(ctx, f"{node.name}.requant", INT32, np.array(header + pairs, np.int32))
 
 
-def _weights(ctx, node):
+def _derived_requant(ctx, node, head, size):
+    """A requantization tensor of `size` int32 whose blob data is only `head` (zero points,
+    clamp bounds): the device derives the multipliers from the tensors' scales at load.
+    It has no name in the blob (nothing looks it up; inspect shows the step using it)."""
+    key = f"{node.name}.requant"
+    data = np.asarray(head, "<i4").tobytes()
+    if key in ctx.persistent:     # the same node in the train and the eval graph
+        tid = ctx.persistent[key]
+        if ctx.tensors[tid].data != data or ctx.tensors[tid].size != size:
+            raise UnsupportedOpError(f"{ctx.where(node)}: node name used twice")
+        ctx.local[key] = tid
+        return tid
+    tid = ctx.add(Tensor("", INT32, CONSTANT, (size,), data=data, derived=True))
+    ctx.persistent[key] = ctx.local[key] = tid
+    return tid
+
+
+def _header(node):
+    return [attr(node, "x_zero_point", 0), attr(node, "y_zero_point", 0), attr(node, "lo", 0),
+            attr(node, "hi", 255)]
+
+
+def _weights(ctx, node, axis):
     w = ctx.value(node.input[1])
     if w is None or w.dtype != np.int8:
         raise UnsupportedOpError(f"{ctx.where(node)}: the weight must be an int8 constant")
-    wid = _constant(ctx, node.input[1], INT8, w)
+    w_scales = [float(v) for v in attr(node, "w_scales")]
+    wid = _constant(ctx, node.input[1], INT8, w, scale=tuple(w_scales),
+                    zero_point=(0,) * len(w_scales), axis=axis)
     bias = NO_TENSOR
     if len(node.input) > 2 and node.input[2]:
         b = ctx.value(node.input[2])
         if b is None or b.dtype != np.int32:
             raise UnsupportedOpError(f"{ctx.where(node)}: the bias must be an int32 constant")
         bias = _constant(ctx, node.input[2], INT32, b)
-    x_scale, y_scale = attr(node, "x_scale"), attr(node, "y_scale")
-    reals = [float(np.float64(x_scale) * np.float64(s) / np.float64(y_scale))
-             for s in attr(node, "w_scales")]
-    return w, wid, bias, reals
+    return w, wid, bias, len(w_scales)
+
+
+SCRATCH = "qlinear.accumulators"
+
+
+def _scratch(ctx, size):
+    """The program's int32 accumulator plane (one for all its int8 convolutions, as large
+    as the largest output plane)."""
+    tid = ctx.local.get(SCRATCH)
+    if tid is None:
+        twin = ctx.twins.get(SCRATCH) if ctx.program_name == "eval" else None
+        tid = twin if twin is not None else ctx.add(
+            Tensor(SCRATCH, INT32, ACTIVATION, (size,), program=ctx.program_name))
+        ctx.local[SCRATCH] = tid
+        if ctx.tensors[tid].size < size:
+            ctx.tensors[tid].shape = (size,)
+    elif ctx.tensors[tid].size < size:
+        ctx.tensors[tid].shape = (size,)
+    return tid
 
 
 @lowering("QLinearGemm")
 def lower_qlinear_gemm(ctx, node):
     x = node.input[0]
     m, k = ctx.shape(x)
-    w, wid, bias, reals = _weights(ctx, node)
-    if attr(node, "transB", 0):
+    transposed = attr(node, "transB", 0)
+    w, wid, bias, channels = _weights(ctx, node, 0 if transposed else 1)
+    if transposed:
         n, sw_k, sw_n = w.shape[0], 1, w.shape[1]
     else:
         n, sw_k, sw_n = w.shape[1], w.shape[1], 1
-    if len(reals) != n:
-        raise UnsupportedOpError(f"{ctx.where(node)}: {len(reals)} weight scales for {n} "
+    if channels != n:
+        raise UnsupportedOpError(f"{ctx.where(node)}: {channels} weight scales for {n} "
                                  f"output channels")
     y = _output(ctx, node)
-    ctx.step(op.QLINEAR_GEMM, [y, ctx.t(x), wid, bias, _requant_tensor(ctx, node, reals)],
+    ctx.step(op.QLINEAR_GEMM, [y, ctx.t(x), wid, bias,
+                               _derived_requant(ctx, node, _header(node), 4 + 2 * n)],
              [m, k, n, k, 1, sw_k, sw_n, _signed(ctx, x), int(ctx.tensors[y].dtype == INT8)])
 
 
 @lowering("QLinearConv")
 def lower_qlinear_conv(ctx, node):
     x = node.input[0]
-    w, wid, bias, reals = _weights(ctx, node)
+    w, wid, bias, channels = _weights(ctx, node, 0)
+    if channels != w.shape[0]:
+        raise UnsupportedOpError(f"{ctx.where(node)}: {channels} weight scales for "
+                                 f"{w.shape[0]} output channels")
     attrs = conv_attributes(node, ctx.shape(x), w.shape, ctx.where(node))
     y = _output(ctx, node)
     out_plane = int(np.prod(ctx.shape(node.output[0])[2:], dtype=np.int64))
-    scratch = ctx.add(Tensor(f"{node.name}.accumulators", INT32, ACTIVATION, (out_plane,),
-                             program=ctx.program_name))
-    ctx.step(op.QLINEAR_CONV, [y, ctx.t(x), wid, bias, _requant_tensor(ctx, node, reals),
+    scratch = _scratch(ctx, out_plane)
+    ctx.step(op.QLINEAR_CONV, [y, ctx.t(x), wid, bias,
+                               _derived_requant(ctx, node, _header(node), 4 + 2 * channels),
                                scratch],
              device_geometry(attrs, ctx.shape(x), w.shape)
              + [_signed(ctx, x), int(ctx.tensors[y].dtype == INT8)])
@@ -147,10 +234,9 @@ def lower_qlinear_global_average_pool(ctx, node):
     x = node.input[0]
     shape = ctx.shape(x)
     planes, count = shape[0] * shape[1], int(np.prod(shape[2:], dtype=np.int64))
-    real = float(np.float64(attr(node, "x_scale")) / (np.float64(attr(node, "y_scale")) * count))
     y = _output(ctx, node)
     ctx.step(op.QLINEAR_GLOBAL_AVERAGE_POOL,
-             [y, ctx.t(x), _requant_tensor(ctx, node, [real])],
+             [y, ctx.t(x), _derived_requant(ctx, node, _header(node), 6)],
              [planes, count, _signed(ctx, x), int(ctx.tensors[y].dtype == INT8)])
 
 
@@ -161,21 +247,30 @@ def lower_qlinear_max_pool(ctx, node):
     if ints[11:] != [1, 1]:
         raise UnsupportedOpError(f"{ctx.where(node)}: int8 MaxPool with dilations")
     geometry = ints[:11]
-    y = _byte_tensor(ctx, node.output[0], ctx.tensors[ctx.t(x)].dtype,
-                     ctx.shape(node.output[0]))
+    source = ctx.tensors[ctx.t(x)]
+    y = _byte_tensor(ctx, node.output[0], source.dtype, ctx.shape(node.output[0]),
+                     source.scale, source.zero_point)
     ctx.step(op.QLINEAR_MAX_POOL, [y, ctx.t(x)], geometry + [_signed(ctx, x)])
 
 
 def _qparams(ctx, node):
-    scale, zp = attr(node, "scale"), attr(node, "zero_point", 0)
-    return _constant(ctx, f"{node.name}.qparams", FLOAT, np.array([scale, zp, 0.0], np.float32))
+    """[scale, zero point, scratch] floats of a Quantize / Dequantize step: derived at load
+    from the byte tensor's quantization parameters (kernels/qlinear.py)."""
+    key = f"{node.name}.qparams"
+    if key in ctx.persistent:
+        ctx.local[key] = ctx.persistent[key]
+        return ctx.persistent[key]
+    tid = ctx.add(Tensor("", FLOAT, CONSTANT, (3,), derived=True))
+    ctx.persistent[key] = ctx.local[key] = tid
+    return tid
 
 
 @lowering("Quantize")
 def lower_quantize_int8(ctx, node):
     x = node.input[0]
     elem = attr(node, "y_type", TensorProto.UINT8)
-    y = _byte_tensor(ctx, node.output[0], DEVICE_TYPES[elem], ctx.shape(x))
+    y = _byte_tensor(ctx, node.output[0], DEVICE_TYPES[elem], ctx.shape(x),
+                     [attr(node, "scale")], [attr(node, "zero_point", 0)])
     qmin, qmax = (0, 255) if elem == TensorProto.UINT8 else (-128, 127)
     ctx.step(op.QUANTIZE_LINEAR, [y, ctx.t(x), _qparams(ctx, node)],
              [ctx.tensors[y].size, qmin, qmax])
@@ -187,3 +282,39 @@ def lower_dequantize_int8(ctx, node):
     y = ctx.define(node.output[0])
     ctx.step(op.DEQUANTIZE_LINEAR, [y, ctx.t(x), _qparams(ctx, node)],
              [ctx.tensors[y].size, _signed(ctx, x)])
+
+
+@lowering("QLinearAveragePool")
+def lower_qlinear_average_pool(ctx, node):
+    x = node.input[0]
+    ints = pool_kernel_ints(node, ctx.shape(x), ctx.shape(node.output[0]), ctx.where(node))
+    k_h, k_w = ints[5], ints[6]
+    y = _output(ctx, node)
+    ctx.step(op.QLINEAR_AVERAGE_POOL,
+             [y, ctx.t(x), _derived_requant(ctx, node, _header(node), 4 + 2 * k_h * k_w)],
+             ints + [_signed(ctx, x), int(ctx.tensors[y].dtype == INT8)])
+
+
+@lowering("QLinearAdd")
+def lower_qlinear_add(ctx, node):
+    a, b = node.input[:2]
+    if ctx.shape(a) != ctx.shape(b) or ctx.shape(a) != ctx.shape(node.output[0]):
+        raise UnsupportedOpError(f"{ctx.where(node)}: int8 Add of shapes {list(ctx.shape(a))} "
+                                 f"and {list(ctx.shape(b))} (only equal shapes)")
+    y = _output(ctx, node)
+    head = [attr(node, "a_zero_point", 0), attr(node, "b_zero_point", 0),
+            attr(node, "y_zero_point", 0), attr(node, "lo", 0), attr(node, "hi", 255)]
+    ctx.step(op.QLINEAR_ADD, [y, ctx.t(a), ctx.t(b), _derived_requant(ctx, node, head, 8)],
+             [ctx.tensors[y].size, _signed(ctx, a), _signed(ctx, b),
+              int(ctx.tensors[y].dtype == INT8)])
+
+
+@lowering("QLinearLookup")
+def lower_qlinear_lookup(ctx, node):
+    x = node.input[0]
+    table = np.asarray(attr(node, "table"), np.int64)
+    elem = attr(node, "y_type", TensorProto.UINT8)
+    y = _output(ctx, node)
+    tid = _constant(ctx, f"{node.name}.table", DEVICE_TYPES[elem],
+                    table.astype(np.uint8 if elem == TensorProto.UINT8 else np.int8))
+    ctx.step(op.QLINEAR_LOOKUP, [y, ctx.t(x), tid], [ctx.tensors[y].size])

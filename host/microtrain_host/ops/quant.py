@@ -12,6 +12,15 @@ pairs is pipeline/quantize.py.
   QuantParams(range) -> (scale, zero_point)   eval: the qparams of the frozen range
   FakeQuantGrad(dY, X, scale, zero_point) -> dX   dY where X quantizes inside [qmin, qmax]
 
+The int8 export a device runs from a QAT blob (Module.export_model_for_inferencing, program
+"export": pipeline/qat_export.py), each the float32 computation of pipeline/qdq.py:
+  FoldBatchNorm(W, B, gamma, beta, mean, var) -> (W', B')   B optional; axis, epsilon
+  QuantizeWeight(W, scale) -> int8 W                        axis
+  QuantizeBias(B, x_scale, w_scale) -> int32 B
+  RequantHeader(x_zp, [b_zp,] y_zp, y_scale) -> int32 [x_zp, (b_zp,) y_zp, lo, hi]
+                                   qmin, qmax, clamp_min / clamp_max (absent: none)
+  ZeroPointInt(zp) -> int32 zp
+
 Gradients: DequantizeLinear passes dY to its quantized input unchanged and QuantizeLinear
 masks it (FakeQuantGrad), so a QDQ pair's gradient is PyTorch's fake_quantize backward.
 Scales and zero points get no gradient (PyTorch computes them without autograd too).
@@ -26,6 +35,7 @@ from .. import opcodes as op
 from ..errors import UnsupportedOpError
 from ..graph import DOMAIN, attr
 from ..reference import MicrotrainOp
+from ..pipeline.lower import ACTIVATION, INT8, INT32, NO_TENSOR, Tensor
 from ..registry import gradient, lowering
 
 QUANT_RANGES = {TensorProto.UINT8: (0, 255), TensorProto.INT8: (-128, 127)}
@@ -113,6 +123,62 @@ def observe_values(value_range, x, momentum):
     c = np.float32(momentum)
     return np.array([low + np.float32(c * np.float32(lo - low)),
                      high + np.float32(c * np.float32(hi - high))], np.float32)
+
+
+def fold_batch_norm_values(w, b, gamma, beta, mean, var, eps, axis=0):
+    """(W', B') of a layer followed by BatchNormalization, float32 after every operation as
+    kernels/quant.py fold_batch_norm: a = gamma / sqrt(var + eps), W' = W * a per output
+    channel, B' = beta + (B - mean) * a (B = 0 when None)."""
+    f = np.float32
+    w = np.asarray(w, f)
+    with np.errstate(all="ignore"):
+        s = np.sqrt((np.asarray(var, f) + f(eps)).astype(f)).astype(f)
+        a = np.where(s != 0, (np.asarray(gamma, f) / np.where(s != 0, s, f(1))).astype(f),
+                     f(np.nan)).astype(f)
+        view = [1] * w.ndim
+        view[axis % w.ndim] = -1
+        w2 = (w * a.reshape(view)).astype(f)
+        b0 = np.zeros(len(a), f) if b is None else np.asarray(b, f)
+        b2 = (np.asarray(beta, f) + ((b0 - np.asarray(mean, f)).astype(f) * a).astype(f))
+    return w2, b2.astype(f)
+
+
+INT32_MAX = 2**31 - 1
+
+
+def quantize_bias_values(b, x_scale, w_scale):
+    """(int32 bias, its float32 scale x_scale * w_scale): round half to even of the float32
+    quotient b / scale (onnxruntime's quantizer), clamped to +-(2**31 - 1), NaN -> 0."""
+    f = np.float32
+    scale = (f(x_scale) * np.asarray(w_scale, f)).astype(f)
+    with np.errstate(all="ignore"):
+        v = np.where(scale != 0, (np.asarray(b, f) / np.where(scale != 0, scale, f(1))
+                                  ).astype(f), f(np.nan)).astype(np.float64)
+        q = np.where(np.abs(v) < 3e9, np.rint(np.nan_to_num(v)), np.where(
+            v > 0, INT32_MAX, np.where(v < 0, -INT32_MAX, 0)))
+    return np.clip(q, -INT32_MAX, INT32_MAX).astype(np.int32), scale
+
+
+def clamp_bound(value, scale, zero_point, qmin, qmax):
+    """The quantized value of a Relu / Clip bound: zp + round(float32(value / scale))."""
+    f = np.float32
+    with np.errstate(all="ignore"):
+        v = float(f(f(value) / f(scale))) if f(scale) != 0 else float("nan")
+    if -1e6 < v < 1e6:
+        return int(zero_point) + int(np.rint(v))
+    return qmax if v > 0 else qmin
+
+
+def requant_head(zero_points, y_scale, qmin, qmax, clamp_min=None, clamp_max=None):
+    """[zero points..., lo, hi] (kernels/quant.py requant_header): lo / hi the type's range
+    narrowed by the fused Relu / Clip bounds."""
+    y_zp = int(zero_points[-1])
+    lo, hi = qmin, qmax
+    if clamp_min is not None:
+        lo = max(lo, clamp_bound(clamp_min, y_scale, y_zp, qmin, qmax))
+    if clamp_max is not None:
+        hi = min(hi, clamp_bound(clamp_max, y_scale, y_zp, qmin, qmax))
+    return [int(z) for z in zero_points] + [lo, hi]
 
 
 # -- gradient rules -------------------------------------------------------------------------
@@ -246,6 +312,61 @@ def lower_quant_params(ctx, node):
              _observer_ints(node), [attr(node, "eps", FLOAT32_EPS)])
 
 
+# -- the device's int8 export (pipeline/qat_export.py) ---------------------------------------
+
+@lowering("FoldBatchNorm")
+def lower_fold_batch_norm(ctx, node):
+    w, b, gamma, beta, mean, var = node.input
+    shape = ctx.shape(w)
+    axis = attr(node, "axis", 0)
+    view = channel_view(shape, axis, shape[axis % len(shape)])
+    ctx.step(op.FOLD_BATCH_NORM, [ctx.define(node.output[0]), ctx.define(node.output[1]),
+                                  ctx.t(w), ctx.t(b) if b else NO_TENSOR, ctx.t(gamma),
+                                  ctx.t(beta), ctx.t(mean), ctx.t(var)],
+             view, [attr(node, "epsilon", 1e-5)])
+
+
+def _int_activation(ctx, name, dtype, shape):
+    tid = ctx.add(Tensor(name, dtype, ACTIVATION, tuple(shape), program=ctx.program_name))
+    ctx.local[name] = tid
+    return tid
+
+
+@lowering("QuantizeWeight")
+def lower_quantize_weight(ctx, node):
+    w, scale = node.input
+    shape = ctx.shape(w)
+    axis = attr(node, "axis", 0)
+    view = channel_view(shape, axis, shape[axis % len(shape)])
+    ctx.step(op.QUANTIZE_WEIGHT, [_int_activation(ctx, node.output[0], INT8, shape), ctx.t(w),
+                                  ctx.t(scale)], view)
+
+
+@lowering("QuantizeBias")
+def lower_quantize_bias(ctx, node):
+    b, x_scale, w_scale = node.input
+    n = ctx.tensors[ctx.t(b)].size
+    ctx.step(op.QUANTIZE_BIAS, [_int_activation(ctx, node.output[0], INT32, (n,)), ctx.t(b),
+                                ctx.t(x_scale), ctx.t(w_scale)], [n])
+
+
+@lowering("RequantHeader")
+def lower_requant_header(ctx, node):
+    zps, scale = list(node.input[:-1]), node.input[-1]
+    head = _int_activation(ctx, node.output[0], INT32, (len(zps) + 2,))
+    cmin, cmax = attr(node, "clamp_min", None), attr(node, "clamp_max", None)
+    ctx.step(op.REQUANT_HEADER, [head, ctx.t(zps[0]), ctx.t(zps[1]) if len(zps) == 3
+                                 else NO_TENSOR, ctx.t(zps[-1]), ctx.t(scale)],
+             [attr(node, "qmin", 0), attr(node, "qmax", 255), int(cmin is not None),
+              int(cmax is not None)], [cmin or 0.0, cmax or 0.0])
+
+
+@lowering("ZeroPointInt")
+def lower_zero_point_int(ctx, node):
+    ctx.step(op.ZERO_POINT_INT, [_int_activation(ctx, node.output[0], INT32, (1,)),
+                                 ctx.t(node.input[0])])
+
+
 # -- numpy references of the ai.microtrain ops ------------------------------------------------
 
 class FakeQuantGrad(MicrotrainOp):
@@ -283,3 +404,33 @@ class QuantParams(MicrotrainOp):
 
     def _run(self, value_range, qmin=0, qmax=255, eps=FLOAT32_EPS):
         return _qparams_outputs(value_range, qmin, qmax, eps)
+
+
+class FoldBatchNorm(MicrotrainOp):
+    def _run(self, w, b, gamma, beta, mean, var, axis=0, epsilon=1e-5):
+        return fold_batch_norm_values(w, b, gamma, beta, mean, var, epsilon, axis)
+
+
+class QuantizeWeight(MicrotrainOp):
+    def _run(self, w, scale, axis=0):
+        q, _ = quantize_values(w, scale, np.zeros(len(scale), np.int64), -WEIGHT_QMAX,
+                               WEIGHT_QMAX, axis)
+        return (q.astype(np.int8),)
+
+
+class QuantizeBias(MicrotrainOp):
+    def _run(self, b, x_scale, w_scale):
+        return (quantize_bias_values(b, np.asarray(x_scale).reshape(-1)[0], w_scale)[0],)
+
+
+class RequantHeader(MicrotrainOp):
+    def _run(self, *inputs, qmin=0, qmax=255, clamp_min=None, clamp_max=None):
+        zps, scale = inputs[:-1], inputs[-1]
+        return (np.array(requant_head([np.asarray(z).reshape(-1)[0] for z in zps],
+                                      np.asarray(scale).reshape(-1)[0], qmin, qmax,
+                                      clamp_min, clamp_max), np.int32),)
+
+
+class ZeroPointInt(MicrotrainOp):
+    def _run(self, zp):
+        return (np.asarray(zp).reshape(1).astype(np.int32),)

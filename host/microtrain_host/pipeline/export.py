@@ -128,7 +128,8 @@ def lower_inference(eval_model, roles, training):
     """Lower the inference graph with its own tensor table. Parameters are lowered as the
     eval program sees them (runtime values, so no lowering can fold them into constants),
     then turned into constants whose data the device fills in at export. Returns the
-    lowering and [(tensor id here, tensor id in the training lowering)]."""
+    lowering and [(tensor id here, Tensor field 6 (data), tensor id in the training
+    lowering)]."""
     lowering = Lowering(roles)
     lowering.lower(INFER_PROGRAM, inference_model(eval_model))
     spliced = []
@@ -142,7 +143,7 @@ def lower_inference(eval_model, roles, training):
             if twin is not None and twin.role == CONSTANT and twin.dtype == t.dtype \
                     and twin.data == t.data and len(t.data) >= 64:
                 t.data = bytes(len(t.data))
-                spliced.append((tid, source))
+                spliced.append((tid, 6, source))
             continue
         if t.role in (INPUT, LABEL):
             continue
@@ -151,7 +152,7 @@ def lower_inference(eval_model, roles, training):
             raise ArtifactError(f"inference tensor '{name}' has no counterpart in the training "
                                 f"blob to take its values from")
         t.role, t.data = CONSTANT, bytes(len(t.data) if t.data else 4 * t.size)
-        spliced.append((tid, source))
+        spliced.append((tid, 6, source))
     return lowering, spliced
 
 
@@ -161,42 +162,76 @@ def _vector(table, field):
     return table.Vector(slot), table.VectorLen(slot)
 
 
-def cut_template(blob, spliced):
-    """Cut out of a written inference blob the data of the spliced tensors and the
-    program's output-id vector. Returns (template bytes, cuts): cuts is a flat list of
-    (position in the template, training tensor id or OUTPUT_IDS) pairs, by position.
-    Field numbers: Model.tensors 2, Model.programs 4, Tensor.data 6, Program.outputs 3."""
+COPY = 0x80000000       # cut kind: COPY | e << 28 | distance: bytes of the training blob
+MIN_COPY = 12           # a copy costs its 8-byte cut: longer regions pay
+
+
+SPLICED_FIELDS = {6: 1, 8: 4, 9: 4}   # Tensor.data, .scale, .zero_point: element bytes
+
+
+def cut_template(blob, spliced, shared=None, training=None):
+    """Cut out of a written inference blob the data (or scales, zero points) of the spliced
+    tensors, the program's
+    output-id vector and, given `shared` (the template's SharedObjects.regions) and
+    `training` (the training blob's), every string or vector of MIN_COPY bytes or more that
+    the training blob holds too. Returns (template bytes, cuts): cuts is a flat list of
+    (position in the template, training tensor id, OUTPUT_IDS or COPY | e << 28 |
+    distance from the end of the training FlatBuffer) pairs, by position (schema:
+    InferenceTemplate). Field numbers: Model.tensors 2, Model.programs 4, Tensor.data 6,
+    Program.outputs 3."""
     content = blob[4:-4]  # the FlatBuffer without size prefix and CRC
     root = Table(content, encode.Get(number_types.UOffsetTFlags.packer_type, content, 0))
     tensors, _ = _vector(root, 2)
     regions = []
-    for tid, source in spliced:
-        data, size = _vector(Table(content, root.Indirect(tensors + 4 * tid)), 6)
-        regions.append((data, data + size, source))
+    for tid, field, source in spliced:
+        data, size = _vector(Table(content, root.Indirect(tensors + 4 * tid)), field)
+        regions.append((data, data + SPLICED_FIELDS[field] * size, source))
     programs, _ = _vector(root, 4)
     outputs, count = _vector(Table(content, root.Indirect(programs)), 3)
     regions.append((outputs - 4, outputs + 4 * count, OUTPUT_IDS))  # with its count
+    if shared and training:
+        taken = sorted(regions)
+        for key, offset, code in shared["placed"]:
+            if len(key) >= MIN_COPY and key in training and training[key][1] == code \
+                    and training[key][0] < 1 << 28:
+                start = len(content) - offset
+                assert content[start:start + len(key)] == key
+                if any(s < start + len(key) and start < e for s, e, _ in taken):
+                    continue   # spliced (a quantization parameter of a QAT template)
+                regions.append((start, start + len(key), COPY | code << 28 | training[key][0]))
     regions.sort()
     template, cuts, at = b"", [], 0
     for start, end, kind in regions:
+        assert start >= at, "overlapping template regions"
         template += content[at:start]
         cuts += [len(template), kind]
         at = end
     return template + content[at:], cuts
 
 
-def inference_template(eval_model, roles, training, write_blob):
-    """(template, cuts, [(output name, tensor id in the inference blob)]) for the training
-    blob; write_blob(lowering) plans a lowering and returns the blob bytes."""
-    lowering, spliced = lower_inference(eval_model, roles, training)
-    template, cuts = cut_template(write_blob(lowering), spliced)
+def inference_template(eval_model, roles, training, write_blob, int8=None):
+    """(inference blob, spliced tensors, its shared regions, [(output name, tensor id in
+    the inference blob)]) for the training blob; write_blob(lowering, regions) plans a
+    lowering and returns the blob bytes, filling `regions` (SharedObjects.regions). The
+    training blob's writer cuts it (write_template). int8: what qat_export.lower_export
+    returned for a QAT blob: the template is then the int8 inference blob."""
+    if int8 is not None:
+        from .qat_export import lower_int8_template
+        lowering, spliced = lower_int8_template(int8, training)
+    else:
+        lowering, spliced = lower_inference(eval_model, roles, training)
+    regions = {}
+    blob = write_blob(lowering, regions)
     program = lowering.programs[INFER_PROGRAM]
-    return template, cuts, [(lowering.tensors[t].name, t) for t in program.outputs]
+    return blob, spliced, regions, [(lowering.tensors[t].name, t) for t in program.outputs]
 
 
-def write_template(b, template):
-    """Write an InferenceTemplate table with FlatBuffers builder b; returns its offset."""
-    data, cuts, outputs = template
+def write_template(b, template, training_regions):
+    """Write an InferenceTemplate table with FlatBuffers builder b, copying from the
+    training blob (its SharedObjects.regions, already written) what both hold; returns its
+    offset."""
+    blob, spliced, regions, outputs = template
+    data, cuts = cut_template(blob, spliced, regions, training_regions)
     output_offsets = []
     for name, tid in outputs:
         name_offset = b.CreateString(name)

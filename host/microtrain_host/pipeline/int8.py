@@ -5,7 +5,14 @@ quantizer) into ai.microtrain int8 ops (ops/qlinear.py):
   * DequantizeLinear(activation) -> Conv / Gemm / MatMul (weight: DequantizeLinear of an
     int8 initializer, bias: of an int32 one) -> [Relu | Clip] -> QuantizeLinear
     becomes QLinearConv / QLinearGemm, the Relu / Clip fused as clamp bounds;
-  * DequantizeLinear -> GlobalAveragePool -> QuantizeLinear: QLinearGlobalAveragePool;
+  * DequantizeLinear -> GlobalAveragePool / AveragePool -> QuantizeLinear:
+    QLinearGlobalAveragePool / QLinearAveragePool;
+  * DequantizeLinear(A), DequantizeLinear(B) -> Add -> [Relu | Clip] -> QuantizeLinear, A
+    and B of one shape: QLinearAdd (onnxruntime's QLinearAdd; the residual connections of
+    ResNet and MobileNetV2 blocks);
+  * DequantizeLinear -> Relu / Clip -> QuantizeLinear where no producer takes them in:
+    QLinearLookup, a 256-entry table computed as onnxruntime computes the float chain
+    (dequantize, Relu / Clip, quantize);
   * DequantizeLinear -> MaxPool -> QuantizeLinear (same scale and zero point):
     QLinearMaxPool; DequantizeLinear -> Flatten / Reshape -> QuantizeLinear (same): the
     view of the int8 tensor;
@@ -21,12 +28,16 @@ from onnx import TensorProto, helper, numpy_helper, shape_inference
 
 from ..errors import ArtifactError
 from ..graph import DOMAIN, attr
+from ..ops.quant import requant_head
 from .checkpoint import write_atomically
 from .lower import INPUT, Lowering
 from .plan import assign_offsets
 
 FUSED_OPS = ("Conv", "Gemm", "MatMul")
 VIEW_OPS = ("Flatten", "Reshape", "Squeeze", "Unsqueeze")
+CLAMP_OPS = ("Relu", "Clip")
+INT8_OPS = FUSED_OPS + ("GlobalAveragePool", "AveragePool", "MaxPool", "Add") + VIEW_OPS \
+    + CLAMP_OPS
 
 
 def _scalar(values, name):
@@ -36,19 +47,29 @@ def _scalar(values, name):
     return np.asarray(v).reshape(-1)
 
 
-def int8_graph(model, float_weights=(), training=False):
+def int8_graph(model, float_weights=(), training=False, structural=False):
     """The QDQ model `model` with its quantized ops fused; a new model.
 
     float_weights: names of weights or biases (a weight's name is its DequantizeLinear's
     output with a trailing ".fake_quant" dropped, e.g. "classifier.weight"; a bias keeps its
-    float name, or "<node>.bias" when BatchNormalization was folded in) whose ops stay float: their int8 weights and int32 biases become float initializers of
-    that name (the trainable layers of a fine-tune). training=True keeps a QuantizeLinear ->
+    float name; one BatchNormalization folded in gives the weight's name with "bias" for
+    "weight", e.g. "blocks.3.bias") whose ops stay float: their int8 weights and int32
+    biases become float initializers of that name (the trainable layers of a fine-tune). training=True keeps a QuantizeLinear ->
     DequantizeLinear pair between float ops as fake quantization (constant scale and zero
     point, as Constant nodes) instead of real int8 tensors, so gradients pass; initializers
-    no node reads any more are dropped."""
+    no node reads any more are dropped. structural=True: decide from names alone, never from
+    values (a MaxPool / view keeps int8 when its pairs share their scale initializers), and
+    give each fused node what its constants are made of (scales: q_scales, the names of the
+    input (and second input) and output scale initializers; clamp_min / clamp_max of a fused
+    Relu / Clip): the template of the int8 blob a device exports (pipeline/qat_export.py)."""
     model = shape_inference.infer_shapes(model)
     graph = model.graph
     values = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    for n in graph.node:   # Clip's bounds as Constant nodes (torch's export)
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+            values[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in list(graph.value_info) + list(graph.input) + list(graph.output)}
     nodes = list(graph.node)
     producers = {o: n for n in nodes for o in n.output}
     consumers = {}
@@ -97,20 +118,56 @@ def int8_graph(model, float_weights=(), training=False):
                                     zero_point=int(zp[0])))
         materialized.add(name)
 
-    def bounds(y_params, chain):
-        scale, zp, elem = float(y_params[0][0]), int(y_params[1][0]), y_params[2]
-        lo, hi = (0, 255) if elem == TensorProto.UINT8 else (-128, 127)
+    def clip_range(c):
+        """(min, max) of a Relu or Clip (None: unbounded)."""
+        if c.op_type == "Relu":
+            return 0.0, None
+        if len(c.input) > 1 or not c.attribute:
+            cmin = _scalar(values, c.input[1]) if len(c.input) > 1 and c.input[1] else None
+            cmax = _scalar(values, c.input[2]) if len(c.input) > 2 and c.input[2] else None
+            return (None if cmin is None else float(cmin[0]),
+                    None if cmax is None else float(cmax[0]))
+        return attr(c, "min", None), attr(c, "max", None)   # Clip-6 attributes
+
+    def constant_clip(c):
+        return c.op_type == "Relu" or all(
+            i in values for i in c.input[1:] if i)
+
+    def clamps(chain):
+        """The tightest (min, max) of a fused Relu / Clip chain (None: unbounded)."""
+        lo = hi = None
         for c in chain:
-            if c.op_type == "Relu":
-                lo = max(lo, zp)
-            else:
-                cmin = _scalar(values, c.input[1]) if len(c.input) > 1 and c.input[1] else None
-                cmax = _scalar(values, c.input[2]) if len(c.input) > 2 and c.input[2] else None
-                if cmin is not None:
-                    lo = max(lo, zp + int(np.rint(cmin[0] / scale)))
-                if cmax is not None:
-                    hi = min(hi, zp + int(np.rint(cmax[0] / scale)))
+            cmin, cmax = clip_range(c)
+            if cmin is not None:
+                lo = cmin if lo is None else max(lo, cmin)
+            if cmax is not None:
+                hi = cmax if hi is None else min(hi, cmax)
         return lo, hi
+
+    def bounds(y_params, chain):
+        # the bounds' quantized values, float32 as onnxruntime's QuantizeLinear
+        qmin, qmax = (0, 255) if y_params[2] == TensorProto.UINT8 else (-128, 127)
+        return requant_head([y_params[1][0]], y_params[0][0], qmin, qmax, *clamps(chain))[1:]
+
+    def names(*nodes_):
+        """structural=True: the scale initializer names of the given Q / DQ nodes, and the
+        fused clamp, as attributes"""
+        return {"q_scales": [n.input[1] for n in nodes_]} if structural else {}
+
+    def lookup_table(x_params, c, y_params):
+        """Y's byte for each byte of X: dequantize, Relu / Clip, quantize in float32."""
+        f = np.float32
+        byte = np.arange(256)
+        q = byte - 256 * (byte > 127) if x_params[2] == TensorProto.INT8 else byte
+        real = ((q - int(x_params[1][0])).astype(f) * f(x_params[0][0])).astype(f)
+        cmin, cmax = clip_range(c)
+        if cmin is not None:
+            real = np.maximum(real, f(cmin))
+        if cmax is not None:
+            real = np.minimum(real, f(cmax))
+        lo, hi = (0, 255) if y_params[2] == TensorProto.UINT8 else (-128, 127)
+        out = np.rint((real / f(y_params[0][0])).astype(f)) + int(y_params[1][0])
+        return [int(v) for v in np.clip(out, lo, hi)]
 
     def common(x_params, y_q, y_params):
         return dict(x_scale=float(x_params[0][0]), x_zero_point=int(x_params[1][0]),
@@ -124,11 +181,12 @@ def int8_graph(model, float_weights=(), training=False):
             continue   # materialized where a float op reads it, folded into a fused op
         fused = None
         x_in = n.input[0] if n.input else None
-        if x_in in dq_source and n.op_type in FUSED_OPS + ("GlobalAveragePool", "MaxPool") \
-                + VIEW_OPS:
+        if x_in in dq_source and n.op_type in INT8_OPS and (
+                n.op_type != "Add" or n.input[1] in dq_source) and (
+                n.op_type not in CLAMP_OPS or constant_clip(n)):
             chain, end = [], n.output[0]
-            while n.op_type in FUSED_OPS and single(end) is not None and \
-                    single(end).op_type in ("Relu", "Clip"):
+            while n.op_type in FUSED_OPS + ("Add",) and single(end) is not None and \
+                    single(end).op_type in CLAMP_OPS and constant_clip(single(end)):
                 chain.append(single(end))
                 end = chain[-1].output[0]
             q = single(end)
@@ -138,8 +196,17 @@ def int8_graph(model, float_weights=(), training=False):
             chain, q, y_params = fused
             x_t, x_params = dq_source[x_in]
             y_t = q.output[0]
-            same = (x_params[0][0] == y_params[0][0] and x_params[1][0] == y_params[1][0]
-                    and x_params[2] == y_params[2])
+            x_dq = producers[x_in]
+            if structural:
+                same = list(x_dq.input[1:]) == list(q.input[1:])
+            else:
+                same = (x_params[0][0] == y_params[0][0] and x_params[1][0] == y_params[1][0]
+                        and x_params[2] == y_params[2])
+            extra_attrs = names(x_dq, q)
+            if structural:
+                cmin, cmax = clamps(chain)
+                extra_attrs.update({k: v for k, v in (("clamp_min", cmin), ("clamp_max", cmax))
+                                    if v is not None})
             made = None
             if n.op_type in FUSED_OPS and weight_name(n.input[1]) not in float_weights and not (
                     len(n.input) > 2 and n.input[2] in float_weights):
@@ -160,12 +227,33 @@ def int8_graph(model, float_weights=(), training=False):
                         "QLinearConv" if n.op_type == "Conv" else "QLinearGemm", inputs, [y_t],
                         name=n.name, domain=DOMAIN, w_scales=[float(v) for v in w[1][0]],
                         lo=lo, hi=hi, transB=int(bool(transposed)),
-                        **common(x_params, q, y_params), **extra)
-            elif n.op_type == "GlobalAveragePool":
+                        **common(x_params, q, y_params), **extra, **extra_attrs)
+            elif n.op_type in ("GlobalAveragePool", "AveragePool"):
                 lo, hi = bounds(y_params, [])
-                made = helper.make_node("QLinearGlobalAveragePool", [x_t], [y_t], name=n.name,
+                made = helper.make_node("QLinear" + n.op_type, [x_t], [y_t], name=n.name,
                                         domain=DOMAIN, lo=lo, hi=hi,
-                                        **common(x_params, q, y_params))
+                                        **common(x_params, q, y_params), **extra_attrs,
+                                        **{a.name: helper.get_attribute_value(a)
+                                           for a in n.attribute})
+            elif n.op_type == "Add" and shapes.get(n.input[0]) == shapes.get(n.input[1]) \
+                    == shapes.get(n.output[0]) and shapes.get(n.input[0]):
+                b_t, b_params = dq_source[n.input[1]]
+                lo, hi = bounds(y_params, chain)
+                if structural:
+                    extra_attrs["q_scales"] = [x_dq.input[1], producers[n.input[1]].input[1],
+                                               q.input[1]]
+                made = helper.make_node(
+                    "QLinearAdd", [x_t, b_t], [y_t], name=n.name, domain=DOMAIN,
+                    a_scale=float(x_params[0][0]), a_zero_point=int(x_params[1][0]),
+                    b_scale=float(b_params[0][0]), b_zero_point=int(b_params[1][0]),
+                    y_scale=float(y_params[0][0]), y_zero_point=int(y_params[1][0]),
+                    y_type=y_params[2], lo=lo, hi=hi, **extra_attrs)
+            elif n.op_type in CLAMP_OPS:
+                made = helper.make_node("QLinearLookup", [x_t], [y_t], name=n.name,
+                                        domain=DOMAIN, y_type=y_params[2],
+                                        y_scale=float(y_params[0][0]),
+                                        y_zero_point=int(y_params[1][0]),
+                                        table=lookup_table(x_params, n, y_params))
             elif same and n.op_type == "MaxPool":
                 made = helper.make_node("QLinearMaxPool", [x_t], [y_t], name=n.name,
                                         domain=DOMAIN, **{a.name: helper.get_attribute_value(a)
@@ -286,7 +374,9 @@ def pack_inference_model(model, path):
     roles = {i.name: INPUT for i in fused.graph.input if i.name not in initializers}
     lowering = Lowering(roles)
     lowering.lower("infer", fused)
-    data = _write(lowering, [], assign_offsets(lowering), "", 0, None, None)
+    # the layout of a QAT blob's device export (pipeline/qat_export.py): values not shared
+    data = _write(lowering, [], assign_offsets(lowering), "", 0, None, None,
+                  share_quantization=False)
     try:
         write_atomically(os.fspath(path), data)
     except OSError as e:

@@ -21,6 +21,7 @@ ROLES = ("input", "label", "param", "grad", "activation", "optimizer_state", "co
          "control")
 INPUT, LABEL, PARAM, GRAD, ACTIVATION, OPTIMIZER_STATE, CONSTANT, CONTROL = range(8)
 NO_TENSOR = 0xFFFFFFFF
+TWIN_SOURCES = ("train", "forward_backward")   # programs whose activations eval may share
 
 
 @dataclasses.dataclass
@@ -33,6 +34,11 @@ class Tensor:
     data: bytes = b""           # CONSTANT: raw little-endian values
     storage: int = -1           # id of the tensor whose space it uses (itself unless an alias)
     offset: int = 0
+    scale: tuple = ()           # INT8 / UINT8: quantization scale(s), per tensor or per channel
+    zero_point: tuple = ()      # ... and zero point(s)
+    axis: int = 0               # ... the channel axis of per-channel ones
+    derived: bool = False       # CONSTANT whose data holds only its first elements (the
+                                # device computes the rest at load: qlinear requantization)
 
     @property
     def size(self):
@@ -112,12 +118,36 @@ class Lowering:
         self.programs = {}
         self.host_values = {}     # integer constants consumed here (shapes, axes)
         self.controls = {}
+        self.twins = {}           # name -> activation of the training program (for eval)
+        self.program_name = ""
 
     # -- tensor table ----------------------------------------------------------------
     def add(self, tensor):
+        """Add a tensor; returns its id. An eval activation whose training twin (same name,
+        dtype, shape and storage) exists is that twin: one table entry, and the planner
+        keeps it where the training program has it (plan.assign_offsets)."""
+        twin = self.twin(tensor)
+        if twin is not None:
+            return twin
         tensor.storage = len(self.tensors) if tensor.storage < 0 else tensor.storage
         self.tensors.append(tensor)
-        return len(self.tensors) - 1
+        tid = len(self.tensors) - 1
+        if tensor.role == ACTIVATION and tensor.name and self.program_name in TWIN_SOURCES:
+            self.twins.setdefault(tensor.name, tid)
+        return tid
+
+    def twin(self, tensor):
+        if tensor.role != ACTIVATION or self.program_name != "eval" or not tensor.name:
+            return None
+        tid = self.twins.get(tensor.name)
+        if tid is None:
+            return None
+        t = self.tensors[tid]
+        own = tensor.storage < 0
+        if t.role != ACTIVATION or t.dtype != tensor.dtype or tuple(t.shape) != tuple(tensor.shape) or (
+                (t.storage == tid) != own) or (not own and t.storage != tensor.storage):
+            return None
+        return tid
 
     def control(self, name):
         if name not in self.persistent:
@@ -232,7 +262,8 @@ class Lowering:
     def alias(self, out_name, in_name):
         base = self.tensors[self.t(in_name)]
         tid = self.add(Tensor(out_name, base.dtype, base.role, self.shape(out_name),
-                              program=base.program, storage=base.storage))
+                              program=base.program, storage=base.storage, scale=base.scale,
+                              zero_point=base.zero_point, axis=base.axis, derived=base.derived))
         if base.role == CONSTANT:
             self.tensors[tid].data = base.data
         self.local[out_name] = tid

@@ -10,6 +10,7 @@ import flatbuffers
 import numpy as np
 
 from . import export as inference
+from . import qat_export
 from .checkpoint import write_atomically
 from ..errors import ArtifactError
 from .lower import CONSTANT, Lowering, Program, meta_names, roles_from_metadata
@@ -27,17 +28,72 @@ def _uints(builder, values, dtype):
     return builder.CreateNumpyVector(np.asarray(values, dtype=dtype))
 
 
+class SharedObjects:
+    """Strings and vectors written once per blob: FlatBuffers lets any number of tables
+    point at one string or vector, so equal tensor names, program names, shapes, step
+    attributes and scales cost their bytes once. `regions` maps the bytes of each one
+    (u32 count, elements, a string's NUL) to (its offset: distance from the end of the
+    buffer, 0 for a string or 1 for a vector of 4-byte elements): an inference template
+    copies from them what it shares with its training blob (pipeline/export.py)."""
+
+    def __init__(self, builder):
+        self.b = builder
+        self.regions = {}
+        self.sources = {}  # bytes -> (offset, kind) of every one, shared or not (copyable)
+        self.placed = []   # every (bytes, offset, kind) written, shared or not
+
+    def own_vector(self, values, dtype):
+        """A vector of this table's own (quantization parameters: a template splices them),
+        recorded for the template's copies all the same."""
+        array = np.ascontiguousarray(np.asarray(values, dtype=dtype))
+        key = len(array).to_bytes(4, "little") + array.tobytes()
+        offset = self.b.CreateNumpyVector(array)
+        self.sources.setdefault(key, (offset, 1))
+        self.placed.append((key, offset, 1))
+        return offset
+
+    def string(self, text):
+        raw = text.encode("utf-8")
+        key = len(raw).to_bytes(4, "little") + raw + b"\0"
+        if key not in self.regions:
+            self.regions[key] = (self.b.CreateString(raw), 0)
+            self.sources.setdefault(key, self.regions[key])
+            self.placed.append((key,) + self.regions[key])
+        return self.regions[key][0]
+
+    def vector(self, values, dtype):
+        array = np.ascontiguousarray(np.asarray(values, dtype=dtype))
+        assert array.itemsize == 4
+        key = len(array).to_bytes(4, "little") + array.tobytes()
+        if key not in self.regions:
+            self.regions[key] = (self.b.CreateNumpyVector(array), 1)
+            self.sources.setdefault(key, self.regions[key])
+            self.placed.append((key,) + self.regions[key])
+        return self.regions[key][0]
+
+
 def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options,
-           full_training=(0, 0), inference_template=None, source_opset=0):
+           full_training=(0, 0), inference_template=None, source_opset=0, regions=None,
+           share_quantization=True):
+    """The blob bytes. regions: a dict that receives where each string and vector is, for
+    an inference template cut from this blob. share_quantization=False: every quantized
+    tensor keeps its own scale and zero point vectors, whatever their values (an int8
+    inference blob whose layout must not depend on them: one the device exports from a QAT
+    blob, and the host's of the same model)."""
     float_arena, int_arena, naive_size, lower_bound = sizes
     b = flatbuffers.Builder(4096)
+    shared = SharedObjects(b)
     tensor_offsets = []
     for t in lowering.tensors:
-        name = b.CreateString(t.name)
-        shape = _uints(b, list(t.shape), np.int32)
+        name = shared.string(t.name)
+        shape = shared.vector(list(t.shape), np.int32)
         data = b.CreateNumpyVector(np.frombuffer(t.data, np.uint8)) if t.role == CONSTANT else None
-        program = b.CreateString(t.program) if t.program else None
-        b.StartObject(8)
+        program = shared.string(t.program) if t.program else None
+        vector = shared.vector if share_quantization else shared.own_vector
+        scale = vector(t.scale, np.float32) if len(t.scale) else None
+        zero_point = vector(t.zero_point[:1] if len(set(t.zero_point)) == 1 else t.zero_point,
+                            np.int32) if len(t.zero_point) else None
+        b.StartObject(12)
         b.PrependUOffsetTRelativeSlot(0, name, 0)
         b.PrependUint8Slot(1, t.dtype, 0)
         b.PrependUint8Slot(2, t.role, 0)
@@ -48,24 +104,31 @@ def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options,
             b.PrependUOffsetTRelativeSlot(6, data, 0)
         if program is not None:
             b.PrependUOffsetTRelativeSlot(7, program, 0)
+        if scale is not None:
+            b.PrependUOffsetTRelativeSlot(8, scale, 0)
+            b.PrependUOffsetTRelativeSlot(9, zero_point, 0)
+            b.PrependInt32Slot(10, t.axis, 0)
+        b.PrependBoolSlot(11, t.derived, False)
         tensor_offsets.append(b.EndObject())
     program_offsets = []
+    step_tables = {}   # an eval step equal to a train step (shared tensors) is its table
     for program in lowering.programs.values():
         step_offsets = []
         for step in program.steps:
-            tensors = _uints(b, step.tensors, np.uint32)
-            ints = _uints(b, step.ints, np.int32)
-            floats = _uints(b, step.floats, np.float32)
-            b.StartObject(4)
-            b.PrependUint16Slot(0, step.op, 0)
-            b.PrependUOffsetTRelativeSlot(1, tensors, 0)
-            b.PrependUOffsetTRelativeSlot(2, ints, 0)
-            b.PrependUOffsetTRelativeSlot(3, floats, 0)
-            step_offsets.append(b.EndObject())
-        name = b.CreateString(program.name)
+            key = (step.op, shared.vector(step.tensors, np.uint32),
+                   shared.vector(step.ints, np.int32), shared.vector(step.floats, np.float32))
+            if key not in step_tables:
+                b.StartObject(4)
+                b.PrependUint16Slot(0, step.op, 0)
+                b.PrependUOffsetTRelativeSlot(1, key[1], 0)
+                b.PrependUOffsetTRelativeSlot(2, key[2], 0)
+                b.PrependUOffsetTRelativeSlot(3, key[3], 0)
+                step_tables[key] = b.EndObject()
+            step_offsets.append(step_tables[key])
+        name = shared.string(program.name)
         steps = _table_vector(b, step_offsets)
-        inputs = _uints(b, program.inputs, np.uint32)
-        outputs = _uints(b, program.outputs, np.uint32)
+        inputs = shared.vector(program.inputs, np.uint32)
+        outputs = _uints(b, program.outputs, np.uint32)   # its own: a template cuts it out
         b.StartObject(4)
         b.PrependUOffsetTRelativeSlot(0, name, 0)
         b.PrependUOffsetTRelativeSlot(1, steps, 0)
@@ -105,7 +168,7 @@ def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options,
     params_vec = _table_vector(b, param_offsets)
     programs_vec = _table_vector(b, program_offsets)
     loss_name = b.CreateString(loss)
-    template = (inference.write_template(b, inference_template)
+    template = (inference.write_template(b, inference_template, shared.sources)
                 if inference_template is not None else None)
     b.StartObject(17)
     b.PrependUint16Slot(0, FORMAT_VERSION, 0)
@@ -129,6 +192,8 @@ def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options,
         b.PrependUOffsetTRelativeSlot(14, template, 0)
     b.FinishSizePrefixed(b.EndObject(), file_identifier=IDENTIFIER)
     body = bytes(b.Output())
+    if regions is not None:
+        regions["placed"] = shared.placed
     return body + (zlib.crc32(body[4:]) & 0xFFFFFFFF).to_bytes(4, "little")
 
 
@@ -208,6 +273,7 @@ def blob_bytes(training_model, eval_model, optimizer_model, optimizer_options=No
         if optimizer_options is None:
             optimizer_options = dict(ast.literal_eval(opt_meta["microtrain.options"]))
         lowering.lower("optimizer", optimizer_model)
+    int8_export = qat_export.lower_export(lowering, eval_model)   # QAT: the int8 export
     lowering.control("lazy_reset_grad")
     lowering.control("learning_rate")
     if optimizer == OptimType.AdamW:
@@ -221,7 +287,9 @@ def blob_bytes(training_model, eval_model, optimizer_model, optimizer_options=No
         _split_forward_backward(lowering, {n.name or n.op_type for n in forward}, output_grads)
     template = inference.inference_template(
         eval_model, roles, lowering,
-        lambda infer: _write(infer, [], assign_offsets(infer), "", 0, None, None))
+        lambda infer, regions: _write(infer, [], assign_offsets(infer), "", 0, None, None,
+                                      regions=regions,
+                                      share_quantization=int8_export is None), int8_export)
     trainable = set(meta_names(meta, "trainable"))
     parameters = []
     for name in meta_names(meta, "params"):

@@ -8,6 +8,8 @@ The algorithm (the greedy planner TensorFlow Lite Micro uses):
     lifetime intersects its own (first fit over the gaps between those buffers);
   * the arena is the highest end of any placed buffer.
 The lower bound no plan can beat is the largest total size of buffers alive at one step."""
+import dataclasses
+
 from .lower import (ACTIVATION, BYTE_TYPES, CONSTANT, CONTROL, FLOAT, GRAD, INPUT, INT32, LABEL,
                     NO_TENSOR, OPTIMIZER_STATE, PARAM)
 
@@ -17,12 +19,17 @@ def _overlaps_in_time(a, b):
     return a[1] <= b[2] and b[1] <= a[2]
 
 
-def plan(buffers):
-    """buffers: [(size, first, last)] -> (offsets, arena size)."""
-    order = sorted(range(len(buffers)),
+def plan(buffers, fixed=None):
+    """buffers: [(size, first, last)] -> (offsets, arena size). fixed: {index: offset} of
+    buffers already placed (shared with a program planned before)."""
+    fixed = fixed or {}
+    order = sorted((i for i in range(len(buffers)) if i not in fixed),
                    key=lambda i: (-buffers[i][0], -(buffers[i][2] - buffers[i][1]), i))
     offsets = [None] * len(buffers)
     placed = []
+    for i, at in fixed.items():
+        offsets[i] = at
+        placed.append(i)
     for i in order:
         size = buffers[i][0]
         busy = sorted((offsets[j], offsets[j] + buffers[j][0]) for j in placed
@@ -46,14 +53,22 @@ def lower_bound(buffers):
     return max(sum(b[0] for b in buffers if b[1] <= t <= b[2]) for t in range(last + 1))
 
 
-def check(buffers, offsets):
-    """Raise AssertionError if two buffers alive at the same time share space."""
+def conflict(buffers, offsets):
+    """The first pair (i, j) of buffers alive at the same time that share space, or None."""
     for i, a in enumerate(buffers):
         for j in range(i + 1, len(buffers)):
             b = buffers[j]
             if _overlaps_in_time(a, b) and a[0] and b[0]:
                 if offsets[i] < offsets[j] + b[0] and offsets[j] < offsets[i] + a[0]:
-                    raise AssertionError(f"buffers {i} and {j} overlap in time and space")
+                    return i, j
+    return None
+
+
+def check(buffers, offsets):
+    """Raise AssertionError if two buffers alive at the same time share space."""
+    pair = conflict(buffers, offsets)
+    if pair is not None:
+        raise AssertionError(f"buffers {pair[0]} and {pair[1]} overlap in time and space")
 
 
 def picture(buffers, offsets, size, width=64, names=None):
@@ -113,39 +128,59 @@ def assign_offsets(lowering):
             if t.role == role and t.storage == tid:
                 t.offset = ends[arena(t)]
                 ends[arena(t)] += t.size
-    for tid, t in enumerate(tensors):
-        # Integer activations (bit-packed dropout masks, 1/30 of their float size) get space
-        # of their own: the planner shares float space only.
-        if t.role == ACTIVATION and t.dtype == INT32 and t.storage == tid:
-            t.offset = ends[INT32]
-            ends[INT32] += t.size
+    # Each program's activations, planned into one region per arena: float, int32 (bit-packed
+    # dropout masks, the accumulator planes of int8 convolutions), int8 / uint8. An eval
+    # activation shared with the training program (Lowering.twin) keeps its place.
+    regions = {}
+    naive = ends[FLOAT]
+    peak = 0
+    for dtypes, arena in (((FLOAT,), FLOAT), ((INT32,), INT32), (BYTE_TYPES, "bytes")):
+        regions[arena] = 0
+        placed = {}
+        for program in lowering.programs.values():
+            while True:
+                spans = lifetimes(program, tensors, dtypes)
+                ids = sorted(spans)
+                buffers = [(tensors[s].size, spans[s][0], spans[s][1]) for s in ids]
+                fixed = {k: placed[s] for k, s in enumerate(ids) if s in placed}
+                offsets, size = plan(buffers, fixed)
+                pair = conflict(buffers, offsets)
+                if pair is None:
+                    break
+                # two shared buffers apart in time in training meet here: this program
+                # gets its own copy of one of them
+                _unshare(lowering, program, ids[pair[1] if pair[1] in fixed else pair[0]])
+            for s, off in zip(ids, offsets):
+                placed[s] = off
+                tensors[s].offset = ends[arena] + off
+            regions[arena] = max(regions[arena], size)
+            if arena == FLOAT:
+                naive += sum(b[0] for b in buffers)
+                peak = max(peak, lower_bound(buffers))
     base = ends[FLOAT]
-    region = peak = 0
-    naive = base
-    for program in lowering.programs.values():
-        spans = lifetimes(program, tensors)
-        ids = sorted(spans)
-        buffers = [(tensors[s].size, spans[s][0], spans[s][1]) for s in ids]
-        offsets, size = plan(buffers)
-        check(buffers, offsets)
-        naive += sum(b[0] for b in buffers)
-        peak = max(peak, lower_bound(buffers))
-        for s, off in zip(ids, offsets):
-            tensors[s].offset = base + off
-        region = max(region, size)
-    # int8 / uint8 activations: the same plan in the byte arena, after its persistent part
-    byte_region = 0
-    for program in lowering.programs.values():
-        spans = lifetimes(program, tensors, BYTE_TYPES)
-        ids = sorted(spans)
-        buffers = [(tensors[s].size, spans[s][0], spans[s][1]) for s in ids]
-        offsets, size = plan(buffers)
-        check(buffers, offsets)
-        for s, off in zip(ids, offsets):
-            tensors[s].offset = ends["bytes"] + off
-        byte_region = max(byte_region, size)
-    lowering.byte_arena = ends["bytes"] + byte_region
+    region = regions[FLOAT]
+    ends[INT32] += regions[INT32]
+    lowering.byte_arena = ends["bytes"] + regions["bytes"]
     for tid, t in enumerate(tensors):
         if t.storage != tid:
             t.offset = tensors[t.storage].offset
     return base + region, ends[INT32], naive, base + peak
+
+
+def _unshare(lowering, program, storage):
+    """Give `program` its own copy of the activation storage `storage` (and of the aliases of
+    it the program uses): new tensor entries, the program's steps and outputs renamed."""
+    tensors = lowering.tensors
+    used = {t for step in program.steps for t in step.tensors} | set(program.outputs)
+    mapping = {}
+    for tid in [storage] + [k for k, t in enumerate(tensors) if t.storage == storage and
+                            k != storage and k in used]:
+        clone = dataclasses.replace(tensors[tid], program=program.name)
+        tensors.append(clone)
+        mapping[tid] = len(tensors) - 1
+    for tid, new in mapping.items():
+        tensors[new].storage = mapping[storage]
+    for step in program.steps:
+        step.tensors = [mapping.get(t, t) for t in step.tensors]
+    program.outputs = [mapping.get(t, t) for t in program.outputs]
+    program.inputs = [mapping.get(t, t) for t in program.inputs]

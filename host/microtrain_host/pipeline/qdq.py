@@ -6,15 +6,17 @@ From the inference graph of the eval model (parameters as initializers, pipeline
   * each observer (QuantParams of a frozen range) becomes its scale and zero point;
   * each quantized Conv / Gemm / MatMul: a BatchNormalization right after it (inference
     form) is folded into its weight and bias (W' = W * a, B' = beta + (B - mean) * a per
-    output channel, a = gamma / sqrt(var + eps), in double, rounded once to float32); the
+    output channel, a = gamma / sqrt(var + eps), float32 after every operation); the
     weight becomes an int8 initializer with its per-channel scale max|W'| / 127 (DQ of it
-    stays in the graph); the bias an int32 initializer round(B' / (x_scale * w_scale)) behind
-    a DequantizeLinear, as onnxruntime's quantizer writes it;
+    stays in the graph); the bias an int32 initializer round(B' / (x_scale * w_scale)) (the
+    float32 quotient) behind a DequantizeLinear, as onnxruntime's quantizer writes it;
   * nothing else changes: Relu and Clip stay (onnxruntime drops a Relu before a
     QuantizeLinear whose zero point is the bottom of the range).
 
-`folded_weights` computes these constants for one layer in numpy, the way the device's
-export kernels do (kernels/quant.py), so that both give the same integers.
+Every constant is the float32 computation of the device's export kernels (kernels/quant.py,
+numpy mirrors in ops/quant.py), so the int8 blob a device exports from its QAT training blob
+equals the one the host packs from this model (pipeline/qat_export.py). `layers`, when
+given, receives per quantized weight what went into its constants.
 `strip_quantization` turns a QAT graph back into a float one (for a float export)."""
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
@@ -22,27 +24,12 @@ from onnx import TensorProto, helper, numpy_helper
 from ..errors import ArtifactError
 from ..graph import DOMAIN, attr
 from ..ops.quant import FLOAT32_EPS, NUMPY_TYPES, WEIGHT_QMAX, \
-    abs_max_scale_values, qparams_values, quantize_values
+    abs_max_scale_values, fold_batch_norm_values, qparams_values, quantize_bias_values, \
+    quantize_values
 from .quantize import quantization_metadata
 
-
-def fold_batch_norm(w, b, gamma, beta, mean, var, eps, axis=0):
-    """(W', B') of a layer followed by BatchNormalization, per output channel along axis."""
-    a = np.asarray(gamma, np.float64) / np.sqrt(np.asarray(var, np.float64)
-                                               + float(np.float32(eps)))
-    view = [1] * w.ndim
-    view[axis] = -1
-    w2 = (np.asarray(w, np.float64) * a.reshape(view)).astype(np.float32)
-    b = np.zeros(len(a)) if b is None else np.asarray(b, np.float64)
-    b2 = (np.asarray(beta, np.float64) + (b - np.asarray(mean, np.float64)) * a)
-    return w2, b2.astype(np.float32)
-
-
-def quantize_bias(b, x_scale, w_scale):
-    """(int32 bias, its float32 scale x_scale * w_scale): round half to even of b / scale."""
-    scale = (np.float32(x_scale) * np.asarray(w_scale, np.float32)).astype(np.float32)
-    q = np.rint(np.asarray(b, np.float64) / scale.astype(np.float64))
-    return np.clip(q, -2**31 + 1, 2**31 - 1).astype(np.int32), scale
+fold_batch_norm = fold_batch_norm_values
+quantize_bias = quantize_bias_values
 
 
 def quantize_weight(w, axis):
@@ -51,6 +38,15 @@ def quantize_weight(w, axis):
     q, _ = quantize_values(w, scale, np.zeros(len(scale), np.int64), -WEIGHT_QMAX, WEIGHT_QMAX,
                            axis)
     return q.astype(np.int8), scale
+
+
+def _bias_name(node, weight, taken):
+    """The name of the bias a folded BatchNormalization gives a layer that had none: the
+    weight's with "bias" for "weight" (blocks.3.weight -> blocks.3.bias), else
+    "<node>.bias"."""
+    if weight.endswith("weight") and weight[:-6] + "bias" not in taken:
+        return weight[:-6] + "bias"
+    return f"{node.name}.bias"
 
 
 def strip_quantization(model):
@@ -90,9 +86,11 @@ def _drop_unused(graph):
     graph.value_info.extend(infos)
 
 
-def qdq_model(model, eval_model):
+def qdq_model(model, eval_model, layers=None):
     """Turn the inference graph `model` (parameters as initializers) of a QAT eval model
-    into the QDQ inference model (in place)."""
+    into the QDQ inference model (in place). layers: a dict that receives, per int8 weight
+    initializer, {weight, axis, bn (gamma, beta, mean, var, eps) or None, bias (float
+    parameter or None), bias_q (int32 initializer or None), x_scale (its input's scale)}."""
     record = quantization_metadata(eval_model)
     if record is None:
         raise ArtifactError("the artifacts were not packed for quantization-aware training "
@@ -139,12 +137,17 @@ def qdq_model(model, eval_model):
             raise ArtifactError(f"Gemm node '{node.name}': a bias of shape {list(b.shape)} "
                                 f"cannot be quantized per output channel")
         after = consumers.get(node.output[0], [])
+        detail = {"weight": w_name, "axis": axis, "bn": None, "bias_q": None, "x_scale": None,
+                  "bias": node.input[2] if b is not None else None}
         if len(after) == 1 and after[0].op_type == "BatchNormalization" and bias_index:
             bn = after[0]
             gamma, beta, mean, var = (values[i] for i in bn.input[1:5])
             w, b = fold_batch_norm(w, b, gamma, beta, mean, var, attr(bn, "epsilon", 1e-5), axis)
+            detail["bn"] = list(bn.input[1:5]) + [float(attr(bn, "epsilon", 1e-5))]
             node.output[0] = bn.output[0]
             drop.add(bn.name)
+        if layers is not None:
+            layers[dq.input[0]] = detail
         w_q, w_scale = quantize_weight(w, axis)
         constant(dq.input[0], w_q)
         constant(dq.input[1], w_scale)
@@ -157,8 +160,10 @@ def qdq_model(model, eval_model):
                 raise ArtifactError(f"{node.op_type} node '{node.name}': its input is not "
                                     f"quantized, so its bias cannot be")
             b_q, b_scale = quantize_bias(b, scales[x_dq.input[1]], w_scale)
-            base = node.input[2] if len(node.input) > 2 and node.input[2] else f"{node.name}.bias"
+            base = node.input[2] if len(node.input) > 2 and node.input[2] else \
+                _bias_name(node, w_name, set(values) | set(new_inits))
             constant(base + ".quantized", b_q)
+            detail["bias_q"], detail["x_scale"] = base + ".quantized", x_dq.input[1]
             constant(base + ".scale", b_scale)
             constant(base + ".zero_point", np.zeros(len(b_q), np.int32))
             nodes.append(helper.make_node(

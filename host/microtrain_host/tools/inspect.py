@@ -1,5 +1,8 @@
 """Human-readable description of a packed blob, as read by the device's own reader."""
+import numpy as np
 from microtrain import blob as device_blob
+from microtrain.errors import BlobError
+from microtrain.flatbuf import Reader
 
 from .. import opcodes
 from ..pipeline.pack import TRAINING_PROGRAMS
@@ -13,8 +16,20 @@ def _kib(elements):
     return f"{elements * 4 / 1024:.1f} KiB"
 
 
-def describe(path, steps=True):
+def _name(b, tid):
+    return b.names[tid] or f"#{tid}"
+
+
+def describe(path, steps=True, scales=False, checkpoint=None):
+    """The text `microtrain inspect` prints. scales: every per-channel scale, not a range.
+    checkpoint: a QAT model's checkpoint, to show the scales and zero points it holds now
+    (the observers' ranges, the weights' max |w| / 127)."""
     b = device_blob.load(str(path), keep_steps=True)
+    values = None
+    if checkpoint is not None:
+        from ..pipeline.checkpoint import read_checkpoint
+        state = read_checkpoint(str(checkpoint))
+        values = {**state.trainable, **state.frozen}
     lines = []
     opt = b.optimizer
     lines.append(f"blob {path}: format {device_blob.FORMAT_VERSION}, loss {b.loss or '-'}"
@@ -52,9 +67,11 @@ def describe(path, steps=True):
                      f"every parameter: pruning saved {saved} ({_kib(saved)}, "
                      f"{100.0 * saved / b.full_training_arena:.0f} %); train program "
                      f"{train_steps} steps vs {b.full_training_steps}")
-    quantized = _quantization(b)
+    lines += [""] + blob_bytes(str(path))
+    quantized = _quantization(b, values)
     if quantized:
         lines += [""] + quantized
+    lines += quantized_tensors(b, scales)
     lines.append("")
     lines.append("parameters:")
     for tensor, grad, state in b.parameters:
@@ -72,7 +89,7 @@ def describe(path, steps=True):
                 continue
             dtype = ("f32", "i32", "i8", "u8")[b.dtypes[tid]]
             lines.append(f"  {tid:4d} {role:15s} {dtype} {list(b.shapes[tid])!s:14s} "
-                         f"@{b.offsets[tid]:<7d} {b.sizes[tid]:7d}  {name}")
+                         f"@{b.offsets[tid]:<7d} {b.sizes[tid]:7d}  {_name(b, tid)}")
     if steps:
         for name, records in b.step_records.items():
             program = b.programs[name]
@@ -81,7 +98,8 @@ def describe(path, steps=True):
             outs = ", ".join(b.names[t] for t in program.outputs) or "-"
             lines.append(f"program {name}: {len(records)} steps; inputs {ins}; outputs {outs}")
             for i, (op, tensors, ints, floats) in enumerate(records):
-                args = ", ".join(b.names[t] if t != device_blob.NO_TENSOR else "-" for t in tensors)
+                args = ", ".join(_name(b, t) if t != device_blob.NO_TENSOR else "-"
+                                 for t in tensors)
                 attrs = " ".join(str(v) for v in ints)
                 if floats:
                     attrs += " | " + " ".join(f"{v:g}" for v in floats)
@@ -89,13 +107,15 @@ def describe(path, steps=True):
     return "\n".join(lines)
 
 
-def _quantization(b):
+def _quantization(b, values=None):
     """The fake-quantized tensors of a QAT blob (the eval program's FAKE_QUANT steps): dtype,
-    per tensor or per channel, where the scale and zero point come from; and the bytes the
-    quantized weights take as float32 now and as int8 (+ a float32 scale per channel) once
-    exported."""
+    per tensor or per channel, where the scale and zero point come from (with `values`, a
+    checkpoint's parameters: their values now); and the bytes the quantized weights take as
+    float32 now and as int8 (+ a float32 scale per channel) once exported."""
+    from ..ops.quant import abs_max_scale_values, qparams_values
     records = b.step_records.get("eval") or []
-    producers = {tensors[0]: (op, tensors) for op, tensors, _, _ in records}
+    producers = {tensors[0]: (op, tensors, ints, floats) for op, tensors, ints, floats in records}
+    constants = dict(b.constants)
     lines = []
     float_bytes = int8_bytes = 0
     for op, tensors, ints, _ in records:
@@ -105,6 +125,7 @@ def _quantization(b):
         outer, channels, inner, qmin, qmax = ints
         dtype = "uint8" if qmin == 0 else "int8"
         source = producers.get(scale)
+        now = ""
         if source and source[0] == opcodes.ABS_MAX_SCALE:
             qmin = -127   # |w| / scale <= 127: the int8 grid's -128 is never reached
             how = (f"symmetric, {channels} channel scales = max|w| / 127 of the current "
@@ -112,16 +133,107 @@ def _quantization(b):
             n = b.sizes[x]
             float_bytes += 4 * n
             int8_bytes += n + 4 * channels
+            w = (values or {}).get(b.names[source[1][1]])
+            if w is not None:
+                view = np.asarray(w, np.float32).reshape(source[2])
+                now = "; now " + _values([float(v) for v in abs_max_scale_values(
+                    view, 1, source[3][0], source[3][1])], False) + ", zero point 0"
         elif source and source[0] == opcodes.QUANT_PARAMS:
             how = f"per tensor, range {b.names[source[1][2]]} (moving average of min/max)"
+            observed = (values or {}).get(b.names[source[1][2]])
+            if observed is not None:
+                s_, z_ = qparams_values(observed[0], observed[1], *source[2], source[3][0])
+                now = (f"; now [{float(observed[0])!r}, {float(observed[1])!r}]: scale "
+                       f"{float(s_)!r}, zero point {z_}")
         elif device_blob.ROLE_NAMES[b.roles[scale]] == "constant":
             how = "per tensor, fixed scale and zero point (from the quantized model)"
+            if scale in constants:
+                now = f": scale {float(np.frombuffer(constants[scale], '<f4')[0])!r}"
         else:
             how = "per tensor, shares the scale of " + b.names[scale]
-        lines.append(f"  {b.names[x]:32s} {dtype:5s} [{qmin}, {qmax}]  {how}")
+        lines.append(f"  {b.names[x]:32s} {dtype:5s} [{qmin}, {qmax}]  {how}{now}")
     if not lines:
         return []
     header = ["quantization-aware training (fake quantization, float arena):"]
     footer = [f"  quantized weights: {float_bytes:,} B as float32, {int8_bytes:,} B as int8 + "
-              f"scales once exported ({100.0 * int8_bytes / max(float_bytes, 1):.0f} %)"]
+              f"scales once exported ({100.0 * int8_bytes / max(float_bytes, 1):.0f} %)"] \
+        if float_bytes else []
     return header + lines + footer
+
+
+def _values(values, every):
+    if len(values) == 1 or every:
+        return " ".join(repr(v) for v in values)
+    return f"{len(values)} values {min(values)!r} .. {max(values)!r}"
+
+
+def quantized_tensors(b, every=False):
+    """Each quantized tensor of an int8 blob: dtype, scale(s), zero point(s) (as stored in
+    the blob: real = (q - zero point) * scale), and the int32 biases with the scales they
+    imply (input scale x weight scale, float32, as onnxruntime's quantizer writes them)."""
+    lines = []
+    for tid in sorted(b.quant):
+        scale, zero_point, axis = b.quant[tid]
+        dtype = "int8" if b.dtypes[tid] == device_blob.INT8 else "uint8"
+        where = f" (axis {axis})" if len(scale) > 1 else ""
+        lines.append(f"  {_name(b, tid):44s} {dtype:5s} scale{where} {_values(scale, every)}; "
+                     f"zero point {_values(zero_point, every)}")
+    for name, records in b.step_records.items():
+        for op, tensors, ints, floats in records:
+            if op not in (opcodes.QLINEAR_GEMM, opcodes.QLINEAR_CONV) or \
+                    tensors[3] == device_blob.NO_TENSOR or tensors[3] in b.quant:
+                continue
+            x, w = b.quant.get(tensors[1]), b.quant.get(tensors[2])
+            if x is None or w is None:
+                continue
+            f = np.float32
+            bias_scales = [float(f(f(x[0][0]) * f(s))) for s in w[0]]
+            b.quant[tensors[3]] = (bias_scales, (0,), 0)   # once per bias
+            lines.append(f"  {_name(b, tensors[3]):44s} int32 scale (input x weight) "
+                         f"{_values(bias_scales, every)}; zero point 0")
+    if not lines:
+        return []
+    return ["", "quantized tensors (real = (q - zero point) * scale; int8 weights per output "
+                "channel):"] + lines
+
+
+def blob_bytes(path):
+    """Where the blob's bytes go: constant data by dtype, quantization parameters, the
+    tensor table, each program, the inference template (what Module.export_model_for_
+    inferencing streams), the rest (FlatBuffers tables, vtables, padding). Each string or
+    vector counts once however many tables share it."""
+    data = device_blob.read(path)
+    r = Reader(memoryview(data)[:len(data) - 4], BlobError, start=4)
+    root = r.root()
+    seen = set()
+    totals = {}
+
+    def count(kind, table, field, size):
+        pos, n = r.vector(table, field, size, kind)
+        if pos and pos not in seen:
+            seen.add(pos)
+            totals[kind] = totals.get(kind, 0) + 4 + n * size + (size == 1 and kind == "names")
+
+    kinds = ("float", "int32", "int8")
+    for t in r.tables(root, 2, "tensor"):
+        dtype = r.scalar(t, 1, "B", 0)
+        count(f"{kinds[min(dtype, 2)]} constant data", t, 6, 1)
+        count("names", t, 0, 1)
+        count("shapes", t, 3, 4)
+        count("scales and zero points", t, 8, 4)
+        count("scales and zero points", t, 9, 4)
+    for program in r.tables(root, 4, "program"):
+        name = r.string(program, 0, "program name")
+        for step in r.tables(program, 1, "step"):
+            for field in (1, 2, 3):
+                count(f"{name} program (step vectors)", step, field, 4)
+    template = r.table(root, 14, "inference template")
+    if template is not None:
+        count("inference template", template, 0, 1)
+        count("inference template", template, 1, 4)
+    lines = [f"blob bytes ({len(data):,}; strings and vectors tables share counted once):"]
+    for kind, n in sorted(totals.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {n:8,d}  {kind}")
+    rest = len(data) - sum(totals.values())
+    lines.append(f"  {rest:8,d}  tables, vtables, offsets, padding, frame")
+    return lines
