@@ -26,6 +26,7 @@ rounding."""
 import copy
 import math
 
+import numpy as np
 import torch
 from torch import nn
 from torch.ao.quantization import FakeQuantize
@@ -259,11 +260,15 @@ def ranges_of(fake_quants):
              float(f.fq.activation_post_process.max_val)) for f in fake_quants]
 
 
-def qat_train(model, optimizer, xs, ys, lr, eps=1e-6):
+def qat_train(model, optimizer, xs, ys, lr, eps=1e-6, betas=(0.9, 0.999)):
     """Train the float64 QAT model (cross-entropy) with torch.optim: SGD, or AdamW made to
     follow ORT's rule as torch_reference.torch_train does; parameters, BatchNorm statistics,
-    gradients and optimizer moments rounded to float32 as the device stores them. Returns
-    the losses."""
+    gradients and optimizer moments rounded to float32 as the device stores them. AdamW's
+    betas and eps are the float32 values the blob holds (0.9 is 0.89999997615...), as the
+    device's kernels and ORT's float attributes use them: with 0.999 itself, 1 - beta2
+    differs by 1.3e-5 relative and every update by up to 6.4e-6. Returns the losses."""
+    f32 = lambda v: float(np.float32(v))  # noqa: E731
+    betas, eps = (f32(betas[0]), f32(betas[1])), f32(eps)
     model = model.double().train()
     for m in model.modules():
         if isinstance(m, FakeQuantize):
@@ -271,7 +276,7 @@ def qat_train(model, optimizer, xs, ys, lr, eps=1e-6):
     if optimizer == "SGD":
         opt = torch.optim.SGD(model.parameters(), lr=lr)
     else:
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=eps,
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, eps=eps,
                                 weight_decay=0.0)
     criterion = nn.CrossEntropyLoss()
     losses = []
@@ -286,7 +291,7 @@ def qat_train(model, optimizer, xs, ys, lr, eps=1e-6):
                     p.grad.copy_(stored(p.grad))
         if optimizer == "AdamW":
             for group in opt.param_groups:
-                group["eps"] = eps / math.sqrt(1.0 - 0.999 ** t)
+                group["eps"] = eps / math.sqrt(1.0 - betas[1] ** t)
         opt.step()
         with torch.no_grad():
             tensors = list(model.parameters()) + list(model.buffers())

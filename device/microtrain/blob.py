@@ -410,6 +410,13 @@ def _read_optimizer(r, root, b):
         "l2_penalty": r.scalar(t, 11, "f", 0.0),
         "clip_grad_norm": r.scalar(t, 12, "f", 0.0),  # 0: no clipping
     }
+    # The fields are float32: a value equal to its default is not written, and the default
+    # must then be the same float32 (0.9 is 0.89999997615...), or the bias correction the
+    # Optimizer computes would use other betas than the kernels, which take them from the
+    # steps' float32 attributes.
+    for name, value in b.optimizer.items():
+        if isinstance(value, float):
+            b.optimizer[name] = struct.unpack("<f", struct.pack("<f", value))[0]
     # Optimizer.step divides by 1 - beta1**t and takes sqrt(1 - beta2**t): the betas must
     # lie in [0, 1); the rest must be finite (NaN fails every comparison).
     for name, low, high in (("learning_rate", 0.0, _HUGE), ("beta1", 0.0, _BELOW_ONE),
