@@ -153,3 +153,90 @@ def test_deploy_exits_non_zero_when_the_board_runs_out_of_memory(firmware, tmp_p
                        r"need (\d+) bytes in one block, the heap has (\d+) free", err)
     assert needed and int(needed.group(1)) > int(needed.group(2)), err
     assert not (build / "board_checkpoint").exists()
+
+
+BOARD_INT8_SCRIPT = """
+import gc
+import io
+from array import array
+# the arenas' block first, low in the heap (boards/train_on_board.py's reserve)
+reserve = io.BytesIO(RESERVE)
+from microtrain import CheckpointState, InferenceSession, Module
+from microtrain.kernels import qlinear
+# the int8 blob of a quantization-aware training blob, computed here in float32
+state = CheckpointState.load_checkpoint('checkpoint')
+reserve.close()
+reserve = None
+gc.threshold(4096)
+module = Module('model.mtb', state)
+gc.threshold(-1)
+module.export_model_for_inferencing('trained', ['output'])
+del module, state
+gc.collect()
+x = array('f', open('x.f32', 'rb').read())
+print('fast', qlinear.FAST)
+from binascii import hexlify
+print('out', hexlify(bytes(InferenceSession('int8.mtb').run(x))).decode())
+qlinear.use_fast(False)   # the pure-Python kernels: 12-bit limbs on 32-bit small ints
+print('pure', hexlify(bytes(InferenceSession('int8.mtb').run(x))).decode())
+print('peak', gc.mem_alloc())
+"""
+
+
+def test_int8_on_the_emulated_board(firmware, tmp_path):
+    """The digits MLP in int8 on the emulated Cortex-M3 (32-bit small ints, float32): the
+    device writes the int8 blob of its QAT training blob byte for byte as the host does, and
+    runs the host's int8 blob, viper and pure-Python kernels alike, bit for bit as CPython."""
+    from microtrain import InferenceSession, Optimizer
+    from microtrain_host.cli import main
+    from microtrain_host.tools import boards, runtime
+    build = tmp_path / "build"
+    generate_artifacts(str(DIGITS / "mlp.onnx"), artifact_directory=str(build), batch_size=2,
+                       optimizer="SGD", quantization=True)
+    data = np.load(DIGITS / "digits.npz")
+    state = CheckpointState.load_checkpoint(str(build / "checkpoint"))
+    module = Module(str(build / "model.mtb"), state)
+    opt = Optimizer(str(build / "model.mtb"), module)
+    opt.set_learning_rate(0.05)
+    xs = data["x_train"][:80].astype(np.float32).reshape(40, -1)
+    ys = data["y_train"][:80].reshape(40, 2)
+    for x, y in zip(xs, ys):
+        module(list(x), [int(v) for v in y])
+        opt.step()
+        module.lazy_reset_grad()
+    CheckpointState.save_checkpoint(state, str(build / "trained"))
+    assert main(["export", str(build), "--checkpoint", str(build / "trained"), "--qdq", "-o",
+                 str(tmp_path / "qdq.onnx"), "--int8-blob", str(tmp_path / "int8.mtb")]) == 0
+    x = data["x_val"][:2].astype("<f4")
+    (tmp_path / "x.f32").write_bytes(x.tobytes())
+    rt = tmp_path / "runtime"
+    package = runtime.device_package_dir()
+    sources = runtime.package_sources(sorted(str(p.relative_to(package))
+                                             for p in (package / "microtrain").rglob("*.py")))
+    board = boards.load_board("qemu-mps2-an385")
+    runtime.compile_runtime(sources, board["mpy_arch"], board["mpy_version"], rt)
+    plan = deploy.Plan(board, "romfs", build, {}, None, None, None, None)   # bytecode in flash
+    plan.romfs_image = tmp_path / "microtrain.romfs"
+    plan.romfs_image.write_bytes(runtime.romfs_image(rt))
+    plan.files = [(build / "model.mtb", "model.mtb"), (build / "trained", "checkpoint"),
+                  (tmp_path / "int8.mtb", "int8.mtb"), (tmp_path / "x.f32", "x.f32")]
+    from microtrain import blob as device_blob
+    b = device_blob.load(str(build / "model.mtb"))
+    reserve = 4 * (b.float_arena + b.int_arena) + b.byte_arena + \
+        (build / "model.mtb").stat().st_size + 2048
+    script = tmp_path / "int8_on_board.py"
+    script.write_text(f"RESERVE = {reserve}\n" + BOARD_INT8_SCRIPT)
+    with deploy.QemuBoard(firmware) as qemu:
+        proc = deploy.subprocess.run(deploy.mpremote_command(plan, qemu.port, script,
+                                                              tmp_path / "board_int8.mtb"),
+                                     capture_output=True, text=True, timeout=900)
+    lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in proc.stdout.splitlines()
+             if " " in line}
+    assert proc.returncode == 0 and "pure" in lines, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert (tmp_path / "board_int8.mtb").read_bytes() == (tmp_path / "int8.mtb").read_bytes()
+    cpython = np.array(InferenceSession(str(tmp_path / "int8.mtb")).run(x.reshape(-1)),
+                       np.float32)
+    for kind in ("out", "pure"):
+        assert bytes.fromhex(lines[kind].strip()) == cpython.tobytes(), kind
+    print(f"\nint8 on the emulated board: viper {lines['fast']}, export byte-identical, "
+          f"outputs bit for bit; heap in use at the end {lines['peak']} B")

