@@ -27,12 +27,16 @@ def cmd_pack(args):
     for name in OPTIMIZER_FLAGS:
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
+    requires_grad, frozen = _names(args.requires_grad), _names(args.frozen)
+    if args.train_biases or args.train_last is not None:
+        requires_grad = _sparse_selection(args, requires_grad, frozen)
+        frozen = None
     result = generate_artifacts(
-        args.model, requires_grad=_names(args.requires_grad), frozen_params=_names(args.frozen),
+        args.model, requires_grad=requires_grad, frozen_params=frozen,
         loss=LOSS_NAMES[args.loss], optimizer=OPTIMIZER_NAMES[args.optimizer],
         artifact_directory=args.output, prefix=args.prefix,
         nominal_checkpoint=args.nominal_checkpoint, batch_size=args.batch_size,
-        optimizer_options=options or None)
+        optimizer_options=options or None, update_in_backward=args.update_in_backward)
     print(f"packed {args.model} -> {args.output}/")
     if result.source_opset is not None:
         print(f"  exported at opset {result.source_opset}, upgraded on load to opset "
@@ -50,15 +54,59 @@ def cmd_pack(args):
     return 0
 
 
+def _sparse_selection(args, requires_grad, frozen):
+    """requires_grad of --train-biases / --train-last, less the --frozen names; prints which
+    layers that is."""
+    from .errors import ArtifactError
+    from .pipeline import sparse
+    if requires_grad is not None:
+        raise ArtifactError("--requires-grad and --train-biases / --train-last both choose the "
+                            "trainable parameters: give one or the other")
+    chosen = sparse.sparse_update(args.model, args.train_biases, args.train_last or 0)
+    found = sparse.layers(args.model)
+    print(f"sparse update: biases of all {len(found)} layers" if args.train_biases
+          else "sparse update:", end="")
+    if args.train_last:
+        print(("," if args.train_biases else "") + f" every parameter of the last "
+              f"{args.train_last}: {sparse.describe(found, args.train_last)}", end="")
+    print()
+    return [name for name in chosen if name not in set(frozen or ())]
+
+
 def cmd_inspect(args):
     from .tools.inspect import describe
-    print(describe(args.blob, steps=not args.no_steps))
+    if args.blob.endswith(".onnx"):
+        return _inspect_model(args)
+    print(describe(args.blob, steps=not args.no_steps, plan=args.plan))
     if args.board:
         from .tools import boards
         board = boards.load_board(args.board)
         print()
         print(_fit_text(boards.predict(os.path.dirname(os.path.abspath(args.blob)), board,
                                        args.runtime)))
+    return 0
+
+
+def _inspect_model(args):
+    from .pipeline import sparse
+    from .tools import choices
+    found = sparse.layers(args.blob)
+    print(f"{args.blob}: {len(found)} layers with parameters, counted from the last as "
+          f"--train-last counts them:")
+    for n, layer in enumerate(reversed(found), 1):
+        print(f"  {n:3d} {layer.node} ({layer.op_type}): weights "
+              f"{', '.join(layer.weights) or '-'}; biases {', '.join(layer.biases) or '-'}")
+    options = {"learning_rate": args.lr} if args.lr is not None else None
+    rows = choices.sparse_choices(
+        args.blob, max_layers=args.max_layers, loss=LOSS_NAMES[args.loss],
+        optimizer=OPTIMIZER_NAMES[args.optimizer], batch_size=args.batch_size,
+        optimizer_options=options, update_in_backward=args.update_in_backward)
+    print()
+    print(f"what each sparse-update choice costs (batch size {args.batch_size or 'as exported'}, "
+          f"{args.loss}, {args.optimizer}"
+          + (", updates in the backward pass" if args.update_in_backward else "")
+          + "; KiB of float32; params = trainable elements):")
+    print(choices.table(rows))
     return 0
 
 
@@ -265,20 +313,60 @@ def build_parser():
     p.add_argument("--requires-grad", metavar="NAMES",
                    help="comma-separated parameters to train (default: all)")
     p.add_argument("--frozen", metavar="NAMES", help="comma-separated parameters to freeze")
+    p.add_argument("--train-biases", action="store_true",
+                   help="sparse update: train the bias of every layer (Conv, Gemm and "
+                        "normalisation biases; a MatMul's added bias); with --train-last also "
+                        "the last layers' weights. --frozen then removes names from the choice")
+    p.add_argument("--train-last", type=int, metavar="N",
+                   help="sparse update: train every parameter of the last N layers. A layer is "
+                        "a node with weights (Conv, ConvTranspose, Gemm, MatMul, embedding "
+                        "Gather) in topological order, with the normalisations up to the next "
+                        "one; `microtrain inspect MODEL.onnx` lists them and what each choice "
+                        "costs")
+    p.add_argument("--update-in-backward", action="store_true",
+                   help="apply each parameter's update in the backward pass, right after its "
+                        "gradient is known: no gradient buffers; every train call is one "
+                        "optimizer step (no accumulation over calls, no --clip-grad-norm); "
+                        "Optimizer.step() then does nothing")
     p.add_argument("--prefix", default="", help="prefix for every file name")
     p.add_argument("--nominal-checkpoint", action="store_true",
                    help="also write nominal_checkpoint (names and types, no values)")
     p.set_defaults(func=cmd_pack)
 
-    p = sub.add_parser("inspect", help="describe a packed blob",
-                       description="Show a blob's memory plan (arena vs naive sum vs lower "
-                                   "bound), parameters, tensor table and programs step by step. "
-                                   "For a partial update (requires_grad / frozen_params) it "
-                                   "also reports what pruning saved: the arena and the train "
-                                   "program's step count against training every parameter.",
-                       epilog="example: microtrain inspect build/model.mtb --no-steps")
-    p.add_argument("blob", help="a model.mtb file")
+    p = sub.add_parser("inspect", help="describe a packed blob, or an ONNX model's training "
+                                       "choices",
+                       description="Show a blob's memory (arena vs naive sum vs lower bound; "
+                                   "the persistent part by what it holds: trainable and frozen "
+                                   "parameters, gradient buffers, optimizer state; the peak of "
+                                   "live temporaries of each program and the step where it "
+                                   "happens), parameters, tensor table and programs step by "
+                                   "step. For a partial update (requires_grad / frozen_params, "
+                                   "--train-biases / --train-last) it also reports what pruning "
+                                   "saved against training every parameter. --plan prints the "
+                                   "memory plan step by step, as TensorFlow Lite Micro's "
+                                   "planner does. Given an ONNX model instead, it lists the "
+                                   "layers --train-last counts and packs the model once per "
+                                   "sparse-update choice to tabulate what each costs.",
+                       epilog="example: microtrain inspect build/model.mtb --no-steps --plan; "
+                              "or, to choose a sparse update: microtrain inspect model.onnx "
+                              "--batch-size 1 --optimizer sgd")
+    p.add_argument("blob", help="a model.mtb file, or a model.onnx to compare sparse-update "
+                                "choices")
     p.add_argument("--no-steps", action="store_true", help="omit the program listings")
+    p.add_argument("--plan", action="store_true",
+                   help="print the ASCII memory plan: one row per step with the live "
+                        "temporaries, one character per buffer across the planned region "
+                        "(its legend below), the peak marked")
+    p.add_argument("--batch-size", type=int, help="(ONNX model) fixes the batch dimension")
+    p.add_argument("--loss", choices=sorted(LOSS_NAMES), default="cross_entropy",
+                   help="(ONNX model) loss, as for pack (default cross_entropy)")
+    p.add_argument("--optimizer", choices=sorted(OPTIMIZER_NAMES), default="adamw",
+                   help="(ONNX model) optimizer, as for pack (default adamw)")
+    p.add_argument("--lr", type=float, help=argparse.SUPPRESS)
+    p.add_argument("--update-in-backward", action="store_true",
+                   help="(ONNX model) compare the choices with updates in the backward pass")
+    p.add_argument("--max-layers", type=int, default=6,
+                   help="(ONNX model) compare the last 1 .. N layers (default 6)")
     p.add_argument("--board", metavar="NAME",
                    help="also check that training fits the board's MicroPython heap "
                         "(profiles in boards/*.json); needs the checkpoint beside the blob")

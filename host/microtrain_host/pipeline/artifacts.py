@@ -74,7 +74,7 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
                        loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
                        artifact_directory=None, prefix="", nominal_checkpoint=False,
                        loss_input_names=None, batch_size=None, optimizer_options=None,
-                       additional_output_names=None):
+                       additional_output_names=None, update_in_backward=False):
     """Write {prefix}training_model.onnx, eval_model.onnx, optimizer_model.onnx, checkpoint
     (and nominal_checkpoint) and the packed blob {prefix}model.mtb into artifact_directory.
 
@@ -90,9 +90,17 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
     AdamW: learning_rate, beta1, beta2, epsilon, weight_decay, bias_correction; SGD:
     learning_rate, momentum, dampening, nesterov, weight_decay; both: l1_penalty, l2_penalty,
     clip_grad_norm). additional_output_names: model outputs
-    the eval graph returns after the loss (default: all model outputs)."""
+    the eval graph returns after the loss (default: all model outputs).
+    update_in_backward: apply each parameter's update in the backward pass, right after its
+    gradient is known, instead of keeping gradient buffers for a separate optimizer step: the
+    training graph then holds the update nodes and there is no optimizer_model.onnx; each
+    train call is one optimizer step (no gradient accumulation, no clip_grad_norm, which
+    needs every gradient before any update). sparse_update(model, ...) gives requires_grad
+    for the biases and the last layers."""
     loss = _enum(loss, LossType, "loss")
     optimizer = _enum(optimizer, OptimType, "optimizer")
+    if update_in_backward:
+        _check_update_in_backward(optimizer, optimizer_options)
     model, shapes = load_model(model, batch_size)
     trainable, frozen = split_parameters(model, requires_grad, frozen_params)
     graph = model.graph
@@ -147,26 +155,13 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
                              [loss_name] + extra_outputs, constants + list(g.initializers),
                              "eval", meta)
 
-    # Backward pass and ORT-style gradient accumulation.
+    # Backward pass and ORT-style gradient accumulation (or the updates themselves).
     grads = build_gradients(g, forward, loss_name, trainable, seeds=output_grads or None)
-    g.shapes[LAZY_RESET_GRAD] = (TensorProto.BOOL, (1,))
-    accumulated = []
+    meta["forward_nodes"] = str(len(forward))
     for p in trainable:
         if grads[p] is None:
             raise ArtifactError(f"parameter '{p}' does not influence the loss; freeze it")
-        g.shapes[grad_buffer(p)] = g.shapes[p]
-        out = g.node("GradAccumulate", [grad_buffer(p), grads[p], LAZY_RESET_GRAD], g.shape(p),
-                     outputs=[f"{p}_grad.accumulation.out"], domain=DOMAIN)
-        accumulated += out
-    training_model = _make_model(
-        model, g, list(graph.node) + list(g.nodes),
-        user_inputs + labels + params + [grad_buffer(p) for p in trainable]
-        + list(output_grads.values()) + [LAZY_RESET_GRAD],
-        (loss_inputs if output_grads else [loss_name]) + accumulated,
-        constants + list(g.initializers), "training", meta)
-
     options = None
-    optimizer_model = None
     if optimizer is not None:
         options = dict(DEFAULTS[optimizer])
         unknown = set(optimizer_options or {}) - set(options)
@@ -174,18 +169,52 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
             raise ArtifactError(f"unknown {optimizer.name} option(s) {sorted(unknown)}; "
                                 f"known: {sorted(options)}")
         options.update(optimizer_options or {})
-        og = GraphBuilder(g.shapes)
-        ins, outs = build_optimizer_graph(og, optimizer, trainable, options)
-        optimizer_model = _make_model(model, og, og.nodes, ins, outs, [], "optimizer",
-                                      dict(meta, optimizer=optimizer.name,
-                                           options=repr(sorted(options.items()))))
+    optimizer_meta = dict(meta, optimizer=optimizer.name,
+                          options=repr(sorted(options.items()))) if optimizer else meta
+    optimizer_model = None
+    if update_in_backward and output_grads:
+        raise ArtifactError("update_in_backward needs the loss in the graph (the NaN guard "
+                            "checks it before any parameter changes); this model's loss is "
+                            "computed outside it (loss=None, non-scalar output)")
+    if update_in_backward:
+        # The update nodes read the backward pass's gradients directly; the packer puts
+        # each one right after the last step that needs its parameter's old value.
+        ins, outs = build_optimizer_graph(g, optimizer, trainable, options, gradients=grads)
+        states = [name for name in ins if name not in trainable and name not in grads.values()
+                  and name not in ("learning_rate", "step")]
+        optimizer_meta["update_in_backward"] = "1"
+        optimizer_meta["optimizer_states"] = ",".join(states)
+        training_model = _make_model(
+            model, g, list(graph.node) + list(g.nodes),
+            user_inputs + labels + params + states + ["learning_rate", "step"],
+            [loss_name] + outs, constants + list(g.initializers), "training", optimizer_meta)
+    else:
+        g.shapes[LAZY_RESET_GRAD] = (TensorProto.BOOL, (1,))
+        accumulated = []
+        for p in trainable:
+            g.shapes[grad_buffer(p)] = g.shapes[p]
+            out = g.node("GradAccumulate", [grad_buffer(p), grads[p], LAZY_RESET_GRAD],
+                         g.shape(p), outputs=[f"{p}_grad.accumulation.out"], domain=DOMAIN)
+            accumulated += out
+        training_model = _make_model(
+            model, g, list(graph.node) + list(g.nodes),
+            user_inputs + labels + params + [grad_buffer(p) for p in trainable]
+            + list(output_grads.values()) + [LAZY_RESET_GRAD],
+            (loss_inputs if output_grads else [loss_name]) + accumulated,
+            constants + list(g.initializers), "training", meta)
+        if optimizer is not None:
+            og = GraphBuilder(g.shapes)
+            ins, outs = build_optimizer_graph(og, optimizer, trainable, options)
+            optimizer_model = _make_model(model, og, og.nodes, ins, outs, [], "optimizer",
+                                          optimizer_meta)
 
     # The blob first: a model that cannot be packed leaves the directory as it was.
     full_training = (0, 0)
     if set(trainable) != set(split_parameters(model, None, None)[0]):
         full_training = _full_training_figures(
             model, loss=loss, optimizer=optimizer, loss_input_names=loss_input_names,
-            optimizer_options=optimizer_options, additional_output_names=additional_output_names)
+            optimizer_options=optimizer_options, additional_output_names=additional_output_names,
+            update_in_backward=update_in_backward)
     blob = blob_bytes(training_model, eval_model, optimizer_model, options, full_training)
 
     directory = artifact_directory if artifact_directory is not None else os.getcwd()
@@ -208,6 +237,15 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
                               {p: values[p] for p in frozen}, nominal=True)
     write_blob(written.blob, blob)
     return written
+
+
+def _check_update_in_backward(optimizer, optimizer_options):
+    if optimizer is None:
+        raise ArtifactError("update_in_backward needs an optimizer: it applies the optimizer's "
+                            "update in the backward pass")
+    if (optimizer_options or {}).get("clip_grad_norm") is not None:
+        raise ArtifactError("update_in_backward cannot clip by the global gradient norm "
+                            "(clip_grad_norm): that needs every gradient before any update")
 
 
 def _full_training_figures(model, **kwargs):
