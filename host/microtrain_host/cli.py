@@ -36,7 +36,8 @@ def cmd_pack(args):
         loss=LOSS_NAMES[args.loss], optimizer=OPTIMIZER_NAMES[args.optimizer],
         artifact_directory=args.output, prefix=args.prefix,
         nominal_checkpoint=args.nominal_checkpoint, batch_size=args.batch_size,
-        optimizer_options=options or None, update_in_backward=args.update_in_backward)
+        optimizer_options=options or None, update_in_backward=args.update_in_backward,
+        recompute=args.recompute)
     print(f"packed {args.model} -> {args.output}/")
     if result.source_opset is not None:
         print(f"  exported at opset {result.source_opset}, upgraded on load to opset "
@@ -63,13 +64,7 @@ def _sparse_selection(args, requires_grad, frozen):
         raise ArtifactError("--requires-grad and --train-biases / --train-last both choose the "
                             "trainable parameters: give one or the other")
     chosen = sparse.sparse_update(args.model, args.train_biases, args.train_last or 0)
-    found = sparse.layers(args.model)
-    print(f"sparse update: biases of all {len(found)} layers" if args.train_biases
-          else "sparse update:", end="")
-    if args.train_last:
-        print(("," if args.train_biases else "") + f" every parameter of the last "
-              f"{args.train_last}: {sparse.describe(found, args.train_last)}", end="")
-    print()
+    print(sparse.describe_choice(args.model, args.train_biases, args.train_last or 0))
     return [name for name in chosen if name not in set(frozen or ())]
 
 
@@ -88,25 +83,12 @@ def cmd_inspect(args):
 
 
 def _inspect_model(args):
-    from .pipeline import sparse
     from .tools import choices
-    found = sparse.layers(args.blob)
-    print(f"{args.blob}: {len(found)} layers with parameters, counted from the last as "
-          f"--train-last counts them:")
-    for n, layer in enumerate(reversed(found), 1):
-        print(f"  {n:3d} {layer.node} ({layer.op_type}): weights "
-              f"{', '.join(layer.weights) or '-'}; biases {', '.join(layer.biases) or '-'}")
     options = {"learning_rate": args.lr} if args.lr is not None else None
-    rows = choices.sparse_choices(
-        args.blob, max_layers=args.max_layers, loss=LOSS_NAMES[args.loss],
-        optimizer=OPTIMIZER_NAMES[args.optimizer], batch_size=args.batch_size,
-        optimizer_options=options, update_in_backward=args.update_in_backward)
-    print()
-    print(f"what each sparse-update choice costs (batch size {args.batch_size or 'as exported'}, "
-          f"{args.loss}, {args.optimizer}"
-          + (", updates in the backward pass" if args.update_in_backward else "")
-          + "; KiB of float32; params = trainable elements):")
-    print(choices.table(rows))
+    print(choices.report(args.blob, max_layers=args.max_layers, loss=LOSS_NAMES[args.loss],
+                         optimizer=OPTIMIZER_NAMES[args.optimizer], batch_size=args.batch_size,
+                         optimizer_options=options, update_in_backward=args.update_in_backward,
+                         recompute=args.recompute))
     return 0
 
 
@@ -328,6 +310,12 @@ def build_parser():
                         "gradient is known: no gradient buffers; every train call is one "
                         "optimizer step (no accumulation over calls, no --clip-grad-norm); "
                         "Optimizer.step() then does nothing")
+    p.add_argument("--recompute", action="store_true",
+                   help="recompute cheap activations (activation functions, normalisations, "
+                        "elementwise arithmetic) in the backward pass instead of keeping them "
+                        "from the forward pass, wherever that shrinks the arena: e.g. a "
+                        "BatchNorm+ReLU output from the BatchNorm input its gradient keeps "
+                        "anyway (bit-identical results; costs a few passes over those tensors)")
     p.add_argument("--prefix", default="", help="prefix for every file name")
     p.add_argument("--nominal-checkpoint", action="store_true",
                    help="also write nominal_checkpoint (names and types, no values)")
@@ -365,6 +353,8 @@ def build_parser():
     p.add_argument("--lr", type=float, help=argparse.SUPPRESS)
     p.add_argument("--update-in-backward", action="store_true",
                    help="(ONNX model) compare the choices with updates in the backward pass")
+    p.add_argument("--recompute", action="store_true",
+                   help="(ONNX model) compare the choices with cheap activations recomputed")
     p.add_argument("--max-layers", type=int, default=6,
                    help="(ONNX model) compare the last 1 .. N layers (default 6)")
     p.add_argument("--board", metavar="NAME",

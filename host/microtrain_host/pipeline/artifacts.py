@@ -74,7 +74,8 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
                        loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
                        artifact_directory=None, prefix="", nominal_checkpoint=False,
                        loss_input_names=None, batch_size=None, optimizer_options=None,
-                       additional_output_names=None, update_in_backward=False):
+                       additional_output_names=None, update_in_backward=False,
+                       recompute=False):
     """Write {prefix}training_model.onnx, eval_model.onnx, optimizer_model.onnx, checkpoint
     (and nominal_checkpoint) and the packed blob {prefix}model.mtb into artifact_directory.
 
@@ -95,8 +96,10 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
     gradient is known, instead of keeping gradient buffers for a separate optimizer step: the
     training graph then holds the update nodes and there is no optimizer_model.onnx; each
     train call is one optimizer step (no gradient accumulation, no clip_grad_norm, which
-    needs every gradient before any update). sparse_update(model, ...) gives requires_grad
-    for the biases and the last layers."""
+    needs every gradient before any update). recompute: in the blob, recompute cheap
+    activations (activation functions, normalisations) in the backward pass instead of
+    keeping them from the forward pass, wherever that shrinks the arena (pipeline/moves.py).
+    sparse_update(model, ...) gives requires_grad for the biases and the last layers."""
     loss = _enum(loss, LossType, "loss")
     optimizer = _enum(optimizer, OptimType, "optimizer")
     if update_in_backward:
@@ -158,6 +161,8 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
     # Backward pass and ORT-style gradient accumulation (or the updates themselves).
     grads = build_gradients(g, forward, loss_name, trainable, seeds=output_grads or None)
     meta["forward_nodes"] = str(len(forward))
+    if recompute:
+        meta["recompute"] = "1"
     for p in trainable:
         if grads[p] is None:
             raise ArtifactError(f"parameter '{p}' does not influence the loss; freeze it")
@@ -214,7 +219,7 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
         full_training = _full_training_figures(
             model, loss=loss, optimizer=optimizer, loss_input_names=loss_input_names,
             optimizer_options=optimizer_options, additional_output_names=additional_output_names,
-            update_in_backward=update_in_backward)
+            update_in_backward=update_in_backward, recompute=recompute)
     blob = blob_bytes(training_model, eval_model, optimizer_model, options, full_training)
 
     directory = artifact_directory if artifact_directory is not None else os.getcwd()

@@ -56,3 +56,136 @@ def split_program(programs, name, forward_nodes, first, second, second_inputs=()
                               [t for t in combined.inputs if t not in second_inputs],
                               combined.outputs)
     programs[second] = Program(second, steps[boundary:], list(second_inputs), [])
+
+
+# -- recomputing cheap activations --------------------------------------------------------
+# A forward activation the backward pass reads is kept alive from its computation to that
+# read, across the whole rest of the forward pass: in a conv net, every BatchNormalization
+# input (its gradient needs it) and every ReLU output (ReluGrad reads it). When such a tensor
+# comes from a cheap step (an elementwise activation, a normalisation) whose inputs are still
+# alive where the backward pass first reads it, or are themselves cheap to recompute, the
+# step can run again right there: the forward copy dies at its last forward use, the copy
+# lives only across the backward reads. A recomputed step runs the same kernel on the same
+# values, so the results are bit-identical; a BatchNormalization recomputed in training mode
+# leaves the running statistics alone (the forward pass has updated them once already).
+# Each candidate is kept only when the planned region shrinks.
+
+RECOMPUTABLE = (op.RELU, op.SIGMOID, op.TANH, op.SOFTPLUS, op.LEAKY_RELU, op.CLIP,
+                op.HARD_SIGMOID, op.HARD_SWISH, op.EXP_LINEAR, op.ERF, op.GELU, op.SOFTSIGN,
+                op.PRELU, op.ADD, op.SUB, op.MUL, op.DIV, op.CHANNEL_AFFINE,
+                op.BATCH_NORM_INFERENCE, op.BATCH_NORM_TRAINING, op.GROUP_NORM)
+
+
+def _region(program, tensors):
+    from .plan import lifetimes, plan
+    spans = lifetimes(program, tensors)
+    return plan([(tensors[s].size, first, last) for s, (first, last) in spans.items()])[1]
+
+
+class _Uses:
+    """Per storage of one program: the step writing it (tensors[0]) and the steps touching it."""
+
+    def __init__(self, steps, tensors):
+        self.writer, self.touch = {}, {}
+        for i, step in enumerate(steps):
+            for k, t in enumerate(step.tensors):
+                if t == NO_TENSOR:
+                    continue
+                s = tensors[t].storage
+                self.touch.setdefault(s, []).append(i)
+                if k == 0:
+                    self.writer.setdefault(s, i)
+
+
+def _recompute_plan(steps, tensors, uses, storage, at, boundary, chain):
+    """Append to `chain` the forward steps that recompute `storage` at step `at`, inputs
+    first; False when some input would have to be kept alive longer for it."""
+    from .lower import ACTIVATION
+    i = uses.writer.get(storage)
+    if i is None or i >= boundary or steps[i].op not in RECOMPUTABLE:
+        return False
+    step = steps[i]
+    inputs = step.tensors[1:4] if step.op == op.BATCH_NORM_TRAINING else step.tensors[1:]
+    for t in inputs:
+        if t == NO_TENSOR or tensors[t].role != ACTIVATION:
+            continue        # parameters and constants: unchanged until the updates, last
+        s = tensors[t].storage
+        if max(uses.touch[s]) >= at or s in chain:
+            continue        # alive there anyway (or recomputed already in this chain)
+        if not _recompute_plan(steps, tensors, uses, s, at, boundary, chain):
+            return False
+    chain[storage] = i
+    return True
+
+
+def _apply_recompute(program, lowering, storage, boundary):
+    """Recompute `storage` right before its first backward reader; returns the new steps
+    list, or None when that is not possible."""
+    from .lower import Step, Tensor
+    steps, tensors = program.steps, lowering.tensors
+    uses = _Uses(steps, tensors)
+    readers = [i for i in uses.touch.get(storage, []) if i >= boundary]
+    if not readers or any(tensors[t].storage == storage for t in program.outputs):
+        return None
+    at = readers[0]
+    chain = {}
+    if not _recompute_plan(steps, tensors, uses, storage, at, boundary, chain):
+        return None
+    fresh = {}      # original storage -> its recomputed copy
+
+    def copy_of(t):
+        base = tensors[t]
+        s = base.storage
+        if s not in fresh:
+            return t
+        if t == s:
+            return fresh[s]
+        alias = Tensor(base.name + ".recomputed", base.dtype, base.role, base.shape,
+                       program=base.program, storage=fresh[s])
+        return lowering.add(alias)
+
+    inserted = []
+    for s in sorted(chain, key=chain.get):      # in forward order: inputs first
+        source = steps[chain[s]]
+        base = tensors[s]
+        fresh[s] = lowering.add(Tensor(base.name + ".recomputed", base.dtype, base.role,
+                                       base.shape, program=base.program))
+        args = [copy_of(t) if t != NO_TENSOR else t for t in source.tensors]
+        if source.op == op.BATCH_NORM_TRAINING:
+            args[4:6] = [NO_TENSOR, NO_TENSOR]  # running statistics: updated once, forward
+        inserted.append(Step(source.op, args, list(source.ints), list(source.floats),
+                             source.node + " (recomputed)"))
+    fresh = {storage: fresh[storage]}   # backward readers take the final copy only
+    later = []
+    for step in steps[at:]:
+        args = [copy_of(t) if t != NO_TENSOR and tensors[t].storage == storage else t
+                for t in step.tensors]
+        later.append(Step(step.op, args, step.ints, step.floats, step.node))
+    return steps[:at] + inserted + later
+
+
+def recompute_activations(program, lowering, forward_nodes):
+    """Recompute cheap forward activations in the backward pass of `program` (in place)
+    wherever that shrinks its planned region. Returns [(tensor name, steps added)]."""
+    from .lower import ACTIVATION
+    tensors = lowering.tensors
+    boundary = 0
+    while boundary < len(program.steps) and program.steps[boundary].node in forward_nodes:
+        boundary += 1
+    best = _region(program, tensors)
+    done = []
+    candidates = [step.tensors[0] for step in program.steps[:boundary]
+                  if step.op in RECOMPUTABLE and tensors[step.tensors[0]].role == ACTIVATION]
+    for tid in candidates:
+        storage = tensors[tid].storage
+        known = len(tensors)
+        steps = _apply_recompute(program, lowering, storage, boundary)
+        trial = steps and type(program)(program.name, steps, program.inputs, program.outputs)
+        region = _region(trial, tensors) if steps else best
+        if region >= best:
+            del tensors[known:]     # the copies of a rejected trial
+        else:
+            best = region
+            done.append((tensors[tid].name, len(steps) - len(program.steps)))
+            program.steps[:] = steps
+    return done

@@ -13,7 +13,7 @@ from . import export as inference
 from .checkpoint import write_atomically
 from ..errors import ArtifactError
 from .lower import CONSTANT, Lowering, meta_names, roles_from_metadata
-from .moves import place_updates, split_program
+from .moves import place_updates, recompute_activations, split_program
 from .optimizers import OptimType, grad_buffer, state_name, state_names
 from .plan import assign_offsets
 
@@ -187,8 +187,13 @@ def blob_bytes(training_model, eval_model, optimizer_model, optimizer_options=No
     lowering = Lowering(roles)
     output_grads = meta_names(meta, "output_grads")
     in_backward = meta.get("microtrain.update_in_backward") == "1"
-    lowering.lower("forward_backward" if output_grads else "train", training_model)
-    if in_backward:
+    training = "forward_backward" if output_grads else "train"
+    lowering.lower(training, training_model)
+    forward_count = int(meta.get("microtrain.forward_nodes", len(eval_model.graph.node)))
+    forward_nodes = _forward_node_names(training_model, forward_count)
+    if meta.get("microtrain.recompute") == "1":
+        recompute_activations(lowering.programs[training], lowering, forward_nodes)
+    if in_backward:  # after recomputing: a recomputed step may read a parameter
         place_updates(lowering.programs["train"], lowering.tensors)
     lowering.lower("eval", eval_model)
     optimizer = None
@@ -206,20 +211,14 @@ def blob_bytes(training_model, eval_model, optimizer_model, optimizer_options=No
         lowering.control("step_size")
     sizes = assign_offsets(lowering)
     _check_limits(lowering, sizes)
-    forward_count = len(eval_model.graph.node)
-    if "microtrain.forward_nodes" in meta:
-        forward_count = int(meta["microtrain.forward_nodes"])
     if output_grads:
         # Planned as one timeline, then split: the activations backward reads survive
         # between the two calls, and the outputs stay valid until the end of backward.
-        split_program(lowering.programs, "forward_backward",
-                      _forward_node_names(training_model, forward_count), "forward", "backward",
-                      [lowering.persistent[name] for name in output_grads])
+        split_program(lowering.programs, "forward_backward", forward_nodes, "forward",
+                      "backward", [lowering.persistent[name] for name in output_grads])
     elif in_backward:
         # The loss is known before any update: the Module checks it between the two.
-        split_program(lowering.programs, "train", _forward_node_names(training_model,
-                                                                       forward_count),
-                      "train", "backward_update")
+        split_program(lowering.programs, "train", forward_nodes, "train", "backward_update")
     template = inference.inference_template(
         eval_model, roles, lowering,
         lambda infer: _write(infer, [], assign_offsets(infer), "", 0, None, None))

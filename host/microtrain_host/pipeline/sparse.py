@@ -116,3 +116,13 @@ def describe(found, limit=None):
             break
         items.append(f"{n} {layer.node} ({layer.op_type}: {', '.join(layer.parameters)})")
     return "; ".join(items)
+
+
+def describe_choice(model, train_biases, train_last):
+    """One line saying what sparse_update(model, train_biases, train_last) trains."""
+    found = layers(model)
+    parts = [f"the biases of all {len(found)} layers"] if train_biases else []
+    if train_last:
+        parts.append(f"every parameter of the last {train_last}: "
+                     f"{describe(found, train_last)}")
+    return "sparse update: " + ", and ".join(parts)

@@ -75,3 +75,26 @@ def table(rows):
                      f"{kib(row.optimizer_state)} {kib(row.peak_temporaries)} "
                      f"{row.train_steps:6d}")
     return "\n".join(lines)
+
+
+def report(model, max_layers=6, **pack_options):
+    """The layers train_last counts, then the table of choices (sparse_choices)."""
+    found = layers(model)
+    lines = [f"{model}: {len(found)} layers with parameters, counted from the last as "
+             f"--train-last counts them:"]
+    for n, layer in enumerate(reversed(found), 1):
+        lines.append(f"  {n:3d} {layer.node} ({layer.op_type}): weights "
+                     f"{', '.join(layer.weights) or '-'}; biases {', '.join(layer.biases) or '-'}")
+    rows = sparse_choices(model, max_layers=max_layers, **pack_options)
+    optimizer = pack_options.get("optimizer")
+    notes = [f"batch size {pack_options.get('batch_size') or 'as exported'}",
+             f"loss {pack_options.get('loss')}",
+             f"optimizer {getattr(optimizer, 'name', optimizer)}"]
+    if pack_options.get("update_in_backward"):
+        notes.append("updates in the backward pass")
+    if pack_options.get("recompute"):
+        notes.append("cheap activations recomputed")
+    lines += ["", f"what each sparse-update choice costs ({', '.join(notes)}; KiB of float32; "
+              f"params = trainable elements; peak tmp = live temporaries at the training "
+              f"peak):", table(rows)]
+    return "\n".join(lines)

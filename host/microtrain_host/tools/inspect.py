@@ -43,7 +43,7 @@ def describe(path, steps=True, plan=False):
             lines.append(f"    {part:22s} {elements:8d}  ({_kib(elements)})")
     found = timelines(b)
     for timeline in found:
-        if timeline.live:
+        if timeline.peak:
             lines.append(f"  {timeline.name + ' temporaries':16s} {timeline.peak:8d}  "
                          f"({_kib(timeline.peak)}) live at the peak, step {timeline.peak_step}"
                          f" ({step_label(b, timeline, timeline.peak_step)})")
@@ -52,6 +52,11 @@ def describe(path, steps=True, plan=False):
         split = " + ".join(f"{len(b.programs[p].steps)} {p}" for p in TRAINING_PROGRAMS
                            if p in b.programs)
         lines.append(f"  train steps      {train_steps:8d}  ({split})")
+    recomputed = [n[:-len(".recomputed")] for n in b.names if n.endswith(".recomputed")]
+    if recomputed:
+        lines.append(f"  recomputed       {len(recomputed)} activations in the backward pass "
+                     f"instead of kept: {', '.join(recomputed[:4])}"
+                     + (f" and {len(recomputed) - 4} more" if len(recomputed) > 4 else ""))
     if b.updated_in_backward:
         lines.append(f"  updates          in the backward pass ({len(b.updated_in_backward)} "
                      f"parameters, no gradient buffers; Optimizer.step() does nothing)")
