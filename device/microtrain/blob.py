@@ -56,6 +56,7 @@ class Blob:
         self.full_training_steps = 0  # ... and its train program's step count (inspect)
         self.source_opset = 0   # the opset of a model upgraded on load (0: not upgraded)
         self.step_records = {}  # program -> [(op, tensor ids, ints, floats)] when kept
+        self.alias_of = []      # per tensor, with the steps: -1 or the tensor it aliases
         self.inference = None   # InferenceTemplate: (position in the file, length, cuts,
                                 # [(output name, tensor id)]), for microtrain.export
         self.crc = 0            # the file's CRC-32, to notice a blob replaced since load
@@ -270,7 +271,7 @@ def _parse_root(r, root, data, keep_steps):
     b.full_training_arena = r.scalar(root, 12, "I", 0)
     b.full_training_steps = r.scalar(root, 13, "I", 0)
     b.source_opset = r.scalar(root, 15, "H", 0)
-    _read_tensors(r, root, b)
+    _read_tensors(r, root, b, keep_steps)
     _read_parameters(r, root, b)
     _read_optimizer(r, root, b)
     _read_inference(r, root, b)
@@ -295,7 +296,9 @@ def _parse_root(r, root, data, keep_steps):
     return b
 
 
-def _read_tensors(r, root, b):
+def _read_tensors(r, root, b, keep_steps):
+    # keep_steps (tools): also each tensor's alias_of (-1, or the tensor whose space an alias
+    # shares), which only the memory plan needs.
     for t in r.tables(root, 2, "tensor"):
         name = r.string(t, 0, "tensor name")
         dtype = r.scalar(t, 1, "B", 0)
@@ -329,6 +332,8 @@ def _read_tensors(r, root, b):
         b.shapes.append(tuple(shape))
         b.offsets.append(offset)
         b.sizes.append(size)
+        if keep_steps:
+            b.alias_of.append(r.scalar(t, 8, "i", -1))
     _check_fed_ints(b)
 
 

@@ -160,7 +160,9 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
 
     # Backward pass and ORT-style gradient accumulation (or the updates themselves).
     grads = build_gradients(g, forward, loss_name, trainable, seeds=output_grads or None)
-    meta["forward_nodes"] = str(len(forward))
+    if recompute or update_in_backward:
+        # Where the backward pass starts, for the packer's memory moves.
+        meta["forward_nodes"] = str(len(forward))
     if recompute:
         meta["recompute"] = "1"
     for p in trainable:

@@ -34,12 +34,12 @@ def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options,
     float_arena, int_arena, naive_size, lower_bound = sizes
     b = flatbuffers.Builder(4096)
     tensor_offsets = []
-    for t in lowering.tensors:
+    for tid, t in enumerate(lowering.tensors):
         name = b.CreateString(t.name)
         shape = _uints(b, list(t.shape), np.int32)
         data = b.CreateNumpyVector(np.frombuffer(t.data, np.uint8)) if t.role == CONSTANT else None
         program = b.CreateString(t.program) if t.program else None
-        b.StartObject(8)
+        b.StartObject(9)
         b.PrependUOffsetTRelativeSlot(0, name, 0)
         b.PrependUint8Slot(1, t.dtype, 0)
         b.PrependUint8Slot(2, t.role, 0)
@@ -50,6 +50,8 @@ def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options,
             b.PrependUOffsetTRelativeSlot(6, data, 0)
         if program is not None:
             b.PrependUOffsetTRelativeSlot(7, program, 0)
+        if t.storage != tid:    # an alias: which space it shares, for the memory plan
+            b.PrependInt32Slot(8, t.storage, -1)
         tensor_offsets.append(b.EndObject())
     program_offsets = []
     for program in lowering.programs.values():

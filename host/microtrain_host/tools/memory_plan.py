@@ -19,7 +19,7 @@ _ACTIVATION = device_blob.ROLE_NAMES.index("activation")
 
 @dataclasses.dataclass
 class Buffer:
-    tensor: int            # the first tensor id seen in this space (aliases share it)
+    tensor: int            # the tensor that owns the space (aliases of it share the buffer)
     offset: int
     size: int
     first: int
@@ -84,25 +84,20 @@ def _timeline(b, name, members):
         starts.append((program, len(steps)))
         steps.extend((program, op, tensors) for op, tensors, _, _ in b.step_records[program])
         outputs.extend(b.programs[program].outputs)
+    def storage(tid):          # aliases (Reshape, Flatten, ...) live as their base tensor
+        return b.alias_of[tid] if b.alias_of and b.alias_of[tid] >= 0 else tid
     spans = {}
     for index, (_, _, tensors) in enumerate(steps):
         for tid in tensors:
             if (tid != device_blob.NO_TENSOR and b.roles[tid] == _ACTIVATION
                     and b.dtypes[tid] == device_blob.FLOAT):
-                span = spans.setdefault(tid, [index, index])
+                span = spans.setdefault(storage(tid), [index, index])
                 span[1] = index
     for tid in outputs:            # the caller reads outputs after the last step
-        if tid in spans:
-            spans[tid][1] = len(steps) - 1
-    buffers = []
-    for tid in sorted(spans, key=lambda t: (spans[t][0], t)):
-        first, last = spans[tid]
-        same = [x for x in buffers if x.offset == b.offsets[tid] and x.size == b.sizes[tid]
-                and x.first <= last and first <= x.last]
-        if same:                   # an alias of a live buffer (Reshape, Flatten, ...)
-            same[0].first, same[0].last = min(same[0].first, first), max(same[0].last, last)
-        else:
-            buffers.append(Buffer(tid, b.offsets[tid], b.sizes[tid], first, last))
+        if storage(tid) in spans:
+            spans[storage(tid)][1] = len(steps) - 1
+    buffers = [Buffer(s, b.offsets[s], b.sizes[s], first, last)
+               for s, (first, last) in sorted(spans.items(), key=lambda kv: (kv[1][0], kv[0]))]
     base = min((x.offset for x in buffers), default=b.float_arena)
     live = [_union([x for x in buffers if x.first <= t <= x.last]) for t in range(len(steps))]
     return Timeline(name, starts, steps, buffers, live, base)
@@ -135,6 +130,9 @@ def render(b, timeline, width=64):
     with one character per buffer, the step), then the legend of buffers."""
     region = max((x.offset + x.size for x in timeline.buffers), default=timeline.base) \
         - timeline.base
+    if not region:
+        return (f"timeline {timeline.name} ({' + '.join(p for p, _ in timeline.programs)}): "
+                f"{len(timeline.steps)} steps, no temporaries")
     scale = max(1, -(-region // width))
     columns = -(-region // scale) if region else 0
     lines = [f"timeline {timeline.name} ({' + '.join(p for p, _ in timeline.programs)}): "
@@ -146,7 +144,8 @@ def render(b, timeline, width=64):
     peak_step = timeline.peak_step
     for t in range(len(timeline.steps)):
         row = ["."] * columns
-        for k, x in enumerate(timeline.buffers):
+        # Largest first, so that a buffer smaller than a column still shows on top.
+        for k, x in sorted(enumerate(timeline.buffers), key=lambda kx: -kx[1].size):
             if x.first <= t <= x.last:
                 symbol = SYMBOLS[k % len(SYMBOLS)]
                 for c in range((x.offset - timeline.base) // scale,
