@@ -279,3 +279,63 @@ def test_plan_peak_is_the_planners_lower_bound(tmp_path, options):
         alive = [int(r.split()[0]) for r in rows if symbol in r.split("|")[1]]
         assert alive == list(range(x.first, x.last + 1)), (symbol, b.names[x.tensor])
     assert text in describe(artifacts.blob, steps=False, plan=True)
+
+
+# -- ReLU masks ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [1, 29, 30, 31, 61, 90])
+def test_relu_mask_kernels_equal_relu_and_its_gradient(n):
+    from array import array
+    from microtrain.kernels import activation
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal(n).astype(np.float32)
+    x[::7] = 0.0
+    x[1::11] = -0.0
+    if n > 5:
+        x[5] = np.nan
+    dy = rng.standard_normal(n).astype(np.float32)
+    words = (n + 29) // 30
+    # F: x, dy, y, dx (masked) | y, dx (plain); I: the mask, with guard words around it
+    F = array("f", list(x) + list(dy) + [7.0] * (4 * n))
+    I = array("i", [-1] * (words + 2))
+    y1, dx1, y2, dx2 = 2 * n, 3 * n, 4 * n, 5 * n
+    activation.relu_masked(F, I, (y1, 0, 1, n))
+    activation.relu_mask_grad(F, I, (dx1, n, 1, n))
+    activation.relu(F, I, (y2, 0, n))
+    activation.relu_grad(F, I, (dx2, n, y2, n))
+    bits = lambda a, b: np.frombuffer(F, np.float32)[a:a + n].tobytes() == \
+        np.frombuffer(F, np.float32)[b:b + n].tobytes()  # noqa: E731
+    assert bits(y1, y2) and bits(dx1, dx2)
+    assert I[0] == -1 and I[words + 1] == -1       # nothing written outside the mask
+    assert all(0 <= I[1 + w] < 2**30 for w in range(words))   # small ints everywhere
+
+
+def sparse_ds_cnn(directory, **moves):
+    from microtrain_host.pipeline.sparse import sparse_update
+    ref = ds_cnn()
+    model = export(ref.module, example(ref, ref.batch))
+    mh.generate_artifacts(model, requires_grad=sparse_update(model, True, 1), loss=ref.loss,
+                          optimizer="SGD", artifact_directory=directory, batch_size=ref.batch,
+                          optimizer_options={"momentum": 0.9}, **moves)
+    xs, ys = make_data(ref, 8)
+    write_batches(directory / "data.bin", xs, ys)
+    return device_blob.load(str(directory / "model.mtb"), keep_steps=True), ref.lr["SGD"]
+
+
+def test_relu_masks_replace_kept_relu_outputs(tmp_path, micropython):
+    plain, lr = sparse_ds_cnn(tmp_path / "plain")
+    masked, _ = sparse_ds_cnn(tmp_path / "masked", recompute=True, update_in_backward=True)
+    masks = [n for n in masked.names if n.endswith(".mask")]
+    # The stem and the four convolutions of the two blocks: their ReLU outputs are read
+    # by ReluGrad only (the frozen convolutions after them need no activations).
+    assert len(masks) == 5
+    ops = [s[0] for p in masked.step_records.values() for s in p]
+    assert ops.count(opcodes.RELU_MASKED) == 5 and ops.count(opcodes.RELU_MASK_GRAD) == 5
+    assert opcodes.RELU_GRAD not in ops
+    assert masked.float_arena < 0.7 * plain.float_arena
+    assert masked.int_arena == plain.int_arena + sum(
+        masked.sizes[masked.tensor_id(n)] for n in masks)
+    for interpreter in ("cpython", micropython):
+        runs = [run_script(interpreter, TRAIN_STEPS, d, d / "data.bin", 8, lr)
+                for d in (tmp_path / "plain", tmp_path / "masked")]
+        assert runs[0] == runs[1], interpreter

@@ -11,7 +11,8 @@ except ImportError:
 # Dropout) 90-99, layout (Transpose, Slice, Concat, Split, Pad) 100-119; issue 9's first
 # half 120-159: smooth (Elu, Selu, Celu, Erf, Gelu, Softsign) 120-127, elementwise (Max, Min,
 # PRelu) 130-135, group_norm (LayerNormalization, InstanceNormalization,
-# GroupNormalization) 140-141, gather (Gather with int indices) 150-151.
+# GroupNormalization) 140-141, gather (Gather with int indices) 150-151; issue 10
+# (quantization) 200-239; issue 11 240-259: activation (ReLU with a 1-bit mask) 240-241.
 GEMM = const(1)
 GEMM_ACCUMULATE = const(2)
 BATCHED_GEMM = const(3)
@@ -91,6 +92,9 @@ GROUP_NORM = const(140)
 GROUP_NORM_GRAD = const(141)
 GATHER_ROWS = const(150)
 GATHER_ROWS_GRAD = const(151)
+# issue 11 (training within a microcontroller's memory) 240-259
+RELU_MASKED = const(240)
+RELU_MASK_GRAD = const(241)
 
 # op code -> (kernel family module, function, tensor dtypes, int count, float count)
 # Tensor dtypes: "f" float arena, "i" int arena, "?" float arena or no tensor.
@@ -179,6 +183,8 @@ SIGNATURES = {
     GROUP_NORM_GRAD: ("group_norm", "group_norm_grad", "???ff?", 4, 1),
     GATHER_ROWS: ("gather", "gather_rows", "ffi", 4, 0),
     GATHER_ROWS_GRAD: ("gather", "gather_rows_grad", "ffi", 4, 0),
+    RELU_MASKED: ("activation", "relu_masked", "ffi", 1, 0),
+    RELU_MASK_GRAD: ("activation", "relu_mask_grad", "ffi", 1, 0),
 }
 
 

@@ -80,6 +80,8 @@ GROUP_NORM = 140
 GROUP_NORM_GRAD = 141
 GATHER_ROWS = 150
 GATHER_ROWS_GRAD = 151
+RELU_MASKED = 240
+RELU_MASK_GRAD = 241
 
 NAMES = {value: name for name, value in list(globals().items())
          if name.isupper() and isinstance(value, int)}

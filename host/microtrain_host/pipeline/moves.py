@@ -189,3 +189,68 @@ def recompute_activations(program, lowering, forward_nodes):
             done.append((tensors[tid].name, len(steps) - len(program.steps)))
             program.steps[:] = steps
     return done
+
+
+# -- ReLU masks ----------------------------------------------------------------------------
+# ReluGrad reads the forward output y only to ask y > 0. When nothing else in the backward
+# pass reads y (a frozen convolution after it needs no activations), the forward step also
+# writes that answer as a 1-bit mask into the int arena (RELU_MASKED) and the gradient reads
+# the mask (RELU_MASK_GRAD): the float y then dies at its last forward use. In a bias-only
+# update of a conv net every ReLU output would otherwise be kept to the end of the forward
+# pass. Applied where the float region shrinks by more than the mask takes.
+
+def _mask_plan(program, tensors, storage, boundary):
+    """(forward RELU step index, [backward RELU_GRAD indices]) when the ReLU output
+    `storage` is read in the backward pass by its gradient only, else None."""
+    uses = _Uses(program.steps, tensors)
+    i = uses.writer.get(storage)
+    if i is None or i >= boundary or program.steps[i].op != op.RELU:
+        return None
+    backward = [k for k in uses.touch[storage] if k >= boundary]
+    for k in backward:
+        step = program.steps[k]
+        if step.op != op.RELU_GRAD or tensors[step.tensors[2]].storage != storage or any(
+                tensors[t].storage == storage for t in step.tensors[:2]):
+            return None
+    if not backward or any(tensors[t].storage == storage for t in program.outputs):
+        return None
+    return i, backward
+
+
+def mask_relus(program, lowering, forward_nodes):
+    """Keep 1-bit masks instead of ReLU outputs (see above) wherever that pays; changes
+    `program` in place. Returns the names of the ReLU outputs no longer kept."""
+    from .lower import ACTIVATION, INT32, Step, Tensor
+    tensors = lowering.tensors
+    boundary = 0
+    while boundary < len(program.steps) and program.steps[boundary].node in forward_nodes:
+        boundary += 1
+    best = _region(program, tensors)
+    done = []
+    for step in list(program.steps[:boundary]):
+        if step.op != op.RELU:
+            continue
+        y = step.tensors[0]
+        found = _mask_plan(program, tensors, tensors[y].storage, boundary)
+        if found is None:
+            continue
+        i, readers = found
+        n = tensors[y].size
+        mask = Tensor(tensors[y].name + ".mask", INT32, ACTIVATION, ((n + 29) // 30,),
+                      program=tensors[y].program)
+        known = len(tensors)
+        mask_id = lowering.add(mask)
+        steps = list(program.steps)
+        steps[i] = Step(op.RELU_MASKED, [y, step.tensors[1], mask_id], [n], [], step.node)
+        for k in readers:
+            dx, dy, _ = steps[k].tensors
+            steps[k] = Step(op.RELU_MASK_GRAD, [dx, dy, mask_id], [n], [], steps[k].node)
+        trial = type(program)(program.name, steps, program.inputs, program.outputs)
+        region = _region(trial, tensors)
+        if region + mask.size < best:
+            best = region
+            program.steps[:] = steps
+            done.append(tensors[y].name)
+        else:
+            del tensors[known:]
+    return done

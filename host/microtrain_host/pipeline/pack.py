@@ -13,7 +13,7 @@ from . import export as inference
 from .checkpoint import write_atomically
 from ..errors import ArtifactError
 from .lower import CONSTANT, Lowering, meta_names, roles_from_metadata
-from .moves import place_updates, recompute_activations, split_program
+from .moves import mask_relus, place_updates, recompute_activations, split_program
 from .optimizers import OptimType, grad_buffer, state_name, state_names
 from .plan import assign_offsets
 
@@ -194,6 +194,7 @@ def blob_bytes(training_model, eval_model, optimizer_model, optimizer_options=No
     forward_count = int(meta.get("microtrain.forward_nodes", len(eval_model.graph.node)))
     forward_nodes = _forward_node_names(training_model, forward_count)
     if meta.get("microtrain.recompute") == "1":
+        mask_relus(lowering.programs[training], lowering, forward_nodes)
         recompute_activations(lowering.programs[training], lowering, forward_nodes)
     if in_backward:  # after recomputing: a recomputed step may read a parameter
         place_updates(lowering.programs["train"], lowering.tensors)

@@ -23,6 +23,7 @@ class Choice:
     optimizer_state: int = 0
     peak_temporaries: int = 0    # live temporaries at the training timeline's peak
     train_steps: int = 0
+    int_arena: int = 0           # int32 elements (labels, ReLU masks, dropout masks)
 
 
 def candidate_choices(model, max_layers=6):
@@ -40,14 +41,14 @@ def candidate_choices(model, max_layers=6):
 
 
 def measure(blob_path):
-    """(trainable elements, arena, gradient buffers, optimizer state, peak temporaries of the
-    training timeline, train steps) of a packed blob."""
+    """(trainable elements, float arena, gradient buffers, optimizer state, peak temporaries
+    of the training timeline, train steps, int arena) of a packed blob."""
     b = device_blob.load(str(blob_path), keep_steps=True)
     parts = persistent_parts(b)
     train = [t for t in timelines(b) if t.name == "train"]
     steps = sum(len(b.programs[p].steps) for p in TRAINING_PROGRAMS if p in b.programs)
     return (parts["trainable parameters"], b.float_arena, parts["gradient buffers"],
-            parts["optimizer state"], train[0].peak if train else 0, steps)
+            parts["optimizer state"], train[0].peak if train else 0, steps, b.int_arena)
 
 
 def sparse_choices(model, max_layers=6, **pack_options):
@@ -68,12 +69,12 @@ def table(rows):
     """The choices as text, one row each, memory in KiB of float32."""
     def kib(elements):
         return f"{elements * 4 / 1024:9.1f}"
-    lines = [f"{'trains':18s} {'params':>8s} {'arena KiB':>9s} {'grads':>9s} {'opt state':>9s} "
-             f"{'peak tmp':>9s} {'steps':>6s}"]
+    lines = [f"{'trains':18s} {'params':>8s} {'arena KiB':>9s} {'int KiB':>9s} {'grads':>9s} "
+             f"{'opt state':>9s} {'peak tmp':>9s} {'steps':>6s}"]
     for row in rows:
-        lines.append(f"{row.label:18s} {row.trained:8d} {kib(row.arena)} {kib(row.gradients)} "
-                     f"{kib(row.optimizer_state)} {kib(row.peak_temporaries)} "
-                     f"{row.train_steps:6d}")
+        lines.append(f"{row.label:18s} {row.trained:8d} {kib(row.arena)} {kib(row.int_arena)} "
+                     f"{kib(row.gradients)} {kib(row.optimizer_state)} "
+                     f"{kib(row.peak_temporaries)} {row.train_steps:6d}")
     return "\n".join(lines)
 
 

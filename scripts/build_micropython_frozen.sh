@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Build the MicroPython Unix port with the device package frozen in (scripts/frozen_manifest.py):
+# `import microtrain` then runs bytecode from the binary, as a board runs it from flash, and
+# `micropython -X heapsize=64K` measures the heap a run needs on such a board (arenas, blob,
+# checkpoint, batch; no code). Same Debian source package as build_micropython.sh.
+#
+#   scripts/build_micropython_frozen.sh     -> prints the path of the binary
+#
+# Cached under .cache/micropython-frozen/, keyed by the source tarball, this script, the
+# manifest and every device module (names and contents): change any and the next run rebuilds.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cache="$root/.cache/micropython-frozen"
+binary="$cache/micropython"
+manifest="$root/scripts/frozen_manifest.py"
+
+tarball=$(bash "$root/scripts/fetch_micropython_source.sh")
+key=$( (basename "$tarball"; sha256sum "$tarball" | cut -d' ' -f1; cat "$0" "$manifest";
+        cd "$root/device" && find microtrain -name '*.py' | LC_ALL=C sort | while read -r f; do
+            echo "$f"; sha256sum "$f"; done) | sha256sum | cut -d' ' -f1)
+
+if [ -x "$binary" ] && [ "$(cat "$cache/key" 2>/dev/null)" = "$key" ]; then
+    echo "$binary"
+    exit 0
+fi
+
+rm -rf "$cache" && mkdir -p "$cache/tree"
+tar -xf "$tarball" -C "$cache/tree" --strip-components=1
+# Debian's tarball leaves out the micropython-lib submodule; the freezer insists on seeing it
+# although the manifest requires nothing from it.
+mkdir -p "$cache/tree/lib/micropython-lib"
+touch "$cache/tree/lib/micropython-lib/README.md"
+jobs=$(nproc 2>/dev/null || echo 2)
+echo "build_micropython_frozen: building the Unix port with microtrain frozen in" \
+     "(log: $cache/build.log)" >&2
+if ! { make -C "$cache/tree/mpy-cross" -j"$jobs" &&
+       make -C "$cache/tree/ports/unix" -j"$jobs" FROZEN_MANIFEST="$manifest" \
+           MICROPY_PY_BTREE=0 MICROPY_PY_SSL=0 MICROPY_SSL_MBEDTLS=0 MICROPY_SSL_AXTLS=0; } \
+       > "$cache/build.log" 2>&1; then
+    tail -n 40 "$cache/build.log" >&2
+    echo "build_micropython_frozen: build failed" >&2
+    exit 1
+fi
+cp "$cache/tree/ports/unix/build-standard/micropython" "$binary"
+"$binary" -c "import microtrain" >/dev/null
+echo "$key" > "$cache/key"
+echo "$binary"
