@@ -12,7 +12,7 @@ import numpy as np
 from . import export as inference
 from .checkpoint import write_atomically
 from ..errors import ArtifactError
-from .lower import CONSTANT, Lowering, meta_names, roles_from_metadata
+from .lower import ACTIVATION, CONSTANT, Lowering, meta_names, roles_from_metadata
 from .moves import mask_relus, place_updates, recompute_activations, split_program
 from .optimizers import OptimType, grad_buffer, state_name, state_names
 from .plan import assign_offsets
@@ -50,7 +50,8 @@ def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options,
             b.PrependUOffsetTRelativeSlot(6, data, 0)
         if program is not None:
             b.PrependUOffsetTRelativeSlot(7, program, 0)
-        if t.storage != tid:    # an alias: which space it shares, for the memory plan
+        if t.storage != tid and t.role == ACTIVATION:
+            # An alias of a temporary: which space it shares, for the memory plan.
             b.PrependInt32Slot(8, t.storage, -1)
         tensor_offsets.append(b.EndObject())
     program_offsets = []
