@@ -4,7 +4,8 @@
 # `micropython -X heapsize=64K` measures the heap a run needs on such a board (arenas, blob,
 # checkpoint, batch; no code). Same Debian source package as build_micropython.sh.
 #
-#   scripts/build_micropython_frozen.sh     -> prints the path of the binary
+#   scripts/build_micropython_frozen.sh         -> prints the path of the binary
+#   scripts/build_micropython_frozen.sh --key   -> prints the cache key only (no build)
 #
 # Cached under .cache/micropython-frozen/, keyed by the source tarball, this script, the
 # manifest and every device module (names and contents): change any and the next run rebuilds.
@@ -20,6 +21,10 @@ key=$( (basename "$tarball"; sha256sum "$tarball" | cut -d' ' -f1; cat "$0" "$ma
         cd "$root/device" && find microtrain -name '*.py' | LC_ALL=C sort | while read -r f; do
             echo "$f"; sha256sum "$f"; done) | sha256sum | cut -d' ' -f1)
 
+if [ "${1:-}" = "--key" ]; then
+    echo "$key"
+    exit 0
+fi
 if [ -x "$binary" ] && [ "$(cat "$cache/key" 2>/dev/null)" = "$key" ]; then
     echo "$binary"
     exit 0

@@ -15,7 +15,7 @@ personalisation set are unseen in pretraining.
 
 Sets (float32 x of shape [N, 1, 49, 10], int64 class indices y):
   pretrain:  12 keywords, 48 pretraining speakers, 4,800 utterances (train 80 %, val 20 %)
-  personal:  12 new keywords, 2 new speakers: 5 utterances per keyword to train on (the
+  personal:  12 new keywords, 2 new speakers: 10 utterances per keyword to train on (the
              few shots a user records), 25 per keyword held out to measure accuracy
 
 Usage: python make_data.py OUT_DIR   -> OUT_DIR/kws_pretrain.npz, OUT_DIR/kws_personal.npz
@@ -108,10 +108,13 @@ def pretraining_set():
     return {"x_train": x[:cut], "y_train": y[:cut], "x_val": x[cut:], "y_val": y[cut:]}
 
 
-def personalisation_set(shots=5, held_out=25):
-    """New keywords from new speakers: `shots` per keyword to train on, `held_out` to test."""
+def personalisation_set(shots=10, held_out=25):
+    """New keywords from new speakers: `shots` per keyword to train on, `held_out` to test.
+    Drawn from one fixed pool of 50 utterances per keyword, so smaller sets are subsets."""
+    if shots + held_out > 50:
+        raise ValueError("shots + held_out must be at most 50 (the pool per keyword)")
     targets, _, vocabulary = inventory()
-    x, y = make_set(2, vocabulary, 2, (shots + held_out) // 2 + 1, targets)
+    x, y = make_set(2, vocabulary, 2, 25, targets)
     train, test = [], []
     for label in range(CLASSES):
         rows = np.flatnonzero(y == label)

@@ -15,8 +15,10 @@ training configuration costs in memory.
      trained on the recordings with the device runtime (examples/kws/personalise_device.py)
      under CPython or the MicroPython Unix port, the held-out accuracy measured before and
      after. On MicroPython, --frozen uses the Unix port with the runtime frozen in
-     (scripts/build_micropython_frozen.sh), as a board holds it in flash, and --measure-heap
-     bisects the smallest -X heapsize the run needs (scripts/measure_heap.py).
+     (scripts/build_micropython_frozen.sh), as a board holds it in flash; the run reports
+     the largest live heap it saw, and --measure-heap first bisects the smallest -X heapsize
+     in which one train step and one evaluation run (scripts/measure_heap.py; the data are
+     streamed, so more samples need no more heap).
 
 The last lines printed are the accuracy before and after and the peak heap in bytes.
 An int8 configuration (issue 11's integer training) is one more entry of CONFIGS."""
@@ -89,36 +91,53 @@ def memory_table(model, build):
     return "\n".join(lines)
 
 
-def write_data(directory, shots):
-    data = make_data.personalisation_set(shots=shots)
+def write_data(directory, shots, held_out, limit=None):
+    """The personalisation set as raw files in directory (the first `limit` samples of each
+    part when given); returns the sample counts."""
+    data = make_data.personalisation_set(shots=shots, held_out=held_out)
     directory.mkdir(parents=True, exist_ok=True)
+    counts = []
     for part, x, y in (("train", data["x_train"], data["y_train"]),
                        ("test", data["x_val"], data["y_val"])):
-        (directory / f"x_{part}.f32").write_bytes(x.astype("<f4").tobytes())
-        (directory / f"y_{part}.i32").write_bytes(y.astype("<i4").tobytes())
-    return len(data["y_train"]), len(data["y_val"])
+        (directory / f"x_{part}.f32").write_bytes(x[:limit].astype("<f4").tobytes())
+        (directory / f"y_{part}.i32").write_bytes(y[:limit].astype("<i4").tobytes())
+        counts.append(len(y[:limit]))
+    return counts
 
 
-def run_device(directory, epochs, lr, runtime, frozen, heap, measure_heap):
+def run_device(directory, epochs, lr, runtime, frozen, heap):
     args = [str(directory), str(epochs), repr(lr)]
     if runtime == "cpython":
         proc = subprocess.run([sys.executable, str(DEVICE_SCRIPT), *args], capture_output=True,
                               text=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "device")))
         if proc.returncode:
             sys.exit(proc.stderr)
-        return proc.stdout, None
+        return proc.stdout
     import measure_heap as heap_tool
-    if measure_heap:
-        needed, out = heap_tool.needed_heap(DEVICE_SCRIPT, args, frozen=frozen,
-                                            high=heap_tool.size(heap))
-        if needed is None:
-            sys.exit(f"the run fails even with a {heap} heap:\n{out}")
-        return out, needed
     code, out = heap_tool.run(heap_tool.interpreter(frozen), heap_tool.size(heap),
                               DEVICE_SCRIPT, args, frozen, 7200)
     if code:
         sys.exit(out)
-    return out, None
+    return out
+
+
+def heap_for_one_step(directory, frozen, high):
+    """The smallest -X heapsize in which one train step and one evaluation run: the blob
+    and checkpoint of `directory`, one sample of each part."""
+    import shutil
+    import measure_heap as heap_tool
+    probe = directory / "heap_probe"
+    probe.mkdir(exist_ok=True)
+    for name in ("model.mtb", "checkpoint"):
+        shutil.copy(directory / name, probe / name)
+    for part in ("train", "test"):
+        (probe / f"x_{part}.f32").write_bytes((directory / f"x_{part}.f32").read_bytes()[:4 * 490])
+        (probe / f"y_{part}.i32").write_bytes((directory / f"y_{part}.i32").read_bytes()[:4])
+    needed, out = heap_tool.needed_heap(DEVICE_SCRIPT, [str(probe), "1", "0.001"],
+                                        frozen=frozen, high=heap_tool.size(high))
+    if needed is None:
+        sys.exit(f"one step does not run even with a {high} heap:\n{out}")
+    return needed
 
 
 def main():
@@ -127,14 +146,16 @@ def main():
     parser.add_argument("--no-moves", action="store_true",
                         help="personalise without the memory moves")
     parser.add_argument("--shots", type=int, default=10, help="recordings per keyword (10)")
+    parser.add_argument("--held-out", type=int, default=10,
+                        help="held-out utterances per keyword (10; up to 25)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--lr", type=float, default=0.003)
     parser.add_argument("--runtime", choices=("cpython", "micropython"), default="cpython")
     parser.add_argument("--frozen", action="store_true",
                         help="MicroPython with the runtime frozen into the interpreter")
-    parser.add_argument("--heap", default="2M", help="MicroPython heap (2M)")
+    parser.add_argument("--heap", default="1M", help="MicroPython heap (1M)")
     parser.add_argument("--measure-heap", action="store_true",
-                        help="MicroPython: bisect the smallest heap the run needs")
+                        help="MicroPython: first bisect the smallest heap one step needs")
     parser.add_argument("--build", default=str(HERE / "build"))
     parser.add_argument("--skip-table", action="store_true", help="no memory table")
     args = parser.parse_args()
@@ -144,14 +165,18 @@ def main():
         print(memory_table(model, build), flush=True)
     directory = build / args.config.replace(" ", "_")
     pack(model, args.config, directory, not args.no_moves, args.lr)
-    shots, held_out = write_data(directory, args.shots)
+    shots, held_out = write_data(directory, args.shots, args.held_out)
+    needed = None
+    if args.runtime == "micropython" and args.measure_heap:
+        needed = heap_for_one_step(directory, args.frozen, args.heap)
+        print(f"one train step and one evaluation need a heap of {needed} bytes "
+              f"(bisected -X heapsize{', runtime frozen in' if args.frozen else ''})", flush=True)
     print(f"personalising '{args.config}' ({CONFIGS[args.config][0]}"
           f"{', with the memory moves' if not args.no_moves else ''}) on {shots} recordings "
           f"of 12 new keywords, {args.epochs} epochs, {OPTIMIZER} lr {args.lr}, under "
           f"{args.runtime}{' (runtime frozen in)' if args.frozen else ''}; {held_out} held out",
           flush=True)
-    out, needed = run_device(directory, args.epochs, args.lr, args.runtime, args.frozen,
-                             args.heap, args.measure_heap)
+    out = run_device(directory, args.epochs, args.lr, args.runtime, args.frozen, args.heap)
     for line in out.splitlines():
         if line.startswith("epoch"):
             print("  " + line)
@@ -161,10 +186,9 @@ def main():
     print(f"accuracy on the new keywords before: {100 * before[0] / before[1]:.1f} % "
           f"(chance {100 / 12:.1f} %)")
     print(f"accuracy on the new keywords after:  {100 * after[0] / after[1]:.1f} %")
-    if needed is not None:
-        print(f"peak heap: {needed} bytes (smallest -X heapsize that runs it)")
-    elif peak >= 0:
-        print(f"peak heap: {peak} bytes (live heap after a collection, largest phase)")
+    if peak >= 0:
+        print(f"peak heap: {peak} bytes (largest live heap after a collection, over the run"
+              + (f"; one step needs a {needed}-byte -X heapsize)" if needed else ")"))
     else:
         print("peak heap: - (CPython; --runtime micropython measures it)")
 
