@@ -3,7 +3,7 @@ LeNet-style, DS-CNN keyword spotting, 1-D gesture net, MobileNetV2 inverted resi
 conv autoencoder).
 
 Packs each model (AdamW, the batch the tests use), counts the multiply-accumulates of one
-train step from the training graph (forward and backward Gemm/MatMul/Conv and the conv
+train step from the training graph (forward and backward Gemm/MatMul/Conv/GRU/LSTM and the conv
 gradients), then runs bench/model_step.py under CPython and under the MicroPython Unix port
 and prints a table: time per train step, its effective MAC/s, the interpreter's plain
 MAC-loop rate measured in the same process, and their ratio. The ratio includes everything
@@ -63,6 +63,17 @@ def train_step_macs(training_model):
         elif node.op_type == "ConvGradWeight":
             dy, dw = node.input[0], node.output[0]
             total += size(dy) * int(np.prod(shapes[dw][1:]))
+        elif node.op_type in ("GRU", "LSTM", "GRUGrad", "LSTMGrad"):
+            # Per step and sample: X.W and H.R forward; backward dH_prev = dG.R every step,
+            # and dR, dW, dX (each when computed) the same sizes again.
+            x = shapes[node.input[0]]
+            inputs, recurrent = size(node.input[1]), size(node.input[2])
+            if node.op_type in ("GRU", "LSTM"):
+                total += x[0] * x[1] * (inputs + recurrent)
+            else:
+                outputs = list(node.output) + [""] * 3
+                total += x[0] * x[1] * (recurrent * (1 + bool(outputs[2]))
+                                        + inputs * (bool(outputs[0]) + bool(outputs[1])))
     return total
 
 

@@ -16,7 +16,12 @@ BASE = gc.mem_alloc()
 # frees its buffer at once; a dropped bytearray stays until the GC finds no pointer to it,
 # and MicroPython's GC scans the C stack conservatively, where stale copies linger.
 import io
-reserve = io.BytesIO(RESERVE)
+try:
+    reserve = io.BytesIO(RESERVE)
+except MemoryError:
+    print("error: out of memory before import: the arenas and the blob file need %d bytes in "
+          "one block, the heap has %d free" % (RESERVE, gc.mem_free()))
+    raise
 gc.collect()
 RESERVED = gc.mem_alloc() - BASE
 peak = 0

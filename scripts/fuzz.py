@@ -1,9 +1,10 @@
 """Mutation fuzzing of blobs and checkpoints at scale (the suite runs a few hundred).
 
     python scripts/fuzz.py [--interpreter cpython|PATH_TO_MICROPYTHON] [--count N] [--seed S]
+                           [--only mlp|cnn|rnn]
 
 Packs the fuzzed models (tests/fuzzing.py: the digits MLP with AdamW, a small CNN with SGD
-and momentum), then mutates each one's blob and checkpoint N times with the CRC-32
+and momentum, a GRU + LSTM net with AdamW), then mutates each one's blob and checkpoint N times with the CRC-32
 recomputed over the mutated bytes, loads and trains every mutation, and prints the counts
 of outcomes per file: trained, refused (by microtrain's own error, per type), crashes
 (any other exception), hangs and deaths. Exits 1 when anything crashed, hung or died."""
@@ -23,12 +24,15 @@ def main():
     parser.add_argument("--interpreter", default="cpython",
                         help="cpython, or the path of a MicroPython binary")
     parser.add_argument("--count", type=int, default=5000,
-                        help="mutations per file (4 files: 2 models x blob, checkpoint)")
+                        help="mutations per file (6 files: 3 models x blob, checkpoint)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--only", help="fuzz only this model (mlp, cnn or rnn)")
     args = parser.parse_args()
     bad = 0
     with tempfile.TemporaryDirectory() as tmp:
         for name, directory in fuzzing.make_artifacts(pathlib.Path(tmp)).items():
+            if args.only and name != args.only:
+                continue
             for kind in ("blob", "checkpoint"):
                 start = time.time()
                 outcomes, examples, arena = fuzzing.fuzz(args.interpreter, directory, kind,

@@ -32,7 +32,7 @@ print("code heap", gc.mem_alloc() - base)
 def measure(board, modules, placement):
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
-        sizes = runtime.compile_runtime(modules, board["mpy_arch"], board["mpy_version"],
+        sizes = runtime.compile_runtime(runtime.package_sources(modules), board["mpy_arch"], board["mpy_version"],
                                         tmp / "rt")
         names = [m[:-3].replace("/", ".").replace(".__init__", "") for m in modules]
         script = tmp / "probe.py"

@@ -3,11 +3,13 @@
 # deploy extras, builds (or reuses) the MicroPython Unix port and the emulated Cortex-M3
 # board (scripts/build_qemu_board.sh: installs qemu-system-arm and the ARM toolchain from
 # Debian when missing), then runs pytest with both required (a missing interpreter or
-# firmware fails instead of skipping).
+# firmware fails instead of skipping). The flower extra (Flower's simulation engine) is
+# installed and required the same way: tests/test_flower.py fails rather than skips.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-python3 -m pip install --quiet --disable-pip-version-check -e ".[test,deploy]"
+python3 -m pip install --quiet --disable-pip-version-check -e ".[test,deploy,flower]"
+export MICROTRAIN_REQUIRE_FLOWER=1
 export MICROTRAIN_MICROPYTHON=$(bash scripts/build_micropython.sh)
 if command -v npm >/dev/null; then    # web/: MicroPython's WebAssembly port, playwright-core
     (cd web && npm ci --no-audit --no-fund --loglevel=error >/dev/null)

@@ -17,10 +17,26 @@ SCRIPT = ROOT / "tests" / "device_scripts" / "fuzz_mutations.py"
 DIGITS = ROOT / "examples" / "digits" / "mlp.onnx"
 
 
+class Recurrent(nn.Module):
+    """A bidirectional GRU feeding an LSTM whose last hidden state is classified."""
+
+    def __init__(self):
+        super().__init__()
+        self.gru = nn.GRU(3, 4, batch_first=True, bidirectional=True)
+        self.lstm = nn.LSTM(8, 3, batch_first=True)
+        self.head = nn.Linear(3, 4)
+
+    def forward(self, x):
+        y, _ = self.gru(x)
+        _, (h, _) = self.lstm(y)
+        return self.head(h[-1])
+
+
 def make_artifacts(directory):
-    """{name: artifact directory}: the digits MLP with AdamW, and a small CNN (Conv,
+    """{name: artifact directory}: the digits MLP with AdamW, a small CNN (Conv,
     BatchNormalization, Relu, MaxPool, Dropout, global average pooling, Gemm) with SGD and
-    momentum, so that every kernel family of a typical model is fuzzed."""
+    momentum, and a GRU + LSTM net with AdamW, so that every kernel family of a typical
+    model is fuzzed."""
     mlp = directory / "mlp"
     mh.generate_artifacts(str(DIGITS), loss="CrossEntropyLoss", optimizer="AdamW",
                           artifact_directory=mlp, batch_size=4)
@@ -33,7 +49,11 @@ def make_artifacts(directory):
     mh.generate_artifacts(export(cnn_module, torch.zeros(1, 1, 8, 8)), loss="CrossEntropyLoss",
                           optimizer="SGD", optimizer_options={"momentum": 0.9},
                           artifact_directory=cnn, batch_size=2)
-    return {"mlp": mlp, "cnn": cnn}
+    torch.manual_seed(0)
+    rnn = directory / "rnn"
+    mh.generate_artifacts(export(Recurrent(), torch.zeros(1, 5, 3)), loss="CrossEntropyLoss",
+                          optimizer="AdamW", artifact_directory=rnn, batch_size=2)
+    return {"mlp": mlp, "cnn": cnn, "rnn": rnn}
 
 
 def command(interpreter):

@@ -1,4 +1,4 @@
-"""The reference models of issue 3, built in PyTorch: the small networks people train on
+"""The reference models of issues 3 and 9, built in PyTorch: the small networks people train on
 microcontrollers. Sizes are cut down so that 50 pure-Python train steps stay in seconds,
 but every layer type and attribute of the full-size model is kept.
 
@@ -199,5 +199,49 @@ def keyword_classifier():
                           4, {"SGD": 0.5, "AdamW": 0.01}, vocabulary=20)
 
 
+class IMUGRUClassifier(nn.Module):
+    """Activities from a 6-axis IMU (accelerometer and gyroscope), 24 samples per window
+    (issue 9): one GRU layer over the window, its last hidden state, a classifier."""
+
+    def __init__(self, channels=6, hidden=16, classes=5):
+        super().__init__()
+        self.gru = nn.GRU(channels, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        _, h = self.gru(x)
+        return self.head(h[-1])
+
+
+def imu_gru_classifier():
+    torch.manual_seed(17)
+    return ReferenceModel("imu_gru_classifier", IMUGRUClassifier(), (24, 6), "CrossEntropyLoss",
+                          4, {"SGD": 0.05, "AdamW": 0.001})
+
+
+class LSTMAutoencoder(nn.Module):
+    """Anomaly detection on windows of 4 sensor channels, 16 steps (predictive maintenance,
+    issue 9): an LSTM encoder's final hidden state, repeated over the window, drives an LSTM
+    decoder whose outputs a Linear maps back to the channels; trained with MSE to reconstruct
+    the input, so a high reconstruction error flags an anomaly."""
+
+    def __init__(self, channels=4, code=8):
+        super().__init__()
+        self.encoder = nn.LSTM(channels, code, batch_first=True)
+        self.decoder = nn.LSTM(code, code, batch_first=True)
+        self.out = nn.Linear(code, channels)
+
+    def forward(self, x):
+        _, (h, _) = self.encoder(x)
+        y, _ = self.decoder(h[-1].unsqueeze(1).expand(-1, x.shape[1], -1))
+        return self.out(y)
+
+
+def lstm_autoencoder():
+    torch.manual_seed(18)
+    return ReferenceModel("lstm_autoencoder", LSTMAutoencoder(), (16, 4), "MSELoss", 4,
+                          {"SGD": 0.05, "AdamW": 0.001})
+
+
 REFERENCE_MODELS = (lenet, ds_cnn, gesture_1d, mobilenet_v2_block, conv_autoencoder,
-                    tiny_transformer, keyword_classifier)
+                    tiny_transformer, keyword_classifier, imu_gru_classifier, lstm_autoencoder)

@@ -5,6 +5,7 @@ the host, the fit check's prediction against the heap measured on the board, and
 reference model. Needs the firmware of scripts/build_qemu_board.sh: skipped without it,
 failed when MICROTRAIN_REQUIRE_QEMU=1 (CI)."""
 import os
+import re
 import pathlib
 
 import numpy as np
@@ -116,3 +117,39 @@ def test_lenet_trains_on_the_emulated_board_or_is_predicted_not_to(firmware, tmp
           f"runtime {plan.fit.runtime_mpy} B .mpy; {result.heap}")
     assert relative_error(result.losses, losses) < 1e-3, (result.losses, losses.tolist())
     assert abs(plan.fit.train - result.peak) <= 0.10 * result.peak, (plan.fit.train, result.peak)
+
+
+def test_deploy_exits_non_zero_when_the_board_runs_out_of_memory(firmware, tmp_path, capsys):
+    # MLP 256-256-10 with AdamW: 1.1 MB of arena against the board's 140 KiB heap; --force
+    # runs it anyway, the board's own error comes back and the command fails
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from microtrain_host.cli import main
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32) * 0.05, n)
+             for n, s in (("w1", (256, 256)), ("b1", (256,)), ("w2", (256, 10)), ("b2", (10,)))]
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["input", "w1", "b1"], ["h"]),
+         helper.make_node("Relu", ["h"], ["r"]),
+         helper.make_node("Gemm", ["r", "w2", "b2"], ["output"])], "mlp",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [2, 256])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [2, 10])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+              tmp_path / "big.onnx")
+    np.savez(tmp_path / "data.npz", x_train=rng.standard_normal((4, 256)).astype(np.float32),
+             y_train=np.arange(4) % 10, x_val=np.zeros((2, 256), np.float32),
+             y_val=np.zeros(2, np.int64))
+    build = tmp_path / "build"
+    assert main(["pack", str(build.parent / "big.onnx"), "-o", str(build)]) == 0
+    capsys.readouterr()
+    args = ["deploy", str(build), "--board", "qemu-mps2-an385", "--steps", "2", "--data",
+            str(tmp_path / "data.npz"), "--firmware", str(firmware)]
+    assert main(args) == 1
+    assert "predicted not to fit" in capsys.readouterr().err
+    assert main(args + ["--force"]) == 2
+    err = capsys.readouterr().err
+    assert "training on qemu-mps2-an385 failed" in err
+    needed = re.search(r"error: out of memory before import: the arenas and the blob file "
+                       r"need (\d+) bytes in one block, the heap has (\d+) free", err)
+    assert needed and int(needed.group(1)) > int(needed.group(2)), err
+    assert not (build / "board_checkpoint").exists()

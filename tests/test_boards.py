@@ -3,10 +3,16 @@
 import json
 import shutil
 import subprocess
+import sys
 
 import pytest
+import torch
+from torch import nn
+
+import microtrain_host as mh
 
 from conftest import DEVICE, ROOT
+from torch_reference import export
 from microtrain_host.cli import main
 from microtrain_host.tools import boards, runtime
 
@@ -45,11 +51,8 @@ def test_digits_runtime_is_the_families_it_uses(digits):
 
 
 def test_minimal_runtime_alone_trains_under_micropython(digits, micropython, tmp_path):
-    # only the selected .py files on the path: a missing module would fail the import
-    for module in runtime.runtime_modules(digits / "model.mtb"):
-        target = tmp_path / "rt" / module
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(DEVICE / module, target)
+    # only the trimmed sources on the path: a missing module, kernel or checker would fail
+    runtime.write_sources(runtime.minimal_sources(digits / "model.mtb"), tmp_path / "rt")
     script = tmp_path / "step.py"
     script.write_text(
         "from microtrain import CheckpointState, Module, Optimizer\n"
@@ -61,6 +64,53 @@ def test_minimal_runtime_alone_trains_under_micropython(digits, micropython, tmp
                           env={"MICROPYPATH": str(tmp_path / "rt")})
     assert proc.returncode == 0, proc.stderr
     assert float(proc.stdout) > 0
+
+
+def test_minimal_runtime_keeps_only_the_kernels_the_blob_uses(digits, tmp_path):
+    sources = runtime.minimal_sources(digits / "model.mtb")
+    assert "microtrain/inference.py" not in sources
+    assert "microtrain/lr_scheduler.py" not in sources
+    activation = sources["microtrain/kernels/activation.py"]
+    original = (DEVICE / "microtrain" / "kernels" / "activation.py").read_text()
+    assert "def relu_grad(" in activation and "def sigmoid(" not in activation
+    assert "def largest(" in activation  # loss.py imports it
+    # lines are blanked, not removed: a board's traceback points at the repository's lines
+    kept, full = activation.split("\n"), original.split("\n")
+    assert len(kept) == len(full)
+    assert all(line == "" or line == full[i] for i, line in enumerate(kept))
+    opcodes = sources["microtrain/opcodes.py"]
+    assert "GEMM: (" in opcodes and "CONV: (" not in opcodes and "CONV = const" not in opcodes
+    # a blob with an op outside the trimmed table is refused at load, not mid-training
+    runtime.write_sources(sources, tmp_path / "rt")
+    conv = tmp_path / "conv"
+    mh.generate_artifacts(export(nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten()),
+                                 torch.zeros(1, 1, 5, 5)), loss="MSELoss", optimizer="SGD",
+                          artifact_directory=conv, batch_size=1)
+    saved = {k: v for k, v in sys.modules.items() if k.startswith("microtrain.") or k == "microtrain"}
+    for k in saved:
+        del sys.modules[k]
+    sys.path.insert(0, str(tmp_path / "rt"))
+    try:
+        from microtrain import blob as trimmed_blob
+        assert trimmed_blob.__file__.startswith(str(tmp_path / "rt"))
+        with pytest.raises(trimmed_blob.BlobError, match="unknown op code; this runtime is "
+                           "older than the blob or was trimmed for another model"):
+            trimmed_blob.load(str(conv / "model.mtb"))
+    finally:
+        sys.path.remove(str(tmp_path / "rt"))
+        for k in [k for k in sys.modules if k.startswith("microtrain.") or k == "microtrain"]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+
+
+def test_frozen_dry_run_writes_the_trimmed_sources_and_their_manifest(digits, capsys):
+    assert main(["deploy", str(digits), "--board", "pyboard", "--runtime", "frozen", "--steps",
+                 "2", "--data", str(EXAMPLE / "digits.npz"), "--dry-run"]) == 0
+    manifest = digits / "frozen_runtime" / "manifest.py"
+    assert f"FROZEN_MANIFEST={manifest}" in capsys.readouterr().out
+    text = manifest.read_text()
+    assert "'microtrain/kernels/dense.py'" in text and "conv.py" not in text
+    assert (digits / "frozen_runtime" / "microtrain" / "kernels" / "dense.py").exists()
 
 
 def test_package_json_lists_the_device_package():

@@ -20,7 +20,7 @@ import pytest
 from conftest import ROOT, run_micropython
 
 WEB = ROOT / "web"
-NODE_STEPS = 200          # > one epoch of digits at batch 8 (179 steps)
+NODE_STEPS = 260          # > one epoch of digits at batch 8 (179 steps), and what the page runs
 PAGE_MIN_STEPS = 185      # Stop is clicked after this many: crosses the epoch boundary
 RELATIVE_TOLERANCE = 1e-5
 LEARNING_RATE = "0.01"    # prepare.py's manifest and the page's default

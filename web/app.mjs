@@ -60,11 +60,15 @@ async function train() {
   $("download").href = URL.createObjectURL(new Blob([bytes], { type: "application/octet-stream" }));
   $("download").hidden = false;
   $("stop").disabled = true;
+  // Continue picks up where training stopped (or, after raising epochs, where it ended).
+  $("start").textContent = "Continue";
+  $("start").disabled = false;
   setStatus(stopRequested ? "stopped" : "done", describe(stopRequested ? "stopped" : "done"));
 }
 
 $("stop").onclick = () => { stopRequested = true; };
 $("start").onclick = () => {
+  stopRequested = false;
   session.trainer.optimizer.set_learning_rate(Number($("lr").value));
   train().catch((error) => setStatus("error", `error: ${error.message}`));
 };

@@ -17,7 +17,8 @@ function axes(ctx, w, h, maxLoss, steps) {
   ctx.textAlign = "center";
   ctx.fillText(`step (${steps})`, PAD.left + w / 2, PAD.top + h + 28);
   ctx.fillText("loss", PAD.left - 30, PAD.top - 8);
-  ctx.fillText("val accuracy", PAD.left + w + 20, PAD.top - 8);
+  ctx.textAlign = "right";
+  ctx.fillText("val accuracy", PAD.left + w + PAD.right - 4, PAD.top - 8);
 }
 
 function line(ctx, points, color, width) {

@@ -1,7 +1,8 @@
 // Drives the page headless with Debian's Chromium through playwright-core (tests/test_web.py):
 //   node web/drive_page.mjs URL OUT_DIR MIN_STEPS [CHROMIUM]
-// Waits until the runtime is ready, clicks Start, clicks Stop once MIN_STEPS losses are in,
-// downloads the checkpoint to OUT_DIR/trained_checkpoint, screenshots OUT_DIR/page.png and
+// Waits until the runtime is ready, clicks Start, clicks Stop once MIN_STEPS losses are in;
+// clicks Continue, then Stop again after a few more steps (training resumes where it
+// stopped: the losses stay one sequence, which the test checks); downloads the checkpoint to OUT_DIR/trained_checkpoint, screenshots OUT_DIR/page.png and
 // prints window.microtrain (losses, evaluations, precision, status) as JSON.
 import { mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
@@ -33,9 +34,19 @@ try {
   await page.click("#start");
   await page.waitForFunction((n) => window.microtrain.losses.length >= n, Number(minSteps),
                              { timeout: 120000 });
+  const stopped = () => page.waitForFunction(
+    () => ["stopped", "done", "error"].includes(window.microtrain.status), null, { timeout: 60000 });
   await page.click("#stop");
-  await page.waitForFunction(() => ["stopped", "done", "error"].includes(window.microtrain.status),
-                             null, { timeout: 60000 });
+  await stopped();
+  const firstStop = await page.evaluate(() => window.microtrain.losses.length);
+  if ((await page.textContent("#start")) !== "Continue" || !(await page.isEnabled("#start"))) {
+    throw new Error("after Stop, the Start button does not offer to continue");
+  }
+  await page.click("#start");
+  await page.waitForFunction((n) => window.microtrain.losses.length >= n, firstStop + 3,
+                             { timeout: 120000 });
+  await page.click("#stop");
+  await stopped();
   const [download] = await Promise.all([page.waitForEvent("download"), page.click("#download")]);
   await download.saveAs(path.join(outDir, "trained_checkpoint"));
   await page.screenshot({ path: path.join(outDir, "page.png"), fullPage: true });

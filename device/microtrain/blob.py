@@ -444,7 +444,8 @@ def _read_steps(r, program, b, program_name, records):
         op = r.scalar(t, 0, "H", 0)
         where = "%s step %d (op %d)" % (program_name, index, op)
         if op not in SIGNATURES:
-            raise BlobError("%s: unknown op code; this runtime is older than the blob" % where)
+            raise BlobError("%s: unknown op code; this runtime is older than the blob or "
+                            "was trimmed for another model" % where)
         family, function, dtypes, n_ints, n_floats = SIGNATURES[op]
         tensors = r.scalars(t, 1, "I", where)
         ints = r.scalars(t, 2, "i", where)

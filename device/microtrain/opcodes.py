@@ -11,8 +11,9 @@ except ImportError:
 # Dropout) 90-99, layout (Transpose, Slice, Concat, Split, Pad) 100-119; issue 9's first
 # half 120-159: smooth (Elu, Selu, Celu, Erf, Gelu, Softsign) 120-127, elementwise (Max, Min,
 # PRelu) 130-135, group_norm (LayerNormalization, InstanceNormalization,
-# GroupNormalization) 140-141, gather (Gather with int indices) 150-151; issue 10
-# (quantization) 200-239; issue 11 240-259: activation (ReLU with a 1-bit mask) 240-241.
+# GroupNormalization) 140-141, gather (Gather with int indices) 150-151; recurrent (GRU,
+# LSTM) 170-189; issue 10 (quantization) 200-239; issue 11 240-259: activation (ReLU with a
+# 1-bit mask) 240-241.
 GEMM = const(1)
 GEMM_ACCUMULATE = const(2)
 BATCHED_GEMM = const(3)
@@ -92,6 +93,10 @@ GROUP_NORM = const(140)
 GROUP_NORM_GRAD = const(141)
 GATHER_ROWS = const(150)
 GATHER_ROWS_GRAD = const(151)
+GRU = const(170)
+GRU_GRAD = const(171)
+LSTM = const(172)
+LSTM_GRAD = const(173)
 # issue 11 (training within a microcontroller's memory) 240-259
 RELU_MASKED = const(240)
 RELU_MASK_GRAD = const(241)
@@ -183,6 +188,10 @@ SIGNATURES = {
     GROUP_NORM_GRAD: ("group_norm", "group_norm_grad", "???ff?", 4, 1),
     GATHER_ROWS: ("gather", "gather_rows", "ffi", 4, 0),
     GATHER_ROWS_GRAD: ("gather", "gather_rows_grad", "ffi", 4, 0),
+    GRU: ("recurrent", "gru", "f?ffff??", 14, 0),
+    GRU_GRAD: ("recurrent", "gru_grad", "?????fffff?f??", 14, 0),
+    LSTM: ("recurrent", "lstm", "f??ffff????", 14, 0),
+    LSTM_GRAD: ("recurrent", "lstm_grad", "???????fffff???f???", 14, 0),
     RELU_MASKED: ("activation", "relu_masked", "ffi", 1, 0),
     RELU_MASK_GRAD: ("activation", "relu_mask_grad", "ffi", 1, 0),
 }
@@ -216,6 +225,8 @@ def kernel_module(family):
         from microtrain.kernels import smooth as module
     elif family == "group_norm":
         from microtrain.kernels import group_norm as module
+    elif family == "recurrent":
+        from microtrain.kernels import recurrent as module
     else:
         raise ImportError("no kernel family " + family)
     return module

@@ -75,7 +75,7 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
                        artifact_directory=None, prefix="", nominal_checkpoint=False,
                        loss_input_names=None, batch_size=None, optimizer_options=None,
                        additional_output_names=None, update_in_backward=False,
-                       recompute=False):
+                       recompute=False, progress=None):
     """Write {prefix}training_model.onnx, eval_model.onnx, optimizer_model.onnx, checkpoint
     (and nominal_checkpoint) and the packed blob {prefix}model.mtb into artifact_directory.
 
@@ -96,11 +96,16 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
     gradient is known, instead of keeping gradient buffers for a separate optimizer step: the
     training graph then holds the update nodes and there is no optimizer_model.onnx; each
     train call is one optimizer step (no gradient accumulation, no clip_grad_norm, which
-    needs every gradient before any update). recompute: in the blob, recompute cheap
-    activations (activation functions, normalisations) in the backward pass instead of
-    keeping them from the forward pass, wherever that shrinks the arena (pipeline/moves.py).
-    sparse_update(model, ...) gives requires_grad for the biases and the last layers."""
+    needs every gradient before any update). recompute: in the blob, keep 1-bit masks
+    instead of ReLU outputs only their gradient reads, and recompute cheap activations
+    (activation functions, normalisations) in the backward pass instead of keeping them
+    from the forward pass, wherever that shrinks the arena (pipeline/moves.py).
+    sparse_update(model, ...) gives requires_grad for the biases and the last layers.
+    progress(stage, index, count), when given, is called as each stage starts (for a
+    progress bar)."""
+    stage = _stages(progress)
     loss = _enum(loss, LossType, "loss")
+    stage("load")
     optimizer = _enum(optimizer, OptimType, "optimizer")
     if update_in_backward:
         _check_update_in_backward(optimizer, optimizer_options)
@@ -124,6 +129,7 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
     constants = [i for i in graph.initializer if i.name not in param_set]
 
     # Loss block.
+    stage("loss")
     loss_inputs = list(loss_input_names) if loss_input_names else model_outputs[:1]
     for name in loss_inputs:
         if name not in shapes:
@@ -159,6 +165,7 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
                              "eval", meta)
 
     # Backward pass and ORT-style gradient accumulation (or the updates themselves).
+    stage("gradients")
     grads = build_gradients(g, forward, loss_name, trainable, seeds=output_grads or None)
     if recompute or update_in_backward:
         # Where the backward pass starts, for the packer's memory moves.
@@ -168,6 +175,7 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
     for p in trainable:
         if grads[p] is None:
             raise ArtifactError(f"parameter '{p}' does not influence the loss; freeze it")
+    stage("optimizer")
     options = None
     if optimizer is not None:
         options = dict(DEFAULTS[optimizer])
@@ -218,12 +226,15 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
     # The blob first: a model that cannot be packed leaves the directory as it was.
     full_training = (0, 0)
     if set(trainable) != set(split_parameters(model, None, None)[0]):
+        stage("full-training figures")
         full_training = _full_training_figures(
             model, loss=loss, optimizer=optimizer, loss_input_names=loss_input_names,
             optimizer_options=optimizer_options, additional_output_names=additional_output_names,
             update_in_backward=update_in_backward, recompute=recompute)
+    stage("lower, plan, pack")
     blob = blob_bytes(training_model, eval_model, optimizer_model, options, full_training)
 
+    stage("write")
     directory = artifact_directory if artifact_directory is not None else os.getcwd()
     os.makedirs(directory, exist_ok=True)
     path = lambda name: os.path.join(directory, prefix + name)  # noqa: E731
@@ -244,6 +255,23 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
                               {p: values[p] for p in frozen}, nominal=True)
     write_blob(written.blob, blob)
     return written
+
+
+STAGES = ("load", "loss", "gradients", "optimizer", "lower, plan, pack", "write")
+
+
+def _stages(progress):
+    """stage(name): tell progress(name, index, count); the full-training figures of a
+    partial update are an extra stage, counted when they come."""
+    done = []
+
+    def stage(name):
+        if progress is not None:
+            done.append(name)
+            count = len(STAGES) + (name == "full-training figures" or
+                                   "full-training figures" in done)
+            progress(name, len(done), count)
+    return stage
 
 
 def _check_update_in_backward(optimizer, optimizer_options):

@@ -78,8 +78,10 @@ def load_model(model, batch_size=None):
     except Exception as e:
         raise ArtifactError(f"shape inference failed: {e}") from e
     # With every shape fixed, shape arithmetic is constant: fold it, then infer again so
-    # the shapes it fed (Reshape, Expand, Pad...) are read off constants.
-    if fold_constants(model, tensor_shapes(model.graph)):
+    # the shapes it fed (Reshape, Expand, Pad...) are read off constants; repeat while that
+    # makes more shapes static (Shape of an Expand whose target shape was just folded, as
+    # torch writes x.expand(-1, x.shape[1], -1) feeding an LSTM's zero initial state).
+    while fold_constants(model, tensor_shapes(model.graph)):
         del model.graph.value_info[:]
         try:
             model = shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)

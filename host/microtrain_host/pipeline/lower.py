@@ -133,9 +133,11 @@ class Lowering:
         self.steps = []
         self.producer = {}        # tensor id -> index of the step that writes it
         self.uses = {}            # tensor name -> how many nodes and graph outputs read it
+        self.readers = {}         # tensor name -> op types of the nodes that read it
         for node in graph.node:
             for i in node.input:
                 self.uses[i] = self.uses.get(i, 0) + 1
+                self.readers.setdefault(i, set()).add(node.op_type)
         for o in graph.output:
             self.uses[o.name] = self.uses.get(o.name, 0) + 1
         # Float constants get arena space (and blob bytes) only when a step reads them: a

@@ -208,7 +208,7 @@ def predict(artifacts, board, placement=None, runtime_mpy=None):
 def minimal_runtime_sizes(blob_path, board):
     """{.mpy path: bytes} of the model's minimal runtime compiled for the board."""
     import tempfile
-    from .runtime import compile_runtime, runtime_modules
+    from .runtime import compile_runtime, minimal_sources
     with tempfile.TemporaryDirectory() as tmp:
-        return compile_runtime(runtime_modules(blob_path), board["mpy_arch"],
+        return compile_runtime(minimal_sources(blob_path), board["mpy_arch"],
                                board["mpy_version"], tmp)

@@ -43,6 +43,7 @@ class Plan:
         self.epochs = epochs
         self.files = []          # (local path, name on the board), filled by prepare()
         self.romfs_image = None  # the runtime as a ROMFS image (placement romfs), by prepare()
+        self.frozen_manifest = None  # placement frozen: manifest.py of the trimmed runtime
 
 
 def plan(artifacts, board_name, steps=None, epochs=None, placement=None):
@@ -53,7 +54,7 @@ def plan(artifacts, board_name, steps=None, epochs=None, placement=None):
                           f"frozen")
     blob_path = pathlib.Path(artifacts) / "model.mtb"
     with tempfile.TemporaryDirectory() as tmp:
-        sizes = runtime.compile_runtime(runtime.runtime_modules(blob_path), board["mpy_arch"],
+        sizes = runtime.compile_runtime(runtime.minimal_sources(blob_path), board["mpy_arch"],
                                         board["mpy_version"], tmp)
     fit = boards.predict(artifacts, board, placement, sum(sizes.values()))
     if steps is None and epochs is None:
@@ -83,9 +84,16 @@ def prepare(plan, data, workdir):
              (plan.artifacts / "checkpoint", "checkpoint"),
              (workdir / "x_train.f32", "x_train.f32"),
              (workdir / f"y_train.{labels}", f"y_train.{labels}")]
-    if plan.placement != "frozen":
+    if plan.placement == "frozen":
+        # the trimmed sources and a manifest.py to build them into the firmware
+        plan.frozen_manifest = plan.artifacts / "frozen_runtime" / "manifest.py"
+        sources = runtime.minimal_sources(blob_path)
+        runtime.write_sources(sources, plan.frozen_manifest.parent)
+        plan.frozen_manifest.write_text(runtime.freeze_manifest(plan.frozen_manifest.parent,
+                                                                sorted(sources)))
+    else:
         rt = workdir / "runtime"
-        runtime.compile_runtime(runtime.runtime_modules(blob_path), plan.board["mpy_arch"],
+        runtime.compile_runtime(runtime.minimal_sources(blob_path), plan.board["mpy_arch"],
                                 plan.board["mpy_version"], rt)
         if plan.placement == "romfs":
             plan.romfs_image = workdir / "microtrain.romfs"

