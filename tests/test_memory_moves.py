@@ -337,3 +337,39 @@ def test_relu_masks_replace_kept_relu_outputs(tmp_path, micropython):
         runs = [run_script(interpreter, TRAIN_STEPS, d, d / "data.bin", 8, lr)
                 for d in (tmp_path / "plain", tmp_path / "masked")]
         assert runs[0] == runs[1], interpreter
+
+
+# -- the command line and the reader -------------------------------------------------------
+
+def test_digits_example_trains_with_the_moves_from_the_command_line(tmp_path, capsys):
+    from microtrain_host.cli import main
+    digits = ROOT / "examples" / "digits"
+    out = tmp_path / "build"
+    assert main(["pack", str(digits / "mlp.onnx"), "-o", str(out), "--batch-size", "8",
+                 "--update-in-backward", "--recompute", "--train-last", "1",
+                 "--train-biases"]) == 0
+    text = capsys.readouterr().out
+    assert "updates          in the backward pass (3 parameters" in text
+    assert not (out / "optimizer_model.onnx").exists()
+    assert main(["train", str(out), "--data", str(digits / "digits.npz"), "--epochs", "3",
+                 "--lr", "0.01"]) == 0
+    accuracy = [float(a) for a in __import__("re").findall(r"val accuracy ([0-9.]+)%",
+                                                         capsys.readouterr().out)]
+    # Only the last layer's weights and the biases train: the frozen first layer's random
+    # features still carry the digits most of the way.
+    assert len(accuracy) == 3 and accuracy[-1] >= 80.0, accuracy
+    assert main(["export", str(out), "--checkpoint", str(out / "trained_checkpoint"), "-o",
+                 str(tmp_path / "model.onnx")]) == 0
+
+
+def test_the_reader_refuses_a_blob_whose_update_program_is_missing(packed, tmp_path):
+    import zlib
+    from microtrain import BlobError
+    directory, _ = packed["sgd"]
+    data = bytearray((directory / "True" / "model.mtb").read_bytes())
+    at = data.find(b"backward_update")
+    data[at:at + 15] = b"backward_updatX"
+    body = bytes(data[4:-4])
+    data[-4:] = (zlib.crc32(body) & 0xFFFFFFFF).to_bytes(4, "little")
+    with pytest.raises(BlobError, match="updated in the backward pass need the programs"):
+        device_blob.parse(bytes(data))
