@@ -146,8 +146,8 @@ def main():
     parser.add_argument("--no-moves", action="store_true",
                         help="personalise without the memory moves")
     parser.add_argument("--shots", type=int, default=10, help="recordings per keyword (10)")
-    parser.add_argument("--held-out", type=int, default=10,
-                        help="held-out utterances per keyword (10; up to 25)")
+    parser.add_argument("--held-out", type=int, default=25,
+                        help="held-out utterances per keyword (25; shots + held-out <= 50)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--lr", type=float, default=0.003)
     parser.add_argument("--runtime", choices=("cpython", "micropython"), default="cpython")
