@@ -71,11 +71,13 @@ def build_parser():
                         "optimizer step (no accumulation over calls, no --clip-grad-norm); "
                         "Optimizer.step() then does nothing")
     p.add_argument("--recompute", action="store_true",
-                   help="recompute cheap activations (activation functions, normalisations, "
-                        "elementwise arithmetic) in the backward pass instead of keeping them "
-                        "from the forward pass, wherever that shrinks the arena: e.g. a "
-                        "BatchNorm+ReLU output from the BatchNorm input its gradient keeps "
-                        "anyway (bit-identical results; costs a few passes over those tensors)")
+                   help="keep less for the backward pass, wherever that shrinks the arena: "
+                        "a 1-bit mask in the int arena instead of a ReLU output only its "
+                        "gradient reads; cheap activations (activation functions, "
+                        "normalisations, elementwise arithmetic) recomputed in the backward "
+                        "pass instead of kept, e.g. a BatchNorm+ReLU output from the BatchNorm "
+                        "input its gradient keeps anyway (bit-identical results; costs a few "
+                        "passes over those tensors)")
     p.add_argument("--prefix", default="", help="prefix for every file name")
     p.add_argument("--nominal-checkpoint", action="store_true",
                    help="also write nominal_checkpoint (names and types, no values)")
