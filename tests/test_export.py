@@ -195,7 +195,7 @@ def test_interrupted_export_leaves_the_previous_blob(tmp_path, monkeypatch):
     def power_cut(*args):
         raise OSError("power cut")
 
-    monkeypatch.setattr(device_export, "_write_floats", power_cut)
+    monkeypatch.setattr(device_export, "_write_raw", power_cut)
     with pytest.raises(BlobError, match="power cut"):
         module.export_model_for_inferencing(path, ["output"])
     assert list(InferenceSession(path).run(x.reshape(-1))) == list(before)

@@ -14,6 +14,9 @@ IDENTIFIER = b"MTRB"
 FORMAT_VERSION = 1
 FLOAT = 0
 INT32 = 1
+INT8 = 2                   # int8 and uint8 tensors live in the byte arena (a bytearray)
+UINT8 = 3
+ITEM_BYTES = (4, 4, 1, 1)  # by dtype
 _HUGE = 3e38               # about float32's largest
 _BELOW_ONE = 0.99999994    # float32's largest value below 1
 ROLE_NAMES = ("input", "label", "param", "grad", "activation", "optimizer_state",
@@ -47,6 +50,8 @@ class Blob:
         self.programs = {}
         self.float_arena = 0
         self.int_arena = 0
+        self.byte_arena = 0     # bytes of the int8 / uint8 arena (0 in blobs without one)
+        self.Q = None           # that arena once allocated (load_into_arenas)
         self.loss = ""
         self.num_classes = 0
         self.optimizer = {}
@@ -134,25 +139,36 @@ def load_into_arenas(path):
     The arenas are the largest blocks: they are allocated before the blob's many small
     objects can fragment a small heap."""
     floats = ints = None
+    nbytes = 0
     try:
         data = read(path)
         r, root = _root(data)
-        floats, ints = _arena_sizes(r, root)
+        floats, ints, nbytes = _arena_sizes(r, root)
         F = zeros("f", floats)
         I = zeros("i", ints)
-        b = _parse_root(r, root, data, False)
+        Q = bytearray(nbytes)
+        b = _parse_root(r, root, data, False, Q)
     except MemoryError:
         if floats is None:
             raise OutOfMemoryError("'%s' does not fit in the heap (%s bytes free)"
                                    % (path, _mem_free()))
-        raise OutOfMemoryError("'%s' needs %d bytes of arenas (%d floats, %d ints) besides "
+        raise OutOfMemoryError("'%s' needs %d bytes of arenas (%d floats, %d ints%s) besides "
                                "its %d-byte file; the heap has %s bytes free (each arena "
                                "needs one contiguous block)"
-                               % (path, 4 * (floats + ints), floats, ints, len(data), _mem_free()))
+                               % (path, 4 * (floats + ints) + nbytes, floats, ints,
+                                  ", %d int8 bytes" % nbytes if nbytes else "", len(data),
+                                  _mem_free()))
     del data, r, root
     for tid, raw in b.constants:
         off = b.offsets[tid]
-        F[off:off + b.sizes[tid]] = array("f", raw)
+        dtype = b.dtypes[tid]
+        if dtype == FLOAT:
+            F[off:off + b.sizes[tid]] = array("f", raw)
+        elif dtype == INT32:
+            I[off:off + b.sizes[tid]] = array("i", raw)
+        else:
+            Q[off:off + b.sizes[tid]] = raw
+    b.Q = Q
     b.constants = None  # in the arena now: let the GC have the raw bytes
     return b, F, I
 
@@ -166,22 +182,25 @@ def _mem_free():
 
 
 def _arena_sizes(r, root):
-    """The arena sizes (floats, ints) the root table states, checked against what its
+    """The arena sizes (floats, ints, bytes) the root table states, checked against what its
     tensor table needs before anything that large is allocated: a blob whose size fields
     were altered must not make the device allocate whatever they say."""
     floats = r.scalar(root, 5, "I", 0)
     ints = r.scalar(root, 6, "I", 0)
-    need = [0, 0]
+    nbytes = r.scalar(root, 16, "I", 0)
+    need = [0, 0, 0]
     for t in r.tables(root, 2, "tensor"):
         dtype = r.scalar(t, 1, "B", 0)
         end = r.scalar(t, 4, "I", 0) + r.scalar(t, 5, "I", 0)
-        if dtype in (FLOAT, INT32) and end > need[dtype]:
-            need[dtype] = end
-    for stated, needed, kind in ((floats, need[FLOAT], "float"), (ints, need[INT32], "int")):
+        arena = 2 if dtype in (INT8, UINT8) else dtype
+        if dtype <= UINT8 and end > need[arena]:
+            need[arena] = end
+    for stated, needed, kind in ((floats, need[0], "float"), (ints, need[1], "int"),
+                                 (nbytes, need[2], "byte")):
         if stated != needed:
             raise BlobError("the %s arena is %d elements, its tensors need %d"
                             % (kind, stated, needed))
-    return floats, ints
+    return floats, ints, nbytes
 
 
 def copy_inputs(b, F, I, program, inputs, classes):
@@ -256,14 +275,15 @@ def _check_frame(data):
 
 
 def parse(data, keep_steps=False):
-    """Validate and parse a blob. keep_steps also keeps each step's tensor ids (for tools)."""
+    """Validate and parse a blob. keep_steps also keeps each step's tensor ids (for tools).
+    Its steps get an empty byte arena: run a blob loaded with load_into_arenas."""
     r, root = _root(data)
-    return _parse_root(r, root, data, keep_steps)
+    return _parse_root(r, root, data, keep_steps, bytearray(0))
 
 
-def _parse_root(r, root, data, keep_steps):
+def _parse_root(r, root, data, keep_steps, Q):
     b = Blob()
-    b.float_arena, b.int_arena = _arena_sizes(r, root)
+    b.float_arena, b.int_arena, b.byte_arena = _arena_sizes(r, root)
     b.loss = r.string(root, 7, "loss")
     b.num_classes = r.scalar(root, 8, "I", 0)
     b.naive_size = r.scalar(root, 10, "I", 0)
@@ -281,7 +301,7 @@ def _parse_root(r, root, data, keep_steps):
         records = [] if keep_steps else None
         if keep_steps:
             b.step_records[name] = records
-        b.programs[name] = Program(name, _read_steps(r, t, b, name, records),
+        b.programs[name] = Program(name, _read_steps(r, t, b, name, records, Q),
                                    _ids(r, t, 2, b, name + " inputs"),
                                    _ids(r, t, 3, b, name + " outputs"))
     if bool(b.updated_in_backward) != ("backward_update" in b.programs) or (
@@ -311,20 +331,20 @@ def _read_tensors(r, root, b, keep_steps):
             if d < 0:
                 raise BlobError("tensor '%s' has a negative dimension %r" % (name, shape))
             count *= d
-        if dtype not in (FLOAT, INT32) or role >= len(ROLE_NAMES):
+        if dtype > UINT8 or role >= len(ROLE_NAMES):
             raise BlobError("tensor '%s' has unknown dtype %d or role %d" % (name, dtype, role))
         if count != size:
             raise BlobError("tensor '%s': shape %r holds %d elements, size says %d"
                             % (name, shape, count, size))
-        arena = b.float_arena if dtype == FLOAT else b.int_arena
+        arena = (b.float_arena, b.int_arena, b.byte_arena, b.byte_arena)[dtype]
         if offset + size > arena:
             raise BlobError("tensor '%s' [%d, %d) lies outside its %d-element arena"
                             % (name, offset, offset + size, arena))
         if ROLE_NAMES[role] == "constant":
             pos, nbytes = r.vector(t, 6, 1, "constant data")
-            if nbytes != 4 * size:
+            if nbytes != ITEM_BYTES[dtype] * size:
                 raise BlobError("constant '%s' has %d data bytes, expected %d"
-                                % (name, nbytes, 4 * size))
+                                % (name, nbytes, ITEM_BYTES[dtype] * size))
             b.constants.append((len(b.names), bytes(r.buf[pos:pos + nbytes])))
         b.names.append(name)
         b.dtypes.append(dtype)
@@ -420,8 +440,8 @@ def _read_inference(r, root, b):
         at = cut
         if tid == NO_TENSOR:
             output_cuts += 1
-        elif tid >= len(b.names) or b.dtypes[tid] != FLOAT:
-            raise BlobError("inference template: cut names tensor %d, not a float tensor" % tid)
+        elif tid >= len(b.names):
+            raise BlobError("inference template: cut names tensor %d, which does not exist" % tid)
     if len(cuts) % 2 or output_cuts != 1 or not outputs:
         raise BlobError("inference template: %d cut values with %d output-id cuts, %d outputs"
                         % (len(cuts), output_cuts, len(outputs)))
@@ -436,7 +456,13 @@ def _ids(r, table, index, b, what):
     return list(ids)
 
 
-def _read_steps(r, program, b, program_name, records):
+# Tensor kinds in a signature: "f" float, "i" int32, "b" int8 / uint8 (byte arena), "?" a
+# float tensor or none, "k" an int32 tensor or none. A kernel with byte tensors gets the
+# byte arena as the first element of its args.
+_KIND_DTYPES = {"f": (FLOAT,), "?": (FLOAT,), "i": (INT32,), "k": (INT32,), "b": (INT8, UINT8)}
+
+
+def _read_steps(r, program, b, program_name, records, Q):
     steps = []
     modules = {}
     check = StepCheck(b)
@@ -456,17 +482,19 @@ def _read_steps(r, program, b, program_name, records):
                                len(tensors), len(ints), len(floats)))
         offsets = []
         for tid, kind in zip(tensors, dtypes):
-            if tid == NO_TENSOR and kind == "?":
+            if tid == NO_TENSOR and kind in "?k":
                 offsets.append(-1)
                 continue
-            want = INT32 if kind == "i" else FLOAT
-            if tid >= len(b.names) or b.dtypes[tid] != want:
+            if tid >= len(b.names) or b.dtypes[tid] not in _KIND_DTYPES[kind]:
                 raise BlobError("%s: tensor argument %d is not a valid %s tensor"
-                                % (where, tid, "int" if want == INT32 else "float"))
+                                % (where, tid, {"i": "int", "k": "int", "b": "int8"}.get(
+                                    kind, "float")))
             offsets.append(b.offsets[tid])
         if family not in modules:
             modules[family] = kernel_module(family)
         args = tuple(offsets) + ints + floats
+        if "b" in dtypes:
+            args = (Q,) + args
         check.where = "%s step %d (%s)" % (program_name, index, function)
         check.tensors = tensors
         getattr(modules[family], function + "_check")(args, check)

@@ -7,7 +7,7 @@
 # cuts and the CRC-32 computed on the way, so no copy of the model is ever held in RAM.
 import os
 import struct
-from microtrain.blob import NO_TENSOR
+from microtrain.blob import FLOAT, INT32, ITEM_BYTES, NO_TENSOR
 from microtrain.checkpoint import write_atomically
 from microtrain.crc32 import crc32
 from microtrain.errors import BlobError, InputError, ParameterError
@@ -29,7 +29,7 @@ def export_inference_blob(module, path, output_names):
     size = length + 4 + 4 * len(outputs)
     for i in range(1, len(cuts), 2):
         if cuts[i] != NO_TENSOR:
-            size += 4 * b.sizes[cuts[i]]
+            size += ITEM_BYTES[b.dtypes[cuts[i]]] * b.sizes[cuts[i]]
 
     with _open_unchanged(module.uri, b.crc) as src:
         src.seek(pos)
@@ -50,8 +50,9 @@ def export_inference_blob(module, path, output_names):
                     out.write(piece)
                     crc = crc32(piece, crc)
                 else:
-                    crc = _write_floats(out, module.F, b.offsets[cuts[i + 1]],
-                                        b.sizes[cuts[i + 1]], crc)
+                    tid = cuts[i + 1]
+                    arena = {FLOAT: module.F, INT32: module.I}.get(b.dtypes[tid], b.Q)
+                    crc = _write_raw(out, arena, b.offsets[tid], b.sizes[tid], crc)
             crc = _copy(src, out, length - at, chunk, crc)
             out.write(struct.pack("<I", crc & 0xFFFFFFFF))
 
@@ -104,10 +105,11 @@ def _copy(src, out, n, chunk, crc):
     return crc
 
 
-def _write_floats(out, F, offset, count, crc):
-    # bytes() of a slice of the float arena: its raw little-endian bytes, which every
-    # crc32 (binascii's or the pure-Python fallback) reads as bytes.
-    view = memoryview(F)
+def _write_raw(out, arena, offset, count, crc):
+    # bytes() of a slice of an arena (float32, int32 or the byte arena): its raw
+    # little-endian bytes, which every crc32 (binascii's or the pure-Python fallback) reads
+    # as bytes.
+    view = memoryview(arena)
     step = _CHUNK // 4
     for start in range(offset, offset + count, step):
         piece = bytes(view[start:min(start + step, offset + count)])

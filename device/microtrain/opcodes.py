@@ -12,8 +12,10 @@ except ImportError:
 # half 120-159: smooth (Elu, Selu, Celu, Erf, Gelu, Softsign) 120-127, elementwise (Max, Min,
 # PRelu) 130-135, group_norm (LayerNormalization, InstanceNormalization,
 # GroupNormalization) 140-141, gather (Gather with int indices) 150-151; recurrent (GRU,
-# LSTM) 170-189; issue 10 (quantization) 200-239; issue 11 240-259: activation (ReLU with a
-# 1-bit mask) 240-241.
+# LSTM) 170-189. Issue 10 (quantization) 200-239: quant (fake quantization for
+# training, observers, weight scales) 200-219, qlinear (int8 kernels) 220-239. Issue 11
+# (training within a microcontroller's memory) 240-259: activation (ReLU with a 1-bit mask)
+# 240-241.
 GEMM = const(1)
 GEMM_ACCUMULATE = const(2)
 BATCHED_GEMM = const(3)
@@ -97,12 +99,25 @@ GRU = const(170)
 GRU_GRAD = const(171)
 LSTM = const(172)
 LSTM_GRAD = const(173)
+FAKE_QUANT = const(200)
+FAKE_QUANT_GRAD = const(201)
+ABS_MAX_SCALE = const(202)
+OBSERVE_MIN_MAX = const(203)
+QUANT_PARAMS = const(204)
+QUANTIZE_LINEAR = const(220)
+DEQUANTIZE_LINEAR = const(221)
+QLINEAR_GEMM = const(222)
+QLINEAR_CONV = const(223)
+QLINEAR_GLOBAL_AVERAGE_POOL = const(224)
+QLINEAR_MAX_POOL = const(225)
 # issue 11 (training within a microcontroller's memory) 240-259
 RELU_MASKED = const(240)
 RELU_MASK_GRAD = const(241)
 
 # op code -> (kernel family module, function, tensor dtypes, int count, float count)
-# Tensor dtypes: "f" float arena, "i" int arena, "?" float arena or no tensor.
+# Tensor dtypes: "f" float arena, "i" int arena, "?" float arena or no tensor, "b" byte
+# arena (int8 / uint8; the kernel's args then start with the byte arena), "k" int arena or
+# no tensor.
 _BINARY = ("fff", 9, 0)
 _UNARY = ("ff", 1, 0)
 _ACT_GRAD = ("fff", 1, 0)
@@ -192,6 +207,17 @@ SIGNATURES = {
     GRU_GRAD: ("recurrent", "gru_grad", "?????fffff?f??", 14, 0),
     LSTM: ("recurrent", "lstm", "f??ffff????", 14, 0),
     LSTM_GRAD: ("recurrent", "lstm_grad", "???????fffff???f???", 14, 0),
+    FAKE_QUANT: ("quant", "fake_quant", "ffff", 5, 0),
+    FAKE_QUANT_GRAD: ("quant", "fake_quant_grad", "fffff", 5, 0),
+    ABS_MAX_SCALE: ("quant", "abs_max_scale", "ff", 3, 2),
+    OBSERVE_MIN_MAX: ("quant", "observe_min_max", "ffff", 3, 2),
+    QUANT_PARAMS: ("quant", "quant_params", "fff", 2, 1),
+    QUANTIZE_LINEAR: ("qlinear", "quantize_linear", "bff", 3, 0),
+    DEQUANTIZE_LINEAR: ("qlinear", "dequantize_linear", "fbf", 2, 0),
+    QLINEAR_GEMM: ("qlinear", "qlinear_gemm", "bbbki", 9, 0),
+    QLINEAR_CONV: ("qlinear", "qlinear_conv", "bbbkii", 18, 0),
+    QLINEAR_GLOBAL_AVERAGE_POOL: ("qlinear", "qlinear_global_average_pool", "bbi", 4, 0),
+    QLINEAR_MAX_POOL: ("qlinear", "qlinear_max_pool", "bb", 12, 0),
     RELU_MASKED: ("activation", "relu_masked", "ffi", 1, 0),
     RELU_MASK_GRAD: ("activation", "relu_mask_grad", "ffi", 1, 0),
 }
@@ -227,6 +253,10 @@ def kernel_module(family):
         from microtrain.kernels import group_norm as module
     elif family == "recurrent":
         from microtrain.kernels import recurrent as module
+    elif family == "quant":
+        from microtrain.kernels import quant as module
+    elif family == "qlinear":
+        from microtrain.kernels import qlinear as module
     else:
         raise ImportError("no kernel family " + family)
     return module

@@ -31,13 +31,21 @@ def cmd_pack(args):
     if args.train_biases or args.train_last is not None:
         requires_grad = _sparse_selection(args, requires_grad, frozen)
         frozen = None
+    quantization = None
+    if args.qat:
+        quantization = {"activation_dtype": args.activation_dtype,
+                        "momentum": args.observer_momentum,
+                        "layers": _names(args.quantize), "skip": _names(args.keep_float) or []}
+    elif args.quantize or args.keep_float:
+        from .errors import ArtifactError
+        raise ArtifactError("--quantize and --keep-float choose layers for --qat; add --qat")
     result = generate_artifacts(
         args.model, requires_grad=requires_grad, frozen_params=frozen,
         loss=LOSS_NAMES[args.loss], optimizer=OPTIMIZER_NAMES[args.optimizer],
         artifact_directory=args.output, prefix=args.prefix,
         nominal_checkpoint=args.nominal_checkpoint, batch_size=args.batch_size,
-        optimizer_options=options or None, update_in_backward=args.update_in_backward,
-        recompute=args.recompute,
+        optimizer_options=options or None, quantization=quantization,
+        update_in_backward=args.update_in_backward, recompute=args.recompute,
         progress=lambda stage, index, count: bar.update("pack", index, count, stage))
     bar.clear()
     print(f"packed {args.model} -> {args.output}/")
@@ -200,8 +208,22 @@ def _default_data(artifacts):
 def cmd_export(args):
     from .pipeline.export import export_inference_model
     model = export_inference_model(args.artifacts, args.checkpoint, args.output,
-                                   output_names=_names(args.outputs), prefix=args.prefix)
+                                   output_names=_names(args.outputs), prefix=args.prefix,
+                                   qdq=args.qdq)
     graph = model.graph
+    if args.qdq:
+        int8 = sum(i.data_type in (2, 3) and len(i.dims) > 1 for i in graph.initializer)
+        print(f"QDQ model: {int8} int8 weight tensors, "
+              f"{sum(n.op_type == 'QuantizeLinear' for n in graph.node)} quantized "
+              f"activations (onnxruntime fuses them into QLinearConv / QGemm / ...)")
+    if args.int8_blob:
+        from .pipeline.int8 import pack_inference_model
+        if not args.qdq:
+            from .errors import ArtifactError
+            raise ArtifactError("--int8-blob needs --qdq (it is packed from the QDQ model)")
+        pack_inference_model(args.output, args.int8_blob)
+        print(f"int8 inference blob {args.int8_blob} ({os.path.getsize(args.int8_blob)} bytes) "
+              f"for microtrain.InferenceSession: int8 kernels, integer requantization")
     print(f"exported {args.output} ({os.path.getsize(args.output)} bytes): inputs "
           f"{', '.join(i.name for i in graph.input)}; outputs "
           f"{', '.join(o.name for o in graph.output)}; {len(graph.node)} nodes")

@@ -20,7 +20,12 @@ def build_parser():
     p = sub.add_parser("pack", help="ONNX model -> training artifacts + model.mtb",
                        description="Generate ORT-style training artifacts (training_model.onnx, "
                                    "eval_model.onnx, optimizer_model.onnx, checkpoint) and the "
-                                   "packed blob model.mtb for the device runtime.")
+                                   "packed blob model.mtb for the device runtime.",
+                       epilog="examples: microtrain pack model.onnx -o build --batch-size 8; "
+                              "quantization-aware: microtrain pack model.onnx -o build --qat "
+                              "--batch-size 8 --keep-float classifier.weight; for a small "
+                              "memory: microtrain pack model.onnx -o build --batch-size 1 "
+                              "--train-biases --train-last 1 --update-in-backward --recompute")
     p.add_argument("model", help="ONNX model (export from PyTorch with dynamo=False, "
                                  "opset_version=17, training=TRAINING, do_constant_folding=False)")
     p.add_argument("-o", "--output", required=True, help="artifact directory (created)")
@@ -81,6 +86,29 @@ def build_parser():
     p.add_argument("--prefix", default="", help="prefix for every file name")
     p.add_argument("--nominal-checkpoint", action="store_true",
                    help="also write nominal_checkpoint (names and types, no values)")
+    q = p.add_argument_group(
+        "quantization-aware training",
+        "--qat inserts fake quantization as standard QuantizeLinear/DequantizeLinear pairs "
+        "into the training and eval graphs: Conv/Gemm/MatMul weights symmetric int8 per "
+        "output channel (scale max|w|/127 of the current weights, every step); their input "
+        "and output activations asymmetric per tensor, the range a moving average of "
+        "min/max while training (frozen in eval, saved in the checkpoint as frozen "
+        "parameters <tensor>.observer_range); gradients straight through. Afterwards "
+        "`microtrain export --qdq` writes the int8 QDQ model for onnxruntime.")
+    q.add_argument("--qat", action="store_true", help="quantization-aware training")
+    q.add_argument("--activation-dtype", choices=("uint8", "int8"), default="uint8",
+                   help="activation type (default uint8, what onnxruntime's CPU QDQ kernels "
+                        "prefer; weights are always int8)")
+    q.add_argument("--observer-momentum", type=float, default=0.01, metavar="M",
+                   help="moving-average momentum of the activation ranges (default 0.01, as "
+                        "PyTorch's MovingAverageMinMaxObserver)")
+    q.add_argument("--quantize", metavar="NAMES",
+                   help="comma-separated node or weight names to quantize (default: every "
+                        "Conv, Gemm and MatMul with an initializer weight); a node without an "
+                        "int8 kernel is refused by name")
+    q.add_argument("--keep-float", metavar="NAMES",
+                   help="comma-separated node or weight names that stay float, e.g. the first "
+                        "conv or the classifier")
 
     p = sub.add_parser("inspect", help="describe a packed blob, or an ONNX model's training "
                                        "choices",
@@ -178,7 +206,9 @@ def build_parser():
                                    "device, Module.export_model_for_inferencing writes the "
                                    "blob form that microtrain.InferenceSession runs.)",
                        epilog="example: microtrain export build/ --checkpoint "
-                              "build/trained_checkpoint -o model.onnx")
+                              "build/trained_checkpoint -o model.onnx; after pack --qat: "
+                              "microtrain export build/ --checkpoint build/trained_checkpoint "
+                              "--qdq -o model_qdq.onnx")
     p.add_argument("artifacts", help="artifact directory written by `microtrain pack`")
     p.add_argument("--checkpoint", required=True,
                    help="checkpoint with the parameter values, e.g. one a device saved")
@@ -186,6 +216,16 @@ def build_parser():
     p.add_argument("--outputs", metavar="NAMES",
                    help="comma-separated model outputs to keep (default: all)")
     p.add_argument("--prefix", default="", help="file name prefix given to `pack`")
+    p.add_argument("--qdq", action="store_true",
+                   help="for artifacts packed with --qat: write the quantized (QDQ) model - "
+                        "int8 weights with per-channel scales, int32 biases, the learned "
+                        "activation ranges, BatchNormalization folded into the convolution "
+                        "before it - that onnxruntime runs with its int8 kernels (without "
+                        "--qdq a QAT model exports as its float model)")
+    p.add_argument("--int8-blob", metavar="MTB",
+                   help="with --qdq: also write the int8 inference blob of the QDQ model for "
+                        "the device (microtrain.InferenceSession runs it with the int8 kernels; "
+                        "its outputs equal onnxruntime's on the QDQ model)")
 
     p = sub.add_parser("train", help="train on the host with the device runtime",
                        description="Train packed artifacts with the device runtime, under "

@@ -14,11 +14,13 @@ from .autodiff import build_gradients
 from ..errors import ArtifactError, MicrotrainHostError
 from ..graph import DOMAIN, DOMAIN_VERSION, GraphBuilder
 from .losses import LOSS_BLOCKS, LossType
-from .load import constant_value, load_model
+from .int8 import ALL_WEIGHTS, int8_graph, is_qdq_model
+from .load import constant_value, load_model, tensor_shapes
 from ..ops.norm import folded_parameters, inference_form
 from .optimizers import DEFAULTS, OptimType, build_optimizer_graph, grad_buffer
 from .pack import TRAINING_PROGRAMS, blob_bytes, write_blob
 from .params import split_parameters
+from .quantize import METADATA_KEY, QuantizationConfig, eval_form, quantize_model
 from .upgrade import source_opset
 
 LAZY_RESET_GRAD = "lazy_reset_grad"
@@ -74,8 +76,8 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
                        loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
                        artifact_directory=None, prefix="", nominal_checkpoint=False,
                        loss_input_names=None, batch_size=None, optimizer_options=None,
-                       additional_output_names=None, update_in_backward=False,
-                       recompute=False, progress=None):
+                       additional_output_names=None, progress=None, quantization=None,
+                       update_in_backward=False, recompute=False):
     """Write {prefix}training_model.onnx, eval_model.onnx, optimizer_model.onnx, checkpoint
     (and nominal_checkpoint) and the packed blob {prefix}model.mtb into artifact_directory.
 
@@ -91,7 +93,12 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
     AdamW: learning_rate, beta1, beta2, epsilon, weight_decay, bias_correction; SGD:
     learning_rate, momentum, dampening, nesterov, weight_decay; both: l1_penalty, l2_penalty,
     clip_grad_norm). additional_output_names: model outputs
-    the eval graph returns after the loss (default: all model outputs).
+    the eval graph returns after the loss (default: all model outputs). progress(stage,
+    index, count), when given, is called as each stage starts (for a progress bar).
+    quantization: None, True (defaults) or a QuantizationConfig / dict of its fields: insert
+    QDQ fake quantization for quantization-aware training (pipeline/quantize.py); the
+    observers' ranges become frozen parameters `<tensor>.observer_range`. A QDQ model as
+    `model` (int8 weights): its frozen layers run as int8 kernels (pipeline/int8.py).
     update_in_backward: apply each parameter's update in the backward pass, right after its
     gradient is known, instead of keeping gradient buffers for a separate optimizer step: the
     training graph then holds the update nodes and there is no optimizer_model.onnx; each
@@ -100,17 +107,28 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
     instead of ReLU outputs only their gradient reads, and recompute cheap activations
     (activation functions, normalisations) in the backward pass instead of keeping them
     from the forward pass, wherever that shrinks the arena (pipeline/moves.py).
-    sparse_update(model, ...) gives requires_grad for the biases and the last layers.
-    progress(stage, index, count), when given, is called as each stage starts (for a
-    progress bar)."""
+    sparse_update(model, ...) gives requires_grad for the biases and the last layers."""
     stage = _stages(progress)
     loss = _enum(loss, LossType, "loss")
     stage("load")
     optimizer = _enum(optimizer, OptimType, "optimizer")
     if update_in_backward:
         _check_update_in_backward(optimizer, optimizer_options)
+    original = model
     model, shapes = load_model(model, batch_size)
+    if is_qdq_model(model):
+        # A quantized model (microtrain export --qdq): frozen layers run as int8 kernels,
+        # the layers of the weights in requires_grad stay float (pipeline/int8.py).
+        model = int8_graph(model, training=True, float_weights=set(requires_grad)
+                           if requires_grad is not None else ALL_WEIGHTS)
+        shapes = {**shapes, **tensor_shapes(model.graph)}
     trainable, frozen = split_parameters(model, requires_grad, frozen_params)
+    trains_everything = set(trainable) == set(split_parameters(model, None, None)[0])
+    quant_config = QuantizationConfig.of(quantization)
+    quant_record = None
+    if quant_config is not None:
+        shapes, ranges, quant_record = quantize_model(model, shapes, quant_config)
+        frozen = frozen + ranges
     graph = model.graph
     folded = folded_parameters(graph, frozen)
     frozen = [p for p in frozen if p not in folded]
@@ -159,8 +177,10 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
             "outputs": ",".join(model_outputs), "output_grads": ",".join(output_grads.values())}
     if source_opset(model) is not None:
         meta["source_opset"] = str(source_opset(model))
+    if quant_record is not None:
+        meta[METADATA_KEY] = quant_record
 
-    eval_model = _make_model(model, g, inference_form(forward), user_inputs + labels + params,
+    eval_model = _make_model(model, g, eval_form(inference_form(forward)), user_inputs + labels + params,
                              [loss_name] + extra_outputs, constants + list(g.initializers),
                              "eval", meta)
 
@@ -225,12 +245,14 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
 
     # The blob first: a model that cannot be packed leaves the directory as it was.
     full_training = (0, 0)
-    if set(trainable) != set(split_parameters(model, None, None)[0]):
+    if not trains_everything:
         stage("full-training figures")
         full_training = _full_training_figures(
-            model, loss=loss, optimizer=optimizer, loss_input_names=loss_input_names,
+            original if quant_record is not None else model, batch_size=batch_size,
+            loss=loss, optimizer=optimizer, loss_input_names=loss_input_names,
             optimizer_options=optimizer_options, additional_output_names=additional_output_names,
-            update_in_backward=update_in_backward, recompute=recompute)
+            quantization=quantization, update_in_backward=update_in_backward,
+            recompute=recompute)
     stage("lower, plan, pack")
     blob = blob_bytes(training_model, eval_model, optimizer_model, options, full_training)
 

@@ -21,6 +21,8 @@ from .checkpoint import read_checkpoint, write_atomically
 from ..errors import ArtifactError
 from ..graph import DOMAIN
 from .lower import CONSTANT, INPUT, LABEL, NO_TENSOR, Lowering, meta_names
+from .qdq import qdq_model, strip_quantization
+from .quantize import quantization_metadata
 
 INFER_PROGRAM = "infer"
 OUTPUT_IDS = NO_TENSOR   # cut kind: the program's output-id vector (not a tensor's data)
@@ -86,12 +88,17 @@ def _parameter_value(vi, values):
     return value
 
 
-def export_inference_model(artifact_directory, checkpoint, path, output_names=None, prefix=""):
+def export_inference_model(artifact_directory, checkpoint, path, output_names=None, prefix="",
+                           qdq=False):
     """Write a standard ONNX inference model to `path`: the forward graph of
     {prefix}eval_model.onnx in artifact_directory (no loss, no labels, no ai.microtrain
     ops, BatchNormalization in inference form, Dropout removed) with the parameters of
     `checkpoint` (e.g. one a device trained and saved) as initializers. output_names: the
-    model outputs to keep (default all). Returns the ModelProto."""
+    model outputs to keep (default all). Returns the ModelProto.
+    For artifacts packed for quantization-aware training: qdq=True writes the QDQ model
+    (int8 weights, int32 biases, the learned activation ranges; pipeline/qdq.py) that
+    onnxruntime runs with its quantized kernels; qdq=False the float model without the
+    fake quantization."""
     eval_path = os.path.join(os.fspath(artifact_directory), prefix + "eval_model.onnx")
     try:
         eval_model = onnx.load(eval_path)
@@ -102,6 +109,11 @@ def export_inference_model(artifact_directory, checkpoint, path, output_names=No
         raise ArtifactError(f"'{checkpoint}' is a nominal checkpoint: it has no parameter "
                             f"values to export")
     model = inference_model(eval_model, output_names, {**state.trainable, **state.frozen})
+    if quantization_metadata(eval_model) is not None:
+        model = qdq_model(model, eval_model) if qdq else strip_quantization(model)
+    elif qdq:
+        raise ArtifactError(f"'{eval_path}' was not packed for quantization-aware training "
+                            f"(microtrain pack --qat): there is no QDQ model to export")
     onnx.checker.check_model(model, full_check=True)
     try:
         write_atomically(os.fspath(path), model.SerializeToString())
@@ -122,13 +134,23 @@ def lower_inference(eval_model, roles, training):
     spliced = []
     for name, tid in lowering.persistent.items():
         t = lowering.tensors[tid]
-        if t.role in (INPUT, LABEL, CONSTANT):
+        if t.role == CONSTANT:
+            # a constant the training blob holds too (int8 weights of frozen layers, their
+            # requantization tensors): taken from its arena at export, not stored twice
+            source = training.persistent.get(name)
+            twin = training.tensors[source] if source is not None else None
+            if twin is not None and twin.role == CONSTANT and twin.dtype == t.dtype \
+                    and twin.data == t.data and len(t.data) >= 64:
+                t.data = bytes(len(t.data))
+                spliced.append((tid, source))
+            continue
+        if t.role in (INPUT, LABEL):
             continue
         source = training.persistent.get(name)
         if source is None or training.tensors[source].size != t.size:
             raise ArtifactError(f"inference tensor '{name}' has no counterpart in the training "
                                 f"blob to take its values from")
-        t.role, t.data = CONSTANT, bytes(4 * t.size)
+        t.role, t.data = CONSTANT, bytes(len(t.data) if t.data else 4 * t.size)
         spliced.append((tid, source))
     return lowering, spliced
 

@@ -15,7 +15,8 @@ from ..registry import LOWERINGS, lowering
 from .load import constant_value, tensor_shapes
 from .optimizers import grad_buffer
 
-FLOAT, INT32 = 0, 1
+FLOAT, INT32, INT8, UINT8 = 0, 1, 2, 3
+BYTE_TYPES = (INT8, UINT8)   # in the byte arena
 ROLES = ("input", "label", "param", "grad", "activation", "optimizer_state", "constant",
          "control")
 INPUT, LABEL, PARAM, GRAD, ACTIVATION, OPTIMIZER_STATE, CONSTANT, CONTROL = range(8)

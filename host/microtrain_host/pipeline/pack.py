@@ -113,7 +113,7 @@ def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options,
     loss_name = b.CreateString(loss)
     template = (inference.write_template(b, inference_template)
                 if inference_template is not None else None)
-    b.StartObject(16)
+    b.StartObject(17)
     b.PrependUint16Slot(0, FORMAT_VERSION, 0)
     b.PrependUOffsetTRelativeSlot(1, producer, 0)
     b.PrependUOffsetTRelativeSlot(2, tensors_vec, 0)
@@ -130,6 +130,7 @@ def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options,
     b.PrependUint32Slot(12, full_training[0], 0)
     b.PrependUint32Slot(13, full_training[1], 0)
     b.PrependUint16Slot(15, source_opset, 0)  # absent (0) unless upgraded: blobs stay as they were
+    b.PrependUint32Slot(16, getattr(lowering, "byte_arena", 0), 0)  # absent without int8
     if template is not None:
         b.PrependUOffsetTRelativeSlot(14, template, 0)
     b.FinishSizePrefixed(b.EndObject(), file_identifier=IDENTIFIER)

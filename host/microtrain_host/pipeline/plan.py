@@ -8,8 +8,8 @@ The algorithm (the greedy planner TensorFlow Lite Micro uses):
     lifetime intersects its own (first fit over the gaps between those buffers);
   * the arena is the highest end of any placed buffer.
 The lower bound no plan can beat is the largest total size of buffers alive at one step."""
-from .lower import (ACTIVATION, CONSTANT, CONTROL, FLOAT, GRAD, INPUT, INT32, LABEL, NO_TENSOR,
-                    OPTIMIZER_STATE, PARAM)
+from .lower import (ACTIVATION, BYTE_TYPES, CONSTANT, CONTROL, FLOAT, GRAD, INPUT, INT32, LABEL,
+                    NO_TENSOR, OPTIMIZER_STATE, PARAM)
 
 
 
@@ -82,13 +82,14 @@ def picture(buffers, offsets, size, width=64, names=None):
 PERSISTENT_ORDER = (INPUT, LABEL, PARAM, GRAD, OPTIMIZER_STATE, CONSTANT, CONTROL)
 
 
-def lifetimes(program, tensors):
-    """{storage id: [first step, last step]} of the activations a program touches."""
+def lifetimes(program, tensors, dtypes=(FLOAT,)):
+    """{storage id: [first step, last step]} of the activations of those dtypes a program
+    touches."""
     spans = {}
     for index, step in enumerate(program.steps):
         for tid in step.tensors:
             if (tid == NO_TENSOR or tensors[tid].role != ACTIVATION
-                    or tensors[tid].dtype != FLOAT):
+                    or tensors[tid].dtype not in dtypes):
                 continue
             s = tensors[tid].storage
             span = spans.setdefault(s, [index, index])
@@ -105,12 +106,13 @@ def assign_offsets(lowering):
     planned into one shared region. Returns the float arena, int arena, naive sum (every
     tensor in its own space) and lower bound (persistent + largest live peak), in elements."""
     tensors = lowering.tensors
-    ends = {FLOAT: 0, INT32: 0}
+    ends = {FLOAT: 0, INT32: 0, "bytes": 0}
+    arena = lambda t: "bytes" if t.dtype in BYTE_TYPES else t.dtype  # noqa: E731
     for role in PERSISTENT_ORDER:
         for tid, t in enumerate(tensors):
             if t.role == role and t.storage == tid:
-                t.offset = ends[t.dtype]
-                ends[t.dtype] += t.size
+                t.offset = ends[arena(t)]
+                ends[arena(t)] += t.size
     for tid, t in enumerate(tensors):
         # Integer activations (bit-packed dropout masks, 1/30 of their float size) get space
         # of their own: the planner shares float space only.
@@ -131,6 +133,18 @@ def assign_offsets(lowering):
         for s, off in zip(ids, offsets):
             tensors[s].offset = base + off
         region = max(region, size)
+    # int8 / uint8 activations: the same plan in the byte arena, after its persistent part
+    byte_region = 0
+    for program in lowering.programs.values():
+        spans = lifetimes(program, tensors, BYTE_TYPES)
+        ids = sorted(spans)
+        buffers = [(tensors[s].size, spans[s][0], spans[s][1]) for s in ids]
+        offsets, size = plan(buffers)
+        check(buffers, offsets)
+        for s, off in zip(ids, offsets):
+            tensors[s].offset = ends["bytes"] + off
+        byte_region = max(byte_region, size)
+    lowering.byte_arena = ends["bytes"] + byte_region
     for tid, t in enumerate(tensors):
         if t.storage != tid:
             t.offset = tensors[t.storage].offset

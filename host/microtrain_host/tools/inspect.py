@@ -36,6 +36,18 @@ def describe(path, steps=True, plan=False):
     lines.append(f"  lower bound      {b.lower_bound:8d}  ({_kib(b.lower_bound)})  persistent + "
                  f"peak of live temporaries")
     lines.append(f"  int32 arena      {b.int_arena:8d}  ({_kib(b.int_arena)})")
+    if b.byte_arena:
+        int8 = [t for t in range(len(b.names)) if b.dtypes[t] in (device_blob.INT8,
+                                                                   device_blob.UINT8)]
+        weights = sum(b.sizes[t] for t in int8
+                      if device_blob.ROLE_NAMES[b.roles[t]] == "constant")
+        lines.append(f"  int8 arena       {b.byte_arena:8d}  ({b.byte_arena / 1024:.1f} KiB) bytes: "
+                     f"{weights} int8 weights ({weights / 1024:.1f} KiB; {4 * weights / 1024:.1f} "
+                     f"KiB as float32), {b.byte_arena - weights} bytes of int8 activations")
+        total = 4 * (b.float_arena + b.int_arena) + b.byte_arena
+        lines.append(f"  all arenas       {total:8d}  bytes ({total / 1024:.1f} KiB); the same "
+                     f"layers in float32 would hold {4 * weights - weights} more bytes of "
+                     f"weights alone")
     parts = persistent_parts(b)
     lines.append("  persistent part, by what it holds:")
     for part, elements in parts.items():
@@ -66,6 +78,9 @@ def describe(path, steps=True, plan=False):
                      f"every parameter: pruning saved {saved} ({_kib(saved)}, "
                      f"{100.0 * saved / b.full_training_arena:.0f} %); train program "
                      f"{train_steps} steps vs {b.full_training_steps}")
+    quantized = _quantization(b)
+    if quantized:
+        lines += [""] + quantized
     lines.append("")
     lines.append("parameters:")
     for tensor, grad, state in b.parameters:
@@ -83,7 +98,7 @@ def describe(path, steps=True, plan=False):
         for tid, name in enumerate(b.names):
             if device_blob.ROLE_NAMES[b.roles[tid]] != role:
                 continue
-            dtype = "f32" if b.dtypes[tid] == device_blob.FLOAT else "i32"
+            dtype = ("f32", "i32", "i8", "u8")[b.dtypes[tid]]
             lines.append(f"  {tid:4d} {role:15s} {dtype} {list(b.shapes[tid])!s:14s} "
                          f"@{b.offsets[tid]:<7d} {b.sizes[tid]:7d}  {name}")
     if steps:
@@ -104,3 +119,41 @@ def describe(path, steps=True, plan=False):
             lines.append("")
             lines.append(render(b, timeline))
     return "\n".join(lines)
+
+
+def _quantization(b):
+    """The fake-quantized tensors of a QAT blob (the eval program's FAKE_QUANT steps): dtype,
+    per tensor or per channel, where the scale and zero point come from; and the bytes the
+    quantized weights take as float32 now and as int8 (+ a float32 scale per channel) once
+    exported."""
+    records = b.step_records.get("eval") or []
+    producers = {tensors[0]: (op, tensors) for op, tensors, _, _ in records}
+    lines = []
+    float_bytes = int8_bytes = 0
+    for op, tensors, ints, _ in records:
+        if op != opcodes.FAKE_QUANT:
+            continue
+        y, x, scale, _ = tensors
+        outer, channels, inner, qmin, qmax = ints
+        dtype = "uint8" if qmin == 0 else "int8"
+        source = producers.get(scale)
+        if source and source[0] == opcodes.ABS_MAX_SCALE:
+            qmin = -127   # |w| / scale <= 127: the int8 grid's -128 is never reached
+            how = (f"symmetric, {channels} channel scales = max|w| / 127 of the current "
+                   f"weights")
+            n = b.sizes[x]
+            float_bytes += 4 * n
+            int8_bytes += n + 4 * channels
+        elif source and source[0] == opcodes.QUANT_PARAMS:
+            how = f"per tensor, range {b.names[source[1][2]]} (moving average of min/max)"
+        elif device_blob.ROLE_NAMES[b.roles[scale]] == "constant":
+            how = "per tensor, fixed scale and zero point (from the quantized model)"
+        else:
+            how = "per tensor, shares the scale of " + b.names[scale]
+        lines.append(f"  {b.names[x]:32s} {dtype:5s} [{qmin}, {qmax}]  {how}")
+    if not lines:
+        return []
+    header = ["quantization-aware training (fake quantization, float arena):"]
+    footer = [f"  quantized weights: {float_bytes:,} B as float32, {int8_bytes:,} B as int8 + "
+              f"scales once exported ({100.0 * int8_bytes / max(float_bytes, 1):.0f} %)"]
+    return header + lines + footer

@@ -1,0 +1,294 @@
+"""int8 inference blobs from QDQ models: what onnxruntime's QDQ fusion does, for the device.
+
+`int8_graph(model)` rewrites a QDQ model (microtrain export --qdq, or onnxruntime's
+quantizer) into ai.microtrain int8 ops (ops/qlinear.py):
+  * DequantizeLinear(activation) -> Conv / Gemm / MatMul (weight: DequantizeLinear of an
+    int8 initializer, bias: of an int32 one) -> [Relu | Clip] -> QuantizeLinear
+    becomes QLinearConv / QLinearGemm, the Relu / Clip fused as clamp bounds;
+  * DequantizeLinear -> GlobalAveragePool -> QuantizeLinear: QLinearGlobalAveragePool;
+  * DequantizeLinear -> MaxPool -> QuantizeLinear (same scale and zero point):
+    QLinearMaxPool; DequantizeLinear -> Flatten / Reshape -> QuantizeLinear (same): the
+    view of the int8 tensor;
+  * a QuantizeLinear of a float tensor: Quantize; an int8 tensor a float op or the graph
+    output reads: Dequantize. Everything else stays float.
+`pack_inference_model(model, path)` lowers the result into an inference blob (program
+"infer") that microtrain.InferenceSession runs."""
+import os
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper, shape_inference
+
+from ..errors import ArtifactError
+from ..graph import DOMAIN, attr
+from .checkpoint import write_atomically
+from .lower import INPUT, Lowering
+from .plan import assign_offsets
+
+FUSED_OPS = ("Conv", "Gemm", "MatMul")
+VIEW_OPS = ("Flatten", "Reshape", "Squeeze", "Unsqueeze")
+
+
+def _scalar(values, name):
+    v = values.get(name)
+    if v is None:
+        return None
+    return np.asarray(v).reshape(-1)
+
+
+def int8_graph(model, float_weights=(), training=False):
+    """The QDQ model `model` with its quantized ops fused; a new model.
+
+    float_weights: names of weights or biases (a weight's name is its DequantizeLinear's
+    output with a trailing ".fake_quant" dropped, e.g. "classifier.weight"; a bias keeps its
+    float name, or "<node>.bias" when BatchNormalization was folded in) whose ops stay float: their int8 weights and int32 biases become float initializers of
+    that name (the trainable layers of a fine-tune). training=True keeps a QuantizeLinear ->
+    DequantizeLinear pair between float ops as fake quantization (constant scale and zero
+    point, as Constant nodes) instead of real int8 tensors, so gradients pass; initializers
+    no node reads any more are dropped."""
+    model = shape_inference.infer_shapes(model)
+    graph = model.graph
+    values = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    nodes = list(graph.node)
+    producers = {o: n for n in nodes for o in n.output}
+    consumers = {}
+    for n in nodes:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    outputs = {o.name for o in graph.output}
+
+    def qparams(node):
+        """(scale, zero point, elem type) of a Q/DQ node with constant parameters."""
+        scale = _scalar(values, node.input[1])
+        zp_name = node.input[2] if len(node.input) > 2 and node.input[2] else None
+        zp = _scalar(values, zp_name) if zp_name else np.zeros(1, np.uint8)
+        if scale is None or zp is None:
+            return None
+        return scale, zp, onnx.helper.np_dtype_to_tensor_dtype(zp.dtype)
+
+    def single(name):
+        c = consumers.get(name, [])
+        return c[0] if len(c) == 1 and name not in outputs else None
+
+    dq_source = {}   # float output of an activation DequantizeLinear -> (int8 tensor, params)
+    for n in nodes:
+        if n.op_type == "DequantizeLinear" and n.input[0] not in values:
+            p = qparams(n)
+            if p is None or p[0].size != 1:
+                raise ArtifactError(f"DequantizeLinear node '{n.name}': an activation needs a "
+                                    f"constant per-tensor scale and zero point")
+            dq_source[n.output[0]] = (n.input[0], p)
+
+    def weight_of(name):
+        n = producers.get(name)
+        if n is None or n.op_type != "DequantizeLinear" or n.input[0] not in values:
+            return None
+        return values[n.input[0]], qparams(n)
+
+    new, done = [], set()
+    materialized = set()
+
+    def dequantize(name):
+        if name in materialized:
+            return
+        t, (scale, zp, _) = dq_source[name]
+        new.append(helper.make_node("Dequantize", [t], [name], name=name + ".int8_to_float",
+                                    domain=DOMAIN, scale=float(scale[0]),
+                                    zero_point=int(zp[0])))
+        materialized.add(name)
+
+    def bounds(y_params, chain):
+        scale, zp, elem = float(y_params[0][0]), int(y_params[1][0]), y_params[2]
+        lo, hi = (0, 255) if elem == TensorProto.UINT8 else (-128, 127)
+        for c in chain:
+            if c.op_type == "Relu":
+                lo = max(lo, zp)
+            else:
+                cmin = _scalar(values, c.input[1]) if len(c.input) > 1 and c.input[1] else None
+                cmax = _scalar(values, c.input[2]) if len(c.input) > 2 and c.input[2] else None
+                if cmin is not None:
+                    lo = max(lo, zp + int(np.rint(cmin[0] / scale)))
+                if cmax is not None:
+                    hi = min(hi, zp + int(np.rint(cmax[0] / scale)))
+        return lo, hi
+
+    def common(x_params, y_q, y_params):
+        return dict(x_scale=float(x_params[0][0]), x_zero_point=int(x_params[1][0]),
+                    y_scale=float(y_params[0][0]), y_zero_point=int(y_params[1][0]),
+                    y_type=y_params[2])
+
+    for n in nodes:
+        if n.name in done:
+            continue
+        if n.op_type == "DequantizeLinear" and (n.output[0] in dq_source or n.input[0] in values):
+            continue   # materialized where a float op reads it, folded into a fused op
+        fused = None
+        x_in = n.input[0] if n.input else None
+        if x_in in dq_source and n.op_type in FUSED_OPS + ("GlobalAveragePool", "MaxPool") \
+                + VIEW_OPS:
+            chain, end = [], n.output[0]
+            while n.op_type in FUSED_OPS and single(end) is not None and \
+                    single(end).op_type in ("Relu", "Clip"):
+                chain.append(single(end))
+                end = chain[-1].output[0]
+            q = single(end)
+            if q is not None and q.op_type == "QuantizeLinear" and qparams(q) is not None:
+                fused = (chain, q, qparams(q))
+        if fused is not None:
+            chain, q, y_params = fused
+            x_t, x_params = dq_source[x_in]
+            y_t = q.output[0]
+            same = (x_params[0][0] == y_params[0][0] and x_params[1][0] == y_params[1][0]
+                    and x_params[2] == y_params[2])
+            made = None
+            if n.op_type in FUSED_OPS and weight_name(n.input[1]) not in float_weights and not (
+                    len(n.input) > 2 and n.input[2] in float_weights):
+                w = weight_of(n.input[1])
+                b = weight_of(n.input[2]) if len(n.input) > 2 and n.input[2] else None
+                transposed = n.op_type == "Gemm" and attr(n, "transB", 0)
+                if w is not None and w[0].dtype == np.int8 and (b is None or b[0].dtype ==
+                                                                np.int32) and \
+                        not (n.op_type == "Gemm" and (attr(n, "transA", 0)
+                                                      or attr(n, "alpha", 1.0) != 1.0)):
+                    lo, hi = bounds(y_params, chain)
+                    w_dq = producers[n.input[1]]
+                    inputs = [x_t, w_dq.input[0]] + ([producers[n.input[2]].input[0]] if b else [])
+                    extra = {k: a for k, a in ((a.name, helper.get_attribute_value(a))
+                                               for a in n.attribute)
+                             if n.op_type == "Conv"}
+                    made = helper.make_node(
+                        "QLinearConv" if n.op_type == "Conv" else "QLinearGemm", inputs, [y_t],
+                        name=n.name, domain=DOMAIN, w_scales=[float(v) for v in w[1][0]],
+                        lo=lo, hi=hi, transB=int(bool(transposed)),
+                        **common(x_params, q, y_params), **extra)
+            elif n.op_type == "GlobalAveragePool":
+                lo, hi = bounds(y_params, [])
+                made = helper.make_node("QLinearGlobalAveragePool", [x_t], [y_t], name=n.name,
+                                        domain=DOMAIN, lo=lo, hi=hi,
+                                        **common(x_params, q, y_params))
+            elif same and n.op_type == "MaxPool":
+                made = helper.make_node("QLinearMaxPool", [x_t], [y_t], name=n.name,
+                                        domain=DOMAIN, **{a.name: helper.get_attribute_value(a)
+                                                          for a in n.attribute})
+            elif same and n.op_type in VIEW_OPS:
+                made = helper.make_node(n.op_type, [x_t] + list(n.input[1:]), [y_t],
+                                        name=n.name, **{a.name: helper.get_attribute_value(a)
+                                                        for a in n.attribute})
+            if made is not None:
+                new.append(made)
+                done.update(c.name for c in chain)
+                done.add(q.name)
+                continue
+        if n.op_type == "QuantizeLinear":
+            p = qparams(n)
+            if p is None or p[0].size != 1:
+                raise ArtifactError(f"QuantizeLinear node '{n.name}': an activation needs a "
+                                    f"constant per-tensor scale and zero point")
+            if n.input[0] in dq_source:
+                dequantize(n.input[0])
+            new.append(helper.make_node("Quantize", [n.input[0]], [n.output[0]], name=n.name,
+                                        domain=DOMAIN, scale=float(p[0][0]),
+                                        zero_point=int(p[1][0]), y_type=p[2]))
+            continue
+        for i in n.input:
+            if i in dq_source:
+                dequantize(i)
+            elif i and producers.get(i) is not None and producers[i].op_type == \
+                    "DequantizeLinear" and producers[i].input[0] in values:
+                # a float op reading a dequantized constant: the float value, an
+                # initializer named as the weight (a parameter of a fine-tune)
+                w_dq = producers[i]
+                p = qparams(w_dq)
+                axis = attr(w_dq, "axis", 1)
+                q = values[w_dq.input[0]].astype(np.float64)
+                view = [1] * q.ndim
+                if p[0].size > 1:
+                    view[axis % q.ndim] = -1
+                name = weight_name(i)
+                if name not in values:
+                    values[name] = ((q - p[1].reshape(view)) * p[0].reshape(view)
+                                    ).astype(np.float32)
+                    graph.initializer.append(numpy_helper.from_array(values[name], name))
+                n.input[list(n.input).index(i)] = name
+        new.append(n)
+    for o in graph.output:
+        if o.name in dq_source:
+            dequantize(o.name)
+    if training:
+        new = _fake_quant_pairs(new)
+    read = {i for n in new for i in n.input}
+    result = helper.make_graph(new, graph.name, list(graph.input), list(graph.output),
+                               initializer=[i for i in graph.initializer if i.name in read],
+                               value_info=list(graph.value_info))
+    opsets = [o for o in model.opset_import if o.domain != DOMAIN]
+    opsets.append(helper.make_opsetid(DOMAIN, 1))
+    return helper.make_model(result, opset_imports=opsets, ir_version=model.ir_version)
+
+
+class _Everything:
+    def __contains__(self, name):
+        return True
+
+
+ALL_WEIGHTS = _Everything()   # float_weights that keeps every layer float
+
+
+def weight_name(dequantized):
+    """The parameter name of a dequantized weight: 'w.fake_quant' -> 'w'."""
+    return dequantized[:-len(".fake_quant")] if dequantized.endswith(".fake_quant") \
+        else dequantized
+
+
+def _fake_quant_pairs(nodes):
+    """Quantize -> Dequantize between float ops back to a standard QDQ pair (fake
+    quantization with the straight-through gradient), its scale and zero point Constants."""
+    readers = {}
+    for n in nodes:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    result = []
+    for n in nodes:
+        if n.op_type == "Quantize" and n.domain == DOMAIN and readers.get(n.output[0]) and all(
+                r.op_type == "Dequantize" for r in readers[n.output[0]]):
+            scale, zp = n.name + ".scale", n.name + ".zero_point"
+            elem = attr(n, "y_type", TensorProto.UINT8)
+            result += [
+                helper.make_node("Constant", [], [scale], name=scale, value=numpy_helper.from_array(
+                    np.array(attr(n, "scale"), np.float32))),
+                helper.make_node("Constant", [], [zp], name=zp, value=numpy_helper.from_array(
+                    np.array(attr(n, "zero_point"), np.uint8 if elem == TensorProto.UINT8
+                             else np.int8))),
+                helper.make_node("QuantizeLinear", [n.input[0], scale, zp], list(n.output),
+                                 name=n.name)]
+            for r in readers[n.output[0]]:
+                r.op_type, r.domain = "DequantizeLinear", ""
+                del r.attribute[:]
+                r.input.extend([scale, zp])
+            continue
+        result.append(n)
+    return result
+
+
+def is_qdq_model(model):
+    """True when some DequantizeLinear reads an int8 initializer (a quantized weight)."""
+    ints = {i.name for i in model.graph.initializer if i.data_type == TensorProto.INT8}
+    return any(n.op_type == "DequantizeLinear" and n.input[0] in ints for n in model.graph.node)
+
+
+def pack_inference_model(model, path):
+    """Lower a QDQ model (ModelProto or path) into an int8 inference blob at `path` for
+    microtrain.InferenceSession. Returns the blob's bytes."""
+    from .pack import _write
+    if not isinstance(model, onnx.ModelProto):
+        model = onnx.load(os.fspath(model))
+    fused = int8_graph(model)
+    initializers = {i.name for i in fused.graph.initializer}
+    roles = {i.name: INPUT for i in fused.graph.input if i.name not in initializers}
+    lowering = Lowering(roles)
+    lowering.lower("infer", fused)
+    data = _write(lowering, [], assign_offsets(lowering), "", 0, None, None)
+    try:
+        write_atomically(os.fspath(path), data)
+    except OSError as e:
+        raise ArtifactError(f"cannot write '{path}': {e}") from e
+    return data

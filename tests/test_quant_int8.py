@@ -1,0 +1,214 @@
+"""Issue 10 acceptance, int8 execution: the QDQ model `microtrain export --qdq` writes runs in
+onnxruntime with its quantized kernels, and the device's int8 inference blob
+(pack_inference_model: int8 kernels, integer requantization) gives outputs within one unit
+of the output quantization step on every element, for the digits MLP and the DS-CNN; the
+int8 kernels run the same under MicroPython; crafted int8 steps are refused at load."""
+import copy
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import numpy_helper
+
+import microtrain_host as mh
+from conftest import ROOT, run_micropython
+from microtrain import InferenceSession
+from microtrain import blob as device_blob
+from microtrain.errors import BlobError
+from microtrain_host.pipeline.int8 import int8_graph, pack_inference_model
+from microtrain_host.tools.train import train
+from reference_models import ds_cnn
+from test_models import make_data
+from torch_reference import export, run_device_cpython, write_batches
+
+DIGITS = ROOT / "examples" / "digits"
+
+
+def output_step(model, name="output"):
+    """The scale of the QuantizeLinear that makes the model output."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    dq = producers[name]
+    values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    return float(values[dq.input[1]])
+
+
+def compare(qdq_path, blob_path, xs):
+    """(largest |device - onnxruntime| in output steps, outputs) over the batches xs."""
+    model = onnx.load(qdq_path)
+    session = ort.InferenceSession(str(qdq_path), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    device = InferenceSession(str(blob_path))
+    worst, outs = 0.0, []
+    for x in xs:
+        expected = session.run(None, {name: x})[0]
+        got = np.array(device.run(x.reshape(-1))).reshape(expected.shape)
+        worst = max(worst, float(np.max(np.abs(got - expected))) / output_step(model))
+        outs.append(got)
+    return worst, outs
+
+
+@pytest.fixture(scope="module")
+def digits_qdq(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("digits_int8")
+    mh.generate_artifacts(str(DIGITS / "mlp.onnx"), artifact_directory=tmp, batch_size=8,
+                          quantization=True)
+    train(tmp, DIGITS / "digits.npz", 2, 0.01, tmp / "trained")
+    mh.export_inference_model(tmp, tmp / "trained", tmp / "qdq.onnx", qdq=True)
+    pack_inference_model(tmp / "qdq.onnx", tmp / "int8.mtb")
+    return tmp
+
+
+def test_digits_int8_blob_equals_onnxruntime(digits_qdq):
+    fused = [n.op_type for n in int8_graph(onnx.load(digits_qdq / "qdq.onnx")).graph.node]
+    assert fused == ["Quantize", "Flatten", "QLinearGemm", "QLinearGemm", "Dequantize"]
+    x = np.load(DIGITS / "digits.npz")["x_val"].astype(np.float32)
+    x = x[:len(x) // 8 * 8].reshape(-1, 8, 64)
+    worst, outs = compare(digits_qdq / "qdq.onnx", digits_qdq / "int8.mtb", x)
+    print(f"digits MLP: device int8 vs onnxruntime, largest difference {worst:g} output steps "
+          f"over {x.shape[0] * 8} samples")
+    assert worst <= 1.0 + 1e-6
+    b = device_blob.load(str(digits_qdq / "int8.mtb"))
+    assert b.byte_arena > 0 and {b.dtypes[t] for t in range(len(b.names))} >= {2, 3}
+
+
+@pytest.fixture(scope="module")
+def ds_cnn_qdq(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ds_cnn_int8")
+    ref = ds_cnn()
+    mh.generate_artifacts(export(ref.module, torch.zeros((ref.batch,) + ref.inputs)),
+                          artifact_directory=tmp, batch_size=ref.batch, optimizer="SGD",
+                          quantization=True)
+    xs, ys = make_data(ref, 20)
+    write_batches(tmp / "data.bin", xs, ys)
+    # 20 SGD steps on the device runtime, then the trained parameters into a checkpoint
+    from microtrain import CheckpointState, Module, Optimizer
+    state = CheckpointState.load_checkpoint(str(tmp / "checkpoint"))
+    model = Module(str(tmp / "model.mtb"), state)
+    opt = Optimizer(str(tmp / "model.mtb"), model)
+    opt.set_learning_rate(0.05)
+    for x, y in zip(xs, ys):
+        model(x.reshape(-1), [int(v) for v in y])
+        opt.step()
+        model.lazy_reset_grad()
+    CheckpointState.save_checkpoint(state, str(tmp / "trained"))
+    mh.export_inference_model(tmp, tmp / "trained", tmp / "qdq.onnx", qdq=True)
+    pack_inference_model(tmp / "qdq.onnx", tmp / "int8.mtb")
+    return tmp, ref, xs
+
+
+def test_ds_cnn_int8_blob_equals_onnxruntime(ds_cnn_qdq):
+    tmp, ref, xs = ds_cnn_qdq
+    qdq = onnx.load(tmp / "qdq.onnx")
+    assert not any(n.op_type == "BatchNormalization" for n in qdq.graph.node)  # folded
+    fused = [n.op_type for n in int8_graph(qdq).graph.node]
+    assert fused.count("QLinearConv") == 5 and "QLinearGlobalAveragePool" in fused
+    assert "QLinearGemm" in fused and fused.count("Dequantize") == 1
+    rng = np.random.default_rng(3)
+    inputs = list(xs[:4]) + [rng.standard_normal(xs[0].shape).astype(np.float32) * 2
+                             for _ in range(2)]
+    worst, _ = compare(tmp / "qdq.onnx", tmp / "int8.mtb", inputs)
+    print(f"DS-CNN: device int8 vs onnxruntime, largest difference {worst:g} output steps")
+    assert worst <= 1.0 + 1e-6
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp / "ort_optimized.onnx")
+    ort.InferenceSession(str(tmp / "qdq.onnx"), so, providers=["CPUExecutionProvider"])
+    optimized = [n.op_type for n in onnx.load(tmp / "ort_optimized.onnx").graph.node]
+    assert optimized.count("QLinearConv") == 5 and "QGemm" in optimized   # ORT's int8 kernels
+
+
+def test_int8_blob_micropython_equals_cpython(ds_cnn_qdq, micropython, tmp_path):
+    tmp, ref, xs = ds_cnn_qdq
+    x = xs[0].astype("<f4")
+    (tmp_path / "x.f32").write_bytes(x.tobytes())
+    script = tmp_path / "infer.py"
+    script.write_text(
+        "import sys\nfrom array import array\nfrom microtrain import InferenceSession\n"
+        "s = InferenceSession(sys.argv[1])\nx = array('f', open(sys.argv[2], 'rb').read())\n"
+        "for v in s.run(x):\n    print(repr(v))\n")
+    out = run_micropython(micropython, script, tmp / "int8.mtb", tmp_path / "x.f32")
+    mp = np.array([float(v) for v in out.split()], np.float32)
+    cp = np.array(InferenceSession(str(tmp / "int8.mtb")).run(x.reshape(-1)), np.float32)
+    assert mp.tobytes() == cp.tobytes()
+
+
+def test_crafted_int8_step_is_refused(digits_qdq, tmp_path):
+    import struct
+    import zlib
+    data = bytearray((digits_qdq / "int8.mtb").read_bytes())
+    b = device_blob.load(bytes(data), keep_steps=True)
+    op, tensors, ints, floats = b.step_records["infer"][2]     # the first QLinearGemm
+    assert op == 222
+    # make its k (inner size) larger than the input holds: find the ints vector and patch it
+    body = bytes(data)
+    needle = struct.pack("<9i", *ints)
+    at = body.find(needle)
+    assert at > 0
+    data[at + 4:at + 8] = struct.pack("<i", ints[1] * 100)
+    size = struct.unpack_from("<I", data, 0)[0]
+    data[4 + size:] = struct.pack("<I", zlib.crc32(bytes(data[4:4 + size])) & 0xFFFFFFFF)
+    with pytest.raises(BlobError, match="qlinear_gemm"):
+        device_blob.load(bytes(data))
+
+
+def test_int8_forward_under_heap_lock_and_viper_equals_pure(ds_cnn_qdq, micropython, tmp_path):
+    tmp, ref, xs = ds_cnn_qdq
+    (tmp_path / "x.f32").write_bytes(xs[1].astype("<f4").tobytes())
+    out = run_micropython(micropython, ROOT / "tests" / "device_scripts" / "int8_heap_lock.py",
+                          tmp / "int8.mtb", tmp_path / "x.f32")
+    # stem, 2 x (depthwise, pointwise), pool, classifier: every int8 step locked
+    assert "locked 7 of 9" in out and "same True" in out, out
+
+
+def test_viper_requantization_equals_pure(micropython, tmp_path):
+    script = tmp_path / "requant.py"
+    script.write_text("""
+import random
+from microtrain.kernels import qlinear
+from microtrain.kernels import qlinear_viper as v
+random.seed(1)
+bad = 0
+cases = 0
+for t in range(20000):
+    acc = random.randint(-(1 << 24) + 1, (1 << 24) - 1)
+    if t % 3 == 0:
+        acc = random.randint(-3000, 3000)
+    m0 = random.randint(1 << 23, 1 << 24)
+    shift = random.randint(1, 62) if t % 5 else random.randint(20, 45)
+    if t % 7 == 0:
+        m0 = 1 << 23          # exact ties
+    clamp = lambda q: max(-1000, min(1000, q))
+    cases += 1
+    if clamp(v._requant(acc, m0, shift)) != clamp(qlinear._requant(acc, m0, shift)):
+        bad += 1
+print(qlinear.FAST, cases, bad)
+""")
+    assert run_micropython(micropython, script).split() == ["True", "20000", "0"]
+
+
+def test_viper_kernels_equal_pure_on_random_geometries(micropython):
+    out = run_micropython(micropython, ROOT / "tests" / "device_scripts" / "qlinear_fast.py")
+    assert out.split() == ["cases", "300", "different", "0"], out
+
+
+def test_crafted_byte_arena_size_is_refused(digits_qdq):
+    # Model.byte_arena (field 16) must equal what the int8 tensors need, before anything
+    # is allocated: a blob claiming a huge byte arena is refused, as for the other arenas.
+    import struct
+    import zlib
+    data = bytearray((digits_qdq / "int8.mtb").read_bytes())
+    b = device_blob.load(bytes(data))
+    needle = struct.pack("<I", b.byte_arena)
+    positions = [i for i in range(8, len(data) - 4) if data[i:i + 4] == needle]
+    refused = 0
+    for at in positions:
+        crafted = bytearray(data)
+        crafted[at:at + 4] = struct.pack("<I", 1 << 30)
+        size = struct.unpack_from("<I", crafted, 0)[0]
+        crafted[4 + size:] = struct.pack("<I", zlib.crc32(bytes(crafted[4:4 + size])) & 0xFFFFFFFF)
+        try:
+            device_blob.load(bytes(crafted))
+        except BlobError as e:
+            refused += "byte arena" in str(e)
+    assert refused == 1
