@@ -4,7 +4,9 @@ an ASCII plan the way TensorFlow Lite Micro's planner prints its own (one row pe
 column per slice of the region, one character per buffer).
 
 Programs planned as one timeline are shown as one: "train" followed by "backward_update"
-(updates in the backward pass), "forward" followed by "backward" (loss outside the graph)."""
+(updates in the backward pass), "forward" followed by "backward" (loss outside the graph).
+It draws the float arena, where the planner shares space; the int8 activations of the byte
+arena (issue 10) have a plan of their own, not drawn here yet."""
 import dataclasses
 
 from microtrain import blob as device_blob
