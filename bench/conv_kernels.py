@@ -1,7 +1,7 @@
 """Conv kernel benchmark: MAC/s of the forward, input-gradient and weight-gradient kernels
-(device/microtrain/kernels/conv.py) on a few representative layers, under CPython and under
-the MicroPython Unix port, beside the interpreter's plain multiply-accumulate loop measured
-in the same process. Prints figures only; asserts nothing.
+(device/microtrain/kernels/conv.py) on a few representative Conv and ConvTranspose layers,
+under CPython and under the MicroPython Unix port, beside the interpreter's plain
+multiply-accumulate loop measured in the same process. Prints figures only; asserts nothing.
 
     python bench/conv_kernels.py [--rounds N] [--micropython PATH]
 """
@@ -25,21 +25,26 @@ def main():
     runtimes = device_runtimes(args.micropython, heap="2M")
     print(f"best of {args.rounds} interleaved rounds")
 
-    print("\n%-12s %-28s %7s %11s  %-14s %-14s %-14s" % (
-        "runtime", "layer", "MACs", "loop MMAC/s", "forward", "grad input", "grad weight"))
+    tables = {"conv": [], "transpose": []}
     for name, command, env in runtimes:
         lines = run_results(command, env, DEVICE_SCRIPT, args.rounds)
         if lines is None:
             continue
-        results = {(r["layer"], r["kernel"]): r for r in lines}
-        for layer in dict.fromkeys(layer for layer, _ in results):
-            first = results[layer, KERNELS[0]]
+        results = {(r["kind"], r["layer"], r["kernel"]): r for r in lines}
+        for kind, layer in dict.fromkeys((kind, layer) for kind, layer, _ in results):
+            first = results[kind, layer, KERNELS[0]]
             loop = float(first["loop"])
-            cells = ["%5.2f (%3.0f%%)" % (float(results[layer, k]["rate"]) / 1e6,
-                                         100 * float(results[layer, k]["rate"]) / loop)
+            cells = ["%5.2f (%3.0f%%)" % (float(results[kind, layer, k]["rate"]) / 1e6,
+                                         100 * float(results[kind, layer, k]["rate"]) / loop)
                      for k in KERNELS]
-            print("%-12s %-28s %7s %11.2f  %-14s %-14s %-14s" % (
+            tables[kind].append("%-12s %-34s %7s %11.2f  %-14s %-14s %-14s" % (
                 name, layer, first["macs"], loop / 1e6, *cells))
+    for kind, title in (("conv", "Conv"), ("transpose", "ConvTranspose")):
+        print("\n%-12s %-34s %7s %11s  %-14s %-14s %-14s" % (
+            "runtime", title + " layer", "MACs", "loop MMAC/s", "forward", "grad input",
+            "grad weight"))
+        for row in tables[kind]:
+            print(row)
     print("\nMMAC/s of each kernel, in brackets its share of the plain MAC loop's rate.")
 
 

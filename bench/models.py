@@ -1,10 +1,11 @@
-"""Train-step benchmark of the reference CNNs of the test suite (tests/reference_models.py:
+"""Train-step benchmark of the reference models of the test suite (tests/reference_models.py:
 LeNet-style, DS-CNN keyword spotting, 1-D gesture net, MobileNetV2 inverted residual block,
-conv autoencoder).
+conv autoencoder, ConvTranspose autoencoder, Upsample net, ...).
 
 Packs each model (AdamW, the batch the tests use), counts the multiply-accumulates of one
-train step from the training graph (forward and backward Gemm/MatMul/Conv/GRU/LSTM and the conv
-gradients), then runs bench/model_step.py under CPython and under the MicroPython Unix port
+train step from the training graph (forward and backward Gemm/MatMul/Conv/ConvTranspose/GRU/
+LSTM and the conv gradients), then runs bench/model_step.py under CPython and under the
+MicroPython Unix port
 and prints a table: time per train step, its effective MAC/s, the interpreter's plain
 MAC-loop rate measured in the same process, and their ratio. The ratio includes everything
 a step does besides MACs (activations, pooling, BatchNorm, the optimizer), so it is a lower
@@ -60,6 +61,9 @@ def train_step_macs(training_model):
             w = shapes[node.input[1]]
             y = node.output[0] if node.op_type == "Conv" else node.input[0]
             total += size(y) * int(np.prod(w[1:]))
+        elif node.op_type == "ConvTranspose":
+            # Each input element is spread over C_out/group x kernel outputs.
+            total += size(node.input[0]) * int(np.prod(shapes[node.input[1]][1:]))
         elif node.op_type == "ConvGradWeight":
             dy, dw = node.input[0], node.output[0]
             total += size(dy) * int(np.prod(shapes[dw][1:]))

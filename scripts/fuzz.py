@@ -1,11 +1,11 @@
 """Mutation fuzzing of blobs and checkpoints at scale (the suite runs a few hundred).
 
     python scripts/fuzz.py [--interpreter cpython|PATH_TO_MICROPYTHON] [--count N] [--seed S]
-                           [--only mlp|cnn|rnn]
+                           [--only mlp|cnn|rnn|decoder]
 
 Packs the fuzzed models (tests/fuzzing.py: the digits MLP with AdamW, a small CNN with SGD
-and momentum, a GRU + LSTM net with AdamW), then mutates each one's blob and checkpoint N times with the CRC-32
-recomputed over the mutated bytes, loads and trains every mutation, and prints the counts
+and momentum, a GRU + LSTM net with AdamW, a ConvTranspose / Resize decoder with SGD), then
+mutates each one's blob and checkpoint N times with the CRC-32 recomputed over the mutated bytes, loads and trains every mutation, and prints the counts
 of outcomes per file: trained, refused (by microtrain's own error, per type), crashes
 (any other exception), hangs and deaths. Exits 1 when anything crashed, hung or died."""
 import argparse
@@ -26,7 +26,7 @@ def main():
     parser.add_argument("--count", type=int, default=5000,
                         help="mutations per file (6 files: 3 models x blob, checkpoint)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--only", help="fuzz only this model (mlp, cnn or rnn)")
+    parser.add_argument("--only", help="fuzz only this model (mlp, cnn, rnn or decoder)")
     args = parser.parse_args()
     bad = 0
     with tempfile.TemporaryDirectory() as tmp:

@@ -32,11 +32,27 @@ class Recurrent(nn.Module):
         return self.head(h[-1])
 
 
+class Decoder(nn.Module):
+    """A conv decoder: ConvTranspose (strided, grouped, with output_padding) and Resize
+    (nearest, bilinear, 1-D linear), whose steps carry tables of any length."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.ConvTranspose2d(2, 4, 3, stride=2, padding=1, output_padding=1, groups=2)
+        self.mix = nn.Conv2d(4, 2, 1)
+
+    def forward(self, x):
+        h = torch.tanh(self.up(x))                                            # 3x3 -> 6x6
+        h = nn.functional.interpolate(h, scale_factor=2) + nn.functional.interpolate(
+            h, scale_factor=2, mode="bilinear")
+        return nn.functional.interpolate(self.mix(h).flatten(2), size=20, mode="linear")
+
+
 def make_artifacts(directory):
     """{name: artifact directory}: the digits MLP with AdamW, a small CNN (Conv,
     BatchNormalization, Relu, MaxPool, Dropout, global average pooling, Gemm) with SGD and
-    momentum, and a GRU + LSTM net with AdamW, so that every kernel family of a typical
-    model is fuzzed."""
+    momentum, a GRU + LSTM net with AdamW and a conv decoder (ConvTranspose, Resize) with
+    MSE and SGD, so that every kernel family of a typical model is fuzzed."""
     mlp = directory / "mlp"
     mh.generate_artifacts(str(DIGITS), loss="CrossEntropyLoss", optimizer="AdamW",
                           artifact_directory=mlp, batch_size=4)
@@ -53,7 +69,10 @@ def make_artifacts(directory):
     rnn = directory / "rnn"
     mh.generate_artifacts(export(Recurrent(), torch.zeros(1, 5, 3)), loss="CrossEntropyLoss",
                           optimizer="AdamW", artifact_directory=rnn, batch_size=2)
-    return {"mlp": mlp, "cnn": cnn, "rnn": rnn}
+    decoder = directory / "decoder"
+    mh.generate_artifacts(export(Decoder(), torch.zeros(1, 2, 3, 3)), loss="MSELoss",
+                          optimizer="SGD", artifact_directory=decoder, batch_size=2)
+    return {"mlp": mlp, "cnn": cnn, "rnn": rnn, "decoder": decoder}
 
 
 def command(interpreter):

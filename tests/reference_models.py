@@ -243,5 +243,57 @@ def lstm_autoencoder():
                           {"SGD": 0.05, "AdamW": 0.001})
 
 
+class DeconvAutoencoder(nn.Module):
+    """Anomaly detection by reconstruction with a decoder of transposed convolutions (issue
+    9): a strided conv encoder 12x12 -> 6x6 -> 3x3, then ConvTranspose back up (stride 2,
+    padding with output_padding, a grouped one, the kernel-4 form), MSE against its input."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Sequential(
+            nn.Conv2d(1, 4, 3, stride=2, padding=1), nn.ReLU(),      # 12x12 -> 6x6
+            nn.Conv2d(4, 8, 3, stride=2, padding=1), nn.ReLU())      # -> 3x3
+        self.decoder = nn.Sequential(
+            nn.ConvTranspose2d(8, 4, 3, stride=2, padding=1, output_padding=1), nn.ReLU(),  # 6x6
+            nn.ConvTranspose2d(4, 4, 3, padding=1, groups=2), nn.Tanh(),
+            nn.ConvTranspose2d(4, 1, 4, stride=2, padding=1))        # -> 12x12
+
+    def forward(self, x):
+        return self.decoder(self.encoder(x))
+
+
+def deconv_autoencoder():
+    torch.manual_seed(17)
+    return ReferenceModel("deconv_autoencoder", DeconvAutoencoder(), (1, 12, 12), "MSELoss", 4,
+                          {"SGD": 0.05, "AdamW": 0.001})
+
+
+class UpsampleNet(nn.Module):
+    """A dense-prediction head (segmentation, heat maps; issue 9): conv and max-pool encoder
+    16x16 -> 8x8 -> 4x4, back up by nn.Upsample (nearest) with a skip connection and by
+    bilinear F.interpolate, a per-pixel output; MSE."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc1 = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
+        self.enc2 = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
+        self.up = nn.Upsample(scale_factor=2)
+        self.merge = nn.Conv2d(8, 4, 3, padding=1)
+        self.out = nn.Conv2d(4, 1, 3, padding=1)
+
+    def forward(self, x):
+        skip = self.enc1(x)                                           # 4 x 8x8
+        h = torch.relu(self.merge(self.up(self.enc2(skip)))) + skip   # 4 x 8x8
+        h = nn.functional.interpolate(h, scale_factor=2, mode="bilinear")   # 16x16
+        return self.out(h)
+
+
+def upsample_net():
+    torch.manual_seed(18)
+    return ReferenceModel("upsample_net", UpsampleNet(), (1, 16, 16), "MSELoss", 4,
+                          {"SGD": 0.05, "AdamW": 0.001})
+
+
 REFERENCE_MODELS = (lenet, ds_cnn, gesture_1d, mobilenet_v2_block, conv_autoencoder,
-                    tiny_transformer, keyword_classifier, imu_gru_classifier, lstm_autoencoder)
+                    tiny_transformer, keyword_classifier, imu_gru_classifier, lstm_autoencoder,
+                    deconv_autoencoder, upsample_net)

@@ -15,7 +15,7 @@ def artifacts(tmp_path_factory):
 
 
 @pytest.mark.parametrize("kind", ["blob", "checkpoint"])
-@pytest.mark.parametrize("model", ["mlp", "cnn", "rnn"])
+@pytest.mark.parametrize("model", ["mlp", "cnn", "rnn", "decoder"])
 @pytest.mark.parametrize("interpreter", ["cpython", "micropython"])
 def test_mutations_load_and_train_or_are_refused(artifacts, model, kind, interpreter, request):
     binary = "cpython" if interpreter == "cpython" else request.getfixturevalue("micropython")

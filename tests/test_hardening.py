@@ -17,7 +17,7 @@ from microtrain import CheckpointState, Module, Optimizer, blob as blobfile
 from microtrain.crc32 import crc32
 from microtrain.errors import BlobError, CheckpointError, OutOfMemoryError
 from microtrain.flatbuf import Reader
-from microtrain.kernels import conv, dense, elementwise, norm, optim, pool
+from microtrain.kernels import conv, dense, elementwise, norm, optim, pool, resize
 from torch_reference import export, mlp
 
 DIGITS = ROOT / "examples" / "digits" / "mlp.onnx"
@@ -213,6 +213,67 @@ def test_conv_geometry_must_be_positive_and_fit():
     zero_stride = args[:14] + (0,) + args[15:]
     with pytest.raises(BlobError, match=r"^crafted step: count 0 must be at least 1$"):
         conv.conv_check(zero_stride, c)
+
+
+def test_conv_transpose_bias_and_output_must_fit():
+    # The geometry is that of the convolution whose input gradient it is: Y (2 images, 3
+    # channels of 5x5) is the mirrored conv's X.
+    c = Check([2 * 3 * 5 * 5, 2 * 4 * 3 * 3, 4 * 3 * 3 * 3, 2])
+    y, x, w, b = c.offsets()
+    args = (y, x, w, b, 2, 1, 3, 4, 5, 5, 3, 3, 3, 3, 1, 1, 1, 1, 0, 0)
+    with pytest.raises(BlobError, match=r"^crafted step: tensor 't3' holds 2 elements, the "
+                                        r"step reads or writes 3$"):
+        conv.conv_transpose_check(args, c)
+    c = Check([2 * 3 * 5 * 5 - 1, 2 * 4 * 3 * 3, 4 * 3 * 3 * 3, None])
+    with pytest.raises(BlobError, match=r"^crafted step: tensor 't0' holds 149 elements, the "
+                                        r"step reads or writes 150$"):
+        conv.conv_transpose_check(c.offsets() + args[4:], c)
+
+
+def _nearest_args(c, rows, cols):
+    ints = (2, 3, 4, len(rows), len(cols)) + tuple(rows) + tuple(cols)
+    c.counts = (len(ints), 0)
+    return c.offsets() + ints
+
+
+def test_resize_tables_must_lie_inside_the_input_and_match_the_counts():
+    # X: 2 planes of 3x4 upsampled to 2 planes of 6x8 (Y first, then X).
+    rows, cols = [0, 0, 1, 1, 2, 2], [0, 0, 1, 1, 2, 2, 3, 3]
+    c = Check([2 * 6 * 8, 2 * 3 * 4])
+    resize.resize_nearest_check(_nearest_args(c, rows, cols), c)      # as packed: fine
+    with pytest.raises(BlobError, match=r"^crafted step: source column is 4, outside \[0, 3\]$"):
+        resize.resize_nearest_check(_nearest_args(c, rows, cols[:-1] + [4]), c)
+    with pytest.raises(BlobError, match=r"^crafted step: source row is -1, outside \[0, 2\]$"):
+        resize.resize_nearest_check(_nearest_args(c, [-1] + rows[1:], cols), c)
+    args = _nearest_args(c, rows, cols)
+    c.counts = (c.counts[0] - 1, 1)   # the last table entry sent as a float
+    with pytest.raises(BlobError, match=r"^crafted step: \(int count, float count\) is "
+                                        r"\(18, 1\), expected \(19, 0\)$"):
+        resize.resize_nearest_check(args, c)
+    c = Check([2 * 6 * 8, 2 * 3 * 4 - 1])
+    with pytest.raises(BlobError, match=r"^crafted step: tensor 't1' holds 23 elements, the "
+                                        r"step reads or writes 24$"):
+        resize.resize_nearest_check(_nearest_args(c, rows, cols), c)
+    c = Check([2 * 6 * 8, 2 * 3 * 4])
+    ints = (2, 3, 4, 6, 8)
+    c.counts = (5, 0)   # a linear step without its tables
+    with pytest.raises(BlobError, match=r"^crafted step: \(int count, float count\) is "
+                                        r"\(5, 0\), expected \(33, 28\)$"):
+        resize.resize_linear_check(c.offsets() + ints, c)
+
+
+def test_crafted_resize_table_in_a_blob_is_refused(tmp_path):
+    module = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 1), torch.nn.Upsample(scale_factor=2))
+    mh.generate_artifacts(export(module, torch.zeros(1, 1, 3, 4)), loss="MSELoss",
+                          optimizer="SGD", artifact_directory=tmp_path / "a", batch_size=2)
+
+    def edit(data, r, root):
+        pos, _ = r.vector(first_step(r, root, "resize_nearest"), 2, 4, "step ints")
+        struct.pack_into("<i", data, pos + 4 * 5, 1000)  # the first row's source row
+    path = crafted(tmp_path / "a", tmp_path, edit)
+    with pytest.raises(BlobError, match=r"^train step \d+ \(resize_nearest\): source row is "
+                                        r"1000, outside \[0, 2\]$"):
+        load(path, tmp_path)
 
 
 def test_batch_norm_needs_two_values_and_a_positive_epsilon():

@@ -462,6 +462,10 @@ def _ids(r, table, index, b, what):
 _KIND_DTYPES = {"f": (FLOAT,), "?": (FLOAT,), "i": (INT32,), "k": (INT32,), "b": (INT8, UINT8)}
 
 
+def _count(n):
+    return "any number of" if n < 0 else str(n)  # < 0: the kernel's checker checks it
+
+
 def _read_steps(r, program, b, program_name, records, Q):
     steps = []
     modules = {}
@@ -476,9 +480,10 @@ def _read_steps(r, program, b, program_name, records, Q):
         tensors = r.scalars(t, 1, "I", where)
         ints = r.scalars(t, 2, "i", where)
         floats = r.scalars(t, 3, "f", where)
-        if len(tensors) != len(dtypes) or len(ints) != n_ints or len(floats) != n_floats:
-            raise BlobError("%s: expected %d tensors, %d ints, %d floats; got %d, %d, %d"
-                            % (where, len(dtypes), n_ints, n_floats,
+        if (len(tensors) != len(dtypes) or (n_ints >= 0 and len(ints) != n_ints)
+                or (n_floats >= 0 and len(floats) != n_floats)):
+            raise BlobError("%s: expected %d tensors, %s ints, %s floats; got %d, %d, %d"
+                            % (where, len(dtypes), _count(n_ints), _count(n_floats),
                                len(tensors), len(ints), len(floats)))
         offsets = []
         for tid, kind in zip(tensors, dtypes):
@@ -497,6 +502,7 @@ def _read_steps(r, program, b, program_name, records, Q):
             args = (Q,) + args
         check.where = "%s step %d (%s)" % (program_name, index, function)
         check.tensors = tensors
+        check.counts = (len(ints), len(floats))
         getattr(modules[family], function + "_check")(args, check)
         steps.append((getattr(modules[family], function), args))
         if records is not None:

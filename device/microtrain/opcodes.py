@@ -11,11 +11,11 @@ except ImportError:
 # Dropout) 90-99, layout (Transpose, Slice, Concat, Split, Pad) 100-119; issue 9's first
 # half 120-159: smooth (Elu, Selu, Celu, Erf, Gelu, Softsign) 120-127, elementwise (Max, Min,
 # PRelu) 130-135, group_norm (LayerNormalization, InstanceNormalization,
-# GroupNormalization) 140-141, gather (Gather with int indices) 150-151; recurrent (GRU,
-# LSTM) 170-189. Issue 10 (quantization) 200-239: quant (fake quantization for
-# training, observers, weight scales) 200-219, qlinear (int8 kernels) 220-239. Issue 11
-# (training within a microcontroller's memory) 240-259: activation (ReLU with a 1-bit mask)
-# 240-241.
+# GroupNormalization) 140-141, gather (Gather with int indices) 150-151; issue 9's second
+# half: conv's CONV_TRANSPOSE 73, resize (Resize / Upsample) 160-169, recurrent (GRU, LSTM)
+# 170-189. Issue 10 (quantization) 200-239: quant (fake quantization for training,
+# observers, weight scales) 200-219, qlinear (int8 kernels) 220-239. Issue 11 (training
+# within a microcontroller's memory) 240-259: activation (ReLU with a 1-bit mask) 240-241.
 GEMM = const(1)
 GEMM_ACCUMULATE = const(2)
 BATCHED_GEMM = const(3)
@@ -64,6 +64,7 @@ CLIP_COEF = const(66)
 CONV = const(70)
 CONV_GRAD_INPUT = const(71)
 CONV_GRAD_WEIGHT = const(72)
+CONV_TRANSPOSE = const(73)
 MAX_POOL = const(80)
 MAX_POOL_GRAD = const(81)
 AVERAGE_POOL = const(82)
@@ -95,6 +96,10 @@ GROUP_NORM = const(140)
 GROUP_NORM_GRAD = const(141)
 GATHER_ROWS = const(150)
 GATHER_ROWS_GRAD = const(151)
+RESIZE_NEAREST = const(160)
+RESIZE_NEAREST_GRAD = const(161)
+RESIZE_LINEAR = const(162)
+RESIZE_LINEAR_GRAD = const(163)
 GRU = const(170)
 GRU_GRAD = const(171)
 LSTM = const(172)
@@ -118,6 +123,9 @@ RELU_MASK_GRAD = const(241)
 # Tensor dtypes: "f" float arena, "i" int arena, "?" float arena or no tensor, "b" byte
 # arena (int8 / uint8; the kernel's args then start with the byte arena), "k" int arena or
 # no tensor.
+# A count of _ANY: as many as the step carries (tables that come with the geometry); the
+# kernel's checker checks the exact counts (StepCheck.counts) against its geometry.
+_ANY = -1
 _BINARY = ("fff", 9, 0)
 _UNARY = ("ff", 1, 0)
 _ACT_GRAD = ("fff", 1, 0)
@@ -172,6 +180,7 @@ SIGNATURES = {
     CONV: ("conv", "conv", "fff?", 16, 0),
     CONV_GRAD_INPUT: ("conv", "conv_grad_input", "fff", 16, 0),
     CONV_GRAD_WEIGHT: ("conv", "conv_grad_weight", "fff?", 16, 0),
+    CONV_TRANSPOSE: ("conv", "conv_transpose", "fff?", 16, 0),
     MAX_POOL: ("pool", "max_pool", "ff", 13, 0),
     MAX_POOL_GRAD: ("pool", "max_pool_grad", "fff", 13, 0),
     AVERAGE_POOL: ("pool", "average_pool", "ff", 15, 0),
@@ -203,6 +212,10 @@ SIGNATURES = {
     GROUP_NORM_GRAD: ("group_norm", "group_norm_grad", "???ff?", 4, 1),
     GATHER_ROWS: ("gather", "gather_rows", "ffi", 4, 0),
     GATHER_ROWS_GRAD: ("gather", "gather_rows_grad", "ffi", 4, 0),
+    RESIZE_NEAREST: ("resize", "resize_nearest", "ff", _ANY, 0),
+    RESIZE_NEAREST_GRAD: ("resize", "resize_nearest_grad", "ff", _ANY, 0),
+    RESIZE_LINEAR: ("resize", "resize_linear", "ff", _ANY, _ANY),
+    RESIZE_LINEAR_GRAD: ("resize", "resize_linear_grad", "ff", _ANY, _ANY),
     GRU: ("recurrent", "gru", "f?ffff??", 14, 0),
     GRU_GRAD: ("recurrent", "gru_grad", "?????fffff?f??", 14, 0),
     LSTM: ("recurrent", "lstm", "f??ffff????", 14, 0),
@@ -257,6 +270,8 @@ def kernel_module(family):
         from microtrain.kernels import quant as module
     elif family == "qlinear":
         from microtrain.kernels import qlinear as module
+    elif family == "resize":
+        from microtrain.kernels import resize as module
     else:
         raise ImportError("no kernel family " + family)
     return module

@@ -16,6 +16,8 @@ class StepCheck:
         self.blob = b
         self.where = ""
         self.tensors = ()   # the step's tensor ids (NO_TENSOR when absent)
+        self.counts = (0, 0)  # how many ints and floats the step carries (args after the
+                              # tensor offsets: ints first, then floats)
 
     def fail(self, what):
         raise BlobError("%s: %s" % (self.where, what))

@@ -1,4 +1,5 @@
-# Convolution (ONNX Conv, 1-D and 2-D) and its gradients, side by side.
+# Convolution (ONNX Conv, 1-D and 2-D) and its gradients, side by side; ConvTranspose, which
+# is a convolution's input gradient.
 #
 # Every kernel gets the geometry of a 2-D convolution (a 1-D one has in_h = out_h = k_h = 1):
 #   n_images, groups, cin_g, cout_g   images, groups, input / output channels per group
@@ -160,3 +161,29 @@ def conv_grad_weight_check(args, c):
     c.holds(2, x_size)
     if c.present(3):
         c.holds(3, 1)
+
+
+def conv_transpose(F, I, args):
+    # Y = ConvTranspose(X, W) + B (B < 0: no bias) is the input gradient of the convolution
+    # that reads Y's shape and writes X's, so the geometry is that convolution's: in_h, in_w
+    # and cin_g are Y's sizes and channels per group, out_h, out_w and cout_g X's, and
+    # W (C_X, C_Y / group, k_h, k_w) is its weight as it stands. Output cells no tap reaches
+    # (output_padding) keep the bias.
+    (y, x, w, b, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w,
+     k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l) = args
+    plane = in_h * in_w
+    channels = groups * cin_g
+    for n in range(n_images):
+        for c in range(channels):
+            _fill(F, y + (n * channels + c) * plane, plane, F[b + c] if b >= 0 else 0.0)
+    _taps(F, _GRAD_INPUT, x, y, w, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w,
+          k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l)
+
+
+def conv_transpose_check(args, c):
+    y_size, x_size, w_size = _geometry_check(c, args[4:20])  # the mirrored conv's X, Y, W
+    c.holds(0, y_size)
+    c.holds(1, x_size)
+    c.holds(2, w_size)
+    if c.present(3):
+        c.holds(3, args[5] * args[6])  # groups * cin_g: Y's channels

@@ -1,5 +1,6 @@
 """Convolution: Conv and its gradient ops ConvGradInput (dX) and ConvGradWeight (dW), with
-the geometry they share. Device kernels: kernels/conv.py.
+the geometry they share; ConvTranspose, which is a convolution's input gradient (so its
+own gradients are a Conv and a ConvGradWeight). Device kernels: kernels/conv.py.
 
 An ONNX Conv node (or our ConvGradInput / ConvGradWeight) on a 1-D (N, C, L) or 2-D
 (N, C, H, W) input is resolved once into explicit attributes: kernel_shape, strides, pads
@@ -21,7 +22,7 @@ from ..graph import DOMAIN, attr
 from ..pipeline.lower import NO_TENSOR
 from ..reference import MicrotrainOp
 from ..registry import gradient, lowering
-from .windows import window_attributes
+from .windows import window_attributes, window_values
 
 
 def conv_attributes(node, x_shape, w_shape, where):
@@ -195,3 +196,125 @@ class ConvGradWeight(MicrotrainOp):
                     "nmp,ncp->mc", dy[:, outs].reshape(dy.shape[0], -1, taken[0, 0].size),
                     taken.reshape(taken.shape[0], taken.shape[1], -1))
         return (dw,)
+
+
+# -- ConvTranspose ------------------------------------------------------------------------
+#
+# Y = ConvTranspose(X, W) is the input gradient dX of the convolution that reads Y's shape
+# and writes X's, with the same W (C_X, C_Y / group, *kernel), strides, dilations, group and
+# begin pads: Y[n, g*cy + c, o * stride - pad_begin + k * dilation] += X[n, ci, o] *
+# W[ci, c, k] for ci in group g. So its forward runs the conv kernels' input-gradient walk
+# (CONV_TRANSPOSE, with a bias), its dX is that convolution's forward, Conv(dY, W), and
+# its dW that convolution's weight gradient with the roles of the two tensors swapped,
+# ConvGradWeight(X as "dY", dY as "X"). Output size along a dimension:
+#   stride * (in - 1) + output_padding + (kernel - 1) * dilation + 1 - pad_begin - pad_end.
+# output_shape, or auto_pad SAME (output in * stride), gives the total padding instead,
+# split with its odd element at the end for SAME_UPPER and at the beginning otherwise; SAME
+# with a stride larger than the kernel pads nothing (the output stays below in * stride),
+# all as onnxruntime and onnx's shape inference do. output_padding must be below the
+# stride (onnxruntime refuses more).
+
+def transpose_attributes(node, x_shape, w_shape, where):
+    """Explicit attributes of Y = ConvTranspose(X, W): kernel_shape, strides, dilations,
+    group, output_padding, pads (begins, then ends) and the output's spatial shape."""
+    if len(x_shape) not in (3, 4):
+        raise UnsupportedOpError(f"{where}: only 1-D (N, C, L) and 2-D (N, C, H, W) transposed "
+                                 f"convolution is supported, got input shape {list(x_shape)}")
+    spatial = list(x_shape[2:])
+    rank = len(spatial)
+    group = attr(node, "group", 1)
+    if (len(w_shape) != rank + 2 or group < 1 or x_shape[1] % group
+            or w_shape[0] != x_shape[1]):
+        raise UnsupportedOpError(f"{where}: the weight has shape {list(w_shape)} and attribute "
+                                 f"group={group}; for input {list(x_shape)} the weight must be "
+                                 f"(C, M / group, *kernel_shape) with group dividing C")
+    kernel = list(w_shape[2:])
+    if list(attr(node, "kernel_shape", kernel)) != kernel:
+        raise UnsupportedOpError(f"{where}: attribute kernel_shape="
+                                 f"{list(attr(node, 'kernel_shape', kernel))} does not match the "
+                                 f"weight's spatial shape {kernel}")
+    strides, dilations, pads = window_values(node, rank, where)
+    output_padding = list(attr(node, "output_padding", [0] * rank))
+    if len(output_padding) != rank or any(not 0 <= p < s
+                                          for p, s in zip(output_padding, strides)):
+        raise UnsupportedOpError(f"{where}: attribute output_padding={output_padding} must hold "
+                                 f"{rank} values, each at least 0 and below its stride "
+                                 f"(strides={strides})")
+    natural = [s * (n - 1) + p + (k - 1) * d + 1
+               for n, s, p, k, d in zip(spatial, strides, output_padding, kernel, dilations)]
+    auto_pad = attr(node, "auto_pad", "NOTSET")
+    output_shape = attr(node, "output_shape")
+    if auto_pad not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
+        raise UnsupportedOpError(f"{where}: attribute auto_pad={auto_pad!r} is not valid")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER") and output_shape is None and any(output_padding):
+        raise UnsupportedOpError(f"{where}: attribute auto_pad={auto_pad} with output_padding="
+                                 f"{output_padding} is not supported (onnx's shape inference "
+                                 f"adds the output_padding to in * stride, onnxruntime does not)")
+    if output_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        name = "output_shape" if output_shape is not None else "auto_pad"
+        wanted = ([n * s for n, s in zip(spatial, strides)] if output_shape is None
+                  else list(output_shape)[-rank:])
+        totals = [n - w for n, w in zip(natural, wanted)]
+        if output_shape is None:   # SAME with strides beyond the kernel: no padding
+            totals = [max(0, t) for t in totals]
+        if len(wanted) != rank or min(totals) < 0:
+            raise UnsupportedOpError(
+                f"{where}: attribute {name} asks for output size {wanted}, larger than the "
+                f"{natural} the input, kernel, strides and output_padding give (onnxruntime "
+                f"refuses it too)")
+        begins = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in totals]
+        pads = begins + [t - b for t, b in zip(totals, begins)]
+    elif auto_pad == "VALID":
+        pads = [0] * (2 * rank)
+    out = [n - pads[i] - pads[i + rank] for i, n in enumerate(natural)]
+    if min(out) < 1:
+        raise UnsupportedOpError(f"{where}: attribute pads={pads} leaves no output (sizes {out})")
+    return {"kernel_shape": kernel, "strides": strides, "dilations": dilations, "group": group,
+            "output_padding": output_padding, "pads": pads, "output_spatial": out}
+
+
+def _mirror_pads(attrs):
+    """Pads of the convolution whose input gradient the ConvTranspose is, read over dY: the
+    begin pads, and end pads that give exactly X's size back (output_padding cells and the
+    end pad only ever receive zeros from X)."""
+    rank = len(attrs["strides"])
+    ends = [max(0, attrs["pads"][rank + i] - attrs["output_padding"][i]) for i in range(rank)]
+    return attrs["pads"][:rank] + ends
+
+
+@gradient("ConvTranspose")
+def grad_conv_transpose(g, node, dys, needs):
+    x, w = node.input[0], node.input[1]
+    attrs = transpose_attributes(node, g.shape(x), g.shape(w),
+                                 f"ConvTranspose node '{node.name}'")
+    shared = {"strides": attrs["strides"], "pads": _mirror_pads(attrs),
+              "dilations": attrs["dilations"], "group": attrs["group"]}
+    dy = dys[0]
+    grads = [None] * len(node.input)
+    if needs[0]:
+        grads[0] = g.node("Conv", [dy, w], g.shape(x), hint="dConvTransposeX",
+                          kernel_shape=attrs["kernel_shape"], **shared)
+    if needs[1]:
+        grads[1] = g.node("ConvGradWeight", [x, dy], g.shape(w), domain=DOMAIN,
+                          hint="dConvTransposeW", kernel_shape=attrs["kernel_shape"], **shared)
+    if len(node.input) > 2 and node.input[2] and needs[2]:
+        axes = [0] + list(range(2, len(g.shape(dy))))
+        grads[2] = g.node("ReduceSum", [dy, g.constant("axes", np.array(axes, np.int64))],
+                          g.shape(node.input[2]), hint="dConvTransposeB", keepdims=0)
+    return grads
+
+
+@lowering("ConvTranspose")
+def lower_conv_transpose(ctx, node):
+    x, w = node.input[0], node.input[1]
+    b = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    x_shape, w_shape = ctx.shape(x), ctx.shape(w)
+    attrs = transpose_attributes(node, x_shape, w_shape, ctx.where(node))
+    expected = (x_shape[0], w_shape[1] * attrs["group"]) + tuple(attrs["output_spatial"])
+    if ctx.shape(node.output[0]) != expected:
+        raise UnsupportedOpError(f"{ctx.where(node)}: the attributes give output shape "
+                                 f"{list(expected)}, the graph says "
+                                 f"{list(ctx.shape(node.output[0]))}")
+    y = ctx.define(node.output[0])
+    ctx.step(op.CONV_TRANSPOSE, [y, ctx.t(x), ctx.t(w), ctx.t(b) if b else NO_TENSOR],
+             device_geometry(attrs, expected, w_shape))

@@ -1,5 +1,6 @@
-"""Sliding-window attributes shared by convolution and pooling: strides, dilations and pads
-read and checked once, auto_pad resolved into explicit pads.
+"""Sliding-window attributes shared by convolution, transposed convolution and pooling:
+strides, dilations and pads read and checked once, auto_pad resolved into explicit pads
+(ConvTranspose resolves its own auto_pad, whose SAME means the opposite size rule: conv.py).
 
 SAME_UPPER / SAME_LOWER: output size ceil(in / stride), total padding
 (out - 1) * stride + kernel - in, its odd element at the end (UPPER) or the beginning (LOWER);
@@ -11,12 +12,8 @@ from ..graph import attr
 AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
 
 
-def window_attributes(node, kernel, spatial, where, negative_same):
-    """(strides, dilations, pads) of a node sliding `kernel` over `spatial`, validated.
-
-    negative_same: what SAME does when a stride larger than the kernel asks for negative
-    padding: "clamp" to no padding (onnxruntime's Conv) or "refuse" (its pools error)."""
-    rank = len(spatial)
+def window_values(node, rank, where):
+    """(strides, dilations, pads) as the node gives them (defaults 1, 1, 0), validated."""
     strides = list(attr(node, "strides", [1] * rank))
     dilations = list(attr(node, "dilations", [1] * rank))
     pads = list(attr(node, "pads", [0] * (2 * rank)))
@@ -26,6 +23,16 @@ def window_attributes(node, kernel, spatial, where, negative_same):
         if len(values) != count or min(values) < least:
             raise UnsupportedOpError(f"{where}: attribute {name}={values} is not valid for "
                                      f"{rank} spatial dimensions (need {count} values >= {least})")
+    return strides, dilations, pads
+
+
+def window_attributes(node, kernel, spatial, where, negative_same):
+    """(strides, dilations, pads) of a node sliding `kernel` over `spatial`, validated.
+
+    negative_same: what SAME does when a stride larger than the kernel asks for negative
+    padding: "clamp" to no padding (onnxruntime's Conv) or "refuse" (its pools error)."""
+    rank = len(spatial)
+    strides, dilations, pads = window_values(node, rank, where)
     auto_pad = attr(node, "auto_pad", "NOTSET")
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         if dilations != [1] * rank:

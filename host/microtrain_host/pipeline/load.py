@@ -80,7 +80,8 @@ def load_model(model, batch_size=None):
     # With every shape fixed, shape arithmetic is constant: fold it, then infer again so
     # the shapes it fed (Reshape, Expand, Pad...) are read off constants; repeat while that
     # makes more shapes static (Shape of an Expand whose target shape was just folded, as
-    # torch writes x.expand(-1, x.shape[1], -1) feeding an LSTM's zero initial state).
+    # torch writes x.expand(-1, x.shape[1], -1) feeding an LSTM's zero initial state; a
+    # Resize to folded sizes, then a Shape of its output).
     while fold_constants(model, tensor_shapes(model.graph)):
         del model.graph.value_info[:]
         try:

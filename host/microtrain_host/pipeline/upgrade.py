@@ -9,9 +9,16 @@ fixed around it, the way an exporter at the new opset writes them:
 * Dropout before opset 12 had no training_mode input: whether it dropped was the runtime's
   choice, and exporters only write it for training (torch omits it from eval exports). The
   converter's Dropout defaults to inference (the identity); here it gets training_mode=True.
+* Resize before opset 11 (and Upsample, which becomes it) sampled at x / scale and, in
+  nearest mode, rounded down when upsampling and up when downsampling (onnxruntime's and
+  onnx's backend tests). The converter leaves opset 11's defaults in place (half_pixel,
+  round_prefer_floor), which sample elsewhere; here the node gets asymmetric and floor or
+  ceil as its constant scales say.
 """
+import numpy as np
 import onnx
 from onnx import helper, version_converter
+from onnx.reference import ReferenceEvaluator
 
 from ..errors import ArtifactError, UnsupportedOpError
 
@@ -49,6 +56,8 @@ def upgrade(model, opset):
             node.attribute.append(helper.make_attribute("training_mode", 1))
         if node.op_type == "Dropout" and node.output[0] in dropouts:
             _train_dropout(converted.graph, node)
+    if opset < 11:
+        _resize_as_before_opset_11(converted, opset)
     _parameters_out_of_inputs(converted.graph)
     converted.ir_version = max(converted.ir_version, 8)  # opset 17 needs IR version 8
     entry = converted.metadata_props.add()
@@ -86,6 +95,53 @@ def _train_dropout(graph, node):
     graph.initializer.append(helper.make_tensor(inputs[2], onnx.TensorProto.BOOL, [], [True]))
     del node.input[:]
     node.input.extend(inputs)
+
+
+def _constant_value(model, name):
+    """The value of tensor `name` when it follows from Constant nodes and initializers alone
+    (torch writes scales as a Concat of Constants), else None."""
+    graph = model.graph
+    producers = {o: n for n in graph.node for o in n.output}
+    initializers = {i.name: i for i in graph.initializer}
+    needed, used, todo = set(), set(), [name]
+    while todo:
+        tensor = todo.pop()
+        if tensor in initializers:
+            used.add(tensor)
+            continue
+        node = producers.get(tensor)
+        if node is None or node.op_type in ("Shape", "Size") or node.op_type.startswith("Random"):
+            return None
+        if id(node) not in needed:
+            needed.add(id(node))
+            todo.extend(i for i in node.input if i)
+    nodes = [n for n in graph.node if id(n) in needed]
+    sub = helper.make_model(
+        helper.make_graph(nodes, "constant", [], [helper.make_empty_tensor_value_info(name)],
+                          [initializers[i] for i in sorted(used)]),
+        opset_imports=model.opset_import)
+    return np.asarray(ReferenceEvaluator(sub).run(None, {})[0])
+
+
+def _resize_as_before_opset_11(model, opset):
+    for node in model.graph.node:
+        if node.op_type != "Resize":
+            continue
+        settings = {"coordinate_transformation_mode": "asymmetric"}
+        mode = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "mode"),
+                    b"nearest")
+        if mode == b"nearest":
+            scales = _constant_value(model, node.input[2]) if len(node.input) > 2 else None
+            if scales is None or (np.min(scales) < 1 < np.max(scales)):
+                raise UnsupportedOpError(
+                    f"Resize node '{node.name}' (opset {opset}, nearest): its scales must be a "
+                    f"constant, all at least 1 or all at most 1 (opset {opset} rounds down "
+                    f"when upsampling and up when downsampling, which opset 11 can only say "
+                    f"for the whole node); re-export at opset 11 or later")
+            settings["nearest_mode"] = "floor" if np.min(scales) >= 1 else "ceil"
+        kept = [a for a in node.attribute if a.name not in settings]
+        del node.attribute[:]
+        node.attribute.extend(kept + [helper.make_attribute(k, v) for k, v in settings.items()])
 
 
 def _first_unconvertible(model):
