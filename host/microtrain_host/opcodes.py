@@ -100,6 +100,8 @@ QLINEAR_GEMM = 222
 QLINEAR_CONV = 223
 QLINEAR_GLOBAL_AVERAGE_POOL = 224
 QLINEAR_MAX_POOL = 225
+RELU_MASKED = 240
+RELU_MASK_GRAD = 241
 
 NAMES = {value: name for name, value in list(globals().items())
          if name.isupper() and isinstance(value, int)}

@@ -12,15 +12,17 @@ import numpy as np
 from . import export as inference
 from .checkpoint import write_atomically
 from ..errors import ArtifactError
-from .lower import CONSTANT, Lowering, Program, meta_names, roles_from_metadata
+from .lower import ACTIVATION, CONSTANT, Lowering, meta_names, roles_from_metadata
+from .moves import mask_relus, place_updates, recompute_activations, split_program
 from .optimizers import OptimType, grad_buffer, state_name, state_names
 from .plan import assign_offsets
 
 IDENTIFIER = b"MTRB"
 FORMAT_VERSION = 1
 # The programs of one training step: "train", or "forward" + "backward" when the loss is
-# computed outside the graph.
-TRAINING_PROGRAMS = ("train", "forward", "backward")
+# computed outside the graph; with update_in_backward "train" (forward pass and loss) +
+# "backward_update" (the backward pass with the updates in it) and no "optimizer".
+TRAINING_PROGRAMS = ("train", "forward", "backward", "backward_update")
 
 
 def _uints(builder, values, dtype):
@@ -32,12 +34,12 @@ def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options,
     float_arena, int_arena, naive_size, lower_bound = sizes
     b = flatbuffers.Builder(4096)
     tensor_offsets = []
-    for t in lowering.tensors:
+    for tid, t in enumerate(lowering.tensors):
         name = b.CreateString(t.name)
         shape = _uints(b, list(t.shape), np.int32)
         data = b.CreateNumpyVector(np.frombuffer(t.data, np.uint8)) if t.role == CONSTANT else None
         program = b.CreateString(t.program) if t.program else None
-        b.StartObject(8)
+        b.StartObject(9)
         b.PrependUOffsetTRelativeSlot(0, name, 0)
         b.PrependUint8Slot(1, t.dtype, 0)
         b.PrependUint8Slot(2, t.role, 0)
@@ -48,6 +50,9 @@ def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options,
             b.PrependUOffsetTRelativeSlot(6, data, 0)
         if program is not None:
             b.PrependUOffsetTRelativeSlot(7, program, 0)
+        if t.storage != tid and t.role == ACTIVATION:
+            # An alias of a temporary: which space it shares, for the memory plan.
+            b.PrependInt32Slot(8, t.storage, -1)
         tensor_offsets.append(b.EndObject())
     program_offsets = []
     for program in lowering.programs.values():
@@ -73,12 +78,13 @@ def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options,
         b.PrependUOffsetTRelativeSlot(3, outputs, 0)
         program_offsets.append(b.EndObject())
     param_offsets = []
-    for tensor, grad, states in parameters:
+    for tensor, grad, states, in_backward in parameters:
         state_vec = _uints(b, states, np.uint32)
-        b.StartObject(3)
+        b.StartObject(4)
         b.PrependUint32Slot(0, tensor, 0)
         b.PrependInt32Slot(1, grad, -1)
         b.PrependUOffsetTRelativeSlot(2, state_vec, 0)
+        b.PrependBoolSlot(3, in_backward, False)
         param_offsets.append(b.EndObject())
     opt = None
     if optimizer is not None:
@@ -139,25 +145,10 @@ def _table_vector(b, offsets):
     return b.EndVector()
 
 
-def _split_forward_backward(lowering, forward_nodes, output_grads):
-    """Split the program "forward_backward" into "forward" (model inputs -> outputs) and
-    "backward" (d loss / d outputs -> accumulated gradients). It was planned as one
-    timeline, so the activations backward reads survive between the two calls, and the
-    outputs stay valid until the end of backward."""
-    combined = lowering.programs.pop("forward_backward")
-    steps = combined.steps
-    boundary = 0
-    while boundary < len(steps) and steps[boundary].node in forward_nodes:
-        boundary += 1
-    late = [s.node for s in steps[boundary:] if s.node in forward_nodes]
-    if late:
-        raise ArtifactError(f"cannot tell forward from backward steps: node name '{late[0]}' "
-                            f"is used twice; give the model's nodes unique names")
-    seeds = [lowering.persistent[name] for name in output_grads]
-    lowering.programs["forward"] = Program(
-        "forward", steps[:boundary], [t for t in combined.inputs if t not in seeds],
-        combined.outputs)
-    lowering.programs["backward"] = Program("backward", steps[boundary:], seeds, [])
+def _forward_node_names(training_model, count):
+    # The training graph starts with the forward pass (model and loss nodes), named as the
+    # lowering names steps.
+    return {n.name or n.op_type for n in training_model.graph.node[:count]}
 
 
 # Step arguments (offsets, counts, strides) are int32 in the blob and element indices on
@@ -199,14 +190,25 @@ def blob_bytes(training_model, eval_model, optimizer_model, optimizer_options=No
     roles, meta = roles_from_metadata(training_model, optimizer_model)
     lowering = Lowering(roles)
     output_grads = meta_names(meta, "output_grads")
-    lowering.lower("forward_backward" if output_grads else "train", training_model)
+    in_backward = meta.get("microtrain.update_in_backward") == "1"
+    training = "forward_backward" if output_grads else "train"
+    lowering.lower(training, training_model)
+    forward_count = int(meta.get("microtrain.forward_nodes", len(eval_model.graph.node)))
+    forward_nodes = _forward_node_names(training_model, forward_count)
+    if meta.get("microtrain.recompute") == "1":
+        mask_relus(lowering.programs[training], lowering, forward_nodes)
+        recompute_activations(lowering.programs[training], lowering, forward_nodes)
+    if in_backward:  # after recomputing: a recomputed step may read a parameter
+        place_updates(lowering.programs["train"], lowering.tensors)
     lowering.lower("eval", eval_model)
     optimizer = None
-    if optimizer_model is not None:
-        opt_meta = {p.key: p.value for p in optimizer_model.metadata_props}
+    opt_meta = ({p.key: p.value for p in optimizer_model.metadata_props}
+                if optimizer_model is not None else meta)
+    if "microtrain.optimizer" in opt_meta:
         optimizer = OptimType[opt_meta["microtrain.optimizer"]]
         if optimizer_options is None:
             optimizer_options = dict(ast.literal_eval(opt_meta["microtrain.options"]))
+    if optimizer_model is not None:
         lowering.lower("optimizer", optimizer_model)
     lowering.control("lazy_reset_grad")
     lowering.control("learning_rate")
@@ -215,10 +217,13 @@ def blob_bytes(training_model, eval_model, optimizer_model, optimizer_options=No
     sizes = assign_offsets(lowering)
     _check_limits(lowering, sizes)
     if output_grads:
-        # Without a loss block the training graph starts with the eval graph's nodes (in
-        # their training form: names as the lowering sees them).
-        forward = training_model.graph.node[:len(eval_model.graph.node)]
-        _split_forward_backward(lowering, {n.name or n.op_type for n in forward}, output_grads)
+        # Planned as one timeline, then split: the activations backward reads survive
+        # between the two calls, and the outputs stay valid until the end of backward.
+        split_program(lowering.programs, "forward_backward", forward_nodes, "forward",
+                      "backward", [lowering.persistent[name] for name in output_grads])
+    elif in_backward:
+        # The loss is known before any update: the Module checks it between the two.
+        split_program(lowering.programs, "train", forward_nodes, "train", "backward_update")
     template = inference.inference_template(
         eval_model, roles, lowering,
         lambda infer: _write(infer, [], assign_offsets(infer), "", 0, None, None))
@@ -230,7 +235,7 @@ def blob_bytes(training_model, eval_model, optimizer_model, optimizer_options=No
         states = [lowering.persistent[state_name(name, s)]
                   for s in state_names(optimizer, optimizer_options)] \
             if optimizer is not None and name in trainable else []
-        parameters.append((tid, grad, states))
+        parameters.append((tid, grad, states, in_backward and name in trainable))
     return _write(lowering, parameters, sizes, meta.get("microtrain.loss", ""),
                   int(meta.get("microtrain.num_classes", "0") or 0), optimizer,
                   optimizer_options, full_training, template,
