@@ -68,9 +68,13 @@ def test_inspect_shows_the_memory_plan(build, capsys):
 HELP_TEXTS = {
     # command: what its --help must say (whitespace-normalized: argparse rewraps)
     "": ["Train neural networks on microcontrollers", "example: microtrain pack"],
-    "pack": ["Generate ORT-style training artifacts", "--batch-size", "--frozen"],
-    "inspect": ["memory plan", "For a partial update", "what pruning saved",
-                "against training every parameter", "example: microtrain inspect"],
+    "pack": ["Generate ORT-style training artifacts", "--batch-size", "--frozen",
+             "--train-biases", "--train-last N", "the last N layers", "--update-in-backward",
+             "no gradient buffers"],
+    "inspect": ["memory", "For a partial update", "what pruning saved",
+                "against training every parameter", "example: microtrain inspect",
+                "--plan", "as TensorFlow Lite Micro's planner does",
+                "Given an ONNX model instead", "what each costs"],
     "train": ["with the device runtime", "--runtime", "micropython"],
     "export": ["Write a standard ONNX model for inference", "--checkpoint",
                "example: microtrain export build/ --checkpoint build/trained_checkpoint "

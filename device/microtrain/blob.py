@@ -46,6 +46,8 @@ class Blob:
         self.constants = []     # (tensor id, raw little-endian bytes); None once in
                                 # the arena (load_into_arenas)
         self.parameters = []    # (param tensor id, grad tensor id or -1, state tensor ids)
+        self.updated_in_backward = ()  # param tensor ids trained without a gradient
+                                       # buffer (program backward_update updates them)
         self.programs = {}
         self.float_arena = 0
         self.int_arena = 0
@@ -60,6 +62,7 @@ class Blob:
         self.full_training_steps = 0  # ... and its train program's step count (inspect)
         self.source_opset = 0   # the opset of a model upgraded on load (0: not upgraded)
         self.step_records = {}  # program -> [(op, tensor ids, ints, floats)] when kept
+        self.alias_of = []      # per tensor, with the steps: -1 or the tensor it aliases
         self.inference = None   # InferenceTemplate: (position in the file, length, cuts,
                                 # [(output name, tensor id)], copies), for microtrain.export
         self.quant = {}         # tensor id -> (scales, zero points, axis) of a quantized
@@ -67,6 +70,11 @@ class Blob:
         self.derived = {}       # tensor id -> its given first elements, of a CONSTANT whose
                                 # rest the step reading it computes at load (then removed)
         self.crc = 0            # the file's CRC-32, to notice a blob replaced since load
+
+    def is_trainable(self, tensor, grad):
+        # A parameter entry trains when it has a gradient buffer or is updated in the
+        # backward pass (update_in_backward: no buffer).
+        return grad >= 0 or tensor in self.updated_in_backward
 
     def tensor_id(self, name):
         try:
@@ -288,7 +296,7 @@ def _parse_root(r, root, data, keep_steps, Q):
     b.full_training_arena = r.scalar(root, 12, "I", 0)
     b.full_training_steps = r.scalar(root, 13, "I", 0)
     b.source_opset = r.scalar(root, 15, "H", 0)
-    _read_tensors(r, root, b)
+    _read_tensors(r, root, b, keep_steps)
     _read_parameters(r, root, b)
     _read_optimizer(r, root, b)
     _read_inference(r, root, b)
@@ -304,6 +312,10 @@ def _parse_root(r, root, data, keep_steps, Q):
     if b.derived:
         raise BlobError("derived constant '%s' is computed by no step"
                         % b.names[list(b.derived)[0]])
+    if bool(b.updated_in_backward) != ("backward_update" in b.programs) or (
+            "backward_update" in b.programs and "train" not in b.programs):
+        raise BlobError("parameters updated in the backward pass need the programs train and "
+                        "backward_update, and those programs need such parameters")
     for name in ("train", "eval"):
         # Module reads the loss from the first output of these programs.
         p = b.programs.get(name)
@@ -312,7 +324,9 @@ def _parse_root(r, root, data, keep_steps, Q):
     return b
 
 
-def _read_tensors(r, root, b):
+def _read_tensors(r, root, b, keep_steps):
+    # keep_steps (tools): also each tensor's alias_of (-1, or the tensor whose space an alias
+    # shares), which only the memory plan needs.
     for t in r.tables(root, 2, "tensor"):
         name = r.string(t, 0, "tensor name")
         dtype = r.scalar(t, 1, "B", 0)
@@ -336,7 +350,7 @@ def _read_tensors(r, root, b):
                             % (name, offset, offset + size, arena))
         if ROLE_NAMES[role] == "constant":
             pos, nbytes = r.vector(t, 6, 1, "constant data")
-            if r.scalar(t, 11, "B", 0):
+            if r.scalar(t, 12, "B", 0):
                 # derived: the given head; the step reading it computes the rest
                 if dtype > INT32 or nbytes > 4 * size or nbytes % 4:
                     raise BlobError("derived constant '%s' has %d data bytes for %d elements"
@@ -348,19 +362,21 @@ def _read_tensors(r, root, b):
                                 % (name, nbytes, ITEM_BYTES[dtype] * size))
             else:
                 b.constants.append((len(b.names), bytes(r.buf[pos:pos + nbytes])))
-        scales = r.scalars(t, 8, "f", "tensor scales")
+        scales = r.scalars(t, 9, "f", "tensor scales")
         if scales:
-            zero_points = r.scalars(t, 9, "i", "tensor zero points")
+            zero_points = r.scalars(t, 10, "i", "tensor zero points")
             if dtype not in (INT8, UINT8) or len(zero_points) not in (1, len(scales)):
                 raise BlobError("tensor '%s': %d scales and %d zero points for a tensor of "
                                 "dtype %d" % (name, len(scales), len(zero_points), dtype))
-            b.quant[len(b.names)] = (scales, zero_points, r.scalar(t, 10, "i", 0))
+            b.quant[len(b.names)] = (scales, zero_points, r.scalar(t, 11, "i", 0))
         b.names.append(name)
         b.dtypes.append(dtype)
         b.roles.append(role)
         b.shapes.append(tuple(shape))
         b.offsets.append(offset)
         b.sizes.append(size)
+        if keep_steps:
+            b.alias_of.append(r.scalar(t, 8, "i", -1))
     _check_fed_ints(b)
 
 
@@ -381,6 +397,7 @@ def _check_fed_ints(b):
 
 def _read_parameters(r, root, b):
     n = len(b.names)
+    in_backward = []
     for t in r.tables(root, 3, "parameter"):
         tensor = r.scalar(t, 0, "I", NO_TENSOR)
         grad = r.scalar(t, 1, "i", -1)
@@ -388,7 +405,13 @@ def _read_parameters(r, root, b):
         for tid in (tensor,) + tuple(state) + ((grad,) if grad >= 0 else ()):
             if tid >= n or b.dtypes[tid] != FLOAT:
                 raise BlobError("parameter entry names tensor %d, which is not a float tensor" % tid)
+        if r.scalar(t, 3, "B", 0):
+            if grad >= 0:
+                raise BlobError("parameter '%s' has a gradient buffer and is updated in the "
+                                "backward pass" % b.names[tensor])
+            in_backward.append(tensor)
         b.parameters.append((tensor, grad, tuple(state)))
+    b.updated_in_backward = tuple(in_backward)
 
 
 def _read_optimizer(r, root, b):

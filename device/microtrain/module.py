@@ -37,6 +37,10 @@ class Module:
         self._train = (blobfile.program(b, None, "train", train_model_uri)
                        if self._forward is None else None)
         self._eval = blobfile.program(b, eval_model_uri, "eval", train_model_uri)
+        # Packed with update_in_backward: "train" stops at the loss and "backward_update"
+        # applies the updates as the gradients come (see __call__).
+        self._backward_update = b.programs.get("backward_update")
+        self._updater = None        # the Optimizer that prepares those updates
         self._reset_at = b.offsets[b.tensor_id("lazy_reset_grad")]
         self._training = True
         self._reset_pending = True  # ORT: the first train step overwrites the gradients
@@ -57,10 +61,11 @@ class Module:
             if tuple(p.shape) != b.shapes[tensor] and not self.state.is_nominal:
                 raise ParameterError("parameter '%s' has shape %r in the checkpoint, %r in the model"
                                      % (name, tuple(p.shape), b.shapes[tensor]))
-            if (grad >= 0) != bool(p.requires_grad):
+            trainable = b.is_trainable(tensor, grad)
+            if trainable != bool(p.requires_grad):
                 raise ParameterError("parameter '%s' is %s in the checkpoint but %s in the model"
                                      % (name, "trainable" if p.requires_grad else "frozen",
-                                        "trainable" if grad >= 0 else "frozen"))
+                                        "trainable" if trainable else "frozen"))
             if p.data is not None:
                 if len(p.data) != n:
                     raise ParameterError("parameter '%s' has %d values, the model needs %d"
@@ -105,7 +110,8 @@ class Module:
                     for stream, at in enumerate(self._random_at))
 
     def _parameter_ids(self, trainable_only):
-        return [t for t, grad, _ in self.blob.parameters if grad >= 0 or not trainable_only]
+        b = self.blob
+        return [t for t, grad, _ in b.parameters if not trainable_only or b.is_trainable(t, grad)]
 
     def get_parameters_size(self, trainable_only=True):
         return sum(self.blob.sizes[t] for t in self._parameter_ids(trainable_only))
@@ -147,6 +153,9 @@ class Module:
         return self
 
     def lazy_reset_grad(self):
+        """The next train call overwrites the gradient buffers instead of adding to them.
+        (A blob packed with update_in_backward has no gradient buffers: every train call
+        applies its own update, so this does nothing there.)"""
         self._reset_pending = True
 
     def set_seed(self, seed):
@@ -191,6 +200,11 @@ class Module:
         I = self.I
         if self._training:
             F[self._reset_at] = 1.0 if self._reset_pending else 0.0
+            updater = self._updater
+            if self._backward_update is not None and updater is None:
+                raise TrainingError("this blob applies the optimizer's updates in the backward "
+                                    "pass (packed with update_in_backward): create its "
+                                    "Optimizer before training")
         for kernel, args in program.steps:
             kernel(F, I, args)
         loss = F[self.blob.offsets[program.outputs[0]]]
@@ -198,10 +212,17 @@ class Module:
             self._reset_pending = False
             if not _NEG_INF < loss < _INF:  # NaN too
                 # The gradient buffers now hold garbage: the next train call overwrites them.
+                # (With update_in_backward the backward pass has not run yet.)
                 self._reset_pending = True
                 raise TrainingError("the loss is %r: training diverged (lower the learning rate "
                                     "or check the inputs); parameters were not updated and the "
                                     "accumulated gradients are dropped" % loss)
+            if self._backward_update is not None:
+                # One optimizer step: the step count and the rates first, then the backward
+                # pass, which updates each parameter as soon as its gradient is known.
+                updater._advance()
+                for kernel, args in self._backward_update.steps:
+                    kernel(F, I, args)
         if len(program.outputs) == 1:
             return loss
         results = self._views(program)

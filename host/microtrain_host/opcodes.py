@@ -108,6 +108,8 @@ QLINEAR_MAX_POOL = 225
 QLINEAR_AVERAGE_POOL = 226
 QLINEAR_ADD = 227
 QLINEAR_LOOKUP = 228
+RELU_MASKED = 240
+RELU_MASK_GRAD = 241
 
 NAMES = {value: name for name, value in list(globals().items())
          if name.isupper() and isinstance(value, int)}

@@ -76,7 +76,8 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
                        loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
                        artifact_directory=None, prefix="", nominal_checkpoint=False,
                        loss_input_names=None, batch_size=None, optimizer_options=None,
-                       additional_output_names=None, progress=None, quantization=None):
+                       additional_output_names=None, progress=None, quantization=None,
+                       update_in_backward=False, recompute=False):
     """Write {prefix}training_model.onnx, eval_model.onnx, optimizer_model.onnx, checkpoint
     (and nominal_checkpoint) and the packed blob {prefix}model.mtb into artifact_directory.
 
@@ -97,11 +98,22 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
     quantization: None, True (defaults) or a QuantizationConfig / dict of its fields: insert
     QDQ fake quantization for quantization-aware training (pipeline/quantize.py); the
     observers' ranges become frozen parameters `<tensor>.observer_range`. A QDQ model as
-    `model` (int8 weights): its frozen layers run as int8 kernels (pipeline/int8.py)."""
+    `model` (int8 weights): its frozen layers run as int8 kernels (pipeline/int8.py).
+    update_in_backward: apply each parameter's update in the backward pass, right after its
+    gradient is known, instead of keeping gradient buffers for a separate optimizer step: the
+    training graph then holds the update nodes and there is no optimizer_model.onnx; each
+    train call is one optimizer step (no gradient accumulation, no clip_grad_norm, which
+    needs every gradient before any update). recompute: in the blob, keep 1-bit masks
+    instead of ReLU outputs only their gradient reads, and recompute cheap activations
+    (activation functions, normalisations) in the backward pass instead of keeping them
+    from the forward pass, wherever that shrinks the arena (pipeline/moves.py).
+    sparse_update(model, ...) gives requires_grad for the biases and the last layers."""
     stage = _stages(progress)
     loss = _enum(loss, LossType, "loss")
     stage("load")
     optimizer = _enum(optimizer, OptimType, "optimizer")
+    if update_in_backward:
+        _check_update_in_backward(optimizer, optimizer_options)
     original = model
     model, shapes = load_model(model, batch_size)
     if is_qdq_model(model):
@@ -172,28 +184,19 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
                              [loss_name] + extra_outputs, constants + list(g.initializers),
                              "eval", meta)
 
-    # Backward pass and ORT-style gradient accumulation.
+    # Backward pass and ORT-style gradient accumulation (or the updates themselves).
     stage("gradients")
     grads = build_gradients(g, forward, loss_name, trainable, seeds=output_grads or None)
-    g.shapes[LAZY_RESET_GRAD] = (TensorProto.BOOL, (1,))
-    accumulated = []
+    if recompute or update_in_backward:
+        # Where the backward pass starts, for the packer's memory moves.
+        meta["forward_nodes"] = str(len(forward))
+    if recompute:
+        meta["recompute"] = "1"
     for p in trainable:
         if grads[p] is None:
             raise ArtifactError(f"parameter '{p}' does not influence the loss; freeze it")
-        g.shapes[grad_buffer(p)] = g.shapes[p]
-        out = g.node("GradAccumulate", [grad_buffer(p), grads[p], LAZY_RESET_GRAD], g.shape(p),
-                     outputs=[f"{p}_grad.accumulation.out"], domain=DOMAIN)
-        accumulated += out
-    training_model = _make_model(
-        model, g, list(graph.node) + list(g.nodes),
-        user_inputs + labels + params + [grad_buffer(p) for p in trainable]
-        + list(output_grads.values()) + [LAZY_RESET_GRAD],
-        (loss_inputs if output_grads else [loss_name]) + accumulated,
-        constants + list(g.initializers), "training", meta)
-
     stage("optimizer")
     options = None
-    optimizer_model = None
     if optimizer is not None:
         options = dict(DEFAULTS[optimizer])
         unknown = set(optimizer_options or {}) - set(options)
@@ -201,11 +204,44 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
             raise ArtifactError(f"unknown {optimizer.name} option(s) {sorted(unknown)}; "
                                 f"known: {sorted(options)}")
         options.update(optimizer_options or {})
-        og = GraphBuilder(g.shapes)
-        ins, outs = build_optimizer_graph(og, optimizer, trainable, options)
-        optimizer_model = _make_model(model, og, og.nodes, ins, outs, [], "optimizer",
-                                      dict(meta, optimizer=optimizer.name,
-                                           options=repr(sorted(options.items()))))
+    optimizer_meta = dict(meta, optimizer=optimizer.name,
+                          options=repr(sorted(options.items()))) if optimizer else meta
+    optimizer_model = None
+    if update_in_backward and output_grads:
+        raise ArtifactError("update_in_backward needs the loss in the graph (the NaN guard "
+                            "checks it before any parameter changes); this model's loss is "
+                            "computed outside it (loss=None, non-scalar output)")
+    if update_in_backward:
+        # The update nodes read the backward pass's gradients directly; the packer puts
+        # each one right after the last step that needs its parameter's old value.
+        ins, outs = build_optimizer_graph(g, optimizer, trainable, options, gradients=grads)
+        states = [name for name in ins if name not in trainable and name not in grads.values()
+                  and name not in ("learning_rate", "step")]
+        optimizer_meta["update_in_backward"] = "1"
+        optimizer_meta["optimizer_states"] = ",".join(states)
+        training_model = _make_model(
+            model, g, list(graph.node) + list(g.nodes),
+            user_inputs + labels + params + states + ["learning_rate", "step"],
+            [loss_name] + outs, constants + list(g.initializers), "training", optimizer_meta)
+    else:
+        g.shapes[LAZY_RESET_GRAD] = (TensorProto.BOOL, (1,))
+        accumulated = []
+        for p in trainable:
+            g.shapes[grad_buffer(p)] = g.shapes[p]
+            out = g.node("GradAccumulate", [grad_buffer(p), grads[p], LAZY_RESET_GRAD],
+                         g.shape(p), outputs=[f"{p}_grad.accumulation.out"], domain=DOMAIN)
+            accumulated += out
+        training_model = _make_model(
+            model, g, list(graph.node) + list(g.nodes),
+            user_inputs + labels + params + [grad_buffer(p) for p in trainable]
+            + list(output_grads.values()) + [LAZY_RESET_GRAD],
+            (loss_inputs if output_grads else [loss_name]) + accumulated,
+            constants + list(g.initializers), "training", meta)
+        if optimizer is not None:
+            og = GraphBuilder(g.shapes)
+            ins, outs = build_optimizer_graph(og, optimizer, trainable, options)
+            optimizer_model = _make_model(model, og, og.nodes, ins, outs, [], "optimizer",
+                                          optimizer_meta)
 
     # The blob first: a model that cannot be packed leaves the directory as it was.
     full_training = (0, 0)
@@ -215,7 +251,8 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
             original if quant_record is not None else model, batch_size=batch_size,
             loss=loss, optimizer=optimizer, loss_input_names=loss_input_names,
             optimizer_options=optimizer_options, additional_output_names=additional_output_names,
-            quantization=quantization)
+            quantization=quantization, update_in_backward=update_in_backward,
+            recompute=recompute)
     stage("lower, plan, pack")
     blob = blob_bytes(training_model, eval_model, optimizer_model, options, full_training)
 
@@ -257,6 +294,15 @@ def _stages(progress):
                                    "full-training figures" in done)
             progress(name, len(done), count)
     return stage
+
+
+def _check_update_in_backward(optimizer, optimizer_options):
+    if optimizer is None:
+        raise ArtifactError("update_in_backward needs an optimizer: it applies the optimizer's "
+                            "update in the backward pass")
+    if (optimizer_options or {}).get("clip_grad_norm") is not None:
+        raise ArtifactError("update_in_backward cannot clip by the global gradient norm "
+                            "(clip_grad_norm): that needs every gradient before any update")
 
 
 def _full_training_figures(model, **kwargs):

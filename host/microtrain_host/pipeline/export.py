@@ -166,7 +166,7 @@ COPY = 0x80000000       # cut kind: COPY | e << 28 | distance: bytes of the trai
 MIN_COPY = 12           # a copy costs its 8-byte cut: longer regions pay
 
 
-SPLICED_FIELDS = {6: 1, 8: 4, 9: 4}   # Tensor.data, .scale, .zero_point: element bytes
+SPLICED_FIELDS = {6: 1, 9: 4, 10: 4}   # Tensor.data, .scale, .zero_point: element bytes
 
 
 def cut_template(blob, spliced, shared=None, training=None):

@@ -325,6 +325,8 @@ def roles_from_metadata(model, optimizer_model=None):
         roles[name] = PARAM
     for name in meta_names(meta, "trainable"):
         roles[grad_buffer(name)] = GRAD
+    for name in meta_names(meta, "optimizer_states"):  # updates in the training graph
+        roles[name] = OPTIMIZER_STATE
     roles["lazy_reset_grad"] = CONTROL
     roles["learning_rate"] = CONTROL
     roles["step"] = CONTROL

@@ -91,9 +91,12 @@ def check_options(optimizer, options):
                             f"dampening={options['dampening']!r}")
 
 
-def build_optimizer_graph(g, optimizer, trainable, options):
-    """Emit the update nodes into g; returns (input names, output names)."""
+def build_optimizer_graph(g, optimizer, trainable, options, gradients=None):
+    """Emit the update nodes into g; returns (input names, output names). gradients: {param:
+    gradient name} to update from (default: the accumulation buffers, as ORT's optimizer
+    graph; with the backward pass's gradients the update nodes join the training graph)."""
     check_options(optimizer, options)
+    grad = (lambda p: gradients[p]) if gradients is not None else grad_buffer
     lr = "learning_rate"
     step = "step"
     g.shapes[lr] = (TensorProto.FLOAT, (1,))
@@ -103,14 +106,14 @@ def build_optimizer_graph(g, optimizer, trainable, options):
     clip_coef = ""
     if options["clip_grad_norm"] is not None:
         # One factor for every gradient, from all of them, before any parameter changes.
-        pairs = [name for p in trainable for name in (grad_buffer(p), p)]
+        pairs = [name for p in trainable for name in (grad(p), p)]
         clip_coef = g.node("ClipGradNorm", pairs, (1,), domain=DOMAIN, hint="clip_coef",
                            max_norm=options["clip_grad_norm"], **penalties)
     for p in trainable:
         states = [state_name(p, s) for s in state_names(optimizer, options)]
         for s in states:
             g.shapes[s] = g.shapes[p]
-        ins = [p, grad_buffer(p)] + states
+        ins = [p, grad(p)] + states
         outs = [f"{p}.out"] + [f"{s}.out" for s in states]
         shapes = [g.shape(p)] * len(outs)
         if optimizer == OptimType.AdamW:
@@ -120,7 +123,7 @@ def build_optimizer_graph(g, optimizer, trainable, options):
                    correct_bias=int(options["bias_correction"]), **penalties)
         else:
             momentum = [step] + states if states else ["", ""]
-            g.node("SGD", _trim([lr, p, grad_buffer(p)] + momentum + [clip_coef]), shapes,
+            g.node("SGD", _trim([lr, p, grad(p)] + momentum + [clip_coef]), shapes,
                    outputs=outs, domain=DOMAIN, momentum=options["momentum"],
                    dampening=options["dampening"], nesterov=int(options["nesterov"]),
                    weight_decay=options["weight_decay"], **penalties)

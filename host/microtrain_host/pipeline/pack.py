@@ -13,15 +13,17 @@ from . import export as inference
 from . import qat_export
 from .checkpoint import write_atomically
 from ..errors import ArtifactError
-from .lower import CONSTANT, Lowering, Program, meta_names, roles_from_metadata
+from .lower import ACTIVATION, CONSTANT, Lowering, meta_names, roles_from_metadata
+from .moves import mask_relus, place_updates, recompute_activations, split_program
 from .optimizers import OptimType, grad_buffer, state_name, state_names
 from .plan import assign_offsets
 
 IDENTIFIER = b"MTRB"
 FORMAT_VERSION = 1
 # The programs of one training step: "train", or "forward" + "backward" when the loss is
-# computed outside the graph.
-TRAINING_PROGRAMS = ("train", "forward", "backward")
+# computed outside the graph; with update_in_backward "train" (forward pass and loss) +
+# "backward_update" (the backward pass with the updates in it) and no "optimizer".
+TRAINING_PROGRAMS = ("train", "forward", "backward", "backward_update")
 
 
 def _uints(builder, values, dtype):
@@ -84,7 +86,7 @@ def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options,
     b = flatbuffers.Builder(4096)
     shared = SharedObjects(b)
     tensor_offsets = []
-    for t in lowering.tensors:
+    for tid, t in enumerate(lowering.tensors):
         name = shared.string(t.name)
         shape = shared.vector(list(t.shape), np.int32)
         data = b.CreateNumpyVector(np.frombuffer(t.data, np.uint8)) if t.role == CONSTANT else None
@@ -93,7 +95,7 @@ def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options,
         scale = vector(t.scale, np.float32) if len(t.scale) else None
         zero_point = vector(t.zero_point[:1] if len(set(t.zero_point)) == 1 else t.zero_point,
                             np.int32) if len(t.zero_point) else None
-        b.StartObject(12)
+        b.StartObject(13)
         b.PrependUOffsetTRelativeSlot(0, name, 0)
         b.PrependUint8Slot(1, t.dtype, 0)
         b.PrependUint8Slot(2, t.role, 0)
@@ -104,11 +106,14 @@ def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options,
             b.PrependUOffsetTRelativeSlot(6, data, 0)
         if program is not None:
             b.PrependUOffsetTRelativeSlot(7, program, 0)
+        if t.storage != tid and t.role == ACTIVATION:
+            # An alias of a temporary: which space it shares, for the memory plan.
+            b.PrependInt32Slot(8, t.storage, -1)
         if scale is not None:
-            b.PrependUOffsetTRelativeSlot(8, scale, 0)
-            b.PrependUOffsetTRelativeSlot(9, zero_point, 0)
-            b.PrependInt32Slot(10, t.axis, 0)
-        b.PrependBoolSlot(11, t.derived, False)
+            b.PrependUOffsetTRelativeSlot(9, scale, 0)
+            b.PrependUOffsetTRelativeSlot(10, zero_point, 0)
+            b.PrependInt32Slot(11, t.axis, 0)
+        b.PrependBoolSlot(12, t.derived, False)
         tensor_offsets.append(b.EndObject())
     program_offsets = []
     step_tables = {}   # an eval step equal to a train step (shared tensors) is its table
@@ -136,12 +141,13 @@ def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options,
         b.PrependUOffsetTRelativeSlot(3, outputs, 0)
         program_offsets.append(b.EndObject())
     param_offsets = []
-    for tensor, grad, states in parameters:
+    for tensor, grad, states, in_backward in parameters:
         state_vec = _uints(b, states, np.uint32)
-        b.StartObject(3)
+        b.StartObject(4)
         b.PrependUint32Slot(0, tensor, 0)
         b.PrependInt32Slot(1, grad, -1)
         b.PrependUOffsetTRelativeSlot(2, state_vec, 0)
+        b.PrependBoolSlot(3, in_backward, False)
         param_offsets.append(b.EndObject())
     opt = None
     if optimizer is not None:
@@ -204,25 +210,10 @@ def _table_vector(b, offsets):
     return b.EndVector()
 
 
-def _split_forward_backward(lowering, forward_nodes, output_grads):
-    """Split the program "forward_backward" into "forward" (model inputs -> outputs) and
-    "backward" (d loss / d outputs -> accumulated gradients). It was planned as one
-    timeline, so the activations backward reads survive between the two calls, and the
-    outputs stay valid until the end of backward."""
-    combined = lowering.programs.pop("forward_backward")
-    steps = combined.steps
-    boundary = 0
-    while boundary < len(steps) and steps[boundary].node in forward_nodes:
-        boundary += 1
-    late = [s.node for s in steps[boundary:] if s.node in forward_nodes]
-    if late:
-        raise ArtifactError(f"cannot tell forward from backward steps: node name '{late[0]}' "
-                            f"is used twice; give the model's nodes unique names")
-    seeds = [lowering.persistent[name] for name in output_grads]
-    lowering.programs["forward"] = Program(
-        "forward", steps[:boundary], [t for t in combined.inputs if t not in seeds],
-        combined.outputs)
-    lowering.programs["backward"] = Program("backward", steps[boundary:], seeds, [])
+def _forward_node_names(training_model, count):
+    # The training graph starts with the forward pass (model and loss nodes), named as the
+    # lowering names steps.
+    return {n.name or n.op_type for n in training_model.graph.node[:count]}
 
 
 # Step arguments (offsets, counts, strides) are int32 in the blob and element indices on
@@ -264,14 +255,25 @@ def blob_bytes(training_model, eval_model, optimizer_model, optimizer_options=No
     roles, meta = roles_from_metadata(training_model, optimizer_model)
     lowering = Lowering(roles)
     output_grads = meta_names(meta, "output_grads")
-    lowering.lower("forward_backward" if output_grads else "train", training_model)
+    in_backward = meta.get("microtrain.update_in_backward") == "1"
+    training = "forward_backward" if output_grads else "train"
+    lowering.lower(training, training_model)
+    forward_count = int(meta.get("microtrain.forward_nodes", len(eval_model.graph.node)))
+    forward_nodes = _forward_node_names(training_model, forward_count)
+    if meta.get("microtrain.recompute") == "1":
+        mask_relus(lowering.programs[training], lowering, forward_nodes)
+        recompute_activations(lowering.programs[training], lowering, forward_nodes)
+    if in_backward:  # after recomputing: a recomputed step may read a parameter
+        place_updates(lowering.programs["train"], lowering.tensors)
     lowering.lower("eval", eval_model)
     optimizer = None
-    if optimizer_model is not None:
-        opt_meta = {p.key: p.value for p in optimizer_model.metadata_props}
+    opt_meta = ({p.key: p.value for p in optimizer_model.metadata_props}
+                if optimizer_model is not None else meta)
+    if "microtrain.optimizer" in opt_meta:
         optimizer = OptimType[opt_meta["microtrain.optimizer"]]
         if optimizer_options is None:
             optimizer_options = dict(ast.literal_eval(opt_meta["microtrain.options"]))
+    if optimizer_model is not None:
         lowering.lower("optimizer", optimizer_model)
     int8_export = qat_export.lower_export(lowering, eval_model)   # QAT: the int8 export
     lowering.control("lazy_reset_grad")
@@ -281,10 +283,13 @@ def blob_bytes(training_model, eval_model, optimizer_model, optimizer_options=No
     sizes = assign_offsets(lowering)
     _check_limits(lowering, sizes)
     if output_grads:
-        # Without a loss block the training graph starts with the eval graph's nodes (in
-        # their training form: names as the lowering sees them).
-        forward = training_model.graph.node[:len(eval_model.graph.node)]
-        _split_forward_backward(lowering, {n.name or n.op_type for n in forward}, output_grads)
+        # Planned as one timeline, then split: the activations backward reads survive
+        # between the two calls, and the outputs stay valid until the end of backward.
+        split_program(lowering.programs, "forward_backward", forward_nodes, "forward",
+                      "backward", [lowering.persistent[name] for name in output_grads])
+    elif in_backward:
+        # The loss is known before any update: the Module checks it between the two.
+        split_program(lowering.programs, "train", forward_nodes, "train", "backward_update")
     template = inference.inference_template(
         eval_model, roles, lowering,
         lambda infer, regions: _write(infer, [], assign_offsets(infer), "", 0, None, None,
@@ -298,7 +303,7 @@ def blob_bytes(training_model, eval_model, optimizer_model, optimizer_options=No
         states = [lowering.persistent[state_name(name, s)]
                   for s in state_names(optimizer, optimizer_options)] \
             if optimizer is not None and name in trainable else []
-        parameters.append((tid, grad, states))
+        parameters.append((tid, grad, states, in_backward and name in trainable))
     return _write(lowering, parameters, sizes, meta.get("microtrain.loss", ""),
                   int(meta.get("microtrain.num_classes", "0") or 0), optimizer,
                   optimizer_options, full_training, template,

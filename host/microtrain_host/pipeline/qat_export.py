@@ -194,12 +194,12 @@ def lower_int8_template(parts, training):
         elif key in exported and t.role == CONSTANT:       # int8 weights, int32 biases
             spliced.append((tid, 6, exported[key]))
         if key in weight_scales:
-            spliced.append((tid, 8, exported[weight_scales[key]]))
+            spliced.append((tid, 9, exported[weight_scales[key]]))
     for tid, t in enumerate(infer.tensors):
         if t.dtype in BYTE_TYPES and t.role != CONSTANT and len(t.scale):
             if t.name not in observer_of:
                 raise ArtifactError(f"int8 export: no QuantizeLinear makes '{t.name}'")
             scale, zero_point = observer_of[t.name]
-            spliced.append((tid, 8, exported[scale]))
-            spliced.append((tid, 9, exported[zero_point + ZERO_POINT_INT]))
+            spliced.append((tid, 9, exported[scale]))
+            spliced.append((tid, 10, exported[zero_point + ZERO_POINT_INT]))
     return infer, spliced

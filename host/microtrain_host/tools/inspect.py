@@ -7,6 +7,7 @@ from microtrain.flatbuf import Reader
 from .. import opcodes
 from ..pipeline.pack import TRAINING_PROGRAMS
 from ..pipeline.upgrade import TARGET_OPSET
+from .memory_plan import persistent_parts, render, step_label, timelines
 
 ROLE_ORDER = ("input", "label", "param", "grad", "optimizer_state", "constant", "control",
               "activation")
@@ -20,8 +21,10 @@ def _name(b, tid):
     return b.names[tid] or f"#{tid}"
 
 
-def describe(path, steps=True, scales=False, checkpoint=None):
-    """The text `microtrain inspect` prints. scales: every per-channel scale, not a range.
+def describe(path, steps=True, plan=False, scales=False, checkpoint=None):
+    """The blob at path in words: memory (by part, and the peak of each program), parameters,
+    tensors, and with steps each program step by step; with plan the ASCII memory plan of
+    each program (memory_plan.render). scales: every per-channel scale, not a range.
     checkpoint: a QAT model's checkpoint, to show the scales and zero points it holds now
     (the observers' ranges, the weights' max |w| / 127)."""
     b = device_blob.load(str(path), keep_steps=True)
@@ -59,10 +62,32 @@ def describe(path, steps=True, scales=False, checkpoint=None):
         lines.append(f"  all arenas       {total:8d}  bytes ({total / 1024:.1f} KiB); the same "
                      f"layers in float32 would hold {4 * weights - weights} more bytes of "
                      f"weights alone")
+    parts = persistent_parts(b)
+    lines.append("  persistent part, by what it holds:")
+    for part, elements in parts.items():
+        if elements:
+            lines.append(f"    {part:22s} {elements:8d}  ({_kib(elements)})")
+    found = timelines(b)
+    for timeline in found:
+        if timeline.peak:
+            lines.append(f"  {timeline.name + ' temporaries':16s} {timeline.peak:8d}  "
+                         f"({_kib(timeline.peak)}) live at the peak, step {timeline.peak_step}"
+                         f" ({step_label(b, timeline, timeline.peak_step)})")
+    train_steps = sum(len(b.programs[p].steps) for p in TRAINING_PROGRAMS if p in b.programs)
+    if train_steps:
+        split = " + ".join(f"{len(b.programs[p].steps)} {p}" for p in TRAINING_PROGRAMS
+                           if p in b.programs)
+        lines.append(f"  train steps      {train_steps:8d}  ({split})")
+    recomputed = [n[:-len(".recomputed")] for n in b.names if n.endswith(".recomputed")]
+    if recomputed:
+        lines.append(f"  recomputed       {len(recomputed)} activations in the backward pass "
+                     f"instead of kept: {', '.join(recomputed[:4])}"
+                     + (f" and {len(recomputed) - 4} more" if len(recomputed) > 4 else ""))
+    if b.updated_in_backward:
+        lines.append(f"  updates          in the backward pass ({len(b.updated_in_backward)} "
+                     f"parameters, no gradient buffers; Optimizer.step() does nothing)")
     if b.full_training_arena:
         saved = b.full_training_arena - b.float_arena
-        train_steps = sum(len(b.programs[p].steps) for p in TRAINING_PROGRAMS
-                          if p in b.programs)
         lines.append(f"  partial update   {b.float_arena:8d}  vs {b.full_training_arena} training "
                      f"every parameter: pruning saved {saved} ({_kib(saved)}, "
                      f"{100.0 * saved / b.full_training_arena:.0f} %); train program "
@@ -76,6 +101,8 @@ def describe(path, steps=True, scales=False, checkpoint=None):
     lines.append("parameters:")
     for tensor, grad, state in b.parameters:
         kind = "trainable" if grad >= 0 else "frozen (no gradient buffer)"
+        if tensor in b.updated_in_backward:
+            kind = "trainable, updated in the backward pass (no gradient buffer)"
         extra = f", grad {b.names[grad]}" if grad >= 0 else ""
         if state:
             extra += ", state " + ", ".join(b.names[s] for s in state)
@@ -104,6 +131,10 @@ def describe(path, steps=True, scales=False, checkpoint=None):
                 if floats:
                     attrs += " | " + " ".join(f"{v:g}" for v in floats)
                 lines.append(f"  {i:3d} {opcodes.NAMES.get(op, str(op)):17s} ({args})  [{attrs}]")
+    if plan:
+        for timeline in found:
+            lines.append("")
+            lines.append(render(b, timeline))
     return "\n".join(lines)
 
 
@@ -220,8 +251,8 @@ def blob_bytes(path):
         count(f"{kinds[min(dtype, 2)]} constant data", t, 6, 1)
         count("names", t, 0, 1)
         count("shapes", t, 3, 4)
-        count("scales and zero points", t, 8, 4)
         count("scales and zero points", t, 9, 4)
+        count("scales and zero points", t, 10, 4)
     for program in r.tables(root, 4, "program"):
         name = r.string(program, 0, "program name")
         for step in r.tables(program, 1, "step"):

@@ -1,0 +1,197 @@
+"""Personalise the pretrained keyword-spotting DS-CNN (ds_cnn_kws.onnx, MLPerf Tiny size) to
+12 new keywords of a new speaker on the device runtime, at batch 1, and report what each
+training configuration costs in memory.
+
+  1. Data: the personalisation set of make_data.py (regenerated, identical every run): a few
+     recordings per new keyword to train on, 25 per keyword held out.
+  2. Memory: the model packed at batch 1 for each configuration, as the table printed:
+       float full      every parameter trained
+       float last      the classifier only
+       float sparse    the biases of every layer + the classifier (MIT's sparse update)
+     each plain and with the memory moves (updates in the backward pass, so no gradient
+     buffers; cheap activations recomputed where that shrinks the arena).
+  3. Personalisation: the chosen configuration packed with a fresh classifier (zeros: the
+     old keywords' head means nothing for the new ones, so the model starts at chance),
+     trained on the recordings with the device runtime (examples/kws/personalise_device.py)
+     under CPython or the MicroPython Unix port, the held-out accuracy measured before and
+     after. On MicroPython, --frozen uses the Unix port with the runtime frozen in
+     (scripts/build_micropython_frozen.sh), as a board holds it in flash; the run reports
+     the largest live heap it saw, and --measure-heap first bisects the smallest -X heapsize
+     in which one train step and one evaluation run (scripts/measure_heap.py; the data are
+     streamed, so more samples need no more heap).
+
+The last lines printed are the accuracy before and after and the peak heap in bytes.
+An int8 configuration (issue 11's integer training) is one more entry of CONFIGS."""
+import argparse
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path[:0] = [str(HERE), str(ROOT / "host"), str(ROOT / "device"), str(ROOT / "scripts")]
+
+import make_data  # noqa: E402
+from microtrain_host import generate_artifacts  # noqa: E402
+from microtrain_host.pipeline.sparse import sparse_update  # noqa: E402
+from microtrain_host.tools.choices import measure  # noqa: E402
+
+MODEL = HERE / "ds_cnn_kws.onnx"
+DEVICE_SCRIPT = HERE / "personalise_device.py"
+MOVES = {"update_in_backward": True, "recompute": True}
+# name: (what it trains, requires_grad of the model) -- one line per configuration
+CONFIGS = {
+    "float full": ("every parameter", lambda model: None),
+    "float last": ("the classifier", lambda model: sparse_update(model, False, 1)),
+    "float sparse": ("every bias + the classifier", lambda model: sparse_update(model, True, 1)),
+}
+OPTIMIZER = "AdamW"
+
+
+def fresh_head(model):
+    """A copy of the model whose classifier (the last layer) is all zeros."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    head = sparse_update(model, False, 1)
+    for init in model.graph.initializer:
+        if init.name in head:
+            init.CopyFrom(numpy_helper.from_array(
+                np.zeros_like(numpy_helper.to_array(init)), init.name))
+    return model
+
+
+def pack(model, config, directory, moves=True, lr=0.003):
+    requires_grad = CONFIGS[config][1](model)
+    return generate_artifacts(model, requires_grad=requires_grad, loss="CrossEntropyLoss",
+                              optimizer=OPTIMIZER, artifact_directory=directory, batch_size=1,
+                              optimizer_options={"learning_rate": lr},
+                              **(MOVES if moves else {}))
+
+
+def memory_table(model, build):
+    """Arenas and peak of live temporaries per configuration, plain and with the moves."""
+    lines = [f"memory at batch 1, {OPTIMIZER}, KiB (moves: updates in the backward pass, ReLU "
+             f"masks and recomputed activations; int: labels and ReLU masks):",
+             f"  {'configuration':14s} {'trains':28s} {'moves':5s} {'float':>7s} {'int':>5s} "
+             f"{'peak tmp':>9s} {'grads':>6s} {'opt st':>6s}"]
+    kib = lambda e: f"{e * 4 / 1024:.1f}"  # noqa: E731
+    for config, (what, _) in CONFIGS.items():
+        for moves in (False, True):
+            art = pack(model, config, build / "memory" / f"{config}-{moves}".replace(" ", "_"),
+                       moves)
+            _, arena, grads, state, peak, _, ints = measure(art.blob)
+            lines.append(f"  {config if not moves else '':14s} {what if not moves else '':28s} "
+                         f"{'yes' if moves else 'no':5s} {kib(arena):>7s} {kib(ints):>5s} "
+                         f"{kib(peak):>9s} {kib(grads):>6s} {kib(state):>6s}")
+    return "\n".join(lines)
+
+
+def write_data(directory, shots, held_out, limit=None):
+    """The personalisation set as raw files in directory (the first `limit` samples of each
+    part when given); returns the sample counts."""
+    data = make_data.personalisation_set(shots=shots, held_out=held_out)
+    directory.mkdir(parents=True, exist_ok=True)
+    counts = []
+    for part, x, y in (("train", data["x_train"], data["y_train"]),
+                       ("test", data["x_val"], data["y_val"])):
+        (directory / f"x_{part}.f32").write_bytes(x[:limit].astype("<f4").tobytes())
+        (directory / f"y_{part}.i32").write_bytes(y[:limit].astype("<i4").tobytes())
+        counts.append(len(y[:limit]))
+    return counts
+
+
+def run_device(directory, epochs, lr, runtime, frozen, heap):
+    args = [str(directory), str(epochs), repr(lr)]
+    if runtime == "cpython":
+        proc = subprocess.run([sys.executable, str(DEVICE_SCRIPT), *args], capture_output=True,
+                              text=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "device")))
+        if proc.returncode:
+            sys.exit(proc.stderr)
+        return proc.stdout
+    import measure_heap as heap_tool
+    code, out = heap_tool.run(heap_tool.interpreter(frozen), heap_tool.size(heap),
+                              DEVICE_SCRIPT, args, frozen, 7200)
+    if code:
+        sys.exit(out)
+    return out
+
+
+def heap_for_one_step(directory, frozen, high):
+    """The smallest -X heapsize in which one train step and one evaluation run: the blob
+    and checkpoint of `directory`, one sample of each part."""
+    import shutil
+    import measure_heap as heap_tool
+    probe = directory / "heap_probe"
+    probe.mkdir(exist_ok=True)
+    for name in ("model.mtb", "checkpoint"):
+        shutil.copy(directory / name, probe / name)
+    for part in ("train", "test"):
+        (probe / f"x_{part}.f32").write_bytes((directory / f"x_{part}.f32").read_bytes()[:4 * 490])
+        (probe / f"y_{part}.i32").write_bytes((directory / f"y_{part}.i32").read_bytes()[:4])
+    needed, out = heap_tool.needed_heap(DEVICE_SCRIPT, [str(probe), "1", "0.001"],
+                                        frozen=frozen, high=heap_tool.size(high))
+    if needed is None:
+        sys.exit(f"one step does not run even with a {high} heap:\n{out}")
+    return needed
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", choices=sorted(CONFIGS), default="float sparse")
+    parser.add_argument("--no-moves", action="store_true",
+                        help="personalise without the memory moves")
+    parser.add_argument("--shots", type=int, default=10, help="recordings per keyword (10)")
+    parser.add_argument("--held-out", type=int, default=25,
+                        help="held-out utterances per keyword (25; shots + held-out <= 50)")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--lr", type=float, default=0.003)
+    parser.add_argument("--runtime", choices=("cpython", "micropython"), default="cpython")
+    parser.add_argument("--frozen", action="store_true",
+                        help="MicroPython with the runtime frozen into the interpreter")
+    parser.add_argument("--heap", default="1M", help="MicroPython heap (1M)")
+    parser.add_argument("--measure-heap", action="store_true",
+                        help="MicroPython: first bisect the smallest heap one step needs")
+    parser.add_argument("--build", default=str(HERE / "build"))
+    parser.add_argument("--skip-table", action="store_true", help="no memory table")
+    args = parser.parse_args()
+    build = pathlib.Path(args.build)
+    model = fresh_head(onnx.load(MODEL))
+    if not args.skip_table:
+        print(memory_table(model, build), flush=True)
+    directory = build / args.config.replace(" ", "_")
+    pack(model, args.config, directory, not args.no_moves, args.lr)
+    shots, held_out = write_data(directory, args.shots, args.held_out)
+    needed = None
+    if args.runtime == "micropython" and args.measure_heap:
+        needed = heap_for_one_step(directory, args.frozen, args.heap)
+        print(f"one train step and one evaluation need a heap of {needed} bytes "
+              f"(bisected -X heapsize{', runtime frozen in' if args.frozen else ''})", flush=True)
+    print(f"personalising '{args.config}' ({CONFIGS[args.config][0]}"
+          f"{', with the memory moves' if not args.no_moves else ''}) on {shots} recordings "
+          f"of 12 new keywords, {args.epochs} epochs, {OPTIMIZER} lr {args.lr}, under "
+          f"{args.runtime}{' (runtime frozen in)' if args.frozen else ''}; {held_out} held out",
+          flush=True)
+    out = run_device(directory, args.epochs, args.lr, args.runtime, args.frozen, args.heap)
+    for line in out.splitlines():
+        if line.startswith("epoch"):
+            print("  " + line)
+    before = [int(v) for v in re.search(r"accuracy before (\d+)/(\d+)", out).groups()]
+    after = [int(v) for v in re.search(r"accuracy after (\d+)/(\d+)", out).groups()]
+    peak = int(re.search(r"peak heap (-?\d+)", out).group(1))
+    print(f"accuracy on the new keywords before: {100 * before[0] / before[1]:.1f} % "
+          f"(chance {100 / 12:.1f} %)")
+    print(f"accuracy on the new keywords after:  {100 * after[0] / after[1]:.1f} %")
+    if peak >= 0:
+        print(f"peak heap: {peak} bytes (largest live heap after a collection, over the run"
+              + (f"; one step needs a {needed}-byte -X heapsize)" if needed else ")"))
+    else:
+        print("peak heap: - (CPython; --runtime micropython measures it)")
+
+
+if __name__ == "__main__":
+    main()

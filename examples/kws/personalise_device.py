@@ -1,0 +1,81 @@
+# The personalisation run on the device (MicroPython or CPython), as a board would do it:
+#   personalise_device.py DIR EPOCHS LR
+# DIR holds model.mtb and checkpoint (packed at batch 1) and the data as raw little-endian
+# files: x_train.f32, y_train.i32 (the user's few recordings) and x_test.f32, y_test.i32 (held
+# out). One sample is in RAM at a time. Prints the held-out accuracy before training, one
+# "epoch K mean-loss" line per epoch, the accuracy after, then "peak heap BYTES": the largest
+# live heap seen after a collection at each phase (MicroPython; CPython prints -1), relative
+# to the heap in use before `import microtrain`. Saves DIR/personalised_checkpoint.
+import gc
+import sys
+from array import array
+
+gc.collect()
+try:
+    BASE = gc.mem_alloc()
+except AttributeError:      # CPython
+    BASE = None
+peak = 0
+
+
+def probe():
+    global peak
+    if BASE is not None:
+        gc.collect()
+        used = gc.mem_alloc() - BASE
+        if used > peak:
+            peak = used
+
+
+def accuracy(model, x, y, directory, classes):
+    # Held-out accuracy by argmax of the eval program's output, one sample at a time.
+    model.eval()
+    right = total = 0
+    with open(directory + "/x_test.f32", "rb") as fx, open(directory + "/y_test.i32", "rb") as fy:
+        while fx.readinto(x) == 4 * len(x) and fy.readinto(y) == 4 * len(y):
+            scores = model(x, y)[1]
+            best = 0
+            for k in range(1, classes):
+                if scores[k] > scores[best]:
+                    best = k
+            right += best == y[0]
+            total += 1
+    probe()
+    return right, total
+
+
+def main(directory, epochs, lr):
+    from microtrain import CheckpointState, Module, Optimizer
+    probe()
+    state = CheckpointState.load_checkpoint(directory + "/checkpoint")
+    model = Module(directory + "/model.mtb", state)
+    opt = Optimizer(directory + "/model.mtb", model)
+    opt.set_learning_rate(lr)
+    b = model.blob
+    x_id, y_id = b.programs["train"].inputs
+    x = array("f", bytes(4 * b.sizes[x_id]))
+    y = array("i", bytes(4 * b.sizes[y_id]))
+    probe()
+    right, total = accuracy(model, x, y, directory, b.num_classes)
+    print("accuracy before %d/%d" % (right, total))
+    for epoch in range(epochs):
+        model.train()
+        loss, steps = 0.0, 0
+        with open(directory + "/x_train.f32", "rb") as fx, \
+                open(directory + "/y_train.i32", "rb") as fy:
+            while fx.readinto(x) == 4 * len(x) and fy.readinto(y) == 4 * len(y):
+                loss += model(x, y)
+                opt.step()
+                model.lazy_reset_grad()
+                steps += 1
+                if steps == 1:
+                    probe()
+        print("epoch %d %r" % (epoch + 1, loss / steps))
+    right, total = accuracy(model, x, y, directory, b.num_classes)
+    print("accuracy after %d/%d" % (right, total))
+    CheckpointState.save_checkpoint(state, directory + "/personalised_checkpoint")
+    probe()
+    print("peak heap %d" % (peak if BASE is not None else -1))
+
+
+main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]))

@@ -1,0 +1,104 @@
+"""The keyword-spotting example (examples/kws): deterministic synthetic data, the committed
+pretrained DS-CNN at MLPerf Tiny size, and its personalisation on the device runtime
+checked against torch.optim on the same samples."""
+import copy
+import re
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import numpy_helper
+
+from conftest import DEVICE, ROOT
+from torch_reference import ort_rule_step
+
+KWS = ROOT / "examples" / "kws"
+sys.path.insert(0, str(KWS))
+import make_data  # noqa: E402
+import personalise  # noqa: E402
+
+
+def test_data_are_the_same_in_every_process():
+    code = ("import sys, hashlib; sys.path.insert(0, %r); import make_data; "
+            "p = make_data.pretraining_set(); q = make_data.personalisation_set(); "
+            "print(hashlib.sha256(b''.join(v.tobytes() for d in (p, q) for v in d.values()))"
+            ".hexdigest())" % str(KWS))
+    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True).stdout for _ in range(2)}
+    assert len(runs) == 1
+    p, q = make_data.pretraining_set(), make_data.personalisation_set()
+    assert p["x_train"].shape == (3840, 1, 49, 10) and p["x_val"].shape == (960, 1, 49, 10)
+    assert q["x_train"].shape == (120, 1, 49, 10) and q["x_val"].shape == (300, 1, 49, 10)
+    assert np.bincount(q["y_train"]).tolist() == [10] * 12
+    assert np.bincount(q["y_val"]).tolist() == [25] * 12
+    _, old, new = make_data.inventory()
+    assert not {frozenset(w) for w in old} & {frozenset(w) for w in new}   # new keywords
+
+
+def test_committed_model_is_the_pretrained_mlperf_ds_cnn():
+    import onnxruntime
+    model = onnx.load(personalise.MODEL)
+    convs = [n for n in model.graph.node if n.op_type == "Conv"]
+    shapes = {i.name: list(i.dims) for i in model.graph.initializer}
+    assert len(convs) == 9 and [n.op_type for n in model.graph.node][-3:] == [
+        "GlobalAveragePool", "Flatten", "Gemm"]
+    assert shapes["stem.weight"] == [64, 1, 10, 4]
+    assert [shapes[f"blocks.{k}.weight"] for k in range(8)] == [[64, 1, 3, 3], [64, 64, 1, 1]] * 4
+    assert shapes["classifier.weight"] == [12, 64]
+    assert sum(int(np.prod(d)) for d in shapes.values()) == 22604
+    session = onnxruntime.InferenceSession(str(personalise.MODEL))
+    data = make_data.pretraining_set()
+    scores = session.run(None, {"input": data["x_val"]})[0]
+    assert (scores.argmax(1) == data["y_val"]).mean() >= 0.95     # it is pretrained
+
+
+def torch_model(onnx_model):
+    """The ONNX DS-CNN as a torch module (examples/kws/pretrain.py's FoldedDSCNN)."""
+    import pretrain
+    module = pretrain.FoldedDSCNN(pretrain.DSCNN())
+    module.load_state_dict({i.name: torch.from_numpy(numpy_helper.to_array(i).copy())
+                            for i in onnx_model.graph.initializer})
+    return module
+
+
+def test_personalisation_matches_torch_and_beats_chance(tmp_path):
+    model = personalise.fresh_head(onnx.load(personalise.MODEL))
+    art = personalise.pack(model, "float sparse", tmp_path, moves=True, lr=0.003)
+    train, held_out = personalise.write_data(tmp_path, 3, 2)
+    proc = subprocess.run([sys.executable, str(personalise.DEVICE_SCRIPT), str(tmp_path), "1",
+                           "0.003"], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(DEVICE), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    before = [int(v) for v in re.search(r"accuracy before (\d+)/(\d+)", out).groups()]
+    after = [int(v) for v in re.search(r"accuracy after (\d+)/(\d+)", out).groups()]
+    mean_loss = float(re.search(r"epoch 1 (\S+)", out).group(1))
+    assert before == [2, 24]  # a zero classifier says class 0: the 2 held out of class 0
+    assert after[0] > 2 * before[0]
+
+    # torch: the same parameters trainable, the same samples in the same order, AdamW with
+    # ORT's rule (torch_reference.ort_rule_step).
+    data = make_data.personalisation_set(shots=3, held_out=2)
+    reference = torch_model(model).train()
+    for name, p in reference.named_parameters():
+        p.requires_grad_(name in art.trainable)
+    assert sorted(art.trainable) == sorted(n for n, _ in reference.named_parameters()
+                                           if n.endswith(".bias") or n.startswith("classifier"))
+    opt = torch.optim.AdamW([p for p in reference.parameters() if p.requires_grad], lr=0.003,
+                            betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0)
+    losses = []
+    for t, (x, y) in enumerate(zip(data["x_train"], data["y_train"]), 1):
+        loss = torch.nn.functional.cross_entropy(reference(torch.from_numpy(x[None])),
+                                                 torch.tensor([y]))
+        loss.backward()
+        losses.append(loss.item())
+        ort_rule_step(opt, reference, "AdamW", t, 0.003)
+        opt.zero_grad()
+    assert abs(mean_loss - np.mean(losses)) <= 1e-4 * abs(np.mean(losses))
+    reference.eval()
+    with torch.no_grad():
+        predicted = reference(torch.from_numpy(data["x_val"])).argmax(1).numpy()
+    assert abs(after[0] - int((predicted == data["y_val"]).sum())) <= 1  # float32 ties
