@@ -12,6 +12,7 @@
 # extreme values) is requantized by the exact pure-Python helper instead. On 64-bit ports
 # (_WIDE) one machine-word product replaces the limbs.
 import micropython
+from array import array
 from micropython import const
 
 _LIMIT = const(16777216)   # 2**24: |acc| below it keeps every limb product below 2**25
@@ -233,50 +234,59 @@ def _requant_plane(q, r, y: int, acc: int, count: int, m0: int, shift: int, y_zp
 
 
 @micropython.viper
-def _rect(a: ptr32, b8: ptr8, i: int, b: int, inner: int, outer: int, da: int, db: int,
-          oa: int, ob: int, wv: int, zw: int) -> int:
-    # a[i + k * da + j * oa] += x[b + k * db + j * ob] * w - zw for k < inner, j < outer: one
-    # weight over a rectangle of the accumulator plane, zw = zero point * w. (The first
-    # locals of a viper function live in registers: here the pointers and the index.)
-    for _ in range(outer):
-        pa = i
-        pb = b
-        for _ in range(inner):
-            a[i] += int(b8[b]) * wv - zw
-            i += da
-            b += db
-        i = pa + oa
-        b = pb + ob
+def _requant_plane_wide(pa: ptr32, pq: ptr8, acc: int, y: int, count: int, m0: int, shift: int,
+                        y_zp: int, lo: int, hi: int) -> int:
+    # _requant_plane on 64-bit ports for 0 <= m0 <= 2**24 and 1 <= shift <= 62: the product
+    # of any plane value and m0 fits a machine word (|p| < 2**55), so no accumulator needs
+    # the exact helper, and round half to even is floor((p + half - 1 + odd) / 2**shift),
+    # odd the parity of floor(p / 2**shift): the same integer without a branch.
+    pa = ptr32(uint(pa) + 4 * acc)
+    pq = ptr8(uint(pq) + y)
+    offset = 16384
+    offset <<= 16          # 2**30, built at run time (see the top of this module)
+    half1 = (1 << (shift - 1)) - 1
+    n = count
+    while n > 0:
+        p = (pa[0] - offset) * m0
+        z = ((p + half1 + ((p >> shift) & 1)) >> shift) + y_zp
+        if z < lo:
+            z = lo
+        elif z > hi:
+            z = hi
+        pq[0] = z
+        pa = ptr32(uint(pa) + 4)
+        pq = ptr8(uint(pq) + 1)
+        n -= 1
     return 0
 
 
-@micropython.viper
-def _rect_signed(a: ptr32, b8: ptr8, i: int, b: int, inner: int, outer: int, da: int,
-                 db: int, oa: int, ob: int, wv: int, zw: int) -> int:
-    # the same for int8 inputs: (v ^ 0x80) - 0x80 is the signed byte; zw includes 0x80 * w
-    for _ in range(outer):
-        pa = i
-        pb = b
-        for _ in range(inner):
-            a[i] += (int(b8[b]) ^ 0x80) * wv - zw
-            i += da
-            b += db
-        i = pa + oa
-        b = pb + ob
-    return 0
+# qlinear_conv's state for the tap kernels below, filled once per call: module globals (a
+# viper function without arguments keeps its first three locals, the moving pointers and
+# the weight, in registers, and no call converts a dozen arguments).
+# _GEO: cin_g, in_plane, taps (table rows), flip, x_zp + flip + 4096 (positive: a ptr32 load
+# is unsigned on 64-bit ports), per output channel x_group and w_m, the table's rows, s_w.
+# _TAB: per tap of the kernel (up to _ROWS at a time), its rectangle of the output plane:
+# first accumulator (I index), first input offset (from x_group), tap index (weight offset),
+# count (elements per line), lines, skip_a (bytes from the end of a line to the next, in the
+# plane), skip_b (the same in the input plane), both + _SKEW (they can be negative, and a ptr32
+# load is unsigned on 64-bit ports); count 0: the tap never meets the image.
+_ROWS = const(32)
+_SKEW = const(536870912)     # 2**29, a small int on every port
+_GEO = array("i", [0] * 9)
+_TAB = array("i", [0] * (7 * _ROWS))
+_BUF = [None, None]          # the int32 and the byte arena
 
 
 @micropython.viper
-def _channel(args, I, scratch: int, x_group: int, w_m: int, flip: int, x_zp: int) -> int:
-    # Every tap of one output channel into its accumulator plane (qlinear_conv's inner
-    # loops, a function of their own: in one body the loops outgrow the xtensa emitter's
-    # branch range).
-    cin_g = int(args[9])
+def _tap_table(args, t0: int, t1: int) -> int:
+    # the rectangles of taps t0 .. t1 - 1 into _TAB, as kernels/conv.py clips a tap's
+    # rectangle to the image: oy_lo .. oy_lo + rows - 1 meet input rows 0 .. in_h - 1
+    t = ptr32(_TAB)
+    scratch = int(args[6])
     in_h = int(args[11])
     in_w = int(args[12])
     out_h = int(args[13])
     out_w = int(args[14])
-    k_h = int(args[15])
     k_w = int(args[16])
     s_h = int(args[17])
     s_w = int(args[18])
@@ -284,14 +294,16 @@ def _channel(args, I, scratch: int, x_group: int, w_m: int, flip: int, x_zp: int
     d_w = int(args[20])
     pad_t = int(args[21])
     pad_l = int(args[22])
-    in_plane = in_h * in_w
-    taps = k_h * k_w
     row_step = s_h * in_w
-    q = args[0]
-    b8 = ptr8(q)
-    for ky in range(k_h):
+    r = 0
+    for tap in range(t0, t1):
+        t[r + 3] = 0
+        ky = tap // k_w
+        kx = tap - ky * k_w
         off_y = ky * d_h - pad_t
-        if off_y > in_h - 1:
+        off_x = kx * d_w - pad_l
+        r += 7
+        if off_y > in_h - 1 or off_x > in_w - 1:
             continue
         oy_lo = 0
         if off_y < 0:
@@ -300,52 +312,197 @@ def _channel(args, I, scratch: int, x_group: int, w_m: int, flip: int, x_zp: int
         if rows > out_h:
             rows = out_h
         rows -= oy_lo
-        if rows <= 0:
+        ox_lo = 0
+        if off_x < 0:
+            ox_lo = (s_w - 1 - off_x) // s_w
+        count = (in_w - 1 - off_x) // s_w + 1
+        if count > out_w:
+            count = out_w
+        count -= ox_lo
+        if rows <= 0 or count <= 0:
             continue
-        for kx in range(k_w):
-            off_x = kx * d_w - pad_l
-            if off_x > in_w - 1:
+        lines = rows
+        if count == out_w and row_step == count * s_w:
+            count *= rows      # full rows back to back: one long line
+            lines = 1
+        t[r - 7] = scratch + oy_lo * out_w + ox_lo
+        t[r - 6] = (oy_lo * s_h + off_y) * in_w + ox_lo * s_w + off_x
+        t[r - 5] = tap
+        t[r - 4] = count
+        t[r - 3] = lines
+        t[r - 2] = 4 * (out_w - count) + _SKEW
+        t[r - 1] = row_step - count * s_w + _SKEW
+    return 0
+
+
+@micropython.viper
+def _taps_plain() -> int:
+    # Unsigned inputs, unit stride along x, three or more input channels per group: per tap
+    # and input channel a[p] += x * w over the tap's rectangle (lines unrolled by four), then
+    # the zero point once per tap: (x - zp) * w = x * w - zp * w, summed over the channels.
+    pa = ptr32(_BUF[0])
+    pb = ptr8(_BUF[1])
+    wv = 0
+    g = ptr32(_GEO)
+    t = ptr32(_TAB)
+    a0 = uint(pa)
+    b0 = uint(pb)
+    wb = ptr8(b0 + g[6])       # this channel's weights
+    xb = b0 + g[5]             # and its group's input
+    cin_g = g[0]
+    in_plane = g[1]
+    taps = g[2]
+    zpf = g[4] - 4096
+    for r in range(0, 7 * g[7], 7):
+        count = t[r + 3]
+        if count == 0:
+            continue
+        first = a0 + 4 * t[r]
+        x_tap = xb + t[r + 1]
+        w_tap = t[r + 2]
+        lines = t[r + 4]
+        skip_a = t[r + 5] - _SKEW
+        skip_b = t[r + 6] - _SKEW
+        wsum = 0
+        for c in range(cin_g):
+            wv = (int(wb[w_tap + c * taps]) ^ 0x80) - 0x80
+            if wv == 0:
                 continue
-            ox_lo = 0
-            if off_x < 0:
-                ox_lo = (s_w - 1 - off_x) // s_w
-            count = (in_w - 1 - off_x) // s_w + 1
-            if count > out_w:
-                count = out_w
-            count -= ox_lo
-            if count <= 0:
+            wsum += wv
+            pa = ptr32(first)
+            pb = ptr8(x_tap + c * in_plane)
+            for _ in range(lines):
+                n = count >> 2
+                while n > 0:
+                    pa[0] = pa[0] + int(pb[0]) * wv
+                    pa[1] = pa[1] + int(pb[1]) * wv
+                    pa[2] = pa[2] + int(pb[2]) * wv
+                    pa[3] = pa[3] + int(pb[3]) * wv
+                    pa = ptr32(uint(pa) + 16)
+                    pb = ptr8(uint(pb) + 4)
+                    n -= 1
+                n = count & 3
+                while n > 0:
+                    pa[0] = pa[0] + int(pb[0]) * wv
+                    pa = ptr32(uint(pa) + 4)
+                    pb = ptr8(uint(pb) + 1)
+                    n -= 1
+                pa = ptr32(uint(pa) + skip_a)
+                pb = ptr8(uint(pb) + skip_b)
+        if wsum != 0:
+            wv = zpf * wsum
+            pa = ptr32(first)
+            for _ in range(lines):
+                n = count
+                while n > 0:
+                    pa[0] = pa[0] - wv
+                    pa = ptr32(uint(pa) + 4)
+                    n -= 1
+                pa = ptr32(uint(pa) + skip_a)
+    return 0
+
+
+@micropython.viper
+def _taps_general() -> int:
+    # Any inputs, unit stride along x: a[p] += (x ^ flip) * w - (zp + flip) * w per tap and
+    # input channel (flip 0x80 makes an int8 byte's value + 0x80; few input channels per
+    # group, e.g. depthwise, take the zero point here, not in a pass of its own).
+    pa = ptr32(_BUF[0])
+    pb = ptr8(_BUF[1])
+    wv = 0
+    g = ptr32(_GEO)
+    t = ptr32(_TAB)
+    a0 = uint(pa)
+    b0 = uint(pb)
+    wb = ptr8(b0 + g[6])
+    xb = b0 + g[5]
+    cin_g = g[0]
+    in_plane = g[1]
+    taps = g[2]
+    flip = g[3]
+    zpf = g[4] - 4096
+    for r in range(0, 7 * g[7], 7):
+        count = t[r + 3]
+        if count == 0:
+            continue
+        first = a0 + 4 * t[r]
+        x_tap = xb + t[r + 1]
+        w_tap = t[r + 2]
+        lines = t[r + 4]
+        skip_a = t[r + 5] - _SKEW
+        skip_b = t[r + 6] - _SKEW
+        for c in range(cin_g):
+            wv = (int(wb[w_tap + c * taps]) ^ 0x80) - 0x80
+            if wv == 0:
                 continue
-            lines = rows
-            if count == out_w and s_h * in_w == count * s_w:
-                count *= rows      # full rows back to back: one long row
-                lines = 1
-            # the longer of rows and columns is the inner loop (tall narrow planes: the
-            # DS-CNN's 25 x 5); the zero point is taken out once per weight:
-            # (x - zp) * w = x * w - zp * w
-            first = scratch + oy_lo * out_w + ox_lo
-            x_tap = x_group + (oy_lo * s_h + off_y) * in_w + ox_lo * s_w + off_x
-            w_tap = w_m + ky * k_w + kx
-            inner = count
-            da = 1
-            db = s_w
-            outer = lines
-            oa = out_w
-            ob = row_step
-            if lines > count:
-                inner = lines
-                da = out_w
-                db = row_step
-                outer = count
-                oa = 1
-                ob = s_w
-            for c in range(cin_g):
-                wv = (int(b8[w_tap + c * taps]) ^ 0x80) - 0x80
-                if flip:
-                    _rect_signed(I, q, first, x_tap + c * in_plane, inner, outer, da, db, oa,
-                                 ob, wv, (x_zp + 0x80) * wv)
-                else:
-                    _rect(I, q, first, x_tap + c * in_plane, inner, outer, da, db, oa, ob, wv,
-                          x_zp * wv)
+            zw = zpf * wv
+            pa = ptr32(first)
+            pb = ptr8(x_tap + c * in_plane)
+            for _ in range(lines):
+                n = count >> 2
+                while n > 0:
+                    pa[0] = pa[0] + (int(pb[0]) ^ flip) * wv - zw
+                    pa[1] = pa[1] + (int(pb[1]) ^ flip) * wv - zw
+                    pa[2] = pa[2] + (int(pb[2]) ^ flip) * wv - zw
+                    pa[3] = pa[3] + (int(pb[3]) ^ flip) * wv - zw
+                    pa = ptr32(uint(pa) + 16)
+                    pb = ptr8(uint(pb) + 4)
+                    n -= 1
+                n = count & 3
+                while n > 0:
+                    pa[0] = pa[0] + (int(pb[0]) ^ flip) * wv - zw
+                    pa = ptr32(uint(pa) + 4)
+                    pb = ptr8(uint(pb) + 1)
+                    n -= 1
+                pa = ptr32(uint(pa) + skip_a)
+                pb = ptr8(uint(pb) + skip_b)
+    return 0
+
+
+@micropython.viper
+def _taps_strided() -> int:
+    # Stride along x above 1: _taps_general one element at a time
+    pa = ptr32(_BUF[0])
+    pb = ptr8(_BUF[1])
+    wv = 0
+    g = ptr32(_GEO)
+    t = ptr32(_TAB)
+    a0 = uint(pa)
+    b0 = uint(pb)
+    wb = ptr8(b0 + g[6])
+    xb = b0 + g[5]
+    cin_g = g[0]
+    in_plane = g[1]
+    taps = g[2]
+    flip = g[3]
+    zpf = g[4] - 4096
+    s_w = g[8]
+    for r in range(0, 7 * g[7], 7):
+        count = t[r + 3]
+        if count == 0:
+            continue
+        first = a0 + 4 * t[r]
+        x_tap = xb + t[r + 1]
+        w_tap = t[r + 2]
+        lines = t[r + 4]
+        skip_a = t[r + 5] - _SKEW
+        skip_b = t[r + 6] - _SKEW
+        for c in range(cin_g):
+            wv = (int(wb[w_tap + c * taps]) ^ 0x80) - 0x80
+            if wv == 0:
+                continue
+            zw = zpf * wv
+            pa = ptr32(first)
+            pb = ptr8(x_tap + c * in_plane)
+            for _ in range(lines):
+                n = count
+                while n > 0:
+                    pa[0] = pa[0] + (int(pb[0]) ^ flip) * wv - zw
+                    pa = ptr32(uint(pa) + 4)
+                    pb = ptr8(uint(pb) + s_w)
+                    n -= 1
+                pa = ptr32(uint(pa) + skip_a)
+                pb = ptr8(uint(pb) + skip_b)
     return 0
 
 
@@ -353,8 +510,8 @@ def _channel(args, I, scratch: int, x_group: int, w_m: int, flip: int, x_zp: int
 def qlinear_conv(F, I, args) -> int:
     # Y = requant(Conv(X - x_zp, W) + bias) with the taps outermost, as kernels/conv.py: per
     # image and output channel, an int32 accumulator plane (the step's scratch tensor, offset
-    # by 2**30 so that it stays positive in a 32-bit word) gathers every tap's rectangle in a
-    # tight loop (_channel, _rect); then the plane is requantized (_requant_plane).
+    # by 2**30 so that it stays positive in a 32-bit word) gathers every tap's rectangle in
+    # tight loops (_taps_*); then the plane is requantized (_requant_plane).
     a = ptr32(I)
     y = int(args[1])
     x = int(args[2])
@@ -369,6 +526,7 @@ def qlinear_conv(F, I, args) -> int:
     in_plane = int(args[11]) * int(args[12])
     out_plane = int(args[13]) * int(args[14])
     taps = int(args[15]) * int(args[16])
+    s_w = int(args[18])
     flip = 0
     if int(args[23]):
         flip = 0x80
@@ -377,6 +535,32 @@ def qlinear_conv(F, I, args) -> int:
     lo = int(I[req + 2])
     hi = int(I[req + 3])
     channels = groups * cout_g
+    if bias >= 0:
+        for mo in range(channels):
+            start = int(I[bias + mo])
+            if start <= 0 - _SAFE or start >= _SAFE:
+                _pure_conv(F, I, args)        # a bias that could push a plane past 2**31
+                return 0
+    q = args[0]
+    buf = _BUF
+    buf[0] = I
+    buf[1] = q
+    g = ptr32(_GEO)
+    g[0] = cin_g
+    g[1] = in_plane
+    g[2] = taps
+    g[3] = flip
+    g[4] = x_zp + flip + 4096
+    g[8] = s_w
+    kernel = _taps_general
+    if s_w != 1:
+        kernel = _taps_strided
+    elif flip == 0 and cin_g >= 3:
+        kernel = _taps_plain
+    one_table = 0
+    if taps <= _ROWS:
+        one_table = 1
+        _tap_table(args, 0, taps)
     wide = int(_WIDE)
     for nimg in range(n_images):
         x_image = x + nimg * groups * cin_g * in_plane
@@ -384,21 +568,33 @@ def qlinear_conv(F, I, args) -> int:
             start = 0
             if bias >= 0:
                 start = int(I[bias + mo])
-            if start <= 0 - _SAFE or start >= _SAFE:
-                _pure_conv(F, I, args)        # a bias that could push a plane past 2**31
-                return 0
             offset = 16384
             offset <<= 16      # 2**30, built at run time (see the top of this module)
             for p in range(scratch, scratch + out_plane):
                 a[p] = start + offset
-            _channel(args, I, scratch, x_image + (mo // cout_g) * cin_g * in_plane,
-                     w + mo * cin_g * taps, flip, x_zp)
+            g[5] = x_image + (mo // cout_g) * cin_g * in_plane
+            g[6] = w + mo * cin_g * taps
+            t0 = 0
+            while t0 < taps:
+                t1 = t0 + _ROWS
+                if t1 > taps:
+                    t1 = taps
+                if not one_table:
+                    _tap_table(args, t0, t1)
+                g[7] = t1 - t0
+                kernel()
+                t0 = t1
+            m0 = int(a[req + 4 + 2 * mo])
             shift = int(a[req + 5 + 2 * mo])
             if shift < 1:
                 shift = 1
-            _requant_plane(args[0], I, y, scratch, out_plane, int(a[req + 4 + 2 * mo]), shift,
-                           y_zp, lo, hi, wide)
+            if wide and m0 >= 0 and m0 <= _LIMIT and shift <= 62:
+                _requant_plane_wide(I, q, scratch, y, out_plane, m0, shift, y_zp, lo, hi)
+            else:
+                _requant_plane(q, I, y, scratch, out_plane, m0, shift, y_zp, lo, hi, wide)
             y += out_plane
+    buf[0] = None
+    buf[1] = None
     return 0
 
 
