@@ -1,6 +1,7 @@
 # The viper int8 kernels against the pure-Python ones on random geometries and data
 # (signed and unsigned activations, negative and huge biases, accumulators past 2**24 that
-# take the exact slow path): Gemm, Conv, global and windowed average pooling, Add, lookup.
+# take the exact slow path, multipliers and shifts out of the derived range, kernels of more
+# than 32 taps): Gemm, Conv, global and windowed average pooling, Add, lookup.
 # Prints "cases N different M".
 import random
 from array import array
@@ -15,7 +16,10 @@ pure_gemm, pure_conv = pure['qlinear_gemm'], pure['qlinear_conv']
 def req(channels, x_zp, y_zp, lo, hi):
     r = [x_zp, y_zp, lo, hi]
     for _ in range(channels):
-        r += [random.randint(1 << 23, 1 << 24), random.randint(18, 40)]
+        if random.randint(0, 4):
+            r += [random.randint(1 << 23, 1 << 24), random.randint(18, 40)]
+        else:   # as a crafted blob may hold them: m0 0 or beyond 2**24, shift 0 or past 62
+            r += [random.choice((0, 1 << 23, (1 << 24) + 1)), random.choice((0, 62, 63, 70))]
     return r
 
 
@@ -31,7 +35,11 @@ def conv_case():
     cin, cout = groups * random.randint(1, 3), groups * random.randint(1, 3)
     H, W = random.randint(1, 9), random.randint(1, 9)
     kh, kw = random.randint(1, min(4, H + 2)), random.randint(1, min(4, W + 2))
-    sh, sw, dh, dw = random.randint(1, 2), random.randint(1, 2), random.randint(1, 2), 1
+    if random.randint(0, 4) == 0:   # more taps than the viper kernel's table holds (32)
+        H, W = random.randint(5, 12), random.randint(5, 12)
+        kh, kw = random.randint(5, min(8, H + 2)), random.randint(5, min(8, W + 2))
+    sh, sw, dh, dw = random.randint(1, 2), random.randint(1, 2), random.randint(1, 2), \
+        random.randint(1, 2)
     pt, pl = random.randint(0, 2), random.randint(0, 2)
     OH = (H + 2 * pt - (kh - 1) * dh - 1) // sh + 1
     OW = (W + 2 * pl - (kw - 1) * dw - 1) // sw + 1

@@ -91,70 +91,6 @@ def _requant(acc: int, m0: int, shift: int) -> int:
 
 
 @micropython.viper
-def _dot(b8: ptr8, px: int, pw: int, k: int, sx: int, sw: int, zp: int, flip: int) -> int:
-    # sum over k of (x ^ flip - zp) * w, zp including the flip (128 for int8 inputs): the
-    # pointers and indexes first, the locals viper keeps in registers
-    acc = 0
-    for _ in range(k):
-        acc += ((int(b8[px]) ^ flip) - zp) * ((int(b8[pw]) ^ 0x80) - 0x80)
-        px += sx
-        pw += sw
-    return acc
-
-
-@micropython.viper
-def qlinear_gemm(F, I, args) -> int:
-    q = ptr8(args[0])
-    r = ptr32(I)
-    y = int(args[1])
-    x = int(args[2])
-    w = int(args[3])
-    bias = int(args[4])
-    req = int(args[5])
-    m = int(args[6])
-    k = int(args[7])
-    n = int(args[8])
-    sx_m = int(args[9])
-    sx_k = int(args[10])
-    sw_k = int(args[11])
-    sw_n = int(args[12])
-    flip = 0
-    if int(args[13]):
-        flip = 0x80
-    wide = int(_WIDE)
-    x_zp = int(I[req])
-    y_zp = int(I[req + 1])
-    lo = int(I[req + 2])
-    hi = int(I[req + 3])
-    for i in range(m):
-        for j in range(n):
-            acc = 0
-            if bias >= 0:
-                acc = int(I[bias + j])
-            px = x + i * sx_m
-            pw = w + j * sw_n
-            acc += int(_dot(args[0], px, pw, k, sx_k, sw_k, x_zp + flip, flip))
-            m0 = r[req + 4 + 2 * j]
-            shift = r[req + 5 + 2 * j]
-            if shift < 1:
-                shift = 1
-            if acc > 0 - _LIMIT and acc < _LIMIT and m0 >= 0 and m0 <= _LIMIT:
-                if wide:
-                    v = int(_requant64(acc, m0, shift)) + y_zp
-                else:
-                    v = int(_requant(acc, m0, shift)) + y_zp
-            else:
-                v = int(_slow(acc, m0, shift)) + y_zp
-            if v < lo:
-                v = lo
-            elif v > hi:
-                v = hi
-            q[y] = v & 0xFF
-            y += 1
-    return 0
-
-
-@micropython.viper
 def _requant_plane(q, r, y: int, acc: int, count: int, m0: int, shift: int, y_zp: int, lo: int,
                    hi: int, wide: int) -> int:
     # y[p] = clamp(requant(acc[p] - 2**30) + y_zp) for p < count; the requantization of
@@ -588,11 +524,120 @@ def qlinear_conv(F, I, args) -> int:
             shift = int(a[req + 5 + 2 * mo])
             if shift < 1:
                 shift = 1
-            if wide and m0 >= 0 and m0 <= _LIMIT and shift <= 62:
+            if shift > 62 and m0 >= 0 and m0 <= _LIMIT:
+                m0 = 0         # (a crafted shift) |acc * m0| < 2**56 <= 2**(shift - 1): 0
+                shift = 62
+            if wide and m0 >= 0 and m0 <= _LIMIT:
                 _requant_plane_wide(I, q, scratch, y, out_plane, m0, shift, y_zp, lo, hi)
             else:
                 _requant_plane(q, I, y, scratch, out_plane, m0, shift, y_zp, lo, hi, wide)
             y += out_plane
+    buf[0] = None
+    buf[1] = None
+    return 0
+
+
+# qlinear_gemm's state for _gemm_rows: y, x, w, bias + 1, req, m, k, n, sx_m, sx_k, sw_k, sw_n,
+# flip, wide (none negative: a ptr32 load is unsigned on 64-bit ports).
+_GEMM = array("i", [0] * 14)
+
+
+@micropython.viper
+def _gemm_rows() -> int:
+    # Every output of qlinear_gemm: the dot product over k in a loop unrolled by four, the
+    # moving pointers and the accumulator in registers (the first locals of an argument-less
+    # viper function), then the requantization inline on 64-bit ports (as
+    # _requant_plane_wide) or by _requant_store.
+    px = ptr8(_BUF[1])
+    pw = ptr8(_BUF[1])
+    acc = 0
+    q = _BUF[1]
+    r = ptr32(_BUF[0])
+    g = ptr32(_GEMM)
+    b0 = uint(px)
+    qb = ptr8(b0)
+    h = 1
+    h <<= 31               # sign extension of a ptr32 load: (v ^ 2**31) - 2**31, any port
+    y = g[0]
+    x = b0 + g[1]
+    w = b0 + g[2]
+    bias = g[3] - 1
+    req = g[4]
+    m = g[5]
+    k = g[6]
+    n = g[7]
+    sx_m = g[8]
+    sx = g[9]
+    sw = g[10]
+    sw_n = g[11]
+    flip = g[12]
+    wide = g[13]
+    sx2 = sx + sx
+    sx3 = sx2 + sx
+    sw2 = sw + sw
+    sw3 = sw2 + sw
+    zpf = ((r[req] ^ h) - h) + flip
+    y_zp = (r[req + 1] ^ h) - h
+    lo = (r[req + 2] ^ h) - h
+    hi = (r[req + 3] ^ h) - h
+    for i in range(m):
+        for j in range(n):
+            acc = 0
+            px = ptr8(x + i * sx_m)
+            pw = ptr8(w + j * sw_n)
+            c = k >> 2
+            while c > 0:
+                acc += ((int(px[0]) ^ flip) - zpf) * ((int(pw[0]) ^ 0x80) - 0x80) + \
+                    ((int(px[sx]) ^ flip) - zpf) * ((int(pw[sw]) ^ 0x80) - 0x80) + \
+                    ((int(px[sx2]) ^ flip) - zpf) * ((int(pw[sw2]) ^ 0x80) - 0x80) + \
+                    ((int(px[sx3]) ^ flip) - zpf) * ((int(pw[sw3]) ^ 0x80) - 0x80)
+                px = ptr8(uint(px) + sx2 + sx2)
+                pw = ptr8(uint(pw) + sw2 + sw2)
+                c -= 1
+            c = k & 3
+            while c > 0:
+                acc += ((int(px[0]) ^ flip) - zpf) * ((int(pw[0]) ^ 0x80) - 0x80)
+                px = ptr8(uint(px) + sx)
+                pw = ptr8(uint(pw) + sw)
+                c -= 1
+            if bias >= 0:
+                acc += (r[bias + j] ^ h) - h
+            m0 = r[req + 4 + 2 * j]
+            shift = r[req + 5 + 2 * j]
+            if shift < 1:
+                shift = 1
+            if shift > 62 and m0 >= 0 and m0 <= _LIMIT:
+                m0 = 0         # (a crafted shift) |acc * m0| < 2**56 <= 2**(shift - 1): 0
+                shift = 62
+            if wide and m0 >= 0 and m0 <= _LIMIT:
+                # |acc| < 2**32 (int32 bias, k < 2**16 terms below 2**15): |p| < 2**56
+                p = acc * m0
+                z = ((p + (1 << (shift - 1)) - 1 + ((p >> shift) & 1)) >> shift) + y_zp
+                if z < lo:
+                    z = lo
+                elif z > hi:
+                    z = hi
+                qb[y] = z
+            else:
+                _requant_store(q, y, acc, m0, shift, y_zp, lo, hi)
+            y += 1
+    return 0
+
+
+@micropython.viper
+def qlinear_gemm(F, I, args) -> int:
+    g = ptr32(_GEMM)
+    for i in range(1, 13):
+        g[i - 1] = int(args[i])      # y, x, w, bias, req, m, k, n, sx_m, sx_k, sw_k, sw_n
+    g[3] = int(args[4]) + 1          # bias + 1: -1 (none) kept positive
+    g[12] = 0
+    if int(args[13]):
+        g[12] = 0x80
+    g[13] = int(_WIDE)
+    buf = _BUF
+    buf[0] = I
+    buf[1] = args[0]
+    _gemm_rows()
     buf[0] = None
     buf[1] = None
     return 0
