@@ -157,6 +157,19 @@ def _requant_narrow(acc, m0, shift):
 _requant = _requant_wide if sys.maxsize > 1 << 40 else _requant_narrow
 
 
+def _requant_saturated(acc, m0, shift):
+    # The viper kernels' exact helper (an accumulator or multiplier beyond their machine-word
+    # formulas): _requant_wide saturated at +-2**29, far beyond any clamp bound, so that the
+    # result is a small int on 32-bit ports too (a bigger one would be cut to a machine word
+    # by the viper code; the clamped output byte is the same)
+    q = _requant_wide(acc, m0, shift)
+    if q > 536870912:
+        return 536870912
+    if q < -536870912:
+        return -536870912
+    return q
+
+
 def _store(Q, i, acc, m0, shift, y_zp, lo, hi):
     v = _requant(acc, m0, shift) + y_zp
     if v < lo:
@@ -545,7 +558,7 @@ def use_fast(on=True):
             from microtrain.kernels import qlinear_viper as fast
         except (ImportError, SyntaxError):   # CPython; a MicroPython without viper
             return False
-        fast._slow = _requant_wide
+        fast._slow = _requant_saturated
         fast._pure_conv = _pure["qlinear_conv"]
         fast._WIDE = 1 if _requant is _requant_wide else 0
         for name in _FAST_NAMES:

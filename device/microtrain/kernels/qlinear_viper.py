@@ -92,25 +92,17 @@ def _requant(acc: int, m0: int, shift: int) -> int:
 
 @micropython.viper
 def _requant_plane(q, r, y: int, acc: int, count: int, m0: int, shift: int, y_zp: int, lo: int,
-                   hi: int, wide: int) -> int:
+                   hi: int) -> int:
     # y[p] = clamp(requant(acc[p] - 2**30) + y_zp) for p < count; the requantization of
-    # _requant inlined (one call per output plane, not per element).
+    # _requant inlined (one call per output plane, not per element). 64-bit ports take
+    # _requant_plane_wide unless m0 is out of range (then every element takes _slow).
     qb = ptr8(q)
     a = ptr32(r)
     offset = 16384
     offset <<= 16          # 2**30, built at run time (see the top of this module)
     for p in range(count):
         v = a[acc + p] - offset
-        if wide and v > 0 - _LIMIT and v < _LIMIT and m0 >= 0 and m0 <= _LIMIT:
-            pr = v * m0            # a 64-bit machine word holds the product
-            z = pr >> shift
-            rem = pr - (z << shift)
-            half = 1 << (shift - 1)
-            if rem > half:
-                z += 1
-            elif rem == half and (z & 1):
-                z += 1
-        elif v > 0 - _LIMIT and v < _LIMIT and m0 >= 0 and m0 <= _LIMIT:
+        if v > 0 - _LIMIT and v < _LIMIT and m0 >= 0 and m0 <= _LIMIT:
             negative = 0
             if v < 0:
                 negative = 1
@@ -206,10 +198,10 @@ def _requant_plane_wide(pa: ptr32, pq: ptr8, acc: int, y: int, count: int, m0: i
 # count (elements per line), lines, skip_a (bytes from the end of a line to the next, in the
 # plane), skip_b (the same in the input plane), both + _SKEW (they can be negative, and a ptr32
 # load is unsigned on 64-bit ports); count 0: the tap never meets the image.
-_ROWS = const(32)
+_ROWS = const(16)          # 3x3 and 4x4 kernels in one table, larger ones in parts
 _SKEW = const(536870912)     # 2**29, a small int on every port
-_GEO = array("i", [0] * 9)
-_TAB = array("i", [0] * (7 * _ROWS))
+_GEO = array("i", bytes(4 * 9))
+_TAB = array("i", bytes(4 * 7 * _ROWS))
 _BUF = [None, None]          # the int32 and the byte arena
 
 
@@ -340,7 +332,7 @@ def _taps_plain() -> int:
 
 @micropython.viper
 def _taps_general() -> int:
-    # Any inputs, unit stride along x: a[p] += (x ^ flip) * w - (zp + flip) * w per tap and
+    # Any inputs, any stride along x: a[p] += (x ^ flip) * w - (zp + flip) * w per tap and
     # input channel (flip 0x80 makes an int8 byte's value + 0x80; few input channels per
     # group, e.g. depthwise, take the zero point here, not in a pass of its own).
     pa = ptr32(_BUF[0])
@@ -357,6 +349,10 @@ def _taps_general() -> int:
     taps = g[2]
     flip = g[3]
     zpf = g[4] - 4096
+    s1 = g[8]
+    s2 = s1 + s1
+    s3 = s2 + s1
+    s4 = s2 + s2
     for r in range(0, 7 * g[7], 7):
         count = t[r + 3]
         if count == 0:
@@ -378,64 +374,17 @@ def _taps_general() -> int:
                 n = count >> 2
                 while n > 0:
                     pa[0] = pa[0] + (int(pb[0]) ^ flip) * wv - zw
-                    pa[1] = pa[1] + (int(pb[1]) ^ flip) * wv - zw
-                    pa[2] = pa[2] + (int(pb[2]) ^ flip) * wv - zw
-                    pa[3] = pa[3] + (int(pb[3]) ^ flip) * wv - zw
+                    pa[1] = pa[1] + (int(pb[s1]) ^ flip) * wv - zw
+                    pa[2] = pa[2] + (int(pb[s2]) ^ flip) * wv - zw
+                    pa[3] = pa[3] + (int(pb[s3]) ^ flip) * wv - zw
                     pa = ptr32(uint(pa) + 16)
-                    pb = ptr8(uint(pb) + 4)
+                    pb = ptr8(uint(pb) + s4)
                     n -= 1
                 n = count & 3
                 while n > 0:
                     pa[0] = pa[0] + (int(pb[0]) ^ flip) * wv - zw
                     pa = ptr32(uint(pa) + 4)
-                    pb = ptr8(uint(pb) + 1)
-                    n -= 1
-                pa = ptr32(uint(pa) + skip_a)
-                pb = ptr8(uint(pb) + skip_b)
-    return 0
-
-
-@micropython.viper
-def _taps_strided() -> int:
-    # Stride along x above 1: _taps_general one element at a time
-    pa = ptr32(_BUF[0])
-    pb = ptr8(_BUF[1])
-    wv = 0
-    g = ptr32(_GEO)
-    t = ptr32(_TAB)
-    a0 = uint(pa)
-    b0 = uint(pb)
-    wb = ptr8(b0 + g[6])
-    xb = b0 + g[5]
-    cin_g = g[0]
-    in_plane = g[1]
-    taps = g[2]
-    flip = g[3]
-    zpf = g[4] - 4096
-    s_w = g[8]
-    for r in range(0, 7 * g[7], 7):
-        count = t[r + 3]
-        if count == 0:
-            continue
-        first = a0 + 4 * t[r]
-        x_tap = xb + t[r + 1]
-        w_tap = t[r + 2]
-        lines = t[r + 4]
-        skip_a = t[r + 5] - _SKEW
-        skip_b = t[r + 6] - _SKEW
-        for c in range(cin_g):
-            wv = (int(wb[w_tap + c * taps]) ^ 0x80) - 0x80
-            if wv == 0:
-                continue
-            zw = zpf * wv
-            pa = ptr32(first)
-            pb = ptr8(x_tap + c * in_plane)
-            for _ in range(lines):
-                n = count
-                while n > 0:
-                    pa[0] = pa[0] + (int(pb[0]) ^ flip) * wv - zw
-                    pa = ptr32(uint(pa) + 4)
-                    pb = ptr8(uint(pb) + s_w)
+                    pb = ptr8(uint(pb) + s1)
                     n -= 1
                 pa = ptr32(uint(pa) + skip_a)
                 pb = ptr8(uint(pb) + skip_b)
@@ -489,9 +438,7 @@ def qlinear_conv(F, I, args) -> int:
     g[4] = x_zp + flip + 4096
     g[8] = s_w
     kernel = _taps_general
-    if s_w != 1:
-        kernel = _taps_strided
-    elif flip == 0 and cin_g >= 3:
+    if flip == 0 and cin_g >= 3 and s_w == 1:
         kernel = _taps_plain
     one_table = 0
     if taps <= _ROWS:
@@ -530,7 +477,7 @@ def qlinear_conv(F, I, args) -> int:
             if wide and m0 >= 0 and m0 <= _LIMIT:
                 _requant_plane_wide(I, q, scratch, y, out_plane, m0, shift, y_zp, lo, hi)
             else:
-                _requant_plane(q, I, y, scratch, out_plane, m0, shift, y_zp, lo, hi, wide)
+                _requant_plane(q, I, y, scratch, out_plane, m0, shift, y_zp, lo, hi)
             y += out_plane
     buf[0] = None
     buf[1] = None
@@ -539,7 +486,7 @@ def qlinear_conv(F, I, args) -> int:
 
 # qlinear_gemm's state for _gemm_rows: y, x, w, bias + 1, req, m, k, n, sx_m, sx_k, sw_k, sw_n,
 # flip, wide (none negative: a ptr32 load is unsigned on 64-bit ports).
-_GEMM = array("i", [0] * 14)
+_GEMM = array("i", bytes(4 * 14))
 
 
 @micropython.viper
@@ -645,7 +592,7 @@ def qlinear_gemm(F, I, args) -> int:
 
 _pure_conv = None   # set by qlinear.py: its pure-Python kernel
 _WIDE = 0           # set by qlinear.py: 1 on ports whose machine word (and small int) is 64 bits
-_slow = None   # set by qlinear.py: its exact pure-Python _requant
+_slow = None   # set by qlinear.py: its exact pure-Python _requant, saturated at +-2**29
 
 
 @micropython.viper
