@@ -5,8 +5,12 @@
 # even are exact in 32-bit machine words (boards) as in 64-bit ones (the Unix port), and
 # nothing is allocated, so they run under micropython.heap_lock().
 #
-# Signed int32 values (zero points, clamp bounds, biases) are read through the array object
-# (a ptr32 load is unsigned on 64-bit ports); multipliers and shifts are positive.
+# Signed int32 values (zero points, clamp bounds, biases) are read through the array object,
+# or as (v ^ 2**31) - 2**31 of a ptr32 load (which is unsigned on 64-bit ports); multipliers
+# and shifts are positive. The hot loops live in viper functions without arguments that read
+# their state from module arrays (_GEO, _TAB, _GEMM, _BUF): such a function keeps its first
+# three locals in machine registers (the moving pointers and the weight or accumulator), and
+# no call converts a dozen Python arguments (~0.16 us for a call of twelve).
 #
 # An output whose accumulator reaches 2**24 (a large bias, or more than ~500 terms of
 # extreme values) is requantized by the exact pure-Python helper instead. On 64-bit ports
@@ -165,7 +169,7 @@ def _requant_plane(q, r, y: int, acc: int, count: int, m0: int, shift: int, y_zp
 def _requant_plane_wide(pa: ptr32, pq: ptr8, acc: int, y: int, count: int, m0: int, shift: int,
                         y_zp: int, lo: int, hi: int) -> int:
     # _requant_plane on 64-bit ports for 0 <= m0 <= 2**24 and 1 <= shift <= 62: the product
-    # of any plane value and m0 fits a machine word (|p| < 2**55), so no accumulator needs
+    # of any plane value and m0 fits a machine word (|p| < 2**56), so no accumulator needs
     # the exact helper, and round half to even is floor((p + half - 1 + odd) / 2**shift),
     # odd the parity of floor(p / 2**shift): the same integer without a branch.
     pa = ptr32(uint(pa) + 4 * acc)
@@ -188,17 +192,15 @@ def _requant_plane_wide(pa: ptr32, pq: ptr8, acc: int, y: int, count: int, m0: i
     return 0
 
 
-# qlinear_conv's state for the tap kernels below, filled once per call: module globals (a
-# viper function without arguments keeps its first three locals, the moving pointers and
-# the weight, in registers, and no call converts a dozen arguments).
-# _GEO: cin_g, in_plane, taps (table rows), flip, x_zp + flip + 4096 (positive: a ptr32 load
-# is unsigned on 64-bit ports), per output channel x_group and w_m, the table's rows, s_w.
+# qlinear_conv's state for the tap kernels below, filled once per call (see the top).
+# _GEO: cin_g, in_plane, taps, flip, x_zp + flip + 4096 (positive: a ptr32 load is unsigned
+# on 64-bit ports), then per output channel x_group and w_m, the rows of _TAB in use, s_w.
 # _TAB: per tap of the kernel (up to _ROWS at a time), its rectangle of the output plane:
 # first accumulator (I index), first input offset (from x_group), tap index (weight offset),
 # count (elements per line), lines, skip_a (bytes from the end of a line to the next, in the
 # plane), skip_b (the same in the input plane), both + _SKEW (they can be negative, and a ptr32
 # load is unsigned on 64-bit ports); count 0: the tap never meets the image.
-_ROWS = const(16)          # 3x3 and 4x4 kernels in one table, larger ones in parts
+_ROWS = const(16)            # 3x3 and 4x4 kernels in one table, larger ones in parts
 _SKEW = const(536870912)     # 2**29, a small int on every port
 _GEO = array("i", bytes(4 * 9))
 _TAB = array("i", bytes(4 * 7 * _ROWS))
@@ -396,7 +398,8 @@ def qlinear_conv(F, I, args) -> int:
     # Y = requant(Conv(X - x_zp, W) + bias) with the taps outermost, as kernels/conv.py: per
     # image and output channel, an int32 accumulator plane (the step's scratch tensor, offset
     # by 2**30 so that it stays positive in a 32-bit word) gathers every tap's rectangle in
-    # tight loops (_taps_*); then the plane is requantized (_requant_plane).
+    # tight loops (_taps_*); then the plane is requantized (_requant_plane_wide on 64-bit
+    # ports, _requant_plane elsewhere).
     a = ptr32(I)
     y = int(args[1])
     x = int(args[2])
@@ -557,7 +560,7 @@ def _gemm_rows() -> int:
                 m0 = 0         # (a crafted shift) |acc * m0| < 2**56 <= 2**(shift - 1): 0
                 shift = 62
             if wide and m0 >= 0 and m0 <= _LIMIT:
-                # |acc| < 2**32 (int32 bias, k < 2**16 terms below 2**15): |p| < 2**56
+                # |acc| < 2**33 (an int32 bias, k < 2**16 terms below 2**16): |p| < 2**57
                 p = acc * m0
                 z = ((p + (1 << (shift - 1)) - 1 + ((p >> shift) & 1)) >> shift) + y_zp
                 if z < lo:
