@@ -152,6 +152,31 @@ def test_crafted_int8_step_is_refused(digits_qdq, tmp_path):
         device_blob.load(bytes(data))
 
 
+@pytest.mark.parametrize("pair,message", [(None, None), ((1 << 25, 30), "multiplier"),
+                                          ((1 << 23, 0), "shift"), ((1 << 23, 63), "shift")])
+def test_stored_requantization_tensors_are_checked(digits_qdq, tmp_path, monkeypatch, pair,
+                                                   message):
+    # Blobs of this version store only the zero points and bounds of a requantization tensor
+    # and the device derives the multipliers; one stored whole is read as it is, so its
+    # (m0, shift) pairs are checked at load like everything else the kernels trust.
+    from microtrain_host.ops import qlinear as qlinear_ops
+    from microtrain_host.pipeline.lower import CONSTANT, INT32, Tensor
+
+    def whole(ctx, node, head, size):
+        pairs = list(pair or (1 << 23, 30)) * ((size - len(head)) // 2)
+        data = np.asarray(list(head) + pairs, "<i4").tobytes()
+        return ctx.add(Tensor("", INT32, CONSTANT, (size,), data=data))
+
+    monkeypatch.setattr(qlinear_ops, "_derived_requant", whole)
+    pack_inference_model(digits_qdq / "qdq.onnx", tmp_path / "whole.mtb")
+    if message is None:
+        session = InferenceSession(str(tmp_path / "whole.mtb"))
+        assert len(session.run([0.5] * 512)) > 0
+    else:
+        with pytest.raises(BlobError, match="requantization " + message):
+            device_blob.load(str(tmp_path / "whole.mtb"))
+
+
 def test_int8_forward_under_heap_lock_and_viper_equals_pure(ds_cnn_qdq, micropython, tmp_path):
     tmp, ref, xs = ds_cnn_qdq
     (tmp_path / "x.f32").write_bytes(xs[1].astype("<f4").tobytes())

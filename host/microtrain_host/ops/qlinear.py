@@ -126,15 +126,6 @@ def _signed(ctx, name):
     return int(ctx.tensors[ctx.t(name)].dtype == INT8)
 
 
-def _requant_tensor(ctx, node, channel_multipliers):
-    """A stored requantization tensor [x_zp, y_zp, lo, hi, (m0, shift) per channel] (the
-    layout the kernels read; blobs of this version store only the head: _derived_requant)."""
-    header = [attr(node, "x_zero_point", 0), attr(node, "y_zero_point", 0), attr(node, "lo", 0),
-              attr(node, "hi", 255)]
-    pairs = [v for real in channel_multipliers for v in requant_multiplier(real)]
-    return _constant(ctx, f"{node.name}.requant", INT32, np.array(header + pairs, np.int32))
-
-
 def _derived_requant(ctx, node, head, size):
     """A requantization tensor of `size` int32 whose blob data is only `head` (zero points,
     clamp bounds): the device derives the multipliers from the tensors' scales at load.
