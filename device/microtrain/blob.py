@@ -43,8 +43,9 @@ class Blob:
         self.shapes = []
         self.offsets = []
         self.sizes = []
-        self.constants = []     # (tensor id, raw little-endian bytes); None once in
-                                # the arena (load_into_arenas)
+        self.constants = []     # (tensor id, raw little-endian bytes or, read by
+                                # load_into_arenas, the data's place in the file); None
+                                # once in the arena
         self.parameters = []    # (param tensor id, grad tensor id or -1, state tensor ids)
         self.updated_in_backward = ()  # param tensor ids trained without a gradient
                                        # buffer (program backward_update updates them)
@@ -141,41 +142,123 @@ def load(path_or_bytes, keep_steps=False):
 
 def load_into_arenas(path):
     """(blob, float arena, int arena) of the blob file at path, its constants copied in.
-    The arenas are the largest blocks: they are allocated before the blob's many small
-    objects can fragment a small heap."""
-    floats = ints = None
-    nbytes = 0
+    The file and the arenas are never in the heap together (on a board they would not fit:
+    the int8 DS-CNN is a 32 KB file for 47 KB of arenas): the file is read, checked and
+    parsed, its constants noted by their place in the file; the file's bytes are dropped,
+    the arenas allocated - the largest blocks, before the blob's many small objects can
+    fragment a small heap any further - and the file read again in small chunks straight
+    into them, its CRC-32 checked again so that a file replaced in between is refused."""
     try:
         data = read(path)
+        size = len(data)
         r, root = _root(data)
         floats, ints, nbytes = _arena_sizes(r, root)
+        b = _parse_root(r, root, data, False, _LATER, True)
+    except MemoryError:
+        data = r = root = None
+        raise OutOfMemoryError("'%s' does not fit in the heap: its %s-byte file and the blob "
+                               "parsed from it need more than %s bytes free"
+                               % (path, _file_size(path), _mem_free()))
+    del data, r, root
+    try:
         F = zeros("f", floats)
         I = zeros("i", ints)
         Q = bytearray(nbytes)
-        b = _parse_root(r, root, data, False, Q)
     except MemoryError:
-        if floats is None:
-            raise OutOfMemoryError("'%s' does not fit in the heap (%s bytes free)"
-                                   % (path, _mem_free()))
         raise OutOfMemoryError("'%s' needs %d bytes of arenas (%d floats, %d ints%s) besides "
-                               "its %d-byte file; the heap has %s bytes free (each arena "
-                               "needs one contiguous block)"
+                               "the parsed blob; the heap has %s bytes free (each arena needs "
+                               "one contiguous block)"
                                % (path, 4 * (floats + ints) + nbytes, floats, ints,
-                                  ", %d int8 bytes" % nbytes if nbytes else "", len(data),
-                                  _mem_free()))
-    del data, r, root
-    for tid, raw in b.constants:
-        off = b.offsets[tid]
-        dtype = b.dtypes[tid]
-        if dtype == FLOAT:
-            F[off:off + b.sizes[tid]] = array("f", raw)
-        elif dtype == INT32:
-            I[off:off + b.sizes[tid]] = array("i", raw)
-        else:
-            Q[off:off + b.sizes[tid]] = raw
+                                  ", %d int8 bytes" % nbytes if nbytes else "", _mem_free()))
+    _read_constants(path, b, size, F, I, Q)
+    # the byte kernels' args were parsed with a stand-in for the byte arena
+    for steps in b.programs.values():
+        steps = steps.steps
+        for k in range(len(steps)):
+            kernel, args = steps[k]
+            if args and args[0] is _LATER:
+                steps[k] = (kernel, (Q,) + args[1:])
     b.Q = Q
-    b.constants = None  # in the arena now: let the GC have the raw bytes
+    b.constants = None  # in the arenas now
     return b, F, I
+
+
+_LATER = bytearray(0)   # the byte arena until it is allocated (load_into_arenas)
+_CHUNK = 256            # bytes read at a time in the second pass
+
+
+def _read_constants(path, b, size, F, I, Q):
+    # Second pass over the file: CRC-32 of the FlatBuffer as it streams by through a small
+    # chunk, each constant - noted by its place in the file - copied into its arena on the
+    # way (int8 ones read straight into the byte arena), in file order.
+    places = []
+    for tid, raw in b.constants:
+        if isinstance(raw, int):
+            places.append((raw, tid))
+        else:           # computed at load (derived requantization multipliers)
+            _put(b, tid, 0, raw, len(raw), F, I, Q)
+    places.sort()
+    chunk = bytearray(_CHUNK)
+    view = memoryview(chunk)
+    try:
+        with open(path, "rb") as f:
+            if f.seek(0, 2) != size:
+                raise BlobError("'%s' changed while it was being loaded" % path)
+            f.seek(4)
+            crc, at = 0, 4
+            for pos, tid in places:
+                crc = _stream(f, view, crc, at, pos, None)
+                at = pos + ITEM_BYTES[b.dtypes[tid]] * b.sizes[tid]
+                if b.dtypes[tid] in (INT8, UINT8):
+                    into = memoryview(Q)[b.offsets[tid]:b.offsets[tid] + b.sizes[tid]]
+                    if f.readinto(into) != len(into):
+                        raise BlobError("'%s' changed while it was being loaded" % path)
+                    crc = crc32(into, crc)
+                else:
+                    crc = _stream(f, view, crc, pos, at, (b, tid, F, I, Q))
+            crc = _stream(f, view, crc, at, size - 4, None)
+            if f.readinto(view[:4]) != 4:
+                raise BlobError("'%s' changed while it was being loaded" % path)
+    except OSError as e:
+        raise BlobError("cannot read blob '%s': %s" % (path, e))
+    if crc & 0xFFFFFFFF != b.crc or struct.unpack_from("<I", chunk, 0)[0] != b.crc:
+        raise BlobError("'%s' changed while it was being loaded" % path)
+
+
+def _stream(f, view, crc, at, end, into):
+    # CRC-32 of the file's bytes [at, end), read through view; with into = (blob, tensor
+    # id, arenas): those bytes are the tensor's constant, copied into its arena (chunks are
+    # multiples of 4 bytes from its start: whole elements).
+    start = at
+    while at < end:
+        got = f.readinto(view[:min(len(view), end - at)])
+        if not got or (into and got % 4):
+            raise BlobError("the blob file changed while it was being loaded")
+        crc = crc32(view[:got], crc)
+        if into:
+            _put(into[0], into[1], at - start, view[:got], got, into[2], into[3], into[4])
+        at += got
+    return crc
+
+
+def _put(b, tid, at, raw, nbytes, F, I, Q):
+    # Little-endian bytes raw (nbytes of them) into tensor tid's arena slice from byte at
+    off = b.offsets[tid] + at // ITEM_BYTES[b.dtypes[tid]]
+    dtype = b.dtypes[tid]
+    if dtype == FLOAT:
+        F[off:off + nbytes // 4] = array("f", bytes(raw))
+    elif dtype == INT32:
+        I[off:off + nbytes // 4] = array("i", bytes(raw))
+    else:
+        Q[off:off + nbytes] = raw
+
+
+def _file_size(path):
+    try:
+        with open(path, "rb") as f:
+            return f.seek(0, 2)
+    except (OSError, MemoryError):
+        return "?"
 
 
 def _mem_free():
@@ -286,7 +369,7 @@ def parse(data, keep_steps=False):
     return _parse_root(r, root, data, keep_steps, bytearray(0))
 
 
-def _parse_root(r, root, data, keep_steps, Q):
+def _parse_root(r, root, data, keep_steps, Q, in_file=False):
     b = Blob()
     b.float_arena, b.int_arena, b.byte_arena = _arena_sizes(r, root)
     b.loss = r.string(root, 7, "loss")
@@ -296,7 +379,7 @@ def _parse_root(r, root, data, keep_steps, Q):
     b.full_training_arena = r.scalar(root, 12, "I", 0)
     b.full_training_steps = r.scalar(root, 13, "I", 0)
     b.source_opset = r.scalar(root, 15, "H", 0)
-    _read_tensors(r, root, b, keep_steps)
+    _read_tensors(r, root, b, keep_steps, in_file)
     _read_parameters(r, root, b)
     _read_optimizer(r, root, b)
     _read_inference(r, root, b)
@@ -324,9 +407,10 @@ def _parse_root(r, root, data, keep_steps, Q):
     return b
 
 
-def _read_tensors(r, root, b, keep_steps):
+def _read_tensors(r, root, b, keep_steps, in_file):
     # keep_steps (tools): also each tensor's alias_of (-1, or the tensor whose space an alias
-    # shares), which only the memory plan needs.
+    # shares), which only the memory plan needs. in_file: constants are noted by their place
+    # in the file (load_into_arenas reads them from there into the arenas), not copied.
     for t in r.tables(root, 2, "tensor"):
         name = r.string(t, 0, "tensor name")
         dtype = r.scalar(t, 1, "B", 0)
@@ -361,9 +445,12 @@ def _read_tensors(r, root, b, keep_steps):
                 raise BlobError("constant '%s' has %d data bytes, expected %d"
                                 % (name, nbytes, ITEM_BYTES[dtype] * size))
             else:
-                b.constants.append((len(b.names), bytes(r.buf[pos:pos + nbytes])))
-        scales = r.scalars(t, 9, "f", "tensor scales")
-        if scales:
+                b.constants.append((len(b.names), pos if in_file
+                                    else bytes(r.buf[pos:pos + nbytes])))
+        pos, n = r.vector(t, 9, 4, "tensor scales")
+        if n:
+            # an array: no float object per scale (per-channel scales are many)
+            scales = array("f", bytes(r.buf[pos:pos + 4 * n]))
             zero_points = r.scalars(t, 10, "i", "tensor zero points")
             if dtype not in (INT8, UINT8) or len(zero_points) not in (1, len(scales)):
                 raise BlobError("tensor '%s': %d scales and %d zero points for a tensor of "
