@@ -49,6 +49,18 @@ def test_frozen_interpreter_imports_microtrain_from_the_binary(frozen, micropyth
     assert plain.returncode != 0 and "microtrain" in plain.stderr   # not frozen there
 
 
+def test_viper_int8_kernels_are_frozen_and_used(frozen, tmp_path):
+    # qlinear.py falls back to its pure-Python kernels when qlinear_viper cannot be imported:
+    # the frozen build must carry the viper module (machine code) and qlinear must use it.
+    code = ("from microtrain.kernels import qlinear, qlinear_viper\n"
+            "print(qlinear.FAST, qlinear.qlinear_conv is qlinear_viper.qlinear_conv,"
+            " qlinear.qlinear_gemm is qlinear_viper.qlinear_gemm)")
+    out = run(frozen, code, tmp_path)
+    assert out.returncode == 0 and out.stdout.split() == ["True", "True", "True"], out.stderr
+    manifest = (ROOT / ".cache" / "micropython-frozen" / "manifest.py").read_text()
+    assert '"microtrain/kernels/qlinear_viper.py",' in manifest
+
+
 def test_cache_key_follows_every_device_module(tmp_path):
     # A copy of the parts the key reads, with a stand-in source tarball: no build needed.
     for part in ("scripts", "device"):

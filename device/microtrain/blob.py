@@ -2,6 +2,7 @@
 # microtrain.fbs). File layout: u32 N, then an N-byte FlatBuffer whose identifier is
 # "MTRB", then the CRC-32 of those N bytes. Everything is validated here, once, so that
 # kernels can trust their arguments.
+import gc
 import struct
 from array import array
 from microtrain.crc32 import crc32
@@ -95,37 +96,62 @@ def zeros(typecode, n):
     return a
 
 
-def read_file(path):
+def read_file(path, padded=False):
     """(bytes, the path read): `path`, or path.bak when `path` cannot be read. A board
     whose filesystem cannot rename over a file moves the previous file to path.bak while it
     replaces it (checkpoint.write_atomically); a power cut there leaves only path.bak.
-    Raises the OSError of `path` when neither can be read."""
+    Raises the OSError of `path` when neither can be read. padded (load_into_arenas): a view
+    of a buffer as large as the arenas the blob states, if the heap has that room."""
     try:
         with open(path, "rb") as f:
-            return _read_whole(f), path
+            return _read_whole(f, padded), path
     except OSError as e:
         try:
             with open(path + ".bak", "rb") as f:
-                return _read_whole(f), path + ".bak"
+                return _read_whole(f, padded), path + ".bak"
         except OSError:
             raise e
 
 
-def _read_whole(f):
+def _read_whole(f, padded=False):
     # One buffer of the file's size. f.read() grows its buffer while reading: on a board's
     # small heap the copies it leaves behind put the bytes mid-hole, where the arena that
     # Module allocates next no longer fits.
     size = f.seek(0, 2)
+    room = _stated_arenas(f, size) if padded else 0
     f.seek(0)
-    data = bytearray(size)
+    try:
+        data = bytearray(max(size, room))
+    except MemoryError:     # no hole that large: the arenas will not fit either, which
+        room = 0            # load_into_arenas then reports with the bytes they need
+        data = bytearray(size)
     view = memoryview(data)
     got = 0
     while got < size:
-        n = f.readinto(view[got:])
+        n = f.readinto(view[got:size])
         if not n:
             return data[:got]  # the file shrank while being read
         got += n
-    return data
+    return view[:size] if room > size else data
+
+
+def _stated_arenas(f, size):
+    # The bytes of arenas the blob's root table states, read from the file's first bytes
+    # (a FlatBuffer's root table is written last: it is near the front), capped by the free
+    # heap; 0 when unknown, and on CPython. Only where to put the file (load_into_arenas):
+    # the stated sizes are checked once the blob is parsed.
+    if not hasattr(gc, "mem_free"):
+        return 0
+    try:
+        f.seek(0)
+        r = Reader(memoryview(f.read(min(size, 512))), BlobError, start=4)
+        root = r.root()
+        room = 4 * (r.scalar(root, 5, "I", 0) + r.scalar(root, 6, "I", 0)) \
+            + r.scalar(root, 16, "I", 0)
+    except Exception:   # a hint only: a broken file is reported by the parse
+        return 0
+    gc.collect()
+    return min(room, gc.mem_free())
 
 
 def read(path):
@@ -148,22 +174,17 @@ def load_into_arenas(path):
     the arenas allocated - the largest blocks, before the blob's many small objects can
     fragment a small heap any further - and the file read again in small chunks straight
     into them, its CRC-32 checked again so that a file replaced in between is refused."""
+    b, size, floats, ints, nbytes = _parse_file(path)
+    b.quant = {}        # the scales served the checks (derived multipliers); not needed now
+    _compact()
     try:
-        data = read(path)
-        size = len(data)
-        r, root = _root(data)
-        floats, ints, nbytes = _arena_sizes(r, root)
-        b = _parse_root(r, root, data, False, _LATER, True)
-    except MemoryError:
-        data = r = root = None
-        raise OutOfMemoryError("'%s' does not fit in the heap: its %s-byte file and the blob "
-                               "parsed from it need more than %s bytes free"
-                               % (path, _file_size(path), _mem_free()))
-    del data, r, root
-    try:
+        # the larger of the float and byte arenas first (into the file's place), then the
+        # int arena (labels, masks, multipliers: smaller)
+        Q = bytearray(nbytes) if nbytes > 4 * floats else None
         F = zeros("f", floats)
+        if Q is None:
+            Q = bytearray(nbytes)
         I = zeros("i", ints)
-        Q = bytearray(nbytes)
     except MemoryError:
         raise OutOfMemoryError("'%s' needs %d bytes of arenas (%d floats, %d ints%s) besides "
                                "the parsed blob; the heap has %s bytes free (each arena needs "
@@ -181,6 +202,36 @@ def load_into_arenas(path):
     b.Q = Q
     b.constants = None  # in the arenas now
     return b, F, I
+
+
+# MicroPython: a collection restarts allocation at the heap's bottom, so the parsed blob's
+# objects pack together there instead of spreading over the heap with the garbage parsing
+# makes, which would leave no hole as large as an arena. CPython needs no help.
+_compact = gc.collect if hasattr(gc, "mem_alloc") else (lambda: None)
+def _parse_file(path):
+    # (blob, file size, arena sizes) of the file at path, its constants noted by their place
+    # in the file. A function of its own: once it returns, no stale slot of a running
+    # frame can keep the file's bytes from the garbage collector (MicroPython scans frames
+    # conservatively).
+    try:
+        # the file is read into a buffer as large as the arenas (when the heap has the
+        # room), at the bottom of the heap: the parsed blob's objects then pack above it,
+        # and the arenas take its place once it is dropped, instead of looking for holes
+        # between those objects.
+        _compact()
+        try:
+            data = read_file(path, True)[0]
+        except OSError as e:
+            raise BlobError("cannot read blob '%s': %s" % (path, e))
+        r, root = _root(data)
+        floats, ints, nbytes = _arena_sizes(r, root)
+        return (_parse_root(r, root, data, False, _LATER, True), len(data), floats, ints,
+                nbytes)
+    except MemoryError:
+        data = r = root = None
+        raise OutOfMemoryError("'%s' does not fit in the heap: its %s-byte file and the blob "
+                               "parsed from it need more than %s bytes free"
+                               % (path, _file_size(path), _mem_free()))
 
 
 _LATER = bytearray(0)   # the byte arena until it is allocated (load_into_arenas)
@@ -412,6 +463,7 @@ def _read_tensors(r, root, b, keep_steps, in_file):
     # shares), which only the memory plan needs. in_file: constants are noted by their place
     # in the file (load_into_arenas reads them from there into the arenas), not copied.
     for t in r.tables(root, 2, "tensor"):
+        _compact()
         name = r.string(t, 0, "tensor name")
         dtype = r.scalar(t, 1, "B", 0)
         role = r.scalar(t, 2, "B", 0)
@@ -602,6 +654,7 @@ def _read_steps(r, program, b, program_name, records, Q):
     modules = {}
     check = StepCheck(b)
     for index, t in enumerate(r.tables(program, 1, "step")):
+        _compact()
         op = r.scalar(t, 0, "H", 0)
         where = "%s step %d (op %d)" % (program_name, index, op)
         if op not in SIGNATURES:
