@@ -256,7 +256,7 @@ SIGNATURES = {
     RELU_MASK_GRAD: ("activation", "relu_mask_grad", "ffi", 1, 0),
     INT_GEMM_LOGITS: ("inttrain", "int_gemm_logits", "ibbii", 4, 0),
     INT_SOFTMAX_CE: ("inttrain", "int_softmax_ce", "iiiii", 2, 0),
-    INT_GEMM_UPDATE: ("inttrain", "int_gemm_update", "bibii", 4, 0),
+    INT_GEMM_UPDATE: ("inttrain", "int_gemm_update", "bibiik", 4, 0),
 }
 
 

@@ -197,14 +197,30 @@ def loss_value(I, at, m):
 
 
 # -- backward + update, fused ----------------------------------------------------------
+def _dither(I, at):
+    # the next value of the xorshift16 generator whose state is I[at] (0: not seeded yet),
+    # 16 bits, so that no intermediate reaches 2**30 on any port
+    s = I[at] or 0xACE1
+    s ^= (s << 7) & 0xFFFF
+    s ^= s >> 9
+    s ^= (s << 8) & 0xFFFF
+    I[at] = s
+    return s
+
+
 def int_gemm_update(F, I, args):
-    Q, w, bias, x, g, rates, m, k, n, x_signed = args
+    # stochastic (random >= 0): each weight's (and bias') step is rounded up or down with the
+    # probabilities of its fraction (8 bits of it: the step in 1/256 quanta, rounded half to
+    # even, plus a uniform 0..255 from the generator at I[random], then >> 8), so that steps
+    # below half a quantum still move the weights on average; else round half to even.
+    Q, w, bias, x, g, rates, random, m, k, n, x_signed = args
     x_zp = I[rates]
     flip = 128 if x_signed else 0
     for j in range(n):
         r = rates + 1 + 4 * j
         m0 = I[r]
         shift = I[r + 1]
+        fine = random >= 0 and shift > 8
         pw = w + j * k
         for t in range(k):
             acc = 0
@@ -214,7 +230,11 @@ def int_gemm_update(F, I, args):
                 acc += I[pg] * (((Q[px] ^ flip) - flip) - x_zp)
                 px += k
                 pg += n
-            v = ((Q[pw + t] ^ 128) - 128) - _requant(acc, m0, shift)
+            if fine:
+                step = (_requant(acc, m0, shift - 8) + (_dither(I, random) & 255)) >> 8
+            else:
+                step = _requant(acc, m0, shift)
+            v = ((Q[pw + t] ^ 128) - 128) - step
             if v > 127:
                 v = 127
             elif v < -127:
@@ -225,7 +245,11 @@ def int_gemm_update(F, I, args):
         for _ in range(m):
             acc += I[pg]
             pg += n
-        v = I[bias + j] - _requant(acc, I[r + 2], I[r + 3])
+        if random >= 0 and I[r + 3] > 8:
+            step = (_requant(acc, I[r + 2], I[r + 3] - 8) + (_dither(I, random) & 255)) >> 8
+        else:
+            step = _requant(acc, I[r + 2], I[r + 3])
+        v = I[bias + j] - step
         if v > BIAS_LIMIT:
             v = BIAS_LIMIT
         elif v < -BIAS_LIMIT:
@@ -253,7 +277,7 @@ def rate_values(x_zp, reals):
 
 
 def int_gemm_update_check(args, c):
-    Q, w, bias, x, g, rates, m, k, n, x_signed = args
+    Q, w, bias, x, g, rates, random, m, k, n, x_signed = args
     c.positive(m, k, n)
     c.within(k, 1, MAX_K, "inputs per output")
     c.holds(0, n * k)
@@ -263,6 +287,9 @@ def int_gemm_update_check(args, c):
     c.holds(2, m * k)
     c.holds(3, m * n)
     c.holds(4, 1 + 4 * n)
+    if c.present(5):
+        c.holds(5, 1)
+        c.role(5, "optimizer_state")
     c.within(x_signed, 0, 1, "signed flag")
     sx, zx, _ = _scale(c, 2)
     sw = _scale(c, 0)[0]

@@ -85,21 +85,40 @@ def int_gemm_update(F, I, args) -> int:
     x = int(args[3])
     g = int(args[4])
     rates = int(args[5])
-    m = int(args[6])
-    k = int(args[7])
-    n = int(args[8])
+    random = int(args[6])
+    m = int(args[7])
+    k = int(args[8])
+    n = int(args[9])
     flip = 0
-    if int(args[9]):
+    if int(args[10]):
         flip = 0x80
     zp = int(I[rates]) + flip
+    s = 0
+    moved = 0
+    if random >= 0:
+        s = r[random] & 0xFFFF
+        if s == 0:
+            s = 0xACE1
     for j in range(n):
         at = rates + 1 + 4 * j
         m0 = r[at]
         shift = r[at + 1]
+        fine = 0
+        if random >= 0 and shift > 8:
+            fine = 1
         pw = w + j * k
         for t in range(k):
             acc = int(_column(args[0], I, x + t, g + j, m, k, n, zp, flip))
-            v = ((int(q[pw + t]) ^ 0x80) - 0x80) - int(_rq(acc, m0, shift))
+            if fine:
+                # kernels/inttrain.py _dither: xorshift16
+                moved = 1
+                s ^= (s << 7) & 0xFFFF
+                s ^= s >> 9
+                s ^= (s << 8) & 0xFFFF
+                step = (int(_rq(acc, m0, shift - 8)) + (s & 0xFF)) >> 8
+            else:
+                step = int(_rq(acc, m0, shift))
+            v = ((int(q[pw + t]) ^ 0x80) - 0x80) - step
             if v > 127:
                 v = 127
             elif v < -127:
@@ -110,10 +129,20 @@ def int_gemm_update(F, I, args) -> int:
         for _ in range(m):
             acc += int(I[pg])
             pg += n
-        v = int(I[bias + j]) - int(_rq(acc, r[at + 2], r[at + 3]))
+        if random >= 0 and r[at + 3] > 8:
+            moved = 1
+            s ^= (s << 7) & 0xFFFF
+            s ^= s >> 9
+            s ^= (s << 8) & 0xFFFF
+            step = (int(_rq(acc, r[at + 2], r[at + 3] - 8)) + (s & 0xFF)) >> 8
+        else:
+            step = int(_rq(acc, r[at + 2], r[at + 3]))
+        v = int(I[bias + j]) - step
         if v > _BIAS_LIMIT:
             v = _BIAS_LIMIT
         elif v < 0 - _BIAS_LIMIT:
             v = 0 - _BIAS_LIMIT
         r[bias + j] = v
+    if moved:
+        r[random] = s
     return 0

@@ -11,7 +11,9 @@ point). pipeline/inttrain.py builds the graphs that use them.
   IntGemmUpdate(W, B, X, G) -> (W', B')
                                        the QAS-scaled SGD update of W and B in place (W', B'
                                        name the same storage), multipliers derived on the
-                                       device from the learning rate and the scales
+                                       device from the learning rate and the scales;
+                                       stochastic=1: weight steps rounded stochastically
+                                       (an int32 xorshift16 state, "<W>.dither")
 
 `exp_table()` is the Q14 exp table the loss step reads; `logits`, `softmax_ce` and `update`
 are their numpy mirrors (the same integers as the device), for tools and tests."""
@@ -21,7 +23,9 @@ import numpy as np
 
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
-from ..pipeline.lower import CONSTANT, INT32, INT8, PARAM, UINT8, Tensor, ACTIVATION
+from ..graph import attr
+from ..pipeline.lower import (ACTIVATION, CONSTANT, INT32, INT8, NO_TENSOR, OPTIMIZER_STATE,
+                              PARAM, UINT8, Tensor)
 from ..registry import lowering
 from .qlinear import requant_multiplier, requant_values
 
@@ -123,7 +127,14 @@ def lower_int_gemm_update(ctx, node):
         raise UnsupportedOpError(f"{ctx.where(node)}: gradient shape "
                                  f"{list(ctx.tensors[g].shape)}, expected {[m, n]}")
     rates = _derived(ctx, f"{node.input[0]}.update_rates", 1 + 4 * n)
-    ctx.step(op.INT_GEMM_UPDATE, [wid, bid, xid, g, rates], [m, k, n, int(x.dtype == INT8)])
+    random = NO_TENSOR
+    if attr(node, "stochastic", 0):
+        key = f"{node.input[0]}.dither"
+        if key not in ctx.persistent:
+            ctx.persistent[key] = ctx.add(Tensor(key, INT32, OPTIMIZER_STATE, (1,)))
+        random = ctx.local[key] = ctx.persistent[key]
+    ctx.step(op.INT_GEMM_UPDATE, [wid, bid, xid, g, rates, random],
+             [m, k, n, int(x.dtype == INT8)])
     ctx.alias_in_place(node.output[0], node.input[0])
     ctx.alias_in_place(node.output[1], node.input[1])
 

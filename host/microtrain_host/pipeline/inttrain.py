@@ -63,7 +63,7 @@ def _classifier(fused):
     return quant[0], gemm, deq
 
 
-def int8_training_model(qdq_model):
+def int8_training_model(qdq_model, stochastic=True):
     """(train graph, eval graph, roles, quantization, parameters {name: array}, info)."""
     if not isinstance(qdq_model, onnx.ModelProto):
         qdq_model = onnx.load(os.fspath(qdq_model))
@@ -104,7 +104,8 @@ def int8_training_model(qdq_model):
                             name=gemm.name + ".loss", domain=DOMAIN)
     step = helper.make_node("IntGemmUpdate", [w_name, b_name, gemm.input[0], GRAD],
                             [w_name + ".updated", b_name + ".updated"],
-                            name=gemm.name + ".update", domain=DOMAIN)
+                            name=gemm.name + ".update", domain=DOMAIN,
+                            stochastic=int(bool(stochastic)))
     out_loss = helper.make_tensor_value_info(LOSS, TensorProto.INT32, [batch, 2])
     out_logits = helper.make_tensor_value_info(LOGITS, TensorProto.INT32, [batch, n])
     opsets = list(fused.opset_import)
@@ -129,12 +130,15 @@ def int8_training_model(qdq_model):
     return train, evaluate, roles, quantization, {w_name: w, b_name: bias}, info
 
 
-def int8_training_artifacts(qdq_model, out_dir, learning_rate=0.01):
+def int8_training_artifacts(qdq_model, out_dir, learning_rate=0.01, stochastic=True):
     """Write int8_train.mtb, int8_train.ckpt and int8_train.json into out_dir (see the
-    module docstring); returns the info dict (with the three paths)."""
+    module docstring); returns the info dict (with the three paths). stochastic: round the
+    weight steps stochastically (default; steps below half a quantum would otherwise be
+    lost) or half to even."""
     if not (0.0 < float(learning_rate) < 3e38):
         raise ArtifactError(f"learning rate {learning_rate!r} must be positive and finite")
-    train, evaluate, roles, quantization, params, info = int8_training_model(qdq_model)
+    train, evaluate, roles, quantization, params, info = int8_training_model(qdq_model,
+                                                                              stochastic)
     lowering = Lowering(roles)
     lowering.quantization = quantization
     lowering.lower("train", train)
@@ -150,7 +154,8 @@ def int8_training_artifacts(qdq_model, out_dir, learning_rate=0.01):
     try:
         write_atomically(paths["blob"], data)
         write_checkpoint(paths["checkpoint"], params, {}, keep_integers=True)
-        info = dict(info, learning_rate=float(learning_rate), **paths)
+        info = dict(info, learning_rate=float(learning_rate), stochastic=bool(stochastic),
+                    **paths)
         write_atomically(paths["info"], json.dumps(info, indent=1).encode())
     except OSError as e:
         raise ArtifactError(f"cannot write into '{out}': {e}") from e
