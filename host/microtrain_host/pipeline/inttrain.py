@@ -125,6 +125,7 @@ def int8_training_model(qdq_model, stochastic=True):
             "input_type": "int8" if x_type == TensorProto.INT8 else "uint8",
             "input_shape": shape, "labels": LABELS, "classes": int(n), "batch_size": batch,
             "weight": w_name, "bias": b_name, "features": int(k),
+            "feature_tensor": gemm.input[0],
             "feature_scale": float(attr(gemm, "x_scale")),
             "weight_scales": w_scales}
     return train, evaluate, roles, quantization, {w_name: w, b_name: bias}, info
