@@ -343,3 +343,25 @@ def test_crafted_blobs_checkpoints_and_inputs_are_refused(digits_int8, tmp_path)
         model([300] + x[1:], [1])
     with pytest.raises(ParameterError, match="integer parameters"):
         model.get_contiguous_parameters()
+
+
+def test_cli_export_int8_train(digits_int8, tmp_path):
+    import json
+    out = subprocess.run(
+        [sys.executable, "-m", "microtrain_host.cli", "export", str(digits_int8),
+         "--checkpoint", str(digits_int8 / "trained"), "--qdq", "-o", str(tmp_path / "q.onnx"),
+         "--int8-train", str(tmp_path / "int8"), "--int8-lr", "0.02", "--int8-nearest"],
+        capture_output=True, text=True, check=True).stdout
+    assert "integer training blob" in out
+    info = json.loads((tmp_path / "int8" / "int8_train.json").read_text())
+    assert info["learning_rate"] == 0.02 and info["stochastic"] is False
+    b = device_blob.load(info["blob"], keep_steps=True)
+    assert [op for op, *_ in b.step_records["train"]][-3:] == [242, 243, 244]
+    assert b.optimizer["learning_rate"] == pytest.approx(0.02)
+    update = b.step_records["train"][-1]
+    assert update[1][5] == 0xFFFFFFFF                  # nearest: no generator state
+    refused = subprocess.run(
+        [sys.executable, "-m", "microtrain_host.cli", "export", str(digits_int8),
+         "--checkpoint", str(digits_int8 / "trained"), "-o", str(tmp_path / "f.onnx"),
+         "--int8-train", str(tmp_path / "x")], capture_output=True, text=True)
+    assert refused.returncode != 0 and "--int8-train needs --qdq" in refused.stderr
