@@ -23,6 +23,7 @@ _BELOW_ONE = 0.99999994    # float32's largest value below 1
 ROLE_NAMES = ("input", "label", "param", "grad", "activation", "optimizer_state",
               "constant", "control")
 _LABEL = 1                 # ROLE_NAMES.index("label")
+_PARAM = 2
 _COPY = 0x80000000         # inference template cut kind: copy bytes of the training blob
 
 
@@ -72,11 +73,16 @@ class Blob:
         self.derived = {}       # tensor id -> its given first elements, of a CONSTANT whose
                                 # rest the step reading it computes at load (then removed)
         self.crc = 0            # the file's CRC-32, to notice a blob replaced since load
+        self.integer_parameters = False  # int8 / int32 parameters trained in integers: the
+                                         # train / eval loss is then int32 (kernels/inttrain.py)
+        self.int_rates = []     # the inttrain update steps' multipliers (set_learning_rate)
+        self.int_derived = {}   # inttrain's derived tensors computed so far -> their size
 
     def is_trainable(self, tensor, grad):
         # A parameter entry trains when it has a gradient buffer or is updated in the
-        # backward pass (update_in_backward: no buffer).
-        return grad >= 0 or tensor in self.updated_in_backward
+        # backward pass (update_in_backward: no buffer), or is an integer one (updated by
+        # the train program's inttrain steps).
+        return grad >= 0 or tensor in self.updated_in_backward or self.dtypes[tensor] != FLOAT
 
     def tensor_id(self, name):
         try:
@@ -366,6 +372,16 @@ def copy_inputs(b, F, I, program, inputs, classes):
                     raise InputError("label %r at position %d of '%s' is not a class index "
                                      "in [0, %d)" % (v, i, b.names[tid], classes))
                 I[off + i] = int(v)
+        elif b.dtypes[tid] != FLOAT:
+            # an int8 / uint8 input (already quantized: integer training) into the byte arena
+            Q = b.Q
+            low = -128 if b.dtypes[tid] == INT8 else 0
+            for i in range(n):
+                v = values[i]
+                if not low <= v <= low + 255:
+                    raise InputError("value %r at position %d of '%s' is outside the %s range"
+                                     % (v, i, b.names[tid], "int8" if low else "uint8"))
+                Q[off + i] = v & 255
         else:
             for i in range(n):
                 F[off + i] = values[i]
@@ -453,8 +469,10 @@ def _parse_root(r, root, data, keep_steps, Q, in_file=False):
     for name in ("train", "eval"):
         # Module reads the loss from the first output of these programs.
         p = b.programs.get(name)
-        if p is not None and (not p.outputs or b.dtypes[p.outputs[0]] != FLOAT):
-            raise BlobError("the %s program has no float loss as its first output" % name)
+        loss_type = INT32 if b.integer_parameters else FLOAT
+        if p is not None and (not p.outputs or b.dtypes[p.outputs[0]] != loss_type):
+            raise BlobError("the %s program has no %s loss as its first output"
+                            % (name, "int" if loss_type else "float"))
     return b
 
 
@@ -541,6 +559,13 @@ def _read_parameters(r, root, b):
         tensor = r.scalar(t, 0, "I", NO_TENSOR)
         grad = r.scalar(t, 1, "i", -1)
         state = r.scalars(t, 2, "I", "parameter state")
+        if tensor < n and b.dtypes[tensor] != FLOAT and b.roles[tensor] == _PARAM and (
+                grad < 0 and not state and not r.scalar(t, 3, "B", 0)):
+            # an int8 weight or int32 bias trained in integers: the train program's update
+            # steps (kernels/inttrain.py) change it; no gradient buffer, no optimizer state
+            b.integer_parameters = True
+            b.parameters.append((tensor, grad, ()))
+            continue
         for tid in (tensor,) + tuple(state) + ((grad,) if grad >= 0 else ()):
             if tid >= n or b.dtypes[tid] != FLOAT:
                 raise BlobError("parameter entry names tensor %d, which is not a float tensor" % tid)

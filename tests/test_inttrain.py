@@ -1,0 +1,367 @@
+"""Issue 11 scope 1, integer training (kernels/inttrain.py, ops/inttrain.py,
+pipeline/inttrain.py): one integer update against torch float64 (a float SGD step of the
+dequantized layer, in weight quanta), the integer softmax cross-entropy gradient against
+torch, convergence of an int8 classifier trained in integers against the float fine-tune of
+the same layer on the same features, the whole train step under micropython.heap_lock() with
+the viper kernels equal to the pure-Python kernels and to CPython, and crafted blobs,
+checkpoints and inputs refused."""
+import struct
+import subprocess
+import sys
+import zlib
+
+from array import array
+
+import numpy as np
+import pytest
+import torch
+
+import microtrain_host as mh
+from conftest import DEVICE, ROOT, run_micropython
+from inttrain_helpers import Layer
+from microtrain import CheckpointState, Module, Optimizer
+from microtrain import blob as device_blob
+from microtrain.errors import BlobError, InputError, ParameterError
+from microtrain.kernels import inttrain as K
+from microtrain_host.ops import inttrain as host_ops
+from microtrain_host.pipeline.checkpoint import write_checkpoint
+from microtrain_host.pipeline.inttrain import int8_training_artifacts, quantize_input
+from microtrain_host.tools.train import train
+
+DIGITS = ROOT / "examples" / "digits"
+
+
+def random_layer(rng, m, lr, stochastic=False):
+    k, n = 32, 10
+    sx = float(np.float32(rng.uniform(0.01, 0.05)))
+    zp = int(rng.integers(0, 20))
+    sw = rng.uniform(0.005, 0.02, n).astype(np.float32)
+    x = rng.integers(0, 256, (m, k))
+    w = rng.integers(-60, 61, (n, k)).astype(np.int8)
+    b = rng.integers(-2000, 2000, n).astype(np.int32)
+    y = rng.integers(0, n, m)
+    layer = Layer(x, zp, w, b, sx, sw, y, lr)
+    if stochastic:
+        layer.I.append(0)                      # the generator state, after everything
+        layer.random = len(layer.I) - 1
+    return layer, (x, zp, w, b, sx, sw, y)
+
+
+def torch_step(x, zp, w, b, sx, sw, y, lr):
+    """The float64 SGD step of the dequantized layer, in quanta: (dW / s_w, dB / (s_x s_w))
+    * lr, the softmax - onehot gradient, the float logits."""
+    sw64 = sw.astype(np.float64)
+    xr = torch.tensor((x - zp) * np.float64(sx))
+    W = torch.tensor(w * sw64[:, None], requires_grad=True)
+    B = torch.tensor(b * np.float64(sx) * sw64, requires_grad=True)
+    logits = xr @ W.T + B
+    torch.nn.functional.cross_entropy(logits, torch.tensor(y)).backward()
+    p = torch.softmax(logits, 1).detach().numpy()
+    p[np.arange(len(y)), y] -= 1
+    return (lr * W.grad.numpy() / sw64[:, None], lr * B.grad.numpy() / (np.float64(sx) * sw64),
+            p, logits.detach().numpy())
+
+
+def test_int_update_equals_torch_float64_within_one_quantum():
+    # Bound: the int step equals round(lr * dL/dW / s_w) of torch's float64 gradient (the
+    # dequantized weights, bias and input) within 1 quantum: the logits are exact to 2**-9,
+    # the probabilities to a few 2**-14, so the step's error before rounding stays far below
+    # half a quantum for steps of tens of quanta.
+    rng = np.random.default_rng(0)
+    worst_w = worst_b = 0.0
+    exact = 0
+    total = 0
+    for trial in range(30):
+        m = (1, 2, 4)[trial % 3]
+        lr = float(rng.uniform(0.01, 0.1))
+        layer, (x, zp, w, b, sx, sw, y) = random_layer(rng, m, lr)
+        layer.forward()
+        layer.update()
+        dw, db, _, _ = torch_step(x, zp, w, b, sx, sw, y, lr)
+        got_w = w.astype(np.int64) - layer.weights()
+        got_b = b.astype(np.int64) - layer.ints("bias", 10)
+        free = np.abs(w - np.round(dw)) <= 127           # steps the int8 clamp leaves alone
+        assert free.mean() > 0.9
+        assert np.all(np.abs(got_w - np.round(dw))[free] <= 1), trial
+        assert np.all(np.abs(got_b - np.round(db)) <= 1), trial
+        worst_w = max(worst_w, float(np.abs(got_w - dw)[free].max()))
+        worst_b = max(worst_b, float(np.abs(got_b - db).max()))
+        exact += int(np.sum(got_w[free] == np.round(dw)[free]))
+        total += int(free.sum())
+    print(f"int update vs torch float64: weights within {worst_w:.3f} quanta, biases "
+          f"{worst_b:.3f}; {exact / total:.4f} of weight steps equal round(lr dW / s_w)")
+    assert exact / total > 0.99
+
+
+def test_stochastic_steps_are_the_float_step_rounded_down_or_up():
+    rng = np.random.default_rng(1)
+    means = []
+    for trial in range(12):
+        lr = float(rng.uniform(0.0005, 0.005))           # steps below one quantum
+        layer, (x, zp, w, b, sx, sw, y) = random_layer(rng, 1, lr, stochastic=True)
+        layer.forward()
+        K.int_gemm_update(None, layer.I, (layer.Q, layer.w, layer.bias, layer.x, layer.g,
+                                          layer.rates, layer.random, 1, 32, 10, 0))
+        dw, db, _, _ = torch_step(x, zp, w, b, sx, sw, y, lr)
+        got = w.astype(np.int64) - layer.weights()
+        # floor or ceil of the exact step (2**-8 of slack for the fixed-point gradient)
+        assert np.all((got >= np.floor(dw - 2 ** -8)) & (got <= np.ceil(dw + 2 ** -8)))
+        means.append((got - dw).mean())
+    # unbiased: round-to-nearest would lose every step below half a quantum
+    assert abs(np.mean(means)) < 0.05, means
+
+
+def test_softmax_cross_entropy_gradient_equals_torch():
+    # Bound: |g / 2**14 - (softmax(z / 2**8) - onehot)| <= 4 / 2**14 (Q14 table entries and
+    # their product rounded, the division rounded), loss within 2**-10.
+    rng = np.random.default_rng(2)
+    worst = worst_loss = 0.0
+    for trial in range(40):
+        m, n = 3, int(rng.integers(2, 13))
+        z = rng.integers(-3000, 3000, (m, n)) // (1 + trial % 7)
+        y = rng.integers(0, n, m)
+        I = array("i", [int(v) for v in z.ravel()] + [0] * (m * n) + [0] * (2 * m)
+                  + [int(v) for v in y] + host_ops.exp_table().tolist())
+        K.int_softmax_ce(None, I, (0, m * n, 2 * m * n, 2 * m * n + 2 * m,
+                                   2 * m * n + 3 * m, m, n))
+        g = np.array(I[m * n:2 * m * n]).reshape(m, n) / 2 ** 14
+        zt = torch.tensor(z / 256.0, dtype=torch.float64)
+        p = torch.softmax(zt, 1).numpy()
+        p[np.arange(m), y] -= 1
+        worst = max(worst, float(np.abs(g - p).max()))
+        loss = K.loss_value(I, 2 * m * n, m)
+        expected = float(torch.nn.functional.cross_entropy(zt, torch.tensor(y)))
+        worst_loss = max(worst_loss, abs(loss - expected))
+        loss_ints, g_np = host_ops.softmax_ce(z, y)       # the numpy mirror: same integers
+        assert np.array_equal(g_np, np.array(I[m * n:2 * m * n]).reshape(m, n))
+    print(f"integer softmax-CE gradient vs torch: within {worst * 2 ** 14:.2f} / 2**14, "
+          f"loss within {worst_loss:.2e}")
+    assert worst <= 4 / 2 ** 14 and worst_loss <= 2 ** -10
+
+
+@pytest.fixture(scope="module")
+def digits_int8(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("digits_inttrain")
+    mh.generate_artifacts(str(DIGITS / "mlp.onnx"), artifact_directory=tmp, batch_size=1,
+                          quantization=True)
+    train(tmp, DIGITS / "digits.npz", 2, 0.01, tmp / "trained")
+    mh.export_inference_model(tmp, tmp / "trained", tmp / "qdq.onnx", qdq=True)
+    return tmp
+
+
+def _accuracy(model, info, xs, ys):
+    model.eval()
+    right = 0
+    for x, y in zip(xs, ys):
+        _, logits = model(quantize_input(x, info).reshape(-1).tolist(), [int(y)])
+        right += int(np.argmax(np.array(logits))) == int(y)
+    model.train()
+    return right / len(ys)
+
+
+def _fresh(info, tmp, name):
+    # the classifier from zero (a new task for the head: chance to trained)
+    n, k = info["classes"], info["features"]
+    path = tmp / name
+    write_checkpoint(path, {info["weight"]: np.zeros((n, k), np.int8),
+                            info["bias"]: np.zeros(n, np.int32)}, {}, keep_integers=True)
+    return CheckpointState.load_checkpoint(str(path))
+
+
+@pytest.mark.parametrize("stochastic", [True, False])
+def test_int_training_reaches_the_float_fine_tune(digits_int8, tmp_path, stochastic):
+    lr, epochs = 0.01, 2
+    info = int8_training_artifacts(digits_int8 / "qdq.onnx", tmp_path, lr, stochastic)
+    data = np.load(DIGITS / "digits.npz")
+    xs, ys, xv, yv = data["x_train"], data["y_train"], data["x_val"], data["y_val"]
+    state = _fresh(info, tmp_path, "zero.ckpt")
+    model = Module(info["blob"], state)
+    opt = Optimizer(info["blob"], model)
+    before = _accuracy(model, info, xv, yv)
+    losses = []
+    for _ in range(epochs):
+        for x, y in zip(xs, ys):
+            losses.append(model(quantize_input(x, info).reshape(-1).tolist(), [int(y)]))
+            opt.step()
+    after = _accuracy(model, info, xv, yv)
+    # the float fine-tune: the same layer from zero, torch SGD at the same rate and order,
+    # on the int8 backbone's features (dequantized)
+    feature = info["feature_tensor"]
+
+    def features(samples):
+        model.eval()
+        out = []
+        for x in samples:
+            model(quantize_input(x, info).reshape(-1).tolist(), [0])
+            out.append(np.array(model.output(feature), np.float64))
+        model.train()
+        return (np.array(out) - 0) * info["feature_scale"]
+
+    ft, fv = features(xs), features(xv)
+    linear = torch.nn.Linear(info["features"], info["classes"]).double()
+    torch.nn.init.zeros_(linear.weight)
+    torch.nn.init.zeros_(linear.bias)
+    sgd = torch.optim.SGD(linear.parameters(), lr=lr)
+    for _ in range(epochs):
+        for i in range(len(xs)):
+            sgd.zero_grad()
+            torch.nn.functional.cross_entropy(linear(torch.tensor(ft[i:i + 1])),
+                                              torch.tensor([int(ys[i])])).backward()
+            sgd.step()
+    float_acc = float((linear(torch.tensor(fv)).argmax(1).numpy() == yv).mean())
+    print(f"digits classifier from zero, {epochs} epochs at lr {lr}: int8 "
+          f"({'stochastic' if stochastic else 'nearest'} rounding) {before:.3f} -> {after:.3f}, "
+          f"float fine-tune {float_acc:.3f}")
+    assert before < 0.2
+    assert np.mean(losses[-200:]) < np.mean(losses[:200])
+    if stochastic:
+        assert after >= float_acc - 0.02
+    else:
+        assert after > 0.7        # learns, but loses the steps below half a quantum
+    # the trained state saves and loads: same eval logits
+    CheckpointState.save_checkpoint(state, str(tmp_path / "trained.ckpt"))
+    again = Module(info["blob"], CheckpointState.load_checkpoint(str(tmp_path / "trained.ckpt")))
+    assert _accuracy(again, info, xv, yv) == after
+
+
+@pytest.fixture(scope="module")
+def ds_cnn_int8(tmp_path_factory):
+    from reference_models import ds_cnn
+    from test_models import make_data
+    from torch_reference import export
+    tmp = tmp_path_factory.mktemp("ds_cnn_inttrain")
+    ref = ds_cnn()
+    mh.generate_artifacts(export(ref.module, torch.zeros((ref.batch,) + ref.inputs)),
+                          artifact_directory=tmp, batch_size=ref.batch, optimizer="SGD",
+                          quantization=True)
+    xs, ys = make_data(ref, 8)
+    state = CheckpointState.load_checkpoint(str(tmp / "checkpoint"))
+    model = Module(str(tmp / "model.mtb"), state)
+    opt = Optimizer(str(tmp / "model.mtb"), model)
+    opt.set_learning_rate(0.05)
+    for x, y in zip(xs, ys):                   # calibrate the observers
+        model(x.reshape(-1), [int(v) for v in y])
+        opt.step()
+        model.lazy_reset_grad()
+    CheckpointState.save_checkpoint(state, str(tmp / "trained"))
+    mh.export_inference_model(tmp, tmp / "trained", tmp / "qdq.onnx", qdq=True)
+    info = int8_training_artifacts(tmp / "qdq.onnx", tmp / "int", 0.05)
+    rng = np.random.default_rng(5)
+    records = b""
+    for x, y in zip(xs[:4], ys[:4]):
+        q = quantize_input(x + rng.standard_normal(x.shape).astype(np.float32) * 0.1, info)
+        records += q.tobytes() + np.asarray(y, "<i4").tobytes()
+    (tmp / "data.bin").write_bytes(records)
+    return tmp, info
+
+
+def test_ds_cnn_int_train_step_under_heap_lock_viper_equals_pure_equals_cpython(
+        ds_cnn_int8, micropython, tmp_path):
+    tmp, info = ds_cnn_int8
+    b = device_blob.load(info["blob"], keep_steps=True)
+    ops = [op for op, *_ in b.step_records["train"]]
+    assert ops.count(223) == 5 and ops[-3:] == [242, 243, 244]    # frozen convs, int head
+    args = [info["blob"], info["checkpoint"], tmp / "data.bin", 6]
+    script = ROOT / "tests" / "device_scripts" / "inttrain_steps.py"
+    fast = run_micropython(micropython, script, *args, "fast", tmp_path / "mp_fast.ckpt")
+    pure = run_micropython(micropython, script, *args, "pure", tmp_path / "mp_pure.ckpt")
+    cpython = subprocess.run([sys.executable, str(script), *map(str, args), "pure",
+                              str(tmp_path / "cp.ckpt")], capture_output=True, text=True,
+                             env={"PYTHONPATH": str(DEVICE)}, check=True).stdout
+    assert fast.startswith("locked True viper True"), fast
+    assert pure.startswith("locked False viper False")
+    body = lambda out: out.split("\n", 1)[1]                      # noqa: E731
+    assert body(fast) == body(pure) == body(cpython)
+    start = CheckpointState.load_checkpoint(info["checkpoint"]).parameters[info["weight"]]
+    assert body(fast).split("\n")[1].split()[1:] != [str(v & 255) for v in start.data]  # trained
+    assert ((tmp_path / "mp_fast.ckpt").read_bytes() == (tmp_path / "mp_pure.ckpt").read_bytes()
+            == (tmp_path / "cp.ckpt").read_bytes())
+
+
+def _patched(blob_path, program, index, change, field=2):
+    """The blob's bytes with step `index` of `program`'s ints (field 2; its tensor ids:
+    field 1) changed by change(values), CRC fixed. (The logits and update steps share
+    one ints vector: a change of it reaches both.)"""
+    data = bytearray(open(blob_path, "rb").read())
+    b = device_blob.load(bytes(data), keep_steps=True)
+    values = b.step_records[program][index][field]
+    form = "<%d%s" % (len(values), "i" if field == 2 else "I")
+    needle = struct.pack(form, *values)
+    at = bytes(data).find(needle)
+    assert at > 0
+    data[at:at + len(needle)] = struct.pack(form, *change(list(values)))
+    size = struct.unpack_from("<I", data, 0)[0]
+    data[4 + size:] = struct.pack("<I", zlib.crc32(bytes(data[4:4 + size])) & 0xFFFFFFFF)
+    return bytes(data)
+
+
+def test_crafted_blobs_checkpoints_and_inputs_are_refused(digits_int8, tmp_path):
+    info = int8_training_artifacts(digits_int8 / "qdq.onnx", tmp_path, 0.01)
+    b = device_blob.load(info["blob"], keep_steps=True)
+    train_ops = [op for op, *_ in b.step_records["train"]]
+    logits_at, update_at = train_ops.index(242), train_ops.index(244)
+    for index, field, change, match in (
+            (logits_at, 2, lambda v: [v[0], v[1] * 4, v[2], v[3]], "int_gemm_logits"),
+            (logits_at, 2, lambda v: [v[0], v[1], v[2] + 1, v[3]], "int_gemm_logits"),
+            (logits_at, 2, lambda v: [v[0] + 5, v[1], v[2], v[3]], "int_gemm_logits"),
+            (logits_at, 2, lambda v: [v[0], 300, v[2], v[3]], "inputs per output"),
+            (logits_at, 2, lambda v: [v[0], v[1], v[2], 7], "signed flag"),
+            # the update's weight: the input; its generator state: the rates
+            (update_at, 1, lambda t: [t[2]] + t[1:], "int_gemm_update"),
+            (update_at, 1, lambda t: t[:5] + [t[4]], "optimizer_state"),
+            (update_at, 1, lambda t: t[:3] + [t[0]] + t[4:], "op 244")):
+        data = _patched(info["blob"], "train", index, change, field)
+        with pytest.raises(BlobError, match=match):
+            device_blob.load(data)
+    # a corrupt exp table (an increasing entry)
+    table = host_ops.exp_table()
+    data = bytearray(open(info["blob"], "rb").read())
+    at = bytes(data).find(table.astype("<i4").tobytes())
+    assert at > 0
+    data[at + 8:at + 12] = struct.pack("<i", 16384)
+    size = struct.unpack_from("<I", data, 0)[0]
+    data[4 + size:] = struct.pack("<I", zlib.crc32(bytes(data[4:4 + size])) & 0xFFFFFFFF)
+    with pytest.raises(BlobError, match="exp table"):
+        device_blob.load(bytes(data))
+    # a checkpoint whose weight is float, or of the wrong size
+    n, k = info["classes"], info["features"]
+    write_checkpoint(tmp_path / "float.ckpt", {info["weight"]: np.zeros((n, k), np.float32),
+                                               info["bias"]: np.zeros(n, np.int32)}, {},
+                     keep_integers=True)
+    with pytest.raises(ParameterError, match="data type"):
+        Module(info["blob"], CheckpointState.load_checkpoint(str(tmp_path / "float.ckpt")))
+    write_checkpoint(tmp_path / "short.ckpt", {info["weight"]: np.zeros((n, k - 1), np.int8),
+                                               info["bias"]: np.zeros(n, np.int32)}, {},
+                     keep_integers=True)
+    with pytest.raises(ParameterError):
+        Module(info["blob"], CheckpointState.load_checkpoint(str(tmp_path / "short.ckpt")))
+    model = Module(info["blob"], CheckpointState.load_checkpoint(info["checkpoint"]))
+    x = [0] * 64
+    with pytest.raises(InputError, match="class index"):
+        model(x, [10])
+    with pytest.raises(InputError, match="uint8 range"):
+        model([300] + x[1:], [1])
+    with pytest.raises(ParameterError, match="integer parameters"):
+        model.get_contiguous_parameters()
+
+
+def test_cli_export_int8_train(digits_int8, tmp_path):
+    import json
+    out = subprocess.run(
+        [sys.executable, "-m", "microtrain_host.cli", "export", str(digits_int8),
+         "--checkpoint", str(digits_int8 / "trained"), "--qdq", "-o", str(tmp_path / "q.onnx"),
+         "--int8-train", str(tmp_path / "int8"), "--int8-lr", "0.02", "--int8-nearest"],
+        capture_output=True, text=True, check=True).stdout
+    assert "integer training blob" in out
+    info = json.loads((tmp_path / "int8" / "int8_train.json").read_text())
+    assert info["learning_rate"] == 0.02 and info["stochastic"] is False
+    b = device_blob.load(info["blob"], keep_steps=True)
+    assert [op for op, *_ in b.step_records["train"]][-3:] == [242, 243, 244]
+    assert b.optimizer["learning_rate"] == pytest.approx(0.02)
+    update = b.step_records["train"][-1]
+    assert update[1][5] == 0xFFFFFFFF                  # nearest: no generator state
+    refused = subprocess.run(
+        [sys.executable, "-m", "microtrain_host.cli", "export", str(digits_int8),
+         "--checkpoint", str(digits_int8 / "trained"), "-o", str(tmp_path / "f.onnx"),
+         "--int8-train", str(tmp_path / "x")], capture_output=True, text=True)
+    assert refused.returncode != 0 and "--int8-train needs --qdq" in refused.stderr
