@@ -73,6 +73,7 @@ class Blob:
         self.derived = {}       # tensor id -> its given first elements, of a CONSTANT whose
                                 # rest the step reading it computes at load (then removed)
         self.crc = 0            # the file's CRC-32, to notice a blob replaced since load
+        self._file = None       # the file's bytes while it is parsed (constant_data)
         self.integer_parameters = False  # int8 / int32 parameters trained in integers: the
                                          # train / eval loss is then int32 (kernels/inttrain.py)
         self.int_rates = []     # the inttrain update steps' multipliers (set_learning_rate)
@@ -83,6 +84,17 @@ class Blob:
         # backward pass (update_in_backward: no buffer), or is an integer one (updated by
         # the train program's inttrain steps).
         return grad >= 0 or tensor in self.updated_in_backward or self.dtypes[tensor] != FLOAT
+
+    def constant_data(self, tid):
+        """The little-endian bytes of constant tid, or None: for the kernels' checks, which
+        run while the blob is parsed (load_into_arenas notes the place of a constant in
+        the file and reads it into the arena only after the checks)."""
+        for t, raw in self.constants:
+            if t == tid:
+                if isinstance(raw, int):
+                    return bytes(self._file[raw:raw + ITEM_BYTES[self.dtypes[t]] * self.sizes[t]])
+                return raw
+        return None
 
     def tensor_id(self, name):
         try:
@@ -438,6 +450,7 @@ def parse(data, keep_steps=False):
 
 def _parse_root(r, root, data, keep_steps, Q, in_file=False):
     b = Blob()
+    b._file = data
     b.float_arena, b.int_arena, b.byte_arena = _arena_sizes(r, root)
     b.loss = r.string(root, 7, "loss")
     b.num_classes = r.scalar(root, 8, "I", 0)
@@ -459,6 +472,7 @@ def _parse_root(r, root, data, keep_steps, Q, in_file=False):
         b.programs[name] = Program(name, _read_steps(r, t, b, name, records, Q),
                                    _ids(r, t, 2, b, name + " inputs"),
                                    _ids(r, t, 3, b, name + " outputs"))
+    b._file = None      # let the file's bytes go
     if b.derived:
         raise BlobError("derived constant '%s' is computed by no step"
                         % b.names[list(b.derived)[0]])

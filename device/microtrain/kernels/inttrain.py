@@ -169,11 +169,7 @@ def int_softmax_ce_check(args, c):
         c.fail("%d classes, the blob's labels have %d" % (n, c.blob.num_classes))
     # the table: both halves start at 1.0 and never increase, entries in [0, 1.0]; checked
     # on its constant bytes (the arena is filled after the checks)
-    tid = c.tensors[4]
-    raw = None
-    for t, data in c.blob.constants:
-        if t == tid:
-            raw = data
+    raw = c.blob.constant_data(c.tensors[4])
     if raw is None:
         c.fail("the exp table is not a constant with data")
     from array import array
