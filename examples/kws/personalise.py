@@ -59,6 +59,7 @@ CONFIGS = {
 INT8 = ("int8 last",)       # packed from the int8 backbone (int8_pack), trained with SGD (QAS)
 OPTIMIZER = "AdamW"
 INT8_LR = 0.01
+INT8_EPOCHS = 6
 
 
 def fresh_head(model):
@@ -198,13 +199,15 @@ def main():
     parser.add_argument("--shots", type=int, default=10, help="recordings per keyword (10)")
     parser.add_argument("--held-out", type=int, default=25,
                         help="held-out utterances per keyword (25; shots + held-out <= 50)")
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="epochs (3; int8: %d, its steps are cheap)" % INT8_EPOCHS)
     parser.add_argument("--lr", type=float, default=None,
                         help="learning rate (AdamW 0.003; int8: SGD %r)" % INT8_LR)
     parser.add_argument("--runtime", choices=("cpython", "micropython"), default="cpython")
     parser.add_argument("--frozen", action="store_true",
                         help="MicroPython with the runtime frozen into the interpreter")
-    parser.add_argument("--heap", default="1M", help="MicroPython heap (1M)")
+    parser.add_argument("--heap", default=None,
+                        help="MicroPython heap (1M; with --measure-heap: the heap measured)")
     parser.add_argument("--measure-heap", action="store_true",
                         help="MicroPython: first bisect the smallest heap one step needs")
     parser.add_argument("--build", default=str(HERE / "build"))
@@ -214,6 +217,8 @@ def main():
     int8 = args.config in INT8
     if args.lr is None:
         args.lr = INT8_LR if int8 else 0.003
+    if args.epochs is None:
+        args.epochs = INT8_EPOCHS if int8 else 3
     model = fresh_head(onnx.load(MODEL))
     directory = build / args.config.replace(" ", "_")
     info = pack(model, args.config, directory, not args.no_moves, args.lr)
@@ -225,16 +230,19 @@ def main():
                                  info=info if int8 else None)
     needed = None
     if args.runtime == "micropython" and args.measure_heap:
-        needed = heap_for_one_step(directory, args.frozen, args.heap)
+        needed = heap_for_one_step(directory, args.frozen, args.heap or "1M")
         print(f"one train step and one evaluation need a heap of {needed} bytes "
               f"(bisected -X heapsize{', runtime frozen in' if args.frozen else ''})", flush=True)
+        if args.heap is None:
+            args.heap = str(needed)     # the whole run in that heap
     print(f"personalising '{args.config}' ({CONFIGS[args.config][0]}"
           f"{', with the memory moves' if not args.no_moves and not int8 else ''}) on {shots} "
           f"recordings of 12 new keywords, {args.epochs} epochs, "
           f"{'SGD (QAS, integer)' if int8 else OPTIMIZER} lr {args.lr}, under "
           f"{args.runtime}{' (runtime frozen in)' if args.frozen else ''}; {held_out} held out",
           flush=True)
-    out = run_device(directory, args.epochs, args.lr, args.runtime, args.frozen, args.heap)
+    out = run_device(directory, args.epochs, args.lr, args.runtime, args.frozen,
+                     args.heap or "1M")
     for line in out.splitlines():
         if line.startswith("epoch"):
             print("  " + line)
@@ -245,7 +253,8 @@ def main():
           f"(chance {100 / 12:.1f} %)")
     print(f"accuracy on the new keywords after:  {100 * after[0] / after[1]:.1f} %")
     if peak >= 0:
-        print(f"peak heap: {peak} bytes (largest live heap after a collection, over the run"
+        print(f"peak heap: {peak} bytes (largest live heap after a collection, over the run, "
+              f"in -X heapsize={args.heap or '1M'}"
               + (f"; one step needs a {needed}-byte -X heapsize)" if needed else ")"))
     else:
         print("peak heap: - (CPython; --runtime micropython measures it)")
