@@ -365,3 +365,81 @@ def test_cli_export_int8_train(digits_int8, tmp_path):
          "--checkpoint", str(digits_int8 / "trained"), "-o", str(tmp_path / "f.onnx"),
          "--int8-train", str(tmp_path / "x")], capture_output=True, text=True)
     assert refused.returncode != 0 and "--int8-train needs --qdq" in refused.stderr
+
+
+def test_last_conv_update_equals_torch_float64(ds_cnn_int8, tmp_path):
+    # The DS-CNN's last pointwise conv (1x1, ReLU) and the classifier trained together: one
+    # integer step against torch float64 on the dequantized layers, with the int8 forward's
+    # values and its ReLU / clamp mask (straight through the GlobalAveragePool, as QAT).
+    # Bound: within 1 quantum of round(lr * dL/dW / s_w) (D carries 9 significant bits in
+    # the weight steps, 15 in the bias steps, the probabilities 14).
+    import json
+    tmp, _ = ds_cnn_int8
+    lr = 2.0
+    info = int8_training_artifacts(tmp / "qdq.onnx", tmp_path, lr, stochastic=False,
+                                   train_conv=True)
+    state = CheckpointState.load_checkpoint(info["checkpoint"])
+    model = Module(info["blob"], state)
+    b = model.blob
+    rng = np.random.default_rng(9)
+    x = rng.integers(0, 256, info["input_shape"]).reshape(-1).tolist()
+    y = [int(v) for v in rng.integers(0, info["classes"], info["batch_size"])]
+    w_name, b_name, w2_name, b2_name = info["parameters"]
+    before = {name: np.array(state.parameters[name].data).copy() for name in info["parameters"]}
+    before[w_name] = before[w_name].astype(np.uint8).view(np.int8).astype(np.int64)
+    before[w2_name] = before[w2_name].astype(np.uint8).view(np.int8).astype(np.int64)
+    model.eval()
+    model(x, y)
+    records = device_blob.load(info["blob"], keep_steps=True).step_records["train"]
+    conv_step = [r for r in records if r[0] == 246][0]
+    x2_id, y2_id = conv_step[1][2], conv_step[1][3]
+    quant = b.quant
+    grab = lambda tid: np.frombuffer(bytes(model.output(tid)),                 # noqa: E731
+                                     np.int8 if b.dtypes[tid] == 2 else np.uint8).astype(np.int64)
+    x2, y2, feat = grab(x2_id), grab(y2_id), grab(b.tensor_id(info["feature_tensor"]))
+    model.train()
+    model(x, y)
+    after = {name: np.array(state.parameters[name].data) for name in info["parameters"]}
+    after[w_name] = after[w_name].astype(np.uint8).view(np.int8).astype(np.int64)
+    after[w2_name] = after[w2_name].astype(np.uint8).view(np.int8).astype(np.int64)
+    # torch float64
+    m, k, n = info["batch_size"], info["features"], info["classes"]
+    cout = state.parameters[w2_name].shape[0]
+    cin = before[w2_name].size // cout
+    sx2, zx2 = quant[x2_id][0][0], quant[x2_id][1][0]
+    sy2, zy2 = quant[y2_id][0][0], quant[y2_id][1][0]
+    sw2 = np.array(quant[b.tensor_id(w2_name)][0], np.float64)
+    sw = np.array(info["weight_scales"], np.float64)
+    sf, zf = quant[b.tensor_id(info["feature_tensor"])][0][0], \
+        quant[b.tensor_id(info["feature_tensor"])][1][0]
+    plane = x2.size // (m * cin)
+    X2 = torch.tensor((x2.reshape(m, cin, plane) - zx2) * sx2)
+    W2 = torch.tensor(before[w2_name].reshape(cout, cin) * sw2[:, None], requires_grad=True)
+    B2 = torch.tensor(before[b2_name] * sx2 * sw2, requires_grad=True)
+    Y2 = torch.einsum("ct,mtp->mcp", W2, X2) + B2[None, :, None]
+    lo, hi = (0, 255) if b.dtypes[y2_id] == 3 else (-128, 127)
+    lo = max(lo, zy2)                                                   # the fused ReLU
+    mask = torch.tensor(((y2.reshape(m, cout, plane) > lo) & (y2.reshape(m, cout, plane) < hi))
+                        .astype(np.float64))
+    pooled = (Y2 * mask).mean(dim=2)
+    feature = torch.tensor((feat.reshape(m, k) - zf) * sf) + pooled - pooled.detach()
+    W = torch.tensor(before[w_name].reshape(n, k) * sw[:, None], requires_grad=True)
+    B = torch.tensor(before[b_name] * info["feature_scale"] * sw, requires_grad=True)
+    torch.nn.functional.cross_entropy(feature @ W.T + B, torch.tensor(y)).backward()
+    dw2 = lr * W2.grad.numpy() / sw2[:, None]
+    db2 = lr * B2.grad.numpy() / (sx2 * sw2)
+    dw = lr * W.grad.numpy() / sw[:, None]
+    got_w2 = (before[w2_name] - after[w2_name]).reshape(cout, cin)
+    got_b2 = before[b2_name] - after[b2_name]
+    got_w = (before[w_name] - after[w_name]).reshape(n, k)
+    assert np.abs(dw2).max() > 3 and np.abs(dw).max() > 3       # real steps, not all zero
+    free = np.abs(before[w2_name].reshape(cout, cin) - np.round(dw2)) <= 127
+    free_w = np.abs(before[w_name].reshape(n, k) - np.round(dw)) <= 127
+    print(f"last conv: int step vs torch float64 within "
+          f"{np.abs(got_w2 - dw2)[free].max():.3f} quanta (weights, steps up to "
+          f"{np.abs(dw2).max():.1f}), {np.abs(got_b2 - db2).max():.3f} (biases, steps up to "
+          f"{np.abs(db2).max():.0f}); classifier "
+          f"{np.abs(got_w - dw)[free_w].max():.3f} (unclamped weights)")
+    assert np.all(np.abs(got_w2 - np.round(dw2))[free] <= 1)
+    assert np.all(np.abs(got_b2 - np.round(db2)) <= 1)
+    assert np.all(np.abs(got_w - np.round(dw))[free_w] <= 1)
