@@ -245,7 +245,7 @@ def ds_cnn_int8(tmp_path_factory):
         model.lazy_reset_grad()
     CheckpointState.save_checkpoint(state, str(tmp / "trained"))
     mh.export_inference_model(tmp, tmp / "trained", tmp / "qdq.onnx", qdq=True)
-    info = int8_training_artifacts(tmp / "qdq.onnx", tmp / "int", 0.05)
+    info = int8_training_artifacts(tmp / "qdq.onnx", tmp / "int", 0.05, train_conv=True)
     rng = np.random.default_rng(5)
     records = b""
     for x, y in zip(xs[:4], ys[:4]):
@@ -255,12 +255,13 @@ def ds_cnn_int8(tmp_path_factory):
     return tmp, info
 
 
-def test_ds_cnn_int_train_step_under_heap_lock_viper_equals_pure_equals_cpython(
+def test_ds_cnn_int_train_steps_under_heap_lock_viper_equals_pure_equals_cpython(
         ds_cnn_int8, micropython, tmp_path):
     tmp, info = ds_cnn_int8
     b = device_blob.load(info["blob"], keep_steps=True)
     ops = [op for op, *_ in b.step_records["train"]]
-    assert ops.count(223) == 5 and ops[-3:] == [242, 243, 244]    # frozen convs, int head
+    # frozen convs, the last one trained: int logits, loss, input gradient, updates
+    assert ops.count(223) == 5 and ops[-5:] == [242, 243, 245, 244, 246]
     args = [info["blob"], info["checkpoint"], tmp / "data.bin", 6]
     script = ROOT / "tests" / "device_scripts" / "inttrain_steps.py"
     fast = run_micropython(micropython, script, *args, "fast", tmp_path / "mp_fast.ckpt")
@@ -272,8 +273,13 @@ def test_ds_cnn_int_train_step_under_heap_lock_viper_equals_pure_equals_cpython(
     assert pure.startswith("locked False viper False")
     body = lambda out: out.split("\n", 1)[1]                      # noqa: E731
     assert body(fast) == body(pure) == body(cpython)
-    start = CheckpointState.load_checkpoint(info["checkpoint"]).parameters[info["weight"]]
-    assert body(fast).split("\n")[1].split()[1:] != [str(v & 255) for v in start.data]  # trained
+    start = CheckpointState.load_checkpoint(info["checkpoint"]).parameters
+    trained = {line.split()[0]: line.split()[1:] for line in body(fast).split("\n")
+               if line.split() and line.split()[0] in start}
+    assert sorted(trained) == sorted(info["parameters"])
+    for name, values in trained.items():       # every parameter moved
+        p = start[name]
+        assert values != [str(v & 255 if p.data_type == 3 else v) for v in p.data], name
     assert ((tmp_path / "mp_fast.ckpt").read_bytes() == (tmp_path / "mp_pure.ckpt").read_bytes()
             == (tmp_path / "cp.ckpt").read_bytes())
 

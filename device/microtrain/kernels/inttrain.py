@@ -509,7 +509,8 @@ def int_conv1x1_update_check(args, c):
 
 
 # The viper fast paths (MicroPython with the viper emitter): same integers, no allocation.
-_FAST_NAMES = ("int_gemm_logits", "int_gemm_update")
+_FAST_NAMES = ("int_gemm_logits", "int_gemm_update", "int_gemm_grad_input",
+               "int_conv1x1_update")
 _pure = {}
 for _name in _FAST_NAMES:
     _pure[_name] = globals()[_name]
