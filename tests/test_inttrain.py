@@ -449,3 +449,103 @@ def test_last_conv_update_equals_torch_float64(ds_cnn_int8, tmp_path):
     assert np.all(np.abs(got_w2 - np.round(dw2))[free] <= 1)
     assert np.all(np.abs(got_b2 - np.round(db2)) <= 1)
     assert np.all(np.abs(got_w - np.round(dw))[free_w] <= 1)
+
+
+BOARD_SCRIPT = """
+import gc
+from array import array
+import micropython
+from microtrain import CheckpointState, Module
+from microtrain.blob import copy_inputs
+from microtrain.kernels import inttrain, qlinear
+
+
+def run(path, lock):
+    state = CheckpointState.load_checkpoint('int8_train.ckpt')
+    model = Module('int8_train.mtb', state)
+    b = model.blob
+    program = model._train
+    xin, lab = program.inputs
+    nx, nl = b.sizes[xin], b.sizes[lab]
+    data = open('data.bin', 'rb').read()
+    record = nx + 4 * nl
+    for s in range(STEPS):
+        at = (s % (len(data) // record)) * record
+        copy_inputs(b, model.F, model.I, program, (array('B', data[at:at + nx]),
+                    array('i', data[at + nx:at + record])), b.num_classes)
+        if lock:
+            micropython.heap_lock()
+        try:
+            for kernel, args in program.steps:
+                kernel(model.F, model.I, args)
+        finally:
+            if lock:
+                micropython.heap_unlock()
+    for name in sorted(state.parameters):
+        print(name, ' '.join(str(v) for v in state.parameters[name].data))
+    CheckpointState.save_checkpoint(state, path)
+    del model, state
+    gc.collect()
+
+
+print('viper', inttrain.FAST)
+run('trained', True)
+qlinear.use_fast(False)
+inttrain.use_fast(False)     # the pure-Python kernels: 12-bit limbs on 32-bit small ints
+print('pure')
+run('pure.ckpt', False)
+"""
+
+
+def test_int_training_on_the_emulated_board_equals_cpython(digits_int8, tmp_path):
+    """The digits classifier trained in integers on the emulated Cortex-M3 (32-bit small ints,
+    float32 at load), viper kernels under heap_lock and pure-Python kernels: the same
+    parameters, byte for byte, as CPython."""
+    import os
+    from pathlib import Path
+    from microtrain_host.tools import boards, deploy, runtime
+    path = Path(os.environ.get("MICROTRAIN_QEMU_FIRMWARE")
+                        or ROOT / ".cache" / "qemu-board" / "firmware.elf")
+    if not path.exists() or deploy.shutil.which("qemu-system-arm") is None:
+        if os.environ.get("MICROTRAIN_REQUIRE_QEMU") == "1":
+            pytest.fail(f"emulated board not built ({path})")
+        pytest.skip("emulated board not built: run scripts/build_qemu_board.sh")
+    info = int8_training_artifacts(digits_int8 / "qdq.onnx", tmp_path / "int", 0.05)
+    data = np.load(DIGITS / "digits.npz")
+    records = b"".join(quantize_input(x, info).tobytes() + np.int32(y).tobytes()
+                       for x, y in zip(data["x_train"][:40], data["y_train"][:40]))
+    (tmp_path / "data.bin").write_bytes(records)
+    steps = 30
+    script = ROOT / "tests" / "device_scripts" / "inttrain_steps.py"
+    cpython = subprocess.run([sys.executable, str(script), info["blob"], info["checkpoint"],
+                              str(tmp_path / "data.bin"), str(steps), "pure",
+                              str(tmp_path / "cp.ckpt")], capture_output=True, text=True,
+                             env={"PYTHONPATH": str(DEVICE)}, check=True).stdout
+    expected = [line for line in cpython.splitlines() if line.split()[0] in info["parameters"]]
+    rt = tmp_path / "runtime"
+    package = runtime.device_package_dir()
+    sources = runtime.package_sources(sorted(str(p.relative_to(package))
+                                             for p in (package / "microtrain").rglob("*.py")))
+    board = boards.load_board("qemu-mps2-an385")
+    runtime.compile_runtime(sources, board["mpy_arch"], board["mpy_version"], rt)
+    plan = deploy.Plan(board, "romfs", tmp_path, {}, None, None, None, None)
+    plan.romfs_image = tmp_path / "microtrain.romfs"
+    plan.romfs_image.write_bytes(runtime.romfs_image(rt))
+    plan.files = [(info["blob"], "int8_train.mtb"), (info["checkpoint"], "int8_train.ckpt"),
+                  (tmp_path / "data.bin", "data.bin")]
+    board_script = tmp_path / "inttrain_on_board.py"
+    board_script.write_text(f"STEPS = {steps}\n" + BOARD_SCRIPT)
+    with deploy.QemuBoard(path) as qemu:
+        proc = deploy.subprocess.run(deploy.mpremote_command(plan, qemu.port, board_script,
+                                                              tmp_path / "board.ckpt"),
+                                     capture_output=True, text=True, timeout=900)
+    out = proc.stdout.splitlines()
+    assert proc.returncode == 0 and "pure" in out, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "viper True" in out
+    at = out.index("pure")
+    fast = [line for line in out[out.index("viper True"):at] if line.split() and
+            line.split()[0] in info["parameters"]]
+    pure = [line for line in out[at + 1:] if line.split() and
+            line.split()[0] in info["parameters"]]
+    assert len(expected) == 2 and fast == pure == expected
+    assert (tmp_path / "board.ckpt").read_bytes() == (tmp_path / "cp.ckpt").read_bytes()
