@@ -513,12 +513,13 @@ _FAST_NAMES = ("int_gemm_logits", "int_gemm_update", "int_gemm_grad_input",
                "int_conv1x1_update")
 _pure = {}
 for _name in _FAST_NAMES:
-    _pure[_name] = globals()[_name]
+    if _name in globals():    # a trimmed runtime (tools/runtime.py) keeps only some kernels
+        _pure[_name] = globals()[_name]
 
 
 def use_fast(on=True):
     g = globals()
-    for name in _FAST_NAMES:
+    for name in _pure:
         g[name] = _pure[name]
     if on:
         try:
@@ -528,7 +529,7 @@ def use_fast(on=True):
             return False
         fast._slow = _requant_wide
         fast._WIDE = 1 if _requant is _requant_wide else 0
-        for name in _FAST_NAMES:
+        for name in _pure:
             g[name] = getattr(fast, name)
     return on
 
