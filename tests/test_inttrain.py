@@ -356,16 +356,18 @@ def test_cli_export_int8_train(digits_int8, tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "microtrain_host.cli", "export", str(digits_int8),
          "--checkpoint", str(digits_int8 / "trained"), "--qdq", "-o", str(tmp_path / "q.onnx"),
-         "--int8-train", str(tmp_path / "int8"), "--int8-lr", "0.02", "--int8-nearest"],
+         "--int8-train", str(tmp_path / "int8"), "--int8-lr", "0.02", "--int8-nearest",
+         "--int8-momentum", "0.5"],
         capture_output=True, text=True, check=True).stdout
     assert "integer training blob" in out
     info = json.loads((tmp_path / "int8" / "int8_train.json").read_text())
     assert info["learning_rate"] == 0.02 and info["stochastic"] is False
+    assert info["momentum"] == 0.5
     b = device_blob.load(info["blob"], keep_steps=True)
-    assert [op for op, *_ in b.step_records["train"]][-3:] == [242, 243, 244]
+    assert [op for op, *_ in b.step_records["train"]][-3:] == [242, 243, 247]
     assert b.optimizer["learning_rate"] == pytest.approx(0.02)
     update = b.step_records["train"][-1]
-    assert update[1][5] == 0xFFFFFFFF                  # nearest: no generator state
+    assert update[1][5] == 0xFFFFFFFF and update[3 - 1][-1] == 8192   # nearest; mu 0.5 Q14
     refused = subprocess.run(
         [sys.executable, "-m", "microtrain_host.cli", "export", str(digits_int8),
          "--checkpoint", str(digits_int8 / "trained"), "-o", str(tmp_path / "f.onnx"),
@@ -549,3 +551,93 @@ def test_int_training_on_the_emulated_board_equals_cpython(digits_int8, tmp_path
             line.split()[0] in info["parameters"]]
     assert len(expected) == 2 and fast == pure == expected
     assert (tmp_path / "board.ckpt").read_bytes() == (tmp_path / "cp.ckpt").read_bytes()
+
+
+def test_momentum_steps_follow_torch_sgd_momentum():
+    # torch.optim.SGD(momentum=mu): v = mu v + g, w -= lr v. In quanta the int velocity V
+    # (1/256 quanta) must satisfy V_t / 256 = mu V_{t-1} / 256 + lr dW_t / s_w (dW_t: torch's
+    # float64 gradient at the current int weights) within 2**-7 quanta plus the fixed-point
+    # gradient error, and each weight must move by V_t / 256 rounded half to even.
+    rng = np.random.default_rng(4)
+    mu, lr = 0.9, 0.02
+    worst = 0.0
+    for trial in range(4):
+        layer, (x, zp, w, b, sx, sw, y) = random_layer(rng, 2, lr)
+        n, k = 10, 32
+        vw_at = len(layer.Q)
+        layer.Q.extend(bytes(2 * n * k))
+        vb_at = len(layer.I)
+        layer.I.extend(array("i", [0] * n))
+        velocity = np.zeros((n, k))
+        for step in range(4):
+            w_now = layer.weights().astype(np.int64)
+            b_now = layer.ints("bias", n)
+            layer.forward()
+            K.int_gemm_update_momentum(None, layer.I, (
+                layer.Q, layer.w, layer.bias, layer.x, layer.g, layer.rates, -1, vw_at, vb_at,
+                2, k, n, 0, round(mu * 16384)))
+            dw, db, _, _ = torch_step(x, zp, w_now.astype(np.int8), b_now, sx, sw, y, lr)
+            v_int = np.frombuffer(bytes(layer.Q[vw_at:vw_at + 2 * n * k]),
+                                  "<i2").reshape(n, k) / 256
+            expected = mu * velocity + dw
+            worst = max(worst, float(np.abs(v_int - expected).max()))
+            assert np.all(np.abs(v_int - expected) <= 2 ** -7 + 0.01 * np.abs(dw) + 2 ** -8), step
+            moved = w_now - layer.weights()
+            free = np.abs(w_now - np.round(v_int)) <= 127
+            assert np.array_equal(moved[free], np.round(v_int)[free])
+            velocity = v_int
+    print(f"int momentum velocity vs torch's rule: within {worst:.4f} quanta")
+
+
+def test_momentum_training_reaches_torch_sgd_momentum(digits_int8, tmp_path):
+    lr, mu, epochs = 0.002, 0.9, 2
+    info = int8_training_artifacts(digits_int8 / "qdq.onnx", tmp_path, lr, momentum=mu)
+    b = device_blob.load(info["blob"], keep_steps=True)
+    assert [op for op, *_ in b.step_records["train"]][-1] == 247
+    data = np.load(DIGITS / "digits.npz")
+    xs, ys, xv, yv = data["x_train"], data["y_train"], data["x_val"], data["y_val"]
+    model = Module(info["blob"], _fresh(info, tmp_path, "zero.ckpt"))
+    for _ in range(epochs):
+        for x, y in zip(xs, ys):
+            model(quantize_input(x, info).reshape(-1).tolist(), [int(y)])
+    after = _accuracy(model, info, xv, yv)
+    model.eval()
+    feats = []
+    for x in list(xs) + list(xv):
+        model(quantize_input(x, info).reshape(-1).tolist(), [0])
+        feats.append(np.array(model.output(info["feature_tensor"]), np.float64))
+    feats = np.array(feats) * info["feature_scale"]
+    ft, fv = feats[:len(xs)], feats[len(xs):]
+    linear = torch.nn.Linear(info["features"], info["classes"]).double()
+    torch.nn.init.zeros_(linear.weight)
+    torch.nn.init.zeros_(linear.bias)
+    sgd = torch.optim.SGD(linear.parameters(), lr=lr, momentum=mu)
+    for _ in range(epochs):
+        for i in range(len(xs)):
+            sgd.zero_grad()
+            torch.nn.functional.cross_entropy(linear(torch.tensor(ft[i:i + 1])),
+                                              torch.tensor([int(ys[i])])).backward()
+            sgd.step()
+    float_acc = float((linear(torch.tensor(fv)).argmax(1).numpy() == yv).mean())
+    print(f"digits classifier from zero, SGD momentum {mu} lr {lr}, {epochs} epochs: int8 "
+          f"{after:.3f}, float {float_acc:.3f}")
+    assert after >= float_acc - 0.02
+
+
+def test_momentum_viper_equals_pure_equals_cpython(digits_int8, micropython, tmp_path):
+    info = int8_training_artifacts(digits_int8 / "qdq.onnx", tmp_path / "int", 0.01,
+                                   momentum=0.9)
+    data = np.load(DIGITS / "digits.npz")
+    (tmp_path / "data.bin").write_bytes(b"".join(
+        quantize_input(x, info).tobytes() + np.int32(y).tobytes()
+        for x, y in zip(data["x_train"][:20], data["y_train"][:20])))
+    args = [info["blob"], info["checkpoint"], tmp_path / "data.bin", 20]
+    script = ROOT / "tests" / "device_scripts" / "inttrain_steps.py"
+    fast = run_micropython(micropython, script, *args, "fast", tmp_path / "f.ckpt")
+    pure = run_micropython(micropython, script, *args, "pure", tmp_path / "p.ckpt")
+    cpython = subprocess.run([sys.executable, str(script), *map(str, args), "pure",
+                              str(tmp_path / "c.ckpt")], capture_output=True, text=True,
+                             env={"PYTHONPATH": str(DEVICE)}, check=True).stdout
+    assert fast.startswith("locked True viper True")
+    body = lambda out: out.split("\n", 1)[1]                      # noqa: E731
+    assert body(fast) == body(pure) == body(cpython)

@@ -232,7 +232,8 @@ def cmd_export(args):
             raise ArtifactError("--int8-train needs --qdq (it is built from the QDQ model)")
         info = int8_training_artifacts(args.output, args.int8_train, args.int8_lr,
                                        stochastic=not args.int8_nearest,
-                                       train_conv=args.int8_train_conv)
+                                       train_conv=args.int8_train_conv,
+                                       momentum=args.int8_momentum)
         print(f"integer training blob {info['blob']} ({os.path.getsize(info['blob'])} bytes), "
               f"checkpoint {info['checkpoint']}: classifier {info['weight']} "
               f"[{info['classes']}, {info['features']}]"

@@ -258,6 +258,86 @@ def int_gemm_update(F, I, args):
         I[bias + j] = v
 
 
+def int_gemm_update_momentum(F, I, args):
+    # SGD with momentum (torch's rule, dampening 0: v = mu v + g, w -= lr v) in quanta: the
+    # velocity V of each weight is the step in 1/256 quanta, V = round(mu V) + step, and
+    # W -= V / 256 rounded (stochastically with random >= 0). V is an int16 (2 bytes, little
+    # endian, in the byte arena: a velocity beyond 128 quanta would move an int8 weight
+    # across its whole range, so it is clamped there); the bias' velocity an int32, in 1/256
+    # of its quanta too. mu in Q14; mu V rounded half up (|V * mu| < 2**29; the bias' in
+    # two parts).
+    Q, w, bias, x, g, rates, random, vw, vb, m, k, n, x_signed, mu = args
+    x_zp = I[rates]
+    flip = 128 if x_signed else 0
+    for j in range(n):
+        r = rates + 1 + 4 * j
+        m0 = I[r]
+        shift = I[r + 1] - 8 if I[r + 1] > 8 else 1
+        pw = w + j * k
+        pv = vw + 2 * j * k
+        for t in range(k):
+            acc = 0
+            px = x + t
+            pg = g + j
+            for _ in range(m):
+                acc += I[pg] * (((Q[px] ^ flip) - flip) - x_zp)
+                px += k
+                pg += n
+            v = Q[pv] | (((Q[pv + 1] ^ 128) - 128) << 8)
+            v = ((v * mu + 8192) >> 14) + _requant(acc, m0, shift)
+            if v > 32767:
+                v = 32767
+            elif v < -32767:
+                v = -32767
+            Q[pv] = v & 255
+            Q[pv + 1] = (v >> 8) & 255
+            pv += 2
+            if random >= 0:
+                step = (v + (_dither(I, random) & 255)) >> 8
+            else:
+                step = _round_shift(v, 8)
+            v = ((Q[pw + t] ^ 128) - 128) - step
+            if v > 127:
+                v = 127
+            elif v < -127:
+                v = -127
+            Q[pw + t] = v & 255
+        acc = 0
+        pg = g + j
+        for _ in range(m):
+            acc += I[pg]
+            pg += n
+        shift = I[r + 3] - 8 if I[r + 3] > 8 else 1
+        v = I[vb + j]          # mu V rounded half up, in two parts (|V| < 2**23)
+        hi = v >> 14
+        v = hi * mu + (((v - (hi << 14)) * mu + 8192) >> 14) + _requant(acc, I[r + 2], shift)
+        if v > BIAS_LIMIT:
+            v = BIAS_LIMIT
+        elif v < -BIAS_LIMIT:
+            v = -BIAS_LIMIT
+        I[vb + j] = v
+        if random >= 0:
+            step = (v + (_dither(I, random) & 255)) >> 8
+        else:
+            step = _round_shift(v, 8)
+        v = I[bias + j] - step
+        if v > BIAS_LIMIT:
+            v = BIAS_LIMIT
+        elif v < -BIAS_LIMIT:
+            v = -BIAS_LIMIT
+        I[bias + j] = v
+
+
+def int_gemm_update_momentum_check(args, c):
+    Q, w, bias, x, g, rates, random, vw, vb, m, k, n, x_signed, mu = args
+    int_gemm_update_check((Q, w, bias, x, g, rates, random, m, k, n, x_signed), c)
+    c.holds(6, 2 * n * k)
+    c.role(6, "optimizer_state")
+    c.holds(7, n)
+    c.role(7, "optimizer_state")
+    c.within(mu, 0, ONE - 1, "momentum (Q14)")
+
+
 def update_reals(sx, sw, m, lr):
     """[(real_w, real_b) per channel] of int_gemm_update, float32 as a board computes them:
     real_w = lr * s_x / s_w / 2**14 / m, real_b = lr / (s_x * s_w) / 2**14 / m."""
@@ -510,7 +590,7 @@ def int_conv1x1_update_check(args, c):
 
 # The viper fast paths (MicroPython with the viper emitter): same integers, no allocation.
 _FAST_NAMES = ("int_gemm_logits", "int_gemm_update", "int_gemm_grad_input",
-               "int_conv1x1_update")
+               "int_conv1x1_update", "int_gemm_update_momentum")
 _pure = {}
 for _name in _FAST_NAMES:
     if _name in globals():    # a trimmed runtime (tools/runtime.py) keeps only some kernels

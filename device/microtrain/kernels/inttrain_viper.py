@@ -328,3 +328,92 @@ def int_conv1x1_update(F, I, args) -> int:
             v = 0 - _BIAS_LIMIT
         r[bias + c] = v
     return 0
+
+
+@micropython.viper
+def _velocity_row(args, I, j: int, m0: int, shift: int, mu: int) -> int:
+    # one output channel's weights of int_gemm_update_momentum
+    q = ptr8(args[0])
+    w = int(args[1])
+    x = int(args[3])
+    g = int(args[4])
+    rates = int(args[5])
+    random = int(args[6])
+    vw = int(args[7])
+    m = int(args[9])
+    k = int(args[10])
+    n = int(args[11])
+    flip = 0
+    if int(args[12]):
+        flip = 0x80
+    zp = int(I[rates]) + flip
+    pw = w + j * k
+    pv = vw + 2 * j * k
+    for t in range(k):
+        acc = int(_column(args[0], I, x + t, g + j, m, k, n, zp, flip))
+        v = int(q[pv]) | (((int(q[pv + 1]) ^ 0x80) - 0x80) << 8)
+        v = ((v * mu + 8192) >> 14) + int(_rq(acc, m0, shift))
+        if v > 32767:
+            v = 32767
+        elif v < -32767:
+            v = -32767
+        q[pv] = v & 0xFF
+        q[pv + 1] = (v >> 8) & 0xFF
+        pv += 2
+        if random >= 0:
+            step = (v + (int(_dither(I, random)) & 0xFF)) >> 8
+        else:
+            step = int(_round_shift(v, 8))
+        v = ((int(q[pw + t]) ^ 0x80) - 0x80) - step
+        if v > 127:
+            v = 127
+        elif v < -127:
+            v = -127
+        q[pw + t] = v & 0xFF
+    return 0
+
+
+@micropython.viper
+def int_gemm_update_momentum(F, I, args) -> int:
+    r = ptr32(I)
+    bias = int(args[2])
+    g = int(args[4])
+    rates = int(args[5])
+    random = int(args[6])
+    vb = int(args[8])
+    m = int(args[9])
+    n = int(args[11])
+    mu = int(args[13])
+    for j in range(n):
+        at = rates + 1 + 4 * j
+        shift = 1
+        if r[at + 1] > 8:
+            shift = r[at + 1] - 8
+        _velocity_row(args, I, j, r[at], shift, mu)
+        acc = 0
+        pg = g + j
+        for _ in range(m):
+            acc += int(I[pg])
+            pg += n
+        shift = 1
+        if r[at + 3] > 8:
+            shift = r[at + 3] - 8
+        v = int(I[vb + j])
+        hi = v >> 14
+        v = hi * mu + (((v - (hi << 14)) * mu + 8192) >> 14) + int(_rq(acc, r[at + 2], shift))
+        if v > _BIAS_LIMIT:
+            v = _BIAS_LIMIT
+        elif v < 0 - _BIAS_LIMIT:
+            v = 0 - _BIAS_LIMIT
+        r[vb + j] = v
+        if random >= 0:
+            step = (v + (int(_dither(I, random)) & 0xFF)) >> 8
+        else:
+            step = int(_round_shift(v, 8))
+        v = int(I[bias + j]) - step
+        if v > _BIAS_LIMIT:
+            v = _BIAS_LIMIT
+        elif v < 0 - _BIAS_LIMIT:
+            v = 0 - _BIAS_LIMIT
+        r[bias + j] = v
+    return 0

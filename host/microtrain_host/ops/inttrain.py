@@ -128,8 +128,20 @@ def lower_int_gemm_update(ctx, node):
                                  f"{list(ctx.tensors[g].shape)}, expected {[m, n]}")
     rates = _derived(ctx, f"{node.input[0]}.update_rates", 1 + 4 * n)
     random = _dither(ctx, node, node.input[0])
-    ctx.step(op.INT_GEMM_UPDATE, [wid, bid, xid, g, rates, random],
-             [m, k, n, int(x.dtype == INT8)])
+    momentum = float(attr(node, "momentum", 0.0))
+    if momentum:
+        # int16 weight velocities (2 bytes each) and int32 bias velocities
+        vw, vb = f"{node.input[0]}.velocity", f"{node.input[1]}.velocity"
+        for key, dtype, size in ((vw, INT8, 2 * n * k), (vb, INT32, n)):
+            if key not in ctx.persistent:
+                ctx.persistent[key] = ctx.add(Tensor(key, dtype, OPTIMIZER_STATE, (size,)))
+            ctx.local[key] = ctx.persistent[key]
+        ctx.step(op.INT_GEMM_UPDATE_MOMENTUM,
+                 [wid, bid, xid, g, rates, random, ctx.persistent[vw], ctx.persistent[vb]],
+                 [m, k, n, int(x.dtype == INT8), round(momentum * ONE)])
+    else:
+        ctx.step(op.INT_GEMM_UPDATE, [wid, bid, xid, g, rates, random],
+                 [m, k, n, int(x.dtype == INT8)])
     ctx.alias_in_place(node.output[0], node.input[0])
     ctx.alias_in_place(node.output[1], node.input[1])
 

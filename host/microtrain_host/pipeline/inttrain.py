@@ -96,7 +96,7 @@ def _param_name(name, fallback):
     return name.removesuffix(".quantized") if name else fallback
 
 
-def int8_training_model(qdq_model, stochastic=True, train_conv=False):
+def int8_training_model(qdq_model, stochastic=True, train_conv=False, momentum=0.0):
     """(train graph, eval graph, roles, quantization, parameters {name: array}, info).
     train_conv: also train the 1x1 convolution before the GlobalAveragePool (weights and
     bias) from the classifier's input gradient."""
@@ -173,7 +173,7 @@ def int8_training_model(qdq_model, stochastic=True, train_conv=False):
     step = helper.make_node("IntGemmUpdate", [w_name, b_name, gemm.input[0], GRAD],
                             [w_name + ".updated", b_name + ".updated"],
                             name=gemm.name + ".update", domain=DOMAIN,
-                            stochastic=int(bool(stochastic)))
+                            stochastic=int(bool(stochastic)), momentum=float(momentum))
     out_loss = helper.make_tensor_value_info(LOSS, TensorProto.INT32, [batch, 2])
     out_logits = helper.make_tensor_value_info(LOGITS, TensorProto.INT32, [batch, n])
     opsets = list(fused.opset_import)
@@ -202,16 +202,21 @@ def int8_training_model(qdq_model, stochastic=True, train_conv=False):
 
 
 def int8_training_artifacts(qdq_model, out_dir, learning_rate=0.01, stochastic=True,
-                            train_conv=False):
+                            train_conv=False, momentum=0.0):
     """Write int8_train.mtb, int8_train.ckpt and int8_train.json into out_dir (see the
     module docstring); returns the info dict (with the three paths). stochastic: round the
     weight steps stochastically (default; steps below half a quantum would otherwise be
     lost) or half to even. train_conv: also train the 1x1 convolution before the
-    GlobalAveragePool feeding the classifier (the last pointwise conv of a DS-CNN)."""
+    GlobalAveragePool feeding the classifier (the last pointwise conv of a DS-CNN).
+    momentum: SGD momentum (torch's rule, dampening 0) of the classifier, in [0, 1): an
+    int16 velocity per weight (2 bytes) and an int32 one per bias, kept in the arenas (not in
+    the checkpoint: a resumed run restarts them at zero)."""
+    if not 0.0 <= float(momentum) < 1.0:
+        raise ArtifactError(f"momentum {momentum!r} must lie in [0, 1)")
     if not (0.0 < float(learning_rate) < 3e38):
         raise ArtifactError(f"learning rate {learning_rate!r} must be positive and finite")
     train, evaluate, roles, quantization, params, info = int8_training_model(
-        qdq_model, stochastic, train_conv)
+        qdq_model, stochastic, train_conv, momentum)
     lowering = Lowering(roles)
     lowering.quantization = quantization
     lowering.lower("train", train)
@@ -228,6 +233,7 @@ def int8_training_artifacts(qdq_model, out_dir, learning_rate=0.01, stochastic=T
         write_atomically(paths["blob"], data)
         write_checkpoint(paths["checkpoint"], params, {}, keep_integers=True)
         info = dict(info, learning_rate=float(learning_rate), stochastic=bool(stochastic),
+                    momentum=float(momentum),
                     **paths)
         write_atomically(paths["info"], json.dumps(info, indent=1).encode())
     except OSError as e:
