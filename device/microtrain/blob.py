@@ -78,6 +78,7 @@ class Blob:
                                          # train / eval loss is then int32 (kernels/inttrain.py)
         self.int_rates = []     # the inttrain update steps' multipliers (set_learning_rate)
         self.int_derived = {}   # inttrain's derived tensors computed so far -> their size
+        self.int_units = {}     # inttrain: gradient tensor -> its real unit (at load)
 
     def is_trainable(self, tensor, grad):
         # A parameter entry trains when it has a gradient buffer or is updated in the

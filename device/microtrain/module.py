@@ -72,7 +72,7 @@ class Module:
             if dtype != blobfile.FLOAT:
                 self._bind_integer(p, name, tensor, off, n, dtype)
                 continue
-            if p.data_type != 1:
+            if getattr(p, "data_type", 1) != 1:
                 raise ParameterError("parameter '%s' is an integer tensor in the checkpoint, "
                                      "a float one in the model" % name)
             if p.data is not None:
@@ -93,9 +93,9 @@ class Module:
         # integers (kernels/inttrain.py): its values come in, then it is a view of the arena
         # (raw bytes of the int8 one: two's complement, as the checkpoint stores them).
         want = 3 if dtype == blobfile.INT8 else 6
-        if p.data_type != want or dtype == blobfile.UINT8:
+        if getattr(p, "data_type", 1) != want or dtype == blobfile.UINT8:
             raise ParameterError("parameter '%s' has ONNX data type %d in the checkpoint, the "
-                                 "model needs %d" % (name, p.data_type, want))
+                                 "model needs %d" % (name, getattr(p, "data_type", 1), want))
         arena = self.blob.Q if want == 3 else self.I
         if p.data is not None:
             if len(p.data) != n:

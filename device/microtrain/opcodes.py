@@ -131,6 +131,9 @@ RELU_MASK_GRAD = const(241)
 INT_GEMM_LOGITS = const(242)
 INT_SOFTMAX_CE = const(243)
 INT_GEMM_UPDATE = const(244)
+INT_GEMM_GRAD_INPUT = const(245)
+INT_CONV1X1_UPDATE = const(246)
+INT_GEMM_UPDATE_MOMENTUM = const(247)
 
 # op code -> (kernel family module, function, tensor dtypes, int count, float count)
 # Tensor dtypes: "f" float arena, "i" int arena, "?" float arena or no tensor, "b" byte
@@ -257,6 +260,9 @@ SIGNATURES = {
     INT_GEMM_LOGITS: ("inttrain", "int_gemm_logits", "ibbii", 4, 0),
     INT_SOFTMAX_CE: ("inttrain", "int_softmax_ce", "iiiii", 2, 0),
     INT_GEMM_UPDATE: ("inttrain", "int_gemm_update", "bibiik", 4, 0),
+    INT_GEMM_GRAD_INPUT: ("inttrain", "int_gemm_grad_input", "iibi", 3, 0),
+    INT_CONV1X1_UPDATE: ("inttrain", "int_conv1x1_update", "bibbiiik", 6, 0),
+    INT_GEMM_UPDATE_MOMENTUM: ("inttrain", "int_gemm_update_momentum", "bibiikbi", 5, 0),
 }
 
 

@@ -241,6 +241,13 @@ def build_parser():
     p.add_argument("--int8-lr", type=float, default=0.01, metavar="LR",
                    help="with --int8-train: the blob's learning rate (default 0.01; "
                         "Optimizer.set_learning_rate changes it on the device)")
+    p.add_argument("--int8-train-conv", action="store_true",
+                   help="with --int8-train: also train the 1x1 convolution before the "
+                        "GlobalAveragePool that feeds the classifier (a DS-CNN's last "
+                        "pointwise conv: the last block), weights and bias")
+    p.add_argument("--int8-momentum", type=float, default=0.0, metavar="MU",
+                   help="with --int8-train: SGD momentum of the classifier (torch's rule; an "
+                        "int16 velocity per weight, not saved in checkpoints; default 0)")
     p.add_argument("--int8-nearest", action="store_true",
                    help="with --int8-train: round weight steps half to even instead of "
                         "stochastically (steps below half a quantum are then lost)")

@@ -46,6 +46,7 @@ EXP_LO = 64          # exp(-b / 256) for b < 64
 LOGIT_LIMIT = 1 << 20    # |z| clamp: +-4096 in real units, far beyond any useful logit
 BIAS_LIMIT = 1 << 23     # |bias| clamp: keeps |acc| < 2**24 for k <= 256
 MAX_K = 256
+GRAD_BITS = 4            # int_gemm_grad_input: extra bits of D for up to 16 classes
 
 
 def _scale(c, k):
@@ -253,6 +254,86 @@ def int_gemm_update(F, I, args):
         I[bias + j] = v
 
 
+def int_gemm_update_momentum(F, I, args):
+    # SGD with momentum (torch's rule, dampening 0: v = mu v + g, w -= lr v) in quanta: the
+    # velocity V of each weight is the step in 1/256 quanta, V = round(mu V) + step, and
+    # W -= V / 256 rounded (stochastically with random >= 0). V is an int16 (2 bytes, little
+    # endian, in the byte arena: a velocity beyond 128 quanta would move an int8 weight
+    # across its whole range, so it is clamped there); the bias' velocity an int32, in 1/256
+    # of its quanta too. mu in Q14; mu V rounded half up (|V * mu| < 2**29; the bias' in
+    # two parts).
+    Q, w, bias, x, g, rates, random, vw, vb, m, k, n, x_signed, mu = args
+    x_zp = I[rates]
+    flip = 128 if x_signed else 0
+    for j in range(n):
+        r = rates + 1 + 4 * j
+        m0 = I[r]
+        shift = I[r + 1] - 8 if I[r + 1] > 8 else 1
+        pw = w + j * k
+        pv = vw + 2 * j * k
+        for t in range(k):
+            acc = 0
+            px = x + t
+            pg = g + j
+            for _ in range(m):
+                acc += I[pg] * (((Q[px] ^ flip) - flip) - x_zp)
+                px += k
+                pg += n
+            v = Q[pv] | (((Q[pv + 1] ^ 128) - 128) << 8)
+            v = ((v * mu + 8192) >> 14) + _requant(acc, m0, shift)
+            if v > 32767:
+                v = 32767
+            elif v < -32767:
+                v = -32767
+            Q[pv] = v & 255
+            Q[pv + 1] = (v >> 8) & 255
+            pv += 2
+            if random >= 0:
+                step = (v + (_dither(I, random) & 255)) >> 8
+            else:
+                step = _round_shift(v, 8)
+            v = ((Q[pw + t] ^ 128) - 128) - step
+            if v > 127:
+                v = 127
+            elif v < -127:
+                v = -127
+            Q[pw + t] = v & 255
+        acc = 0
+        pg = g + j
+        for _ in range(m):
+            acc += I[pg]
+            pg += n
+        shift = I[r + 3] - 8 if I[r + 3] > 8 else 1
+        v = I[vb + j]          # mu V rounded half up, in two parts (|V| < 2**23)
+        hi = v >> 14
+        v = hi * mu + (((v - (hi << 14)) * mu + 8192) >> 14) + _requant(acc, I[r + 2], shift)
+        if v > BIAS_LIMIT:
+            v = BIAS_LIMIT
+        elif v < -BIAS_LIMIT:
+            v = -BIAS_LIMIT
+        I[vb + j] = v
+        if random >= 0:
+            step = (v + (_dither(I, random) & 255)) >> 8
+        else:
+            step = _round_shift(v, 8)
+        v = I[bias + j] - step
+        if v > BIAS_LIMIT:
+            v = BIAS_LIMIT
+        elif v < -BIAS_LIMIT:
+            v = -BIAS_LIMIT
+        I[bias + j] = v
+
+
+def int_gemm_update_momentum_check(args, c):
+    Q, w, bias, x, g, rates, random, vw, vb, m, k, n, x_signed, mu = args
+    int_gemm_update_check((Q, w, bias, x, g, rates, random, m, k, n, x_signed), c)
+    c.holds(6, 2 * n * k)
+    c.role(6, "optimizer_state")
+    c.holds(7, n)
+    c.role(7, "optimizer_state")
+    c.within(mu, 0, ONE - 1, "momentum (Q14)")
+
+
 def update_reals(sx, sw, m, lr):
     """[(real_w, real_b) per channel] of int_gemm_update, float32 as a board computes them:
     real_w = lr * s_x / s_w / 2**14 / m, real_b = lr / (s_x * s_w) / 2**14 / m."""
@@ -302,25 +383,219 @@ def int_gemm_update_check(args, c):
 
 
 def set_learning_rate(b, I, lr):
-    """Rewrite every int_gemm_update's multipliers for learning rate lr (floats: outside any
+    """Rewrite every update step's multipliers for learning rate lr (floats: outside any
     step, as the Optimizer calls it)."""
-    for tid, x_zp, sx, sw, m in getattr(b, "int_rates", ()):
+    for tid, x_zp, sx, sw, m in b.int_rates:
         at = b.offsets[tid]
-        values = rate_values(x_zp, update_reals(sx, sw, m, lr))
+        if isinstance(m, tuple):            # int_conv1x1_update: (unit, plane, batch)
+            values = rate_values(x_zp, conv_reals(sx, sw, m[0], m[1], m[2], lr))
+        else:
+            values = rate_values(x_zp, update_reals(sx, sw, m, lr))
         for i in range(len(values)):
             I[at + i] = values[i]
 
 
+# -- the layer before the classifier: a 1x1 convolution (its ReLU) -> GlobalAveragePool ----
+def int_gemm_grad_input(F, I, args):
+    # D[i, c] = sum_j round(g[i, j] * 2**x * s_w[j] / s_wmax) * W[j, c]: the gradient of the
+    # classifier's input (real: D * s_wmax / 2**(14 + x)), before the classifier's update;
+    # x = GRAD_BITS extra bits for up to 16 classes, else 0 (|D| < 2**30 either way).
+    Q, d, g, w, factors, m, k, n = args
+    for i in range(m):
+        gi = g + i * n
+        for c in range(k):
+            acc = 0
+            pw = w + c
+            for j in range(n):
+                h = _requant(I[gi + j], I[factors + 2 * j], I[factors + 2 * j + 1])
+                acc += h * ((Q[pw] ^ 128) - 128)
+                pw += k
+            I[d + i * k + c] = acc
+
+
+def int_gemm_grad_input_check(args, c):
+    Q, d, g, w, factors, m, k, n = args
+    c.positive(m, k, n)
+    c.within(n, 1, 511, "classes")
+    c.holds(0, m * k)
+    c.holds(1, m * n)
+    c.holds(2, n * k)
+    c.holds(3, 2 * n)
+    sw = _scale(c, 2)[0]
+    if len(sw) != n:
+        c.fail("%d weight scales for %d output channels" % (len(sw), n))
+    top = 0.0
+    for v in sw:
+        _positive(c, v, "weight scale")
+        top = v if v > top else top
+    extra = 1 << GRAD_BITS if n <= 16 else 1
+    values = []
+    for v in sw:
+        values += requant_pair(_f32(_f32(v / top) * extra))
+    from array import array
+    _derived(c, 3, array("i", values))
+    c.blob.int_units[c.tensors[0]] = _f32(top / (ONE * extra))      # D's real unit
+
+
+def _mantissa(I, d, c, m, k, limit):
+    # e, the shift making every |D[i, c]| of the batch < limit (D taken as d * 2**e with as
+    # many significant bits as keep the products below 2**24: exact 12-bit limbs)
+    top = 0
+    for i in range(m):
+        v = I[d + i * k + c]
+        v = -v if v < 0 else v
+        top = v if v > top else top
+    e = 0
+    while top >= limit:
+        top >>= 1
+        e += 1
+    return e
+
+
+def _round_shift(v, e):
+    # round half to even of v / 2**e (e >= 0)
+    if e == 0:
+        return v
+    q = v >> e
+    r = v - (q << e)
+    half = 1 << (e - 1)
+    if r > half or (r == half and q & 1):
+        q += 1
+    return q
+
+
+def int_conv1x1_update(F, I, args):
+    # The SGD step of the 1x1 convolution y = relu(W x + b) feeding GlobalAveragePool (P
+    # positions) then the classifier, from D (int_gemm_grad_input), QAS-scaled as the
+    # classifier's: dL/dy[c, p] = D[c] * s_wmax / 2**14 / P where the output is inside its
+    # clamp (lo < y < hi: the ReLU or the int8 range passes it), else 0; so
+    #   W[c, t] -= round(r_w[c] * D[c] * sum_p mask[c, p] (x[t, p] - x_zp)),
+    #   b[c]    -= round(r_b[c] * D[c] * count_p mask[c, p]),
+    # D taken as d * 2**e with as many significant bits as keep the products below 2**24
+    # (_mantissa), rounded half to even or stochastically as int_gemm_update (random >= 0).
+    Q, w, bias, x, y, d, req, rates, random, m, cin, cout, plane, x_signed, y_signed = args
+    fx = 128 if x_signed else 0
+    fy = 128 if y_signed else 0
+    x_zp = I[rates]
+    lo = I[req + 2]
+    hi = I[req + 3]
+    wlimit = 16777216 // (plane * 255 * m) + 1     # |d * sum_p (x - x_zp)| < 2**24 over
+    blimit = 16777216 // (plane * m) + 1           # the batch; d * count likewise
+    for c in range(cout):
+        r = rates + 1 + 4 * c
+        e = _mantissa(I, d, c, m, cout, wlimit)
+        eb = _mantissa(I, d, c, m, cout, blimit)
+        wshift = I[r + 1] - e
+        bshift = I[r + 3] - eb
+        if wshift < 1:
+            wshift = 1
+        if bshift < 1:
+            bshift = 1
+        pw = w + c * cin
+        for t in range(cin):
+            acc = 0
+            for i in range(m):
+                dc = _round_shift(I[d + i * cout + c], e)
+                if dc == 0:
+                    continue
+                py = y + (i * cout + c) * plane
+                px = x + (i * cin + t) * plane
+                part = 0
+                for p in range(plane):
+                    v = (Q[py + p] ^ fy) - fy
+                    if lo < v < hi:
+                        part += ((Q[px + p] ^ fx) - fx) - x_zp
+                acc += dc * part
+            if random >= 0 and wshift > 8:
+                step = (_requant(acc, I[r], wshift - 8) + (_dither(I, random) & 255)) >> 8
+            else:
+                step = _requant(acc, I[r], wshift)
+            v = ((Q[pw + t] ^ 128) - 128) - step
+            if v > 127:
+                v = 127
+            elif v < -127:
+                v = -127
+            Q[pw + t] = v & 255
+        acc = 0
+        for i in range(m):
+            dc = _round_shift(I[d + i * cout + c], eb)
+            py = y + (i * cout + c) * plane
+            count = 0
+            for p in range(plane):
+                v = (Q[py + p] ^ fy) - fy
+                if lo < v < hi:
+                    count += 1
+            acc += dc * count
+        if random >= 0 and bshift > 8:
+            step = (_requant(acc, I[r + 2], bshift - 8) + (_dither(I, random) & 255)) >> 8
+        else:
+            step = _requant(acc, I[r + 2], bshift)
+        v = I[bias + c] - step
+        if v > BIAS_LIMIT:
+            v = BIAS_LIMIT
+        elif v < -BIAS_LIMIT:
+            v = -BIAS_LIMIT
+        I[bias + c] = v
+
+
+def conv_reals(sx, sw, unit, plane, m, lr):
+    """[(real_w, real_b)] per channel of int_conv1x1_update: the step per unit of D (real
+    gradient D * unit / P) times sum (x - x_zp), resp. times the count:
+    real_w = lr * unit * s_x / (P * m * s_w), real_b = lr * unit / (P * m * s_x * s_w)."""
+    out = []
+    u = _f32(unit / _f32(plane * m))
+    for s in sw:
+        out.append((_f32(_f32(_f32(lr * u) * sx) / s), _f32(_f32(lr * u) / _f32(sx * s))))
+    return out
+
+
+def int_conv1x1_update_check(args, c):
+    Q, w, bias, x, y, d, req, rates, random, m, cin, cout, plane, x_signed, y_signed = args
+    c.positive(m, cin, cout, plane)
+    c.within(plane, 1, 4096, "positions")      # sum_p (x - x_zp) < 2**20
+    c.holds(0, cout * cin)
+    c.role(0, "param")
+    c.holds(1, cout)
+    c.role(1, "param")
+    c.holds(2, m * cin * plane)
+    c.holds(3, m * cout * plane)
+    c.holds(4, m * cout)
+    c.holds(5, 4)
+    c.holds(6, 1 + 4 * cout)
+    if c.present(7):
+        c.holds(7, 1)
+        c.role(7, "optimizer_state")
+    c.within(x_signed, 0, 1, "signed flag")
+    c.within(y_signed, 0, 1, "signed flag")
+    sx, zx, _ = _scale(c, 2)
+    sw = _scale(c, 0)[0]
+    if len(sw) != cout:
+        c.fail("%d weight scales for %d output channels" % (len(sw), cout))
+    _positive(c, sx[0], "input scale")
+    for v in sw:
+        _positive(c, v, "weight scale")
+    # D's real unit, recorded by the int_gemm_grad_input step that writes D (earlier)
+    unit = c.blob.int_units.get(c.tensors[4])
+    if unit is None:
+        c.fail("no int_gemm_grad_input step before this one writes its gradient tensor")
+    lr = c.blob.optimizer.get("learning_rate", 0.0)
+    from array import array
+    if _derived(c, 6, array("i", rate_values(zx[0], conv_reals(sx[0], sw, unit, plane, m, lr)))):
+        c.blob.int_rates.append((c.tensors[6], zx[0], sx[0], tuple(sw), (unit, plane, m)))
+
+
 # The viper fast paths (MicroPython with the viper emitter): same integers, no allocation.
-_FAST_NAMES = ("int_gemm_logits", "int_gemm_update")
+_FAST_NAMES = ("int_gemm_logits", "int_gemm_update", "int_gemm_grad_input",
+               "int_conv1x1_update", "int_gemm_update_momentum")
 _pure = {}
 for _name in _FAST_NAMES:
-    _pure[_name] = globals()[_name]
+    if _name in globals():    # a trimmed runtime (tools/runtime.py) keeps only some kernels
+        _pure[_name] = globals()[_name]
 
 
 def use_fast(on=True):
     g = globals()
-    for name in _FAST_NAMES:
+    for name in _pure:
         g[name] = _pure[name]
     if on:
         try:
@@ -330,7 +605,7 @@ def use_fast(on=True):
             return False
         fast._slow = _requant_wide
         fast._WIDE = 1 if _requant is _requant_wide else 0
-        for name in _FAST_NAMES:
+        for name in _pure:
             g[name] = getattr(fast, name)
     return on
 

@@ -127,16 +127,76 @@ def lower_int_gemm_update(ctx, node):
         raise UnsupportedOpError(f"{ctx.where(node)}: gradient shape "
                                  f"{list(ctx.tensors[g].shape)}, expected {[m, n]}")
     rates = _derived(ctx, f"{node.input[0]}.update_rates", 1 + 4 * n)
-    random = NO_TENSOR
-    if attr(node, "stochastic", 0):
-        key = f"{node.input[0]}.dither"
-        if key not in ctx.persistent:
-            ctx.persistent[key] = ctx.add(Tensor(key, INT32, OPTIMIZER_STATE, (1,)))
-        random = ctx.local[key] = ctx.persistent[key]
-    ctx.step(op.INT_GEMM_UPDATE, [wid, bid, xid, g, rates, random],
-             [m, k, n, int(x.dtype == INT8)])
+    random = _dither(ctx, node, node.input[0])
+    momentum = float(attr(node, "momentum", 0.0))
+    if momentum:
+        # int16 weight velocities (2 bytes each) and int32 bias velocities
+        vw, vb = f"{node.input[0]}.velocity", f"{node.input[1]}.velocity"
+        for key, dtype, size in ((vw, INT8, 2 * n * k), (vb, INT32, n)):
+            if key not in ctx.persistent:
+                ctx.persistent[key] = ctx.add(Tensor(key, dtype, OPTIMIZER_STATE, (size,)))
+            ctx.local[key] = ctx.persistent[key]
+        ctx.step(op.INT_GEMM_UPDATE_MOMENTUM,
+                 [wid, bid, xid, g, rates, random, ctx.persistent[vw], ctx.persistent[vb]],
+                 [m, k, n, int(x.dtype == INT8), round(momentum * ONE)])
+    else:
+        ctx.step(op.INT_GEMM_UPDATE, [wid, bid, xid, g, rates, random],
+                 [m, k, n, int(x.dtype == INT8)])
     ctx.alias_in_place(node.output[0], node.input[0])
     ctx.alias_in_place(node.output[1], node.input[1])
+
+
+@lowering("IntGemmGradInput")
+def lower_int_gemm_grad_input(ctx, node):
+    # D = the classifier input's gradient in units of max(s_w) / 2**14 (kernels/inttrain.py)
+    g = ctx.t(node.input[0])
+    wid, w = _byte(ctx, node.input[1], node)
+    n, k = w.shape
+    m = ctx.tensors[g].shape[0]
+    if tuple(ctx.tensors[g].shape) != (m, n) or len(w.scale) != n:
+        raise UnsupportedOpError(f"{ctx.where(node)}: gradient {list(ctx.tensors[g].shape)} "
+                                 f"and weight {[n, k]} do not match")
+    d = _int_tensor(ctx, node.output[0], (m, k))
+    factors = _derived(ctx, f"{node.input[1]}.input_factors", 2 * n)
+    ctx.step(op.INT_GEMM_GRAD_INPUT, [d, g, wid, factors], [m, k, n])
+
+
+def _dither(ctx, node, weight):
+    if not attr(node, "stochastic", 0):
+        return NO_TENSOR
+    key = f"{weight}.dither"
+    if key not in ctx.persistent:
+        ctx.persistent[key] = ctx.add(Tensor(key, INT32, OPTIMIZER_STATE, (1,)))
+    ctx.local[key] = ctx.persistent[key]
+    return ctx.persistent[key]
+
+
+@lowering("IntConv1x1Update")
+def lower_int_conv1x1_update(ctx, node):
+    # IntConv1x1Update(W, B, X, Y, D) -> (W', B'): the 1x1 convolution Y = clamp(W X + B)
+    # (its QLinearConv node named by attribute `conv`: the clamp bounds) before a
+    # GlobalAveragePool and the classifier, from D (IntGemmGradInput)
+    w_name, b_name, x_name, y_name, d_name = node.input
+    wid, w = _byte(ctx, w_name, node)
+    xid, x = _byte(ctx, x_name, node)
+    yid, y = _byte(ctx, y_name, node)
+    bid = ctx.t(b_name)
+    d = ctx.t(d_name)
+    cout, cin = w.shape[0], int(np.prod(w.shape[1:]))
+    m = x.shape[0]
+    plane = int(np.prod(x.shape[2:]))
+    if w.role != PARAM or ctx.tensors[bid].role != PARAM or x.shape[1] != cin or \
+            tuple(y.shape) != (m, cout) + tuple(x.shape[2:]) or \
+            tuple(ctx.tensors[d].shape) != (m, cout):
+        raise UnsupportedOpError(f"{ctx.where(node)}: shapes W {list(w.shape)}, X "
+                                 f"{list(x.shape)}, Y {list(y.shape)}, D "
+                                 f"{list(ctx.tensors[d].shape)} are not a 1x1 convolution's")
+    req = ctx.local[f"{attr(node, 'conv')}.requant"]
+    rates = _derived(ctx, f"{w_name}.update_rates", 1 + 4 * cout)
+    ctx.step(op.INT_CONV1X1_UPDATE, [wid, bid, xid, yid, d, req, rates, _dither(ctx, node, w_name)],
+             [m, cin, cout, plane, int(x.dtype == INT8), int(y.dtype == INT8)])
+    ctx.alias_in_place(node.output[0], w_name)
+    ctx.alias_in_place(node.output[1], b_name)
 
 
 # -- numpy mirrors (the device's integers) ------------------------------------------------

@@ -36,6 +36,7 @@ from .plan import assign_offsets
 
 BLOB, CHECKPOINT, INFO = "int8_train.mtb", "int8_train.ckpt", "int8_train.json"
 LOGITS, LOSS, GRAD = "inttrain.logits", "inttrain.loss", "inttrain.grad"
+FEATURE_GRAD = "inttrain.feature_grad"
 LABELS = "labels"
 
 
@@ -63,8 +64,42 @@ def _classifier(fused):
     return quant[0], gemm, deq
 
 
-def int8_training_model(qdq_model, stochastic=True):
-    """(train graph, eval graph, roles, quantization, parameters {name: array}, info)."""
+def _last_conv(fused, gemm):
+    """The 1x1 QLinearConv whose output a QLinearGlobalAveragePool (then views) turns into
+    the classifier's input, or an UnsupportedOpError saying why there is none."""
+    g = fused.graph
+    producers = {o: n for n in g.node for o in n.output}
+    readers = {}
+    for n in g.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    node = producers.get(gemm.input[0])
+    while node is not None and node.op_type in ("Flatten", "Reshape", "Squeeze"):
+        node = producers.get(node.input[0])
+    conv = producers.get(node.input[0]) if node is not None and \
+        node.op_type == "QLinearGlobalAveragePool" else None
+    if conv is None or conv.op_type != "QLinearConv" or \
+            len(readers.get(conv.output[0], [])) != 1:
+        raise UnsupportedOpError("integer training of the last convolution: the classifier's "
+                                 "input must be a GlobalAveragePool of a convolution's output "
+                                 "(read by nothing else)")
+    ones = lambda key, n: list(attr(conv, key, [1] * n)) == [1] * n       # noqa: E731
+    if not (ones("kernel_shape", 2) and ones("strides", 2) and attr(conv, "group", 1) == 1
+            and not any(attr(conv, "pads", [0] * 4))):
+        raise UnsupportedOpError(f"integer training of the last convolution: node "
+                                 f"'{conv.name}' is not a 1x1 convolution (stride 1, no "
+                                 f"padding, one group)")
+    return conv
+
+
+def _param_name(name, fallback):
+    return name.removesuffix(".quantized") if name else fallback
+
+
+def int8_training_model(qdq_model, stochastic=True, train_conv=False, momentum=0.0):
+    """(train graph, eval graph, roles, quantization, parameters {name: array}, info).
+    train_conv: also train the 1x1 convolution before the GlobalAveragePool (weights and
+    bias) from the classifier's input gradient."""
     if not isinstance(qdq_model, onnx.ModelProto):
         qdq_model = onnx.load(os.fspath(qdq_model))
     fused = int8_graph(qdq_model)
@@ -91,13 +126,46 @@ def int8_training_model(qdq_model, stochastic=True):
     shape = [d.dim_value for d in g.input[0].type.tensor_type.shape.dim]
     batch = shape[0]
     frozen = [nd for nd in g.node if nd is not quant and nd is not gemm and nd is not deq]
-    keep = [i for i in g.initializer if i.name not in (gemm.input[1], gemm.input[2:3] and
-                                                       gemm.input[2])]
+    taken = {gemm.input[1]} | set(gemm.input[2:3])
     inputs = [helper.make_tensor_value_info(x_name, x_type, shape),
               helper.make_tensor_value_info(LABELS, TensorProto.INT32, [batch]),
               helper.make_tensor_value_info(w_name, TensorProto.INT8, [n, k]),
               helper.make_tensor_value_info(b_name, TensorProto.INT32, [n])]
-    infos = [v for v in g.value_info if v.name not in (x_name, w_name, b_name, LABELS)]
+    params = {w_name: w, b_name: bias}
+    quantization = {x_name: ([attr(quant, "scale")], [attr(quant, "zero_point", 0)], 0),
+                    w_name: (w_scales, [0] * n, 0)}
+    conv_nodes = []
+    if train_conv:
+        conv = _last_conv(fused, gemm)
+        w2 = inits[conv.input[1]]
+        channels = w2.shape[0]
+        w2_name = _param_name(conv.input[1], conv.name + ".weight")
+        b2_name = _param_name(conv.input[2] if len(conv.input) > 2 else "",
+                              conv.name + ".bias")
+        bias2 = (inits[conv.input[2]].astype(np.int32) if len(conv.input) > 2 and
+                 conv.input[2] else np.zeros(channels, np.int32))
+        taken |= set(conv.input[1:3])
+        scales2 = [float(v) for v in attr(conv, "w_scales")]
+        if len(scales2) == 1:
+            scales2 *= channels
+        trained = helper.make_node(conv.op_type, [conv.input[0], w2_name, b2_name],
+                                   list(conv.output), name=conv.name, domain=conv.domain)
+        trained.attribute.extend(conv.attribute)
+        frozen = [trained if nd is conv else nd for nd in frozen]
+        inputs += [helper.make_tensor_value_info(w2_name, TensorProto.INT8, list(w2.shape)),
+                   helper.make_tensor_value_info(b2_name, TensorProto.INT32, [channels])]
+        params.update({w2_name: w2, b2_name: bias2})
+        quantization[w2_name] = (scales2, [0] * channels, 0)
+        conv_nodes = [
+            helper.make_node("IntGemmGradInput", [GRAD, w_name], [FEATURE_GRAD],
+                             name=gemm.name + ".grad_input", domain=DOMAIN),
+            helper.make_node("IntConv1x1Update", [w2_name, b2_name, conv.input[0],
+                                                  conv.output[0], FEATURE_GRAD],
+                             [w2_name + ".updated", b2_name + ".updated"],
+                             name=conv.name + ".update", domain=DOMAIN, conv=conv.name,
+                             stochastic=int(bool(stochastic)))]
+    keep = [i for i in g.initializer if i.name not in taken]
+    infos = [v for v in g.value_info if v.name not in {i.name for i in inputs}]
     logits = helper.make_node("IntGemmLogits", [gemm.input[0], w_name, b_name], [LOGITS],
                               name=gemm.name + ".logits", domain=DOMAIN)
     loss = helper.make_node("IntSoftmaxCrossEntropy", [LOGITS, LABELS], [LOSS, GRAD],
@@ -105,7 +173,7 @@ def int8_training_model(qdq_model, stochastic=True):
     step = helper.make_node("IntGemmUpdate", [w_name, b_name, gemm.input[0], GRAD],
                             [w_name + ".updated", b_name + ".updated"],
                             name=gemm.name + ".update", domain=DOMAIN,
-                            stochastic=int(bool(stochastic)))
+                            stochastic=int(bool(stochastic)), momentum=float(momentum))
     out_loss = helper.make_tensor_value_info(LOSS, TensorProto.INT32, [batch, 2])
     out_logits = helper.make_tensor_value_info(LOGITS, TensorProto.INT32, [batch, n])
     opsets = list(fused.opset_import)
@@ -115,11 +183,13 @@ def int8_training_model(qdq_model, stochastic=True):
                                   value_info=infos)
         return helper.make_model(graph, opset_imports=opsets)
 
-    train = model("train", [logits, loss, step], [out_loss])
+    # the classifier's input gradient reads W before its update; the convolution's update
+    # comes last
+    train = model("train", [logits, loss] + conv_nodes[:1] + [step] + conv_nodes[1:],
+                  [out_loss])
     evaluate = model("eval", [logits, loss], [out_loss, out_logits])
-    roles = {x_name: INPUT, LABELS: LABEL, w_name: PARAM, b_name: PARAM}
-    quantization = {x_name: ([attr(quant, "scale")], [attr(quant, "zero_point", 0)], 0),
-                    w_name: (w_scales, [0] * n, 0)}
+    roles = {x_name: INPUT, LABELS: LABEL}
+    roles.update({name: PARAM for name in params})
     info = {"input": x_name, "input_scale": float(attr(quant, "scale")),
             "input_zero_point": int(attr(quant, "zero_point", 0)),
             "input_type": "int8" if x_type == TensorProto.INT8 else "uint8",
@@ -127,19 +197,26 @@ def int8_training_model(qdq_model, stochastic=True):
             "weight": w_name, "bias": b_name, "features": int(k),
             "feature_tensor": gemm.input[0],
             "feature_scale": float(attr(gemm, "x_scale")),
-            "weight_scales": w_scales}
-    return train, evaluate, roles, quantization, {w_name: w, b_name: bias}, info
+            "weight_scales": w_scales, "parameters": list(params)}
+    return train, evaluate, roles, quantization, params, info
 
 
-def int8_training_artifacts(qdq_model, out_dir, learning_rate=0.01, stochastic=True):
+def int8_training_artifacts(qdq_model, out_dir, learning_rate=0.01, stochastic=True,
+                            train_conv=False, momentum=0.0):
     """Write int8_train.mtb, int8_train.ckpt and int8_train.json into out_dir (see the
     module docstring); returns the info dict (with the three paths). stochastic: round the
     weight steps stochastically (default; steps below half a quantum would otherwise be
-    lost) or half to even."""
+    lost) or half to even. train_conv: also train the 1x1 convolution before the
+    GlobalAveragePool feeding the classifier (the last pointwise conv of a DS-CNN).
+    momentum: SGD momentum (torch's rule, dampening 0) of the classifier, in [0, 1): an
+    int16 velocity per weight (2 bytes) and an int32 one per bias, kept in the arenas (not in
+    the checkpoint: a resumed run restarts them at zero)."""
+    if not 0.0 <= float(momentum) < 1.0:
+        raise ArtifactError(f"momentum {momentum!r} must lie in [0, 1)")
     if not (0.0 < float(learning_rate) < 3e38):
         raise ArtifactError(f"learning rate {learning_rate!r} must be positive and finite")
-    train, evaluate, roles, quantization, params, info = int8_training_model(qdq_model,
-                                                                              stochastic)
+    train, evaluate, roles, quantization, params, info = int8_training_model(
+        qdq_model, stochastic, train_conv, momentum)
     lowering = Lowering(roles)
     lowering.quantization = quantization
     lowering.lower("train", train)
@@ -156,6 +233,7 @@ def int8_training_artifacts(qdq_model, out_dir, learning_rate=0.01, stochastic=T
         write_atomically(paths["blob"], data)
         write_checkpoint(paths["checkpoint"], params, {}, keep_integers=True)
         info = dict(info, learning_rate=float(learning_rate), stochastic=bool(stochastic),
+                    momentum=float(momentum),
                     **paths)
         write_atomically(paths["info"], json.dumps(info, indent=1).encode())
     except OSError as e:
