@@ -153,8 +153,10 @@ def test_int8_inference_loads_without_the_file_and_arenas_at_once(frozen, int8_b
     assert needed is not None and needed <= 130 * 1024, (needed, out)
 
 
-def test_int8_personalisation_on_the_frozen_port(frozen, tmp_path):
-    info = personalise.int8_pack(tmp_path, 0.01, calibration_steps=4)
+@pytest.mark.parametrize("config", ["int8 last", "int8 last block"])
+def test_int8_personalisation_on_the_frozen_port(frozen, tmp_path, config):
+    info = personalise.int8_pack(tmp_path, 0.01, calibration_steps=4,
+                                 train_conv=personalise.INT8[config])
     train, held_out = personalise.write_data(tmp_path, 3, 2, info=info)
     assert (train, held_out) == (36, 24)
     assert (tmp_path / "x_train.q8").stat().st_size == 36 * 490
@@ -175,3 +177,6 @@ def test_int8_personalisation_on_the_frozen_port(frozen, tmp_path):
     state = CheckpointState.load_checkpoint(str(tmp_path / "personalised_checkpoint"))
     weight = state.parameters[info["weight"]]
     assert any(weight.data) and len(weight.data) == 12 * 64
+    assert sorted(state.parameters) == sorted(
+        [info["weight"], info["bias"]] + (["blocks.7.weight", "blocks.7.bias"]
+                                          if personalise.INT8[config] else []))

@@ -55,8 +55,10 @@ CONFIGS = {
     "float last": ("the classifier", lambda model: sparse_update(model, False, 1)),
     "float sparse": ("every bias + the classifier", lambda model: sparse_update(model, True, 1)),
     "int8 last": ("the classifier, in integers", None),
+    "int8 last block": ("last 1x1 conv + classifier, ints", None),
 }
-INT8 = ("int8 last",)       # packed from the int8 backbone (int8_pack), trained with SGD (QAS)
+# packed from the int8 backbone (int8_pack), trained with SGD (QAS); train_conv
+INT8 = {"int8 last": False, "int8 last block": True}
 OPTIMIZER = "AdamW"
 INT8_LR = 0.01
 INT8_EPOCHS = 6
@@ -73,31 +75,32 @@ def fresh_head(model):
     return model
 
 
-def int8_pack(directory, lr, calibration_steps=20):
-    """The int8 configuration in directory: model.mtb (kernels/inttrain.py's integer
-    training blob of the calibrated int8 backbone), checkpoint (the classifier at zero: int8
-    weight, int32 bias) and the info of pipeline/inttrain.py (input scale and zero point)."""
+def int8_pack(directory, lr, calibration_steps=20, train_conv=False):
+    """An int8 configuration in directory: model.mtb (kernels/inttrain.py's integer
+    training blob of the calibrated int8 backbone), checkpoint (the classifier at zero, int8
+    weight and int32 bias; with train_conv the last 1x1 convolution too, as pretrained) and
+    the info of pipeline/inttrain.py (input scale and zero point)."""
     import quantize
     from microtrain_host.pipeline.checkpoint import write_checkpoint
-    from microtrain_host.pipeline.inttrain import int8_training_artifacts
+    from microtrain_host.pipeline.inttrain import int8_training_artifacts, int8_training_model
     qdq, _ = quantize.calibrate(directory / "backbone", steps=calibration_steps)
-    info = int8_training_artifacts(qdq, directory, lr)
+    info = int8_training_artifacts(qdq, directory, lr, train_conv=train_conv)
     (directory / "model.mtb").write_bytes(pathlib.Path(info["blob"]).read_bytes())
-    write_checkpoint(directory / "checkpoint",
-                     {info["weight"]: np.zeros((info["classes"], info["features"]), np.int8),
-                      info["bias"]: np.zeros(info["classes"], np.int32)}, {},
-                     keep_integers=True)
+    params = int8_training_model(qdq, True, train_conv)[4]
+    for name in (info["weight"], info["bias"]):
+        params[name] = np.zeros_like(params[name])
+    write_checkpoint(directory / "checkpoint", params, {}, keep_integers=True)
     return info
 
 
-def int8_memory(directory):
-    """The int8 configuration's arenas (its blob in directory), as a line of the table."""
+def int8_memory(directory, config):
+    """An int8 configuration's arenas (its blob in directory), as a line of the table."""
     from microtrain import blob as device_blob
     b = device_blob.load(str(directory / "model.mtb"))
     weights = sum(b.sizes[t] for t in range(len(b.names))
                   if b.dtypes[t] >= device_blob.INT8 and b.roles[t] in (2, 6))  # param, constant
     total = 4 * (b.float_arena + b.int_arena) + b.byte_arena
-    return (f"  {'int8 last':14s} {'the classifier, in integers':28s} {'fused':5s} "
+    return (f"  {config:14s} {CONFIGS[config][0]:28s} {'fused':5s} "
             f"arenas {total / 1024:.1f} KiB: int8 {b.byte_arena / 1024:.1f} (weights "
             f"{weights / 1024:.1f}, activations {(b.byte_arena - weights) / 1024:.1f}), int32 "
             f"{4 * b.int_arena / 1024:.1f}, float {4 * b.float_arena / 1024:.1f}; no gradient "
@@ -106,7 +109,7 @@ def int8_memory(directory):
 
 def pack(model, config, directory, moves=True, lr=0.003):
     if config in INT8:
-        return int8_pack(directory, lr)
+        return int8_pack(directory, lr, train_conv=INT8[config])
     requires_grad = CONFIGS[config][1](model)
     return generate_artifacts(model, requires_grad=requires_grad, loss="CrossEntropyLoss",
                               optimizer=OPTIMIZER, artifact_directory=directory, batch_size=1,
@@ -225,7 +228,7 @@ def main():
     if not args.skip_table:
         print(memory_table(model, build), flush=True)
         if int8:
-            print(int8_memory(directory), flush=True)
+            print(int8_memory(directory, args.config), flush=True)
     shots, held_out = write_data(directory, args.shots, args.held_out,
                                  info=info if int8 else None)
     needed = None
