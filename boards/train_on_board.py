@@ -10,9 +10,10 @@ from array import array
 gc.collect()
 BASE = gc.mem_alloc()
 # Imports and the checkpoint leave the heap fragmented, with no hole as large as the arena
-# Module allocates. So a block of RESERVE bytes (the arenas and the blob file, which Module
-# reads first) is taken before anything else, low in the heap, and freed just before Module
-# loads: the arenas land in that hole. A BytesIO preallocated to that size, because close()
+# Module allocates. So a block of RESERVE bytes (the arenas, or the blob file if larger:
+# Module reads the file into a buffer the size of the arenas and allocates them in its place,
+# blob.load_into_arenas) is taken before anything else, low in the heap, and freed just
+# before Module loads: the file's buffer, then the arenas land in that hole. A BytesIO preallocated to that size, because close()
 # frees its buffer at once; a dropped bytearray stays until the GC finds no pointer to it,
 # and MicroPython's GC scans the C stack conservatively, where stale copies linger.
 import io

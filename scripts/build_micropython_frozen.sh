@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the MicroPython Unix port with the device package frozen in (a FROZEN_MANIFEST written
-# into the cache, listing every module of device/microtrain but EXCLUDED):
+# into the cache, listing every module of device/microtrain):
 # `import microtrain` then runs bytecode from the binary, as a board runs it from flash, and
 # `micropython -X heapsize=64K` measures the heap a run needs on such a board (arenas, blob,
 # checkpoint, batch; no code). Same Debian source package as build_micropython.sh.
@@ -11,18 +11,15 @@
 # Cached under .cache/micropython-frozen/, keyed by the source tarball, this script and every
 # device module (names and contents): change any and the next run rebuilds.
 #
-# EXCLUDED: kernels/qlinear_viper.py does not compile with mpy-cross 1.25 for any -march
-# (x64, armv6m, armv7emsp, xtensawin: "ViperTypeError: can't do binary op between 'int' and
-# 'object'" at `a[acc + p] - _BIAS`, _BIAS = const(2**30) being no small int for mpy-cross), so
-# it cannot be frozen; qlinear.py then runs its pure-Python int8 kernels, as its import
-# fallback intends.
+# The viper kernels (kernels/qlinear_viper.py, kernels/inttrain_viper.py) are frozen as
+# machine code for this machine's architecture (MPY_CROSS_FLAGS below): `qlinear.FAST` and
+# `inttrain.FAST` are then True without any .py file.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache="$root/.cache/micropython-frozen"
 binary="$cache/micropython"
 manifest="$cache/manifest.py"
-excluded="microtrain/kernels/qlinear_viper.py"
 
 tarball=$(bash "$root/scripts/fetch_micropython_source.sh")
 key=$( (basename "$tarball"; sha256sum "$tarball" | cut -d' ' -f1; cat "$0";
@@ -42,8 +39,7 @@ rm -rf "$cache" && mkdir -p "$cache/tree"
 {
     echo "# Written by scripts/build_micropython_frozen.sh: the device package, frozen."
     echo "freeze(\"$root/device\", ("
-    (cd "$root/device" && find microtrain -name '*.py' | LC_ALL=C sort | grep -vxF "$excluded" |
-        sed 's/.*/    "&",/')
+    (cd "$root/device" && find microtrain -name '*.py' | LC_ALL=C sort | sed 's/.*/    "&",/')
     echo "))"
 } > "$manifest"
 tar -xf "$tarball" -C "$cache/tree" --strip-components=1
@@ -52,7 +48,7 @@ tar -xf "$tarball" -C "$cache/tree" --strip-components=1
 mkdir -p "$cache/tree/lib/micropython-lib"
 touch "$cache/tree/lib/micropython-lib/README.md"
 # Viper and native functions are compiled to machine code when frozen: mpy-cross needs the
-# architecture of the machine the Unix port runs on (for when EXCLUDED is empty again).
+# architecture of the machine the Unix port runs on.
 case "$(uname -m)" in
     x86_64|amd64) march=x64 ;;
     i?86) march=x86 ;;
@@ -71,6 +67,9 @@ if ! { make -C "$cache/tree/mpy-cross" -j"$jobs" &&
     exit 1
 fi
 cp "$cache/tree/ports/unix/build-standard/micropython" "$binary"
-"$binary" -c "import microtrain" >/dev/null
+# The viper kernels must have been frozen and work: qlinear and inttrain fall back to their
+# pure-Python kernels when the import fails, which would hide a broken build.
+(cd "$cache" && "$binary" -c "from microtrain.kernels import qlinear, inttrain
+assert qlinear.FAST and inttrain.FAST")
 echo "$key" > "$cache/key"
 echo "$binary"

@@ -49,6 +49,20 @@ def test_frozen_interpreter_imports_microtrain_from_the_binary(frozen, micropyth
     assert plain.returncode != 0 and "microtrain" in plain.stderr   # not frozen there
 
 
+def test_viper_int8_kernels_are_frozen_and_used(frozen, tmp_path):
+    # qlinear.py and inttrain.py fall back to their pure-Python kernels when their viper module
+    # cannot be imported: the frozen build must carry those (machine code) and use them.
+    code = ("from microtrain.kernels import qlinear, qlinear_viper, inttrain, inttrain_viper\n"
+            "print(qlinear.FAST, qlinear.qlinear_conv is qlinear_viper.qlinear_conv,"
+            " qlinear.qlinear_gemm is qlinear_viper.qlinear_gemm, inttrain.FAST,"
+            " inttrain.int_gemm_update is inttrain_viper.int_gemm_update)")
+    out = run(frozen, code, tmp_path)
+    assert out.returncode == 0 and out.stdout.split() == ["True"] * 5, out.stderr
+    manifest = (ROOT / ".cache" / "micropython-frozen" / "manifest.py").read_text()
+    assert '"microtrain/kernels/qlinear_viper.py",' in manifest
+    assert '"microtrain/kernels/inttrain_viper.py",' in manifest
+
+
 def test_cache_key_follows_every_device_module(tmp_path):
     # A copy of the parts the key reads, with a stand-in source tarball: no build needed.
     for part in ("scripts", "device"):

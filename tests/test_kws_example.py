@@ -102,3 +102,81 @@ def test_personalisation_matches_torch_and_beats_chance(tmp_path):
     with torch.no_grad():
         predicted = reference(torch.from_numpy(data["x_val"])).argmax(1).numpy()
     assert abs(after[0] - int((predicted == data["y_val"]).sum())) <= 1  # float32 ties
+
+
+# -- the int8 configuration (issue 11): int8 backbone, classifier trained in integers ----------
+
+from test_frozen_runtime import frozen  # noqa: E402,F401  (the frozen Unix port fixture)
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import measure_heap  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def int8_backbone(tmp_path_factory):
+    """The DS-CNN calibrated through the QAT path (4 batches of 16 pretraining utterances:
+    the example uses 20) -> (QDQ model, int8 inference blob at batch 1)."""
+    import quantize
+    return quantize.calibrate(tmp_path_factory.mktemp("kws_int8"), steps=4)
+
+
+def test_int8_backbone_keeps_the_float_accuracy(int8_backbone):
+    import quantize
+    from microtrain import InferenceSession
+    qdq, blob = int8_backbone
+    data = make_data.pretraining_set()
+    x, y = data["x_val"], data["y_val"]
+    float_accuracy = (quantize.onnxruntime_predictions(personalise.MODEL, x) == y).mean()
+    int8 = quantize.onnxruntime_predictions(qdq, x)
+    print(f"pretraining validation: float {100 * float_accuracy:.2f} %, int8 "
+          f"{100 * (int8 == y).mean():.2f} %")
+    assert (int8 == y).mean() >= float_accuracy - 0.01
+    # the device's int8 blob predicts what onnxruntime's QDQ kernels predict
+    session = InferenceSession(str(blob))
+    for row, expected in zip(x[:6], int8[:6]):
+        assert int(np.argmax(session.run(row.reshape(-1)))) == expected
+
+
+def test_int8_inference_loads_without_the_file_and_arenas_at_once(frozen, int8_backbone,
+                                                                  tmp_path):
+    # load_into_arenas reads the 32 KB file into the place of the 47 KB of arenas and
+    # streams the constants in afterwards: the heap a load and one inference need on the
+    # frozen port fell from 237 KiB (file, constant copies and arenas at once) to ~117 KiB.
+    script = tmp_path / "infer.py"
+    script.write_text("import sys\nfrom array import array\n"
+                      "from microtrain import InferenceSession\n"
+                      "s = InferenceSession(sys.argv[1])\n"
+                      "print(list(s.run(array('f', bytes(4 * 490)))))\n")
+    needed, out = measure_heap.needed_heap(script, [str(int8_backbone[1])], frozen=True,
+                                           low=32 * 1024, high=1024 * 1024)
+    print(f"int8 DS-CNN load + inference: {needed} bytes of heap (frozen port)")
+    assert needed is not None and needed <= 130 * 1024, (needed, out)
+
+
+@pytest.mark.parametrize("config", ["int8 last", "int8 last block"])
+def test_int8_personalisation_on_the_frozen_port(frozen, tmp_path, config):
+    info = personalise.int8_pack(tmp_path, 0.01, calibration_steps=4,
+                                 train_conv=personalise.INT8[config])
+    train, held_out = personalise.write_data(tmp_path, 3, 2, info=info)
+    assert (train, held_out) == (36, 24)
+    assert (tmp_path / "x_train.q8").stat().st_size == 36 * 490
+    code, out = measure_heap.run(measure_heap.interpreter(True), 256 * 1024,
+                                 personalise.DEVICE_SCRIPT, [str(tmp_path), "2", "0.01"], True,
+                                 600)
+    assert code == 0, out
+    before = [int(v) for v in re.search(r"accuracy before (\d+)/(\d+)", out).groups()]
+    after = [int(v) for v in re.search(r"accuracy after (\d+)/(\d+)", out).groups()]
+    losses = [float(v) for v in re.findall(r"epoch \d (\S+)", out)]
+    peak = int(re.search(r"peak heap (\d+)", out).group(1))
+    print(out)
+    assert before == [2, 24]    # a zero classifier says class 0: the 2 held out of class 0
+    assert losses[1] < losses[0] and after[0] > 2 * before[0]
+    assert 0 < peak < 256 * 1024
+    # the personalised checkpoint holds the integer classifier the run trained
+    from microtrain import CheckpointState
+    state = CheckpointState.load_checkpoint(str(tmp_path / "personalised_checkpoint"))
+    weight = state.parameters[info["weight"]]
+    assert any(weight.data) and len(weight.data) == 12 * 64
+    assert sorted(state.parameters) == sorted(
+        [info["weight"], info["bias"]] + (["blocks.7.weight", "blocks.7.bias"]
+                                          if personalise.INT8[config] else []))

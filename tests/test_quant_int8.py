@@ -291,7 +291,8 @@ def test_int8_kernels_compile_for_every_board():
                     for p in (ROOT / "boards").glob("*.json")})
     assert {"armv6m", "armv7m", "xtensawin"} <= set(archs)
     for arch in archs:
-        for module in ("qlinear_viper.py", "qlinear.py", "quant.py"):
+        for module in ("qlinear_viper.py", "qlinear.py", "quant.py", "inttrain_viper.py",
+                       "inttrain.py"):
             proc = subprocess.run([tool, f"-march={arch}", "-o", "/dev/null",
                                    str(ROOT / "device" / "microtrain" / "kernels" / module)],
                                   capture_output=True, text=True)

@@ -2,6 +2,7 @@
 # microtrain.fbs). File layout: u32 N, then an N-byte FlatBuffer whose identifier is
 # "MTRB", then the CRC-32 of those N bytes. Everything is validated here, once, so that
 # kernels can trust their arguments.
+import gc
 import struct
 from array import array
 from microtrain.crc32 import crc32
@@ -22,6 +23,7 @@ _BELOW_ONE = 0.99999994    # float32's largest value below 1
 ROLE_NAMES = ("input", "label", "param", "grad", "activation", "optimizer_state",
               "constant", "control")
 _LABEL = 1                 # ROLE_NAMES.index("label")
+_PARAM = 2
 _COPY = 0x80000000         # inference template cut kind: copy bytes of the training blob
 
 
@@ -43,8 +45,9 @@ class Blob:
         self.shapes = []
         self.offsets = []
         self.sizes = []
-        self.constants = []     # (tensor id, raw little-endian bytes); None once in
-                                # the arena (load_into_arenas)
+        self.constants = []     # (tensor id, raw little-endian bytes or, read by
+                                # load_into_arenas, the data's place in the file); None
+                                # once in the arena
         self.parameters = []    # (param tensor id, grad tensor id or -1, state tensor ids)
         self.updated_in_backward = ()  # param tensor ids trained without a gradient
                                        # buffer (program backward_update updates them)
@@ -70,11 +73,29 @@ class Blob:
         self.derived = {}       # tensor id -> its given first elements, of a CONSTANT whose
                                 # rest the step reading it computes at load (then removed)
         self.crc = 0            # the file's CRC-32, to notice a blob replaced since load
+        self._file = None       # the file's bytes while it is parsed (constant_data)
+        self.integer_parameters = False  # int8 / int32 parameters trained in integers: the
+                                         # train / eval loss is then int32 (kernels/inttrain.py)
+        self.int_rates = []     # the inttrain update steps' multipliers (set_learning_rate)
+        self.int_derived = {}   # inttrain's derived tensors computed so far -> their size
+        self.int_units = {}     # inttrain: gradient tensor -> its real unit (at load)
 
     def is_trainable(self, tensor, grad):
         # A parameter entry trains when it has a gradient buffer or is updated in the
-        # backward pass (update_in_backward: no buffer).
-        return grad >= 0 or tensor in self.updated_in_backward
+        # backward pass (update_in_backward: no buffer), or is an integer one (updated by
+        # the train program's inttrain steps).
+        return grad >= 0 or tensor in self.updated_in_backward or self.dtypes[tensor] != FLOAT
+
+    def constant_data(self, tid):
+        """The little-endian bytes of constant tid, or None: for the kernels' checks, which
+        run while the blob is parsed (load_into_arenas notes the place of a constant in
+        the file and reads it into the arena only after the checks)."""
+        for t, raw in self.constants:
+            if t == tid:
+                if isinstance(raw, int):
+                    return bytes(self._file[raw:raw + ITEM_BYTES[self.dtypes[t]] * self.sizes[t]])
+                return raw
+        return None
 
     def tensor_id(self, name):
         try:
@@ -94,37 +115,62 @@ def zeros(typecode, n):
     return a
 
 
-def read_file(path):
+def read_file(path, padded=False):
     """(bytes, the path read): `path`, or path.bak when `path` cannot be read. A board
     whose filesystem cannot rename over a file moves the previous file to path.bak while it
     replaces it (checkpoint.write_atomically); a power cut there leaves only path.bak.
-    Raises the OSError of `path` when neither can be read."""
+    Raises the OSError of `path` when neither can be read. padded (load_into_arenas): a view
+    of a buffer as large as the arenas the blob states, if the heap has that room."""
     try:
         with open(path, "rb") as f:
-            return _read_whole(f), path
+            return _read_whole(f, padded), path
     except OSError as e:
         try:
             with open(path + ".bak", "rb") as f:
-                return _read_whole(f), path + ".bak"
+                return _read_whole(f, padded), path + ".bak"
         except OSError:
             raise e
 
 
-def _read_whole(f):
+def _read_whole(f, padded=False):
     # One buffer of the file's size. f.read() grows its buffer while reading: on a board's
     # small heap the copies it leaves behind put the bytes mid-hole, where the arena that
     # Module allocates next no longer fits.
     size = f.seek(0, 2)
+    room = _stated_arenas(f, size) if padded else 0
     f.seek(0)
-    data = bytearray(size)
+    try:
+        data = bytearray(max(size, room))
+    except MemoryError:     # no hole that large: the arenas will not fit either, which
+        room = 0            # load_into_arenas then reports with the bytes they need
+        data = bytearray(size)
     view = memoryview(data)
     got = 0
     while got < size:
-        n = f.readinto(view[got:])
+        n = f.readinto(view[got:size])
         if not n:
             return data[:got]  # the file shrank while being read
         got += n
-    return data
+    return view[:size] if room > size else data
+
+
+def _stated_arenas(f, size):
+    # The bytes of arenas the blob's root table states, read from the file's first bytes
+    # (a FlatBuffer's root table is written last: it is near the front), capped by the free
+    # heap; 0 when unknown, and on CPython. Only where to put the file (load_into_arenas):
+    # the stated sizes are checked once the blob is parsed.
+    if not hasattr(gc, "mem_free"):
+        return 0
+    try:
+        f.seek(0)
+        r = Reader(memoryview(f.read(min(size, 512))), BlobError, start=4)
+        root = r.root()
+        room = 4 * (r.scalar(root, 5, "I", 0) + r.scalar(root, 6, "I", 0)) \
+            + r.scalar(root, 16, "I", 0)
+    except Exception:   # a hint only: a broken file is reported by the parse
+        return 0
+    gc.collect()
+    return min(room, gc.mem_free())
 
 
 def read(path):
@@ -141,41 +187,148 @@ def load(path_or_bytes, keep_steps=False):
 
 def load_into_arenas(path):
     """(blob, float arena, int arena) of the blob file at path, its constants copied in.
-    The arenas are the largest blocks: they are allocated before the blob's many small
-    objects can fragment a small heap."""
-    floats = ints = None
-    nbytes = 0
+    The file and the arenas are never in the heap together (on a board they would not fit:
+    the int8 DS-CNN is a 32 KB file for 47 KB of arenas): the file is read, checked and
+    parsed, its constants noted by their place in the file; the file's bytes are dropped,
+    the arenas allocated - the largest blocks, before the blob's many small objects can
+    fragment a small heap any further - and the file read again in small chunks straight
+    into them, its CRC-32 checked again so that a file replaced in between is refused."""
+    b, size, floats, ints, nbytes = _parse_file(path)
+    b.quant = {}        # the scales served the checks (derived multipliers); not needed now
+    _compact()
     try:
-        data = read(path)
+        # the larger of the float and byte arenas first (into the file's place), then the
+        # int arena (labels, masks, multipliers: smaller)
+        Q = bytearray(nbytes) if nbytes > 4 * floats else None
+        F = zeros("f", floats)
+        if Q is None:
+            Q = bytearray(nbytes)
+        I = zeros("i", ints)
+    except MemoryError:
+        raise OutOfMemoryError("'%s' needs %d bytes of arenas (%d floats, %d ints%s) besides "
+                               "the parsed blob; the heap has %s bytes free (each arena needs "
+                               "one contiguous block)"
+                               % (path, 4 * (floats + ints) + nbytes, floats, ints,
+                                  ", %d int8 bytes" % nbytes if nbytes else "", _mem_free()))
+    _read_constants(path, b, size, F, I, Q)
+    # the byte kernels' args were parsed with a stand-in for the byte arena
+    for steps in b.programs.values():
+        steps = steps.steps
+        for k in range(len(steps)):
+            kernel, args = steps[k]
+            if args and args[0] is _LATER:
+                steps[k] = (kernel, (Q,) + args[1:])
+    b.Q = Q
+    b.constants = None  # in the arenas now
+    return b, F, I
+
+
+# MicroPython: a collection restarts allocation at the heap's bottom, so the parsed blob's
+# objects pack together there instead of spreading over the heap with the garbage parsing
+# makes, which would leave no hole as large as an arena. CPython needs no help.
+_compact = gc.collect if hasattr(gc, "mem_alloc") else (lambda: None)
+def _parse_file(path):
+    # (blob, file size, arena sizes) of the file at path, its constants noted by their place
+    # in the file. A function of its own: once it returns, no stale slot of a running
+    # frame can keep the file's bytes from the garbage collector (MicroPython scans frames
+    # conservatively).
+    try:
+        # the file is read into a buffer as large as the arenas (when the heap has the
+        # room), at the bottom of the heap: the parsed blob's objects then pack above it,
+        # and the arenas take its place once it is dropped, instead of looking for holes
+        # between those objects.
+        _compact()
+        try:
+            data = read_file(path, True)[0]
+        except OSError as e:
+            raise BlobError("cannot read blob '%s': %s" % (path, e))
         r, root = _root(data)
         floats, ints, nbytes = _arena_sizes(r, root)
-        F = zeros("f", floats)
-        I = zeros("i", ints)
-        Q = bytearray(nbytes)
-        b = _parse_root(r, root, data, False, Q)
+        return (_parse_root(r, root, data, False, _LATER, True), len(data), floats, ints,
+                nbytes)
     except MemoryError:
-        if floats is None:
-            raise OutOfMemoryError("'%s' does not fit in the heap (%s bytes free)"
-                                   % (path, _mem_free()))
-        raise OutOfMemoryError("'%s' needs %d bytes of arenas (%d floats, %d ints%s) besides "
-                               "its %d-byte file; the heap has %s bytes free (each arena "
-                               "needs one contiguous block)"
-                               % (path, 4 * (floats + ints) + nbytes, floats, ints,
-                                  ", %d int8 bytes" % nbytes if nbytes else "", len(data),
-                                  _mem_free()))
-    del data, r, root
+        data = r = root = None
+        raise OutOfMemoryError("'%s' does not fit in the heap: its %s-byte file and the blob "
+                               "parsed from it need more than %s bytes free"
+                               % (path, _file_size(path), _mem_free()))
+
+
+_LATER = bytearray(0)   # the byte arena until it is allocated (load_into_arenas)
+_CHUNK = 256            # bytes read at a time in the second pass
+
+
+def _read_constants(path, b, size, F, I, Q):
+    # Second pass over the file: CRC-32 of the FlatBuffer as it streams by through a small
+    # chunk, each constant - noted by its place in the file - copied into its arena on the
+    # way (int8 ones read straight into the byte arena), in file order.
+    places = []
     for tid, raw in b.constants:
-        off = b.offsets[tid]
-        dtype = b.dtypes[tid]
-        if dtype == FLOAT:
-            F[off:off + b.sizes[tid]] = array("f", raw)
-        elif dtype == INT32:
-            I[off:off + b.sizes[tid]] = array("i", raw)
-        else:
-            Q[off:off + b.sizes[tid]] = raw
-    b.Q = Q
-    b.constants = None  # in the arena now: let the GC have the raw bytes
-    return b, F, I
+        if isinstance(raw, int):
+            places.append((raw, tid))
+        else:           # computed at load (derived requantization multipliers)
+            _put(b, tid, 0, raw, len(raw), F, I, Q)
+    places.sort()
+    chunk = bytearray(_CHUNK)
+    view = memoryview(chunk)
+    try:
+        with open(path, "rb") as f:
+            if f.seek(0, 2) != size:
+                raise BlobError("'%s' changed while it was being loaded" % path)
+            f.seek(4)
+            crc, at = 0, 4
+            for pos, tid in places:
+                crc = _stream(f, view, crc, at, pos, None)
+                at = pos + ITEM_BYTES[b.dtypes[tid]] * b.sizes[tid]
+                if b.dtypes[tid] in (INT8, UINT8):
+                    into = memoryview(Q)[b.offsets[tid]:b.offsets[tid] + b.sizes[tid]]
+                    if f.readinto(into) != len(into):
+                        raise BlobError("'%s' changed while it was being loaded" % path)
+                    crc = crc32(into, crc)
+                else:
+                    crc = _stream(f, view, crc, pos, at, (b, tid, F, I, Q))
+            crc = _stream(f, view, crc, at, size - 4, None)
+            if f.readinto(view[:4]) != 4:
+                raise BlobError("'%s' changed while it was being loaded" % path)
+    except OSError as e:
+        raise BlobError("cannot read blob '%s': %s" % (path, e))
+    if crc & 0xFFFFFFFF != b.crc or struct.unpack_from("<I", chunk, 0)[0] != b.crc:
+        raise BlobError("'%s' changed while it was being loaded" % path)
+
+
+def _stream(f, view, crc, at, end, into):
+    # CRC-32 of the file's bytes [at, end), read through view; with into = (blob, tensor
+    # id, arenas): those bytes are the tensor's constant, copied into its arena (chunks are
+    # multiples of 4 bytes from its start: whole elements).
+    start = at
+    while at < end:
+        got = f.readinto(view[:min(len(view), end - at)])
+        if not got or (into and got % 4):
+            raise BlobError("the blob file changed while it was being loaded")
+        crc = crc32(view[:got], crc)
+        if into:
+            _put(into[0], into[1], at - start, view[:got], got, into[2], into[3], into[4])
+        at += got
+    return crc
+
+
+def _put(b, tid, at, raw, nbytes, F, I, Q):
+    # Little-endian bytes raw (nbytes of them) into tensor tid's arena slice from byte at
+    off = b.offsets[tid] + at // ITEM_BYTES[b.dtypes[tid]]
+    dtype = b.dtypes[tid]
+    if dtype == FLOAT:
+        F[off:off + nbytes // 4] = array("f", bytes(raw))
+    elif dtype == INT32:
+        I[off:off + nbytes // 4] = array("i", bytes(raw))
+    else:
+        Q[off:off + nbytes] = raw
+
+
+def _file_size(path):
+    try:
+        with open(path, "rb") as f:
+            return f.seek(0, 2)
+    except (OSError, MemoryError):
+        return "?"
 
 
 def _mem_free():
@@ -232,6 +385,16 @@ def copy_inputs(b, F, I, program, inputs, classes):
                     raise InputError("label %r at position %d of '%s' is not a class index "
                                      "in [0, %d)" % (v, i, b.names[tid], classes))
                 I[off + i] = int(v)
+        elif b.dtypes[tid] != FLOAT:
+            # an int8 / uint8 input (already quantized: integer training) into the byte arena
+            Q = b.Q
+            low = -128 if b.dtypes[tid] == INT8 else 0
+            for i in range(n):
+                v = values[i]
+                if not low <= v <= low + 255:
+                    raise InputError("value %r at position %d of '%s' is outside the %s range"
+                                     % (v, i, b.names[tid], "int8" if low else "uint8"))
+                Q[off + i] = v & 255
         else:
             for i in range(n):
                 F[off + i] = values[i]
@@ -286,8 +449,9 @@ def parse(data, keep_steps=False):
     return _parse_root(r, root, data, keep_steps, bytearray(0))
 
 
-def _parse_root(r, root, data, keep_steps, Q):
+def _parse_root(r, root, data, keep_steps, Q, in_file=False):
     b = Blob()
+    b._file = data
     b.float_arena, b.int_arena, b.byte_arena = _arena_sizes(r, root)
     b.loss = r.string(root, 7, "loss")
     b.num_classes = r.scalar(root, 8, "I", 0)
@@ -296,7 +460,7 @@ def _parse_root(r, root, data, keep_steps, Q):
     b.full_training_arena = r.scalar(root, 12, "I", 0)
     b.full_training_steps = r.scalar(root, 13, "I", 0)
     b.source_opset = r.scalar(root, 15, "H", 0)
-    _read_tensors(r, root, b, keep_steps)
+    _read_tensors(r, root, b, keep_steps, in_file)
     _read_parameters(r, root, b)
     _read_optimizer(r, root, b)
     _read_inference(r, root, b)
@@ -309,6 +473,7 @@ def _parse_root(r, root, data, keep_steps, Q):
         b.programs[name] = Program(name, _read_steps(r, t, b, name, records, Q),
                                    _ids(r, t, 2, b, name + " inputs"),
                                    _ids(r, t, 3, b, name + " outputs"))
+    b._file = None      # let the file's bytes go
     if b.derived:
         raise BlobError("derived constant '%s' is computed by no step"
                         % b.names[list(b.derived)[0]])
@@ -319,15 +484,19 @@ def _parse_root(r, root, data, keep_steps, Q):
     for name in ("train", "eval"):
         # Module reads the loss from the first output of these programs.
         p = b.programs.get(name)
-        if p is not None and (not p.outputs or b.dtypes[p.outputs[0]] != FLOAT):
-            raise BlobError("the %s program has no float loss as its first output" % name)
+        loss_type = INT32 if b.integer_parameters else FLOAT
+        if p is not None and (not p.outputs or b.dtypes[p.outputs[0]] != loss_type):
+            raise BlobError("the %s program has no %s loss as its first output"
+                            % (name, "int" if loss_type else "float"))
     return b
 
 
-def _read_tensors(r, root, b, keep_steps):
+def _read_tensors(r, root, b, keep_steps, in_file):
     # keep_steps (tools): also each tensor's alias_of (-1, or the tensor whose space an alias
-    # shares), which only the memory plan needs.
+    # shares), which only the memory plan needs. in_file: constants are noted by their place
+    # in the file (load_into_arenas reads them from there into the arenas), not copied.
     for t in r.tables(root, 2, "tensor"):
+        _compact()
         name = r.string(t, 0, "tensor name")
         dtype = r.scalar(t, 1, "B", 0)
         role = r.scalar(t, 2, "B", 0)
@@ -361,9 +530,12 @@ def _read_tensors(r, root, b, keep_steps):
                 raise BlobError("constant '%s' has %d data bytes, expected %d"
                                 % (name, nbytes, ITEM_BYTES[dtype] * size))
             else:
-                b.constants.append((len(b.names), bytes(r.buf[pos:pos + nbytes])))
-        scales = r.scalars(t, 9, "f", "tensor scales")
-        if scales:
+                b.constants.append((len(b.names), pos if in_file
+                                    else bytes(r.buf[pos:pos + nbytes])))
+        pos, n = r.vector(t, 9, 4, "tensor scales")
+        if n:
+            # an array: no float object per scale (per-channel scales are many)
+            scales = array("f", bytes(r.buf[pos:pos + 4 * n]))
             zero_points = r.scalars(t, 10, "i", "tensor zero points")
             if dtype not in (INT8, UINT8) or len(zero_points) not in (1, len(scales)):
                 raise BlobError("tensor '%s': %d scales and %d zero points for a tensor of "
@@ -402,6 +574,13 @@ def _read_parameters(r, root, b):
         tensor = r.scalar(t, 0, "I", NO_TENSOR)
         grad = r.scalar(t, 1, "i", -1)
         state = r.scalars(t, 2, "I", "parameter state")
+        if tensor < n and b.dtypes[tensor] != FLOAT and b.roles[tensor] == _PARAM and (
+                grad < 0 and not state and not r.scalar(t, 3, "B", 0)):
+            # an int8 weight or int32 bias trained in integers: the train program's update
+            # steps (kernels/inttrain.py) change it; no gradient buffer, no optimizer state
+            b.integer_parameters = True
+            b.parameters.append((tensor, grad, ()))
+            continue
         for tid in (tensor,) + tuple(state) + ((grad,) if grad >= 0 else ()):
             if tid >= n or b.dtypes[tid] != FLOAT:
                 raise BlobError("parameter entry names tensor %d, which is not a float tensor" % tid)
@@ -515,6 +694,7 @@ def _read_steps(r, program, b, program_name, records, Q):
     modules = {}
     check = StepCheck(b)
     for index, t in enumerate(r.tables(program, 1, "step")):
+        _compact()
         op = r.scalar(t, 0, "H", 0)
         where = "%s step %d (op %d)" % (program_name, index, op)
         if op not in SIGNATURES:

@@ -27,6 +27,9 @@ from microtrain.flatbuf import Reader
 IDENTIFIER = b"ODTC"
 VERSION = 2
 ONNX_FLOAT = 1
+ONNX_INT8 = 3              # integer training (kernels/inttrain.py): int8 weights ...
+ONNX_INT32 = 6             # ... and int32 biases, as ONNX tensor types
+_ITEM = {ONNX_FLOAT: (4, "f"), ONNX_INT8: (1, "b"), ONNX_INT32: (4, "i")}
 TRAILER_MAGIC = b"MTCK"
 RNG_PREFIX = "microtrain.rng."
 
@@ -35,12 +38,15 @@ class Parameter:
     """One named parameter. `data` is an array('f') until a Module binds it; from then on
     it is a view of the Module's arena, so it always shows the current values."""
 
-    def __init__(self, name, shape, data, requires_grad):
+    def __init__(self, name, shape, data, requires_grad, data_type=ONNX_FLOAT):
         self.name = name
         self.shape = shape
         self.data = data
         self.requires_grad = requires_grad
         self.grad = None
+        self.data_type = data_type  # ONNX: float (1), or int8 (3) / int32 (6) of a layer
+                                    # trained in integers (its data then raw int8 bytes
+                                    # or int32 values)
 
     def size(self):
         n = 1
@@ -145,23 +151,24 @@ def _read_tensor(r, t, nominal):
     dims = tuple(r.scalars(t, 2, "q", "tensor dims"))
     dtype = r.scalar(t, 3, "i", 0)
     pos, nbytes = r.vector(t, 4, 1, "raw_data of '%s'" % name)
-    if dtype != ONNX_FLOAT:
-        raise CheckpointError("tensor '%s' has ONNX data type %d; only float (1) is supported"
-                              % (name, dtype))
+    if dtype not in _ITEM:
+        raise CheckpointError("tensor '%s' has ONNX data type %d; only float (1), int8 (3) "
+                              "and int32 (6) are supported" % (name, dtype))
     if r.scalar(t, 6, "q", -1) != -1:
         raise CheckpointError("tensor '%s' keeps its data in an external file, which is not "
                               "supported" % name)
     if nominal:
-        return name, dims, None
+        return name, dims, None, dtype
     count = 1
     for d in dims:
         if d < 0:
             raise CheckpointError("tensor '%s' has a negative dimension" % name)
         count *= d
-    if nbytes != 4 * count:
+    item, code = _ITEM[dtype]
+    if nbytes != item * count:
         raise CheckpointError("tensor '%s' has %d data bytes; dims %r need %d"
-                              % (name, nbytes, dims, 4 * count))
-    return name, dims, array("f", bytes(r.buf[pos:pos + nbytes]))
+                              % (name, nbytes, dims, item * count))
+    return name, dims, array(code, bytes(r.buf[pos:pos + nbytes])), dtype
 
 
 def _moment_order(pair):
@@ -217,10 +224,10 @@ def _parse(data, uri):
             raise CheckpointError("checkpoints with external data are not supported")
         for index, trainable in ((0, True), (1, False)):
             for t in r.tables(module, index, "parameter"):
-                name, dims, values = _read_tensor(r, t, state.is_nominal)
+                name, dims, values, dtype = _read_tensor(r, t, state.is_nominal)
                 if name in state.parameters:
                     raise CheckpointError("parameter '%s' appears twice" % name)
-                state.parameters[name] = Parameter(name, dims, values, trainable)
+                state.parameters[name] = Parameter(name, dims, values, trainable, dtype)
                 state.parameter_order.append(name)
     groups = r.tables(root, 2, "optimizer group")
     if len(groups) > 1:
@@ -233,8 +240,12 @@ def _parse(data, uri):
         state.initial_learning_rate = r.scalar(group, 2, "f", 0.0)  # schema default
         for ps in r.tables(group, 3, "parameter optimizer state"):
             pname = r.string(ps, 0, "param_name")
-            moments = [(n, v) for n, _, v in
-                       (_read_tensor(r, t, False) for t in r.tables(ps, 1, "momentum"))]
+            moments = []
+            for t in r.tables(ps, 1, "momentum"):
+                n, _, v, dtype = _read_tensor(r, t, False)
+                if dtype != ONNX_FLOAT:
+                    raise CheckpointError("%s of '%s' is not a float tensor" % (n, pname))
+                moments.append((n, v))
             moments.sort(key=_moment_order)  # by name only: arrays do not compare on MicroPython
             p = state.parameters.get(pname)
             if p is None or not p.requires_grad or pname in state.momentums:
@@ -262,7 +273,7 @@ def _parse(data, uri):
     return state
 
 
-def _tensor(name, shape, values, nominal):
+def _tensor(name, shape, values, nominal, dtype=ONNX_FLOAT):
     # A nominal tensor keeps its dims and has an empty raw_data vector (ORT writes empty
     # dims there; it refuses a tensor without either vector; see schema/checkpoint.fbs).
     n = 0
@@ -271,7 +282,7 @@ def _tensor(name, shape, values, nominal):
         for d in shape:
             n *= d
     return fbwriter.Table([fbwriter.String(name), None, fbwriter.Vector("q", list(shape)),
-                           ("i", ONNX_FLOAT), fbwriter.Raw(values if n else b"", 4 * n)])
+                           ("i", dtype), fbwriter.Raw(values if n else b"", _ITEM[dtype][0] * n)])
 
 
 def _to_flatbuffer(state, include_optimizer_state):
@@ -281,7 +292,7 @@ def _to_flatbuffer(state, include_optimizer_state):
     for name in names:
         p = state.parameters[name]
         lists[0 if p.requires_grad else 1].append(
-            _tensor(name, p.shape, p.data, state.is_nominal))
+            _tensor(name, p.shape, p.data, state.is_nominal, p.data_type))
     module = fbwriter.Table([fbwriter.Tables(lists[0]), fbwriter.Tables(lists[1]),
                              ("B", 1 if state.is_nominal else 0), ("B", 0)])
     groups = None

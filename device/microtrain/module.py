@@ -41,7 +41,9 @@ class Module:
         # applies the updates as the gradients come (see __call__).
         self._backward_update = b.programs.get("backward_update")
         self._updater = None        # the Optimizer that prepares those updates
-        self._reset_at = b.offsets[b.tensor_id("lazy_reset_grad")]
+        # (an integer training blob has no gradient buffers, so no reset flag)
+        self._reset_at = (b.offsets[b.tensor_id("lazy_reset_grad")]
+                          if "lazy_reset_grad" in b.names else -1)
         self._training = True
         self._reset_pending = True  # ORT: the first train step overwrites the gradients
         self._forward_at = None     # optimizer step of the last train forward(), until backward
@@ -66,6 +68,13 @@ class Module:
                 raise ParameterError("parameter '%s' is %s in the checkpoint but %s in the model"
                                      % (name, "trainable" if p.requires_grad else "frozen",
                                         "trainable" if trainable else "frozen"))
+            dtype = b.dtypes[tensor]
+            if dtype != blobfile.FLOAT:
+                self._bind_integer(p, name, tensor, off, n, dtype)
+                continue
+            if getattr(p, "data_type", 1) != 1:
+                raise ParameterError("parameter '%s' is an integer tensor in the checkpoint, "
+                                     "a float one in the model" % name)
             if p.data is not None:
                 if len(p.data) != n:
                     raise ParameterError("parameter '%s' has %d values, the model needs %d"
@@ -78,6 +87,25 @@ class Module:
             if grad >= 0:
                 g = b.offsets[grad]
                 p.grad = self._view[g:g + n]
+
+    def _bind_integer(self, p, name, tensor, off, n, dtype):
+        # An int8 weight (byte arena, data_type 3) or int32 bias (int arena, 6) trained in
+        # integers (kernels/inttrain.py): its values come in, then it is a view of the arena
+        # (raw bytes of the int8 one: two's complement, as the checkpoint stores them).
+        want = 3 if dtype == blobfile.INT8 else 6
+        if getattr(p, "data_type", 1) != want or dtype == blobfile.UINT8:
+            raise ParameterError("parameter '%s' has ONNX data type %d in the checkpoint, the "
+                                 "model needs %d" % (name, getattr(p, "data_type", 1), want))
+        arena = self.blob.Q if want == 3 else self.I
+        if p.data is not None:
+            if len(p.data) != n:
+                raise ParameterError("parameter '%s' has %d values, the model needs %d"
+                                     % (name, len(p.data), n))
+            data = p.data
+            for i in range(n):
+                arena[off + i] = data[i] & 255 if want == 3 else data[i]
+        p.shape = self.blob.shapes[tensor]
+        p.data = memoryview(arena)[off:off + n]
 
     # -- Dropout generators ---------------------------------------------------------------
     def _bind_random_states(self):
@@ -111,6 +139,9 @@ class Module:
 
     def _parameter_ids(self, trainable_only):
         b = self.blob
+        if b.integer_parameters:
+            raise ParameterError("this model trains integer parameters: read and write them "
+                                 "through state.parameters (int8 / int32 views)")
         return [t for t, grad, _ in b.parameters if not trainable_only or b.is_trainable(t, grad)]
 
     def get_parameters_size(self, trainable_only=True):
@@ -198,8 +229,9 @@ class Module:
         self._load_inputs(program, inputs)
         F = self.F
         I = self.I
-        if self._training:
+        if self._training and self._reset_at >= 0:
             F[self._reset_at] = 1.0 if self._reset_pending else 0.0
+        if self._training:
             updater = self._updater
             if self._backward_update is not None and updater is None:
                 raise TrainingError("this blob applies the optimizer's updates in the backward "
@@ -207,6 +239,9 @@ class Module:
                                     "Optimizer before training")
         for kernel, args in program.steps:
             kernel(F, I, args)
+        if self.blob.integer_parameters:
+            # the integer train step is done (updates included); its loss ints -> a float
+            return self._integer_loss(program)
         loss = F[self.blob.offsets[program.outputs[0]]]
         if self._training:
             self._reset_pending = False
@@ -227,6 +262,21 @@ class Module:
             return loss
         results = self._views(program)
         results[0] = loss  # a number in place of its view (forward() never sees this list)
+        return results
+
+    def _integer_loss(self, program):
+        # kernels/inttrain.py int_softmax_ce's loss ints -> the mean cross-entropy; with
+        # more outputs (eval: the int32 logits, LOGIT_BITS fractional bits) their views too
+        from microtrain.kernels.inttrain import loss_value
+        b = self.blob
+        t = program.outputs[0]
+        loss = loss_value(self.I, b.offsets[t], b.sizes[t] // 2)
+        if self._training:
+            self._reset_pending = False
+        if len(program.outputs) == 1:
+            return loss
+        results = self._views(program)
+        results[0] = loss
         return results
 
     def forward(self, *inputs):
@@ -294,4 +344,7 @@ class Module:
         b = self.blob
         tid = b.tensor_id(tensor) if isinstance(tensor, str) else tensor
         off = b.offsets[tid]
-        return self._view[off:off + b.sizes[tid]]
+        dtype = b.dtypes[tid]
+        view = self._view if dtype == blobfile.FLOAT else memoryview(
+            self.I if dtype == blobfile.INT32 else b.Q)
+        return view[off:off + b.sizes[tid]]

@@ -15,7 +15,8 @@ except ImportError:
 # half: conv's CONV_TRANSPOSE 73, resize (Resize / Upsample) 160-169, recurrent (GRU, LSTM)
 # 170-189. Issue 10 (quantization) 200-239: quant (fake quantization for training,
 # observers, weight scales) 200-219, qlinear (int8 kernels) 220-239. Issue 11 (training
-# within a microcontroller's memory) 240-259: activation (ReLU with a 1-bit mask) 240-241.
+# within a microcontroller's memory) 240-259: activation (ReLU with a 1-bit mask) 240-241,
+# inttrain (integer training of int8 layers) 242-255.
 GEMM = const(1)
 GEMM_ACCUMULATE = const(2)
 BATCHED_GEMM = const(3)
@@ -126,6 +127,13 @@ QLINEAR_LOOKUP = const(228)
 # issue 11 (training within a microcontroller's memory) 240-259
 RELU_MASKED = const(240)
 RELU_MASK_GRAD = const(241)
+# integer training (inttrain: int8 classifier trained in integers) 242-255
+INT_GEMM_LOGITS = const(242)
+INT_SOFTMAX_CE = const(243)
+INT_GEMM_UPDATE = const(244)
+INT_GEMM_GRAD_INPUT = const(245)
+INT_CONV1X1_UPDATE = const(246)
+INT_GEMM_UPDATE_MOMENTUM = const(247)
 
 # op code -> (kernel family module, function, tensor dtypes, int count, float count)
 # Tensor dtypes: "f" float arena, "i" int arena, "?" float arena or no tensor, "b" byte
@@ -249,6 +257,12 @@ SIGNATURES = {
     QLINEAR_LOOKUP: ("qlinear", "qlinear_lookup", "bbb", 1, 0),
     RELU_MASKED: ("activation", "relu_masked", "ffi", 1, 0),
     RELU_MASK_GRAD: ("activation", "relu_mask_grad", "ffi", 1, 0),
+    INT_GEMM_LOGITS: ("inttrain", "int_gemm_logits", "ibbii", 4, 0),
+    INT_SOFTMAX_CE: ("inttrain", "int_softmax_ce", "iiiii", 2, 0),
+    INT_GEMM_UPDATE: ("inttrain", "int_gemm_update", "bibiik", 4, 0),
+    INT_GEMM_GRAD_INPUT: ("inttrain", "int_gemm_grad_input", "iibi", 3, 0),
+    INT_CONV1X1_UPDATE: ("inttrain", "int_conv1x1_update", "bibbiiik", 6, 0),
+    INT_GEMM_UPDATE_MOMENTUM: ("inttrain", "int_gemm_update_momentum", "bibiikbi", 5, 0),
 }
 
 
@@ -288,6 +302,8 @@ def kernel_module(family):
         from microtrain.kernels import qlinear as module
     elif family == "resize":
         from microtrain.kernels import resize as module
+    elif family == "inttrain":
+        from microtrain.kernels import inttrain as module
     else:
         raise ImportError("no kernel family " + family)
     return module

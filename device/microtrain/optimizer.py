@@ -21,12 +21,16 @@ class Optimizer:
         b = module.blob
         self.module = module
         self.config = b.optimizer
-        if "backward_update" in b.programs:
+        self._integer = b.integer_parameters
+        if "backward_update" in b.programs or self._integer:
+            # (integer training: the train program's inttrain steps update the parameters;
+            # this object sets their learning-rate multipliers)
             self._program = None
             module._updater = self
         else:
             self._program = blobfile.program(b, optimizer_uri, "optimizer", module.uri)
-        self._lr_at = b.offsets[b.tensor_id("learning_rate")]
+        self._lr_at = (b.offsets[b.tensor_id("learning_rate")]
+                       if not self._integer else -1)
         self._step_size_at = (b.offsets[b.tensor_id("step_size")]
                               if self.config.get("kind") == "AdamW" else -1)
         # SGD with momentum reads the 1-based step to start its buffer on the first one.
@@ -74,7 +78,15 @@ class Optimizer:
             state.momentums[name] = views
 
     def set_learning_rate(self, learning_rate):
-        self.module.F[self._lr_at] = learning_rate
+        if self._integer:
+            # the integer multipliers of every inttrain update step (floats here, once)
+            if not 0.0 <= learning_rate < 3e38:
+                raise ParameterError("learning rate %r must be finite and >= 0"
+                                     % learning_rate)
+            from microtrain.kernels.inttrain import set_learning_rate
+            set_learning_rate(self.module.blob, self.module.I, learning_rate)
+        else:
+            self.module.F[self._lr_at] = learning_rate
         self._lr = learning_rate
 
     def get_learning_rate(self):
@@ -84,6 +96,8 @@ class Optimizer:
         """Update the trainable parameters from their accumulated gradients (nothing with
         update_in_backward: the train call has done it)."""
         if self._program is None:
+            if self._integer:
+                self._advance()   # the train call has updated; count the step
             return
         self._advance()
         F = self.module.F

@@ -9,7 +9,12 @@ training configuration costs in memory.
        float last      the classifier only
        float sparse    the biases of every layer + the classifier (MIT's sparse update)
      each plain and with the memory moves (updates in the backward pass, so no gradient
-     buffers; cheap activations recomputed where that shrinks the arena).
+     buffers; cheap activations recomputed where that shrinks the arena); and
+       int8 last       the int8 backbone (quantize.py: calibrated through the QAT path on
+                       the pretraining set), the classifier trained in integers (int8
+                       weights, int32 bias; QAS SGD fused into the backward step, integer
+                       softmax cross-entropy: no gradient buffer, no optimizer state; the
+                       inputs quantized on the host, as a board's front end would)
   3. Personalisation: the chosen configuration packed with a fresh classifier (zeros: the
      old keywords' head means nothing for the new ones, so the model starts at chance),
      trained on the recordings with the device runtime (examples/kws/personalise_device.py)
@@ -20,8 +25,7 @@ training configuration costs in memory.
      in which one train step and one evaluation run (scripts/measure_heap.py; the data are
      streamed, so more samples need no more heap).
 
-The last lines printed are the accuracy before and after and the peak heap in bytes.
-An int8 configuration (issue 11's integer training) is one more entry of CONFIGS."""
+The last lines printed are the accuracy before and after and the peak heap in bytes."""
 import argparse
 import os
 import pathlib
@@ -50,8 +54,14 @@ CONFIGS = {
     "float full": ("every parameter", lambda model: None),
     "float last": ("the classifier", lambda model: sparse_update(model, False, 1)),
     "float sparse": ("every bias + the classifier", lambda model: sparse_update(model, True, 1)),
+    "int8 last": ("the classifier, in integers", None),
+    "int8 last block": ("last 1x1 conv + classifier, ints", None),
 }
+# packed from the int8 backbone (int8_pack), trained with SGD (QAS); train_conv
+INT8 = {"int8 last": False, "int8 last block": True}
 OPTIMIZER = "AdamW"
+INT8_LR = 0.01
+INT8_EPOCHS = 6
 
 
 def fresh_head(model):
@@ -65,7 +75,41 @@ def fresh_head(model):
     return model
 
 
+def int8_pack(directory, lr, calibration_steps=20, train_conv=False):
+    """An int8 configuration in directory: model.mtb (kernels/inttrain.py's integer
+    training blob of the calibrated int8 backbone), checkpoint (the classifier at zero, int8
+    weight and int32 bias; with train_conv the last 1x1 convolution too, as pretrained) and
+    the info of pipeline/inttrain.py (input scale and zero point)."""
+    import quantize
+    from microtrain_host.pipeline.checkpoint import write_checkpoint
+    from microtrain_host.pipeline.inttrain import int8_training_artifacts, int8_training_model
+    qdq, _ = quantize.calibrate(directory / "backbone", steps=calibration_steps)
+    info = int8_training_artifacts(qdq, directory, lr, train_conv=train_conv)
+    (directory / "model.mtb").write_bytes(pathlib.Path(info["blob"]).read_bytes())
+    params = int8_training_model(qdq, True, train_conv)[4]
+    for name in (info["weight"], info["bias"]):
+        params[name] = np.zeros_like(params[name])
+    write_checkpoint(directory / "checkpoint", params, {}, keep_integers=True)
+    return info
+
+
+def int8_memory(directory, config):
+    """An int8 configuration's arenas (its blob in directory), as a line of the table."""
+    from microtrain import blob as device_blob
+    b = device_blob.load(str(directory / "model.mtb"))
+    weights = sum(b.sizes[t] for t in range(len(b.names))
+                  if b.dtypes[t] >= device_blob.INT8 and b.roles[t] in (2, 6))  # param, constant
+    total = 4 * (b.float_arena + b.int_arena) + b.byte_arena
+    return (f"  {config:14s} {CONFIGS[config][0]:28s} {'fused':5s} "
+            f"arenas {total / 1024:.1f} KiB: int8 {b.byte_arena / 1024:.1f} (weights "
+            f"{weights / 1024:.1f}, activations {(b.byte_arena - weights) / 1024:.1f}), int32 "
+            f"{4 * b.int_arena / 1024:.1f}, float {4 * b.float_arena / 1024:.1f}; no gradient "
+            f"buffer, no optimizer state")
+
+
 def pack(model, config, directory, moves=True, lr=0.003):
+    if config in INT8:
+        return int8_pack(directory, lr, train_conv=INT8[config])
     requires_grad = CONFIGS[config][1](model)
     return generate_artifacts(model, requires_grad=requires_grad, loss="CrossEntropyLoss",
                               optimizer=OPTIMIZER, artifact_directory=directory, batch_size=1,
@@ -81,6 +125,8 @@ def memory_table(model, build):
              f"{'peak tmp':>9s} {'grads':>6s} {'opt st':>6s}"]
     kib = lambda e: f"{e * 4 / 1024:.1f}"  # noqa: E731
     for config, (what, _) in CONFIGS.items():
+        if config in INT8:
+            continue
         for moves in (False, True):
             art = pack(model, config, build / "memory" / f"{config}-{moves}".replace(" ", "_"),
                        moves)
@@ -91,15 +137,20 @@ def memory_table(model, build):
     return "\n".join(lines)
 
 
-def write_data(directory, shots, held_out, limit=None):
+def write_data(directory, shots, held_out, limit=None, info=None):
     """The personalisation set as raw files in directory (the first `limit` samples of each
-    part when given); returns the sample counts."""
+    part when given); returns the sample counts. With info (an int8 configuration's): the
+    inputs quantized as the blob's input wants them (x_*.q8, one byte per value)."""
     data = make_data.personalisation_set(shots=shots, held_out=held_out)
     directory.mkdir(parents=True, exist_ok=True)
     counts = []
     for part, x, y in (("train", data["x_train"], data["y_train"]),
                        ("test", data["x_val"], data["y_val"])):
-        (directory / f"x_{part}.f32").write_bytes(x[:limit].astype("<f4").tobytes())
+        if info:
+            from microtrain_host.pipeline.inttrain import quantize_input
+            (directory / f"x_{part}.q8").write_bytes(quantize_input(x[:limit], info).tobytes())
+        else:
+            (directory / f"x_{part}.f32").write_bytes(x[:limit].astype("<f4").tobytes())
         (directory / f"y_{part}.i32").write_bytes(y[:limit].astype("<i4").tobytes())
         counts.append(len(y[:limit]))
     return counts
@@ -131,7 +182,10 @@ def heap_for_one_step(directory, frozen, high):
     for name in ("model.mtb", "checkpoint"):
         shutil.copy(directory / name, probe / name)
     for part in ("train", "test"):
-        (probe / f"x_{part}.f32").write_bytes((directory / f"x_{part}.f32").read_bytes()[:4 * 490])
+        for suffix, size in (("f32", 4 * 490), ("q8", 490)):
+            if (directory / f"x_{part}.{suffix}").exists():
+                (probe / f"x_{part}.{suffix}").write_bytes(
+                    (directory / f"x_{part}.{suffix}").read_bytes()[:size])
         (probe / f"y_{part}.i32").write_bytes((directory / f"y_{part}.i32").read_bytes()[:4])
     needed, out = heap_tool.needed_heap(DEVICE_SCRIPT, [str(probe), "1", "0.001"],
                                         frozen=frozen, high=heap_tool.size(high))
@@ -148,35 +202,50 @@ def main():
     parser.add_argument("--shots", type=int, default=10, help="recordings per keyword (10)")
     parser.add_argument("--held-out", type=int, default=25,
                         help="held-out utterances per keyword (25; shots + held-out <= 50)")
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--lr", type=float, default=0.003)
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="epochs (3; int8: %d, its steps are cheap)" % INT8_EPOCHS)
+    parser.add_argument("--lr", type=float, default=None,
+                        help="learning rate (AdamW 0.003; int8: SGD %r)" % INT8_LR)
     parser.add_argument("--runtime", choices=("cpython", "micropython"), default="cpython")
     parser.add_argument("--frozen", action="store_true",
                         help="MicroPython with the runtime frozen into the interpreter")
-    parser.add_argument("--heap", default="1M", help="MicroPython heap (1M)")
+    parser.add_argument("--heap", default=None,
+                        help="MicroPython heap (1M; with --measure-heap: the heap measured)")
     parser.add_argument("--measure-heap", action="store_true",
                         help="MicroPython: first bisect the smallest heap one step needs")
     parser.add_argument("--build", default=str(HERE / "build"))
     parser.add_argument("--skip-table", action="store_true", help="no memory table")
     args = parser.parse_args()
     build = pathlib.Path(args.build)
+    int8 = args.config in INT8
+    if args.lr is None:
+        args.lr = INT8_LR if int8 else 0.003
+    if args.epochs is None:
+        args.epochs = INT8_EPOCHS if int8 else 3
     model = fresh_head(onnx.load(MODEL))
+    directory = build / args.config.replace(" ", "_")
+    info = pack(model, args.config, directory, not args.no_moves, args.lr)
     if not args.skip_table:
         print(memory_table(model, build), flush=True)
-    directory = build / args.config.replace(" ", "_")
-    pack(model, args.config, directory, not args.no_moves, args.lr)
-    shots, held_out = write_data(directory, args.shots, args.held_out)
+        if int8:
+            print(int8_memory(directory, args.config), flush=True)
+    shots, held_out = write_data(directory, args.shots, args.held_out,
+                                 info=info if int8 else None)
     needed = None
     if args.runtime == "micropython" and args.measure_heap:
-        needed = heap_for_one_step(directory, args.frozen, args.heap)
+        needed = heap_for_one_step(directory, args.frozen, args.heap or "1M")
         print(f"one train step and one evaluation need a heap of {needed} bytes "
               f"(bisected -X heapsize{', runtime frozen in' if args.frozen else ''})", flush=True)
+        if args.heap is None:
+            args.heap = str(needed)     # the whole run in that heap
     print(f"personalising '{args.config}' ({CONFIGS[args.config][0]}"
-          f"{', with the memory moves' if not args.no_moves else ''}) on {shots} recordings "
-          f"of 12 new keywords, {args.epochs} epochs, {OPTIMIZER} lr {args.lr}, under "
+          f"{', with the memory moves' if not args.no_moves and not int8 else ''}) on {shots} "
+          f"recordings of 12 new keywords, {args.epochs} epochs, "
+          f"{'SGD (QAS, integer)' if int8 else OPTIMIZER} lr {args.lr}, under "
           f"{args.runtime}{' (runtime frozen in)' if args.frozen else ''}; {held_out} held out",
           flush=True)
-    out = run_device(directory, args.epochs, args.lr, args.runtime, args.frozen, args.heap)
+    out = run_device(directory, args.epochs, args.lr, args.runtime, args.frozen,
+                     args.heap or "1M")
     for line in out.splitlines():
         if line.startswith("epoch"):
             print("  " + line)
@@ -187,7 +256,8 @@ def main():
           f"(chance {100 / 12:.1f} %)")
     print(f"accuracy on the new keywords after:  {100 * after[0] / after[1]:.1f} %")
     if peak >= 0:
-        print(f"peak heap: {peak} bytes (largest live heap after a collection, over the run"
+        print(f"peak heap: {peak} bytes (largest live heap after a collection, over the run, "
+              f"in -X heapsize={args.heap or '1M'}"
               + (f"; one step needs a {needed}-byte -X heapsize)" if needed else ")"))
     else:
         print("peak heap: - (CPython; --runtime micropython measures it)")

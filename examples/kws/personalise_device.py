@@ -2,7 +2,8 @@
 #   personalise_device.py DIR EPOCHS LR
 # DIR holds model.mtb and checkpoint (packed at batch 1) and the data as raw little-endian
 # files: x_train.f32, y_train.i32 (the user's few recordings) and x_test.f32, y_test.i32 (held
-# out). One sample is in RAM at a time. Prints the held-out accuracy before training, one
+# out); for a blob whose input is int8 / uint8 (integer training) x_*.q8, one byte per value,
+# already quantized. One sample is in RAM at a time. Prints the held-out accuracy before training, one
 # "epoch K mean-loss" line per epoch, the accuracy after, then "peak heap BYTES": the largest
 # live heap seen after a collection at each phase (MicroPython; CPython prints -1), relative
 # to the heap in use before `import microtrain`. Saves DIR/personalised_checkpoint.
@@ -16,6 +17,7 @@ try:
 except AttributeError:      # CPython
     BASE = None
 peak = 0
+SUFFIX, XBYTES = "f32", 0   # the input files' suffix and bytes per sample (main sets them)
 
 
 def probe():
@@ -31,8 +33,9 @@ def accuracy(model, x, y, directory, classes):
     # Held-out accuracy by argmax of the eval program's output, one sample at a time.
     model.eval()
     right = total = 0
-    with open(directory + "/x_test.f32", "rb") as fx, open(directory + "/y_test.i32", "rb") as fy:
-        while fx.readinto(x) == 4 * len(x) and fy.readinto(y) == 4 * len(y):
+    with open(directory + "/x_test." + SUFFIX, "rb") as fx, \
+            open(directory + "/y_test.i32", "rb") as fy:
+        while fx.readinto(x) == XBYTES and fy.readinto(y) == 4 * len(y):
             scores = model(x, y)[1]
             best = 0
             for k in range(1, classes):
@@ -45,6 +48,7 @@ def accuracy(model, x, y, directory, classes):
 
 
 def main(directory, epochs, lr):
+    global SUFFIX, XBYTES
     from microtrain import CheckpointState, Module, Optimizer
     probe()
     state = CheckpointState.load_checkpoint(directory + "/checkpoint")
@@ -53,7 +57,12 @@ def main(directory, epochs, lr):
     opt.set_learning_rate(lr)
     b = model.blob
     x_id, y_id = b.programs["train"].inputs
-    x = array("f", bytes(4 * b.sizes[x_id]))
+    if b.dtypes[x_id] == 0:          # float32
+        SUFFIX, XBYTES = "f32", 4 * b.sizes[x_id]
+        x = array("f", bytes(XBYTES))
+    else:                            # quantized on the host: int8 (2) or uint8 (3)
+        SUFFIX, XBYTES = "q8", b.sizes[x_id]
+        x = array("b" if b.dtypes[x_id] == 2 else "B", bytes(XBYTES))
     y = array("i", bytes(4 * b.sizes[y_id]))
     probe()
     right, total = accuracy(model, x, y, directory, b.num_classes)
@@ -61,9 +70,9 @@ def main(directory, epochs, lr):
     for epoch in range(epochs):
         model.train()
         loss, steps = 0.0, 0
-        with open(directory + "/x_train.f32", "rb") as fx, \
+        with open(directory + "/x_train." + SUFFIX, "rb") as fx, \
                 open(directory + "/y_train.i32", "rb") as fy:
-            while fx.readinto(x) == 4 * len(x) and fy.readinto(y) == 4 * len(y):
+            while fx.readinto(x) == XBYTES and fy.readinto(y) == 4 * len(y):
                 loss += model(x, y)
                 opt.step()
                 model.lazy_reset_grad()

@@ -225,6 +225,22 @@ def cmd_export(args):
         pack_inference_model(args.output, args.int8_blob)
         print(f"int8 inference blob {args.int8_blob} ({os.path.getsize(args.int8_blob)} bytes) "
               f"for microtrain.InferenceSession: int8 kernels, integer requantization")
+    if args.int8_train:
+        from .pipeline.inttrain import int8_training_artifacts
+        if not args.qdq:
+            from .errors import ArtifactError
+            raise ArtifactError("--int8-train needs --qdq (it is built from the QDQ model)")
+        info = int8_training_artifacts(args.output, args.int8_train, args.int8_lr,
+                                       stochastic=not args.int8_nearest,
+                                       train_conv=args.int8_train_conv,
+                                       momentum=args.int8_momentum)
+        print(f"integer training blob {info['blob']} ({os.path.getsize(info['blob'])} bytes), "
+              f"checkpoint {info['checkpoint']}: classifier {info['weight']} "
+              f"[{info['classes']}, {info['features']}]"
+              f"{' and the last 1x1 convolution' if args.int8_train_conv else ''} trained in "
+              f"integers; inputs "
+              f"quantized with scale {info['input_scale']:g}, zero point "
+              f"{info['input_zero_point']} ({info['input_type']}; see {info['info']})")
     print(f"exported {args.output} ({os.path.getsize(args.output)} bytes): inputs "
           f"{', '.join(i.name for i in graph.input)}; outputs "
           f"{', '.join(o.name for o in graph.output)}; {len(graph.node)} nodes")

@@ -214,7 +214,7 @@ def build_parser():
                        epilog="example: microtrain export build/ --checkpoint "
                               "build/trained_checkpoint -o model.onnx; after pack --qat: "
                               "microtrain export build/ --checkpoint build/trained_checkpoint "
-                              "--qdq -o model_qdq.onnx")
+                              "--qdq -o model_qdq.onnx [--int8-train build/int8]")
     p.add_argument("artifacts", help="artifact directory written by `microtrain pack`")
     p.add_argument("--checkpoint", required=True,
                    help="checkpoint with the parameter values, e.g. one a device saved")
@@ -232,6 +232,25 @@ def build_parser():
                    help="with --qdq: also write the int8 inference blob of the QDQ model for "
                         "the device (microtrain.InferenceSession runs it with the int8 kernels; "
                         "its outputs equal onnxruntime's on the QDQ model)")
+    p.add_argument("--int8-train", metavar="DIR",
+                   help="with --qdq: also write into DIR the integer training blob of the "
+                        "QDQ model (int8_train.mtb: frozen int8 layers, the classifier Gemm "
+                        "trained in integers with QAS-scaled SGD, every step integer-only), "
+                        "its checkpoint int8_train.ckpt (int8 weight, int32 bias) and "
+                        "int8_train.json (input scale / zero point to quantize inputs with)")
+    p.add_argument("--int8-lr", type=float, default=0.01, metavar="LR",
+                   help="with --int8-train: the blob's learning rate (default 0.01; "
+                        "Optimizer.set_learning_rate changes it on the device)")
+    p.add_argument("--int8-train-conv", action="store_true",
+                   help="with --int8-train: also train the 1x1 convolution before the "
+                        "GlobalAveragePool that feeds the classifier (a DS-CNN's last "
+                        "pointwise conv: the last block), weights and bias")
+    p.add_argument("--int8-momentum", type=float, default=0.0, metavar="MU",
+                   help="with --int8-train: SGD momentum of the classifier (torch's rule; an "
+                        "int16 velocity per weight, not saved in checkpoints; default 0)")
+    p.add_argument("--int8-nearest", action="store_true",
+                   help="with --int8-train: round weight steps half to even instead of "
+                        "stochastically (steps below half a quantum are then lost)")
 
     p = sub.add_parser("train", help="train on the host with the device runtime",
                        description="Train packed artifacts with the device runtime, under "

@@ -110,6 +110,12 @@ QLINEAR_ADD = 227
 QLINEAR_LOOKUP = 228
 RELU_MASKED = 240
 RELU_MASK_GRAD = 241
+INT_GEMM_LOGITS = 242
+INT_SOFTMAX_CE = 243
+INT_GEMM_UPDATE = 244
+INT_GEMM_GRAD_INPUT = 245
+INT_CONV1X1_UPDATE = 246
+INT_GEMM_UPDATE_MOMENTUM = 247
 
 NAMES = {value: name for name, value in list(globals().items())
          if name.isupper() and isinstance(value, int)}

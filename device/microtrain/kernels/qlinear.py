@@ -564,12 +564,13 @@ _FAST_NAMES = ("qlinear_gemm", "qlinear_conv", "qlinear_add", "qlinear_average_p
                "qlinear_global_average_pool", "qlinear_lookup")
 _pure = {}
 for _name in _FAST_NAMES:
-    _pure[_name] = globals()[_name]
+    if _name in globals():    # a trimmed runtime (tools/runtime.py) keeps only some kernels
+        _pure[_name] = globals()[_name]
 
 
 def use_fast(on=True):
     g = globals()
-    for name in _FAST_NAMES:
+    for name in _pure:
         g[name] = _pure[name]
     if on:
         try:
@@ -579,7 +580,7 @@ def use_fast(on=True):
         fast._slow = _requant_saturated
         fast._pure_conv = _pure["qlinear_conv"]
         fast._WIDE = 1 if _requant is _requant_wide else 0
-        for name in _FAST_NAMES:
+        for name in _pure:
             g[name] = getattr(fast, name)
     return on
 

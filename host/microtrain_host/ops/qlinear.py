@@ -29,7 +29,8 @@ from onnx import TensorProto
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
 from ..graph import attr
-from ..pipeline.lower import ACTIVATION, CONSTANT, FLOAT, INT32, INT8, NO_TENSOR, UINT8, Tensor
+from ..pipeline.lower import (ACTIVATION, CONSTANT, FLOAT, INT32, INT8, NO_TENSOR, PARAM, UINT8,
+                              Tensor)
 from ..registry import lowering
 from .conv import conv_attributes, device_geometry
 from .pool import pool_kernel_ints
@@ -149,6 +150,13 @@ def _header(node):
 
 
 def _weights(ctx, node, axis):
+    tid = ctx.local.get(node.input[1])
+    if tid is not None and ctx.tensors[tid].role == PARAM and ctx.tensors[tid].dtype == INT8:
+        # an int8 weight trained in integers (pipeline/inttrain.py): a parameter with its
+        # scales, its int32 bias a parameter too
+        w = ctx.tensors[tid]
+        bias = ctx.t(node.input[2]) if len(node.input) > 2 and node.input[2] else NO_TENSOR
+        return np.zeros(w.shape, np.int8), tid, bias, len(w.scale)
     w = ctx.value(node.input[1])
     if w is None or w.dtype != np.int8:
         raise UnsupportedOpError(f"{ctx.where(node)}: the weight must be an int8 constant")

@@ -35,6 +35,7 @@ from microtrain_host.errors import CheckpointError
 IDENTIFIER = b"ODTC"
 VERSION = 2
 ONNX_FLOAT = 1
+_INTEGER_TYPES = {"|i1": (3, "i1"), "<i4": (6, "<i4")}   # kept by keep_integers only
 GROUP_NAME = "group0"
 TRAILER_MAGIC = b"MTCK"
 TRAILER_SIZE = 8  # u32 CRC-32 of the FlatBuffer, then TRAILER_MAGIC
@@ -83,7 +84,7 @@ def write_checkpoint(path, trainable: dict[str, np.ndarray], frozen: dict[str, n
                      nominal: bool = False, optimizer_step: int | None = None,
                      initial_learning_rate: float = 0.001,
                      momentums: dict[str, list[np.ndarray]] | None = None,
-                     properties: dict | None = None) -> None:
+                     properties: dict | None = None, keep_integers: bool = False) -> None:
     """Write a checkpoint file atomically (a temporary file in the same directory, then
     os.replace), so an interrupted write never leaves a half-written file at `path`.
 
@@ -95,7 +96,7 @@ def write_checkpoint(path, trainable: dict[str, np.ndarray], frozen: dict[str, n
     """
     data = build_checkpoint(trainable, frozen, nominal=nominal, optimizer_step=optimizer_step,
                             initial_learning_rate=initial_learning_rate, momentums=momentums,
-                            properties=properties)
+                            properties=properties, keep_integers=keep_integers)
     try:
         write_atomically(os.fspath(path), data)
     except OSError as e:
@@ -106,9 +107,11 @@ def build_checkpoint(trainable: dict[str, np.ndarray], frozen: dict[str, np.ndar
                      nominal: bool = False, optimizer_step: int | None = None,
                      initial_learning_rate: float = 0.001,
                      momentums: dict[str, list[np.ndarray]] | None = None,
-                     properties: dict | None = None) -> bytes:
-    """The bytes write_checkpoint writes (same arguments): the FlatBuffer and its trailer."""
-    trainable = _float_arrays(trainable, "trainable")
+                     properties: dict | None = None, keep_integers: bool = False) -> bytes:
+    """The bytes write_checkpoint writes (same arguments): the FlatBuffer and its trailer.
+    keep_integers: int8 and int32 arrays stay INT8 / INT32 tensors (integer training,
+    pipeline/inttrain.py) instead of becoming float32."""
+    trainable = _float_arrays(trainable, "trainable", keep_integers)
     frozen = _float_arrays(frozen, "frozen")
     both = sorted(set(trainable) & set(frozen))
     if both:
@@ -244,13 +247,14 @@ class _Writer:
         # training refuses a tensor without either vector ("Flatbuffer tensor is invalid").
         name_off = self.string(name)
         dims = self.int64s(array.shape)
-        raw = self.raw(b"" if nominal else array.astype("<f4", copy=False).tobytes())
+        kind = _INTEGER_TYPES.get(array.dtype.str, (ONNX_FLOAT, "<f4"))
+        raw = self.raw(b"" if nominal else array.astype(kind[1], copy=False).tobytes())
         b = self.builder
         b.StartObject(7)
         b.PrependUOffsetTRelativeSlot(_TENSOR_RAW, raw, 0)
         b.PrependUOffsetTRelativeSlot(_TENSOR_DIMS, dims, 0)
         b.PrependUOffsetTRelativeSlot(_TENSOR_NAME, name_off, 0)
-        b.PrependInt32Slot(_TENSOR_TYPE, ONNX_FLOAT, 0)
+        b.PrependInt32Slot(_TENSOR_TYPE, kind[0], 0)
         return b.EndObject()
 
     def output(self) -> bytes:
@@ -262,13 +266,16 @@ class _Writer:
         return data
 
 
-def _float_arrays(params, what: str) -> dict[str, np.ndarray]:
+def _float_arrays(params, what: str, keep_integers=False) -> dict[str, np.ndarray]:
     if not isinstance(params, dict):
         raise CheckpointError(f"{what} parameters must be a dict name -> array, "
                               f"not {type(params).__name__}")
     out = {}
     for name, value in params.items():
         _check_name(name, f"{what} parameter")
+        if keep_integers and np.asarray(value).dtype in (np.int8, np.int32):
+            out[name] = np.asarray(value)
+            continue
         out[name] = _float_array(value, f"{what} parameter '{name}'")
     return out
 

@@ -206,6 +206,17 @@ class Lowering:
     def _persistent(self, name, role):
         if name not in self.persistent:
             elem, shape = self.shapes[name]
+            quantized = getattr(self, "quantization", {}).get(name)
+            if quantized is not None and elem in (TensorProto.INT8, TensorProto.UINT8):
+                # an int8 / uint8 input or parameter (integer training: pipeline/inttrain.py)
+                # with its scale(s), zero point(s) and axis
+                scale, zero_point, axis = quantized
+                self.persistent[name] = self.add(Tensor(
+                    name, INT8 if elem == TensorProto.INT8 else UINT8, role, tuple(shape),
+                    scale=tuple(float(v) for v in scale),
+                    zero_point=tuple(int(v) for v in zero_point), axis=axis))
+                self.local[name] = self.persistent[name]
+                return self.persistent[name]
             dtype = INT32 if elem in (TensorProto.INT64, TensorProto.INT32) else FLOAT
             if elem not in (TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT32):
                 raise UnsupportedOpError(f"input '{name}' has ONNX type {elem}; only float and "

@@ -195,12 +195,13 @@ def predict(artifacts, board, placement=None, runtime_mpy=None):
     train = code + heap_bytes([state, module, optimizer], word) + batch
     blob_file = model.size(blob_path.read_bytes(), ())
     arenas = model.size(module.F, ()) + model.size(module.I, ())
-    # while Module loads: the state as read (its own arrays), the blob's bytes, the arenas
-    load = code + loaded_state + blob_file + arenas
-    # Module first reads the blob file, then allocates the arenas (train_on_board.py frees
-    # a block this large just before); the reader's small objects made in between may land
-    # in the same hole: 2 KiB of slack for them
-    reserve = blob_file + arenas + 2048
+    # while Module loads: the state as read (its own arrays), the blob's bytes or the arenas
+    # (blob.load_into_arenas reads the file into a buffer the size of the arenas, parses it,
+    # drops it and allocates the arenas in its place)
+    load = code + loaded_state + max(blob_file, arenas)
+    # train_on_board.py frees a block this large just before Module loads; the reader's
+    # small objects may land in the same hole: 2 KiB of slack for them
+    reserve = max(blob_file, arenas) + 2048
     return FitReport(board, placement, runtime_mpy, code, load, train, model.size(module.F, ()),
                      reserve)
 

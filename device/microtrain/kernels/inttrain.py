@@ -1,0 +1,613 @@
+# Integer training of an int8 classifier layer (issue 11): every step integer only, so a
+# whole train step runs under micropython.heap_lock() (floats are heap objects on the Unix
+# port; on boards they are not needed either). Floats appear only at load and when the
+# learning rate changes (set_learning_rate), never inside a step.
+#
+#   int_gemm_logits      z = requant(bias + sum_k (x - x_zp) * W[j, k]) per output j: int32
+#                        logits in fixed point, LOGIT_BITS fractional bits (no clamp to int8:
+#                        the loss needs them finer than the int8 output)
+#   int_softmax_ce       from the logits and the label: the softmax cross-entropy gradient
+#                        p - onehot in Q14 (PROB_BITS) and the loss as ints (max - z_label,
+#                        sum of exp in Q14): loss = (max - z_label) / 2**8 + log(sum / 2**14),
+#                        turned into a float by Module after the step
+#   int_gemm_update      the SGD update of int8 W and int32 bias fused into the backward
+#                        step (no gradient buffer), with quantization-aware scaling (QAS):
+#                        W_q[j, k] -= round(lr * dL/dW[j, k] / s_w[j]), the float gradient
+#                        dL/dW = s_x * sum_i g[i, j] * (x[i, k] - x_zp) / (2**14 * m), so
+#                        one integer multiplier per channel: real_w[j] = lr * s_x /
+#                        (s_w[j] * 2**14 * m); bias (units s_x * s_w[j]) likewise with
+#                        real_b[j] = lr / (s_x * s_w[j] * 2**14 * m). Rounding: round half to
+#                        even of acc * m0 / 2**shift (qlinear's _requant, exact); W clamped
+#                        to [-127, 127] (the int8 weight range, zero point 0), bias to
+#                        +-BIAS_LIMIT.
+#
+# Layouts: W is [n, k] (one row per output channel, per-channel scale s_w[j]); x [m, k]
+# bytes (int8 or uint8, zero point x_zp); labels [m] int32; logits and gradients [m, n].
+# The requantization tensors are derived at load from the tensors' scales (and the
+# learning rate: Optimizer.set_learning_rate rewrites the update multipliers):
+#   logits req  [x_zp, then (m0, shift) per channel: s_x * s_w[j] * 2**LOGIT_BITS]
+#   update rates [x_zp, then (m0_w, shift_w, m0_b, shift_b) per channel]
+# The exp table (EXP_HI + EXP_LO int32: exp(-a * 64 / 2**8) and exp(-b / 2**8) in Q14) is a
+# constant the host computes, so that every port uses the same integers (a board's float32
+# math.exp could round an entry differently); the checker validates it.
+#
+# 32-bit boards: small ints end at 2**30. Products stay below 2**28 (table entries and
+# probabilities are Q14); requantization uses qlinear's 12-bit limbs, exact for |acc| <
+# 2**24, which holds for k <= 256 inputs and batches of up to 4 (a larger batch is still
+# exact but allocates big ints on 32-bit ports).
+import math
+from microtrain.kernels.qlinear import _f32, _requant, _requant_wide, requant_pair
+
+LOGIT_BITS = 8
+PROB_BITS = 14
+ONE = 16384          # 1.0 in Q14
+EXP_HI = 48          # exp(-a / 4) for a < 48 (exp(-12) * 2**14 < 0.5: the rest is 0)
+EXP_LO = 64          # exp(-b / 256) for b < 64
+LOGIT_LIMIT = 1 << 20    # |z| clamp: +-4096 in real units, far beyond any useful logit
+BIAS_LIMIT = 1 << 23     # |bias| clamp: keeps |acc| < 2**24 for k <= 256
+MAX_K = 256
+GRAD_BITS = 4            # int_gemm_grad_input: extra bits of D for up to 16 classes
+
+
+def _scale(c, k):
+    q = c.blob.quant.get(c.tensors[k])
+    if q is None:
+        c.fail("tensor argument %d has no quantization scale" % k)
+    return q
+
+
+def _positive(c, v, what):
+    if not 0.0 < v < 3.4e38:
+        c.fail("%s %r is not positive and finite" % (what, v))
+
+
+def _derived(c, k, values):
+    # tensor argument k is a derived constant with no given values: its contents, computed
+    # (once: the eval program's step reads what the train program's derived). True when
+    # this call derived it.
+    tid = c.tensors[k]
+    done = c.blob.int_derived
+    if tid in done:
+        if done[tid] != len(values):
+            c.fail("derived tensor argument %d is shared by steps of other sizes" % k)
+        return False
+    if tid not in c.blob.derived:
+        c.fail("tensor argument %d must be a derived constant" % k)
+    if c.blob.derived.pop(tid):
+        c.fail("derived tensor argument %d has given values" % k)
+    done[tid] = len(values)
+    c.blob.constants.append((tid, bytes(values)))
+    return True
+
+
+# -- forward: int32 logits -------------------------------------------------------------
+def int_gemm_logits(F, I, args):
+    Q, z, x, w, bias, req, m, k, n, x_signed = args
+    x_zp = I[req]
+    flip = 128 if x_signed else 0
+    for i in range(m):
+        xi = x + i * k
+        for j in range(n):
+            acc = I[bias + j]
+            pw = w + j * k
+            for t in range(k):
+                acc += (((Q[xi + t] ^ flip) - flip) - x_zp) * (((Q[pw + t] ^ 128) - 128))
+            v = _requant(acc, I[req + 1 + 2 * j], I[req + 2 + 2 * j])
+            if v > LOGIT_LIMIT:
+                v = LOGIT_LIMIT
+            elif v < -LOGIT_LIMIT:
+                v = -LOGIT_LIMIT
+            I[z] = v
+            z += 1
+
+
+def int_gemm_logits_check(args, c):
+    Q, z, x, w, bias, req, m, k, n, x_signed = args
+    c.positive(m, k, n)
+    c.within(k, 1, MAX_K, "inputs per output")
+    c.holds(0, m * n)
+    c.holds(1, m * k)
+    c.holds(2, n * k)
+    c.holds(3, n)
+    c.holds(4, 1 + 2 * n)
+    c.within(x_signed, 0, 1, "signed flag")
+    sx, zx, _ = _scale(c, 1)
+    sw = _scale(c, 2)[0]
+    if len(sw) != n:
+        c.fail("%d weight scales for %d output channels" % (len(sw), n))
+    values = [zx[0]]
+    for j in range(n):
+        real = _f32(_f32(sx[0] * sw[j]) * (1 << LOGIT_BITS))
+        _positive(c, real, "logit multiplier")
+        values += requant_pair(real)
+    from array import array
+    _derived(c, 4, array("i", values))
+
+
+# -- loss: integer softmax cross-entropy -----------------------------------------------
+def int_softmax_ce(F, I, args):
+    # loss[2i] = max - z[label], loss[2i + 1] = sum_j e_j (Q14, >= 2**14);
+    # grad[i, j] = round(e_j * 2**14 / sum) - (2**14 if j == label), e_j = exp(-(max - z_j)
+    # / 2**8) in Q14 from the two-level table (e = hi[d >> 6] * lo[d & 63] >> 14).
+    z, g, loss, label, table, m, n = args
+    lo_at = table + EXP_HI
+    for i in range(m):
+        zi = z + i * n
+        gi = g + i * n
+        top = I[zi]
+        for j in range(1, n):
+            if I[zi + j] > top:
+                top = I[zi + j]
+        total = 0
+        for j in range(n):
+            d = top - I[zi + j]
+            a = d >> 6
+            e = (I[table + a] * I[lo_at + (d & 63)]) >> 14 if a < EXP_HI else 0
+            I[gi + j] = e
+            total += e
+        half = total >> 1
+        for j in range(n):
+            I[gi + j] = ((I[gi + j] << 14) + half) // total
+        y = I[label + i]
+        I[gi + y] -= ONE
+        I[loss + 2 * i] = top - I[zi + y]
+        I[loss + 2 * i + 1] = total
+
+
+def int_softmax_ce_check(args, c):
+    z, g, loss, label, table, m, n = args
+    c.positive(m, n)
+    c.within(n, 2, 1024, "classes")    # total < 1025 * 2**14 < 2**30
+    c.holds(0, m * n)
+    c.holds(1, m * n)
+    c.holds(2, 2 * m)
+    c.holds(3, m)
+    c.role(3, "label")
+    c.holds(4, EXP_HI + EXP_LO)
+    c.role(4, "constant")
+    c.blob.num_classes = c.blob.num_classes or n
+    if c.blob.num_classes != n:
+        c.fail("%d classes, the blob's labels have %d" % (n, c.blob.num_classes))
+    # the table: both halves start at 1.0 and never increase, entries in [0, 1.0]; checked
+    # on its constant bytes (the arena is filled after the checks)
+    raw = c.blob.constant_data(c.tensors[4])
+    if raw is None:
+        c.fail("the exp table is not a constant with data")
+    from array import array
+    values = array("i", raw)
+    for start, count in ((0, EXP_HI), (EXP_HI, EXP_LO)):
+        prev = ONE
+        if values[start] != ONE:
+            c.fail("exp table does not start at 1.0")
+        for v in values[start:start + count]:
+            if not 0 <= v <= prev:
+                c.fail("exp table entry %r is outside [0, %d] or increases" % (v, prev))
+            prev = v
+
+
+def loss_value(I, at, m):
+    """The mean cross-entropy (a float, outside the step) from int_softmax_ce's loss ints."""
+    total = 0.0
+    for i in range(m):
+        total += I[at + 2 * i] / 256.0 + math.log(I[at + 2 * i + 1] / 16384.0)
+    return total / m
+
+
+# -- backward + update, fused ----------------------------------------------------------
+def _dither(I, at):
+    # the next value of the xorshift16 generator whose state is I[at] (0: not seeded yet),
+    # 16 bits, so that no intermediate reaches 2**30 on any port
+    s = I[at] or 0xACE1
+    s ^= (s << 7) & 0xFFFF
+    s ^= s >> 9
+    s ^= (s << 8) & 0xFFFF
+    I[at] = s
+    return s
+
+
+def int_gemm_update(F, I, args):
+    # stochastic (random >= 0): each weight's (and bias') step is rounded up or down with the
+    # probabilities of its fraction (8 bits of it: the step in 1/256 quanta, rounded half to
+    # even, plus a uniform 0..255 from the generator at I[random], then >> 8), so that steps
+    # below half a quantum still move the weights on average; else round half to even.
+    Q, w, bias, x, g, rates, random, m, k, n, x_signed = args
+    x_zp = I[rates]
+    flip = 128 if x_signed else 0
+    for j in range(n):
+        r = rates + 1 + 4 * j
+        m0 = I[r]
+        shift = I[r + 1]
+        fine = random >= 0 and shift > 8
+        pw = w + j * k
+        for t in range(k):
+            acc = 0
+            px = x + t
+            pg = g + j
+            for _ in range(m):
+                acc += I[pg] * (((Q[px] ^ flip) - flip) - x_zp)
+                px += k
+                pg += n
+            if fine:
+                step = (_requant(acc, m0, shift - 8) + (_dither(I, random) & 255)) >> 8
+            else:
+                step = _requant(acc, m0, shift)
+            v = ((Q[pw + t] ^ 128) - 128) - step
+            if v > 127:
+                v = 127
+            elif v < -127:
+                v = -127
+            Q[pw + t] = v & 255
+        acc = 0
+        pg = g + j
+        for _ in range(m):
+            acc += I[pg]
+            pg += n
+        if random >= 0 and I[r + 3] > 8:
+            step = (_requant(acc, I[r + 2], I[r + 3] - 8) + (_dither(I, random) & 255)) >> 8
+        else:
+            step = _requant(acc, I[r + 2], I[r + 3])
+        v = I[bias + j] - step
+        if v > BIAS_LIMIT:
+            v = BIAS_LIMIT
+        elif v < -BIAS_LIMIT:
+            v = -BIAS_LIMIT
+        I[bias + j] = v
+
+
+def int_gemm_update_momentum(F, I, args):
+    # SGD with momentum (torch's rule, dampening 0: v = mu v + g, w -= lr v) in quanta: the
+    # velocity V of each weight is the step in 1/256 quanta, V = round(mu V) + step, and
+    # W -= V / 256 rounded (stochastically with random >= 0). V is an int16 (2 bytes, little
+    # endian, in the byte arena: a velocity beyond 128 quanta would move an int8 weight
+    # across its whole range, so it is clamped there); the bias' velocity an int32, in 1/256
+    # of its quanta too. mu in Q14; mu V rounded half up (|V * mu| < 2**29; the bias' in
+    # two parts).
+    Q, w, bias, x, g, rates, random, vw, vb, m, k, n, x_signed, mu = args
+    x_zp = I[rates]
+    flip = 128 if x_signed else 0
+    for j in range(n):
+        r = rates + 1 + 4 * j
+        m0 = I[r]
+        shift = I[r + 1] - 8 if I[r + 1] > 8 else 1
+        pw = w + j * k
+        pv = vw + 2 * j * k
+        for t in range(k):
+            acc = 0
+            px = x + t
+            pg = g + j
+            for _ in range(m):
+                acc += I[pg] * (((Q[px] ^ flip) - flip) - x_zp)
+                px += k
+                pg += n
+            v = Q[pv] | (((Q[pv + 1] ^ 128) - 128) << 8)
+            v = ((v * mu + 8192) >> 14) + _requant(acc, m0, shift)
+            if v > 32767:
+                v = 32767
+            elif v < -32767:
+                v = -32767
+            Q[pv] = v & 255
+            Q[pv + 1] = (v >> 8) & 255
+            pv += 2
+            if random >= 0:
+                step = (v + (_dither(I, random) & 255)) >> 8
+            else:
+                step = _round_shift(v, 8)
+            v = ((Q[pw + t] ^ 128) - 128) - step
+            if v > 127:
+                v = 127
+            elif v < -127:
+                v = -127
+            Q[pw + t] = v & 255
+        acc = 0
+        pg = g + j
+        for _ in range(m):
+            acc += I[pg]
+            pg += n
+        shift = I[r + 3] - 8 if I[r + 3] > 8 else 1
+        v = I[vb + j]          # mu V rounded half up, in two parts (|V| < 2**23)
+        hi = v >> 14
+        v = hi * mu + (((v - (hi << 14)) * mu + 8192) >> 14) + _requant(acc, I[r + 2], shift)
+        if v > BIAS_LIMIT:
+            v = BIAS_LIMIT
+        elif v < -BIAS_LIMIT:
+            v = -BIAS_LIMIT
+        I[vb + j] = v
+        if random >= 0:
+            step = (v + (_dither(I, random) & 255)) >> 8
+        else:
+            step = _round_shift(v, 8)
+        v = I[bias + j] - step
+        if v > BIAS_LIMIT:
+            v = BIAS_LIMIT
+        elif v < -BIAS_LIMIT:
+            v = -BIAS_LIMIT
+        I[bias + j] = v
+
+
+def int_gemm_update_momentum_check(args, c):
+    Q, w, bias, x, g, rates, random, vw, vb, m, k, n, x_signed, mu = args
+    int_gemm_update_check((Q, w, bias, x, g, rates, random, m, k, n, x_signed), c)
+    c.holds(6, 2 * n * k)
+    c.role(6, "optimizer_state")
+    c.holds(7, n)
+    c.role(7, "optimizer_state")
+    c.within(mu, 0, ONE - 1, "momentum (Q14)")
+
+
+def update_reals(sx, sw, m, lr):
+    """[(real_w, real_b) per channel] of int_gemm_update, float32 as a board computes them:
+    real_w = lr * s_x / s_w / 2**14 / m, real_b = lr / (s_x * s_w) / 2**14 / m."""
+    out = []
+    unit = _f32(ONE * m)
+    for s in sw:
+        out.append((_f32(_f32(_f32(lr * sx) / s) / unit),
+                    _f32(_f32(lr / _f32(sx * s)) / unit)))
+    return out
+
+
+def rate_values(x_zp, reals):
+    values = [x_zp]
+    for rw, rb in reals:
+        values += requant_pair(rw)
+        values += requant_pair(rb)
+    return values
+
+
+def int_gemm_update_check(args, c):
+    Q, w, bias, x, g, rates, random, m, k, n, x_signed = args
+    c.positive(m, k, n)
+    c.within(k, 1, MAX_K, "inputs per output")
+    c.holds(0, n * k)
+    c.role(0, "param")
+    c.holds(1, n)
+    c.role(1, "param")
+    c.holds(2, m * k)
+    c.holds(3, m * n)
+    c.holds(4, 1 + 4 * n)
+    if c.present(5):
+        c.holds(5, 1)
+        c.role(5, "optimizer_state")
+    c.within(x_signed, 0, 1, "signed flag")
+    sx, zx, _ = _scale(c, 2)
+    sw = _scale(c, 0)[0]
+    if len(sw) != n:
+        c.fail("%d weight scales for %d output channels" % (len(sw), n))
+    _positive(c, sx[0], "input scale")
+    for s in sw:
+        _positive(c, s, "weight scale")
+    lr = c.blob.optimizer.get("learning_rate", 0.0)
+    from array import array
+    if _derived(c, 4, array("i", rate_values(zx[0], update_reals(sx[0], sw, m, lr)))):
+        # what set_learning_rate needs to rewrite the multipliers
+        c.blob.int_rates.append((c.tensors[4], zx[0], sx[0], tuple(sw), m))
+
+
+def set_learning_rate(b, I, lr):
+    """Rewrite every update step's multipliers for learning rate lr (floats: outside any
+    step, as the Optimizer calls it)."""
+    for tid, x_zp, sx, sw, m in b.int_rates:
+        at = b.offsets[tid]
+        if isinstance(m, tuple):            # int_conv1x1_update: (unit, plane, batch)
+            values = rate_values(x_zp, conv_reals(sx, sw, m[0], m[1], m[2], lr))
+        else:
+            values = rate_values(x_zp, update_reals(sx, sw, m, lr))
+        for i in range(len(values)):
+            I[at + i] = values[i]
+
+
+# -- the layer before the classifier: a 1x1 convolution (its ReLU) -> GlobalAveragePool ----
+def int_gemm_grad_input(F, I, args):
+    # D[i, c] = sum_j round(g[i, j] * 2**x * s_w[j] / s_wmax) * W[j, c]: the gradient of the
+    # classifier's input (real: D * s_wmax / 2**(14 + x)), before the classifier's update;
+    # x = GRAD_BITS extra bits for up to 16 classes, else 0 (|D| < 2**30 either way).
+    Q, d, g, w, factors, m, k, n = args
+    for i in range(m):
+        gi = g + i * n
+        for c in range(k):
+            acc = 0
+            pw = w + c
+            for j in range(n):
+                h = _requant(I[gi + j], I[factors + 2 * j], I[factors + 2 * j + 1])
+                acc += h * ((Q[pw] ^ 128) - 128)
+                pw += k
+            I[d + i * k + c] = acc
+
+
+def int_gemm_grad_input_check(args, c):
+    Q, d, g, w, factors, m, k, n = args
+    c.positive(m, k, n)
+    c.within(n, 1, 511, "classes")
+    c.holds(0, m * k)
+    c.holds(1, m * n)
+    c.holds(2, n * k)
+    c.holds(3, 2 * n)
+    sw = _scale(c, 2)[0]
+    if len(sw) != n:
+        c.fail("%d weight scales for %d output channels" % (len(sw), n))
+    top = 0.0
+    for v in sw:
+        _positive(c, v, "weight scale")
+        top = v if v > top else top
+    extra = 1 << GRAD_BITS if n <= 16 else 1
+    values = []
+    for v in sw:
+        values += requant_pair(_f32(_f32(v / top) * extra))
+    from array import array
+    _derived(c, 3, array("i", values))
+    c.blob.int_units[c.tensors[0]] = _f32(top / (ONE * extra))      # D's real unit
+
+
+def _mantissa(I, d, c, m, k, limit):
+    # e, the shift making every |D[i, c]| of the batch < limit (D taken as d * 2**e with as
+    # many significant bits as keep the products below 2**24: exact 12-bit limbs)
+    top = 0
+    for i in range(m):
+        v = I[d + i * k + c]
+        v = -v if v < 0 else v
+        top = v if v > top else top
+    e = 0
+    while top >= limit:
+        top >>= 1
+        e += 1
+    return e
+
+
+def _round_shift(v, e):
+    # round half to even of v / 2**e (e >= 0)
+    if e == 0:
+        return v
+    q = v >> e
+    r = v - (q << e)
+    half = 1 << (e - 1)
+    if r > half or (r == half and q & 1):
+        q += 1
+    return q
+
+
+def int_conv1x1_update(F, I, args):
+    # The SGD step of the 1x1 convolution y = relu(W x + b) feeding GlobalAveragePool (P
+    # positions) then the classifier, from D (int_gemm_grad_input), QAS-scaled as the
+    # classifier's: dL/dy[c, p] = D[c] * s_wmax / 2**14 / P where the output is inside its
+    # clamp (lo < y < hi: the ReLU or the int8 range passes it), else 0; so
+    #   W[c, t] -= round(r_w[c] * D[c] * sum_p mask[c, p] (x[t, p] - x_zp)),
+    #   b[c]    -= round(r_b[c] * D[c] * count_p mask[c, p]),
+    # D taken as d * 2**e with as many significant bits as keep the products below 2**24
+    # (_mantissa), rounded half to even or stochastically as int_gemm_update (random >= 0).
+    Q, w, bias, x, y, d, req, rates, random, m, cin, cout, plane, x_signed, y_signed = args
+    fx = 128 if x_signed else 0
+    fy = 128 if y_signed else 0
+    x_zp = I[rates]
+    lo = I[req + 2]
+    hi = I[req + 3]
+    wlimit = 16777216 // (plane * 255 * m) + 1     # |d * sum_p (x - x_zp)| < 2**24 over
+    blimit = 16777216 // (plane * m) + 1           # the batch; d * count likewise
+    for c in range(cout):
+        r = rates + 1 + 4 * c
+        e = _mantissa(I, d, c, m, cout, wlimit)
+        eb = _mantissa(I, d, c, m, cout, blimit)
+        wshift = I[r + 1] - e
+        bshift = I[r + 3] - eb
+        if wshift < 1:
+            wshift = 1
+        if bshift < 1:
+            bshift = 1
+        pw = w + c * cin
+        for t in range(cin):
+            acc = 0
+            for i in range(m):
+                dc = _round_shift(I[d + i * cout + c], e)
+                if dc == 0:
+                    continue
+                py = y + (i * cout + c) * plane
+                px = x + (i * cin + t) * plane
+                part = 0
+                for p in range(plane):
+                    v = (Q[py + p] ^ fy) - fy
+                    if lo < v < hi:
+                        part += ((Q[px + p] ^ fx) - fx) - x_zp
+                acc += dc * part
+            if random >= 0 and wshift > 8:
+                step = (_requant(acc, I[r], wshift - 8) + (_dither(I, random) & 255)) >> 8
+            else:
+                step = _requant(acc, I[r], wshift)
+            v = ((Q[pw + t] ^ 128) - 128) - step
+            if v > 127:
+                v = 127
+            elif v < -127:
+                v = -127
+            Q[pw + t] = v & 255
+        acc = 0
+        for i in range(m):
+            dc = _round_shift(I[d + i * cout + c], eb)
+            py = y + (i * cout + c) * plane
+            count = 0
+            for p in range(plane):
+                v = (Q[py + p] ^ fy) - fy
+                if lo < v < hi:
+                    count += 1
+            acc += dc * count
+        if random >= 0 and bshift > 8:
+            step = (_requant(acc, I[r + 2], bshift - 8) + (_dither(I, random) & 255)) >> 8
+        else:
+            step = _requant(acc, I[r + 2], bshift)
+        v = I[bias + c] - step
+        if v > BIAS_LIMIT:
+            v = BIAS_LIMIT
+        elif v < -BIAS_LIMIT:
+            v = -BIAS_LIMIT
+        I[bias + c] = v
+
+
+def conv_reals(sx, sw, unit, plane, m, lr):
+    """[(real_w, real_b)] per channel of int_conv1x1_update: the step per unit of D (real
+    gradient D * unit / P) times sum (x - x_zp), resp. times the count:
+    real_w = lr * unit * s_x / (P * m * s_w), real_b = lr * unit / (P * m * s_x * s_w)."""
+    out = []
+    u = _f32(unit / _f32(plane * m))
+    for s in sw:
+        out.append((_f32(_f32(_f32(lr * u) * sx) / s), _f32(_f32(lr * u) / _f32(sx * s))))
+    return out
+
+
+def int_conv1x1_update_check(args, c):
+    Q, w, bias, x, y, d, req, rates, random, m, cin, cout, plane, x_signed, y_signed = args
+    c.positive(m, cin, cout, plane)
+    c.within(plane, 1, 4096, "positions")      # sum_p (x - x_zp) < 2**20
+    c.holds(0, cout * cin)
+    c.role(0, "param")
+    c.holds(1, cout)
+    c.role(1, "param")
+    c.holds(2, m * cin * plane)
+    c.holds(3, m * cout * plane)
+    c.holds(4, m * cout)
+    c.holds(5, 4)
+    c.holds(6, 1 + 4 * cout)
+    if c.present(7):
+        c.holds(7, 1)
+        c.role(7, "optimizer_state")
+    c.within(x_signed, 0, 1, "signed flag")
+    c.within(y_signed, 0, 1, "signed flag")
+    sx, zx, _ = _scale(c, 2)
+    sw = _scale(c, 0)[0]
+    if len(sw) != cout:
+        c.fail("%d weight scales for %d output channels" % (len(sw), cout))
+    _positive(c, sx[0], "input scale")
+    for v in sw:
+        _positive(c, v, "weight scale")
+    # D's real unit, recorded by the int_gemm_grad_input step that writes D (earlier)
+    unit = c.blob.int_units.get(c.tensors[4])
+    if unit is None:
+        c.fail("no int_gemm_grad_input step before this one writes its gradient tensor")
+    lr = c.blob.optimizer.get("learning_rate", 0.0)
+    from array import array
+    if _derived(c, 6, array("i", rate_values(zx[0], conv_reals(sx[0], sw, unit, plane, m, lr)))):
+        c.blob.int_rates.append((c.tensors[6], zx[0], sx[0], tuple(sw), (unit, plane, m)))
+
+
+# The viper fast paths (MicroPython with the viper emitter): same integers, no allocation.
+_FAST_NAMES = ("int_gemm_logits", "int_gemm_update", "int_gemm_grad_input",
+               "int_conv1x1_update", "int_gemm_update_momentum")
+_pure = {}
+for _name in _FAST_NAMES:
+    if _name in globals():    # a trimmed runtime (tools/runtime.py) keeps only some kernels
+        _pure[_name] = globals()[_name]
+
+
+def use_fast(on=True):
+    g = globals()
+    for name in _pure:
+        g[name] = _pure[name]
+    if on:
+        try:
+            from microtrain.kernels import inttrain_viper as fast
+            from microtrain.kernels import qlinear
+        except (ImportError, SyntaxError):   # CPython; a MicroPython without viper
+            return False
+        fast._slow = _requant_wide
+        fast._WIDE = 1 if _requant is _requant_wide else 0
+        for name in _pure:
+            g[name] = getattr(fast, name)
+    return on
+
+
+FAST = use_fast()

@@ -1,0 +1,251 @@
+"""Integer training ops (issue 11): an int8 classifier Gemm trained in integers, every
+device step integer-only (device kernels: kernels/inttrain.py, which documents the fixed
+point). pipeline/inttrain.py builds the graphs that use them.
+
+  IntGemmLogits(X, W, B) -> Z          int32 logits, LOGIT_BITS fractional bits, of the
+                                       int8 input X (its scale / zero point on the tensor),
+                                       int8 W [n, k] (per-channel scales), int32 bias B
+  IntSoftmaxCrossEntropy(Z, L) -> (loss, G)
+                                       loss ints [m, 2] (max - z_label, sum of exp in Q14)
+                                       and the gradient p - onehot in Q14 [m, n]
+  IntGemmUpdate(W, B, X, G) -> (W', B')
+                                       the QAS-scaled SGD update of W and B in place (W', B'
+                                       name the same storage), multipliers derived on the
+                                       device from the learning rate and the scales;
+                                       stochastic=1: weight steps rounded stochastically
+                                       (an int32 xorshift16 state, "<W>.dither")
+
+`exp_table()` is the Q14 exp table the loss step reads; `logits`, `softmax_ce` and `update`
+are their numpy mirrors (the same integers as the device), for tools and tests."""
+import math
+
+import numpy as np
+
+from .. import opcodes as op
+from ..errors import UnsupportedOpError
+from ..graph import attr
+from ..pipeline.lower import (ACTIVATION, CONSTANT, INT32, INT8, NO_TENSOR, OPTIMIZER_STATE,
+                              PARAM, UINT8, Tensor)
+from ..registry import lowering
+from .qlinear import requant_multiplier, requant_values
+
+LOGIT_BITS = 8
+PROB_BITS = 14
+ONE = 1 << PROB_BITS
+EXP_HI, EXP_LO = 48, 64
+LOGIT_LIMIT = 1 << 20
+BIAS_LIMIT = 1 << 23
+MAX_K = 256
+EXP_TABLE = "inttrain.exp_table"
+
+
+def exp_table():
+    """int32 [exp(-a / 4) for a < 48] + [exp(-b / 256) for b < 64], Q14, rounded."""
+    hi = [round(math.exp(-a * 64 / 2 ** LOGIT_BITS) * ONE) for a in range(EXP_HI)]
+    lo = [round(math.exp(-b / 2 ** LOGIT_BITS) * ONE) for b in range(EXP_LO)]
+    return np.array(hi + lo, np.int32)
+
+
+def _byte(ctx, name, node):
+    tid = ctx.t(name)
+    t = ctx.tensors[tid]
+    if t.dtype not in (INT8, UINT8) or not len(t.scale):
+        raise UnsupportedOpError(f"{ctx.where(node)}: '{name}' must be a quantized int8 / "
+                                 f"uint8 tensor")
+    return tid, t
+
+
+def _int_tensor(ctx, name, shape):
+    tid = ctx.add(Tensor(name, INT32, ACTIVATION, tuple(shape), program=ctx.program_name))
+    ctx.local[name] = tid
+    return tid
+
+
+def _derived(ctx, key, size):
+    # a derived int32 constant with no given values (kernels/inttrain.py computes it)
+    if key in ctx.persistent:
+        ctx.local[key] = ctx.persistent[key]
+        return ctx.persistent[key]
+    tid = ctx.add(Tensor(key, INT32, CONSTANT, (size,), data=b"", derived=True))
+    ctx.persistent[key] = ctx.local[key] = tid
+    return tid
+
+
+def _layer(ctx, node, w_name, b_name, x_name):
+    xid, x = _byte(ctx, x_name, node)
+    wid, w = _byte(ctx, w_name, node)
+    bid = ctx.t(b_name)
+    if w.role != PARAM or w.dtype != INT8 or ctx.tensors[bid].role != PARAM or \
+            ctx.tensors[bid].dtype != INT32:
+        raise UnsupportedOpError(f"{ctx.where(node)}: W must be an int8 parameter and B an "
+                                 f"int32 parameter")
+    n, k = w.shape
+    if len(x.shape) != 2 or x.shape[1] != k:
+        raise UnsupportedOpError(f"{ctx.where(node)}: input shape {list(x.shape)} does not "
+                                 f"match the weight's {[n, k]}")
+    if k > MAX_K:
+        raise UnsupportedOpError(f"{ctx.where(node)}: {k} inputs per output; integer training "
+                                 f"takes at most {MAX_K} (accumulators below 2**24)")
+    if len(w.scale) != n or ctx.tensors[bid].size != n:
+        raise UnsupportedOpError(f"{ctx.where(node)}: W needs one scale and B one value per "
+                                 f"output channel ({n})")
+    return xid, x, wid, bid, x.shape[0], k, n
+
+
+@lowering("IntGemmLogits")
+def lower_int_gemm_logits(ctx, node):
+    xid, x, wid, bid, m, k, n = _layer(ctx, node, node.input[1], node.input[2], node.input[0])
+    z = _int_tensor(ctx, node.output[0], (m, n))
+    req = _derived(ctx, f"{node.input[1]}.logit_requant", 1 + 2 * n)
+    ctx.step(op.INT_GEMM_LOGITS, [z, xid, wid, bid, req], [m, k, n, int(x.dtype == INT8)])
+
+
+@lowering("IntSoftmaxCrossEntropy")
+def lower_int_softmax_ce(ctx, node):
+    zid = ctx.t(node.input[0])
+    m, n = ctx.tensors[zid].shape
+    label = ctx.t(node.input[1])
+    if ctx.tensors[label].size != m:
+        raise UnsupportedOpError(f"{ctx.where(node)}: {ctx.tensors[label].size} labels for "
+                                 f"{m} samples")
+    loss = _int_tensor(ctx, node.output[0], (m, 2))
+    grad = _int_tensor(ctx, node.output[1], (m, n))
+    if EXP_TABLE in ctx.persistent:
+        table = ctx.local[EXP_TABLE] = ctx.persistent[EXP_TABLE]
+    else:
+        table = ctx.add(Tensor(EXP_TABLE, INT32, CONSTANT, (EXP_HI + EXP_LO,),
+                               data=exp_table().astype("<i4").tobytes()))
+        ctx.persistent[EXP_TABLE] = ctx.local[EXP_TABLE] = table
+    ctx.step(op.INT_SOFTMAX_CE, [zid, grad, loss, label, table], [m, n])
+
+
+@lowering("IntGemmUpdate")
+def lower_int_gemm_update(ctx, node):
+    xid, x, wid, bid, m, k, n = _layer(ctx, node, node.input[0], node.input[1], node.input[2])
+    g = ctx.t(node.input[3])
+    if tuple(ctx.tensors[g].shape) != (m, n):
+        raise UnsupportedOpError(f"{ctx.where(node)}: gradient shape "
+                                 f"{list(ctx.tensors[g].shape)}, expected {[m, n]}")
+    rates = _derived(ctx, f"{node.input[0]}.update_rates", 1 + 4 * n)
+    random = _dither(ctx, node, node.input[0])
+    momentum = float(attr(node, "momentum", 0.0))
+    if momentum:
+        # int16 weight velocities (2 bytes each) and int32 bias velocities
+        vw, vb = f"{node.input[0]}.velocity", f"{node.input[1]}.velocity"
+        for key, dtype, size in ((vw, INT8, 2 * n * k), (vb, INT32, n)):
+            if key not in ctx.persistent:
+                ctx.persistent[key] = ctx.add(Tensor(key, dtype, OPTIMIZER_STATE, (size,)))
+            ctx.local[key] = ctx.persistent[key]
+        ctx.step(op.INT_GEMM_UPDATE_MOMENTUM,
+                 [wid, bid, xid, g, rates, random, ctx.persistent[vw], ctx.persistent[vb]],
+                 [m, k, n, int(x.dtype == INT8), round(momentum * ONE)])
+    else:
+        ctx.step(op.INT_GEMM_UPDATE, [wid, bid, xid, g, rates, random],
+                 [m, k, n, int(x.dtype == INT8)])
+    ctx.alias_in_place(node.output[0], node.input[0])
+    ctx.alias_in_place(node.output[1], node.input[1])
+
+
+@lowering("IntGemmGradInput")
+def lower_int_gemm_grad_input(ctx, node):
+    # D = the classifier input's gradient in units of max(s_w) / 2**14 (kernels/inttrain.py)
+    g = ctx.t(node.input[0])
+    wid, w = _byte(ctx, node.input[1], node)
+    n, k = w.shape
+    m = ctx.tensors[g].shape[0]
+    if tuple(ctx.tensors[g].shape) != (m, n) or len(w.scale) != n:
+        raise UnsupportedOpError(f"{ctx.where(node)}: gradient {list(ctx.tensors[g].shape)} "
+                                 f"and weight {[n, k]} do not match")
+    d = _int_tensor(ctx, node.output[0], (m, k))
+    factors = _derived(ctx, f"{node.input[1]}.input_factors", 2 * n)
+    ctx.step(op.INT_GEMM_GRAD_INPUT, [d, g, wid, factors], [m, k, n])
+
+
+def _dither(ctx, node, weight):
+    if not attr(node, "stochastic", 0):
+        return NO_TENSOR
+    key = f"{weight}.dither"
+    if key not in ctx.persistent:
+        ctx.persistent[key] = ctx.add(Tensor(key, INT32, OPTIMIZER_STATE, (1,)))
+    ctx.local[key] = ctx.persistent[key]
+    return ctx.persistent[key]
+
+
+@lowering("IntConv1x1Update")
+def lower_int_conv1x1_update(ctx, node):
+    # IntConv1x1Update(W, B, X, Y, D) -> (W', B'): the 1x1 convolution Y = clamp(W X + B)
+    # (its QLinearConv node named by attribute `conv`: the clamp bounds) before a
+    # GlobalAveragePool and the classifier, from D (IntGemmGradInput)
+    w_name, b_name, x_name, y_name, d_name = node.input
+    wid, w = _byte(ctx, w_name, node)
+    xid, x = _byte(ctx, x_name, node)
+    yid, y = _byte(ctx, y_name, node)
+    bid = ctx.t(b_name)
+    d = ctx.t(d_name)
+    cout, cin = w.shape[0], int(np.prod(w.shape[1:]))
+    m = x.shape[0]
+    plane = int(np.prod(x.shape[2:]))
+    if w.role != PARAM or ctx.tensors[bid].role != PARAM or x.shape[1] != cin or \
+            tuple(y.shape) != (m, cout) + tuple(x.shape[2:]) or \
+            tuple(ctx.tensors[d].shape) != (m, cout):
+        raise UnsupportedOpError(f"{ctx.where(node)}: shapes W {list(w.shape)}, X "
+                                 f"{list(x.shape)}, Y {list(y.shape)}, D "
+                                 f"{list(ctx.tensors[d].shape)} are not a 1x1 convolution's")
+    req = ctx.local[f"{attr(node, 'conv')}.requant"]
+    rates = _derived(ctx, f"{w_name}.update_rates", 1 + 4 * cout)
+    ctx.step(op.INT_CONV1X1_UPDATE, [wid, bid, xid, yid, d, req, rates, _dither(ctx, node, w_name)],
+             [m, cin, cout, plane, int(x.dtype == INT8), int(y.dtype == INT8)])
+    ctx.alias_in_place(node.output[0], w_name)
+    ctx.alias_in_place(node.output[1], b_name)
+
+
+# -- numpy mirrors (the device's integers) ------------------------------------------------
+def _f32(v):
+    return float(np.float32(v))
+
+
+def logits(xq, x_zp, w, bias, sx, sw):
+    """int32 logits [m, n] as int_gemm_logits computes them."""
+    acc = (xq.astype(np.int64) - x_zp) @ w.astype(np.int64).T + bias.astype(np.int64)
+    out = np.empty_like(acc)
+    for j in range(w.shape[0]):
+        m0, shift = requant_multiplier(_f32(_f32(_f32(sx) * _f32(sw[j])) * 2 ** LOGIT_BITS))
+        out[:, j] = requant_values(acc[:, j], m0, shift)
+    return np.clip(out, -LOGIT_LIMIT, LOGIT_LIMIT)
+
+
+def softmax_ce(z, labels):
+    """(loss ints [m, 2], gradient Q14 [m, n]) as int_softmax_ce computes them."""
+    table = exp_table().astype(np.int64)
+    z = np.asarray(z, np.int64)
+    d = z.max(axis=1, keepdims=True) - z
+    a = d >> 6
+    e = np.where(a < EXP_HI, (table[np.minimum(a, EXP_HI - 1)] * table[EXP_HI + (d & 63)]) >> 14,
+                 0)
+    total = e.sum(axis=1, keepdims=True)
+    g = ((e << 14) + (total >> 1)) // total
+    rows = np.arange(len(z))
+    g[rows, labels] -= ONE
+    loss = np.stack([d[rows, labels], total[:, 0]], axis=1)
+    return loss, g
+
+
+def update_reals(sx, sw, m, lr):
+    """[(real_w, real_b)] per channel, float32 as kernels/inttrain.py update_reals."""
+    f = np.float32
+    unit = f(ONE * m)
+    return [(float(f(f(f(f(lr) * f(sx)) / f(s)) / unit)),
+             float(f(f(f(lr) / f(f(sx) * f(s))) / unit))) for s in sw]
+
+
+def update(w, bias, xq, x_zp, g, sx, sw, lr):
+    """(W', B') after int_gemm_update (round half to even, clamps)."""
+    m = xq.shape[0]
+    acc_w = g.astype(np.int64).T @ (xq.astype(np.int64) - x_zp)        # [n, k]
+    acc_b = g.astype(np.int64).sum(axis=0)
+    w2, b2 = w.astype(np.int64).copy(), bias.astype(np.int64).copy()
+    for j, (rw, rb) in enumerate(update_reals(sx, sw, m, lr)):
+        w2[j] -= requant_values(acc_w[j], *requant_multiplier(rw))
+        b2[j] -= requant_values(acc_b[j:j + 1], *requant_multiplier(rb))[0]
+    return (np.clip(w2, -127, 127).astype(np.int8),
+            np.clip(b2, -BIAS_LIMIT, BIAS_LIMIT).astype(np.int32))

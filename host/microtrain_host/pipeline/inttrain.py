@@ -1,0 +1,250 @@
+"""Integer training blobs (issue 11): the int8 inference lowering of a QAT-calibrated model
+whose classifier (the last Gemm) trains on the device in integers.
+
+`int8_training_artifacts(qdq_model, out_dir, learning_rate)` takes the QDQ model
+`microtrain export --qdq` writes (int8 weights, int32 biases, learned activation ranges;
+its batch size is the artifacts' batch size), fuses it as pack_inference_model does
+(pipeline/int8.py) and writes
+  int8_train.mtb      programs "train" (inputs: the quantized int8 / uint8 input and the
+                      int32 labels; the frozen layers as QLINEAR_* steps, then
+                      INT_GEMM_LOGITS, INT_SOFTMAX_CE and INT_GEMM_UPDATE: the update is
+                      fused into the backward step, no gradient buffer) and "eval" (outputs:
+                      the loss ints and the int32 logits); every step integer-only
+  int8_train.ckpt     the checkpoint (ONNX Runtime's layout) of the two trainable
+                      parameters: the classifier's int8 weight [n, k] (data type INT8, per
+                      output channel scales in the blob) and its int32 bias (INT32)
+  int8_train.json     what a caller needs: input name, scale, zero point and type (to
+                      quantize inputs as onnxruntime's QuantizeLinear does), label name,
+                      classes, parameter names, learning rate
+The device trains it with the usual API: Module(blob, CheckpointState.load_checkpoint(
+ckpt)), Optimizer(blob, module) (set_learning_rate rewrites the integer multipliers), and
+model(x_int8, labels) per step (kernels/inttrain.py)."""
+import json
+import os
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from ..errors import ArtifactError, UnsupportedOpError
+from ..graph import DOMAIN, attr
+from .checkpoint import write_atomically, write_checkpoint
+from .int8 import int8_graph
+from .lower import INPUT, LABEL, PARAM, Lowering
+from .optimizers import OptimType
+from .plan import assign_offsets
+
+BLOB, CHECKPOINT, INFO = "int8_train.mtb", "int8_train.ckpt", "int8_train.json"
+LOGITS, LOSS, GRAD = "inttrain.logits", "inttrain.loss", "inttrain.grad"
+FEATURE_GRAD = "inttrain.feature_grad"
+LABELS = "labels"
+
+
+def _classifier(fused):
+    """(Quantize node of the input, the last QLinearGemm, its Dequantize) of a fused graph
+    whose single output is the dequantized classifier output."""
+    g = fused.graph
+    if len(g.input) != 1 or len(g.output) != 1:
+        raise UnsupportedOpError("integer training needs a model with one input and one output")
+    producers = {o: n for n in g.node for o in n.output}
+    deq = producers.get(g.output[0].name)
+    gemm = producers.get(deq.input[0]) if deq is not None and deq.op_type == "Dequantize" \
+        else None
+    if gemm is None or gemm.op_type != "QLinearGemm":
+        raise UnsupportedOpError(
+            f"integer training: the output '{g.output[0].name}' is not the int8 output of a "
+            f"Gemm (found {deq.op_type if deq is not None else 'no node'}); the classifier "
+            f"must be a quantized Gemm")
+    quant = [n for n in g.node if n.op_type == "Quantize" and n.input[0] == g.input[0].name]
+    if len(quant) != 1 or any(g.input[0].name in n.input for n in g.node if n is not quant[0]):
+        raise UnsupportedOpError("integer training: the input must be read only by its "
+                                 "QuantizeLinear (the device is fed quantized inputs)")
+    if attr(gemm, "transA", 0) or attr(gemm, "alpha", 1.0) != 1.0:
+        raise UnsupportedOpError(f"QLinearGemm node '{gemm.name}': transA / alpha")
+    return quant[0], gemm, deq
+
+
+def _last_conv(fused, gemm):
+    """The 1x1 QLinearConv whose output a QLinearGlobalAveragePool (then views) turns into
+    the classifier's input, or an UnsupportedOpError saying why there is none."""
+    g = fused.graph
+    producers = {o: n for n in g.node for o in n.output}
+    readers = {}
+    for n in g.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    node = producers.get(gemm.input[0])
+    while node is not None and node.op_type in ("Flatten", "Reshape", "Squeeze"):
+        node = producers.get(node.input[0])
+    conv = producers.get(node.input[0]) if node is not None and \
+        node.op_type == "QLinearGlobalAveragePool" else None
+    if conv is None or conv.op_type != "QLinearConv" or \
+            len(readers.get(conv.output[0], [])) != 1:
+        raise UnsupportedOpError("integer training of the last convolution: the classifier's "
+                                 "input must be a GlobalAveragePool of a convolution's output "
+                                 "(read by nothing else)")
+    ones = lambda key, n: list(attr(conv, key, [1] * n)) == [1] * n       # noqa: E731
+    if not (ones("kernel_shape", 2) and ones("strides", 2) and attr(conv, "group", 1) == 1
+            and not any(attr(conv, "pads", [0] * 4))):
+        raise UnsupportedOpError(f"integer training of the last convolution: node "
+                                 f"'{conv.name}' is not a 1x1 convolution (stride 1, no "
+                                 f"padding, one group)")
+    return conv
+
+
+def _param_name(name, fallback):
+    return name.removesuffix(".quantized") if name else fallback
+
+
+def int8_training_model(qdq_model, stochastic=True, train_conv=False, momentum=0.0):
+    """(train graph, eval graph, roles, quantization, parameters {name: array}, info).
+    train_conv: also train the 1x1 convolution before the GlobalAveragePool (weights and
+    bias) from the classifier's input gradient."""
+    if not isinstance(qdq_model, onnx.ModelProto):
+        qdq_model = onnx.load(os.fspath(qdq_model))
+    fused = int8_graph(qdq_model)
+    quant, gemm, deq = _classifier(fused)
+    g = fused.graph
+    inits = {i.name: numpy_helper.to_array(i) for i in g.initializer}
+    w = inits[gemm.input[1]]
+    if w.dtype != np.int8:
+        raise UnsupportedOpError(f"QLinearGemm node '{gemm.name}': the weight is not int8")
+    w = np.ascontiguousarray(w if attr(gemm, "transB", 0) else w.T)     # [n, k]
+    n, k = w.shape
+    bias = (inits[gemm.input[2]].astype(np.int32) if len(gemm.input) > 2 and gemm.input[2]
+            else np.zeros(n, np.int32))
+    w_name = gemm.input[1].removesuffix(".quantized") or "classifier.weight"
+    b_name = (gemm.input[2] if len(gemm.input) > 2 and gemm.input[2] else w_name + ".bias")
+    b_name = b_name.removesuffix(".quantized")
+    if b_name == w_name:
+        b_name += ".bias"
+    w_scales = [float(v) for v in attr(gemm, "w_scales")]
+    if len(w_scales) == 1:
+        w_scales *= n
+    x_name = quant.output[0]
+    x_type = attr(quant, "y_type", TensorProto.UINT8)
+    shape = [d.dim_value for d in g.input[0].type.tensor_type.shape.dim]
+    batch = shape[0]
+    frozen = [nd for nd in g.node if nd is not quant and nd is not gemm and nd is not deq]
+    taken = {gemm.input[1]} | set(gemm.input[2:3])
+    inputs = [helper.make_tensor_value_info(x_name, x_type, shape),
+              helper.make_tensor_value_info(LABELS, TensorProto.INT32, [batch]),
+              helper.make_tensor_value_info(w_name, TensorProto.INT8, [n, k]),
+              helper.make_tensor_value_info(b_name, TensorProto.INT32, [n])]
+    params = {w_name: w, b_name: bias}
+    quantization = {x_name: ([attr(quant, "scale")], [attr(quant, "zero_point", 0)], 0),
+                    w_name: (w_scales, [0] * n, 0)}
+    conv_nodes = []
+    if train_conv:
+        conv = _last_conv(fused, gemm)
+        w2 = inits[conv.input[1]]
+        channels = w2.shape[0]
+        w2_name = _param_name(conv.input[1], conv.name + ".weight")
+        b2_name = _param_name(conv.input[2] if len(conv.input) > 2 else "",
+                              conv.name + ".bias")
+        bias2 = (inits[conv.input[2]].astype(np.int32) if len(conv.input) > 2 and
+                 conv.input[2] else np.zeros(channels, np.int32))
+        taken |= set(conv.input[1:3])
+        scales2 = [float(v) for v in attr(conv, "w_scales")]
+        if len(scales2) == 1:
+            scales2 *= channels
+        trained = helper.make_node(conv.op_type, [conv.input[0], w2_name, b2_name],
+                                   list(conv.output), name=conv.name, domain=conv.domain)
+        trained.attribute.extend(conv.attribute)
+        frozen = [trained if nd is conv else nd for nd in frozen]
+        inputs += [helper.make_tensor_value_info(w2_name, TensorProto.INT8, list(w2.shape)),
+                   helper.make_tensor_value_info(b2_name, TensorProto.INT32, [channels])]
+        params.update({w2_name: w2, b2_name: bias2})
+        quantization[w2_name] = (scales2, [0] * channels, 0)
+        conv_nodes = [
+            helper.make_node("IntGemmGradInput", [GRAD, w_name], [FEATURE_GRAD],
+                             name=gemm.name + ".grad_input", domain=DOMAIN),
+            helper.make_node("IntConv1x1Update", [w2_name, b2_name, conv.input[0],
+                                                  conv.output[0], FEATURE_GRAD],
+                             [w2_name + ".updated", b2_name + ".updated"],
+                             name=conv.name + ".update", domain=DOMAIN, conv=conv.name,
+                             stochastic=int(bool(stochastic)))]
+    keep = [i for i in g.initializer if i.name not in taken]
+    infos = [v for v in g.value_info if v.name not in {i.name for i in inputs}]
+    logits = helper.make_node("IntGemmLogits", [gemm.input[0], w_name, b_name], [LOGITS],
+                              name=gemm.name + ".logits", domain=DOMAIN)
+    loss = helper.make_node("IntSoftmaxCrossEntropy", [LOGITS, LABELS], [LOSS, GRAD],
+                            name=gemm.name + ".loss", domain=DOMAIN)
+    step = helper.make_node("IntGemmUpdate", [w_name, b_name, gemm.input[0], GRAD],
+                            [w_name + ".updated", b_name + ".updated"],
+                            name=gemm.name + ".update", domain=DOMAIN,
+                            stochastic=int(bool(stochastic)), momentum=float(momentum))
+    out_loss = helper.make_tensor_value_info(LOSS, TensorProto.INT32, [batch, 2])
+    out_logits = helper.make_tensor_value_info(LOGITS, TensorProto.INT32, [batch, n])
+    opsets = list(fused.opset_import)
+
+    def model(name, nodes, outputs):
+        graph = helper.make_graph(frozen + nodes, name, inputs, outputs, initializer=keep,
+                                  value_info=infos)
+        return helper.make_model(graph, opset_imports=opsets)
+
+    # the classifier's input gradient reads W before its update; the convolution's update
+    # comes last
+    train = model("train", [logits, loss] + conv_nodes[:1] + [step] + conv_nodes[1:],
+                  [out_loss])
+    evaluate = model("eval", [logits, loss], [out_loss, out_logits])
+    roles = {x_name: INPUT, LABELS: LABEL}
+    roles.update({name: PARAM for name in params})
+    info = {"input": x_name, "input_scale": float(attr(quant, "scale")),
+            "input_zero_point": int(attr(quant, "zero_point", 0)),
+            "input_type": "int8" if x_type == TensorProto.INT8 else "uint8",
+            "input_shape": shape, "labels": LABELS, "classes": int(n), "batch_size": batch,
+            "weight": w_name, "bias": b_name, "features": int(k),
+            "feature_tensor": gemm.input[0],
+            "feature_scale": float(attr(gemm, "x_scale")),
+            "weight_scales": w_scales, "parameters": list(params)}
+    return train, evaluate, roles, quantization, params, info
+
+
+def int8_training_artifacts(qdq_model, out_dir, learning_rate=0.01, stochastic=True,
+                            train_conv=False, momentum=0.0):
+    """Write int8_train.mtb, int8_train.ckpt and int8_train.json into out_dir (see the
+    module docstring); returns the info dict (with the three paths). stochastic: round the
+    weight steps stochastically (default; steps below half a quantum would otherwise be
+    lost) or half to even. train_conv: also train the 1x1 convolution before the
+    GlobalAveragePool feeding the classifier (the last pointwise conv of a DS-CNN).
+    momentum: SGD momentum (torch's rule, dampening 0) of the classifier, in [0, 1): an
+    int16 velocity per weight (2 bytes) and an int32 one per bias, kept in the arenas (not in
+    the checkpoint: a resumed run restarts them at zero)."""
+    if not 0.0 <= float(momentum) < 1.0:
+        raise ArtifactError(f"momentum {momentum!r} must lie in [0, 1)")
+    if not (0.0 < float(learning_rate) < 3e38):
+        raise ArtifactError(f"learning rate {learning_rate!r} must be positive and finite")
+    train, evaluate, roles, quantization, params, info = int8_training_model(
+        qdq_model, stochastic, train_conv, momentum)
+    lowering = Lowering(roles)
+    lowering.quantization = quantization
+    lowering.lower("train", train)
+    lowering.lower("eval", evaluate)
+    from .pack import _write
+    parameters = [(lowering.persistent[name], -1, (), False) for name in params]
+    data = _write(lowering, parameters, assign_offsets(lowering), "int_softmax_cross_entropy",
+                  info["classes"], OptimType.SGD, {"learning_rate": float(learning_rate)})
+    out = os.fspath(out_dir)
+    os.makedirs(out, exist_ok=True)
+    paths = {key: os.path.join(out, name) for key, name in
+             (("blob", BLOB), ("checkpoint", CHECKPOINT), ("info", INFO))}
+    try:
+        write_atomically(paths["blob"], data)
+        write_checkpoint(paths["checkpoint"], params, {}, keep_integers=True)
+        info = dict(info, learning_rate=float(learning_rate), stochastic=bool(stochastic),
+                    momentum=float(momentum),
+                    **paths)
+        write_atomically(paths["info"], json.dumps(info, indent=1).encode())
+    except OSError as e:
+        raise ArtifactError(f"cannot write into '{out}': {e}") from e
+    return info
+
+
+def quantize_input(x, info):
+    """The int8 / uint8 values the device is fed for float input x: onnxruntime's
+    QuantizeLinear (x / scale rounded half to even, plus the zero point, saturated)."""
+    dtype = np.int8 if info["input_type"] == "int8" else np.uint8
+    lo, hi = (-128, 127) if dtype == np.int8 else (0, 255)
+    q = np.rint(np.asarray(x, np.float32) / np.float32(info["input_scale"]))
+    return np.clip(q + info["input_zero_point"], lo, hi).astype(dtype)

@@ -1,0 +1,54 @@
+# Integer training steps of an int8_train.mtb (pipeline/inttrain.py) on MicroPython (the
+# viper kernels, every train step under micropython.heap_lock()) or with the pure-Python
+# kernels, or on CPython: prints the trained int8 weights, int32 bias and the last loss ints
+# so the test can compare the three runs byte for byte; saves the checkpoint.
+#   inttrain_steps.py BLOB CKPT DATA STEPS fast|pure OUT_CKPT
+# DATA: records of the quantized input bytes then the int32 labels.
+import sys
+from array import array
+try:
+    import micropython
+except ImportError:
+    micropython = None
+from microtrain import CheckpointState, Module
+from microtrain.blob import copy_inputs
+from microtrain.kernels import inttrain, qlinear
+
+mode = sys.argv[5]
+if mode == "pure":
+    qlinear.use_fast(False)
+    inttrain.use_fast(False)
+state = CheckpointState.load_checkpoint(sys.argv[2])
+model = Module(sys.argv[1], state)
+b = model.blob
+program = model._train
+xin, lab = program.inputs
+nx, nl = b.sizes[xin], b.sizes[lab]
+code = "b" if b.dtypes[xin] == 2 else "B"
+with open(sys.argv[3], "rb") as f:
+    data = f.read()
+record = nx + 4 * nl
+steps = int(sys.argv[4])
+F, I = model.F, model.I
+lock = micropython is not None and mode == "fast"
+for s in range(steps):
+    at = (s % (len(data) // record)) * record
+    x = array(code, data[at:at + nx])
+    labels = array("i", data[at + nx:at + record])
+    copy_inputs(b, F, I, program, (x, labels), b.num_classes)
+    if lock:
+        micropython.heap_lock()
+    try:
+        for kernel, args in program.steps:
+            kernel(F, I, args)
+    finally:
+        if lock:
+            micropython.heap_unlock()
+print("locked", lock, "viper", inttrain.int_gemm_update is not inttrain._pure["int_gemm_update"])
+names = sorted(state.parameters)
+for name in names:
+    p = state.parameters[name]
+    print(name, " ".join(str(v) for v in p.data))
+loss = program.outputs[0]
+print("loss", " ".join(str(I[b.offsets[loss] + i]) for i in range(b.sizes[loss])))
+CheckpointState.save_checkpoint(state, sys.argv[6])

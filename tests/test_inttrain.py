@@ -1,0 +1,643 @@
+"""Issue 11 scope 1, integer training (kernels/inttrain.py, ops/inttrain.py,
+pipeline/inttrain.py): one integer update against torch float64 (a float SGD step of the
+dequantized layer, in weight quanta), the integer softmax cross-entropy gradient against
+torch, convergence of an int8 classifier trained in integers against the float fine-tune of
+the same layer on the same features, the whole train step under micropython.heap_lock() with
+the viper kernels equal to the pure-Python kernels and to CPython, and crafted blobs,
+checkpoints and inputs refused."""
+import struct
+import subprocess
+import sys
+import zlib
+
+from array import array
+
+import numpy as np
+import pytest
+import torch
+
+import microtrain_host as mh
+from conftest import DEVICE, ROOT, run_micropython
+from inttrain_helpers import Layer
+from microtrain import CheckpointState, Module, Optimizer
+from microtrain import blob as device_blob
+from microtrain.errors import BlobError, InputError, ParameterError
+from microtrain.kernels import inttrain as K
+from microtrain_host.ops import inttrain as host_ops
+from microtrain_host.pipeline.checkpoint import write_checkpoint
+from microtrain_host.pipeline.inttrain import int8_training_artifacts, quantize_input
+from microtrain_host.tools.train import train
+
+DIGITS = ROOT / "examples" / "digits"
+
+
+def random_layer(rng, m, lr, stochastic=False):
+    k, n = 32, 10
+    sx = float(np.float32(rng.uniform(0.01, 0.05)))
+    zp = int(rng.integers(0, 20))
+    sw = rng.uniform(0.005, 0.02, n).astype(np.float32)
+    x = rng.integers(0, 256, (m, k))
+    w = rng.integers(-60, 61, (n, k)).astype(np.int8)
+    b = rng.integers(-2000, 2000, n).astype(np.int32)
+    y = rng.integers(0, n, m)
+    layer = Layer(x, zp, w, b, sx, sw, y, lr)
+    if stochastic:
+        layer.I.append(0)                      # the generator state, after everything
+        layer.random = len(layer.I) - 1
+    return layer, (x, zp, w, b, sx, sw, y)
+
+
+def torch_step(x, zp, w, b, sx, sw, y, lr):
+    """The float64 SGD step of the dequantized layer, in quanta: (dW / s_w, dB / (s_x s_w))
+    * lr, the softmax - onehot gradient, the float logits."""
+    sw64 = sw.astype(np.float64)
+    xr = torch.tensor((x - zp) * np.float64(sx))
+    W = torch.tensor(w * sw64[:, None], requires_grad=True)
+    B = torch.tensor(b * np.float64(sx) * sw64, requires_grad=True)
+    logits = xr @ W.T + B
+    torch.nn.functional.cross_entropy(logits, torch.tensor(y)).backward()
+    p = torch.softmax(logits, 1).detach().numpy()
+    p[np.arange(len(y)), y] -= 1
+    return (lr * W.grad.numpy() / sw64[:, None], lr * B.grad.numpy() / (np.float64(sx) * sw64),
+            p, logits.detach().numpy())
+
+
+def test_int_update_equals_torch_float64_within_one_quantum():
+    # Bound: the int step equals round(lr * dL/dW / s_w) of torch's float64 gradient (the
+    # dequantized weights, bias and input) within 1 quantum: the logits are exact to 2**-9,
+    # the probabilities to a few 2**-14, so the step's error before rounding stays far below
+    # half a quantum for steps of tens of quanta.
+    rng = np.random.default_rng(0)
+    worst_w = worst_b = 0.0
+    exact = 0
+    total = 0
+    for trial in range(30):
+        m = (1, 2, 4)[trial % 3]
+        lr = float(rng.uniform(0.01, 0.1))
+        layer, (x, zp, w, b, sx, sw, y) = random_layer(rng, m, lr)
+        layer.forward()
+        layer.update()
+        dw, db, _, _ = torch_step(x, zp, w, b, sx, sw, y, lr)
+        got_w = w.astype(np.int64) - layer.weights()
+        got_b = b.astype(np.int64) - layer.ints("bias", 10)
+        free = np.abs(w - np.round(dw)) <= 127           # steps the int8 clamp leaves alone
+        assert free.mean() > 0.9
+        assert np.all(np.abs(got_w - np.round(dw))[free] <= 1), trial
+        assert np.all(np.abs(got_b - np.round(db)) <= 1), trial
+        worst_w = max(worst_w, float(np.abs(got_w - dw)[free].max()))
+        worst_b = max(worst_b, float(np.abs(got_b - db).max()))
+        exact += int(np.sum(got_w[free] == np.round(dw)[free]))
+        total += int(free.sum())
+    print(f"int update vs torch float64: weights within {worst_w:.3f} quanta, biases "
+          f"{worst_b:.3f}; {exact / total:.4f} of weight steps equal round(lr dW / s_w)")
+    assert exact / total > 0.99
+
+
+def test_stochastic_steps_are_the_float_step_rounded_down_or_up():
+    rng = np.random.default_rng(1)
+    means = []
+    for trial in range(12):
+        lr = float(rng.uniform(0.0005, 0.005))           # steps below one quantum
+        layer, (x, zp, w, b, sx, sw, y) = random_layer(rng, 1, lr, stochastic=True)
+        layer.forward()
+        K.int_gemm_update(None, layer.I, (layer.Q, layer.w, layer.bias, layer.x, layer.g,
+                                          layer.rates, layer.random, 1, 32, 10, 0))
+        dw, db, _, _ = torch_step(x, zp, w, b, sx, sw, y, lr)
+        got = w.astype(np.int64) - layer.weights()
+        # floor or ceil of the exact step (2**-8 of slack for the fixed-point gradient)
+        assert np.all((got >= np.floor(dw - 2 ** -8)) & (got <= np.ceil(dw + 2 ** -8)))
+        means.append((got - dw).mean())
+    # unbiased: round-to-nearest would lose every step below half a quantum
+    assert abs(np.mean(means)) < 0.05, means
+
+
+def test_softmax_cross_entropy_gradient_equals_torch():
+    # Bound: |g / 2**14 - (softmax(z / 2**8) - onehot)| <= 4 / 2**14 (Q14 table entries and
+    # their product rounded, the division rounded), loss within 2**-10.
+    rng = np.random.default_rng(2)
+    worst = worst_loss = 0.0
+    for trial in range(40):
+        m, n = 3, int(rng.integers(2, 13))
+        z = rng.integers(-3000, 3000, (m, n)) // (1 + trial % 7)
+        y = rng.integers(0, n, m)
+        I = array("i", [int(v) for v in z.ravel()] + [0] * (m * n) + [0] * (2 * m)
+                  + [int(v) for v in y] + host_ops.exp_table().tolist())
+        K.int_softmax_ce(None, I, (0, m * n, 2 * m * n, 2 * m * n + 2 * m,
+                                   2 * m * n + 3 * m, m, n))
+        g = np.array(I[m * n:2 * m * n]).reshape(m, n) / 2 ** 14
+        zt = torch.tensor(z / 256.0, dtype=torch.float64)
+        p = torch.softmax(zt, 1).numpy()
+        p[np.arange(m), y] -= 1
+        worst = max(worst, float(np.abs(g - p).max()))
+        loss = K.loss_value(I, 2 * m * n, m)
+        expected = float(torch.nn.functional.cross_entropy(zt, torch.tensor(y)))
+        worst_loss = max(worst_loss, abs(loss - expected))
+        loss_ints, g_np = host_ops.softmax_ce(z, y)       # the numpy mirror: same integers
+        assert np.array_equal(g_np, np.array(I[m * n:2 * m * n]).reshape(m, n))
+    print(f"integer softmax-CE gradient vs torch: within {worst * 2 ** 14:.2f} / 2**14, "
+          f"loss within {worst_loss:.2e}")
+    assert worst <= 4 / 2 ** 14 and worst_loss <= 2 ** -10
+
+
+@pytest.fixture(scope="module")
+def digits_int8(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("digits_inttrain")
+    mh.generate_artifacts(str(DIGITS / "mlp.onnx"), artifact_directory=tmp, batch_size=1,
+                          quantization=True)
+    train(tmp, DIGITS / "digits.npz", 2, 0.01, tmp / "trained")
+    mh.export_inference_model(tmp, tmp / "trained", tmp / "qdq.onnx", qdq=True)
+    return tmp
+
+
+def _accuracy(model, info, xs, ys):
+    model.eval()
+    right = 0
+    for x, y in zip(xs, ys):
+        _, logits = model(quantize_input(x, info).reshape(-1).tolist(), [int(y)])
+        right += int(np.argmax(np.array(logits))) == int(y)
+    model.train()
+    return right / len(ys)
+
+
+def _fresh(info, tmp, name):
+    # the classifier from zero (a new task for the head: chance to trained)
+    n, k = info["classes"], info["features"]
+    path = tmp / name
+    write_checkpoint(path, {info["weight"]: np.zeros((n, k), np.int8),
+                            info["bias"]: np.zeros(n, np.int32)}, {}, keep_integers=True)
+    return CheckpointState.load_checkpoint(str(path))
+
+
+@pytest.mark.parametrize("stochastic", [True, False])
+def test_int_training_reaches_the_float_fine_tune(digits_int8, tmp_path, stochastic):
+    lr, epochs = 0.01, 2
+    info = int8_training_artifacts(digits_int8 / "qdq.onnx", tmp_path, lr, stochastic)
+    data = np.load(DIGITS / "digits.npz")
+    xs, ys, xv, yv = data["x_train"], data["y_train"], data["x_val"], data["y_val"]
+    state = _fresh(info, tmp_path, "zero.ckpt")
+    model = Module(info["blob"], state)
+    opt = Optimizer(info["blob"], model)
+    before = _accuracy(model, info, xv, yv)
+    losses = []
+    for _ in range(epochs):
+        for x, y in zip(xs, ys):
+            losses.append(model(quantize_input(x, info).reshape(-1).tolist(), [int(y)]))
+            opt.step()
+    after = _accuracy(model, info, xv, yv)
+    # the float fine-tune: the same layer from zero, torch SGD at the same rate and order,
+    # on the int8 backbone's features (dequantized)
+    feature = info["feature_tensor"]
+
+    def features(samples):
+        model.eval()
+        out = []
+        for x in samples:
+            model(quantize_input(x, info).reshape(-1).tolist(), [0])
+            out.append(np.array(model.output(feature), np.float64))
+        model.train()
+        return (np.array(out) - 0) * info["feature_scale"]
+
+    ft, fv = features(xs), features(xv)
+    linear = torch.nn.Linear(info["features"], info["classes"]).double()
+    torch.nn.init.zeros_(linear.weight)
+    torch.nn.init.zeros_(linear.bias)
+    sgd = torch.optim.SGD(linear.parameters(), lr=lr)
+    for _ in range(epochs):
+        for i in range(len(xs)):
+            sgd.zero_grad()
+            torch.nn.functional.cross_entropy(linear(torch.tensor(ft[i:i + 1])),
+                                              torch.tensor([int(ys[i])])).backward()
+            sgd.step()
+    float_acc = float((linear(torch.tensor(fv)).argmax(1).numpy() == yv).mean())
+    print(f"digits classifier from zero, {epochs} epochs at lr {lr}: int8 "
+          f"({'stochastic' if stochastic else 'nearest'} rounding) {before:.3f} -> {after:.3f}, "
+          f"float fine-tune {float_acc:.3f}")
+    assert before < 0.2
+    assert np.mean(losses[-200:]) < np.mean(losses[:200])
+    if stochastic:
+        assert after >= float_acc - 0.02
+    else:
+        assert after > 0.7        # learns, but loses the steps below half a quantum
+    # the trained state saves and loads: same eval logits
+    CheckpointState.save_checkpoint(state, str(tmp_path / "trained.ckpt"))
+    again = Module(info["blob"], CheckpointState.load_checkpoint(str(tmp_path / "trained.ckpt")))
+    assert _accuracy(again, info, xv, yv) == after
+
+
+@pytest.fixture(scope="module")
+def ds_cnn_int8(tmp_path_factory):
+    from reference_models import ds_cnn
+    from test_models import make_data
+    from torch_reference import export
+    tmp = tmp_path_factory.mktemp("ds_cnn_inttrain")
+    ref = ds_cnn()
+    mh.generate_artifacts(export(ref.module, torch.zeros((ref.batch,) + ref.inputs)),
+                          artifact_directory=tmp, batch_size=ref.batch, optimizer="SGD",
+                          quantization=True)
+    xs, ys = make_data(ref, 8)
+    state = CheckpointState.load_checkpoint(str(tmp / "checkpoint"))
+    model = Module(str(tmp / "model.mtb"), state)
+    opt = Optimizer(str(tmp / "model.mtb"), model)
+    opt.set_learning_rate(0.05)
+    for x, y in zip(xs, ys):                   # calibrate the observers
+        model(x.reshape(-1), [int(v) for v in y])
+        opt.step()
+        model.lazy_reset_grad()
+    CheckpointState.save_checkpoint(state, str(tmp / "trained"))
+    mh.export_inference_model(tmp, tmp / "trained", tmp / "qdq.onnx", qdq=True)
+    info = int8_training_artifacts(tmp / "qdq.onnx", tmp / "int", 0.05, train_conv=True)
+    rng = np.random.default_rng(5)
+    records = b""
+    for x, y in zip(xs[:4], ys[:4]):
+        q = quantize_input(x + rng.standard_normal(x.shape).astype(np.float32) * 0.1, info)
+        records += q.tobytes() + np.asarray(y, "<i4").tobytes()
+    (tmp / "data.bin").write_bytes(records)
+    return tmp, info
+
+
+def test_ds_cnn_int_train_steps_under_heap_lock_viper_equals_pure_equals_cpython(
+        ds_cnn_int8, micropython, tmp_path):
+    tmp, info = ds_cnn_int8
+    b = device_blob.load(info["blob"], keep_steps=True)
+    ops = [op for op, *_ in b.step_records["train"]]
+    # frozen convs, the last one trained: int logits, loss, input gradient, updates
+    assert ops.count(223) == 5 and ops[-5:] == [242, 243, 245, 244, 246]
+    args = [info["blob"], info["checkpoint"], tmp / "data.bin", 6]
+    script = ROOT / "tests" / "device_scripts" / "inttrain_steps.py"
+    fast = run_micropython(micropython, script, *args, "fast", tmp_path / "mp_fast.ckpt")
+    pure = run_micropython(micropython, script, *args, "pure", tmp_path / "mp_pure.ckpt")
+    cpython = subprocess.run([sys.executable, str(script), *map(str, args), "pure",
+                              str(tmp_path / "cp.ckpt")], capture_output=True, text=True,
+                             env={"PYTHONPATH": str(DEVICE)}, check=True).stdout
+    assert fast.startswith("locked True viper True"), fast
+    assert pure.startswith("locked False viper False")
+    body = lambda out: out.split("\n", 1)[1]                      # noqa: E731
+    assert body(fast) == body(pure) == body(cpython)
+    start = CheckpointState.load_checkpoint(info["checkpoint"]).parameters
+    trained = {line.split()[0]: line.split()[1:] for line in body(fast).split("\n")
+               if line.split() and line.split()[0] in start}
+    assert sorted(trained) == sorted(info["parameters"])
+    for name, values in trained.items():       # every parameter moved
+        p = start[name]
+        assert values != [str(v & 255 if p.data_type == 3 else v) for v in p.data], name
+    assert ((tmp_path / "mp_fast.ckpt").read_bytes() == (tmp_path / "mp_pure.ckpt").read_bytes()
+            == (tmp_path / "cp.ckpt").read_bytes())
+
+
+def _patched(blob_path, program, index, change, field=2):
+    """The blob's bytes with step `index` of `program`'s ints (field 2; its tensor ids:
+    field 1) changed by change(values), CRC fixed. (The logits and update steps share
+    one ints vector: a change of it reaches both.)"""
+    data = bytearray(open(blob_path, "rb").read())
+    b = device_blob.load(bytes(data), keep_steps=True)
+    values = b.step_records[program][index][field]
+    form = "<%d%s" % (len(values), "i" if field == 2 else "I")
+    needle = struct.pack(form, *values)
+    at = bytes(data).find(needle)
+    assert at > 0
+    data[at:at + len(needle)] = struct.pack(form, *change(list(values)))
+    size = struct.unpack_from("<I", data, 0)[0]
+    data[4 + size:] = struct.pack("<I", zlib.crc32(bytes(data[4:4 + size])) & 0xFFFFFFFF)
+    return bytes(data)
+
+
+def test_crafted_blobs_checkpoints_and_inputs_are_refused(digits_int8, tmp_path):
+    info = int8_training_artifacts(digits_int8 / "qdq.onnx", tmp_path, 0.01)
+    b = device_blob.load(info["blob"], keep_steps=True)
+    train_ops = [op for op, *_ in b.step_records["train"]]
+    logits_at, update_at = train_ops.index(242), train_ops.index(244)
+    for index, field, change, match in (
+            (logits_at, 2, lambda v: [v[0], v[1] * 4, v[2], v[3]], "int_gemm_logits"),
+            (logits_at, 2, lambda v: [v[0], v[1], v[2] + 1, v[3]], "int_gemm_logits"),
+            (logits_at, 2, lambda v: [v[0] + 5, v[1], v[2], v[3]], "int_gemm_logits"),
+            (logits_at, 2, lambda v: [v[0], 300, v[2], v[3]], "inputs per output"),
+            (logits_at, 2, lambda v: [v[0], v[1], v[2], 7], "signed flag"),
+            # the update's weight: the input; its generator state: the rates
+            (update_at, 1, lambda t: [t[2]] + t[1:], "int_gemm_update"),
+            (update_at, 1, lambda t: t[:5] + [t[4]], "optimizer_state"),
+            (update_at, 1, lambda t: t[:3] + [t[0]] + t[4:], "op 244")):
+        data = _patched(info["blob"], "train", index, change, field)
+        with pytest.raises(BlobError, match=match):
+            device_blob.load(data)
+    # a corrupt exp table (an increasing entry)
+    table = host_ops.exp_table()
+    data = bytearray(open(info["blob"], "rb").read())
+    at = bytes(data).find(table.astype("<i4").tobytes())
+    assert at > 0
+    data[at + 8:at + 12] = struct.pack("<i", 16384)
+    size = struct.unpack_from("<I", data, 0)[0]
+    data[4 + size:] = struct.pack("<I", zlib.crc32(bytes(data[4:4 + size])) & 0xFFFFFFFF)
+    with pytest.raises(BlobError, match="exp table"):
+        device_blob.load(bytes(data))
+    # a checkpoint whose weight is float, or of the wrong size
+    n, k = info["classes"], info["features"]
+    write_checkpoint(tmp_path / "float.ckpt", {info["weight"]: np.zeros((n, k), np.float32),
+                                               info["bias"]: np.zeros(n, np.int32)}, {},
+                     keep_integers=True)
+    with pytest.raises(ParameterError, match="data type"):
+        Module(info["blob"], CheckpointState.load_checkpoint(str(tmp_path / "float.ckpt")))
+    write_checkpoint(tmp_path / "short.ckpt", {info["weight"]: np.zeros((n, k - 1), np.int8),
+                                               info["bias"]: np.zeros(n, np.int32)}, {},
+                     keep_integers=True)
+    with pytest.raises(ParameterError):
+        Module(info["blob"], CheckpointState.load_checkpoint(str(tmp_path / "short.ckpt")))
+    model = Module(info["blob"], CheckpointState.load_checkpoint(info["checkpoint"]))
+    x = [0] * 64
+    with pytest.raises(InputError, match="class index"):
+        model(x, [10])
+    with pytest.raises(InputError, match="uint8 range"):
+        model([300] + x[1:], [1])
+    with pytest.raises(ParameterError, match="integer parameters"):
+        model.get_contiguous_parameters()
+
+
+def test_cli_export_int8_train(digits_int8, tmp_path):
+    import json
+    out = subprocess.run(
+        [sys.executable, "-m", "microtrain_host.cli", "export", str(digits_int8),
+         "--checkpoint", str(digits_int8 / "trained"), "--qdq", "-o", str(tmp_path / "q.onnx"),
+         "--int8-train", str(tmp_path / "int8"), "--int8-lr", "0.02", "--int8-nearest",
+         "--int8-momentum", "0.5"],
+        capture_output=True, text=True, check=True).stdout
+    assert "integer training blob" in out
+    info = json.loads((tmp_path / "int8" / "int8_train.json").read_text())
+    assert info["learning_rate"] == 0.02 and info["stochastic"] is False
+    assert info["momentum"] == 0.5
+    b = device_blob.load(info["blob"], keep_steps=True)
+    assert [op for op, *_ in b.step_records["train"]][-3:] == [242, 243, 247]
+    assert b.optimizer["learning_rate"] == pytest.approx(0.02)
+    update = b.step_records["train"][-1]
+    assert update[1][5] == 0xFFFFFFFF and update[3 - 1][-1] == 8192   # nearest; mu 0.5 Q14
+    refused = subprocess.run(
+        [sys.executable, "-m", "microtrain_host.cli", "export", str(digits_int8),
+         "--checkpoint", str(digits_int8 / "trained"), "-o", str(tmp_path / "f.onnx"),
+         "--int8-train", str(tmp_path / "x")], capture_output=True, text=True)
+    assert refused.returncode != 0 and "--int8-train needs --qdq" in refused.stderr
+
+
+def test_last_conv_update_equals_torch_float64(ds_cnn_int8, tmp_path):
+    # The DS-CNN's last pointwise conv (1x1, ReLU) and the classifier trained together: one
+    # integer step against torch float64 on the dequantized layers, with the int8 forward's
+    # values and its ReLU / clamp mask (straight through the GlobalAveragePool, as QAT).
+    # Bound: within 1 quantum of round(lr * dL/dW / s_w) (D carries 9 significant bits in
+    # the weight steps, 15 in the bias steps, the probabilities 14).
+    import json
+    tmp, _ = ds_cnn_int8
+    lr = 2.0
+    info = int8_training_artifacts(tmp / "qdq.onnx", tmp_path, lr, stochastic=False,
+                                   train_conv=True)
+    state = CheckpointState.load_checkpoint(info["checkpoint"])
+    model = Module(info["blob"], state)
+    b = model.blob
+    rng = np.random.default_rng(9)
+    x = rng.integers(0, 256, info["input_shape"]).reshape(-1).tolist()
+    y = [int(v) for v in rng.integers(0, info["classes"], info["batch_size"])]
+    w_name, b_name, w2_name, b2_name = info["parameters"]
+    before = {name: np.array(state.parameters[name].data).copy() for name in info["parameters"]}
+    before[w_name] = before[w_name].astype(np.uint8).view(np.int8).astype(np.int64)
+    before[w2_name] = before[w2_name].astype(np.uint8).view(np.int8).astype(np.int64)
+    model.eval()
+    model(x, y)
+    records = device_blob.load(info["blob"], keep_steps=True).step_records["train"]
+    conv_step = [r for r in records if r[0] == 246][0]
+    x2_id, y2_id = conv_step[1][2], conv_step[1][3]
+    quant = b.quant
+    grab = lambda tid: np.frombuffer(bytes(model.output(tid)),                 # noqa: E731
+                                     np.int8 if b.dtypes[tid] == 2 else np.uint8).astype(np.int64)
+    x2, y2, feat = grab(x2_id), grab(y2_id), grab(b.tensor_id(info["feature_tensor"]))
+    model.train()
+    model(x, y)
+    after = {name: np.array(state.parameters[name].data) for name in info["parameters"]}
+    after[w_name] = after[w_name].astype(np.uint8).view(np.int8).astype(np.int64)
+    after[w2_name] = after[w2_name].astype(np.uint8).view(np.int8).astype(np.int64)
+    # torch float64
+    m, k, n = info["batch_size"], info["features"], info["classes"]
+    cout = state.parameters[w2_name].shape[0]
+    cin = before[w2_name].size // cout
+    sx2, zx2 = quant[x2_id][0][0], quant[x2_id][1][0]
+    sy2, zy2 = quant[y2_id][0][0], quant[y2_id][1][0]
+    sw2 = np.array(quant[b.tensor_id(w2_name)][0], np.float64)
+    sw = np.array(info["weight_scales"], np.float64)
+    sf, zf = quant[b.tensor_id(info["feature_tensor"])][0][0], \
+        quant[b.tensor_id(info["feature_tensor"])][1][0]
+    plane = x2.size // (m * cin)
+    X2 = torch.tensor((x2.reshape(m, cin, plane) - zx2) * sx2)
+    W2 = torch.tensor(before[w2_name].reshape(cout, cin) * sw2[:, None], requires_grad=True)
+    B2 = torch.tensor(before[b2_name] * sx2 * sw2, requires_grad=True)
+    Y2 = torch.einsum("ct,mtp->mcp", W2, X2) + B2[None, :, None]
+    lo, hi = (0, 255) if b.dtypes[y2_id] == 3 else (-128, 127)
+    lo = max(lo, zy2)                                                   # the fused ReLU
+    mask = torch.tensor(((y2.reshape(m, cout, plane) > lo) & (y2.reshape(m, cout, plane) < hi))
+                        .astype(np.float64))
+    pooled = (Y2 * mask).mean(dim=2)
+    feature = torch.tensor((feat.reshape(m, k) - zf) * sf) + pooled - pooled.detach()
+    W = torch.tensor(before[w_name].reshape(n, k) * sw[:, None], requires_grad=True)
+    B = torch.tensor(before[b_name] * info["feature_scale"] * sw, requires_grad=True)
+    torch.nn.functional.cross_entropy(feature @ W.T + B, torch.tensor(y)).backward()
+    dw2 = lr * W2.grad.numpy() / sw2[:, None]
+    db2 = lr * B2.grad.numpy() / (sx2 * sw2)
+    dw = lr * W.grad.numpy() / sw[:, None]
+    got_w2 = (before[w2_name] - after[w2_name]).reshape(cout, cin)
+    got_b2 = before[b2_name] - after[b2_name]
+    got_w = (before[w_name] - after[w_name]).reshape(n, k)
+    assert np.abs(dw2).max() > 3 and np.abs(dw).max() > 3       # real steps, not all zero
+    free = np.abs(before[w2_name].reshape(cout, cin) - np.round(dw2)) <= 127
+    free_w = np.abs(before[w_name].reshape(n, k) - np.round(dw)) <= 127
+    print(f"last conv: int step vs torch float64 within "
+          f"{np.abs(got_w2 - dw2)[free].max():.3f} quanta (weights, steps up to "
+          f"{np.abs(dw2).max():.1f}), {np.abs(got_b2 - db2).max():.3f} (biases, steps up to "
+          f"{np.abs(db2).max():.0f}); classifier "
+          f"{np.abs(got_w - dw)[free_w].max():.3f} (unclamped weights)")
+    assert np.all(np.abs(got_w2 - np.round(dw2))[free] <= 1)
+    assert np.all(np.abs(got_b2 - np.round(db2)) <= 1)
+    assert np.all(np.abs(got_w - np.round(dw))[free_w] <= 1)
+
+
+BOARD_SCRIPT = """
+import gc
+from array import array
+import micropython
+from microtrain import CheckpointState, Module
+from microtrain.blob import copy_inputs
+from microtrain.kernels import inttrain, qlinear
+
+
+def run(path, lock):
+    state = CheckpointState.load_checkpoint('int8_train.ckpt')
+    model = Module('int8_train.mtb', state)
+    b = model.blob
+    program = model._train
+    xin, lab = program.inputs
+    nx, nl = b.sizes[xin], b.sizes[lab]
+    data = open('data.bin', 'rb').read()
+    record = nx + 4 * nl
+    for s in range(STEPS):
+        at = (s % (len(data) // record)) * record
+        copy_inputs(b, model.F, model.I, program, (array('B', data[at:at + nx]),
+                    array('i', data[at + nx:at + record])), b.num_classes)
+        if lock:
+            micropython.heap_lock()
+        try:
+            for kernel, args in program.steps:
+                kernel(model.F, model.I, args)
+        finally:
+            if lock:
+                micropython.heap_unlock()
+    for name in sorted(state.parameters):
+        print(name, ' '.join(str(v) for v in state.parameters[name].data))
+    CheckpointState.save_checkpoint(state, path)
+    del model, state
+    gc.collect()
+
+
+print('viper', inttrain.FAST)
+run('trained', True)
+qlinear.use_fast(False)
+inttrain.use_fast(False)     # the pure-Python kernels: 12-bit limbs on 32-bit small ints
+print('pure')
+run('pure.ckpt', False)
+"""
+
+
+def test_int_training_on_the_emulated_board_equals_cpython(digits_int8, tmp_path):
+    """The digits classifier trained in integers on the emulated Cortex-M3 (32-bit small ints,
+    float32 at load), viper kernels under heap_lock and pure-Python kernels: the same
+    parameters, byte for byte, as CPython."""
+    import os
+    from pathlib import Path
+    from microtrain_host.tools import boards, deploy, runtime
+    path = Path(os.environ.get("MICROTRAIN_QEMU_FIRMWARE")
+                        or ROOT / ".cache" / "qemu-board" / "firmware.elf")
+    if not path.exists() or deploy.shutil.which("qemu-system-arm") is None:
+        if os.environ.get("MICROTRAIN_REQUIRE_QEMU") == "1":
+            pytest.fail(f"emulated board not built ({path})")
+        pytest.skip("emulated board not built: run scripts/build_qemu_board.sh")
+    info = int8_training_artifacts(digits_int8 / "qdq.onnx", tmp_path / "int", 0.05)
+    data = np.load(DIGITS / "digits.npz")
+    records = b"".join(quantize_input(x, info).tobytes() + np.int32(y).tobytes()
+                       for x, y in zip(data["x_train"][:40], data["y_train"][:40]))
+    (tmp_path / "data.bin").write_bytes(records)
+    steps = 30
+    script = ROOT / "tests" / "device_scripts" / "inttrain_steps.py"
+    cpython = subprocess.run([sys.executable, str(script), info["blob"], info["checkpoint"],
+                              str(tmp_path / "data.bin"), str(steps), "pure",
+                              str(tmp_path / "cp.ckpt")], capture_output=True, text=True,
+                             env={"PYTHONPATH": str(DEVICE)}, check=True).stdout
+    expected = [line for line in cpython.splitlines() if line.split()[0] in info["parameters"]]
+    rt = tmp_path / "runtime"
+    package = runtime.device_package_dir()
+    sources = runtime.package_sources(sorted(str(p.relative_to(package))
+                                             for p in (package / "microtrain").rglob("*.py")))
+    board = boards.load_board("qemu-mps2-an385")
+    runtime.compile_runtime(sources, board["mpy_arch"], board["mpy_version"], rt)
+    plan = deploy.Plan(board, "romfs", tmp_path, {}, None, None, None, None)
+    plan.romfs_image = tmp_path / "microtrain.romfs"
+    plan.romfs_image.write_bytes(runtime.romfs_image(rt))
+    plan.files = [(info["blob"], "int8_train.mtb"), (info["checkpoint"], "int8_train.ckpt"),
+                  (tmp_path / "data.bin", "data.bin")]
+    board_script = tmp_path / "inttrain_on_board.py"
+    board_script.write_text(f"STEPS = {steps}\n" + BOARD_SCRIPT)
+    with deploy.QemuBoard(path) as qemu:
+        proc = deploy.subprocess.run(deploy.mpremote_command(plan, qemu.port, board_script,
+                                                              tmp_path / "board.ckpt"),
+                                     capture_output=True, text=True, timeout=900)
+    out = proc.stdout.splitlines()
+    assert proc.returncode == 0 and "pure" in out, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "viper True" in out
+    at = out.index("pure")
+    fast = [line for line in out[out.index("viper True"):at] if line.split() and
+            line.split()[0] in info["parameters"]]
+    pure = [line for line in out[at + 1:] if line.split() and
+            line.split()[0] in info["parameters"]]
+    assert len(expected) == 2 and fast == pure == expected
+    assert (tmp_path / "board.ckpt").read_bytes() == (tmp_path / "cp.ckpt").read_bytes()
+
+
+def test_momentum_steps_follow_torch_sgd_momentum():
+    # torch.optim.SGD(momentum=mu): v = mu v + g, w -= lr v. In quanta the int velocity V
+    # (1/256 quanta) must satisfy V_t / 256 = mu V_{t-1} / 256 + lr dW_t / s_w (dW_t: torch's
+    # float64 gradient at the current int weights) within 2**-7 quanta plus the fixed-point
+    # gradient error, and each weight must move by V_t / 256 rounded half to even.
+    rng = np.random.default_rng(4)
+    mu, lr = 0.9, 0.02
+    worst = 0.0
+    for trial in range(4):
+        layer, (x, zp, w, b, sx, sw, y) = random_layer(rng, 2, lr)
+        n, k = 10, 32
+        vw_at = len(layer.Q)
+        layer.Q.extend(bytes(2 * n * k))
+        vb_at = len(layer.I)
+        layer.I.extend(array("i", [0] * n))
+        velocity = np.zeros((n, k))
+        for step in range(4):
+            w_now = layer.weights().astype(np.int64)
+            b_now = layer.ints("bias", n)
+            layer.forward()
+            K.int_gemm_update_momentum(None, layer.I, (
+                layer.Q, layer.w, layer.bias, layer.x, layer.g, layer.rates, -1, vw_at, vb_at,
+                2, k, n, 0, round(mu * 16384)))
+            dw, db, _, _ = torch_step(x, zp, w_now.astype(np.int8), b_now, sx, sw, y, lr)
+            v_int = np.frombuffer(bytes(layer.Q[vw_at:vw_at + 2 * n * k]),
+                                  "<i2").reshape(n, k) / 256
+            expected = mu * velocity + dw
+            worst = max(worst, float(np.abs(v_int - expected).max()))
+            assert np.all(np.abs(v_int - expected) <= 2 ** -7 + 0.01 * np.abs(dw) + 2 ** -8), step
+            moved = w_now - layer.weights()
+            free = np.abs(w_now - np.round(v_int)) <= 127
+            assert np.array_equal(moved[free], np.round(v_int)[free])
+            velocity = v_int
+    print(f"int momentum velocity vs torch's rule: within {worst:.4f} quanta")
+
+
+def test_momentum_training_reaches_torch_sgd_momentum(digits_int8, tmp_path):
+    lr, mu, epochs = 0.002, 0.9, 2
+    info = int8_training_artifacts(digits_int8 / "qdq.onnx", tmp_path, lr, momentum=mu)
+    b = device_blob.load(info["blob"], keep_steps=True)
+    assert [op for op, *_ in b.step_records["train"]][-1] == 247
+    data = np.load(DIGITS / "digits.npz")
+    xs, ys, xv, yv = data["x_train"], data["y_train"], data["x_val"], data["y_val"]
+    model = Module(info["blob"], _fresh(info, tmp_path, "zero.ckpt"))
+    for _ in range(epochs):
+        for x, y in zip(xs, ys):
+            model(quantize_input(x, info).reshape(-1).tolist(), [int(y)])
+    after = _accuracy(model, info, xv, yv)
+    model.eval()
+    feats = []
+    for x in list(xs) + list(xv):
+        model(quantize_input(x, info).reshape(-1).tolist(), [0])
+        feats.append(np.array(model.output(info["feature_tensor"]), np.float64))
+    feats = np.array(feats) * info["feature_scale"]
+    ft, fv = feats[:len(xs)], feats[len(xs):]
+    linear = torch.nn.Linear(info["features"], info["classes"]).double()
+    torch.nn.init.zeros_(linear.weight)
+    torch.nn.init.zeros_(linear.bias)
+    sgd = torch.optim.SGD(linear.parameters(), lr=lr, momentum=mu)
+    for _ in range(epochs):
+        for i in range(len(xs)):
+            sgd.zero_grad()
+            torch.nn.functional.cross_entropy(linear(torch.tensor(ft[i:i + 1])),
+                                              torch.tensor([int(ys[i])])).backward()
+            sgd.step()
+    float_acc = float((linear(torch.tensor(fv)).argmax(1).numpy() == yv).mean())
+    print(f"digits classifier from zero, SGD momentum {mu} lr {lr}, {epochs} epochs: int8 "
+          f"{after:.3f}, float {float_acc:.3f}")
+    assert after >= float_acc - 0.02
+
+
+def test_momentum_viper_equals_pure_equals_cpython(digits_int8, micropython, tmp_path):
+    info = int8_training_artifacts(digits_int8 / "qdq.onnx", tmp_path / "int", 0.01,
+                                   momentum=0.9)
+    data = np.load(DIGITS / "digits.npz")
+    (tmp_path / "data.bin").write_bytes(b"".join(
+        quantize_input(x, info).tobytes() + np.int32(y).tobytes()
+        for x, y in zip(data["x_train"][:20], data["y_train"][:20])))
+    args = [info["blob"], info["checkpoint"], tmp_path / "data.bin", 20]
+    script = ROOT / "tests" / "device_scripts" / "inttrain_steps.py"
+    fast = run_micropython(micropython, script, *args, "fast", tmp_path / "f.ckpt")
+    pure = run_micropython(micropython, script, *args, "pure", tmp_path / "p.ckpt")
+    cpython = subprocess.run([sys.executable, str(script), *map(str, args), "pure",
+                              str(tmp_path / "c.ckpt")], capture_output=True, text=True,
+                             env={"PYTHONPATH": str(DEVICE)}, check=True).stdout
+    assert fast.startswith("locked True viper True")
+    body = lambda out: out.split("\n", 1)[1]                      # noqa: E731
+    assert body(fast) == body(pure) == body(cpython)
