@@ -187,15 +187,16 @@ def test_int_training_reaches_the_float_fine_tune(digits_int8, tmp_path, stochas
     # the float fine-tune: the same layer from zero, torch SGD at the same rate and order,
     # on the int8 backbone's features (dequantized)
     feature = info["feature_tensor"]
+    zero_point = model.blob.quant[model.blob.tensor_id(feature)][1][0]
 
     def features(samples):
         model.eval()
         out = []
         for x in samples:
             model(quantize_input(x, info).reshape(-1).tolist(), [0])
-            out.append(np.array(model.output(feature), np.float64))
+            out.append(np.frombuffer(bytes(model.output(feature)), np.uint8).astype(np.float64))
         model.train()
-        return (np.array(out) - 0) * info["feature_scale"]
+        return (np.array(out) - zero_point) * info["feature_scale"]
 
     ft, fv = features(xs), features(xv)
     linear = torch.nn.Linear(info["features"], info["classes"]).double()
@@ -606,7 +607,8 @@ def test_momentum_training_reaches_torch_sgd_momentum(digits_int8, tmp_path):
     for x in list(xs) + list(xv):
         model(quantize_input(x, info).reshape(-1).tolist(), [0])
         feats.append(np.array(model.output(info["feature_tensor"]), np.float64))
-    feats = np.array(feats) * info["feature_scale"]
+    zero_point = model.blob.quant[model.blob.tensor_id(info["feature_tensor"])][1][0]
+    feats = (np.array(feats) - zero_point) * info["feature_scale"]
     ft, fv = feats[:len(xs)], feats[len(xs):]
     linear = torch.nn.Linear(info["features"], info["classes"]).double()
     torch.nn.init.zeros_(linear.weight)
