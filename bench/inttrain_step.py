@@ -11,6 +11,7 @@ Both run in one MicroPython process (bench/inttrain_device.py, best of ROUNDS) a
 script prints the two times and their ratio. Prints figures only; asserts nothing.
 
     python bench/inttrain_step.py [--rounds N] [--micropython PATH] [--channels C]
+                                  [--train-conv]
 """
 import argparse
 import os
@@ -30,6 +31,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--channels", type=int, default=64)
+    ap.add_argument("--train-conv", action="store_true",
+                    help="int: also train the last pointwise conv (float: its weight and "
+                         "BatchNorm too)")
     ap.add_argument("--micropython", default=os.environ.get(
         "MICROTRAIN_MICROPYTHON", str(ROOT / ".cache" / "micropython" / "micropython")))
     args = ap.parse_args()
@@ -42,7 +46,9 @@ def main():
     net = DSCNN(channels=args.channels, blocks=4)
     onnx_model = export(net, torch.zeros(1, 1, 49, 10))
     tmp = Path(tempfile.mkdtemp())
-    mh.generate_artifacts(onnx_model, requires_grad=["classifier.weight", "classifier.bias"],
+    last = [n for n, _ in net.named_parameters() if n.startswith("blocks.")][-3:]
+    trained = ["classifier.weight", "classifier.bias"] + (last if args.train_conv else [])
+    mh.generate_artifacts(onnx_model, requires_grad=trained,
                           artifact_directory=tmp / "float", batch_size=1, optimizer="SGD")
     mh.generate_artifacts(onnx_model, artifact_directory=tmp / "qat", batch_size=1,
                           optimizer="SGD", quantization=True)
@@ -56,7 +62,8 @@ def main():
         model.lazy_reset_grad()
     CheckpointState.save_checkpoint(state, str(tmp / "qat" / "trained"))
     mh.export_inference_model(tmp / "qat", tmp / "qat" / "trained", tmp / "qdq.onnx", qdq=True)
-    info = int8_training_artifacts(tmp / "qdq.onnx", tmp / "int", 0.01)
+    info = int8_training_artifacts(tmp / "qdq.onnx", tmp / "int", 0.01,
+                                   train_conv=args.train_conv)
     env = dict(os.environ, MICROPYPATH=f"{ROOT / 'device'}:{ROOT / 'bench'}")
     out = subprocess.run([args.micropython, "-X", "heapsize=8M",
                           str(ROOT / "bench" / "inttrain_device.py"), info["blob"],
@@ -64,7 +71,9 @@ def main():
                           str(tmp / "float" / "checkpoint"), str(args.rounds)],
                          capture_output=True, text=True, env=env, check=True).stdout.split()
     int_us, float_us, ratio, locked = float(out[0]), float(out[1]), float(out[2]), out[3]
-    print(f"DS-CNN {args.channels} channels, batch 1, classifier trained, MicroPython "
+    what = "classifier and last pointwise conv" if args.train_conv else "classifier"
+    print(f"DS-CNN {args.channels} channels, batch 1, {what} trained ({', '.join(trained)} "
+          f"in float), MicroPython "
           f"(best of {args.rounds}):")
     print(f"  float train step (Module + Optimizer.step): {float_us / 1000:9.1f} ms")
     print(f"  int train step (heap locked: {locked}):      {int_us / 1000:9.1f} ms")

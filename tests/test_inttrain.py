@@ -187,15 +187,16 @@ def test_int_training_reaches_the_float_fine_tune(digits_int8, tmp_path, stochas
     # the float fine-tune: the same layer from zero, torch SGD at the same rate and order,
     # on the int8 backbone's features (dequantized)
     feature = info["feature_tensor"]
+    zero_point = model.blob.quant[model.blob.tensor_id(feature)][1][0]
 
     def features(samples):
         model.eval()
         out = []
         for x in samples:
             model(quantize_input(x, info).reshape(-1).tolist(), [0])
-            out.append(np.array(model.output(feature), np.float64))
+            out.append(np.frombuffer(bytes(model.output(feature)), np.uint8).astype(np.float64))
         model.train()
-        return (np.array(out) - 0) * info["feature_scale"]
+        return (np.array(out) - zero_point) * info["feature_scale"]
 
     ft, fv = features(xs), features(xv)
     linear = torch.nn.Linear(info["features"], info["classes"]).double()
@@ -606,7 +607,8 @@ def test_momentum_training_reaches_torch_sgd_momentum(digits_int8, tmp_path):
     for x in list(xs) + list(xv):
         model(quantize_input(x, info).reshape(-1).tolist(), [0])
         feats.append(np.array(model.output(info["feature_tensor"]), np.float64))
-    feats = np.array(feats) * info["feature_scale"]
+    zero_point = model.blob.quant[model.blob.tensor_id(info["feature_tensor"])][1][0]
+    feats = (np.array(feats) - zero_point) * info["feature_scale"]
     ft, fv = feats[:len(xs)], feats[len(xs):]
     linear = torch.nn.Linear(info["features"], info["classes"]).double()
     torch.nn.init.zeros_(linear.weight)
@@ -641,3 +643,38 @@ def test_momentum_viper_equals_pure_equals_cpython(digits_int8, micropython, tmp
     assert fast.startswith("locked True viper True")
     body = lambda out: out.split("\n", 1)[1]                      # noqa: E731
     assert body(fast) == body(pure) == body(cpython)
+
+
+def test_set_learning_rate_rewrites_the_integer_multipliers(digits_int8, tmp_path):
+    info = int8_training_artifacts(digits_int8 / "qdq.onnx", tmp_path, 0.01, stochastic=False)
+    state = CheckpointState.load_checkpoint(info["checkpoint"])
+    model = Module(info["blob"], state)
+    opt = Optimizer(info["blob"], model)
+    x = quantize_input(np.load(DIGITS / "digits.npz")["x_train"][0], info).reshape(-1).tolist()
+    n, k = info["classes"], info["features"]
+    weights = lambda: np.frombuffer(bytes(state.parameters[info["weight"]].data),  # noqa: E731
+                                    np.int8).reshape(n, k).copy()
+    biases = lambda: np.array(state.parameters[info["bias"]].data, np.int64)      # noqa: E731
+    w0, b0 = weights(), biases()
+    opt.set_learning_rate(0.0)
+    model(x, [3])
+    assert np.array_equal(weights(), w0) and opt.get_learning_rate() == 0.0
+    # lr 0.5: the device's step equals the numpy mirror's (ops/inttrain.py) at lr 0.5
+    model.eval()
+    model(x, [3])
+    feature = np.frombuffer(bytes(model.output(info["feature_tensor"])), np.uint8)[None]
+    model.train()
+    opt.set_learning_rate(0.5)
+    model(x, [3])
+    q = model.blob.quant[model.blob.tensor_id(info["feature_tensor"])]
+    sx, zx = q[0][0], q[1][0]
+    sw = np.array(info["weight_scales"], np.float32)
+    z = host_ops.logits(feature, zx, w0, b0, sx, sw)
+    _, g = host_ops.softmax_ce(z, np.array([3]))
+    w1, b1 = host_ops.update(w0, b0, feature, zx, g, sx, sw, 0.5)
+    assert np.abs(w0.astype(int) - w1).max() > 0
+    assert np.array_equal(weights(), w1) and np.array_equal(biases(), b1)
+    opt.step()
+    assert state.optimizer_step == 1          # Optimizer.step counts; the update is done
+    with pytest.raises(ParameterError):
+        opt.set_learning_rate(float("nan"))
