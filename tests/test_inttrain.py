@@ -159,6 +159,13 @@ def _accuracy(model, info, xs, ys):
     return right / len(ys)
 
 
+def _quant(info, name):
+    # (scales, zero points, axis) of a quantized tensor: a Module's loader drops them once
+    # they served the load-time checks, so the test reads the blob again
+    b = device_blob.load(info["blob"])
+    return b.quant[b.tensor_id(name)]
+
+
 def _fresh(info, tmp, name):
     # the classifier from zero (a new task for the head: chance to trained)
     n, k = info["classes"], info["features"]
@@ -187,7 +194,7 @@ def test_int_training_reaches_the_float_fine_tune(digits_int8, tmp_path, stochas
     # the float fine-tune: the same layer from zero, torch SGD at the same rate and order,
     # on the int8 backbone's features (dequantized)
     feature = info["feature_tensor"]
-    zero_point = model.blob.quant[model.blob.tensor_id(feature)][1][0]
+    zero_point = _quant(info, feature)[1][0]
 
     def features(samples):
         model.eval()
@@ -402,7 +409,7 @@ def test_last_conv_update_equals_torch_float64(ds_cnn_int8, tmp_path):
     records = device_blob.load(info["blob"], keep_steps=True).step_records["train"]
     conv_step = [r for r in records if r[0] == 246][0]
     x2_id, y2_id = conv_step[1][2], conv_step[1][3]
-    quant = b.quant
+    quant = device_blob.load(info["blob"]).quant
     grab = lambda tid: np.frombuffer(bytes(model.output(tid)),                 # noqa: E731
                                      np.int8 if b.dtypes[tid] == 2 else np.uint8).astype(np.int64)
     x2, y2, feat = grab(x2_id), grab(y2_id), grab(b.tensor_id(info["feature_tensor"]))
@@ -607,7 +614,7 @@ def test_momentum_training_reaches_torch_sgd_momentum(digits_int8, tmp_path):
     for x in list(xs) + list(xv):
         model(quantize_input(x, info).reshape(-1).tolist(), [0])
         feats.append(np.array(model.output(info["feature_tensor"]), np.float64))
-    zero_point = model.blob.quant[model.blob.tensor_id(info["feature_tensor"])][1][0]
+    zero_point = _quant(info, info["feature_tensor"])[1][0]
     feats = (np.array(feats) - zero_point) * info["feature_scale"]
     ft, fv = feats[:len(xs)], feats[len(xs):]
     linear = torch.nn.Linear(info["features"], info["classes"]).double()
@@ -666,7 +673,7 @@ def test_set_learning_rate_rewrites_the_integer_multipliers(digits_int8, tmp_pat
     model.train()
     opt.set_learning_rate(0.5)
     model(x, [3])
-    q = model.blob.quant[model.blob.tensor_id(info["feature_tensor"])]
+    q = _quant(info, info["feature_tensor"])
     sx, zx = q[0][0], q[1][0]
     sw = np.array(info["weight_scales"], np.float32)
     z = host_ops.logits(feature, zx, w0, b0, sx, sw)

@@ -610,7 +610,9 @@ def use_fast(on=True):
             from microtrain.kernels import qlinear
         except (ImportError, SyntaxError):   # CPython; a MicroPython without viper
             return False
-        fast._slow = _requant_wide
+        # beyond the limbs' range: the exact value saturated at +-2**29 (a small int on
+        # 32-bit ports; every caller clamps it far below that)
+        fast._slow = qlinear._requant_saturated
         fast._WIDE = 1 if _requant is _requant_wide else 0
         for name in _pure:
             g[name] = getattr(fast, name)
