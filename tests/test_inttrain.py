@@ -409,6 +409,8 @@ def test_last_conv_update_equals_torch_float64(ds_cnn_int8, tmp_path):
     records = device_blob.load(info["blob"], keep_steps=True).step_records["train"]
     conv_step = [r for r in records if r[0] == 246][0]
     x2_id, y2_id = conv_step[1][2], conv_step[1][3]
+    # the scales as the host parses them (a loaded blob drops them once its checks derived
+    # the multipliers: blob.load_into_arenas)
     quant = device_blob.load(info["blob"]).quant
     grab = lambda tid: np.frombuffer(bytes(model.output(tid)),                 # noqa: E731
                                      np.int8 if b.dtypes[tid] == 2 else np.uint8).astype(np.int64)
