@@ -89,16 +89,14 @@ def _given(c, k, header):
     # A req tensor stored whole (not derived): the kernels trust its values, so they are
     # checked here as requant_pair would have made them (the viper and pure kernels agree
     # only for m0 in [0, 2**24] and shift in [1, 62]).
-    tid = c.tensors[k]
-    for t, data in c.blob.constants:
-        if t == tid:
-            values = array("i", data)
-            for i in range(header):
-                c.within(values[i], -128, 255, "zero point or bound")
-            for i in range(header, len(values) - 1, 2):
-                c.within(values[i], 0, 16777216, "requantization multiplier")
-                c.within(values[i + 1], 1, 62, "requantization shift")
-            return
+    data = c.blob.constant_data(c.tensors[k])
+    if data is not None:
+        values = array("i", data)
+        for i in range(header):
+            c.within(values[i], -128, 255, "zero point or bound")
+        for i in range(header, len(values) - 1, 2):
+            c.within(values[i], 0, 16777216, "requantization multiplier")
+            c.within(values[i + 1], 1, 62, "requantization shift")
 
 
 def _derive_channels(c, k, x, w, y, channels):
