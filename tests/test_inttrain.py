@@ -235,24 +235,9 @@ def test_int_training_reaches_the_float_fine_tune(digits_int8, tmp_path, stochas
 @pytest.fixture(scope="module")
 def ds_cnn_int8(tmp_path_factory):
     from reference_models import ds_cnn
-    from test_models import make_data
-    from torch_reference import export
+    from torch_reference import qat_qdq_model
     tmp = tmp_path_factory.mktemp("ds_cnn_inttrain")
-    ref = ds_cnn()
-    mh.generate_artifacts(export(ref.module, torch.zeros((ref.batch,) + ref.inputs)),
-                          artifact_directory=tmp, batch_size=ref.batch, optimizer="SGD",
-                          quantization=True)
-    xs, ys = make_data(ref, 8)
-    state = CheckpointState.load_checkpoint(str(tmp / "checkpoint"))
-    model = Module(str(tmp / "model.mtb"), state)
-    opt = Optimizer(str(tmp / "model.mtb"), model)
-    opt.set_learning_rate(0.05)
-    for x, y in zip(xs, ys):                   # calibrate the observers
-        model(x.reshape(-1), [int(v) for v in y])
-        opt.step()
-        model.lazy_reset_grad()
-    CheckpointState.save_checkpoint(state, str(tmp / "trained"))
-    mh.export_inference_model(tmp, tmp / "trained", tmp / "qdq.onnx", qdq=True)
+    xs, ys = qat_qdq_model(ds_cnn(), tmp, 8)      # observers calibrated
     info = int8_training_artifacts(tmp / "qdq.onnx", tmp / "int", 0.05, train_conv=True)
     rng = np.random.default_rng(5)
     records = b""
@@ -389,7 +374,6 @@ def test_last_conv_update_equals_torch_float64(ds_cnn_int8, tmp_path):
     # values and its ReLU / clamp mask (straight through the GlobalAveragePool, as QAT).
     # Bound: within 1 quantum of round(lr * dL/dW / s_w) (D carries 9 significant bits in
     # the weight steps, 15 in the bias steps, the probabilities 14).
-    import json
     tmp, _ = ds_cnn_int8
     lr = 2.0
     info = int8_training_artifacts(tmp / "qdq.onnx", tmp_path, lr, stochastic=False,
@@ -425,7 +409,7 @@ def test_last_conv_update_equals_torch_float64(ds_cnn_int8, tmp_path):
     cout = state.parameters[w2_name].shape[0]
     cin = before[w2_name].size // cout
     sx2, zx2 = quant[x2_id][0][0], quant[x2_id][1][0]
-    sy2, zy2 = quant[y2_id][0][0], quant[y2_id][1][0]
+    zy2 = quant[y2_id][1][0]
     sw2 = np.array(quant[b.tensor_id(w2_name)][0], np.float64)
     sw = np.array(info["weight_scales"], np.float64)
     sf, zf = quant[b.tensor_id(info["feature_tensor"])][0][0], \

@@ -3,13 +3,11 @@ onnxruntime with its quantized kernels, and the device's int8 inference blob
 (pack_inference_model: int8 kernels, integer requantization) gives outputs within one unit
 of the output quantization step on every element, for the digits MLP and the DS-CNN; the
 int8 kernels run the same under MicroPython; crafted int8 steps are refused at load."""
-import copy
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-import torch
 from onnx import numpy_helper
 
 import microtrain_host as mh
@@ -20,8 +18,7 @@ from microtrain.errors import BlobError
 from microtrain_host.pipeline.int8 import int8_graph, pack_inference_model
 from microtrain_host.tools.train import train
 from reference_models import ds_cnn
-from test_models import make_data
-from torch_reference import export, run_device_cpython, write_batches
+from torch_reference import qat_qdq_model, write_batches
 
 DIGITS = ROOT / "examples" / "digits"
 
@@ -77,23 +74,8 @@ def test_digits_int8_blob_equals_onnxruntime(digits_qdq):
 def ds_cnn_qdq(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ds_cnn_int8")
     ref = ds_cnn()
-    mh.generate_artifacts(export(ref.module, torch.zeros((ref.batch,) + ref.inputs)),
-                          artifact_directory=tmp, batch_size=ref.batch, optimizer="SGD",
-                          quantization=True)
-    xs, ys = make_data(ref, 20)
+    xs, ys = qat_qdq_model(ref, tmp, 20)   # 20 SGD steps on the device runtime
     write_batches(tmp / "data.bin", xs, ys)
-    # 20 SGD steps on the device runtime, then the trained parameters into a checkpoint
-    from microtrain import CheckpointState, Module, Optimizer
-    state = CheckpointState.load_checkpoint(str(tmp / "checkpoint"))
-    model = Module(str(tmp / "model.mtb"), state)
-    opt = Optimizer(str(tmp / "model.mtb"), model)
-    opt.set_learning_rate(0.05)
-    for x, y in zip(xs, ys):
-        model(x.reshape(-1), [int(v) for v in y])
-        opt.step()
-        model.lazy_reset_grad()
-    CheckpointState.save_checkpoint(state, str(tmp / "trained"))
-    mh.export_inference_model(tmp, tmp / "trained", tmp / "qdq.onnx", qdq=True)
     pack_inference_model(tmp / "qdq.onnx", tmp / "int8.mtb")
     return tmp, ref, xs
 

@@ -9,18 +9,15 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-import torch
 from onnx import TensorProto, helper, numpy_helper
 
-import microtrain_host as mh
 from conftest import ROOT, run_micropython
-from microtrain import CheckpointState, InferenceSession, Module, Optimizer
+from microtrain import InferenceSession
 from microtrain import blob as device_blob
 from microtrain_host.pipeline.int8 import int8_graph, pack_inference_model
 from reference_models import mobilenet_v2_block, resnet_block
-from test_models import make_data
 from test_quant_int8 import compare
-from torch_reference import export
+from torch_reference import qat_qdq_model
 
 MODELS = {"mobilenet_v2_block": mobilenet_v2_block, "resnet_block": resnet_block}
 
@@ -36,20 +33,7 @@ def ort_ops(path, tmp):
 def residual(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(request.param)
     ref = MODELS[request.param]()
-    mh.generate_artifacts(export(ref.module, torch.zeros((ref.batch,) + ref.inputs)),
-                          artifact_directory=tmp, batch_size=ref.batch, optimizer="SGD",
-                          quantization=True)
-    xs, ys = make_data(ref, 12)
-    state = CheckpointState.load_checkpoint(str(tmp / "checkpoint"))
-    model = Module(str(tmp / "model.mtb"), state)
-    opt = Optimizer(str(tmp / "model.mtb"), model)
-    opt.set_learning_rate(0.05)
-    for x, y in zip(xs, ys):
-        model(x.reshape(-1), [int(v) for v in y])
-        opt.step()
-        model.lazy_reset_grad()
-    CheckpointState.save_checkpoint(state, str(tmp / "trained"))
-    mh.export_inference_model(tmp, tmp / "trained", tmp / "qdq.onnx", qdq=True)
+    xs, ys = qat_qdq_model(ref, tmp, 12)
     pack_inference_model(tmp / "qdq.onnx", tmp / "int8.mtb")
     return request.param, tmp, ref, xs
 

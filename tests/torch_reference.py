@@ -128,3 +128,27 @@ def run_device_cpython(directory, data_file, steps, lr, accumulate=1):
 def relative_error(a, b):
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-6)))
+
+
+def qat_qdq_model(ref, tmp, samples):
+    """The reference model `ref` packed for QAT in tmp, `samples` SGD steps (lr 0.05) on the
+    device runtime under CPython to move its weights and observers, then exported as the
+    QDQ model tmp/qdq.onnx. Returns the (xs, ys) it trained on."""
+    import microtrain_host as mh
+    from microtrain import CheckpointState, Module, Optimizer
+    from test_models import make_data
+    mh.generate_artifacts(export(ref.module, torch.zeros((ref.batch,) + ref.inputs)),
+                          artifact_directory=tmp, batch_size=ref.batch, optimizer="SGD",
+                          quantization=True)
+    xs, ys = make_data(ref, samples)
+    state = CheckpointState.load_checkpoint(str(tmp / "checkpoint"))
+    model = Module(str(tmp / "model.mtb"), state)
+    opt = Optimizer(str(tmp / "model.mtb"), model)
+    opt.set_learning_rate(0.05)
+    for x, y in zip(xs, ys):
+        model(x.reshape(-1), [int(v) for v in y])
+        opt.step()
+        model.lazy_reset_grad()
+    CheckpointState.save_checkpoint(state, str(tmp / "trained"))
+    mh.export_inference_model(tmp, tmp / "trained", tmp / "qdq.onnx", qdq=True)
+    return xs, ys
