@@ -88,7 +88,9 @@ def _head(c, k, header):
 def _given(c, k, header):
     # A req tensor stored whole (not derived): the kernels trust its values, so they are
     # checked here as requant_pair would have made them (the viper and pure kernels agree
-    # only for m0 in [0, 2**24] and shift in [1, 62]).
+    # only for m0 in [0, 2**24] and shift in [1, 62]). Only a constant: any other tensor's
+    # values could change after this check.
+    c.role(k, "constant")
     data = c.blob.constant_data(c.tensors[k])
     if data is not None:
         values = array("i", data)
