@@ -227,6 +227,8 @@ def load_into_arenas(path):
 # objects pack together there instead of spreading over the heap with the garbage parsing
 # makes, which would leave no hole as large as an arena. CPython needs no help.
 _compact = gc.collect if hasattr(gc, "mem_alloc") else (lambda: None)
+
+
 def _parse_file(path):
     # (blob, file size, arena sizes) of the file at path, its constants noted by their place
     # in the file. A function of its own: once it returns, no stale slot of a running
