@@ -186,17 +186,24 @@ def run_conv_case(tmp_path, name, spec):
     training_ops = [n.op_type for n in onnx.load(tmp_path / "training_model.onnx").graph.node]
     assert ("ConvGradInput" in training_ops) == spec.input_grad  # dX only when needed
 
+    check_two_steps_and_eval(tmp_path, model, x, target, loss, out, grads, GRAD_TOLERANCE)
+
+
+def check_two_steps_and_eval(tmp_path, model, x, target, loss, out, grads, grad_tolerance):
+    """The packed case in tmp_path on the device: the loss and gradients of a step against
+    torch's, a second step without lazy_reset_grad (they add up), then eval against
+    onnxruntime (and torch against onnxruntime). Returns the device's eval output."""
     state = CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
     device = Module(str(tmp_path / "model.mtb"), state)
     x_flat, target_flat = x.reshape(-1).tolist(), target.reshape(-1).tolist()
-    assert relative_error(device(x_flat, target_flat), loss) <= GRAD_TOLERANCE
+    assert relative_error(device(x_flat, target_flat), loss) <= grad_tolerance
     for param, expected in grads.items():
         actual = np.array(state.parameters[param].grad.tolist())
-        assert relative_error(actual, expected) <= GRAD_TOLERANCE, param
+        assert relative_error(actual, expected) <= grad_tolerance, param
     device(x_flat, target_flat)  # no lazy_reset_grad in between: gradients add up
     for param, expected in grads.items():
         actual = np.array(state.parameters[param].grad.tolist())
-        assert relative_error(actual, 2 * expected) <= GRAD_TOLERANCE, param
+        assert relative_error(actual, 2 * expected) <= grad_tolerance, param
 
     device.eval()
     device_out = np.array(device(x_flat, target_flat)[1].tolist())
@@ -205,6 +212,7 @@ def run_conv_case(tmp_path, name, spec):
     assert ort_out.shape == out.shape
     assert relative_error(out, ort_out) <= FORWARD_TOLERANCE  # the torch side's pads are ONNX's
     assert relative_error(device_out, ort_out) <= FORWARD_TOLERANCE
+    return device_out
 
 
 def random_conv_specs(count, seed):

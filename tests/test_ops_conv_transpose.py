@@ -16,19 +16,17 @@ import zlib
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import microtrain_host as mh
 from conftest import ROOT, run_micropython
-from microtrain import CheckpointState, Module
 from microtrain import blob as device_blob
 from microtrain_host import opcodes as op
 from microtrain_host.reference import reference_evaluator
 from test_ops import FORWARD_TOLERANCE, relative_error
-from test_ops_conv import sixteenths
+from test_ops_conv import check_two_steps_and_eval, sixteenths
 from torch_reference import export, parse_run, run_device_cpython, torch_train, write_batches
 
 TOLERANCE = 1e-5   # issue 9's acceptance: gradients vs float64 torch, forward vs onnxruntime
@@ -189,25 +187,8 @@ def run_case(tmp_path, name, spec):
     training_ops = [n.op_type for n in onnx.load(tmp_path / "training_model.onnx").graph.node]
     assert ("Conv" in training_ops) == spec.input_grad  # dX only when needed
 
-    state = CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
-    device = Module(str(tmp_path / "model.mtb"), state)
-    x_flat, target_flat = x.reshape(-1).tolist(), target.reshape(-1).tolist()
-    assert relative_error(device(x_flat, target_flat), loss) <= TOLERANCE
-    for param, expected in grads.items():
-        actual = np.array(state.parameters[param].grad.tolist())
-        assert relative_error(actual, expected) <= TOLERANCE, param
-    device(x_flat, target_flat)  # no lazy_reset_grad in between: gradients add up
-    for param, expected in grads.items():
-        actual = np.array(state.parameters[param].grad.tolist())
-        assert relative_error(actual, 2 * expected) <= TOLERANCE, param
-
-    device.eval()
-    device_out = np.array(device(x_flat, target_flat)[1].tolist())
-    (ort_out,) = ort.InferenceSession(model.SerializeToString(),
-                                      providers=["CPUExecutionProvider"]).run(None, {"input": x})
-    assert ort_out.shape == out.shape
-    assert relative_error(out, ort_out) <= FORWARD_TOLERANCE  # the torch side's pads are ONNX's
-    assert relative_error(device_out, ort_out) <= FORWARD_TOLERANCE
+    device_out = check_two_steps_and_eval(tmp_path, model, x, target, loss, out, grads,
+                                          TOLERANCE)
     assert relative_error(device_out, out) <= FORWARD_TOLERANCE
 
 
