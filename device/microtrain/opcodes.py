@@ -16,7 +16,8 @@ except ImportError:
 # 170-189. Issue 10 (quantization) 200-239: quant (fake quantization for training,
 # observers, weight scales) 200-219, qlinear (int8 kernels) 220-239. Issue 11 (training
 # within a microcontroller's memory) 240-259: activation (ReLU with a 1-bit mask) 240-241,
-# inttrain (integer training of int8 layers) 242-255.
+# inttrain (integer training of int8 layers) 242-247,
+# intgrad (integer backward through frozen int8 convolutions) 248-251.
 GEMM = const(1)
 GEMM_ACCUMULATE = const(2)
 BATCHED_GEMM = const(3)
@@ -127,13 +128,18 @@ QLINEAR_LOOKUP = const(228)
 # issue 11 (training within a microcontroller's memory) 240-259
 RELU_MASKED = const(240)
 RELU_MASK_GRAD = const(241)
-# integer training (inttrain: int8 classifier trained in integers) 242-255
+# integer training (inttrain: int8 classifier trained in integers) 242-247
 INT_GEMM_LOGITS = const(242)
 INT_SOFTMAX_CE = const(243)
 INT_GEMM_UPDATE = const(244)
 INT_GEMM_GRAD_INPUT = const(245)
 INT_CONV1X1_UPDATE = const(246)
 INT_GEMM_UPDATE_MOMENTUM = const(247)
+# integer backward through frozen int8 convolutions (intgrad: the sparse update) 248-251
+INT_POOL_GRAD = const(248)
+INT_CLAMP_BIAS_GRAD = const(249)
+INT_CONV_GRAD_INPUT = const(250)
+INT_CONV_UPDATE = const(251)
 
 # op code -> (kernel family module, function, tensor dtypes, int count, float count)
 # Tensor dtypes: "f" float arena, "i" int arena, "?" float arena or no tensor, "b" byte
@@ -263,6 +269,10 @@ SIGNATURES = {
     INT_GEMM_GRAD_INPUT: ("inttrain", "int_gemm_grad_input", "iibi", 3, 0),
     INT_CONV1X1_UPDATE: ("inttrain", "int_conv1x1_update", "bibbiiik", 6, 0),
     INT_GEMM_UPDATE_MOMENTUM: ("inttrain", "int_gemm_update_momentum", "bibiikbi", 5, 0),
+    INT_POOL_GRAD: ("intgrad", "int_pool_grad", "ii", 3, 0),
+    INT_CLAMP_BIAS_GRAD: ("intgrad", "int_clamp_bias_grad", "ibiiikbb", 4, 0),
+    INT_CONV_GRAD_INPUT: ("intgrad", "int_conv_grad_input", "iib", 16, 0),
+    INT_CONV_UPDATE: ("intgrad", "int_conv_update", "bbiik", 17, 0),
 }
 
 
@@ -304,6 +314,8 @@ def kernel_module(family):
         from microtrain.kernels import resize as module
     elif family == "inttrain":
         from microtrain.kernels import inttrain as module
+    elif family == "intgrad":
+        from microtrain.kernels import intgrad as module
     else:
         raise ImportError("no kernel family " + family)
     return module

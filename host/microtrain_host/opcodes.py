@@ -116,6 +116,10 @@ INT_GEMM_UPDATE = 244
 INT_GEMM_GRAD_INPUT = 245
 INT_CONV1X1_UPDATE = 246
 INT_GEMM_UPDATE_MOMENTUM = 247
+INT_POOL_GRAD = 248
+INT_CLAMP_BIAS_GRAD = 249
+INT_CONV_GRAD_INPUT = 250
+INT_CONV_UPDATE = 251
 
 NAMES = {value: name for name, value in list(globals().items())
          if name.isupper() and isinstance(value, int)}

@@ -394,7 +394,10 @@ def set_learning_rate(b, I, lr):
     step, as the Optimizer calls it)."""
     for tid, x_zp, sx, sw, m in b.int_rates:
         at = b.offsets[tid]
-        if isinstance(m, tuple):            # int_conv1x1_update: (unit, plane, batch)
+        if x_zp is None:                    # kernels/intgrad.py: (tid, None, kind, params, x_zp)
+            from microtrain.kernels.intgrad import rate_values as intgrad_rates
+            values = intgrad_rates(sx, sw, m, lr)
+        elif isinstance(m, tuple):          # int_conv1x1_update: (unit, plane, batch)
             values = rate_values(x_zp, conv_reals(sx, sw, m[0], m[1], m[2], lr))
         else:
             values = rate_values(x_zp, update_reals(sx, sw, m, lr))

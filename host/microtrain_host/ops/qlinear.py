@@ -164,6 +164,10 @@ def _weights(ctx, node, axis):
     wid = _constant(ctx, node.input[1], INT8, w, scale=tuple(w_scales),
                     zero_point=(0,) * len(w_scales), axis=axis)
     bias = NO_TENSOR
+    trained = ctx.local.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    if trained is not None and ctx.tensors[trained].role == PARAM:
+        # an int32 bias trained in integers beside a frozen weight (the sparse update)
+        return w, wid, trained, len(w_scales)
     if len(node.input) > 2 and node.input[2]:
         b = ctx.value(node.input[2])
         if b is None or b.dtype != np.int32:

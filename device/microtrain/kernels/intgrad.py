@@ -1,0 +1,412 @@
+# Integer backward through frozen int8 convolutions (issue 11's sparse update in integers):
+# the gradient flows from the classifier's input (kernels/inttrain.py int_gemm_grad_input,
+# D) back through the GlobalAveragePool and every convolution's fused ReLU / clamp, so that
+# the bias of every convolution and the weights of the last block (its depthwise and
+# pointwise convs) train with QAS SGD fused into the backward steps. Every step integer
+# only (runs under micropython.heap_lock()); floats only at load and in set_learning_rate.
+#
+#   int_pool_grad          G = D broadcast over the P positions (GlobalAveragePool's
+#                          backward; real unit u_D / P), normalized to MANT_BITS
+#   int_clamp_bias_grad    G *= mask (the quantized output y strictly inside its clamp
+#                          bounds lo < y < hi: the straight-through gradient of ReLU / Clip /
+#                          the int8 range), the bias' SGD step from sum_p G (fused, no
+#                          gradient buffer), then G[c] *= s_w[c] / max(s_w) (the per-channel
+#                          weight scale folded in as an integer multiplier, for the input
+#                          gradient and the weight update)
+#   int_conv_grad_input    G_x = the transposed (grouped) convolution of G with the int8
+#                          weights (pointwise, depthwise, any stride / padding / dilation),
+#                          renormalized to MANT_BITS; real unit max(s_w) * u_G
+#   int_conv_update        the SGD step of a convolution's int8 weights from G and its input
+#                          X (QAS: W_q[c] -= lr * dL/dW[c] / s_w[c]), per-channel multipliers
+#
+# Gradient tensors (int32, int arena): [e, then m * C * P mantissas], |mantissa| <
+# 2**MANT_BITS, real value = mantissa * u * 2**e, u the tensor's unit fixed at load (each
+# checker records the unit of the tensor its step writes in blob.int_units, from the units
+# of what it reads and the scales) and e the exponent the step that wrote it chose (block
+# floating point: the gradients' range shrinks or grows layer by layer, a fixed unit would
+# lose it within a few layers; one int per tensor, integer only).
+#
+# Steps: real step = acc * m0 / 2**shift * 2**e, rounded half to even or stochastically
+# (random >= 0: the xorshift16 generator of kernels/inttrain.py, 8 bits of fraction) as
+# kernels/inttrain.py does; acc reduced to below 2**24 first (the requantization limbs'
+# exact range on 32-bit ports: a double rounding, below 2**-14 of a quantum for the steps
+# here). Weights clamped to [-127, 127], biases to +-BIAS_LIMIT.
+#
+# 32-bit ports: with MANT_BITS = 13, sums of m * P mantissas times bytes (< 2**21 each) stay
+# below 2**30 for m * P <= 511 (checked), input-gradient sums below 2**30 for up to 1024
+# channels x taps terms; every kernel only adds and multiplies such ints.
+from microtrain.kernels.inttrain import (BIAS_LIMIT, _derived, _dither, _f32, _positive,
+                                         _requant, _round_shift, _scale)
+import math
+
+MANT_BITS = 13
+_TOP = 1 << MANT_BITS
+_LIMB = 1 << 24
+MAX_SUM = 511            # m * P of one sum of mantissas times bytes
+
+
+def requant_pair(real):
+    # (m0, shift), real == m0 / 2**shift, m0 < 2**24, of a positive float32 multiplier:
+    # qlinear's requant_pair without its shift range, since the steps here subtract the
+    # gradient's exponent from the shift before they round (the units fixed at load
+    # shrink layer by layer while the exponents grow: a step's rate can be 2**-90); _step
+    # clamps the shift it uses. (0, 1) for 0, a negative or NaN; (2**24, 1) from 2**23 on.
+    if not 0.0 < real < 3.4e38:
+        return 0, 1
+    mantissa, exponent = math.frexp(real)
+    shift = 24 - exponent
+    if shift < 1:
+        return 16777216, 1
+    return int(mantissa * 16777216.0), shift
+
+
+def _normalize(I, g, count):
+    # the shift e making every |I[g + 1 + i]| < 2**MANT_BITS with as many bits as fit
+    # (negative: shifted up, exact), applied (rounded half to even) and returned
+    top = 0
+    for i in range(g + 1, g + 1 + count):
+        v = I[i]
+        v = -v if v < 0 else v
+        top = v if v > top else top
+    e = 0
+    if top:
+        while top >= _TOP:
+            top >>= 1
+            e += 1
+        while top < (_TOP >> 1):
+            top <<= 1
+            e -= 1
+    if e > 0:
+        for i in range(g + 1, g + 1 + count):
+            I[i] = _round_shift(I[i], e)
+    elif e < 0:
+        for i in range(g + 1, g + 1 + count):
+            I[i] = I[i] << -e
+    return e
+
+
+def _step(I, acc, m0, shift, e, random):
+    # round(acc * m0 / 2**shift * 2**e): half to even, or stochastic with random >= 0
+    if acc == 0:
+        return 0
+    shift -= e
+    while acc >= _LIMB or acc <= -_LIMB:
+        acc = _round_shift(acc, 1)
+        shift -= 1
+    if shift < 1:
+        return 1 << 29 if acc > 0 else -(1 << 29)    # beyond every clamp
+    if shift > 62:
+        shift = 62
+    if random >= 0 and shift > 8:
+        return (_requant(acc, m0, shift - 8) + (_dither(I, random) & 255)) >> 8
+    return _requant(acc, m0, shift)
+
+
+# -- GlobalAveragePool's backward ------------------------------------------------------
+def int_pool_grad(F, I, args):
+    g, d, m, channels, plane = args
+    at = g + 1
+    for i in range(m * channels):
+        v = I[d + i]
+        for _ in range(plane):
+            I[at] = v
+            at += 1
+    I[g] = _normalize(I, g, m * channels * plane)
+
+
+def int_pool_grad_check(args, c):
+    g, d, m, channels, plane = args
+    c.positive(m, channels, plane)
+    c.holds(0, 1 + m * channels * plane)
+    c.holds(1, m * channels)
+    unit = c.blob.int_units.get(c.tensors[1])
+    if unit is None:
+        c.fail("no step before this one gives its gradient tensor's unit")
+    c.blob.int_units[c.tensors[0]] = _f32(unit / plane)
+
+
+# -- a convolution's clamp: mask, bias step, weight scale folded -----------------------
+def int_clamp_bias_grad(F, I, args):
+    Q, g, y, bias, rates, req, random, x, w, m, channels, plane, y_signed = args
+    fy = 128 if y_signed else 0
+    lo = I[req + 2]
+    hi = I[req + 3]
+    e = I[g]
+    for c in range(channels):
+        r = rates + 4 * c
+        acc = 0
+        for i in range(m):
+            at = (i * channels + c) * plane
+            pg = g + 1 + at
+            py = y + at
+            for p in range(plane):
+                v = (Q[py + p] ^ fy) - fy
+                if lo < v < hi:
+                    acc += I[pg + p]
+                else:
+                    I[pg + p] = 0
+        v = I[bias + c] - _step(I, acc, I[r], I[r + 1], e, random)
+        if v > BIAS_LIMIT:
+            v = BIAS_LIMIT
+        elif v < -BIAS_LIMIT:
+            v = -BIAS_LIMIT
+        I[bias + c] = v
+        m0 = I[r + 2]
+        shift = I[r + 3]
+        for i in range(m):
+            pg = g + 1 + (i * channels + c) * plane
+            for p in range(pg, pg + plane):
+                I[p] = _requant(I[p], m0, shift)
+
+
+def bias_reals(unit, sx, sw, m, lr):
+    """[(real_b, fold)] per channel of int_clamp_bias_grad: the bias step per unit of G
+    (lr * u / (m * s_x * s_w[c]), bias quanta s_x * s_w[c]) and s_w[c] / max(s_w)."""
+    top = max(sw)
+    u = _f32(_f32(lr * unit) / m)
+    return [(_f32(u / _f32(sx * s)), _f32(s / top)) for s in sw]
+
+
+def _pairs(reals):
+    values = []
+    for a, b in reals:
+        values += requant_pair(a)
+        values += requant_pair(b)
+    return values
+
+
+def _scales(c, x, w, channels):
+    sx = _scale(c, x)[0][0]
+    sw = _scale(c, w)[0]
+    if len(sw) == 1:
+        sw = tuple(sw) * channels
+    if len(sw) != channels:
+        c.fail("%d weight scales for %d output channels" % (len(sw), channels))
+    _positive(c, sx, "input scale")
+    for s in sw:
+        _positive(c, s, "weight scale")
+    return sx, tuple(sw)
+
+
+def int_clamp_bias_grad_check(args, c):
+    Q, g, y, bias, rates, req, random, x, w, m, channels, plane, y_signed = args
+    c.positive(m, channels, plane)
+    c.within(m * plane, 1, MAX_SUM * 128, "positions")       # acc < 2**29
+    c.holds(0, 1 + m * channels * plane)
+    c.holds(1, m * channels * plane)
+    c.holds(2, channels)
+    c.role(2, "param")
+    c.holds(3, 4 * channels)
+    c.holds(4, 4)
+    if c.present(5):
+        c.holds(5, 1)
+        c.role(5, "optimizer_state")
+    c.within(y_signed, 0, 1, "signed flag")
+    unit = c.blob.int_units.get(c.tensors[0])
+    if unit is None:
+        c.fail("no step before this one gives its gradient tensor's unit")
+    sx, sw = _scales(c, 6, 7, channels)
+    lr = c.blob.optimizer.get("learning_rate", 0.0)
+    from array import array
+    if _derived(c, 3, array("i", _pairs(bias_reals(unit, sx, sw, m, lr)))):
+        c.blob.int_rates.append((c.tensors[3], None, "bias", (unit, sx, sw, m), None))
+    # G now holds G * s_w[c] / max(s_w): what the input gradient and the weight update read
+
+
+# -- a convolution's input gradient --------------------------------------------------------
+def int_conv_grad_input(F, I, args):
+    # G_x[cin, iy, ix] = sum over the outputs (mo, oy, ox) and taps reaching it of
+    # W[mo, c, ky, kx] * G[mo, oy, ox] (G already scaled by s_w[mo] / max(s_w))
+    (Q, gx, g, w, m, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w, s_h, s_w,
+     d_h, d_w, pad_t, pad_l) = args
+    in_plane = in_h * in_w
+    out_plane = out_h * out_w
+    taps = k_h * k_w
+    channels = groups * cout_g
+    for i in range(gx + 1, gx + 1 + m * groups * cin_g * in_plane):
+        I[i] = 0
+    for n in range(m):
+        xg = gx + 1 + n * groups * cin_g * in_plane
+        for mo in range(channels):
+            x_group = xg + (mo // cout_g) * cin_g * in_plane
+            pg = g + 1 + (n * channels + mo) * out_plane
+            w_m = w + mo * cin_g * taps
+            for oy in range(out_h):
+                for ox in range(out_w):
+                    v = I[pg]
+                    pg += 1
+                    if v == 0:
+                        continue
+                    for c in range(cin_g):
+                        x_c = x_group + c * in_plane
+                        w_c = w_m + c * taps
+                        for ky in range(k_h):
+                            iy = oy * s_h - pad_t + ky * d_h
+                            if iy < 0 or iy >= in_h:
+                                continue
+                            for kx in range(k_w):
+                                ix = ox * s_w - pad_l + kx * d_w
+                                if ix < 0 or ix >= in_w:
+                                    continue
+                                I[x_c + iy * in_w + ix] += v * ((Q[w_c + ky * k_w + kx] ^ 128)
+                                                                - 128)
+    I[gx] = I[g] + _normalize(I, gx, m * groups * cin_g * in_plane)
+
+
+def _geometry_check(c, geometry):
+    (m, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w, s_h, s_w, d_h, d_w, pad_t,
+     pad_l) = geometry
+    c.positive(m, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w, s_h, s_w, d_h,
+               d_w)
+    c.within(pad_t, 0, k_h * d_h, "padding")
+    c.within(pad_l, 0, k_w * d_w, "padding")
+    # every output position's taps inside the padded image (the forward's geometry)
+    c.within((out_h - 1) * s_h + (k_h - 1) * d_h - pad_t, 0, in_h + k_h * d_h, "geometry")
+    c.within((out_w - 1) * s_w + (k_w - 1) * d_w - pad_l, 0, in_w + k_w * d_w, "geometry")
+
+
+def int_conv_grad_input_check(args, c):
+    geometry = args[4:20]
+    (m, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w) = geometry[:10]
+    _geometry_check(c, geometry)
+    # each input element sums at most cout_g * taps terms below 2**(MANT_BITS + 7)
+    c.within(cout_g * k_h * k_w, 1, 1024, "terms per input gradient")
+    c.holds(0, 1 + m * groups * cin_g * in_h * in_w)
+    c.holds(1, 1 + m * groups * cout_g * out_h * out_w)
+    c.holds(2, groups * cout_g * cin_g * k_h * k_w)
+    unit = c.blob.int_units.get(c.tensors[1])
+    if unit is None:
+        c.fail("no step before this one gives its gradient tensor's unit")
+    sw = _scale(c, 2)[0]
+    for s in sw:
+        _positive(c, s, "weight scale")
+    unit = _f32(max(sw) * unit)
+    if not unit > 1e-30:
+        c.fail("the gradient's unit underflows float32 (%r): too many layers" % unit)
+    c.blob.int_units[c.tensors[0]] = unit
+
+
+# -- a convolution's weight update ---------------------------------------------------------
+def int_conv_update(F, I, args):
+    # W[mo, c, ky, kx] -= step(sum over the batch and outputs of G[mo, oy, ox] *
+    # (X[c, iy, ix] - x_zp)), the taps inside the image (padding contributes 0)
+    (Q, w, x, g, rates, random, m, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w,
+     s_h, s_w, d_h, d_w, pad_t, pad_l, x_signed) = args
+    fx = 128 if x_signed else 0
+    x_zp = I[rates]
+    e = I[g]
+    in_plane = in_h * in_w
+    out_plane = out_h * out_w
+    channels = groups * cout_g
+    for mo in range(channels):
+        m0 = I[rates + 1 + 2 * mo]
+        shift = I[rates + 2 + 2 * mo]
+        first = (mo // cout_g) * cin_g
+        for c in range(cin_g):
+            for ky in range(k_h):
+                for kx in range(k_w):
+                    acc = 0
+                    for n in range(m):
+                        pg = g + 1 + (n * channels + mo) * out_plane
+                        px = x + (n * groups * cin_g + first + c) * in_plane
+                        for oy in range(out_h):
+                            iy = oy * s_h - pad_t + ky * d_h
+                            if iy < 0 or iy >= in_h:
+                                pg += out_w
+                                continue
+                            row = px + iy * in_w
+                            for ox in range(out_w):
+                                v = I[pg]
+                                pg += 1
+                                if v == 0:
+                                    continue
+                                ix = ox * s_w - pad_l + kx * d_w
+                                if 0 <= ix < in_w:
+                                    acc += v * (((Q[row + ix] ^ fx) - fx) - x_zp)
+                    at = w + ((mo * cin_g + c) * k_h + ky) * k_w + kx
+                    v = ((Q[at] ^ 128) - 128) - _step(I, acc, m0, shift, e, random)
+                    if v > 127:
+                        v = 127
+                    elif v < -127:
+                        v = -127
+                    Q[at] = v & 255
+
+
+def weight_reals(unit, sx, sw, m, lr):
+    """[real_w] per channel of int_conv_update: the weight step (quanta s_w[c]) per unit of
+    the folded G times (x - x_zp): lr * u * s_x * max(s_w) / (m * s_w[c]**2)."""
+    top = max(sw)
+    u = _f32(_f32(_f32(lr * unit) / m) * _f32(sx * top))
+    return [_f32(_f32(u / s) / s) for s in sw]
+
+
+def int_conv_update_check(args, c):
+    geometry = args[6:22]
+    x_signed = args[22]
+    (m, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w) = geometry[:10]
+    _geometry_check(c, geometry)
+    c.within(m * out_h * out_w, 1, MAX_SUM, "positions per weight")
+    channels = groups * cout_g
+    c.holds(0, channels * cin_g * k_h * k_w)
+    c.role(0, "param")
+    c.holds(1, m * groups * cin_g * in_h * in_w)
+    c.holds(2, 1 + m * channels * out_h * out_w)
+    c.holds(3, 1 + 2 * channels)
+    if c.present(4):
+        c.holds(4, 1)
+        c.role(4, "optimizer_state")
+    c.within(x_signed, 0, 1, "signed flag")
+    unit = c.blob.int_units.get(c.tensors[2])
+    if unit is None:
+        c.fail("no step before this one gives its gradient tensor's unit")
+    sx, sw = _scales(c, 1, 0, channels)
+    x_zp = _scale(c, 1)[1][0]
+    lr = c.blob.optimizer.get("learning_rate", 0.0)
+    from array import array
+    values = [x_zp]
+    for real in weight_reals(unit, sx, sw, m, lr):
+        values += requant_pair(real)
+    if _derived(c, 3, array("i", values)):
+        c.blob.int_rates.append((c.tensors[3], None, "weight", (unit, sx, sw, m), x_zp))
+
+
+def rate_values(kind, params, x_zp, lr):
+    """The rates tensor's values of an int_clamp_bias_grad ("bias") or int_conv_update
+    ("weight") step at learning rate lr (kernels/inttrain.py set_learning_rate)."""
+    unit, sx, sw, m = params
+    if kind == "bias":
+        return _pairs(bias_reals(unit, sx, sw, m, lr))
+    values = [x_zp]
+    for real in weight_reals(unit, sx, sw, m, lr):
+        values += requant_pair(real)
+    return values
+
+
+# The viper fast paths (MicroPython with the viper emitter): same integers, no allocation.
+_FAST_NAMES = ("int_pool_grad", "int_clamp_bias_grad", "int_conv_grad_input",
+               "int_conv_update")
+_pure = {}
+for _name in _FAST_NAMES:
+    if _name in globals():
+        _pure[_name] = globals()[_name]
+
+
+def use_fast(on=True):
+    g = globals()
+    for name in _pure:
+        g[name] = _pure[name]
+    if on:
+        try:
+            from microtrain.kernels import intgrad_viper as fast
+            from microtrain.kernels import inttrain
+        except (ImportError, SyntaxError):   # CPython; a MicroPython without viper
+            return False
+        if not inttrain.FAST:
+            return False
+        for name in _pure:
+            if hasattr(fast, name):
+                g[name] = getattr(fast, name)
+    return on
+
+
+FAST = use_fast()

