@@ -153,3 +153,36 @@ def test_sparse_update_equals_torch_float64(ds_cnn_qdq, tmp_path):
           f"{biggest_b:.0f}), last block's weights within {worst_w:.3f} (steps up to "
           f"{biggest_w:.1f}); beyond half a quantum, {relative:.2e} of the layer's largest "
           f"step; {count} bias steps")
+
+
+@pytest.mark.parametrize("stochastic", [True, False])
+def test_sparse_steps_under_heap_lock_viper_equals_pure_equals_cpython(
+        ds_cnn_qdq, micropython, tmp_path, stochastic):
+    tmp, xs, ys = ds_cnn_qdq
+    info = int8_training_artifacts(tmp / "qdq.onnx", tmp_path / "int", 0.5,
+                                   stochastic=stochastic, **SPARSE)
+    rng = np.random.default_rng(6)
+    (tmp_path / "data.bin").write_bytes(b"".join(
+        quantize_input(x + rng.standard_normal(x.shape).astype(np.float32) * 0.1,
+                       info).tobytes() + np.asarray(y, "<i4").tobytes()
+        for x, y in zip(xs[:3], ys[:3])))
+    args = [info["blob"], info["checkpoint"], tmp_path / "data.bin", 4]
+    script = ROOT / "tests" / "device_scripts" / "inttrain_steps.py"
+    fast = run_micropython(micropython, script, *args, "fast", tmp_path / "f.ckpt")
+    pure = run_micropython(micropython, script, *args, "pure", tmp_path / "p.ckpt")
+    cpython = subprocess.run([sys.executable, str(script), *map(str, args), "pure",
+                              str(tmp_path / "c.ckpt")], capture_output=True, text=True,
+                             env={"PYTHONPATH": str(DEVICE)}, check=True).stdout
+    assert fast.startswith("locked True viper True intgrad viper True"), fast
+    assert pure.startswith("locked False viper False intgrad viper False"), pure
+    body = lambda out: out.split("\n", 1)[1]                      # noqa: E731
+    assert body(fast) == body(pure) == body(cpython)
+    start = CheckpointState.load_checkpoint(info["checkpoint"]).parameters
+    trained = {line.split()[0]: line.split()[1:] for line in body(fast).split("\n")
+               if line.split() and line.split()[0] in start}
+    assert sorted(trained) == sorted(info["parameters"]) and len(trained) == 9
+    for name, values in trained.items():       # every parameter moved
+        p = start[name]
+        assert values != [str(v & 255 if p.data_type == 3 else v) for v in p.data], name
+    assert ((tmp_path / "f.ckpt").read_bytes() == (tmp_path / "p.ckpt").read_bytes()
+            == (tmp_path / "c.ckpt").read_bytes())

@@ -56,9 +56,16 @@ CONFIGS = {
     "float sparse": ("every bias + the classifier", lambda model: sparse_update(model, True, 1)),
     "int8 last": ("the classifier, in integers", None),
     "int8 last block": ("last 1x1 conv + classifier, ints", None),
+    "int8 sparse": ("biases + last block + classifier, ints", None),
+    "float sparse block": ("biases + last block + classifier",
+                           lambda model: sparse_update(model, True, 3)),
 }
-# packed from the int8 backbone (int8_pack), trained with SGD (QAS); train_conv
-INT8 = {"int8 last": False, "int8 last block": True}
+# packed from the int8 backbone (int8_pack), trained with SGD (QAS): what each trains
+INT8 = {"int8 last": {}, "int8 last block": {"train_conv": True},
+        "int8 sparse": {"train_biases": True, "train_conv": True, "train_depthwise": True}}
+# float counterparts of an int8 configuration: the same parameters, plain SGD, the int8
+# epochs and learning rate (the comparison of integer against float training)
+FLOAT_SGD = {"float sparse block": "int8 sparse"}
 OPTIMIZER = "AdamW"
 INT8_LR = 0.01
 INT8_EPOCHS = 6
@@ -75,18 +82,19 @@ def fresh_head(model):
     return model
 
 
-def int8_pack(directory, lr, calibration_steps=20, train_conv=False):
+def int8_pack(directory, lr, calibration_steps=20, **trained):
     """An int8 configuration in directory: model.mtb (kernels/inttrain.py's integer
     training blob of the calibrated int8 backbone), checkpoint (the classifier at zero, int8
-    weight and int32 bias; with train_conv the last 1x1 convolution too, as pretrained) and
-    the info of pipeline/inttrain.py (input scale and zero point)."""
+    weight and int32 bias; the other trained tensors (`trained`: int8_training_artifacts'
+    train_conv, train_biases, train_depthwise) as pretrained) and the info of
+    pipeline/inttrain.py (input scale and zero point)."""
     import quantize
     from microtrain_host.pipeline.checkpoint import write_checkpoint
     from microtrain_host.pipeline.inttrain import int8_training_artifacts, int8_training_model
     qdq, _ = quantize.calibrate(directory / "backbone", steps=calibration_steps)
-    info = int8_training_artifacts(qdq, directory, lr, train_conv=train_conv)
+    info = int8_training_artifacts(qdq, directory, lr, **trained)
     (directory / "model.mtb").write_bytes(pathlib.Path(info["blob"]).read_bytes())
-    params = int8_training_model(qdq, True, train_conv)[4]
+    params = int8_training_model(qdq, True, **trained)[4]
     for name in (info["weight"], info["bias"]):
         params[name] = np.zeros_like(params[name])
     write_checkpoint(directory / "checkpoint", params, {}, keep_integers=True)
@@ -109,10 +117,11 @@ def int8_memory(directory, config):
 
 def pack(model, config, directory, moves=True, lr=0.003):
     if config in INT8:
-        return int8_pack(directory, lr, train_conv=INT8[config])
+        return int8_pack(directory, lr, **INT8[config])
     requires_grad = CONFIGS[config][1](model)
     return generate_artifacts(model, requires_grad=requires_grad, loss="CrossEntropyLoss",
-                              optimizer=OPTIMIZER, artifact_directory=directory, batch_size=1,
+                              optimizer="SGD" if config in FLOAT_SGD else OPTIMIZER,
+                              artifact_directory=directory, batch_size=1,
                               optimizer_options={"learning_rate": lr},
                               **(MOVES if moves else {}))
 
@@ -203,9 +212,9 @@ def main():
     parser.add_argument("--held-out", type=int, default=25,
                         help="held-out utterances per keyword (25; shots + held-out <= 50)")
     parser.add_argument("--epochs", type=int, default=None,
-                        help="epochs (3; int8: %d, its steps are cheap)" % INT8_EPOCHS)
+                        help="epochs (3; int8 and their float SGD counterparts: %d)" % INT8_EPOCHS)
     parser.add_argument("--lr", type=float, default=None,
-                        help="learning rate (AdamW 0.003; int8: SGD %r)" % INT8_LR)
+                        help="learning rate (AdamW 0.003; int8 and their float SGD counterparts: SGD %r)" % INT8_LR)
     parser.add_argument("--runtime", choices=("cpython", "micropython"), default="cpython")
     parser.add_argument("--frozen", action="store_true",
                         help="MicroPython with the runtime frozen into the interpreter")
@@ -219,9 +228,9 @@ def main():
     build = pathlib.Path(args.build)
     int8 = args.config in INT8
     if args.lr is None:
-        args.lr = INT8_LR if int8 else 0.003
+        args.lr = INT8_LR if int8 or args.config in FLOAT_SGD else 0.003
     if args.epochs is None:
-        args.epochs = INT8_EPOCHS if int8 else 3
+        args.epochs = INT8_EPOCHS if int8 or args.config in FLOAT_SGD else 3
     model = fresh_head(onnx.load(MODEL))
     directory = build / args.config.replace(" ", "_")
     info = pack(model, args.config, directory, not args.no_moves, args.lr)
@@ -241,7 +250,8 @@ def main():
     print(f"personalising '{args.config}' ({CONFIGS[args.config][0]}"
           f"{', with the memory moves' if not args.no_moves and not int8 else ''}) on {shots} "
           f"recordings of 12 new keywords, {args.epochs} epochs, "
-          f"{'SGD (QAS, integer)' if int8 else OPTIMIZER} lr {args.lr}, under "
+          f"{'SGD (QAS, integer)' if int8 else 'SGD' if args.config in FLOAT_SGD else OPTIMIZER}"
+          f" lr {args.lr}, under "
           f"{args.runtime}{' (runtime frozen in)' if args.frozen else ''}; {held_out} held out",
           flush=True)
     out = run_device(directory, args.epochs, args.lr, args.runtime, args.frozen,

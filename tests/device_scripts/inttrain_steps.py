@@ -12,12 +12,13 @@ except ImportError:
     micropython = None
 from microtrain import CheckpointState, Module
 from microtrain.blob import copy_inputs
-from microtrain.kernels import inttrain, qlinear
+from microtrain.kernels import intgrad, inttrain, qlinear
 
 mode = sys.argv[5]
 if mode == "pure":
     qlinear.use_fast(False)
     inttrain.use_fast(False)
+    intgrad.use_fast(False)
 state = CheckpointState.load_checkpoint(sys.argv[2])
 model = Module(sys.argv[1], state)
 b = model.blob
@@ -44,7 +45,8 @@ for s in range(steps):
     finally:
         if lock:
             micropython.heap_unlock()
-print("locked", lock, "viper", inttrain.int_gemm_update is not inttrain._pure["int_gemm_update"])
+print("locked", lock, "viper", inttrain.int_gemm_update is not inttrain._pure["int_gemm_update"],
+      "intgrad viper", intgrad.int_conv_update is not intgrad._pure["int_conv_update"])
 names = sorted(state.parameters)
 for name in names:
     p = state.parameters[name]

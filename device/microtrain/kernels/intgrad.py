@@ -152,7 +152,7 @@ def int_clamp_bias_grad(F, I, args):
             v = -BIAS_LIMIT
         I[bias + c] = v
         m0 = I[r + 2]
-        shift = I[r + 3]
+        shift = I[r + 3] if I[r + 3] < 62 else 62      # a scale ratio below 2**-38: 0
         for i in range(m):
             pg = g + 1 + (i * channels + c) * plane
             for p in range(pg, pg + plane):

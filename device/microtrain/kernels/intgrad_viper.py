@@ -1,0 +1,302 @@
+# @micropython.viper fast paths of kernels/intgrad.py (imported by it only under MicroPython
+# with the viper emitter, and only when kernels/inttrain.py's fast paths loaded). The same
+# integers as the pure-Python kernels: the same normalization, rounding, dither order and
+# clamps; nothing is allocated, so they run under micropython.heap_lock(). Signed int32
+# values are read through the array object (a ptr32 load is unsigned on 64-bit ports) and
+# written through ptr32; helpers get the array objects (a pointer passed between viper
+# functions becomes an int object). The loops are split into helpers: Thumb and Xtensa
+# branches reach only so far.
+import micropython
+from micropython import const
+from microtrain.kernels.inttrain_viper import _dither, _round_shift, _rq
+
+_TOP = const(8192)              # kernels/intgrad.py 2**MANT_BITS
+_HALF_TOP = const(4096)
+_LIMB = const(16777216)         # 2**24
+_SATURATED = const(536870912)   # 2**29
+_BIAS_LIMIT = const(8388608)    # kernels/inttrain.py BIAS_LIMIT
+
+
+@micropython.viper
+def _normalize(I, g: int, count: int) -> int:
+    r = ptr32(I)
+    top = 0
+    for i in range(g + 1, g + 1 + count):
+        v = int(I[i])
+        if v < 0:
+            v = 0 - v
+        if v > top:
+            top = v
+    e = 0
+    if top:
+        while top >= _TOP:
+            top >>= 1
+            e += 1
+        while top < _HALF_TOP:
+            top <<= 1
+            e -= 1
+    if e > 0:
+        for i in range(g + 1, g + 1 + count):
+            r[i] = int(_round_shift(int(I[i]), e))
+    elif e < 0:
+        for i in range(g + 1, g + 1 + count):
+            r[i] = int(I[i]) << (0 - e)
+    return e
+
+
+@micropython.viper
+def _gstep(I, acc: int, m0: int, shift: int, e: int, random: int) -> int:
+    # kernels/intgrad.py _step
+    if acc == 0:
+        return 0
+    shift -= e
+    while acc >= _LIMB or acc <= 0 - _LIMB:
+        acc = int(_round_shift(acc, 1))
+        shift -= 1
+    if shift < 1:
+        if acc > 0:
+            return _SATURATED
+        return 0 - _SATURATED
+    if shift > 62:
+        shift = 62
+    if random >= 0 and shift > 8:
+        return (int(_rq(acc, m0, shift - 8)) + (int(_dither(I, random)) & 0xFF)) >> 8
+    return int(_rq(acc, m0, shift))
+
+
+@micropython.viper
+def int_pool_grad(F, I, args) -> int:
+    r = ptr32(I)
+    g = int(args[0])
+    d = int(args[1])
+    m = int(args[2])
+    channels = int(args[3])
+    plane = int(args[4])
+    at = g + 1
+    for i in range(m * channels):
+        v = int(I[d + i])
+        for _ in range(plane):
+            r[at] = v
+            at += 1
+    r[g] = int(_normalize(I, g, m * channels * plane))
+    return 0
+
+
+@micropython.viper
+def _masked(args, I, c: int, lo: int, hi: int, fy: int) -> int:
+    # one channel of int_clamp_bias_grad: G zeroed outside the clamp, the sum of the rest
+    q = ptr8(args[0])
+    r = ptr32(I)
+    g = int(args[1])
+    y = int(args[2])
+    m = int(args[9])
+    channels = int(args[10])
+    plane = int(args[11])
+    acc = 0
+    for i in range(m):
+        at = (i * channels + c) * plane
+        pg = g + 1 + at
+        py = y + at
+        for p in range(plane):
+            v = (int(q[py + p]) ^ fy) - fy
+            if v > lo and v < hi:
+                acc += int(I[pg + p])
+            else:
+                r[pg + p] = 0
+    return acc
+
+
+@micropython.viper
+def _fold(args, I, c: int, m0: int, shift: int) -> int:
+    r = ptr32(I)
+    g = int(args[1])
+    m = int(args[9])
+    channels = int(args[10])
+    plane = int(args[11])
+    for i in range(m):
+        pg = g + 1 + (i * channels + c) * plane
+        for p in range(pg, pg + plane):
+            r[p] = int(_rq(int(I[p]), m0, shift))
+    return 0
+
+
+@micropython.viper
+def int_clamp_bias_grad(F, I, args) -> int:
+    r = ptr32(I)
+    g = int(args[1])
+    bias = int(args[3])
+    rates = int(args[4])
+    req = int(args[5])
+    random = int(args[6])
+    channels = int(args[10])
+    fy = 0
+    if int(args[12]):
+        fy = 0x80
+    lo = int(I[req + 2])
+    hi = int(I[req + 3])
+    e = int(I[g])
+    for c in range(channels):
+        at = rates + 4 * c
+        acc = int(_masked(args, I, c, lo, hi, fy))
+        v = int(I[bias + c]) - int(_gstep(I, acc, int(I[at]), int(I[at + 1]), e, random))
+        if v > _BIAS_LIMIT:
+            v = _BIAS_LIMIT
+        elif v < 0 - _BIAS_LIMIT:
+            v = 0 - _BIAS_LIMIT
+        r[bias + c] = v
+        shift = int(I[at + 3])
+        if shift > 62:
+            shift = 62
+        _fold(args, I, c, int(I[at + 2]), shift)
+    return 0
+
+
+@micropython.viper
+def _scatter(args, I, n: int, mo: int) -> int:
+    # the contributions of output channel mo of image n to int_conv_grad_input's G_x
+    q = ptr8(args[0])
+    r = ptr32(I)
+    gx = int(args[1])
+    g = int(args[2])
+    w = int(args[3])
+    groups = int(args[5])
+    cin_g = int(args[6])
+    cout_g = int(args[7])
+    in_h = int(args[8])
+    in_w = int(args[9])
+    out_h = int(args[10])
+    out_w = int(args[11])
+    k_h = int(args[12])
+    k_w = int(args[13])
+    s_h = int(args[14])
+    s_w = int(args[15])
+    d_h = int(args[16])
+    d_w = int(args[17])
+    pad_t = int(args[18])
+    pad_l = int(args[19])
+    in_plane = in_h * in_w
+    taps = k_h * k_w
+    channels = groups * cout_g
+    x_group = gx + 1 + n * groups * cin_g * in_plane + (mo // cout_g) * cin_g * in_plane
+    pg = g + 1 + (n * channels + mo) * out_h * out_w
+    w_m = w + mo * cin_g * taps
+    for oy in range(out_h):
+        for ox in range(out_w):
+            v = int(I[pg])
+            pg += 1
+            if v == 0:
+                continue
+            for c in range(cin_g):
+                x_c = x_group + c * in_plane
+                w_c = w_m + c * taps
+                for ky in range(k_h):
+                    iy = oy * s_h - pad_t + ky * d_h
+                    if iy < 0 or iy >= in_h:
+                        continue
+                    for kx in range(k_w):
+                        ix = ox * s_w - pad_l + kx * d_w
+                        if ix < 0 or ix >= in_w:
+                            continue
+                        at = x_c + iy * in_w + ix
+                        r[at] = int(I[at]) + v * ((int(q[w_c + ky * k_w + kx]) ^ 0x80) - 0x80)
+    return 0
+
+
+@micropython.viper
+def int_conv_grad_input(F, I, args) -> int:
+    r = ptr32(I)
+    gx = int(args[1])
+    g = int(args[2])
+    m = int(args[4])
+    groups = int(args[5])
+    cin_g = int(args[6])
+    cout_g = int(args[7])
+    count = m * groups * cin_g * int(args[8]) * int(args[9])
+    for i in range(gx + 1, gx + 1 + count):
+        r[i] = 0
+    for n in range(m):
+        for mo in range(groups * cout_g):
+            _scatter(args, I, n, mo)
+    r[gx] = int(I[g]) + int(_normalize(I, gx, count))
+    return 0
+
+
+@micropython.viper
+def _weight_sum(args, I, mo: int, c: int, ky: int, kx: int, zp: int, fx: int) -> int:
+    # sum over the batch and the outputs of G[mo] * (X - x_zp) for one weight of
+    # int_conv_update (zp includes the flip)
+    q = ptr8(args[0])
+    x = int(args[2])
+    g = int(args[3])
+    m = int(args[6])
+    groups = int(args[7])
+    cin_g = int(args[8])
+    cout_g = int(args[9])
+    in_h = int(args[10])
+    in_w = int(args[11])
+    out_h = int(args[12])
+    out_w = int(args[13])
+    s_h = int(args[16])
+    s_w = int(args[17])
+    d_h = int(args[18])
+    d_w = int(args[19])
+    pad_t = int(args[20])
+    pad_l = int(args[21])
+    channels = groups * cout_g
+    in_plane = in_h * in_w
+    out_plane = out_h * out_w
+    first = (mo // cout_g) * cin_g
+    acc = 0
+    for n in range(m):
+        pg = g + 1 + (n * channels + mo) * out_plane
+        px = x + (n * groups * cin_g + first + c) * in_plane
+        for oy in range(out_h):
+            iy = oy * s_h - pad_t + ky * d_h
+            if iy < 0 or iy >= in_h:
+                pg += out_w
+                continue
+            row = px + iy * in_w
+            for ox in range(out_w):
+                v = int(I[pg])
+                pg += 1
+                if v == 0:
+                    continue
+                ix = ox * s_w - pad_l + kx * d_w
+                if ix >= 0 and ix < in_w:
+                    acc += v * ((int(q[row + ix]) ^ fx) - zp)
+    return acc
+
+
+@micropython.viper
+def int_conv_update(F, I, args) -> int:
+    q = ptr8(args[0])
+    w = int(args[1])
+    g = int(args[3])
+    rates = int(args[4])
+    random = int(args[5])
+    groups = int(args[7])
+    cin_g = int(args[8])
+    cout_g = int(args[9])
+    k_h = int(args[14])
+    k_w = int(args[15])
+    fx = 0
+    if int(args[22]):
+        fx = 0x80
+    zp = int(I[rates]) + fx
+    e = int(I[g])
+    for mo in range(groups * cout_g):
+        m0 = int(I[rates + 1 + 2 * mo])
+        shift = int(I[rates + 2 + 2 * mo])
+        for c in range(cin_g):
+            for ky in range(k_h):
+                for kx in range(k_w):
+                    acc = int(_weight_sum(args, I, mo, c, ky, kx, zp, fx))
+                    at = w + ((mo * cin_g + c) * k_h + ky) * k_w + kx
+                    v = ((int(q[at]) ^ 0x80) - 0x80) - int(_gstep(I, acc, m0, shift, e,
+                                                                   random))
+                    if v > 127:
+                        v = 127
+                    elif v < -127:
+                        v = -127
+                    q[at] = v & 0xFF
+    return 0
