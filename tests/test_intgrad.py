@@ -186,3 +186,50 @@ def test_sparse_steps_under_heap_lock_viper_equals_pure_equals_cpython(
         assert values != [str(v & 255 if p.data_type == 3 else v) for v in p.data], name
     assert ((tmp_path / "f.ckpt").read_bytes() == (tmp_path / "p.ckpt").read_bytes()
             == (tmp_path / "c.ckpt").read_bytes())
+
+
+def test_crafted_sparse_blobs_are_refused(ds_cnn_qdq, tmp_path):
+    from test_inttrain import _patched
+    tmp, _, _ = ds_cnn_qdq
+    info = int8_training_artifacts(tmp / "qdq.onnx", tmp_path, 0.05, **SPARSE)
+    b = device_blob.load(info["blob"], keep_steps=True)
+    ops = [op for op, *_ in b.step_records["train"]]
+    pool, bias, grad_input, update = (ops.index(248), ops.index(249), ops.index(250),
+                                      ops.index(251))
+    for index, field, change, match in (
+            # (the pool step's ints may be stored once with the bias step's: either refuses)
+            (pool, 2, lambda v: [v[0], v[1], v[2] + 1], "int_pool_grad|int_clamp_bias_grad"),
+            # the bias' rates where the bias goes: not a parameter
+            (bias, 1, lambda t: t[:2] + [t[3]] + t[3:], "int_clamp_bias_grad"),
+            (bias, 2, lambda v: v[:3] + [5], "signed flag"),
+            (grad_input, 2, lambda v: v[:3] + [2000] + v[4:],
+             "terms per input gradient|int_conv_update"),
+            (update, 2, lambda v: [9] + v[1:], "int_conv_update"),
+            # the update reads a gradient tensor no earlier step gave a unit
+            (update, 1, lambda t: t[:2] + [t[3]] + t[3:], "int_conv_update")):
+        data = _patched(info["blob"], "train", index, change, field)
+        with pytest.raises(BlobError, match=match):
+            device_blob.load(data)
+
+
+def test_cli_export_int8_sparse(ds_cnn_qdq, tmp_path):
+    import json
+    tmp, _, _ = ds_cnn_qdq
+    out = subprocess.run(
+        [sys.executable, "-m", "microtrain_host.cli", "export", str(tmp), "--checkpoint",
+         str(tmp / "trained"), "--qdq", "-o", str(tmp_path / "q.onnx"), "--int8-train",
+         str(tmp_path / "int8"), "--int8-train-biases", "--int8-train-depthwise"],
+        capture_output=True, text=True, check=True).stdout
+    assert "integer training blob" in out and "7 more tensors" in out, out
+    info = json.loads((tmp_path / "int8" / "int8_train.json").read_text())
+    assert info["train_biases"] and info["train_depthwise"] and info["train_conv"]
+    state = CheckpointState.load_checkpoint(info["checkpoint"])
+    assert sorted(state.parameters) == sorted(info["parameters"])
+    b = device_blob.load(info["blob"], keep_steps=True)
+    ops = [op for op, *_ in b.step_records["train"]]
+    convs = ops.count(QLINEAR_CONV)
+    # one bias step per convolution, input gradients down to the first, two weight updates
+    assert (ops.count(249), ops.count(250), ops.count(251)) == (convs, convs - 1, 2)
+    helptext = subprocess.run([sys.executable, "-m", "microtrain_host.cli", "export", "-h"],
+                              capture_output=True, text=True, check=True).stdout
+    assert "--int8-train-biases" in helptext and "--int8-train-depthwise" in helptext

@@ -233,12 +233,15 @@ def cmd_export(args):
         info = int8_training_artifacts(args.output, args.int8_train, args.int8_lr,
                                        stochastic=not args.int8_nearest,
                                        train_conv=args.int8_train_conv,
-                                       momentum=args.int8_momentum)
+                                       momentum=args.int8_momentum,
+                                       train_biases=args.int8_train_biases,
+                                       train_depthwise=args.int8_train_depthwise)
+        others = len(info["parameters"]) - 2
         print(f"integer training blob {info['blob']} ({os.path.getsize(info['blob'])} bytes), "
               f"checkpoint {info['checkpoint']}: classifier {info['weight']} "
               f"[{info['classes']}, {info['features']}]"
-              f"{' and the last 1x1 convolution' if args.int8_train_conv else ''} trained in "
-              f"integers; inputs "
+              f"{f' and {others} more tensors' if others else ''} trained in "
+              f"integers ({', '.join(info['parameters'])}); inputs "
               f"quantized with scale {info['input_scale']:g}, zero point "
               f"{info['input_zero_point']} ({info['input_type']}; see {info['info']})")
     print(f"exported {args.output} ({os.path.getsize(args.output)} bytes): inputs "

@@ -245,6 +245,21 @@ def build_parser():
                    help="with --int8-train: also train the 1x1 convolution before the "
                         "GlobalAveragePool that feeds the classifier (a DS-CNN's last "
                         "pointwise conv: the last block), weights and bias")
+    p.add_argument("--int8-train-biases", action="store_true",
+                   help="with --int8-train: also train the int32 bias of every convolution "
+                        "(MIT's sparse update): the gradient flows back in integers through "
+                        "the frozen int8 convolutions, their ReLU / Clip masks and the "
+                        "GlobalAveragePool, each bias stepped as soon as its gradient is "
+                        "known (no gradient buffer). The model must be a chain of "
+                        "convolutions into a GlobalAveragePool and the classifier (a DS-CNN); "
+                        "costs two int32 gradient planes of the largest activation in the "
+                        "int arena, and keeps every convolution's int8 output alive")
+    p.add_argument("--int8-train-depthwise", action="store_true",
+                   help="with --int8-train: also train the int8 weights of the last block's "
+                        "depthwise convolution, and so the whole last block (implies "
+                        "--int8-train-conv; the biases the backward passes train too). "
+                        "Sparse update of a DS-CNN: --int8-train-biases "
+                        "--int8-train-depthwise")
     p.add_argument("--int8-momentum", type=float, default=0.0, metavar="MU",
                    help="with --int8-train: SGD momentum of the classifier (torch's rule; an "
                         "int16 velocity per weight, not saved in checkpoints; default 0)")
