@@ -11,7 +11,7 @@
 # Cached under .cache/micropython-frozen/, keyed by the source tarball, this script and every
 # device module (names and contents): change any and the next run rebuilds.
 #
-# The viper kernels (kernels/qlinear_viper.py, kernels/inttrain_viper.py) are frozen as
+# The viper kernels (kernels/qlinear_viper.py, inttrain_viper.py, intgrad_viper.py) are frozen as
 # machine code for this machine's architecture (MPY_CROSS_FLAGS below): `qlinear.FAST` and
 # `inttrain.FAST` are then True without any .py file.
 set -euo pipefail
@@ -67,9 +67,9 @@ if ! { make -C "$cache/tree/mpy-cross" -j"$jobs" &&
     exit 1
 fi
 cp "$cache/tree/ports/unix/build-standard/micropython" "$binary"
-# The viper kernels must have been frozen and work: qlinear and inttrain fall back to their
+# The viper kernels must have been frozen and work: qlinear, inttrain and intgrad fall back to their
 # pure-Python kernels when the import fails, which would hide a broken build.
-(cd "$cache" && "$binary" -c "from microtrain.kernels import qlinear, inttrain
-assert qlinear.FAST and inttrain.FAST")
+(cd "$cache" && "$binary" -c "from microtrain.kernels import qlinear, inttrain, intgrad
+assert qlinear.FAST and inttrain.FAST and intgrad.FAST")
 echo "$key" > "$cache/key"
 echo "$binary"

@@ -36,31 +36,30 @@ def _signed_bytes(view, signed):
 
 
 def _forward_record(model, info, x, y):
-    """Run the train program's steps by hand, snapshotting before the classifier every
-    convolution's (geometry ints, input, output, weight, bias, their tensor ids, the
-    requantization header [x_zp, y_zp, lo, hi]) and the classifier's (input bytes,
-    weight, bias, input id); then finish the step."""
+    """Run the train program's steps by hand, snapshotting each convolution's (geometry
+    ints, input, output, weight, bias, their tensor ids, the requantization header [x_zp,
+    y_zp, lo, hi]) as it runs (the planner reuses their planes) and the classifier's (input
+    bytes, weight, bias, input id) before the classifier's step."""
     b = model.blob
     program = model._train
     copy_inputs(b, model.F, model.I, program, (x, y), b.num_classes)
     records = device_blob.load(info["blob"], keep_steps=True).step_records["train"]
     signed = lambda tid: b.dtypes[tid] == device_blob.INT8        # noqa: E731
-    convs, snap = [], None
+    snap = []
     for (kernel, args), (op, tensors, ints, _) in zip(program.steps, records):
         if op == INT_GEMM_LOGITS:
-            snap = []
-            for ints_, (yid, xid, wid, bid, req) in convs:
-                snap.append((ints_, _signed_bytes(model.output(xid), signed(xid)),
-                             _signed_bytes(model.output(yid), signed(yid)),
-                             _signed_bytes(model.output(wid), True),
-                             np.array(model.output(bid), np.int64), xid, yid, wid, bid,
-                             np.array(model.output(req), np.int64)[:4]))
             classifier = (_signed_bytes(model.output(tensors[1]), signed(tensors[1])),
                           _signed_bytes(model.output(tensors[2]), True),
                           np.array(model.output(tensors[3]), np.int64), tensors[1])
         if op == QLINEAR_CONV:
-            convs.append((ints, tensors[:5]))
+            yid, xid, wid, bid, req = tensors[:5]
+            before = _signed_bytes(model.output(xid), signed(xid))
         kernel(model.F, model.I, args)
+        if op == QLINEAR_CONV:
+            snap.append((ints, before, _signed_bytes(model.output(yid), signed(yid)),
+                         _signed_bytes(model.output(wid), True),
+                         np.array(model.output(bid), np.int64), xid, yid, wid, bid,
+                         np.array(model.output(req), np.int64)[:4]))
     return snap, classifier
 
 
@@ -194,14 +193,15 @@ def test_crafted_sparse_blobs_are_refused(ds_cnn_qdq, tmp_path):
     info = int8_training_artifacts(tmp / "qdq.onnx", tmp_path, 0.05, **SPARSE)
     b = device_blob.load(info["blob"], keep_steps=True)
     ops = [op for op, *_ in b.step_records["train"]]
-    pool, bias, grad_input, update = (ops.index(248), ops.index(249), ops.index(250),
-                                      ops.index(251))
+    pool, bias, grad_input, update, mask = (ops.index(248), ops.index(249), ops.index(250),
+                                            ops.index(251), ops.index(252))
     for index, field, change, match in (
             # (the pool step's ints may be stored once with the bias step's: either refuses)
             (pool, 2, lambda v: [v[0], v[1], v[2] + 1], "int_pool_grad|int_clamp_bias_grad"),
             # the bias' rates where the bias goes: not a parameter
             (bias, 1, lambda t: t[:2] + [t[3]] + t[3:], "int_clamp_bias_grad"),
-            (bias, 2, lambda v: v[:3] + [5], "signed flag"),
+            (mask, 2, lambda v: [v[0], 5], "signed flag"),
+            (mask, 2, lambda v: [v[0] * 2, v[1]], "int_clamp_mask"),
             (grad_input, 2, lambda v: v[:3] + [2000] + v[4:],
              "terms per input gradient|int_conv_update"),
             (update, 2, lambda v: [9] + v[1:], "int_conv_update"),

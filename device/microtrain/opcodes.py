@@ -17,7 +17,7 @@ except ImportError:
 # observers, weight scales) 200-219, qlinear (int8 kernels) 220-239. Issue 11 (training
 # within a microcontroller's memory) 240-259: activation (ReLU with a 1-bit mask) 240-241,
 # inttrain (integer training of int8 layers) 242-247,
-# intgrad (integer backward through frozen int8 convolutions) 248-251.
+# intgrad (integer backward through frozen int8 convolutions) 248-252.
 GEMM = const(1)
 GEMM_ACCUMULATE = const(2)
 BATCHED_GEMM = const(3)
@@ -135,11 +135,12 @@ INT_GEMM_UPDATE = const(244)
 INT_GEMM_GRAD_INPUT = const(245)
 INT_CONV1X1_UPDATE = const(246)
 INT_GEMM_UPDATE_MOMENTUM = const(247)
-# integer backward through frozen int8 convolutions (intgrad: the sparse update) 248-251
+# integer backward through frozen int8 convolutions (intgrad: the sparse update) 248-252
 INT_POOL_GRAD = const(248)
 INT_CLAMP_BIAS_GRAD = const(249)
 INT_CONV_GRAD_INPUT = const(250)
 INT_CONV_UPDATE = const(251)
+INT_CLAMP_MASK = const(252)
 
 # op code -> (kernel family module, function, tensor dtypes, int count, float count)
 # Tensor dtypes: "f" float arena, "i" int arena, "?" float arena or no tensor, "b" byte
@@ -270,9 +271,10 @@ SIGNATURES = {
     INT_CONV1X1_UPDATE: ("inttrain", "int_conv1x1_update", "bibbiiik", 6, 0),
     INT_GEMM_UPDATE_MOMENTUM: ("inttrain", "int_gemm_update_momentum", "bibiikbi", 5, 0),
     INT_POOL_GRAD: ("intgrad", "int_pool_grad", "ii", 3, 0),
-    INT_CLAMP_BIAS_GRAD: ("intgrad", "int_clamp_bias_grad", "ibiiikbb", 4, 0),
+    INT_CLAMP_BIAS_GRAD: ("intgrad", "int_clamp_bias_grad", "ibiikb", 3, 0),
     INT_CONV_GRAD_INPUT: ("intgrad", "int_conv_grad_input", "iib", 16, 0),
     INT_CONV_UPDATE: ("intgrad", "int_conv_update", "bbiik", 17, 0),
+    INT_CLAMP_MASK: ("intgrad", "int_clamp_mask", "bbi", 2, 0),
 }
 
 

@@ -120,6 +120,7 @@ INT_POOL_GRAD = 248
 INT_CLAMP_BIAS_GRAD = 249
 INT_CONV_GRAD_INPUT = 250
 INT_CONV_UPDATE = 251
+INT_CLAMP_MASK = 252
 
 NAMES = {value: name for name, value in list(globals().items())
          if name.isupper() and isinstance(value, int)}

@@ -7,9 +7,10 @@
 #
 #   int_pool_grad          G = D broadcast over the P positions (GlobalAveragePool's
 #                          backward; real unit u_D / P), normalized to MANT_BITS
-#   int_clamp_bias_grad    G *= mask (the quantized output y strictly inside its clamp
-#                          bounds lo < y < hi: the straight-through gradient of ReLU / Clip /
-#                          the int8 range), the bias' SGD step from sum_p G (fused, no
+#   int_clamp_mask         (forward, after the convolution) 1 bit per output: the quantized
+#                          output y strictly inside its clamp bounds lo < y < hi (the
+#                          straight-through gradient of ReLU / Clip / the int8 range)
+#   int_clamp_bias_grad    G *= mask, the bias' SGD step from sum_p G (fused, no
 #                          gradient buffer), then G[c] *= s_w[c] / max(s_w) (the per-channel
 #                          weight scale folded in as an integer multiplier, for the input
 #                          gradient and the weight update)
@@ -126,11 +127,38 @@ def int_pool_grad_check(args, c):
 
 
 # -- a convolution's clamp: mask, bias step, weight scale folded -----------------------
-def int_clamp_bias_grad(F, I, args):
-    Q, g, y, bias, rates, req, random, x, w, m, channels, plane, y_signed = args
+def int_clamp_mask(F, I, args):
+    # bit i of the mask (byte i >> 3, bit i & 7) = lo < y[i] < hi: what the backward needs of
+    # a convolution's output (1 bit instead of its byte, so the planner can reuse the output's
+    # plane for the next layer's once the mask is taken)
+    Q, mask, y, req, count, y_signed = args
     fy = 128 if y_signed else 0
     lo = I[req + 2]
     hi = I[req + 3]
+    i = 0
+    for at in range(mask, mask + ((count + 7) >> 3)):
+        bits = 0
+        for b in range(8):
+            if i < count:
+                v = (Q[y + i] ^ fy) - fy
+                if lo < v < hi:
+                    bits |= 1 << b
+            i += 1
+        Q[at] = bits
+
+
+def int_clamp_mask_check(args, c):
+    Q, mask, y, req, count, y_signed = args
+    c.positive(count)
+    c.holds(0, (count + 7) >> 3)
+    c.holds(1, count)
+    c.holds(2, 4)
+    c.within(y_signed, 0, 1, "signed flag")
+
+
+def int_clamp_bias_grad(F, I, args):
+    # (the mask tensor carries the scale of the conv's input: the bias quanta s_x * s_w[c])
+    Q, g, mask, bias, rates, random, w, m, channels, plane = args
     e = I[g]
     for c in range(channels):
         r = rates + 4 * c
@@ -138,13 +166,12 @@ def int_clamp_bias_grad(F, I, args):
         for i in range(m):
             at = (i * channels + c) * plane
             pg = g + 1 + at
-            py = y + at
-            for p in range(plane):
-                v = (Q[py + p] ^ fy) - fy
-                if lo < v < hi:
-                    acc += I[pg + p]
+            for p in range(at, at + plane):
+                if (Q[mask + (p >> 3)] >> (p & 7)) & 1:
+                    acc += I[pg]
                 else:
-                    I[pg + p] = 0
+                    I[pg] = 0
+                pg += 1
         v = I[bias + c] - _step(I, acc, I[r], I[r + 1], e, random)
         if v > BIAS_LIMIT:
             v = BIAS_LIMIT
@@ -189,23 +216,21 @@ def _scales(c, x, w, channels):
 
 
 def int_clamp_bias_grad_check(args, c):
-    Q, g, y, bias, rates, req, random, x, w, m, channels, plane, y_signed = args
+    Q, g, mask, bias, rates, random, w, m, channels, plane = args
     c.positive(m, channels, plane)
     c.within(m * plane, 1, MAX_SUM * 128, "positions")       # acc < 2**29
     c.holds(0, 1 + m * channels * plane)
-    c.holds(1, m * channels * plane)
+    c.holds(1, (m * channels * plane + 7) >> 3)
     c.holds(2, channels)
     c.role(2, "param")
     c.holds(3, 4 * channels)
-    c.holds(4, 4)
-    if c.present(5):
-        c.holds(5, 1)
-        c.role(5, "optimizer_state")
-    c.within(y_signed, 0, 1, "signed flag")
+    if c.present(4):
+        c.holds(4, 1)
+        c.role(4, "optimizer_state")
     unit = c.blob.int_units.get(c.tensors[0])
     if unit is None:
         c.fail("no step before this one gives its gradient tensor's unit")
-    sx, sw = _scales(c, 6, 7, channels)
+    sx, sw = _scales(c, 1, 5, channels)
     lr = c.blob.optimizer.get("learning_rate", 0.0)
     from array import array
     if _derived(c, 3, array("i", _pairs(bias_reals(unit, sx, sw, m, lr)))):
@@ -383,8 +408,8 @@ def rate_values(kind, params, x_zp, lr):
 
 
 # The viper fast paths (MicroPython with the viper emitter): same integers, no allocation.
-_FAST_NAMES = ("int_pool_grad", "int_clamp_bias_grad", "int_conv_grad_input",
-               "int_conv_update")
+_FAST_NAMES = ("int_pool_grad", "int_clamp_mask", "int_clamp_bias_grad",
+               "int_conv_grad_input", "int_conv_update")
 _pure = {}
 for _name in _FAST_NAMES:
     if _name in globals():

@@ -83,26 +83,51 @@ def int_pool_grad(F, I, args) -> int:
 
 
 @micropython.viper
-def _masked(args, I, c: int, lo: int, hi: int, fy: int) -> int:
-    # one channel of int_clamp_bias_grad: G zeroed outside the clamp, the sum of the rest
+def int_clamp_mask(F, I, args) -> int:
+    q = ptr8(args[0])
+    mask = int(args[1])
+    y = int(args[2])
+    req = int(args[3])
+    count = int(args[4])
+    fy = 0
+    if int(args[5]):
+        fy = 0x80
+    lo = int(I[req + 2])
+    hi = int(I[req + 3])
+    i = 0
+    for at in range(mask, mask + ((count + 7) >> 3)):
+        bits = 0
+        for b in range(8):
+            if i < count:
+                v = (int(q[y + i]) ^ fy) - fy
+                if v > lo and v < hi:
+                    bits |= 1 << b
+            i += 1
+        q[at] = bits
+    return 0
+
+
+@micropython.viper
+def _masked(args, I, c: int) -> int:
+    # one channel of int_clamp_bias_grad: G zeroed where the mask bit is 0, the sum of the
+    # rest
     q = ptr8(args[0])
     r = ptr32(I)
     g = int(args[1])
-    y = int(args[2])
-    m = int(args[9])
-    channels = int(args[10])
-    plane = int(args[11])
+    mask = int(args[2])
+    m = int(args[7])
+    channels = int(args[8])
+    plane = int(args[9])
     acc = 0
     for i in range(m):
         at = (i * channels + c) * plane
         pg = g + 1 + at
-        py = y + at
-        for p in range(plane):
-            v = (int(q[py + p]) ^ fy) - fy
-            if v > lo and v < hi:
-                acc += int(I[pg + p])
+        for p in range(at, at + plane):
+            if (int(q[mask + (p >> 3)]) >> (p & 7)) & 1:
+                acc += int(I[pg])
             else:
-                r[pg + p] = 0
+                r[pg] = 0
+            pg += 1
     return acc
 
 
@@ -110,9 +135,9 @@ def _masked(args, I, c: int, lo: int, hi: int, fy: int) -> int:
 def _fold(args, I, c: int, m0: int, shift: int) -> int:
     r = ptr32(I)
     g = int(args[1])
-    m = int(args[9])
-    channels = int(args[10])
-    plane = int(args[11])
+    m = int(args[7])
+    channels = int(args[8])
+    plane = int(args[9])
     for i in range(m):
         pg = g + 1 + (i * channels + c) * plane
         for p in range(pg, pg + plane):
@@ -126,18 +151,12 @@ def int_clamp_bias_grad(F, I, args) -> int:
     g = int(args[1])
     bias = int(args[3])
     rates = int(args[4])
-    req = int(args[5])
-    random = int(args[6])
-    channels = int(args[10])
-    fy = 0
-    if int(args[12]):
-        fy = 0x80
-    lo = int(I[req + 2])
-    hi = int(I[req + 3])
+    random = int(args[5])
+    channels = int(args[8])
     e = int(I[g])
     for c in range(channels):
         at = rates + 4 * c
-        acc = int(_masked(args, I, c, lo, hi, fy))
+        acc = int(_masked(args, I, c))
         v = int(I[bias + c]) - int(_gstep(I, acc, int(I[at]), int(I[at + 1]), e, random))
         if v > _BIAS_LIMIT:
             v = _BIAS_LIMIT

@@ -7,12 +7,16 @@ builds the graphs that use them.
                                        broadcast over the P positions of the pooled Y; G is
                                        a gradient tensor [1 + m * C * P] (exponent, then
                                        mantissas)
-  IntClampBiasGrad(G, Y, B, X, W) -> (G', B')
-                                       in place: G masked by the conv's quantized output Y
-                                       inside its clamp (the QLinearConv node named by
-                                       attribute `conv`: its bounds), the int32 bias B's SGD
-                                       step, then G scaled by s_w[c] / max(s_w); X and W
-                                       give the scales (bias quanta s_x * s_w[c])
+  IntClampMask(Y, X) -> M              (in the forward, right after the conv) 1 bit per
+                                       element of the conv's quantized output Y: inside its
+                                       clamp (the QLinearConv node named by attribute
+                                       `conv`: its bounds), so Y's plane can be reused; M
+                                       carries the scale of the conv's input X
+  IntClampBiasGrad(G, Y, M, B, W) -> (G', B')
+                                       in place: G masked by M, the int32 bias B's SGD
+                                       step, then G scaled by s_w[c] / max(s_w); Y gives the
+                                       shape (no step reads it), M and W the scales (bias
+                                       quanta s_x * s_w[c])
   IntConvGradInput(G, W, X) -> GX      the input gradient of the conv (its attributes copied
                                        on the node; X for the input's shape)
   IntConvUpdate(W, X, G) -> W'         the int8 weights' SGD step (QAS), in place
@@ -23,7 +27,7 @@ import numpy as np
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
 from ..graph import attr
-from ..pipeline.lower import ACTIVATION, INT32, INT8, PARAM, Tensor
+from ..pipeline.lower import ACTIVATION, INT32, INT8, PARAM, UINT8, Tensor
 from ..registry import lowering
 from .conv import conv_attributes, device_geometry
 from .inttrain import _byte, _derived, _dither
@@ -56,26 +60,42 @@ def lower_int_pool_grad(ctx, node):
     ctx.step(op.INT_POOL_GRAD, [g, d], [m, channels, plane])
 
 
+@lowering("IntClampMask")
+def lower_int_clamp_mask(ctx, node):
+    # IntClampMask(Y, X) -> M: the mask carries the scale of the conv's input X (the bias
+    # quanta s_x * s_w[c] of IntClampBiasGrad's rates), so that no backward step has to keep
+    # X alive for its scale
+    yid, y = _byte(ctx, node.input[0], node)
+    _, x = _byte(ctx, node.input[1], node)
+    name = node.output[0]
+    tid = ctx.add(Tensor(name, UINT8, ACTIVATION, ((y.size + 7) // 8,),
+                         program=ctx.program_name, scale=tuple(x.scale),
+                         zero_point=(0,) * len(x.scale)))
+    ctx.local[name] = tid
+    req = ctx.local[f"{attr(node, 'conv')}.requant"]
+    ctx.step(op.INT_CLAMP_MASK, [tid, yid, req], [y.size, int(y.dtype == INT8)])
+
+
 @lowering("IntClampBiasGrad")
 def lower_int_clamp_bias_grad(ctx, node):
-    g_name, y_name, b_name, x_name, w_name = node.input
+    g_name, y_name, mask_name, b_name, w_name = node.input
     g = ctx.t(g_name)
-    yid, y = _byte(ctx, y_name, node)
-    xid, _ = _byte(ctx, x_name, node)
+    y = ctx.tensors[ctx.t(y_name)]
+    mask, _ = _byte(ctx, mask_name, node)
     wid, w = _byte(ctx, w_name, node)
     bid = ctx.t(b_name)
     bias = ctx.tensors[bid]
     m, channels = y.shape[:2]
     plane = int(np.prod(y.shape[2:], dtype=np.int64))
     if bias.role != PARAM or bias.dtype != INT32 or bias.size != channels or \
-            ctx.tensors[g].size != 1 + y.size or w.shape[0] != channels:
+            ctx.tensors[g].size != 1 + y.size or w.shape[0] != channels or \
+            ctx.tensors[mask].size * 8 < y.size:
         raise UnsupportedOpError(f"{ctx.where(node)}: B must be an int32 parameter of "
-                                 f"{channels} values, G the gradient of Y {list(y.shape)}")
-    req = ctx.local[f"{attr(node, 'conv')}.requant"]
+                                 f"{channels} values, G the gradient of Y {list(y.shape)}, M "
+                                 f"its mask")
     rates = _derived(ctx, f"{b_name}.bias_rates", 4 * channels)
-    ctx.step(op.INT_CLAMP_BIAS_GRAD, [g, yid, bid, rates, req, _dither(ctx, node, b_name),
-                                      xid, wid],
-             [m, channels, plane, int(y.dtype == INT8)])
+    ctx.step(op.INT_CLAMP_BIAS_GRAD, [g, mask, bid, rates, _dither(ctx, node, b_name), wid],
+             [m, channels, plane])
     ctx.alias_in_place(node.output[0], g_name)
     ctx.alias_in_place(node.output[1], b_name)
 

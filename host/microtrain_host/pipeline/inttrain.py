@@ -136,7 +136,8 @@ def _sparse_nodes(fused, gemm, frozen, inits, params, quantization, inputs, take
     depthwise conv. Every convolution it passes trains its bias; the last one (pointwise)
     its weights with train_weights, the one before it (depthwise) with train_depthwise.
     Returns (the frozen nodes with the trained convolutions reading their parameters, the
-    backward nodes); fills params, quantization, inputs and taken."""
+    backward nodes, {conv node name: its IntClampMask node}, which the train graph runs
+    right after the conv); fills params, quantization, inputs and taken."""
     chain = _conv_chain(fused, gemm)
     if train_depthwise:
         train_weights = True
@@ -148,6 +149,7 @@ def _sparse_nodes(fused, gemm, frozen, inits, params, quantization, inputs, take
     if train_depthwise:
         weights.add(len(chain) - 2)
     replaced = {}
+    masks = {}
     nodes = []
     grad = "intgrad.grad.%d" % (len(chain) - 1)
     nodes.append(helper.make_node("IntPoolGrad", [FEATURE_GRAD, chain[-1].output[0]], [grad],
@@ -177,8 +179,13 @@ def _sparse_nodes(fused, gemm, frozen, inits, params, quantization, inputs, take
         trained.attribute.extend(conv.attribute)
         replaced[id(conv)] = trained
         masked = grad + ".masked"
+        masks[conv.name] = helper.make_node("IntClampMask", [conv.output[0], conv.input[0]],
+                                            [conv.output[0] + ".mask"],
+                                            name=conv.name + ".mask", domain=DOMAIN,
+                                            conv=conv.name)
         nodes.append(helper.make_node(
-            "IntClampBiasGrad", [grad, conv.output[0], b_name, conv.input[0], w_name],
+            "IntClampBiasGrad", [grad, conv.output[0], conv.output[0] + ".mask", b_name,
+                                 w_name],
             [masked, b_name + ".updated"], name=conv.name + ".bias_grad", domain=DOMAIN,
             conv=conv.name, stochastic=int(bool(stochastic))))
         geometry = [a for a in conv.attribute if a.name in
@@ -195,7 +202,7 @@ def _sparse_nodes(fused, gemm, frozen, inits, params, quantization, inputs, take
                                     domain=DOMAIN, stochastic=int(bool(stochastic)))
             node.attribute.extend(geometry)
             nodes.append(node)
-    return [replaced.get(id(n), n) for n in frozen], nodes
+    return [replaced.get(id(n), n) for n in frozen], nodes, masks
 
 
 def _param_name(name, fallback):
@@ -243,8 +250,9 @@ def int8_training_model(qdq_model, stochastic=True, train_conv=False, momentum=0
     quantization = {x_name: ([attr(quant, "scale")], [attr(quant, "zero_point", 0)], 0),
                     w_name: (w_scales, [0] * n, 0)}
     conv_nodes = []
+    masks = {}
     if train_biases or train_depthwise:
-        frozen, sparse = _sparse_nodes(fused, gemm, frozen, inits, params, quantization,
+        frozen, sparse, masks = _sparse_nodes(fused, gemm, frozen, inits, params, quantization,
                                        inputs, taken, train_biases, train_conv,
                                        train_depthwise, stochastic)
         conv_nodes = [helper.make_node("IntGemmGradInput", [GRAD, w_name], [FEATURE_GRAD],
@@ -292,15 +300,17 @@ def int8_training_model(qdq_model, stochastic=True, train_conv=False, momentum=0
     out_logits = helper.make_tensor_value_info(LOGITS, TensorProto.INT32, [batch, n])
     opsets = list(fused.opset_import)
 
-    def model(name, nodes, outputs):
-        graph = helper.make_graph(frozen + nodes, name, inputs, outputs, initializer=keep,
+    def model(name, nodes, outputs, forward=frozen):
+        graph = helper.make_graph(forward + nodes, name, inputs, outputs, initializer=keep,
                                   value_info=infos)
         return helper.make_model(graph, opset_imports=opsets)
 
     # the classifier's input gradient reads W before its update; the convolution's update
     # comes last
+    # (the sparse update's clamp masks right after their convolutions)
+    forward = [nd for n in frozen for nd in ([n, masks[n.name]] if n.name in masks else [n])]
     train = model("train", [logits, loss] + conv_nodes[:1] + [step] + conv_nodes[1:],
-                  [out_loss])
+                  [out_loss], forward)
     evaluate = model("eval", [logits, loss], [out_loss, out_logits])
     roles = {x_name: INPUT, LABELS: LABEL}
     roles.update({name: PARAM for name in params})
