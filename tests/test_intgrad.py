@@ -233,3 +233,72 @@ def test_cli_export_int8_sparse(ds_cnn_qdq, tmp_path):
     helptext = subprocess.run([sys.executable, "-m", "microtrain_host.cli", "export", "-h"],
                               capture_output=True, text=True, check=True).stdout
     assert "--int8-train-biases" in helptext and "--int8-train-depthwise" in helptext
+
+
+def test_sparse_training_on_the_emulated_board_equals_cpython(ds_cnn_qdq, tmp_path):
+    """The sparse update on the emulated Cortex-M3 (32-bit small ints, float32 at load): viper
+    kernels under heap_lock and pure-Python kernels give CPython's parameters byte for
+    byte."""
+    import os
+    from pathlib import Path
+    from test_inttrain import BOARD_SCRIPT
+    from microtrain_host.tools import boards, deploy, runtime
+    path = Path(os.environ.get("MICROTRAIN_QEMU_FIRMWARE")
+                or ROOT / ".cache" / "qemu-board" / "firmware.elf")
+    if not path.exists() or deploy.shutil.which("qemu-system-arm") is None:
+        if os.environ.get("MICROTRAIN_REQUIRE_QEMU") == "1":
+            pytest.fail(f"emulated board not built ({path})")
+        pytest.skip("emulated board not built: run scripts/build_qemu_board.sh")
+    import microtrain_host as mh
+    from reference_models import ds_cnn
+    from torch_reference import export
+    tmp, xs, ys = ds_cnn_qdq
+    # the same trained QAT model exported at batch 1 (the board's heap holds its arenas)
+    ref = ds_cnn()
+    mh.generate_artifacts(export(ref.module, torch.zeros((1,) + ref.inputs)),
+                          artifact_directory=tmp_path / "qat1", batch_size=1, optimizer="SGD",
+                          quantization=True)
+    mh.export_inference_model(tmp_path / "qat1", tmp / "trained", tmp_path / "qdq1.onnx",
+                              qdq=True)
+    info = int8_training_artifacts(tmp_path / "qdq1.onnx", tmp_path / "int", 0.5, **SPARSE)
+    (tmp_path / "data.bin").write_bytes(b"".join(
+        quantize_input(x[i:i + 1], info).tobytes() + np.asarray(y[i:i + 1], "<i4").tobytes()
+        for x, y in zip(xs[:2], ys[:2]) for i in range(2)))
+    steps = 4
+    script = ROOT / "tests" / "device_scripts" / "inttrain_steps.py"
+    cpython = subprocess.run([sys.executable, str(script), info["blob"], info["checkpoint"],
+                              str(tmp_path / "data.bin"), str(steps), "pure",
+                              str(tmp_path / "cp.ckpt")], capture_output=True, text=True,
+                             env={"PYTHONPATH": str(DEVICE)}, check=True).stdout
+    expected = [line for line in cpython.splitlines() if line.split()[0] in info["parameters"]]
+    rt = tmp_path / "runtime"
+    package = runtime.device_package_dir()
+    sources = runtime.package_sources(sorted(str(p.relative_to(package))
+                                             for p in (package / "microtrain").rglob("*.py")))
+    board = boards.load_board("qemu-mps2-an385")
+    runtime.compile_runtime(sources, board["mpy_arch"], board["mpy_version"], rt)
+    plan = deploy.Plan(board, "romfs", tmp_path, {}, None, None, None, None)
+    plan.romfs_image = tmp_path / "microtrain.romfs"
+    plan.romfs_image.write_bytes(runtime.romfs_image(rt))
+    plan.files = [(info["blob"], "int8_train.mtb"), (info["checkpoint"], "int8_train.ckpt"),
+                  (tmp_path / "data.bin", "data.bin")]
+    board_script = tmp_path / "intgrad_on_board.py"
+    board_script.write_text(f"STEPS = {steps}\n" + BOARD_SCRIPT.replace(
+        "from microtrain.kernels import inttrain, qlinear",
+        "from microtrain.kernels import intgrad, inttrain, qlinear").replace(
+        "print('viper', inttrain.FAST)", "print('viper', inttrain.FAST and intgrad.FAST)").replace(
+        "inttrain.use_fast(False)", "inttrain.use_fast(False)\nintgrad.use_fast(False)"))
+    with deploy.QemuBoard(path) as qemu:
+        proc = deploy.subprocess.run(deploy.mpremote_command(plan, qemu.port, board_script,
+                                                              tmp_path / "board.ckpt"),
+                                     capture_output=True, text=True, timeout=1800)
+    out = proc.stdout.splitlines()
+    assert proc.returncode == 0 and "pure" in out, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "viper True" in out
+    at = out.index("pure")
+    fast = [line for line in out[out.index("viper True"):at] if line.split() and
+            line.split()[0] in info["parameters"]]
+    pure = [line for line in out[at + 1:] if line.split() and
+            line.split()[0] in info["parameters"]]
+    assert len(expected) == 9 and fast == pure == expected
+    assert (tmp_path / "board.ckpt").read_bytes() == (tmp_path / "cp.ckpt").read_bytes()
