@@ -15,6 +15,13 @@ training configuration costs in memory.
                        weights, int32 bias; QAS SGD fused into the backward step, integer
                        softmax cross-entropy: no gradient buffer, no optimizer state; the
                        inputs quantized on the host, as a board's front end would)
+       int8 last block the classifier and the last 1x1 conv, in integers
+       int8 sparse     MIT's sparse update in integers: the bias of every convolution, the
+                       last block (depthwise 3x3 and pointwise 1x1 weights) and the
+                       classifier (kernels/intgrad.py: the gradient flows back through the
+                       frozen int8 convolutions in integers, each bias stepped in place)
+       float sparse block  its float counterpart: the same parameters, plain SGD, the int8
+                       configurations' epochs and learning rate (int against float)
   3. Personalisation: the chosen configuration packed with a fresh classifier (zeros: the
      old keywords' head means nothing for the new ones, so the model starts at chance),
      trained on the recordings with the device runtime (examples/kws/personalise_device.py)
