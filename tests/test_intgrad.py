@@ -302,3 +302,32 @@ def test_sparse_training_on_the_emulated_board_equals_cpython(ds_cnn_qdq, tmp_pa
             line.split()[0] in info["parameters"]]
     assert len(expected) == 9 and fast == pure == expected
     assert (tmp_path / "board.ckpt").read_bytes() == (tmp_path / "cp.ckpt").read_bytes()
+
+
+def test_set_learning_rate_rewrites_the_sparse_multipliers(ds_cnn_qdq, tmp_path):
+    from microtrain import Optimizer
+    tmp, xs, ys = ds_cnn_qdq
+    info = int8_training_artifacts(tmp / "qdq.onnx", tmp_path, 0.5, stochastic=False, **SPARSE)
+    state = CheckpointState.load_checkpoint(info["checkpoint"])
+    model = Module(info["blob"], state)
+    opt = Optimizer(info["blob"], model)
+    x = quantize_input(xs[0], info).reshape(-1).tolist()
+    y = [int(v) for v in ys[0]]
+    values = lambda: {n: bytes(p.data) for n, p in state.parameters.items()}  # noqa: E731
+    start = values()
+    opt.set_learning_rate(0.0)
+    model(x, y)
+    assert values() == start
+    # twice the rate: the bias steps double (within the rounding of half a quantum each)
+    moved = {}
+    for lr in (0.5, 1.0):
+        fresh = Module(info["blob"], CheckpointState.load_checkpoint(info["checkpoint"]))
+        Optimizer(info["blob"], fresh).set_learning_rate(lr)
+        fresh(x, y)
+        moved[lr] = {n: np.array(fresh.state.parameters[n].data, np.int64) -
+                     np.array(CheckpointState.load_checkpoint(info["checkpoint"])
+                              .parameters[n].data, np.int64)
+                     for n in info["parameters"] if n.endswith("bias") and n != info["bias"]}
+    for name, step in moved[0.5].items():
+        assert np.abs(step).max() > 10, name
+        assert np.all(np.abs(moved[1.0][name] - 2 * step) <= 1), name

@@ -88,7 +88,7 @@ def _normalize(I, g, count):
 
 def _step(I, acc, m0, shift, e, random):
     # round(acc * m0 / 2**shift * 2**e): half to even, or stochastic with random >= 0
-    if acc == 0:
+    if acc == 0 or m0 == 0:     # (a zero rate: learning rate 0, whatever the exponent)
         return 0
     shift -= e
     while acc >= _LIMB or acc <= -_LIMB:

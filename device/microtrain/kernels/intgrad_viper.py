@@ -47,7 +47,7 @@ def _normalize(I, g: int, count: int) -> int:
 @micropython.viper
 def _gstep(I, acc: int, m0: int, shift: int, e: int, random: int) -> int:
     # kernels/intgrad.py _step
-    if acc == 0:
+    if acc == 0 or m0 == 0:
         return 0
     shift -= e
     while acc >= _LIMB or acc <= 0 - _LIMB:
