@@ -221,7 +221,8 @@ def main():
     parser.add_argument("--epochs", type=int, default=None,
                         help="epochs (3; int8 and their float SGD counterparts: %d)" % INT8_EPOCHS)
     parser.add_argument("--lr", type=float, default=None,
-                        help="learning rate (AdamW 0.003; int8 and their float SGD counterparts: SGD %r)" % INT8_LR)
+                        help="learning rate (AdamW 0.003; int8 and their float SGD "
+                             "counterparts: SGD %r)" % INT8_LR)
     parser.add_argument("--runtime", choices=("cpython", "micropython"), default="cpython")
     parser.add_argument("--frozen", action="store_true",
                         help="MicroPython with the runtime frozen into the interpreter")
