@@ -156,7 +156,7 @@ def test_int8_inference_loads_without_the_file_and_arenas_at_once(frozen, int8_b
 @pytest.mark.parametrize("config", ["int8 last", "int8 last block"])
 def test_int8_personalisation_on_the_frozen_port(frozen, tmp_path, config):
     info = personalise.int8_pack(tmp_path, 0.01, calibration_steps=4,
-                                 train_conv=personalise.INT8[config])
+                                 **personalise.INT8[config])
     train, held_out = personalise.write_data(tmp_path, 3, 2, info=info)
     assert (train, held_out) == (36, 24)
     assert (tmp_path / "x_train.q8").stat().st_size == 36 * 490
