@@ -10,7 +10,10 @@ _NEG_INF = -math.inf
 class Module:
     """Like onnxruntime.training.api.Module: Module(train_model_uri, state,
     eval_model_uri=None), the uris naming .mtb blobs (the eval program is in the training
-    blob too, so eval_model_uri is only needed to take it from another blob).
+    blob too, so eval_model_uri is only needed to take it from another blob). A uri can
+    also be the blob itself as a buffer: bytes, or a memoryview of a file in a board's ROM
+    filesystem or of a frozen bytes object - a blob in flash, whose int8 weights are then
+    read in place instead of taking heap.
 
     model(*inputs) runs the train program in train mode (returns the loss, accumulating
     gradients) and the eval program in eval mode (returns the loss, or a list of the loss
@@ -329,7 +332,8 @@ class Module:
         if self._forward is None:
             raise TrainingError("'%s' has no forward program: pack the model with loss=None "
                                 "(its output not a scalar) to compute the loss outside the "
-                                "graph, or call model(*inputs) to train" % self.uri)
+                                "graph, or call model(*inputs) to train"
+                                % blobfile.describe(self.uri))
 
     def _views(self, program):
         # Views of the program's outputs, made once: a step allocates no list or view.

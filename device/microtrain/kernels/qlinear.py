@@ -5,7 +5,10 @@
 #
 # Byte tensors live in the byte arena Q (a bytearray, first element of every args tuple here):
 # uint8 as is, int8 as its two's complement byte. Weights are int8 (zero point 0),
-# activations uint8 or int8 (flag `signed`).
+# activations uint8 or int8 (flag `signed`). Gemm and Conv read their weight from the buffer
+# last in their args: Q, or - for a constant weight (plan.WEIGHT_ARGUMENT on the host) - the
+# blob itself where it lies in flash, or the one buffer of such weights a blob loaded from a
+# file gets (blob.load_into_arenas): frozen weights need no arena space.
 #
 # Requantization, integers only: acc = sum (x - x_zp) * w + bias (int32 bias) becomes
 #   y = clamp(round_half_even(acc * m0 / 2**shift) + y_zp, lo, hi)
@@ -265,7 +268,7 @@ def dequantize_linear_check(args, c):
 
 def qlinear_gemm(F, I, args):
     # Y[i, j] = requant(sum_k (X[i, k] - x_zp) * W[k, j] + bias[j]), W strided (transB).
-    Q, y, x, w, bias, req, m, k, n, sx_m, sx_k, sw_k, sw_n, x_signed, y_signed = args
+    Q, y, x, w, bias, req, m, k, n, sx_m, sx_k, sw_k, sw_n, x_signed, y_signed, W = args
     x_zp = I[req]
     y_zp = I[req + 1]
     lo = I[req + 2]
@@ -279,7 +282,7 @@ def qlinear_gemm(F, I, args):
                 xv = Q[px]
                 if x_signed and xv > 127:
                     xv -= 256
-                wv = Q[pw]
+                wv = W[pw]
                 if wv > 127:
                     wv -= 256
                 acc += (xv - x_zp) * wv
@@ -304,7 +307,7 @@ def qlinear_conv(F, I, args):
     # Y = requant(Conv(X - x_zp, W) + bias), geometry as kernels/conv.py: one output element
     # at a time, its taps clipped to the image.
     (Q, y, x, w, bias, req, scratch, n_images, groups, cin_g, cout_g, in_h, in_w, out_h,
-     out_w, k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, x_signed, y_signed) = args
+     out_w, k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, x_signed, y_signed, W) = args
     x_zp = I[req]
     y_zp = I[req + 1]
     lo = I[req + 2]
@@ -337,7 +340,7 @@ def qlinear_conv(F, I, args):
                                 xv = Q[x_c + iy * in_w + ix]
                                 if x_signed and xv > 127:
                                     xv -= 256
-                                wv = Q[w_c + ky * k_w + kx]
+                                wv = W[w_c + ky * k_w + kx]
                                 if wv > 127:
                                     wv -= 256
                                 acc += (xv - x_zp) * wv

@@ -95,7 +95,7 @@ def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options,
         scale = vector(t.scale, np.float32) if len(t.scale) else None
         zero_point = vector(t.zero_point[:1] if len(set(t.zero_point)) == 1 else t.zero_point,
                             np.int32) if len(t.zero_point) else None
-        b.StartObject(13)
+        b.StartObject(14)
         b.PrependUOffsetTRelativeSlot(0, name, 0)
         b.PrependUint8Slot(1, t.dtype, 0)
         b.PrependUint8Slot(2, t.role, 0)
@@ -114,6 +114,7 @@ def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options,
             b.PrependUOffsetTRelativeSlot(10, zero_point, 0)
             b.PrependInt32Slot(11, t.axis, 0)
         b.PrependBoolSlot(12, t.derived, False)
+        b.PrependBoolSlot(13, t.in_place, False)
         tensor_offsets.append(b.EndObject())
     program_offsets = []
     step_tables = {}   # an eval step equal to a train step (shared tensors) is its table
