@@ -211,7 +211,8 @@ def load_into_arenas(source):
         return _load_buffer(source)
     path = source
     b, size, floats, ints, nbytes = _parse_file(path)
-    F, I, Q = _arenas(b, path, floats, ints, nbytes)
+    b.quant = {}        # the scales served the checks (derived multipliers); not needed now
+    F, I, Q = _arenas(path, floats, ints, nbytes)
     try:
         b.weights = bytearray(b.weights_size)
     except MemoryError:
@@ -225,17 +226,23 @@ def load_into_arenas(source):
 
 def _load_buffer(data):
     # The blob as a buffer: parsed where it is (no copy), its int8 weights left there, the
-    # other constants copied into the arenas.
+    # other constants copied into the arenas. The arenas are allocated first, at the bottom
+    # of a collected heap, before the parse's garbage can leave no hole as large as them.
     view = memoryview(data)
+    what = describe(data)
     try:
         r, root = _root(view)
         floats, ints, nbytes = _arena_sizes(r, root)
-        b = _parse_root(r, root, view, False, _LATER, True, view)
+    except MemoryError:
+        raise OutOfMemoryError("%s: no room to check its frame" % what)
+    F, I, Q = _arenas(what, floats, ints, nbytes)
+    try:
+        b = _parse_root(r, root, view, False, Q, True, view)
     except MemoryError:
         raise OutOfMemoryError("the blob parsed from %s needs more than the %s bytes the heap "
-                               "has free" % (describe(data), _mem_free()))
+                               "has free besides its arenas" % (what, _mem_free()))
     r = root = None
-    F, I, Q = _arenas(b, describe(data), floats, ints, nbytes)
+    b.quant = {}        # the scales served the checks (derived multipliers); not needed now
     for tid, raw in b.constants:
         if isinstance(raw, int):    # its place in the buffer: copied a chunk at a time
             n = ITEM_BYTES[b.dtypes[tid]] * b.sizes[tid]
@@ -244,13 +251,13 @@ def _load_buffer(data):
                      F, I, Q)
         else:           # computed at load (derived requantization multipliers)
             _put(b, tid, 0, raw, len(raw), F, I, Q)
-    _arenas_into_steps(b, Q)
+    b.Q = Q
+    b.constants = None  # in the arenas now
     return b, F, I
 
 
-def _arenas(b, what, floats, ints, nbytes):
+def _arenas(what, floats, ints, nbytes):
     # The float, int and byte arenas, allocated once, the largest first.
-    b.quant = {}        # the scales served the checks (derived multipliers); not needed now
     _compact()
     try:
         # the larger of the float and byte arenas first (into the file's place), then the
