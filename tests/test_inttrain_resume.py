@@ -8,7 +8,6 @@ import struct
 import subprocess
 import sys
 import zlib
-from array import array
 
 import numpy as np
 import pytest
@@ -21,7 +20,7 @@ from microtrain.flatbuf import Reader
 from microtrain_host.pipeline.checkpoint import read_checkpoint
 from microtrain_host.pipeline.inttrain import int8_training_artifacts, quantize_input
 from microtrain_host.tools.inspect import describe
-from test_inttrain import DIGITS, digits_int8  # noqa: F401  (a fixture)
+from test_inttrain import DIGITS, digits_int8  # noqa: F401,F811  (a fixture)
 
 SCRIPT = ROOT / "tests" / "device_scripts" / "inttrain_resume.py"
 

@@ -101,8 +101,9 @@ class CheckpointState:
     def save_checkpoint(state, checkpoint_uri, include_optimizer_state=False):
         """Write the checkpoint atomically (write_atomically): an interrupted save leaves
         the previous checkpoint in place. include_optimizer_state=True also writes the
-        Dropout generators' states (properties microtrain.rng.<k>), so that a resumed run
-        draws the same masks."""
+        optimizer state (moments; integer training's momentum velocities) and the
+        generators' states (properties microtrain.rng.*: Dropout, stochastic rounding), so
+        that a resumed run continues as the uninterrupted one."""
         if not isinstance(state, CheckpointState):
             raise CheckpointError("save_checkpoint(state, checkpoint_uri, include_optimizer_state"
                                   "=False): state must be a CheckpointState, not %s"
