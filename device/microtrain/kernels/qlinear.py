@@ -565,27 +565,20 @@ def qlinear_lookup_check(args, c):
 # `use_fast(False)` switches back to the pure-Python kernels (tests compare the two).
 _FAST_NAMES = ("qlinear_gemm", "qlinear_conv", "qlinear_add", "qlinear_average_pool",
                "qlinear_global_average_pool", "qlinear_lookup")
-_pure = {}
-for _name in _FAST_NAMES:
-    if _name in globals():    # a trimmed runtime (tools/runtime.py) keeps only some kernels
-        _pure[_name] = globals()[_name]
+_pure = {}      # name -> its pure-Python kernel (kernels/fastpath.py fills it)
+
+
+def _load_fast():
+    from microtrain.kernels import qlinear_viper as fast
+    fast._slow = _requant_saturated
+    fast._pure_conv = _pure.get("qlinear_conv")
+    fast._WIDE = 1 if _requant is _requant_wide else 0
+    return fast
 
 
 def use_fast(on=True):
-    g = globals()
-    for name in _pure:
-        g[name] = _pure[name]
-    if on:
-        try:
-            from microtrain.kernels import qlinear_viper as fast
-        except (ImportError, SyntaxError):   # CPython; a MicroPython without viper
-            return False
-        fast._slow = _requant_saturated
-        fast._pure_conv = _pure["qlinear_conv"]
-        fast._WIDE = 1 if _requant is _requant_wide else 0
-        for name in _pure:
-            g[name] = getattr(fast, name)
-    return on
+    from microtrain.kernels import fastpath
+    return fastpath.use_fast(globals(), _FAST_NAMES, _pure, on, _load_fast)
 
 
 FAST = use_fast()
