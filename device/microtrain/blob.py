@@ -85,6 +85,7 @@ class Blob:
         self.weights = None     # that buffer: the blob itself when it was given as a buffer
                                 # (in flash), else a bytearray of those constants
         self.weights_size = 0   # ... of weights_size bytes (a blob loaded from a file)
+        self._arenas = None     # (F, I, Q) while a blob given as a buffer is parsed (derive)
 
     def is_trainable(self, tensor, grad):
         # A parameter entry trains when it has a gradient buffer or is updated in the
@@ -102,6 +103,16 @@ class Blob:
                     return bytes(self._file[raw:raw + ITEM_BYTES[self.dtypes[t]] * self.sizes[t]])
                 return raw
         return None
+
+    def derive(self, tid, raw):
+        """Constant tid's contents, computed by a kernel's check at load: straight into its
+        arena when the arenas are there already (a blob given as a buffer), else kept until
+        they are (the file's second pass)."""
+        if self._arenas is None:
+            self.constants.append((tid, raw))
+        else:
+            F, I, Q = self._arenas
+            _put(self, tid, 0, raw, len(raw), F, I, Q)
 
     def tensor_id(self, name):
         try:
@@ -237,20 +248,18 @@ def _load_buffer(data):
         raise OutOfMemoryError("%s: no room to check its frame" % what)
     F, I, Q = _arenas(what, floats, ints, nbytes)
     try:
-        b = _parse_root(r, root, view, False, Q, True, view)
+        b = _parse_root(r, root, view, False, Q, True, view, (F, I, Q))
     except MemoryError:
         raise OutOfMemoryError("the blob parsed from %s needs more than the %s bytes the heap "
                                "has free besides its arenas" % (what, _mem_free()))
     r = root = None
     b.quant = {}        # the scales served the checks (derived multipliers); not needed now
-    for tid, raw in b.constants:
-        if isinstance(raw, int):    # its place in the buffer: copied a chunk at a time
-            n = ITEM_BYTES[b.dtypes[tid]] * b.sizes[tid]
-            for at in range(0, n, _CHUNK):
-                _put(b, tid, at, view[raw + at:raw + min(n, at + _CHUNK)], min(_CHUNK, n - at),
-                     F, I, Q)
-        else:           # computed at load (derived requantization multipliers)
-            _put(b, tid, 0, raw, len(raw), F, I, Q)
+    b._arenas = None
+    for tid, pos in b.constants:    # each noted by its place in the buffer
+        n = ITEM_BYTES[b.dtypes[tid]] * b.sizes[tid]
+        for at in range(0, n, _CHUNK):
+            _put(b, tid, at, view[pos + at:pos + min(n, at + _CHUNK)], min(_CHUNK, n - at),
+                 F, I, Q)
     b.Q = Q
     b.constants = None  # in the arenas now
     return b, F, I
@@ -527,12 +536,14 @@ def parse(data, keep_steps=False):
     return _parse_root(r, root, data, keep_steps, bytearray(0))
 
 
-def _parse_root(r, root, data, keep_steps, Q, in_file=False, weights=None):
+def _parse_root(r, root, data, keep_steps, Q, in_file=False, weights=None, arenas=None):
     # weights: the buffer int8 weights are read from in place (the blob's own, as a buffer),
-    # or None: one bytearray of them (load_into_arenas allocates it)
+    # or None: one bytearray of them (load_into_arenas allocates it). arenas: (F, I, Q)
+    # when they are allocated already (Blob.derive)
     b = Blob()
     b._file = data
     b.weights = weights
+    b._arenas = arenas
     b.float_arena, b.int_arena, b.byte_arena = _arena_sizes(r, root)
     b.loss = r.string(root, 7, "loss")
     b.num_classes = r.scalar(root, 8, "I", 0)

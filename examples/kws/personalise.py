@@ -22,8 +22,9 @@ training configuration costs in memory.
      after. On MicroPython, --frozen uses the Unix port with the runtime frozen in
      (scripts/build_micropython_frozen.sh), as a board holds it in flash; --flash freezes
      the blob in too (kws_blob.py, a bytes constant), so its int8 weights are read in place
-     as from a board's flash; --m32 builds that port for 32 bits, with a microcontroller's
-     object sizes. The run reports the largest live heap it saw, and --measure-heap first
+     as from a board's flash; --trim freezes only the model's minimal runtime (what
+     `microtrain deploy` puts on a board); --m32 builds that port for 32 bits, with a
+     microcontroller's object sizes. The run reports the largest live heap it saw, and --measure-heap first
      bisects the smallest -X heapsize in which one train step and one evaluation run
      (scripts/measure_heap.py; the data are streamed, so more samples need no more heap).
 
@@ -167,10 +168,19 @@ def write_data(directory, shots, held_out, limit=None, info=None):
     return counts
 
 
-def build_options(directory, flash, m32):
-    """build_micropython_frozen.sh's options for --flash and --m32."""
-    return ((["--m32"] if m32 else [])
-            + (["--module", str(directory / "kws_blob.py")] if flash else []))
+def build_options(directory, flash, m32, trim):
+    """build_micropython_frozen.sh's options for --flash, --m32 and --trim (which writes the
+    model's minimal runtime into directory/runtime)."""
+    options = (["--m32"] if m32 else []) + (["--module", str(directory / "kws_blob.py")]
+                                            if flash else [])
+    if trim:
+        import shutil
+        from microtrain_host.tools import runtime
+        shutil.rmtree(directory / "runtime", ignore_errors=True)
+        runtime.write_sources(runtime.minimal_sources(directory / "model.mtb"),
+                              directory / "runtime")
+        options += ["--device", str(directory / "runtime")]
+    return options
 
 
 def run_device(directory, epochs, lr, runtime, frozen, heap, options=()):
@@ -234,6 +244,10 @@ def main():
     parser.add_argument("--m32", action="store_true",
                         help="with --frozen: the 32-bit build of the port (a board's object "
                              "sizes; needs gcc-multilib, installed when missing)")
+    parser.add_argument("--trim", action="store_true",
+                        help="with --frozen: freeze the model's minimal runtime (only the "
+                             "modules and kernels it uses, as `microtrain deploy` builds for a "
+                             "board) instead of the whole device package")
     parser.add_argument("--heap", default=None,
                         help="MicroPython heap (1M; with --measure-heap: the heap measured)")
     parser.add_argument("--measure-heap", action="store_true",
@@ -257,13 +271,14 @@ def main():
     shots, held_out = write_data(directory, args.shots, args.held_out,
                                  info=info if int8 else None)
     needed = None
-    if (args.flash or args.m32) and not (args.frozen and args.runtime == "micropython"):
-        parser.error("--flash and --m32 need --runtime micropython --frozen")
+    if (args.flash or args.m32 or args.trim) and not (args.frozen
+                                                      and args.runtime == "micropython"):
+        parser.error("--flash, --m32 and --trim need --runtime micropython --frozen")
     if args.flash and not int8:
         parser.error("--flash is for the int8 configurations (float weights are trained)")
-    options = build_options(directory, args.flash, args.m32)
-    port = ", ".join(["runtime frozen in"] * args.frozen + ["blob in flash"] * args.flash
-                     + ["32-bit build"] * args.m32)
+    options = build_options(directory, args.flash, args.m32, args.trim)
+    port = ", ".join(["runtime frozen in"] * args.frozen + ["trimmed to the model"] * args.trim
+                     + ["blob in flash"] * args.flash + ["32-bit build"] * args.m32)
     if args.runtime == "micropython" and args.measure_heap:
         needed = heap_for_one_step(directory, args.frozen, args.heap or "1M", options)
         print(f"one train step and one evaluation need a heap of {needed} bytes "

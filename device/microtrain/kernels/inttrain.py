@@ -83,7 +83,7 @@ def _derived(c, k, values):
     if c.blob.derived.pop(tid):
         c.fail("derived tensor argument %d has given values" % k)
     done[tid] = len(values)
-    c.blob.constants.append((tid, bytes(values)))
+    c.blob.derive(tid, bytes(values))
     return True
 
 

@@ -69,13 +69,13 @@ def _scale(c, k):
 
 def _derive(c, k, header, reals):
     # A derived req tensor (argument k): its given header and the (m0, shift) of each real
-    # multiplier; stored in the blob's constants, copied into the int arena at load.
+    # multiplier, which Blob.derive puts into the int arena.
     values = _head(c, k, header)
     for real in reals:
         m0, shift = requant_pair(real)
         values.append(m0)
         values.append(shift)
-    c.blob.constants.append((c.tensors[k], bytes(values)))
+    c.blob.derive(c.tensors[k], bytes(values))
 
 
 def _head(c, k, header):
@@ -113,8 +113,8 @@ def _derive_channels(c, k, x, w, y, channels):
     sy = _scale(c, y)[0]
     if len(sw) not in (1, channels):
         c.fail("%d weight scales for %d output channels" % (len(sw), channels))
-    _derive(c, k, 4, [_f32(_f32(sx * sw[i if len(sw) > 1 else 0]) / sy)
-                      for i in range(channels)])
+    _derive(c, k, 4, (_f32(_f32(sx * sw[i if len(sw) > 1 else 0]) / sy)
+                      for i in range(channels)))
 
 
 def _requant_wide(acc, m0, shift):
@@ -231,7 +231,7 @@ def _derive_qparams(c, k, q):
     if not 0.0 < scale < 3.4e38:
         c.fail("scale %r is not positive and finite" % scale)
     c.within(zero_point, -128, 255, "zero point")
-    c.blob.constants.append((tid, bytes(array("f", (scale, zero_point, 0.0)))))
+    c.blob.derive(tid, bytes(array("f", (scale, zero_point, 0.0))))
 
 
 def quantize_linear_check(args, c):
@@ -512,7 +512,7 @@ def qlinear_add_check(args, c):
     values = _head(c, 3, 5)
     for v in add_multipliers(ra, rb):
         values.append(v)
-    c.blob.constants.append((c.tensors[3], bytes(values)))
+    c.blob.derive(c.tensors[3], bytes(values))
 
 
 def qlinear_max_pool(F, I, args):
