@@ -50,7 +50,7 @@ binary="$cache/micropython"
 manifest="$cache/manifest.py"
 
 tarball=$(bash "$root/scripts/fetch_micropython_source.sh")
-key=$( (basename "$tarball"; sha256sum "$tarball" | cut -d' ' -f1; cat "$0"; echo "m32 $m32 $device";
+key=$( (basename "$tarball"; sha256sum "$tarball" | cut -d' ' -f1; cat "$0"; echo "m32 $m32";
         for m in ${modules[@]+"${modules[@]}"}; do basename "$m"; sha256sum < "$m"; done;
         cd "$device" && find microtrain -name '*.py' | LC_ALL=C sort | while read -r f; do
             echo "$f"; sha256sum "$f"; done) | sha256sum | cut -d' ' -f1)
