@@ -154,3 +154,23 @@ def test_a_minimal_runtime_keeps_the_viper_fast_path(digits_int8, micropython, t
     assert fast == "True"
     expected = InferenceSession(str(digits_int8 / "int8.mtb")).run(x)
     assert np.array(eval(values), np.float32).tolist() == np.array(expected).tolist()
+
+
+def test_a_crafted_size_of_the_weights_is_refused(digits_int8):
+    # Model.weights_in_place (field 17: the buffer a blob file's loader allocates for them,
+    # before it parses) must equal what the in-place tensors hold.
+    import struct
+    import zlib
+    data = bytearray((digits_int8 / "int8.mtb").read_bytes())
+    needle = struct.pack("<I", device_blob.load(bytes(data)).weights_size)
+    refused = 0
+    for at in [i for i in range(8, len(data) - 4) if data[i:i + 4] == needle]:
+        crafted = bytearray(data)
+        crafted[at:at + 4] = struct.pack("<I", 1 << 30)
+        size = struct.unpack_from("<I", crafted, 0)[0]
+        crafted[4 + size:] = struct.pack("<I", zlib.crc32(bytes(crafted[4:4 + size])))
+        try:
+            device_blob.load(bytes(crafted))
+        except BlobError as e:
+            refused += "weights read in place" in str(e)
+    assert refused == 1

@@ -183,7 +183,7 @@ def _stated_arenas(f, size):
         r = Reader(memoryview(f.read(min(size, 512))), BlobError, start=4)
         root = r.root()
         room = 4 * (r.scalar(root, 5, "I", 0) + r.scalar(root, 6, "I", 0)) \
-            + r.scalar(root, 16, "I", 0)
+            + r.scalar(root, 16, "I", 0) + r.scalar(root, 17, "I", 0)
     except Exception:   # a hint only: a broken file is reported by the parse
         return 0
     gc.collect()
@@ -223,13 +223,7 @@ def load_into_arenas(source):
     path = source
     b, size, floats, ints, nbytes = _parse_file(path)
     b.quant = {}        # the scales served the checks (derived multipliers); not needed now
-    F, I, Q = _arenas(path, floats, ints, nbytes)
-    try:
-        b.weights = bytearray(b.weights_size)
-    except MemoryError:
-        raise OutOfMemoryError("'%s' needs %d bytes for its int8 weights besides its arenas; "
-                               "the heap has %s bytes free (a blob given as a buffer in flash "
-                               "reads them in place)" % (path, b.weights_size, _mem_free()))
+    F, I, Q, b.weights = _arenas(path, floats, ints, nbytes, b.weights_size)
     _read_constants(path, b, size, F, I, Q)
     _arenas_into_steps(b, Q)
     return b, F, I
@@ -246,7 +240,7 @@ def _load_buffer(data):
         floats, ints, nbytes = _arena_sizes(r, root)
     except MemoryError:
         raise OutOfMemoryError("%s: no room to check its frame" % what)
-    F, I, Q = _arenas(what, floats, ints, nbytes)
+    F, I, Q, _ = _arenas(what, floats, ints, nbytes, 0)
     try:
         b = _parse_root(r, root, view, False, Q, True, view, (F, I, Q))
     except MemoryError:
@@ -265,24 +259,29 @@ def _load_buffer(data):
     return b, F, I
 
 
-def _arenas(what, floats, ints, nbytes):
-    # The float, int and byte arenas, allocated once, the largest first.
+def _arenas(what, floats, ints, nbytes, weights):
+    # The float, int and byte arenas and the buffer of `weights` bytes of int8 weights (a
+    # blob file's), each allocated once, the largest first (into the file's place).
     _compact()
     try:
-        # the larger of the float and byte arenas first (into the file's place), then the
-        # int arena (labels, masks, multipliers: smaller)
+        W = bytearray(weights) if weights >= max(nbytes, 4 * floats) else None
         Q = bytearray(nbytes) if nbytes > 4 * floats else None
         F = zeros("f", floats)
         if Q is None:
             Q = bytearray(nbytes)
+        if W is None:
+            W = bytearray(weights)
         I = zeros("i", ints)
     except MemoryError:
-        raise OutOfMemoryError("'%s' needs %d bytes of arenas (%d floats, %d ints%s) besides "
-                               "the parsed blob; the heap has %s bytes free (each arena needs "
-                               "one contiguous block)"
-                               % (what, 4 * (floats + ints) + nbytes, floats, ints,
-                                  ", %d int8 bytes" % nbytes if nbytes else "", _mem_free()))
-    return F, I, Q
+        raise OutOfMemoryError("'%s' needs %d bytes of arenas (%d floats, %d ints%s%s) "
+                               "besides the parsed blob; the heap has %s bytes free (each "
+                               "needs one contiguous block)"
+                               % (what, 4 * (floats + ints) + nbytes + weights, floats, ints,
+                                  ", %d int8 bytes" % nbytes if nbytes else "",
+                                  ", %d bytes of int8 weights (a blob given as a buffer in "
+                                  "flash reads them in place)" % weights if weights else "",
+                                  _mem_free()))
+    return F, I, Q, W
 
 
 def _arenas_into_steps(b, Q):
@@ -431,9 +430,12 @@ def _arena_sizes(r, root):
     floats = r.scalar(root, 5, "I", 0)
     ints = r.scalar(root, 6, "I", 0)
     nbytes = r.scalar(root, 16, "I", 0)
+    weights = r.scalar(root, 17, "I", 0)
     need = [0, 0, 0]
+    in_place = 0
     for t in r.tables(root, 2, "tensor"):
         if r.scalar(t, 13, "B", 0):
+            in_place += r.scalar(t, 5, "I", 0)
             continue    # in place: in no arena
         dtype = r.scalar(t, 1, "B", 0)
         end = r.scalar(t, 4, "I", 0) + r.scalar(t, 5, "I", 0)
@@ -445,6 +447,9 @@ def _arena_sizes(r, root):
         if stated != needed:
             raise BlobError("the %s arena is %d elements, its tensors need %d"
                             % (kind, stated, needed))
+    if weights != in_place:
+        raise BlobError("the blob states %d bytes of weights read in place, its tensors hold "
+                        "%d" % (weights, in_place))
     return floats, ints, nbytes
 
 

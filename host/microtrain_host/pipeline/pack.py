@@ -177,7 +177,7 @@ def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options,
     loss_name = b.CreateString(loss)
     template = (inference.write_template(b, inference_template, shared.sources)
                 if inference_template is not None else None)
-    b.StartObject(17)
+    b.StartObject(18)
     b.PrependUint16Slot(0, FORMAT_VERSION, 0)
     b.PrependUOffsetTRelativeSlot(1, producer, 0)
     b.PrependUOffsetTRelativeSlot(2, tensors_vec, 0)
@@ -195,6 +195,9 @@ def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options,
     b.PrependUint32Slot(13, full_training[1], 0)
     b.PrependUint16Slot(15, source_opset, 0)  # absent (0) unless upgraded: blobs stay as they were
     b.PrependUint32Slot(16, getattr(lowering, "byte_arena", 0), 0)  # absent without int8
+    # bytes of int8 weights read in place (Tensor.in_place), in no arena: a blob file's
+    # loader reads them into one buffer, and wants to know its size before it parses
+    b.PrependUint32Slot(17, sum(t.size for t in lowering.tensors if t.in_place), 0)
     if template is not None:
         b.PrependUOffsetTRelativeSlot(14, template, 0)
     b.FinishSizePrefixed(b.EndObject(), file_identifier=IDENTIFIER)
