@@ -30,7 +30,7 @@ def gemm_case(m, k, n, rounds):
     fargs = (m * k + k * n, 0, m * k, -1, m, k, n, k, 1, n, 1, 0, 0, 1.0, 0.0)
     Q = bytearray((i * 37) & 255 for i in range(m * k + k * n + m * n))
     I = array("i", [128, 0, 0, 255] + [12000000, 36] * n)
-    qargs = (Q, m * k + k * n, 0, m * k, -1, 0, m, k, n, k, 1, n, 1, 0, 0)
+    qargs = (Q, m * k + k * n, 0, m * k, -1, 0, m, k, n, k, 1, n, 1, 0, 0, Q)
     return (lambda: dense.gemm(F, None, fargs)), (lambda: qlinear.qlinear_gemm(None, I, qargs)), \
         m * k * n, qargs, I
 
@@ -45,7 +45,7 @@ def conv_case(n_img, cin, cout, groups, h, w, kh, rounds):
     fargs = (nx + nw, 0, nx, -1) + geometry
     Q = bytearray((i * 37) & 255 for i in range(nx + nw + ny))
     I = array("i", [128, 0, 0, 255] + [12000000, 36] * cout + [0] * (oh * ow))
-    qargs = (Q, nx + nw, 0, nx, -1, 0, 4 + 2 * cout) + geometry + (0, 0)
+    qargs = (Q, nx + nw, 0, nx, -1, 0, 4 + 2 * cout) + geometry + (0, 0, Q)
     macs = ny * (cin // groups) * kh * kh
     return (lambda: conv.conv(F, None, fargs)), (lambda: qlinear.qlinear_conv(None, I, qargs)), \
         macs, qargs, I

@@ -1,7 +1,8 @@
 """The heap a MicroPython run needs: the smallest `-X heapsize` in which a script still runs to
 the end, found by bisection (the Unix port's heap is one fixed block, as on a board).
 
-    python scripts/measure_heap.py [--frozen] [--low 16K] [--high 8M] SCRIPT [ARGS...]
+    python scripts/measure_heap.py [--frozen [--m32] [--module FILE.py]] [--low 16K] [--high 8M]
+                                   SCRIPT [ARGS...]
 
 With --frozen it uses the Unix port with the device package frozen in
 (scripts/build_micropython_frozen.sh; built and cached on first use) and runs the script
@@ -26,10 +27,12 @@ def size(text):
     return int(float(text.rstrip("KM")) * scale)
 
 
-def interpreter(frozen):
+def interpreter(frozen, options=()):
+    """The Unix port's binary; frozen: with the device package frozen in, built with
+    build_micropython_frozen.sh's options (--m32, --module FILE.py)."""
     if frozen:
-        out = subprocess.run(["bash", str(ROOT / "scripts" / "build_micropython_frozen.sh")],
-                             capture_output=True, text=True)
+        out = subprocess.run(["bash", str(ROOT / "scripts" / "build_micropython_frozen.sh"),
+                              *options], capture_output=True, text=True)
         if out.returncode:
             sys.exit(out.stderr)
         return out.stdout.strip().splitlines()[-1]
@@ -55,10 +58,10 @@ def run(binary, heap, script, args, frozen, timeout):
 
 
 def needed_heap(script, args=(), frozen=True, low=16 * 1024, high=8 * 1024 * 1024,
-                resolution=1024, timeout=3600):
+                resolution=1024, timeout=3600, options=()):
     """(smallest heap in bytes that runs script to the end, its output); (None, output at
-    high) when even high is not enough."""
-    binary = interpreter(frozen)
+    high) when even high is not enough. options: the frozen build's (interpreter)."""
+    binary = interpreter(frozen, options)
     script = pathlib.Path(script).resolve()
     code, out = run(binary, high, script, args, frozen, timeout)
     if code:
@@ -78,14 +81,19 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--frozen", action="store_true",
                         help="the Unix port with the device package frozen in")
+    parser.add_argument("--m32", action="store_true",
+                        help="with --frozen: the 32-bit build (object sizes as on a board)")
+    parser.add_argument("--module", action="append", default=[],
+                        help="with --frozen: also freeze this module (e.g. a blob as bytes)")
     parser.add_argument("--low", default="16K", help="heap known to be too small (16K)")
     parser.add_argument("--high", default="8M", help="largest heap to try (8M)")
     parser.add_argument("--resolution", default="1K", help="bisect down to this (1K)")
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     a = parser.parse_args()
+    options = (["--m32"] if a.m32 else []) + [x for m in a.module for x in ("--module", m)]
     heap, out = needed_heap(a.script, a.args, a.frozen, size(a.low), size(a.high),
-                            size(a.resolution))
+                            size(a.resolution), options=options)
     tail = "\n".join(out.strip().splitlines()[-5:])
     if heap is None:
         sys.exit(f"{a.script} fails even with a {a.high} heap:\n{tail}")

@@ -496,7 +496,8 @@ def hand_built(dtype=1, dims=(2,), raw=b"\0" * 8):
 def test_unsupported_data_type_and_size_mismatch(tmp_path):
     assert bits(parse_checkpoint(hand_built()).trainable["t"]) == [0, 0]
     with pytest.raises(CheckpointError, match=r"tensor 't' has ONNX data type 7 \(INT64\); "
-                                              r"only FLOAT \(1\) is supported"):
+                                              r"only FLOAT \(1\), INT8 \(3\), INT16 \(5\) and "
+                                              r"INT32 \(6\) are supported"):
         parse_checkpoint(hand_built(dtype=7, raw=b"\0" * 16))
     with pytest.raises(DeviceCheckpointError, match="data type 7"):
         device_load(tmp_path, hand_built(dtype=7, raw=b"\0" * 16))

@@ -259,13 +259,16 @@ def test_ds_cnn_int_train_steps_under_heap_lock_viper_equals_pure_equals_cpython
     script = ROOT / "tests" / "device_scripts" / "inttrain_steps.py"
     fast = run_micropython(micropython, script, *args, "fast", tmp_path / "mp_fast.ckpt")
     pure = run_micropython(micropython, script, *args, "pure", tmp_path / "mp_pure.ckpt")
+    # the blob given as a buffer (in flash): its frozen int8 weights read in place
+    flash = run_micropython(micropython, script, *args, "fast", tmp_path / "mp_flash.ckpt",
+                            "buffer")
     cpython = subprocess.run([sys.executable, str(script), *map(str, args), "pure",
                               str(tmp_path / "cp.ckpt")], capture_output=True, text=True,
                              env={"PYTHONPATH": str(DEVICE)}, check=True).stdout
     assert fast.startswith("locked True viper True"), fast
     assert pure.startswith("locked False viper False")
     body = lambda out: out.split("\n", 1)[1]                      # noqa: E731
-    assert body(fast) == body(pure) == body(cpython)
+    assert body(fast) == body(pure) == body(cpython) == body(flash)
     start = CheckpointState.load_checkpoint(info["checkpoint"]).parameters
     trained = {line.split()[0]: line.split()[1:] for line in body(fast).split("\n")
                if line.split() and line.split()[0] in start}
@@ -274,7 +277,7 @@ def test_ds_cnn_int_train_steps_under_heap_lock_viper_equals_pure_equals_cpython
         p = start[name]
         assert values != [str(v & 255 if p.data_type == 3 else v) for v in p.data], name
     assert ((tmp_path / "mp_fast.ckpt").read_bytes() == (tmp_path / "mp_pure.ckpt").read_bytes()
-            == (tmp_path / "cp.ckpt").read_bytes())
+            == (tmp_path / "cp.ckpt").read_bytes() == (tmp_path / "mp_flash.ckpt").read_bytes())
 
 
 def _patched(blob_path, program, index, change, field=2):

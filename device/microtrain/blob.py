@@ -79,6 +79,13 @@ class Blob:
         self.int_rates = []     # the inttrain update steps' multipliers (set_learning_rate)
         self.int_derived = {}   # inttrain's derived tensors computed so far -> their size
         self.int_units = {}     # inttrain: gradient tensor -> its real unit (at load)
+        self.in_place = set()   # int8 constants the kernels read where the blob is (the
+                                # weights of int8 Gemm / Conv: no arena space); their offsets
+                                # index self.weights
+        self.weights = None     # that buffer: the blob itself when it was given as a buffer
+                                # (in flash), else a bytearray of those constants
+        self.weights_size = 0   # ... of weights_size bytes (a blob loaded from a file)
+        self._arenas = None     # (F, I, Q) while a blob given as a buffer is parsed (derive)
 
     def is_trainable(self, tensor, grad):
         # A parameter entry trains when it has a gradient buffer or is updated in the
@@ -96,6 +103,16 @@ class Blob:
                     return bytes(self._file[raw:raw + ITEM_BYTES[self.dtypes[t]] * self.sizes[t]])
                 return raw
         return None
+
+    def derive(self, tid, raw):
+        """Constant tid's contents, computed by a kernel's check at load: straight into its
+        arena when the arenas are there already (a blob given as a buffer), else kept until
+        they are (the file's second pass)."""
+        if self._arenas is None:
+            self.constants.append((tid, raw))
+        else:
+            F, I, Q = self._arenas
+            _put(self, tid, 0, raw, len(raw), F, I, Q)
 
     def tensor_id(self, name):
         try:
@@ -166,7 +183,7 @@ def _stated_arenas(f, size):
         r = Reader(memoryview(f.read(min(size, 512))), BlobError, start=4)
         root = r.root()
         room = 4 * (r.scalar(root, 5, "I", 0) + r.scalar(root, 6, "I", 0)) \
-            + r.scalar(root, 16, "I", 0)
+            + r.scalar(root, 16, "I", 0) + r.scalar(root, 17, "I", 0)
     except Exception:   # a hint only: a broken file is reported by the parse
         return 0
     gc.collect()
@@ -185,42 +202,105 @@ def load(path_or_bytes, keep_steps=False):
     return parse(data, keep_steps)
 
 
-def load_into_arenas(path):
-    """(blob, float arena, int arena) of the blob file at path, its constants copied in.
+def describe(source):
+    """How messages name a blob: its path, or the buffer it was given as."""
+    return source if isinstance(source, str) else "the %d-byte blob buffer" % len(source)
+
+
+def load_into_arenas(source):
+    """(blob, float arena, int arena) of the blob at source, its constants copied in.
+    source is the blob file's path, or the blob itself as a buffer - bytes, or a memoryview
+    of a file in a board's ROM filesystem or of a frozen bytes object: the blob in flash,
+    whose int8 weights the kernels then read in place, taking no heap.
     The file and the arenas are never in the heap together (on a board they would not fit:
     the int8 DS-CNN is a 32 KB file for 47 KB of arenas): the file is read, checked and
     parsed, its constants noted by their place in the file; the file's bytes are dropped,
     the arenas allocated - the largest blocks, before the blob's many small objects can
     fragment a small heap any further - and the file read again in small chunks straight
     into them, its CRC-32 checked again so that a file replaced in between is refused."""
+    if not isinstance(source, str):
+        return _load_buffer(source)
+    path = source
     b, size, floats, ints, nbytes = _parse_file(path)
     b.quant = {}        # the scales served the checks (derived multipliers); not needed now
+    F, I, Q, b.weights = _arenas(path, floats, ints, nbytes, b.weights_size)
+    _read_constants(path, b, size, F, I, Q)
+    _arenas_into_steps(b, Q)
+    return b, F, I
+
+
+def _load_buffer(data):
+    # The blob as a buffer: parsed where it is (no copy), its int8 weights left there, the
+    # other constants copied into the arenas. The arenas are allocated first, at the bottom
+    # of a collected heap, before the parse's garbage can leave no hole as large as them.
+    view = memoryview(data)
+    what = describe(data)
+    try:
+        r, root = _root(view)
+        floats, ints, nbytes = _arena_sizes(r, root)
+    except MemoryError:
+        raise OutOfMemoryError("%s: no room to check its frame" % what)
+    F, I, Q, _ = _arenas(what, floats, ints, nbytes, 0)
+    try:
+        b = _parse_root(r, root, view, False, Q, True, view, (F, I, Q))
+    except MemoryError:
+        raise OutOfMemoryError("the blob parsed from %s needs more than the %s bytes the heap "
+                               "has free besides its arenas" % (what, _mem_free()))
+    r = root = None
+    b.quant = {}        # the scales served the checks (derived multipliers); not needed now
+    b._arenas = None
+    for tid, pos in b.constants:    # each noted by its place in the buffer
+        n = ITEM_BYTES[b.dtypes[tid]] * b.sizes[tid]
+        for at in range(0, n, _CHUNK):
+            _put(b, tid, at, view[pos + at:pos + min(n, at + _CHUNK)], min(_CHUNK, n - at),
+                 F, I, Q)
+    b.Q = Q
+    b.constants = None  # in the arenas now
+    return b, F, I
+
+
+def _arenas(what, floats, ints, nbytes, weights):
+    # The float, int and byte arenas and the buffer of `weights` bytes of int8 weights (a
+    # blob file's), each allocated once, the largest first (into the file's place).
     _compact()
     try:
-        # the larger of the float and byte arenas first (into the file's place), then the
-        # int arena (labels, masks, multipliers: smaller)
+        W = bytearray(weights) if weights >= max(nbytes, 4 * floats) else None
         Q = bytearray(nbytes) if nbytes > 4 * floats else None
         F = zeros("f", floats)
         if Q is None:
             Q = bytearray(nbytes)
+        if W is None:
+            W = bytearray(weights)
         I = zeros("i", ints)
     except MemoryError:
-        raise OutOfMemoryError("'%s' needs %d bytes of arenas (%d floats, %d ints%s) besides "
-                               "the parsed blob; the heap has %s bytes free (each arena needs "
-                               "one contiguous block)"
-                               % (path, 4 * (floats + ints) + nbytes, floats, ints,
-                                  ", %d int8 bytes" % nbytes if nbytes else "", _mem_free()))
-    _read_constants(path, b, size, F, I, Q)
-    # the byte kernels' args were parsed with a stand-in for the byte arena
+        raise OutOfMemoryError("'%s' needs %d bytes of arenas (%d floats, %d ints%s%s) "
+                               "besides the parsed blob; the heap has %s bytes free (each "
+                               "needs one contiguous block)"
+                               % (what, 4 * (floats + ints) + nbytes + weights, floats, ints,
+                                  ", %d int8 bytes" % nbytes if nbytes else "",
+                                  ", %d bytes of int8 weights (a blob given as a buffer in "
+                                  "flash reads them in place)" % weights if weights else "",
+                                  _mem_free()))
+    return F, I, Q, W
+
+
+def _arenas_into_steps(b, Q):
+    # The byte kernels' args were parsed with stand-ins for the byte arena (first, and last
+    # for a weight in the arena) and the weights' buffer of a blob file (last).
     for steps in b.programs.values():
         steps = steps.steps
         for k in range(len(steps)):
             kernel, args = steps[k]
             if args and args[0] is _LATER:
-                steps[k] = (kernel, (Q,) + args[1:])
+                args = list(args)
+                args[0] = Q
+                if args[-1] is _LATER:
+                    args[-1] = Q
+                elif args[-1] is _WEIGHTS:
+                    args[-1] = b.weights
+                steps[k] = (kernel, tuple(args))
     b.Q = Q
     b.constants = None  # in the arenas now
-    return b, F, I
 
 
 # MicroPython: a collection restarts allocation at the heap's bottom, so the parsed blob's
@@ -256,6 +336,7 @@ def _parse_file(path):
 
 
 _LATER = bytearray(0)   # the byte arena until it is allocated (load_into_arenas)
+_WEIGHTS = bytearray(0)  # the weights' buffer of a blob file until it is allocated
 _CHUNK = 256            # bytes read at a time in the second pass
 
 
@@ -282,7 +363,8 @@ def _read_constants(path, b, size, F, I, Q):
                 crc = _stream(f, view, crc, at, pos, None)
                 at = pos + ITEM_BYTES[b.dtypes[tid]] * b.sizes[tid]
                 if b.dtypes[tid] in (INT8, UINT8):
-                    into = memoryview(Q)[b.offsets[tid]:b.offsets[tid] + b.sizes[tid]]
+                    into = memoryview(b.weights if tid in b.in_place else Q)[
+                        b.offsets[tid]:b.offsets[tid] + b.sizes[tid]]
                     if f.readinto(into) != len(into):
                         raise BlobError("'%s' changed while it was being loaded" % path)
                     crc = crc32(into, crc)
@@ -348,8 +430,13 @@ def _arena_sizes(r, root):
     floats = r.scalar(root, 5, "I", 0)
     ints = r.scalar(root, 6, "I", 0)
     nbytes = r.scalar(root, 16, "I", 0)
+    weights = r.scalar(root, 17, "I", 0)
     need = [0, 0, 0]
+    in_place = 0
     for t in r.tables(root, 2, "tensor"):
+        if r.scalar(t, 13, "B", 0):
+            in_place += r.scalar(t, 5, "I", 0)
+            continue    # in place: in no arena
         dtype = r.scalar(t, 1, "B", 0)
         end = r.scalar(t, 4, "I", 0) + r.scalar(t, 5, "I", 0)
         arena = 2 if dtype in (INT8, UINT8) else dtype
@@ -360,6 +447,9 @@ def _arena_sizes(r, root):
         if stated != needed:
             raise BlobError("the %s arena is %d elements, its tensors need %d"
                             % (kind, stated, needed))
+    if weights != in_place:
+        raise BlobError("the blob states %d bytes of weights read in place, its tensors hold "
+                        "%d" % (weights, in_place))
     return floats, ints, nbytes
 
 
@@ -405,14 +495,14 @@ def copy_inputs(b, F, I, program, inputs, classes):
 def program(b, uri, name, default_uri):
     """Program `name` of blob b, or of the blob at uri when it is another file; that file
     must have been packed from the same model (same tensor table)."""
-    if uri is not None and uri != default_uri:
+    if uri is not None and uri is not default_uri and uri != default_uri:
         other = load(uri)
         if other.names != b.names or other.offsets != b.offsets:
             raise BlobError("'%s' and '%s' were not packed from the same model"
-                            % (uri, default_uri))
+                            % (describe(uri), describe(default_uri)))
         b = other
     if name not in b.programs:
-        raise BlobError("'%s' has no %s program" % (uri or default_uri, name))
+        raise BlobError("'%s' has no %s program" % (describe(uri or default_uri), name))
     return b.programs[name]
 
 
@@ -451,9 +541,14 @@ def parse(data, keep_steps=False):
     return _parse_root(r, root, data, keep_steps, bytearray(0))
 
 
-def _parse_root(r, root, data, keep_steps, Q, in_file=False):
+def _parse_root(r, root, data, keep_steps, Q, in_file=False, weights=None, arenas=None):
+    # weights: the buffer int8 weights are read from in place (the blob's own, as a buffer),
+    # or None: one bytearray of them (load_into_arenas allocates it). arenas: (F, I, Q)
+    # when they are allocated already (Blob.derive)
     b = Blob()
     b._file = data
+    b.weights = weights
+    b._arenas = arenas
     b.float_arena, b.int_arena, b.byte_arena = _arena_sizes(r, root)
     b.loss = r.string(root, 7, "loss")
     b.num_classes = r.scalar(root, 8, "I", 0)
@@ -515,8 +610,14 @@ def _read_tensors(r, root, b, keep_steps, in_file):
         if count != size:
             raise BlobError("tensor '%s': shape %r holds %d elements, size says %d"
                             % (name, shape, count, size))
+        in_place = r.scalar(t, 13, "B", 0)
         arena = (b.float_arena, b.int_arena, b.byte_arena, b.byte_arena)[dtype]
-        if offset + size > arena:
+        if in_place:
+            if (ROLE_NAMES[role] != "constant" or dtype not in (INT8, UINT8) or offset
+                    or r.scalar(t, 12, "B", 0)):
+                raise BlobError("tensor '%s' is read in place but is not a given int8 "
+                                "constant at offset 0" % name)
+        elif offset + size > arena:
             raise BlobError("tensor '%s' [%d, %d) lies outside its %d-element arena"
                             % (name, offset, offset + size, arena))
         if ROLE_NAMES[role] == "constant":
@@ -531,7 +632,14 @@ def _read_tensors(r, root, b, keep_steps, in_file):
             elif nbytes != ITEM_BYTES[dtype] * size:
                 raise BlobError("constant '%s' has %d data bytes, expected %d"
                                 % (name, nbytes, ITEM_BYTES[dtype] * size))
+            elif in_place and b.weights is not None:
+                b.in_place.add(len(b.names))
+                offset = pos    # read where it is in the blob's buffer
             else:
+                if in_place:    # one after another in the weights' buffer
+                    b.in_place.add(len(b.names))
+                    offset = b.weights_size
+                    b.weights_size += size
                 b.constants.append((len(b.names), pos if in_file
                                     else bytes(r.buf[pos:pos + nbytes])))
         pos, n = r.vector(t, 9, 4, "tensor scales")
@@ -678,13 +786,18 @@ def _ids(r, table, index, b, what):
     for tid in ids:
         if tid >= len(b.names):
             raise BlobError("%s: tensor id %d out of range" % (what, tid))
+        if tid in b.in_place:
+            raise BlobError("%s: '%s' is an int8 weight read in place, in no arena"
+                            % (what, b.names[tid]))
     return list(ids)
 
 
 # Tensor kinds in a signature: "f" float, "i" int32, "b" int8 / uint8 (byte arena), "?" a
-# float tensor or none, "k" an int32 tensor or none. A kernel with byte tensors gets the
-# byte arena as the first element of its args.
-_KIND_DTYPES = {"f": (FLOAT,), "?": (FLOAT,), "i": (INT32,), "k": (INT32,), "b": (INT8, UINT8)}
+# float tensor or none, "k" an int32 tensor or none, "w" an int8 weight (in the byte arena or
+# read in place). A kernel with byte tensors gets the byte arena as the first element of its
+# args; one with a weight, that weight's buffer as the last.
+_KIND_DTYPES = {"f": (FLOAT,), "?": (FLOAT,), "i": (INT32,), "k": (INT32,), "b": (INT8, UINT8),
+                "w": (INT8, UINT8)}
 
 
 def _count(n):
@@ -716,15 +829,24 @@ def _read_steps(r, program, b, program_name, records, Q):
             if tid == NO_TENSOR and kind in "?k":
                 offsets.append(-1)
                 continue
+            if tid in b.in_place and kind != "w":
+                raise BlobError("%s: tensor argument %d is an int8 weight read in place, "
+                                "which only a weight argument can be" % (where, tid))
             if tid >= len(b.names) or b.dtypes[tid] not in _KIND_DTYPES[kind]:
                 raise BlobError("%s: tensor argument %d is not a valid %s tensor"
-                                % (where, tid, {"i": "int", "k": "int", "b": "int8"}.get(
+                                % (where, tid, {"i": "int", "k": "int", "b": "int8",
+                                                "w": "int8"}.get(
                                     kind, "float")))
             offsets.append(b.offsets[tid])
         if family not in modules:
             modules[family] = kernel_module(family)
         args = tuple(offsets) + ints + floats
-        if "b" in dtypes:
+        if "w" in dtypes:
+            # the weight's buffer last: in place, or the byte arena
+            w = tensors[dtypes.index("w")]
+            args += ((_WEIGHTS if b.weights is None else b.weights) if w in b.in_place
+                     else Q,)
+        if "b" in dtypes or "w" in dtypes:
             args = (Q,) + args
         check.where = "%s step %d (%s)" % (program_name, index, function)
         check.tensors = tensors

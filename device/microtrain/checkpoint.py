@@ -15,6 +15,16 @@
 #   stream number of Module.set_seed) are reserved: the state a*2**30 + b of that Dropout's
 #   generator (kernels/norm.py get_state), written by save_checkpoint with the optimizer
 #   state and restored by Module. They load into state.random_states, not state.properties.
+#   Integer training (kernels/inttrain.py) keeps its stochastic-rounding generator of weight
+#   W likewise, as RNG_PREFIX + "<W>.dither" (one int in [0, 2**16)).
+#   Integer momentum velocities (INT_GEMM_UPDATE_MOMENTUM) are the optimizer state of their
+#   parameter, as AdamW's moments are: one tensor "momentum0" like ORT's SGD-with-momentum
+#   buffer (it is the same quantity, v = mu v + g), but with the integer type it has in the
+#   arena, so the file keeps it exactly: ONNX INT16 for an int8 weight's velocity (1/256
+#   quanta, the arena's 2 bytes little endian), INT32 for an int32 bias' velocity. They load
+#   into state.int_velocities (not state.momentums, which float optimizers bind). A
+#   checkpoint without them (written before they were saved, or without optimizer state)
+#   loads with the velocities zero, as a fresh run starts.
 import os
 import struct
 from array import array
@@ -28,8 +38,9 @@ IDENTIFIER = b"ODTC"
 VERSION = 2
 ONNX_FLOAT = 1
 ONNX_INT8 = 3              # integer training (kernels/inttrain.py): int8 weights ...
-ONNX_INT32 = 6             # ... and int32 biases, as ONNX tensor types
-_ITEM = {ONNX_FLOAT: (4, "f"), ONNX_INT8: (1, "b"), ONNX_INT32: (4, "i")}
+ONNX_INT16 = 5             # ... their int16 momentum velocities ...
+ONNX_INT32 = 6             # ... and int32 biases (and their velocities), as ONNX tensor types
+_ITEM = {ONNX_FLOAT: (4, "f"), ONNX_INT8: (1, "b"), ONNX_INT16: (2, "h"), ONNX_INT32: (4, "i")}
 TRAILER_MAGIC = b"MTCK"
 RNG_PREFIX = "microtrain.rng."
 
@@ -67,6 +78,9 @@ class CheckpointState:
         self.optimizer_step = 0
         self.initial_learning_rate = 0.001
         self.momentums = {}        # parameter name -> [array('f'), ...]
+        self.int_velocities = {}   # parameter name -> (ONNX_INT16 or ONNX_INT32, values):
+                                   # integer momentum (see the top of this file); bound by
+                                   # Module to views of the arena
         self.has_optimizer_state = False  # the file had an optimizer group
         self.parameter_order = []  # names in file order (dict order on MicroPython is not)
         self.random_states = {}    # RNG_PREFIX + k -> int, as loaded (Dropout generators)
@@ -87,8 +101,9 @@ class CheckpointState:
     def save_checkpoint(state, checkpoint_uri, include_optimizer_state=False):
         """Write the checkpoint atomically (write_atomically): an interrupted save leaves
         the previous checkpoint in place. include_optimizer_state=True also writes the
-        Dropout generators' states (properties microtrain.rng.<k>), so that a resumed run
-        draws the same masks."""
+        optimizer state (moments; integer training's momentum velocities) and the
+        generators' states (properties microtrain.rng.*: Dropout, stochastic rounding), so
+        that a resumed run continues as the uninterrupted one."""
         if not isinstance(state, CheckpointState):
             raise CheckpointError("save_checkpoint(state, checkpoint_uri, include_optimizer_state"
                                   "=False): state must be a CheckpointState, not %s"
@@ -152,8 +167,8 @@ def _read_tensor(r, t, nominal):
     dtype = r.scalar(t, 3, "i", 0)
     pos, nbytes = r.vector(t, 4, 1, "raw_data of '%s'" % name)
     if dtype not in _ITEM:
-        raise CheckpointError("tensor '%s' has ONNX data type %d; only float (1), int8 (3) "
-                              "and int32 (6) are supported" % (name, dtype))
+        raise CheckpointError("tensor '%s' has ONNX data type %d; only float (1), int8 (3), "
+                              "int16 (5) and int32 (6) are supported" % (name, dtype))
     if r.scalar(t, 6, "q", -1) != -1:
         raise CheckpointError("tensor '%s' keeps its data in an external file, which is not "
                               "supported" % name)
@@ -241,16 +256,33 @@ def _parse(data, uri):
         for ps in r.tables(group, 3, "parameter optimizer state"):
             pname = r.string(ps, 0, "param_name")
             moments = []
+            velocity = None
             for t in r.tables(ps, 1, "momentum"):
                 n, _, v, dtype = _read_tensor(r, t, False)
-                if dtype != ONNX_FLOAT:
-                    raise CheckpointError("%s of '%s' is not a float tensor" % (n, pname))
-                moments.append((n, v))
+                if dtype == ONNX_FLOAT:
+                    moments.append((n, v))
+                elif dtype in (ONNX_INT16, ONNX_INT32) and n == "momentum0":
+                    velocity = (dtype, v)
+                else:
+                    raise CheckpointError("%s of '%s' is not a float tensor (nor an integer "
+                                          "momentum0: int16 or int32)" % (n, pname))
             moments.sort(key=_moment_order)  # by name only: arrays do not compare on MicroPython
             p = state.parameters.get(pname)
-            if p is None or not p.requires_grad or pname in state.momentums:
+            if p is None or not p.requires_grad or pname in state.momentums or \
+                    pname in state.int_velocities:
                 raise CheckpointError("optimizer state for '%s', which is not a trainable "
                                       "parameter or appears twice" % pname)
+            if velocity is not None:
+                if moments or state.is_nominal:
+                    raise CheckpointError("optimizer state of '%s': an integer momentum0 "
+                                          "with other moments, or in a nominal checkpoint"
+                                          % pname)
+                if len(velocity[1]) != p.size():
+                    raise CheckpointError("the integer momentum velocity (momentum0) of '%s' "
+                                          "has %d values; the parameter has %d"
+                                          % (pname, len(velocity[1]), p.size()))
+                state.int_velocities[pname] = velocity
+                continue
             if state.is_nominal and moments:
                 raise CheckpointError("a nominal checkpoint holds optimizer moments")
             for mname, v in moments:
@@ -296,12 +328,17 @@ def _to_flatbuffer(state, include_optimizer_state):
     module = fbwriter.Table([fbwriter.Tables(lists[0]), fbwriter.Tables(lists[1]),
                              ("B", 1 if state.is_nominal else 0), ("B", 0)])
     groups = None
-    if include_optimizer_state and (state.has_optimizer_state or state.momentums):
+    velocities = state.int_velocities
+    if include_optimizer_state and (state.has_optimizer_state or state.momentums or velocities):
         per_param = []
-        for name in sorted(state.momentums):
+        for name in sorted(list(state.momentums) + list(velocities)):
             shape = state.parameters[name].shape
-            moments = [_tensor("momentum%d" % i, shape, m, False)
-                       for i, m in enumerate(state.momentums[name])]
+            if name in velocities:
+                dtype, values = velocities[name]
+                moments = [_tensor("momentum0", shape, values, False, dtype)]
+            else:
+                moments = [_tensor("momentum%d" % i, shape, m, False)
+                           for i, m in enumerate(state.momentums[name])]
             per_param.append(fbwriter.Table([fbwriter.String(name), fbwriter.Tables(moments)]))
         groups = fbwriter.Tables([fbwriter.Table([
             fbwriter.String("group0"), ("q", state.optimizer_step),

@@ -8,7 +8,7 @@
 # cuts and the CRC-32 computed on the way, so no copy of the model is ever held in RAM.
 import os
 import struct
-from microtrain.blob import FLOAT, INT32, ITEM_BYTES, NO_TENSOR
+from microtrain.blob import FLOAT, INT32, ITEM_BYTES, NO_TENSOR, describe
 from microtrain.checkpoint import write_atomically
 from microtrain.crc32 import crc32
 from microtrain.errors import BlobError, InputError, ParameterError
@@ -22,7 +22,7 @@ def export_inference_blob(module, path, output_names):
     b = module.blob
     if b.inference is None:
         raise BlobError("'%s' has no inference template: repack the model with this "
-                        "version of microtrain" % module.uri)
+                        "version of microtrain" % describe(module.uri))
     if module.state.is_nominal:
         raise ParameterError("the checkpoint state is nominal (no parameter values): load them "
                              "with copy_buffer_to_parameters before exporting")
@@ -73,7 +73,8 @@ def export_inference_blob(module, path, output_names):
                     crc = crc32(piece, crc)
                 else:
                     tid = cuts[i + 1]
-                    arena = {FLOAT: module.F, INT32: module.I}.get(b.dtypes[tid], b.Q)
+                    arena = {FLOAT: module.F, INT32: module.I}.get(
+                        b.dtypes[tid], b.weights if tid in b.in_place else b.Q)
                     crc = _write_raw(out, arena, b.offsets[tid], b.sizes[tid], crc)
             crc = _copy(src, out, length - at, chunk, crc)
             out.write(struct.pack("<I", crc & 0xFFFFFFFF))
@@ -100,10 +101,34 @@ def _output_ids(outputs, output_names):
     return ids
 
 
+class _BufferFile:
+    # The blob the Module was given as a buffer (in flash), read like its file.
+    def __init__(self, buf):
+        self.view = memoryview(buf)
+        self.at = 0
+
+    def seek(self, at):
+        self.at = at
+
+    def readinto(self, into):
+        n = min(len(into), len(self.view) - self.at)
+        into[:n] = self.view[self.at:self.at + n]
+        self.at += n
+        return n
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
 def _open_unchanged(uri, crc):
     # The template is read from the file the Module was loaded from: it must still be
     # that file, not one repacked since.
     # Returns the open file and where its FlatBuffer ends (before the CRC).
+    if not isinstance(uri, str):
+        return _BufferFile(uri), len(uri) - 4
     try:
         src = open(uri, "rb")
         end = os.stat(uri)[6] - 4

@@ -16,7 +16,8 @@ class InferenceSession:
         b, self.F, self.I = blobfile.load_into_arenas(path)
         if INFER_PROGRAM not in b.programs:
             raise BlobError("'%s' is not an inference blob (its programs: %s); write one with "
-                            "Module.export_model_for_inferencing" % (path, ", ".join(b.programs)))
+                            "Module.export_model_for_inferencing" % (blobfile.describe(path),
+                                                                ", ".join(b.programs)))
         self.blob = b
         self._program = b.programs[INFER_PROGRAM]
         self._view = memoryview(self.F)

@@ -10,7 +10,10 @@ _NEG_INF = -math.inf
 class Module:
     """Like onnxruntime.training.api.Module: Module(train_model_uri, state,
     eval_model_uri=None), the uris naming .mtb blobs (the eval program is in the training
-    blob too, so eval_model_uri is only needed to take it from another blob).
+    blob too, so eval_model_uri is only needed to take it from another blob). A uri can
+    also be the blob itself as a buffer: bytes, or a memoryview of a file in a board's ROM
+    filesystem or of a frozen bytes object - a blob in flash, whose int8 weights are then
+    read in place instead of taking heap.
 
     model(*inputs) runs the train program in train mode (returns the loss, accumulating
     gradients) and the eval program in eval mode (returns the loss, or a list of the loss
@@ -75,6 +78,9 @@ class Module:
             if getattr(p, "data_type", 1) != 1:
                 raise ParameterError("parameter '%s' is an integer tensor in the checkpoint, "
                                      "a float one in the model" % name)
+            if name in self.state.int_velocities:
+                raise CheckpointError("the checkpoint has an integer momentum velocity for '%s', "
+                                      "a float parameter in the model" % name)
             if p.data is not None:
                 if len(p.data) != n:
                     raise ParameterError("parameter '%s' has %d values, the model needs %d"
@@ -106,6 +112,43 @@ class Module:
                 arena[off + i] = data[i] & 255 if want == 3 else data[i]
         p.shape = self.blob.shapes[tensor]
         p.data = memoryview(arena)[off:off + n]
+        self._bind_velocity(name)
+
+    def _bind_velocity(self, name):
+        # Integer momentum (kernels/inttrain.py int_gemm_update_momentum): the velocity of
+        # parameter `name` is the optimizer-state tensor "<name>.velocity" (the host's
+        # ops/inttrain.py names it so): int16 values as 2 little-endian bytes each in the byte
+        # arena for an int8 weight, int32 ones in the int arena for a bias. It comes from
+        # the checkpoint's momentum0 when that has one, else it stays zero (an older
+        # checkpoint, or one saved without optimizer state: the velocities restart, as in a
+        # fresh run); then the state holds a view of it, which save_checkpoint writes.
+        b = self.blob
+        velocities = self.state.int_velocities
+        saved = velocities.pop(name, None)
+        key = name + ".velocity"
+        if key not in b.names:
+            return      # trained without momentum: a saved velocity is not carried on
+        tid = b.names.index(key)
+        off, size = b.offsets[tid], b.sizes[tid]
+        wide = b.dtypes[tid] == blobfile.INT32
+        want = 6 if wide else 5                  # ONNX INT32, INT16
+        count = size if wide else size // 2
+        if saved is not None:
+            dtype, values = saved
+            if dtype != want or len(values) != count:
+                raise CheckpointError("the integer momentum velocity (momentum0) of '%s' has %d "
+                                      "values of ONNX type %d; the model needs %d of type %d"
+                                      % (name, len(values), dtype, count, want))
+            if wide:
+                I = self.I
+                for i in range(count):
+                    I[off + i] = values[i]
+            else:
+                raw = bytes(values)              # the int16s' bytes, as the arena keeps them
+                Q = b.Q
+                for i in range(size):
+                    Q[off + i] = raw[i]
+        velocities[name] = (want, memoryview(self.I if wide else b.Q)[off:off + size])
 
     # -- Dropout generators ---------------------------------------------------------------
     def _bind_random_states(self):
@@ -113,14 +156,29 @@ class Module:
         # '.random_state' tensor) is restored from the state's microtrain.rng.<k> property
         # when it has one (otherwise the kernel seeds it on its first draw), and the state
         # keeps _random_states to write the current ones on a save with optimizer state.
+        # Integer training's stochastic-rounding generators (one int each, tensors
+        # "<weight>.dither", kernels/inttrain.py _dither) are kept the same way, as
+        # microtrain.rng.<weight>.dither.
         b = self.blob
         self._random_at = [b.offsets[t] for t in range(len(b.names))
                            if b.names[t].endswith(".random_state")]
+        self._dither_at = [(b.names[t], b.offsets[t]) for t in range(len(b.names))
+                           if b.integer_parameters and b.names[t].endswith(".dither")]
         self.state._random_source = self._random_states
         saved = getattr(self.state, "random_states", None)
-        if not self._random_at or not saved:
+        if not saved:
             return
         from microtrain.checkpoint import RNG_PREFIX
+        for name, at in self._dither_at:
+            value = saved.get(RNG_PREFIX + name)
+            if value is None:
+                continue                        # 0: the kernel seeds it on its first draw
+            if not isinstance(value, int) or not 0 <= value < 65536:
+                raise CheckpointError("property '%s' = %r is not a stochastic-rounding "
+                                      "generator state (0 to 65535)" % (RNG_PREFIX + name, value))
+            self.I[at] = value
+        if not self._random_at:
+            return
         from microtrain.kernels.norm import set_state
         for stream, at in enumerate(self._random_at):
             name = RNG_PREFIX + str(stream)
@@ -129,13 +187,17 @@ class Module:
                                       % (name, saved[name]))
 
     def _random_states(self):
-        # {microtrain.rng.<k>: state} of every Dropout, for save_checkpoint (only then).
-        if not self._random_at:
+        # {microtrain.rng.<k>: state} of every Dropout (and microtrain.rng.<w>.dither of
+        # every stochastic-rounding generator), for save_checkpoint (only then).
+        if not self._random_at and not self._dither_at:
             return {}
         from microtrain.checkpoint import RNG_PREFIX
-        from microtrain.kernels.norm import get_state
-        return dict((RNG_PREFIX + str(stream), get_state(self.I, at))
-                    for stream, at in enumerate(self._random_at))
+        out = dict((RNG_PREFIX + name, self.I[at]) for name, at in self._dither_at)
+        if self._random_at:
+            from microtrain.kernels.norm import get_state
+            for stream, at in enumerate(self._random_at):
+                out[RNG_PREFIX + str(stream)] = get_state(self.I, at)
+        return out
 
     def _parameter_ids(self, trainable_only):
         b = self.blob
@@ -329,7 +391,8 @@ class Module:
         if self._forward is None:
             raise TrainingError("'%s' has no forward program: pack the model with loss=None "
                                 "(its output not a scalar) to compute the loss outside the "
-                                "graph, or call model(*inputs) to train" % self.uri)
+                                "graph, or call model(*inputs) to train"
+                                % blobfile.describe(self.uri))
 
     def _views(self, program):
         # Views of the program's outputs, made once: a step allocates no list or view.

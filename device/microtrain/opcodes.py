@@ -145,7 +145,8 @@ INT_CLAMP_MASK = const(252)
 # op code -> (kernel family module, function, tensor dtypes, int count, float count)
 # Tensor dtypes: "f" float arena, "i" int arena, "?" float arena or no tensor, "b" byte
 # arena (int8 / uint8; the kernel's args then start with the byte arena), "k" int arena or
-# no tensor.
+# no tensor, "w" an int8 weight (byte arena, or in place where the blob is: the buffer it is
+# in then ends the kernel's args).
 # A count of _ANY: as many as the step carries (tables that come with the geometry); the
 # kernel's checker checks the exact counts (StepCheck.counts) against its geometry.
 _ANY = -1
@@ -255,8 +256,8 @@ SIGNATURES = {
     ZERO_POINT_INT: ("quant", "zero_point_int", "if", 0, 0),
     QUANTIZE_LINEAR: ("qlinear", "quantize_linear", "bff", 3, 0),
     DEQUANTIZE_LINEAR: ("qlinear", "dequantize_linear", "fbf", 2, 0),
-    QLINEAR_GEMM: ("qlinear", "qlinear_gemm", "bbbki", 9, 0),
-    QLINEAR_CONV: ("qlinear", "qlinear_conv", "bbbkii", 18, 0),
+    QLINEAR_GEMM: ("qlinear", "qlinear_gemm", "bbwki", 9, 0),
+    QLINEAR_CONV: ("qlinear", "qlinear_conv", "bbwkii", 18, 0),
     QLINEAR_GLOBAL_AVERAGE_POOL: ("qlinear", "qlinear_global_average_pool", "bbi", 4, 0),
     QLINEAR_MAX_POOL: ("qlinear", "qlinear_max_pool", "bb", 12, 0),
     QLINEAR_AVERAGE_POOL: ("qlinear", "qlinear_average_pool", "bbi", 17, 0),

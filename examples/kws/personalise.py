@@ -27,10 +27,13 @@ training configuration costs in memory.
      trained on the recordings with the device runtime (examples/kws/personalise_device.py)
      under CPython or the MicroPython Unix port, the held-out accuracy measured before and
      after. On MicroPython, --frozen uses the Unix port with the runtime frozen in
-     (scripts/build_micropython_frozen.sh), as a board holds it in flash; the run reports
-     the largest live heap it saw, and --measure-heap first bisects the smallest -X heapsize
-     in which one train step and one evaluation run (scripts/measure_heap.py; the data are
-     streamed, so more samples need no more heap).
+     (scripts/build_micropython_frozen.sh), as a board holds it in flash; --flash freezes
+     the blob in too (kws_blob.py, a bytes constant), so its int8 weights are read in place
+     as from a board's flash; --trim freezes only the model's minimal runtime (what
+     `microtrain deploy` puts on a board); --m32 builds that port for 32 bits, with a
+     microcontroller's object sizes. The run reports the largest live heap it saw, and --measure-heap first
+     bisects the smallest -X heapsize in which one train step and one evaluation run
+     (scripts/measure_heap.py; the data are streamed, so more samples need no more heap).
 
 The last lines printed are the accuracy before and after and the peak heap in bytes."""
 import argparse
@@ -100,7 +103,13 @@ def int8_pack(directory, lr, calibration_steps=20, **trained):
     from microtrain_host.pipeline.inttrain import int8_training_artifacts, int8_training_model
     qdq, _ = quantize.calibrate(directory / "backbone", steps=calibration_steps)
     info = int8_training_artifacts(qdq, directory, lr, **trained)
-    (directory / "model.mtb").write_bytes(pathlib.Path(info["blob"]).read_bytes())
+    blob = pathlib.Path(info["blob"]).read_bytes()
+    (directory / "model.mtb").write_bytes(blob)
+    # the same blob as a module for --flash (frozen, its bytes stay in the binary)
+    (directory / "kws_blob.py").write_text(
+        "# The KWS blob (model.mtb) as a bytes constant: frozen into the interpreter, it stays\n"
+        "# in the binary as a blob in a board's flash (personalise_device.py ... flash).\n"
+        "BLOB = %r\n" % blob)
     params = int8_training_model(qdq, True, **trained)[4]
     for name in (info["weight"], info["bias"]):
         params[name] = np.zeros_like(params[name])
@@ -112,14 +121,17 @@ def int8_memory(directory, config):
     """An int8 configuration's arenas (its blob in directory), as a line of the table."""
     from microtrain import blob as device_blob
     b = device_blob.load(str(directory / "model.mtb"))
-    weights = sum(b.sizes[t] for t in range(len(b.names))
-                  if b.dtypes[t] >= device_blob.INT8 and b.roles[t] in (2, 6))  # param, constant
+    weights = sum(b.sizes[t] for t in range(len(b.names)) if b.dtypes[t] >= device_blob.INT8
+                  and b.roles[t] in (2, 6) and t not in b.in_place)  # param, constant
+    in_place = sum(b.sizes[t] for t in b.in_place)
     total = 4 * (b.float_arena + b.int_arena) + b.byte_arena
     return (f"  {config:14s} {CONFIGS[config][0]:28s} {'fused':5s} "
             f"arenas {total / 1024:.1f} KiB: int8 {b.byte_arena / 1024:.1f} (weights "
             f"{weights / 1024:.1f}, activations {(b.byte_arena - weights) / 1024:.1f}), int32 "
             f"{4 * b.int_arena / 1024:.1f}, float {4 * b.float_arena / 1024:.1f}; no gradient "
-            f"buffer, no optimizer state")
+            f"buffer, no optimizer state; the frozen layers' {in_place / 1024:.1f} KiB of int8 "
+            f"weights in no arena (read where the blob is: in place from flash, or one buffer "
+            f"of them when it is a file)")
 
 
 def pack(model, config, directory, moves=True, lr=0.003):
@@ -172,8 +184,23 @@ def write_data(directory, shots, held_out, limit=None, info=None):
     return counts
 
 
-def run_device(directory, epochs, lr, runtime, frozen, heap):
-    args = [str(directory), str(epochs), repr(lr)]
+def build_options(directory, flash, m32, trim):
+    """build_micropython_frozen.sh's options for --flash, --m32 and --trim (which writes the
+    model's minimal runtime into directory/runtime)."""
+    options = (["--m32"] if m32 else []) + (["--module", str(directory / "kws_blob.py")]
+                                            if flash else [])
+    if trim:
+        import shutil
+        from microtrain_host.tools import runtime
+        shutil.rmtree(directory / "runtime", ignore_errors=True)
+        runtime.write_sources(runtime.minimal_sources(directory / "model.mtb"),
+                              directory / "runtime")
+        options += ["--device", str(directory / "runtime")]
+    return options
+
+
+def run_device(directory, epochs, lr, runtime, frozen, heap, options=()):
+    args = [str(directory), str(epochs), repr(lr)] + (["flash"] if "--module" in options else [])
     if runtime == "cpython":
         proc = subprocess.run([sys.executable, str(DEVICE_SCRIPT), *args], capture_output=True,
                               text=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "device")))
@@ -181,14 +208,14 @@ def run_device(directory, epochs, lr, runtime, frozen, heap):
             sys.exit(proc.stderr)
         return proc.stdout
     import measure_heap as heap_tool
-    code, out = heap_tool.run(heap_tool.interpreter(frozen), heap_tool.size(heap),
+    code, out = heap_tool.run(heap_tool.interpreter(frozen, options), heap_tool.size(heap),
                               DEVICE_SCRIPT, args, frozen, 7200)
     if code:
         sys.exit(out)
     return out
 
 
-def heap_for_one_step(directory, frozen, high):
+def heap_for_one_step(directory, frozen, high, options=()):
     """The smallest -X heapsize in which one train step and one evaluation run: the blob
     and checkpoint of `directory`, one sample of each part."""
     import shutil
@@ -203,8 +230,10 @@ def heap_for_one_step(directory, frozen, high):
                 (probe / f"x_{part}.{suffix}").write_bytes(
                     (directory / f"x_{part}.{suffix}").read_bytes()[:size])
         (probe / f"y_{part}.i32").write_bytes((directory / f"y_{part}.i32").read_bytes()[:4])
-    needed, out = heap_tool.needed_heap(DEVICE_SCRIPT, [str(probe), "1", "0.001"],
-                                        frozen=frozen, high=heap_tool.size(high))
+    flash = ["flash"] if "--module" in options else []
+    needed, out = heap_tool.needed_heap(DEVICE_SCRIPT, [str(probe), "1", "0.001"] + flash,
+                                        frozen=frozen, high=heap_tool.size(high),
+                                        options=options)
     if needed is None:
         sys.exit(f"one step does not run even with a {high} heap:\n{out}")
     return needed
@@ -226,6 +255,16 @@ def main():
     parser.add_argument("--runtime", choices=("cpython", "micropython"), default="cpython")
     parser.add_argument("--frozen", action="store_true",
                         help="MicroPython with the runtime frozen into the interpreter")
+    parser.add_argument("--flash", action="store_true",
+                        help="int8, with --frozen: the blob frozen in too, its int8 weights "
+                             "read in place as from a board's flash")
+    parser.add_argument("--m32", action="store_true",
+                        help="with --frozen: the 32-bit build of the port (a board's object "
+                             "sizes; needs gcc-multilib, installed when missing)")
+    parser.add_argument("--trim", action="store_true",
+                        help="with --frozen: freeze the model's minimal runtime (only the "
+                             "modules and kernels it uses, as `microtrain deploy` builds for a "
+                             "board) instead of the whole device package")
     parser.add_argument("--heap", default=None,
                         help="MicroPython heap (1M; with --measure-heap: the heap measured)")
     parser.add_argument("--measure-heap", action="store_true",
@@ -249,10 +288,18 @@ def main():
     shots, held_out = write_data(directory, args.shots, args.held_out,
                                  info=info if int8 else None)
     needed = None
+    if (args.flash or args.m32 or args.trim) and not (args.frozen
+                                                      and args.runtime == "micropython"):
+        parser.error("--flash, --m32 and --trim need --runtime micropython --frozen")
+    if args.flash and not int8:
+        parser.error("--flash is for the int8 configurations (float weights are trained)")
+    options = build_options(directory, args.flash, args.m32, args.trim)
+    port = ", ".join(["runtime frozen in"] * args.frozen + ["trimmed to the model"] * args.trim
+                     + ["blob in flash"] * args.flash + ["32-bit build"] * args.m32)
     if args.runtime == "micropython" and args.measure_heap:
-        needed = heap_for_one_step(directory, args.frozen, args.heap or "1M")
+        needed = heap_for_one_step(directory, args.frozen, args.heap or "1M", options)
         print(f"one train step and one evaluation need a heap of {needed} bytes "
-              f"(bisected -X heapsize{', runtime frozen in' if args.frozen else ''})", flush=True)
+              f"(bisected -X heapsize{', ' + port if port else ''})", flush=True)
         if args.heap is None:
             args.heap = str(needed)     # the whole run in that heap
     print(f"personalising '{args.config}' ({CONFIGS[args.config][0]}"
@@ -260,10 +307,10 @@ def main():
           f"recordings of 12 new keywords, {args.epochs} epochs, "
           f"{'SGD (QAS, integer)' if int8 else 'SGD' if args.config in FLOAT_SGD else OPTIMIZER}"
           f" lr {args.lr}, under "
-          f"{args.runtime}{' (runtime frozen in)' if args.frozen else ''}; {held_out} held out",
+          f"{args.runtime}{' (' + port + ')' if port else ''}; {held_out} held out",
           flush=True)
     out = run_device(directory, args.epochs, args.lr, args.runtime, args.frozen,
-                     args.heap or "1M")
+                     args.heap or "1M", options)
     for line in out.splitlines():
         if line.startswith("epoch"):
             print("  " + line)

@@ -1,5 +1,8 @@
 # The personalisation run on the device (MicroPython or CPython), as a board would do it:
-#   personalise_device.py DIR EPOCHS LR
+#   personalise_device.py DIR EPOCHS LR [flash]
+# flash: the blob is the bytes constant BLOB of the module kws_blob, frozen into the
+# interpreter (build_micropython_frozen.sh --module): it stays in the binary, as a blob in a
+# board's flash, and the Module reads its int8 weights there in place.
 # DIR holds model.mtb and checkpoint (packed at batch 1) and the data as raw little-endian
 # files: x_train.f32, y_train.i32 (the user's few recordings) and x_test.f32, y_test.i32 (held
 # out); for a blob whose input is int8 / uint8 (integer training) x_*.q8, one byte per value,
@@ -47,13 +50,18 @@ def accuracy(model, x, y, directory, classes):
     return right, total
 
 
-def main(directory, epochs, lr):
+def main(directory, epochs, lr, flash):
     global SUFFIX, XBYTES
     from microtrain import CheckpointState, Module, Optimizer
     probe()
+    if flash:
+        from kws_blob import BLOB
+        blob = memoryview(BLOB)
+    else:
+        blob = directory + "/model.mtb"
     state = CheckpointState.load_checkpoint(directory + "/checkpoint")
-    model = Module(directory + "/model.mtb", state)
-    opt = Optimizer(directory + "/model.mtb", model)
+    model = Module(blob, state)
+    opt = Optimizer(blob, model)
     opt.set_learning_rate(lr)
     b = model.blob
     x_id, y_id = b.programs["train"].inputs
@@ -87,4 +95,4 @@ def main(directory, epochs, lr):
     print("peak heap %d" % (peak if BASE is not None else -1))
 
 
-main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]))
+main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4:] == ["flash"])

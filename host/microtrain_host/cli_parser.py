@@ -262,7 +262,8 @@ def build_parser():
                         "--int8-train-depthwise")
     p.add_argument("--int8-momentum", type=float, default=0.0, metavar="MU",
                    help="with --int8-train: SGD momentum of the classifier (torch's rule; an "
-                        "int16 velocity per weight, not saved in checkpoints; default 0)")
+                        "int16 velocity per weight, saved in checkpoints with the optimizer "
+                        "state; default 0)")
     p.add_argument("--int8-nearest", action="store_true",
                    help="with --int8-train: round weight steps half to even instead of "
                         "stochastically (steps below half a quantum are then lost)")

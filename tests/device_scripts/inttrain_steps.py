@@ -2,7 +2,9 @@
 # viper kernels, every train step under micropython.heap_lock()) or with the pure-Python
 # kernels, or on CPython: prints the trained int8 weights, int32 bias and the last loss ints
 # so the test can compare the three runs byte for byte; saves the checkpoint.
-#   inttrain_steps.py BLOB CKPT DATA STEPS fast|pure OUT_CKPT
+#   inttrain_steps.py BLOB CKPT DATA STEPS fast|pure OUT_CKPT [buffer]
+# buffer: the blob given to the Module as bytes (as a blob in flash: its int8 weights read
+# in place) rather than as a path.
 # DATA: records of the quantized input bytes then the int32 labels.
 import sys
 from array import array
@@ -20,7 +22,14 @@ if mode == "pure":
     inttrain.use_fast(False)
     intgrad.use_fast(False)
 state = CheckpointState.load_checkpoint(sys.argv[2])
-model = Module(sys.argv[1], state)
+if sys.argv[7:] == ["buffer"]:
+    with open(sys.argv[1], "rb") as f:
+        source = f.read()
+else:
+    source = sys.argv[1]
+model = Module(source, state)
+if source is not sys.argv[1]:
+    assert model.blob.weights is not None and len(model.blob.weights) == len(source)
 b = model.blob
 program = model._train
 xin, lab = program.inputs

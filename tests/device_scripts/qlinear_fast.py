@@ -30,6 +30,16 @@ def biases(channels):
     return [random.randint(-5000, 5000) for _ in range(channels)]
 
 
+def weight_buffer(Q, at, n):
+    # (offset, buffer) of the weights Q[at:at + n]: in the byte arena itself, or half the time
+    # in a read-only bytes object of their own behind some other bytes, as a blob in flash
+    # holds them
+    if random.randint(0, 1):
+        return at, Q
+    before = random.randint(0, 40)
+    return before, bytes(random.getrandbits(8) for _ in range(before)) + bytes(Q[at:at + n])
+
+
 def conv_case():
     groups = random.choice((1, 1, 2, 3))
     cin, cout = groups * random.randint(1, 3), groups * random.randint(1, 3)
@@ -52,9 +62,10 @@ def conv_case():
     lo, hi = (-128, 127) if random.randint(0, 1) else (0, 255)
     I = array("i", biases(cout) + req(cout, random.randint(-128, 255), random.randint(-20, 20),
                                       lo, hi) + [0] * (OH * OW))
-    args = (Q, nx + nw, 0, nx, 0 if random.randint(0, 3) else -1, cout, cout + 4 + 2 * cout, n,
-            groups, cin // groups, cout // groups, H, W, OH, OW, kh, kw, sh, sw, dh, dw, pt, pl,
-            signed, 0)
+    w_at, weights = weight_buffer(Q, nx, nw)
+    args = (Q, nx + nw, 0, w_at, 0 if random.randint(0, 3) else -1, cout, cout + 4 + 2 * cout,
+            n, groups, cin // groups, cout // groups, H, W, OH, OW, kh, kw, sh, sw, dh, dw, pt,
+            pl, signed, 0, weights)
     return Q, I, args, pure_conv, fast.qlinear_conv
 
 
@@ -68,8 +79,9 @@ def gemm_case():
     I = array("i", biases(n) + req(n, random.randint(-128, 255), random.randint(-20, 20), lo, hi))
     trans = random.randint(0, 1)
     sw_k, sw_n = (1, k) if trans else (n, 1)
-    args = (Q, m * k + k * n, 0, m * k, 0 if random.randint(0, 3) else -1, n, m, k, n, k, 1,
-            sw_k, sw_n, random.randint(0, 1), 0)
+    w_at, weights = weight_buffer(Q, m * k, k * n)
+    args = (Q, m * k + k * n, 0, w_at, 0 if random.randint(0, 3) else -1, n, m, k, n, k, 1,
+            sw_k, sw_n, random.randint(0, 1), 0, weights)
     return Q, I, args, pure_gemm, fast.qlinear_gemm
 
 

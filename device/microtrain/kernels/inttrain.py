@@ -83,7 +83,7 @@ def _derived(c, k, values):
     if c.blob.derived.pop(tid):
         c.fail("derived tensor argument %d has given values" % k)
     done[tid] = len(values)
-    c.blob.constants.append((tid, bytes(values)))
+    c.blob.derive(tid, bytes(values))
     return True
 
 
@@ -597,29 +597,22 @@ def int_conv1x1_update_check(args, c):
 # The viper fast paths (MicroPython with the viper emitter): same integers, no allocation.
 _FAST_NAMES = ("int_gemm_logits", "int_gemm_update", "int_gemm_grad_input",
                "int_conv1x1_update", "int_gemm_update_momentum")
-_pure = {}
-for _name in _FAST_NAMES:
-    if _name in globals():    # a trimmed runtime (tools/runtime.py) keeps only some kernels
-        _pure[_name] = globals()[_name]
+_pure = {}      # name -> its pure-Python kernel (kernels/fastpath.py fills it)
+
+
+def _load_fast():
+    from microtrain.kernels import inttrain_viper as fast
+    from microtrain.kernels import qlinear
+    # beyond the limbs' range: the exact value saturated at +-2**29 (a small int on
+    # 32-bit ports; every caller clamps it far below that)
+    fast._slow = qlinear._requant_saturated
+    fast._WIDE = 1 if _requant is _requant_wide else 0
+    return fast
 
 
 def use_fast(on=True):
-    g = globals()
-    for name in _pure:
-        g[name] = _pure[name]
-    if on:
-        try:
-            from microtrain.kernels import inttrain_viper as fast
-            from microtrain.kernels import qlinear
-        except (ImportError, SyntaxError):   # CPython; a MicroPython without viper
-            return False
-        # beyond the limbs' range: the exact value saturated at +-2**29 (a small int on
-        # 32-bit ports; every caller clamps it far below that)
-        fast._slow = qlinear._requant_saturated
-        fast._WIDE = 1 if _requant is _requant_wide else 0
-        for name in _pure:
-            g[name] = getattr(fast, name)
-    return on
+    from microtrain.kernels import fastpath
+    return fastpath.use_fast(globals(), _FAST_NAMES, _pure, on, _load_fast)
 
 
 FAST = use_fast()

@@ -5,7 +5,10 @@
 #
 # Byte tensors live in the byte arena Q (a bytearray, first element of every args tuple here):
 # uint8 as is, int8 as its two's complement byte. Weights are int8 (zero point 0),
-# activations uint8 or int8 (flag `signed`).
+# activations uint8 or int8 (flag `signed`). Gemm and Conv read their weight from the buffer
+# last in their args: Q, or - for a constant weight (plan.WEIGHT_ARGUMENT on the host) - the
+# blob itself where it lies in flash, or the one buffer of such weights a blob loaded from a
+# file gets (blob.load_into_arenas): frozen weights need no arena space.
 #
 # Requantization, integers only: acc = sum (x - x_zp) * w + bias (int32 bias) becomes
 #   y = clamp(round_half_even(acc * m0 / 2**shift) + y_zp, lo, hi)
@@ -66,13 +69,13 @@ def _scale(c, k):
 
 def _derive(c, k, header, reals):
     # A derived req tensor (argument k): its given header and the (m0, shift) of each real
-    # multiplier; stored in the blob's constants, copied into the int arena at load.
+    # multiplier, which Blob.derive puts into the int arena.
     values = _head(c, k, header)
     for real in reals:
         m0, shift = requant_pair(real)
         values.append(m0)
         values.append(shift)
-    c.blob.constants.append((c.tensors[k], bytes(values)))
+    c.blob.derive(c.tensors[k], bytes(values))
 
 
 def _head(c, k, header):
@@ -110,8 +113,8 @@ def _derive_channels(c, k, x, w, y, channels):
     sy = _scale(c, y)[0]
     if len(sw) not in (1, channels):
         c.fail("%d weight scales for %d output channels" % (len(sw), channels))
-    _derive(c, k, 4, [_f32(_f32(sx * sw[i if len(sw) > 1 else 0]) / sy)
-                      for i in range(channels)])
+    _derive(c, k, 4, (_f32(_f32(sx * sw[i if len(sw) > 1 else 0]) / sy)
+                      for i in range(channels)))
 
 
 def _requant_wide(acc, m0, shift):
@@ -228,7 +231,7 @@ def _derive_qparams(c, k, q):
     if not 0.0 < scale < 3.4e38:
         c.fail("scale %r is not positive and finite" % scale)
     c.within(zero_point, -128, 255, "zero point")
-    c.blob.constants.append((tid, bytes(array("f", (scale, zero_point, 0.0)))))
+    c.blob.derive(tid, bytes(array("f", (scale, zero_point, 0.0))))
 
 
 def quantize_linear_check(args, c):
@@ -265,7 +268,7 @@ def dequantize_linear_check(args, c):
 
 def qlinear_gemm(F, I, args):
     # Y[i, j] = requant(sum_k (X[i, k] - x_zp) * W[k, j] + bias[j]), W strided (transB).
-    Q, y, x, w, bias, req, m, k, n, sx_m, sx_k, sw_k, sw_n, x_signed, y_signed = args
+    Q, y, x, w, bias, req, m, k, n, sx_m, sx_k, sw_k, sw_n, x_signed, y_signed, W = args
     x_zp = I[req]
     y_zp = I[req + 1]
     lo = I[req + 2]
@@ -279,7 +282,7 @@ def qlinear_gemm(F, I, args):
                 xv = Q[px]
                 if x_signed and xv > 127:
                     xv -= 256
-                wv = Q[pw]
+                wv = W[pw]
                 if wv > 127:
                     wv -= 256
                 acc += (xv - x_zp) * wv
@@ -304,7 +307,7 @@ def qlinear_conv(F, I, args):
     # Y = requant(Conv(X - x_zp, W) + bias), geometry as kernels/conv.py: one output element
     # at a time, its taps clipped to the image.
     (Q, y, x, w, bias, req, scratch, n_images, groups, cin_g, cout_g, in_h, in_w, out_h,
-     out_w, k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, x_signed, y_signed) = args
+     out_w, k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, x_signed, y_signed, W) = args
     x_zp = I[req]
     y_zp = I[req + 1]
     lo = I[req + 2]
@@ -337,7 +340,7 @@ def qlinear_conv(F, I, args):
                                 xv = Q[x_c + iy * in_w + ix]
                                 if x_signed and xv > 127:
                                     xv -= 256
-                                wv = Q[w_c + ky * k_w + kx]
+                                wv = W[w_c + ky * k_w + kx]
                                 if wv > 127:
                                     wv -= 256
                                 acc += (xv - x_zp) * wv
@@ -509,7 +512,7 @@ def qlinear_add_check(args, c):
     values = _head(c, 3, 5)
     for v in add_multipliers(ra, rb):
         values.append(v)
-    c.blob.constants.append((c.tensors[3], bytes(values)))
+    c.blob.derive(c.tensors[3], bytes(values))
 
 
 def qlinear_max_pool(F, I, args):
@@ -562,27 +565,20 @@ def qlinear_lookup_check(args, c):
 # `use_fast(False)` switches back to the pure-Python kernels (tests compare the two).
 _FAST_NAMES = ("qlinear_gemm", "qlinear_conv", "qlinear_add", "qlinear_average_pool",
                "qlinear_global_average_pool", "qlinear_lookup")
-_pure = {}
-for _name in _FAST_NAMES:
-    if _name in globals():    # a trimmed runtime (tools/runtime.py) keeps only some kernels
-        _pure[_name] = globals()[_name]
+_pure = {}      # name -> its pure-Python kernel (kernels/fastpath.py fills it)
+
+
+def _load_fast():
+    from microtrain.kernels import qlinear_viper as fast
+    fast._slow = _requant_saturated
+    fast._pure_conv = _pure.get("qlinear_conv")
+    fast._WIDE = 1 if _requant is _requant_wide else 0
+    return fast
 
 
 def use_fast(on=True):
-    g = globals()
-    for name in _pure:
-        g[name] = _pure[name]
-    if on:
-        try:
-            from microtrain.kernels import qlinear_viper as fast
-        except (ImportError, SyntaxError):   # CPython; a MicroPython without viper
-            return False
-        fast._slow = _requant_saturated
-        fast._pure_conv = _pure["qlinear_conv"]
-        fast._WIDE = 1 if _requant is _requant_wide else 0
-        for name in _pure:
-            g[name] = getattr(fast, name)
-    return on
+    from microtrain.kernels import fastpath
+    return fastpath.use_fast(globals(), _FAST_NAMES, _pure, on, _load_fast)
 
 
 FAST = use_fast()

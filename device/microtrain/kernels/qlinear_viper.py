@@ -204,7 +204,7 @@ _ROWS = const(16)            # 3x3 and 4x4 kernels in one table, larger ones in 
 _SKEW = const(536870912)     # 2**29, a small int on every port
 _GEO = array("i", bytes(4 * 9))
 _TAB = array("i", bytes(4 * 7 * _ROWS))
-_BUF = [None, None]          # the int32 and the byte arena
+_BUF = [None, None, None]    # the int32 arena, the byte arena, the weights' buffer
 
 
 @micropython.viper
@@ -277,7 +277,7 @@ def _taps_plain() -> int:
     t = ptr32(_TAB)
     a0 = uint(pa)
     b0 = uint(pb)
-    wb = ptr8(b0 + g[6])       # this channel's weights
+    wb = ptr8(uint(ptr8(_BUF[2])) + g[6])   # this channel's weights
     xb = b0 + g[5]             # and its group's input
     cin_g = g[0]
     in_plane = g[1]
@@ -344,7 +344,7 @@ def _taps_general() -> int:
     t = ptr32(_TAB)
     a0 = uint(pa)
     b0 = uint(pb)
-    wb = ptr8(b0 + g[6])
+    wb = ptr8(uint(ptr8(_BUF[2])) + g[6])
     xb = b0 + g[5]
     cin_g = g[0]
     in_plane = g[1]
@@ -433,6 +433,7 @@ def qlinear_conv(F, I, args) -> int:
     buf = _BUF
     buf[0] = I
     buf[1] = q
+    buf[2] = args[25]
     g = ptr32(_GEO)
     g[0] = cin_g
     g[1] = in_plane
@@ -484,6 +485,7 @@ def qlinear_conv(F, I, args) -> int:
             y += out_plane
     buf[0] = None
     buf[1] = None
+    buf[2] = None
     return 0
 
 
@@ -510,7 +512,7 @@ def _gemm_rows() -> int:
     h <<= 31               # sign extension of a ptr32 load: (v ^ 2**31) - 2**31, any port
     y = g[0]
     x = b0 + g[1]
-    w = b0 + g[2]
+    w = uint(ptr8(_BUF[2])) + g[2]
     bias = g[3] - 1
     req = g[4]
     m = g[5]
@@ -587,9 +589,11 @@ def qlinear_gemm(F, I, args) -> int:
     buf = _BUF
     buf[0] = I
     buf[1] = args[0]
+    buf[2] = args[15]
     _gemm_rows()
     buf[0] = None
     buf[1] = None
+    buf[2] = None
     return 0
 
 

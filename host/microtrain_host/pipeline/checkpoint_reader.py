@@ -24,6 +24,12 @@ from .checkpoint import (  # the layout: identifiers and field numbers
     _TENSOR_NAME, _TENSOR_RAW, _TENSOR_STRINGS, _TENSOR_TYPE, IDENTIFIER,
     ONNX_FLOAT, TRAILER_MAGIC, TRAILER_SIZE, VERSION, Checkpoint)
 
+# ONNX data type -> (stored numpy type, type of the array read). Integer training
+# (pipeline/inttrain.py) writes int8 weights and int32 biases, and the device saves their
+# integer momentum velocities as int16 / int32 momentum0 tensors; they stay integers here.
+_NUMPY_TYPES = {ONNX_FLOAT: ("<f4", np.float32), 3: ("i1", np.int8), 5: ("<i2", np.int16),
+                6: ("<i4", np.int32)}
+
 def read_checkpoint(path) -> Checkpoint:
     """Read and validate a checkpoint file; any problem raises CheckpointError."""
     path = os.fspath(path)
@@ -236,20 +242,23 @@ def _read_tensor(r: _Reader, t: _Table, nominal: bool) -> tuple[str, np.ndarray]
     raw_pos, nbytes = r.vector(t, _TENSOR_RAW, 1, f"raw_data of {what}")
     _, nstrings = r.vector(t, _TENSOR_STRINGS, 4, f"string_data of {what}")
     external = r.scalar(t, _TENSOR_EXTERNAL, "q", -1)
-    if dtype != ONNX_FLOAT:
+    if dtype not in _NUMPY_TYPES:
         type_name = _ONNX_TYPE_NAMES.get(dtype, "unknown")
-        r.fail(f"{what} has ONNX data type {dtype} ({type_name}); only FLOAT (1) is supported")
+        r.fail(f"{what} has ONNX data type {dtype} ({type_name}); only FLOAT (1), INT8 (3), "
+               f"INT16 (5) and INT32 (6) are supported")
     if external != -1:
         r.fail(f"{what} keeps its data in an external file, which is not supported")
+    stored, kind = _NUMPY_TYPES[dtype]
     if nstrings:
-        r.fail(f"{what} is a FLOAT tensor but has string_data")
+        r.fail(f"{what} is a {_ONNX_TYPE_NAMES[dtype]} tensor but has string_data")
     if nominal:
-        return name, np.zeros(0, dtype=np.float32)
+        return name, np.zeros(0, dtype=kind)
     if any(d < 0 for d in dims):
         r.fail(f"{what} has a negative dimension in {list(dims)}")
     count = math.prod(dims)
-    if nbytes != 4 * count:
-        r.fail(f"{what} has {nbytes} bytes of raw_data; dims {list(dims)} need {4 * count}")
-    values = np.frombuffer(r.data, dtype="<f4", count=count, offset=raw_pos) if count else \
-        np.zeros(0, dtype="<f4")
-    return name, values.astype(np.float32).reshape(dims)
+    item = np.dtype(stored).itemsize
+    if nbytes != item * count:
+        r.fail(f"{what} has {nbytes} bytes of raw_data; dims {list(dims)} need {item * count}")
+    values = np.frombuffer(r.data, dtype=stored, count=count, offset=raw_pos) if count else \
+        np.zeros(0, dtype=stored)
+    return name, values.astype(kind).reshape(dims)

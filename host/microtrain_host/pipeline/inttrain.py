@@ -334,8 +334,9 @@ def int8_training_artifacts(qdq_model, out_dir, learning_rate=0.01, stochastic=T
     lost) or half to even. train_conv: also train the 1x1 convolution before the
     GlobalAveragePool feeding the classifier (the last pointwise conv of a DS-CNN).
     momentum: SGD momentum (torch's rule, dampening 0) of the classifier, in [0, 1): an
-    int16 velocity per weight (2 bytes) and an int32 one per bias, kept in the arenas (not in
-    the checkpoint: a resumed run restarts them at zero).
+    int16 velocity per weight (2 bytes) and an int32 one per bias, kept in the arenas; the
+    device saves them with the optimizer state (momentum0 of the parameter, ONNX INT16 /
+    INT32; device checkpoint.py), the checkpoint written here has none (zero velocities).
     train_biases: also train the int32 bias of every convolution (the integer backward
     through the frozen int8 convolutions, their ReLU and the GlobalAveragePool:
     ops/intgrad.py); train_depthwise: also train the int8 weights of the last block's

@@ -39,6 +39,8 @@ class Tensor:
     axis: int = 0               # ... the channel axis of per-channel ones
     derived: bool = False       # CONSTANT whose data holds only its first elements (the
                                 # device computes the rest at load: qlinear requantization)
+    in_place: bool = False      # int8 CONSTANT read only as a weight (plan.WEIGHT_ARGUMENT):
+                                # no arena space, the device reads it where the blob is
 
     @property
     def size(self):

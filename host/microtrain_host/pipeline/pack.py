@@ -95,7 +95,7 @@ def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options,
         scale = vector(t.scale, np.float32) if len(t.scale) else None
         zero_point = vector(t.zero_point[:1] if len(set(t.zero_point)) == 1 else t.zero_point,
                             np.int32) if len(t.zero_point) else None
-        b.StartObject(13)
+        b.StartObject(14)
         b.PrependUOffsetTRelativeSlot(0, name, 0)
         b.PrependUint8Slot(1, t.dtype, 0)
         b.PrependUint8Slot(2, t.role, 0)
@@ -114,6 +114,7 @@ def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options,
             b.PrependUOffsetTRelativeSlot(10, zero_point, 0)
             b.PrependInt32Slot(11, t.axis, 0)
         b.PrependBoolSlot(12, t.derived, False)
+        b.PrependBoolSlot(13, t.in_place, False)
         tensor_offsets.append(b.EndObject())
     program_offsets = []
     step_tables = {}   # an eval step equal to a train step (shared tensors) is its table
@@ -176,7 +177,7 @@ def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options,
     loss_name = b.CreateString(loss)
     template = (inference.write_template(b, inference_template, shared.sources)
                 if inference_template is not None else None)
-    b.StartObject(17)
+    b.StartObject(18)
     b.PrependUint16Slot(0, FORMAT_VERSION, 0)
     b.PrependUOffsetTRelativeSlot(1, producer, 0)
     b.PrependUOffsetTRelativeSlot(2, tensors_vec, 0)
@@ -194,6 +195,9 @@ def _write(lowering, parameters, sizes, loss, num_classes, optimizer, options,
     b.PrependUint32Slot(13, full_training[1], 0)
     b.PrependUint16Slot(15, source_opset, 0)  # absent (0) unless upgraded: blobs stay as they were
     b.PrependUint32Slot(16, getattr(lowering, "byte_arena", 0), 0)  # absent without int8
+    # bytes of int8 weights read in place (Tensor.in_place), in no arena: a blob file's
+    # loader reads them into one buffer, and wants to know its size before it parses
+    b.PrependUint32Slot(17, sum(t.size for t in lowering.tensors if t.in_place), 0)
     if template is not None:
         b.PrependUOffsetTRelativeSlot(14, template, 0)
     b.FinishSizePrefixed(b.EndObject(), file_identifier=IDENTIFIER)

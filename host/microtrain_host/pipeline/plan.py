@@ -10,6 +10,7 @@ The algorithm (the greedy planner TensorFlow Lite Micro uses):
 The lower bound no plan can beat is the largest total size of buffers alive at one step."""
 import dataclasses
 
+from ..opcodes import QLINEAR_CONV, QLINEAR_GEMM
 from .lower import (ACTIVATION, BYTE_TYPES, CONSTANT, CONTROL, FLOAT, GRAD, INPUT, INT32, LABEL,
                     NO_TENSOR, OPTIMIZER_STATE, PARAM)
 
@@ -95,6 +96,24 @@ def picture(buffers, offsets, size, width=64, names=None):
 # -- the blob's two arenas ---------------------------------------------------------------
 
 PERSISTENT_ORDER = (INPUT, LABEL, PARAM, GRAD, OPTIMIZER_STATE, CONSTANT, CONTROL)
+# The int8 kernels that read their weight (this tensor argument) through a buffer of its
+# own rather than the byte arena: an int8 constant read only there takes no arena space. A
+# board reads it in place from the blob in flash; a blob loaded from a file gets one buffer
+# of such weights.
+WEIGHT_ARGUMENT = {QLINEAR_GEMM: 2, QLINEAR_CONV: 2}
+
+
+def mark_in_place(lowering):
+    """Tensor.in_place of every int8 / uint8 constant that steps read only as their weight."""
+    uses = {}
+    for program in lowering.programs.values():
+        for step in program.steps:
+            for k, tid in enumerate(step.tensors):
+                if tid != NO_TENSOR:
+                    uses.setdefault(tid, set()).add(WEIGHT_ARGUMENT.get(step.op) == k)
+    for tid, t in enumerate(lowering.tensors):
+        t.in_place = (t.role == CONSTANT and t.dtype in BYTE_TYPES and not t.derived
+                      and t.storage == tid and uses.get(tid) == {True})
 
 
 def lifetimes(program, tensors, dtypes=(FLOAT,)):
@@ -123,9 +142,10 @@ def assign_offsets(lowering):
     tensors = lowering.tensors
     ends = {FLOAT: 0, INT32: 0, "bytes": 0}
     arena = lambda t: "bytes" if t.dtype in BYTE_TYPES else t.dtype  # noqa: E731
+    mark_in_place(lowering)
     for role in PERSISTENT_ORDER:
         for tid, t in enumerate(tensors):
-            if t.role == role and t.storage == tid:
+            if t.role == role and t.storage == tid and not t.in_place:
                 t.offset = ends[arena(t)]
                 ends[arena(t)] += t.size
     # Each program's activations, planned into one region per arena: float, int32 (bit-packed

@@ -114,7 +114,7 @@ def minimal_sources(blob_path):
     for op in used:
         family, function = signatures[op][:2]
         kernels.setdefault(family, set()).update((function, function + "_check"))
-    sources = package_sources(runtime_modules(blob_path))
+    sources = package_sources(runtime_modules(blob_path) + _fast_paths(kernels))
     for text in sources.values():  # what one kernel family imports from another
         for node in ast.walk(ast.parse(text)):
             if (isinstance(node, ast.ImportFrom)
@@ -126,6 +126,26 @@ def minimal_sources(blob_path):
         elif module.startswith("microtrain/kernels/") and module[19:-3] in kernels:
             sources[module] = _cut_module(text, kernels[module[19:-3]])
     return sources
+
+
+def _fast_paths(kernels):
+    """The viper fast path of each used family that has one (kernels/<family>_viper.py):
+    the family keeps its switch (`FAST = use_fast()`, which imports the fast module when it
+    can), the fast module is cut to the kernels the family keeps (and what they need), and
+    kernels/fastpath.py comes along. Returns the modules to add (they are imported lazily,
+    so runtime_modules does not see them). Updates `kernels` in place."""
+    added = []
+    for family in sorted(kernels):
+        fast = f"microtrain/kernels/{family}_viper.py"
+        path = device_package_dir() / fast
+        if not path.exists():
+            continue
+        defined = {n.name for n in ast.parse(path.read_text()).body
+                   if isinstance(n, ast.FunctionDef)}
+        kernels.setdefault(family + "_viper", set()).update(kernels[family] & defined)
+        kernels[family].add("FAST")
+        added += [fast, "microtrain/kernels/fastpath.py"]
+    return sorted(set(added))
 
 
 def _blank(lines, node):
