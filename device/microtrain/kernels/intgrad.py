@@ -243,7 +243,7 @@ def int_conv_grad_input(F, I, args):
     # G_x[cin, iy, ix] = sum over the outputs (mo, oy, ox) and taps reaching it of
     # W[mo, c, ky, kx] * G[mo, oy, ox] (G already scaled by s_w[mo] / max(s_w))
     (Q, gx, g, w, m, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w, s_h, s_w,
-     d_h, d_w, pad_t, pad_l) = args
+     d_h, d_w, pad_t, pad_l, W) = args      # W: the weight's buffer (in place or Q)
     in_plane = in_h * in_w
     out_plane = out_h * out_w
     taps = k_h * k_w
@@ -273,7 +273,7 @@ def int_conv_grad_input(F, I, args):
                                 ix = ox * s_w - pad_l + kx * d_w
                                 if ix < 0 or ix >= in_w:
                                     continue
-                                I[x_c + iy * in_w + ix] += v * ((Q[w_c + ky * k_w + kx] ^ 128)
+                                I[x_c + iy * in_w + ix] += v * ((W[w_c + ky * k_w + kx] ^ 128)
                                                                 - 128)
     I[gx] = I[g] + _normalize(I, gx, m * groups * cin_g * in_plane)
 

@@ -173,7 +173,7 @@ def int_clamp_bias_grad(F, I, args) -> int:
 @micropython.viper
 def _scatter(args, I, n: int, mo: int) -> int:
     # the contributions of output channel mo of image n to int_conv_grad_input's G_x
-    q = ptr8(args[0])
+    q = ptr8(args[20])      # the weight's buffer (in place, or the byte arena)
     r = ptr32(I)
     gx = int(args[1])
     g = int(args[2])
