@@ -331,3 +331,31 @@ def test_set_learning_rate_rewrites_the_sparse_multipliers(ds_cnn_qdq, tmp_path)
     for name, step in moved[0.5].items():
         assert np.abs(step).max() > 10, name
         assert np.all(np.abs(moved[1.0][name] - 2 * step) <= 1), name
+
+
+def test_sparse_blob_reads_frozen_weights_in_place_and_trains_on_its_minimal_runtime(
+        ds_cnn_qdq, micropython, tmp_path):
+    # The frozen convolutions' int8 weights, read by their forward and by the integer
+    # backward alike, take no arena space; the model's minimal runtime (what `microtrain
+    # deploy` puts on a board) keeps the viper kernels and trains as the whole package does.
+    from microtrain_host.tools import runtime
+    tmp, xs, ys = ds_cnn_qdq
+    info = int8_training_artifacts(tmp / "qdq.onnx", tmp_path / "int", 0.5, **SPARSE)
+    b = device_blob.load(info["blob"], keep_steps=True)
+    frozen = {t[2] for op, t, _, _ in b.step_records["train"] if op == QLINEAR_CONV
+              and device_blob.ROLE_NAMES[b.roles[t[2]]] == "constant"}
+    assert len(frozen) >= 3 and b.in_place == frozen
+    (tmp_path / "data.bin").write_bytes(b"".join(
+        quantize_input(x, info).tobytes() + np.asarray(y, "<i4").tobytes()
+        for x, y in zip(xs[:2], ys[:2])))
+    runtime.write_sources(runtime.minimal_sources(info["blob"]), tmp_path / "rt")
+    script = ROOT / "tests" / "device_scripts" / "inttrain_steps.py"
+    args = [info["blob"], info["checkpoint"], tmp_path / "data.bin", 3, "fast"]
+    whole = run_micropython(micropython, script, *args, tmp_path / "whole.ckpt")
+    proc = subprocess.run([micropython, str(script), *map(str, args), str(tmp_path / "rt.ckpt")],
+                          capture_output=True, text=True,
+                          env={"MICROPYPATH": str(tmp_path / "rt")})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("locked True viper True intgrad viper True"), proc.stdout
+    assert proc.stdout == whole
+    assert (tmp_path / "rt.ckpt").read_bytes() == (tmp_path / "whole.ckpt").read_bytes()

@@ -403,11 +403,12 @@ class Module:
         return views
 
     def output(self, tensor):
-        """A view of an output tensor (id or name) in the arena; valid until the next call."""
+        """A view of an output tensor (id or name) in the arena (an int8 weight read in
+        place: where it is); valid until the next call."""
         b = self.blob
         tid = b.tensor_id(tensor) if isinstance(tensor, str) else tensor
         off = b.offsets[tid]
         dtype = b.dtypes[tid]
         view = self._view if dtype == blobfile.FLOAT else memoryview(
-            self.I if dtype == blobfile.INT32 else b.Q)
+            self.I if dtype == blobfile.INT32 else b.weights if tid in b.in_place else b.Q)
         return view[off:off + b.sizes[tid]]

@@ -272,7 +272,7 @@ SIGNATURES = {
     INT_CONV1X1_UPDATE: ("inttrain", "int_conv1x1_update", "bibbiiik", 6, 0),
     INT_GEMM_UPDATE_MOMENTUM: ("inttrain", "int_gemm_update_momentum", "bibiikbi", 5, 0),
     INT_POOL_GRAD: ("intgrad", "int_pool_grad", "ii", 3, 0),
-    INT_CLAMP_BIAS_GRAD: ("intgrad", "int_clamp_bias_grad", "ibiikb", 3, 0),
+    INT_CLAMP_BIAS_GRAD: ("intgrad", "int_clamp_bias_grad", "ibiikw", 3, 0),
     INT_CONV_GRAD_INPUT: ("intgrad", "int_conv_grad_input", "iiw", 16, 0),
     INT_CONV_UPDATE: ("intgrad", "int_conv_update", "bbiik", 17, 0),
     INT_CLAMP_MASK: ("intgrad", "int_clamp_mask", "bbi", 2, 0),

@@ -157,8 +157,9 @@ def int_clamp_mask_check(args, c):
 
 
 def int_clamp_bias_grad(F, I, args):
-    # (the mask tensor carries the scale of the conv's input: the bias quanta s_x * s_w[c])
-    Q, g, mask, bias, rates, random, w, m, channels, plane = args
+    # (the mask tensor carries the scale of the conv's input: the bias quanta s_x * s_w[c];
+    # the weight w only gives its scales, to the checker: its buffer W is not read here)
+    Q, g, mask, bias, rates, random, w, m, channels, plane, W = args
     e = I[g]
     for c in range(channels):
         r = rates + 4 * c
@@ -216,7 +217,7 @@ def _scales(c, x, w, channels):
 
 
 def int_clamp_bias_grad_check(args, c):
-    Q, g, mask, bias, rates, random, w, m, channels, plane = args
+    Q, g, mask, bias, rates, random, w, m, channels, plane, W = args
     c.positive(m, channels, plane)
     c.within(m * plane, 1, MAX_SUM * 128, "positions")       # acc < 2**29
     c.holds(0, 1 + m * channels * plane)

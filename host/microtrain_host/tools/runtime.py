@@ -174,8 +174,10 @@ def _cut_module(text, wanted):
             definitions.setdefault(node.targets[0].id, []).append(node)
         else:
             roots |= _names_used(node)
-    missing = set(wanted) - set(definitions)
-    if missing:
+    imported = {(a.asname or a.name).split(".")[0] for node in tree.body
+                if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
+    missing = set(wanted) - set(definitions) - imported   # imports are kept: a family may
+    if missing:                                            # pass on another's names
         raise RuntimeBuildError(f"the kernel module defines no {', '.join(sorted(missing))}")
     keep, todo = set(), list(roots)
     while todo:
