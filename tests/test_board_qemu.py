@@ -208,6 +208,14 @@ x = array('f', open('x.f32', 'rb').read())
 print('fast', qlinear.FAST)
 from binascii import hexlify
 print('out', hexlify(bytes(InferenceSession('int8.mtb').run(x))).decode())
+# the same blob in the ROM filesystem (flash), given as a buffer: its int8 weights are
+# read where they lie in flash
+rom = memoryview(open('/rom/int8.mtb', 'rb'))
+session = InferenceSession(rom)
+print('inplace', len(session.blob.weights) == len(rom), len(session.blob.in_place))
+print('flash', hexlify(bytes(session.run(x))).decode())
+del session, rom
+gc.collect()
 qlinear.use_fast(False)   # the pure-Python kernels: 12-bit limbs on 32-bit small ints
 print('pure', hexlify(bytes(InferenceSession('int8.mtb').run(x))).decode())
 print('peak', gc.mem_alloc())
@@ -246,6 +254,7 @@ def test_int8_on_the_emulated_board(firmware, tmp_path):
                                              for p in (package / "microtrain").rglob("*.py")))
     board = boards.load_board("qemu-mps2-an385")
     runtime.compile_runtime(sources, board["mpy_arch"], board["mpy_version"], rt)
+    (rt / "int8.mtb").write_bytes((tmp_path / "int8.mtb").read_bytes())   # /rom/int8.mtb
     plan = deploy.Plan(board, "romfs", build, {}, None, None, None, None)   # bytecode in flash
     plan.romfs_image = tmp_path / "microtrain.romfs"
     plan.romfs_image.write_bytes(runtime.romfs_image(rt))
@@ -268,7 +277,9 @@ def test_int8_on_the_emulated_board(firmware, tmp_path):
     assert (tmp_path / "board_int8.mtb").read_bytes() == (tmp_path / "int8.mtb").read_bytes()
     cpython = np.array(InferenceSession(str(tmp_path / "int8.mtb")).run(x.reshape(-1)),
                        np.float32)
-    for kind in ("out", "pure"):
+    for kind in ("out", "flash", "pure"):
         assert bytes.fromhex(lines[kind].strip()) == cpython.tobytes(), kind
+    # both Gemm weights read from the whole blob in flash (a file's get a buffer of their own)
+    assert lines["inplace"].split() == ["True", "2"]
     print(f"\nint8 on the emulated board: viper {lines['fast']}, export byte-identical, "
           f"outputs bit for bit; heap in use at the end {lines['peak']} B")
