@@ -275,7 +275,7 @@ def _arenas(what, floats, ints, nbytes, weights):
     except MemoryError:
         raise OutOfMemoryError("'%s' needs %d bytes of arenas (%d floats, %d ints%s%s) "
                                "besides the parsed blob; the heap has %s bytes free (each "
-                               "needs one contiguous block)"
+                               "arena needs one contiguous block)"
                                % (what, 4 * (floats + ints) + nbytes + weights, floats, ints,
                                   ", %d int8 bytes" % nbytes if nbytes else "",
                                   ", %d bytes of int8 weights (a blob given as a buffer in "
