@@ -8,31 +8,22 @@ import subprocess
 import numpy as np
 import pytest
 
-import microtrain_host as mh
-from conftest import ROOT
 from microtrain import CheckpointState, InferenceSession, Module
 from microtrain import blob as device_blob
 from microtrain.errors import BlobError
 from microtrain_host.pipeline import pack as pack_stage
 from microtrain_host.pipeline.int8 import pack_inference_model
 from microtrain_host.tools import runtime
-from microtrain_host.tools.train import train
+from test_quant_int8 import digits_qdq  # noqa: F401  (the fixture)
 
-DIGITS = ROOT / "examples" / "digits"
 QLINEAR_GEMM, QLINEAR_CONV = 222, 223
 
 
 @pytest.fixture(scope="module")
-def digits_int8(tmp_path_factory):
+def digits_int8(digits_qdq):
     """QAT artifacts of the digits MLP trained 2 epochs, their QDQ export and its int8
-    inference blob."""
-    tmp = tmp_path_factory.mktemp("digits_in_place")
-    mh.generate_artifacts(str(DIGITS / "mlp.onnx"), artifact_directory=tmp, batch_size=8,
-                          quantization=True)
-    train(tmp, DIGITS / "digits.npz", 2, 0.01, tmp / "trained")
-    mh.export_inference_model(tmp, tmp / "trained", tmp / "qdq.onnx", qdq=True)
-    pack_inference_model(tmp / "qdq.onnx", tmp / "int8.mtb")
-    return tmp
+    inference blob (test_quant_int8's)."""
+    return digits_qdq
 
 
 def test_the_weights_of_int8_gemm_take_no_arena_space(digits_int8):

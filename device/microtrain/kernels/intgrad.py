@@ -38,7 +38,7 @@
 # channels x taps terms; every kernel only adds and multiplies such ints.
 from microtrain.kernels.inttrain import (BIAS_LIMIT, _derived, _dither, _f32, _positive,
                                          _requant, _round_shift, _scale)
-import math
+from microtrain.kernels.qlinear import requant_pair as _requant_pair
 
 MANT_BITS = 13
 _TOP = 1 << MANT_BITS
@@ -51,14 +51,8 @@ def requant_pair(real):
     # qlinear's requant_pair without its shift range, since the steps here subtract the
     # gradient's exponent from the shift before they round (the units fixed at load
     # shrink layer by layer while the exponents grow: a step's rate can be 2**-90); _step
-    # clamps the shift it uses. (0, 1) for 0, a negative or NaN; (2**24, 1) from 2**23 on.
-    if not 0.0 < real < 3.4e38:
-        return 0, 1
-    mantissa, exponent = math.frexp(real)
-    shift = 24 - exponent
-    if shift < 1:
-        return 16777216, 1
-    return int(mantissa * 16777216.0), shift
+    # clamps the shift it uses.
+    return _requant_pair(real, False)
 
 
 def _normalize(I, g, count):

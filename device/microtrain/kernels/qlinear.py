@@ -43,17 +43,19 @@ def _f32(v):
     return _F32[0]
 
 
-def requant_pair(real):
+def requant_pair(real, capped=True):
     # (m0, shift) with real == m0 / 2**shift, m0 < 2**24, 1 <= shift <= 62, of a float32
     # multiplier; (0, 1) for 0, a negative, NaN or one below 2**-38 (always the zero point);
     # (2**24, 1) for one beyond 2**23 (always saturates). Mirrors ops/qlinear.py.
+    # capped=False: no upper bound on the shift (kernels/intgrad.py's rates, whose steps
+    # subtract an exponent from it first).
     if not 0.0 < real < 3.4e38:
         return 0, 1
     mantissa, exponent = math.frexp(real)
     shift = 24 - exponent
     if shift < 1:
         return 16777216, 1
-    if shift > 62:
+    if capped and shift > 62:
         return 0, 1
     return int(mantissa * 16777216.0), shift
 

@@ -64,18 +64,24 @@ def _classifier(fused):
     return quant[0], gemm, deq
 
 
-def _last_conv(fused, gemm):
-    """The 1x1 QLinearConv whose output a QLinearGlobalAveragePool (then views) turns into
-    the classifier's input, or an UnsupportedOpError saying why there is none."""
-    g = fused.graph
-    producers = {o: n for n in g.node for o in n.output}
+def _behind_views(fused, gemm):
+    """(producer of each tensor, readers of each tensor, the node behind the views that
+    make the classifier's input) of the fused graph."""
+    producers = {o: n for n in fused.graph.node for o in n.output}
     readers = {}
-    for n in g.node:
+    for n in fused.graph.node:
         for i in n.input:
             readers.setdefault(i, []).append(n)
     node = producers.get(gemm.input[0])
     while node is not None and node.op_type in ("Flatten", "Reshape", "Squeeze"):
         node = producers.get(node.input[0])
+    return producers, readers, node
+
+
+def _last_conv(fused, gemm):
+    """The 1x1 QLinearConv whose output a QLinearGlobalAveragePool (then views) turns into
+    the classifier's input, or an UnsupportedOpError saying why there is none."""
+    producers, readers, node = _behind_views(fused, gemm)
     conv = producers.get(node.input[0]) if node is not None and \
         node.op_type == "QLinearGlobalAveragePool" else None
     if conv is None or conv.op_type != "QLinearConv" or \
@@ -97,15 +103,7 @@ def _conv_chain(fused, gemm):
     classifier, in order (each read only by the next), or an UnsupportedOpError naming the
     node that breaks the chain (the integer backward handles convolutions with their fused
     ReLU / Clip and the GlobalAveragePool only)."""
-    g = fused.graph
-    producers = {o: n for n in g.node for o in n.output}
-    readers = {}
-    for n in g.node:
-        for i in n.input:
-            readers.setdefault(i, []).append(n)
-    node = producers.get(gemm.input[0])
-    while node is not None and node.op_type in ("Flatten", "Reshape", "Squeeze"):
-        node = producers.get(node.input[0])
+    producers, readers, node = _behind_views(fused, gemm)
     if node is None or node.op_type != "QLinearGlobalAveragePool":
         raise UnsupportedOpError("integer sparse update: the classifier's input must be a "
                                  "GlobalAveragePool of a convolution's output")
