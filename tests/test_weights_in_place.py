@@ -49,6 +49,7 @@ def test_a_blob_given_as_a_buffer_reads_its_weights_where_they_are(digits_int8):
     x = np.random.default_rng(0).random((8, 64), dtype=np.float32).reshape(-1)
     expected = list(from_file.run(x))
     assert list(from_buffer.run(x)) == expected
+    assert list(InferenceSession(path).run(x)) == expected    # a pathlib.Path is a path
     # in place: a weight changed in the buffer changes what the buffer's session computes
     # (and nothing else reads it)
     first = min(b.in_place)

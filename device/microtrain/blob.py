@@ -198,13 +198,25 @@ def read(path):
 
 
 def load(path_or_bytes, keep_steps=False):
-    data = read(path_or_bytes) if isinstance(path_or_bytes, str) else path_or_bytes
+    data = path_or_bytes if is_buffer(path_or_bytes) else read(path_or_bytes)
     return parse(data, keep_steps)
+
+
+def is_buffer(source):
+    """True for a blob given as a buffer (bytes, bytearray, memoryview: in flash), False for
+    a path (a str, or on CPython any path-like object)."""
+    if isinstance(source, str):
+        return False
+    try:
+        memoryview(source)
+    except TypeError:
+        return False
+    return True
 
 
 def describe(source):
     """How messages name a blob: its path, or the buffer it was given as."""
-    return source if isinstance(source, str) else "the %d-byte blob buffer" % len(source)
+    return "the %d-byte blob buffer" % len(source) if is_buffer(source) else source
 
 
 def load_into_arenas(source):
@@ -218,7 +230,7 @@ def load_into_arenas(source):
     the arenas allocated - the largest blocks, before the blob's many small objects can
     fragment a small heap any further - and the file read again in small chunks straight
     into them, its CRC-32 checked again so that a file replaced in between is refused."""
-    if not isinstance(source, str):
+    if is_buffer(source):
         return _load_buffer(source)
     path = source
     b, size, floats, ints, nbytes = _parse_file(path)
@@ -830,8 +842,8 @@ def _read_steps(r, program, b, program_name, records, Q):
                 offsets.append(-1)
                 continue
             if tid in b.in_place and kind != "w":
-                raise BlobError("%s: tensor argument %d is an int8 weight read in place, "
-                                "which only a weight argument can be" % (where, tid))
+                raise BlobError("%s: tensor '%s' is an int8 weight read in place, which only "
+                                "a weight argument can be" % (where, b.names[tid]))
             if tid >= len(b.names) or b.dtypes[tid] not in _KIND_DTYPES[kind]:
                 raise BlobError("%s: tensor argument %d is not a valid %s tensor"
                                 % (where, tid, {"i": "int", "k": "int", "b": "int8",

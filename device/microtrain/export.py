@@ -8,7 +8,7 @@
 # cuts and the CRC-32 computed on the way, so no copy of the model is ever held in RAM.
 import os
 import struct
-from microtrain.blob import FLOAT, INT32, ITEM_BYTES, NO_TENSOR, describe
+from microtrain.blob import FLOAT, INT32, ITEM_BYTES, NO_TENSOR, describe, is_buffer
 from microtrain.checkpoint import write_atomically
 from microtrain.crc32 import crc32
 from microtrain.errors import BlobError, InputError, ParameterError
@@ -127,7 +127,7 @@ def _open_unchanged(uri, crc):
     # The template is read from the file the Module was loaded from: it must still be
     # that file, not one repacked since.
     # Returns the open file and where its FlatBuffer ends (before the CRC).
-    if not isinstance(uri, str):
+    if is_buffer(uri):
         return _BufferFile(uri), len(uri) - 4
     try:
         src = open(uri, "rb")
