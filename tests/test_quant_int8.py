@@ -280,3 +280,32 @@ def test_int8_kernels_compile_for_every_board():
                                   capture_output=True, text=True)
             assert proc.returncode == 0 and "ERROR" not in proc.stdout + proc.stderr, (
                 arch, module, proc.stdout, proc.stderr)
+
+
+def test_constants_sharing_their_data_are_refused_by_name(ds_cnn_qdq, tmp_path):
+    # A crafted blob whose constant points its data at another's (the host never shares
+    # them): the file loader, which streams the constants in one pass, names it; a blob
+    # given as a buffer reads both from the same bytes.
+    import struct
+    import zlib
+    from microtrain.flatbuf import Reader
+    tmp, _, xs = ds_cnn_qdq
+    data = bytearray((tmp / "int8.mtb").read_bytes())
+    b = device_blob.load(bytes(data))
+    r = Reader(memoryview(data)[:len(data) - 4], BlobError, start=4)
+    tables = list(r.tables(r.root(), 2, "tensor"))
+    same = {}
+    for tid in sorted(b.in_place):          # two weights of one size: the pointwise convs
+        same.setdefault(b.sizes[tid], []).append(tid)
+    first, second = next(ids for ids in same.values() if len(ids) > 1)[:2]
+    target = r.field(tables[first], 6)
+    target += struct.unpack_from("<I", data, target)[0]        # the first's data vector
+    field = r.field(tables[second], 6)
+    struct.pack_into("<I", data, field, target - field)          # the second's points there
+    size = struct.unpack_from("<I", data, 0)[0]
+    data[4 + size:] = struct.pack("<I", zlib.crc32(bytes(data[4:4 + size])))
+    (tmp_path / "shared.mtb").write_bytes(data)
+    with pytest.raises(BlobError, match="constant '%s' shares its data" % b.names[second]):
+        InferenceSession(str(tmp_path / "shared.mtb"))
+    session = InferenceSession(bytes(data))
+    assert len(session.run(xs[0].reshape(-1))) > 0

@@ -363,6 +363,13 @@ def _read_constants(path, b, size, F, I, Q):
         else:           # computed at load (derived requantization multipliers)
             _put(b, tid, 0, raw, len(raw), F, I, Q)
     places.sort()
+    end = 0
+    for pos, tid in places:     # one pass over the file: no constant can read another's data
+        if pos < end:
+            raise BlobError("'%s': constant '%s' shares its data with another constant (the "
+                            "loader reads a blob file's constants in one pass)"
+                            % (path, b.names[tid]))
+        end = pos + ITEM_BYTES[b.dtypes[tid]] * b.sizes[tid]
     chunk = bytearray(_CHUNK)
     view = memoryview(chunk)
     try:
