@@ -275,15 +275,15 @@ def _arenas(what, floats, ints, nbytes, weights):
     # The float, int and byte arenas and the buffer of `weights` bytes of int8 weights (a
     # blob file's), each allocated once, the largest first (into the file's place).
     _compact()
+    made = [None, None, None, None]
     try:
-        W = bytearray(weights) if weights >= max(nbytes, 4 * floats) else None
-        Q = bytearray(nbytes) if nbytes > 4 * floats else None
-        F = zeros("f", floats)
-        if Q is None:
-            Q = bytearray(nbytes)
-        if W is None:
-            W = bytearray(weights)
-        I = zeros("i", ints)
+        # largest first (a small heap has few holes that large): F, I, Q, W by their
+        # bytes, the kind in the two low bits
+        for key in sorted((4 * floats * 4, 4 * ints * 4 + 1, nbytes * 4 + 2, weights * 4 + 3),
+                          reverse=True):
+            kind = key & 3
+            made[kind] = (zeros("f", floats) if kind == 0 else zeros("i", ints) if kind == 1
+                          else bytearray(nbytes if kind == 2 else weights))
     except MemoryError:
         raise OutOfMemoryError("'%s' needs %d bytes of arenas (%d floats, %d ints%s%s) "
                                "besides the parsed blob; the heap has %s bytes free (each "
@@ -293,7 +293,7 @@ def _arenas(what, floats, ints, nbytes, weights):
                                   ", %d bytes of int8 weights (a blob given as a buffer in "
                                   "flash reads them in place)" % weights if weights else "",
                                   _mem_free()))
-    return F, I, Q, W
+    return made
 
 
 def _arenas_into_steps(b, Q):
