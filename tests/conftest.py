@@ -45,3 +45,24 @@ def run_micropython(binary, script, *args, heap="16M", timeout=600):
     if proc.returncode != 0:
         raise AssertionError(f"MicroPython failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc.stdout
+
+
+def emulated_board_plan(tmp_path, artifacts, files, in_rom=()):
+    """A deploy plan for the emulated Cortex-M3 (qemu-mps2-an385): the whole device package,
+    compiled by mpy-cross, in a ROMFS image (its bytecode runs from flash), plus the files
+    in_rom ([(local path, name in /rom)]); files ([(local path, name)]) copied to its
+    filesystem."""
+    from microtrain_host.tools import boards, deploy, runtime
+    rt = tmp_path / "runtime"
+    package = runtime.device_package_dir()
+    sources = runtime.package_sources(sorted(str(p.relative_to(package))
+                                             for p in (package / "microtrain").rglob("*.py")))
+    board = boards.load_board("qemu-mps2-an385")
+    runtime.compile_runtime(sources, board["mpy_arch"], board["mpy_version"], rt)
+    for local, name in in_rom:
+        (rt / name).write_bytes(pathlib.Path(local).read_bytes())
+    plan = deploy.Plan(board, "romfs", artifacts, {}, None, None, None, None)
+    plan.romfs_image = tmp_path / "microtrain.romfs"
+    plan.romfs_image.write_bytes(runtime.romfs_image(rt))
+    plan.files = list(files)
+    return plan

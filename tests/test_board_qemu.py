@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, emulated_board_plan
 from reference_models import lenet
 from torch_reference import relative_error, torch_train
 
@@ -159,17 +159,7 @@ def test_viper_int8_kernels_equal_pure_on_the_emulated_board(firmware, tmp_path)
     """tests/device_scripts/qlinear_fast.py on the emulated Cortex-M3: the viper int8 kernels
     (compiled by mpy-cross for armv7m, 32-bit machine words, ptr32 loads signed) give the
     pure-Python kernels' bytes on random Gemm, Conv, pooling, Add and lookup cases."""
-    from microtrain_host.tools import boards, runtime
-    rt = tmp_path / "runtime"
-    package = runtime.device_package_dir()
-    sources = runtime.package_sources(sorted(str(p.relative_to(package))
-                                             for p in (package / "microtrain").rglob("*.py")))
-    board = boards.load_board("qemu-mps2-an385")
-    runtime.compile_runtime(sources, board["mpy_arch"], board["mpy_version"], rt)
-    plan = deploy.Plan(board, "romfs", tmp_path, {}, None, None, None, None)
-    plan.romfs_image = tmp_path / "microtrain.romfs"
-    plan.romfs_image.write_bytes(runtime.romfs_image(rt))
-    plan.files = []
+    plan = emulated_board_plan(tmp_path, tmp_path, [])
     script = tmp_path / "qlinear_fast.py"
     script.write_text("CASES = 240\n" + (ROOT / "tests" / "device_scripts" /
                                          "qlinear_fast.py").read_text())
@@ -228,7 +218,6 @@ def test_int8_on_the_emulated_board(firmware, tmp_path):
     runs the host's int8 blob, viper and pure-Python kernels alike, bit for bit as CPython."""
     from microtrain import InferenceSession, Optimizer
     from microtrain_host.cli import main
-    from microtrain_host.tools import boards, runtime
     build = tmp_path / "build"
     generate_artifacts(str(DIGITS / "mlp.onnx"), artifact_directory=str(build), batch_size=2,
                        optimizer="SGD", quantization=True)
@@ -248,18 +237,10 @@ def test_int8_on_the_emulated_board(firmware, tmp_path):
                  str(tmp_path / "qdq.onnx"), "--int8-blob", str(tmp_path / "int8.mtb")]) == 0
     x = data["x_val"][:2].astype("<f4")
     (tmp_path / "x.f32").write_bytes(x.tobytes())
-    rt = tmp_path / "runtime"
-    package = runtime.device_package_dir()
-    sources = runtime.package_sources(sorted(str(p.relative_to(package))
-                                             for p in (package / "microtrain").rglob("*.py")))
-    board = boards.load_board("qemu-mps2-an385")
-    runtime.compile_runtime(sources, board["mpy_arch"], board["mpy_version"], rt)
-    (rt / "int8.mtb").write_bytes((tmp_path / "int8.mtb").read_bytes())   # /rom/int8.mtb
-    plan = deploy.Plan(board, "romfs", build, {}, None, None, None, None)   # bytecode in flash
-    plan.romfs_image = tmp_path / "microtrain.romfs"
-    plan.romfs_image.write_bytes(runtime.romfs_image(rt))
-    plan.files = [(build / "model.mtb", "model.mtb"), (build / "trained", "checkpoint"),
-                  (tmp_path / "int8.mtb", "int8.mtb"), (tmp_path / "x.f32", "x.f32")]
+    plan = emulated_board_plan(      # bytecode in flash, and the int8 blob at /rom/int8.mtb
+        tmp_path, build, [(build / "model.mtb", "model.mtb"), (build / "trained", "checkpoint"),
+                          (tmp_path / "int8.mtb", "int8.mtb"), (tmp_path / "x.f32", "x.f32")],
+        in_rom=[(tmp_path / "int8.mtb", "int8.mtb")])
     from microtrain import blob as device_blob
     b = device_blob.load(str(build / "model.mtb"))
     # the arenas take the place of the file's buffer (blob.load_into_arenas)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import DEVICE, ROOT, run_micropython
+from conftest import DEVICE, ROOT, emulated_board_plan, run_micropython
 from microtrain import CheckpointState, Module
 from microtrain import blob as device_blob
 from microtrain.blob import copy_inputs
@@ -242,7 +242,7 @@ def test_sparse_training_on_the_emulated_board_equals_cpython(ds_cnn_qdq, tmp_pa
     import os
     from pathlib import Path
     from test_inttrain import BOARD_SCRIPT
-    from microtrain_host.tools import boards, deploy, runtime
+    from microtrain_host.tools import deploy
     path = Path(os.environ.get("MICROTRAIN_QEMU_FIRMWARE")
                 or ROOT / ".cache" / "qemu-board" / "firmware.elf")
     if not path.exists() or deploy.shutil.which("qemu-system-arm") is None:
@@ -271,17 +271,9 @@ def test_sparse_training_on_the_emulated_board_equals_cpython(ds_cnn_qdq, tmp_pa
                               str(tmp_path / "cp.ckpt")], capture_output=True, text=True,
                              env={"PYTHONPATH": str(DEVICE)}, check=True).stdout
     expected = [line for line in cpython.splitlines() if line.split()[0] in info["parameters"]]
-    rt = tmp_path / "runtime"
-    package = runtime.device_package_dir()
-    sources = runtime.package_sources(sorted(str(p.relative_to(package))
-                                             for p in (package / "microtrain").rglob("*.py")))
-    board = boards.load_board("qemu-mps2-an385")
-    runtime.compile_runtime(sources, board["mpy_arch"], board["mpy_version"], rt)
-    plan = deploy.Plan(board, "romfs", tmp_path, {}, None, None, None, None)
-    plan.romfs_image = tmp_path / "microtrain.romfs"
-    plan.romfs_image.write_bytes(runtime.romfs_image(rt))
-    plan.files = [(info["blob"], "int8_train.mtb"), (info["checkpoint"], "int8_train.ckpt"),
-                  (tmp_path / "data.bin", "data.bin")]
+    plan = emulated_board_plan(tmp_path, tmp_path, [
+        (info["blob"], "int8_train.mtb"), (info["checkpoint"], "int8_train.ckpt"),
+        (tmp_path / "data.bin", "data.bin")])
     board_script = tmp_path / "intgrad_on_board.py"
     board_script.write_text(f"STEPS = {steps}\n" + BOARD_SCRIPT.replace(
         "from microtrain.kernels import inttrain, qlinear",

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import microtrain_host as mh
-from conftest import DEVICE, ROOT, run_micropython
+from conftest import DEVICE, ROOT, emulated_board_plan, run_micropython
 from inttrain_helpers import Layer
 from microtrain import CheckpointState, Module, Optimizer
 from microtrain import blob as device_blob
@@ -502,7 +502,7 @@ def test_int_training_on_the_emulated_board_equals_cpython(digits_int8, tmp_path
     parameters, byte for byte, as CPython."""
     import os
     from pathlib import Path
-    from microtrain_host.tools import boards, deploy, runtime
+    from microtrain_host.tools import deploy
     path = Path(os.environ.get("MICROTRAIN_QEMU_FIRMWARE")
                         or ROOT / ".cache" / "qemu-board" / "firmware.elf")
     if not path.exists() or deploy.shutil.which("qemu-system-arm") is None:
@@ -521,17 +521,9 @@ def test_int_training_on_the_emulated_board_equals_cpython(digits_int8, tmp_path
                               str(tmp_path / "cp.ckpt")], capture_output=True, text=True,
                              env={"PYTHONPATH": str(DEVICE)}, check=True).stdout
     expected = [line for line in cpython.splitlines() if line.split()[0] in info["parameters"]]
-    rt = tmp_path / "runtime"
-    package = runtime.device_package_dir()
-    sources = runtime.package_sources(sorted(str(p.relative_to(package))
-                                             for p in (package / "microtrain").rglob("*.py")))
-    board = boards.load_board("qemu-mps2-an385")
-    runtime.compile_runtime(sources, board["mpy_arch"], board["mpy_version"], rt)
-    plan = deploy.Plan(board, "romfs", tmp_path, {}, None, None, None, None)
-    plan.romfs_image = tmp_path / "microtrain.romfs"
-    plan.romfs_image.write_bytes(runtime.romfs_image(rt))
-    plan.files = [(info["blob"], "int8_train.mtb"), (info["checkpoint"], "int8_train.ckpt"),
-                  (tmp_path / "data.bin", "data.bin")]
+    plan = emulated_board_plan(tmp_path, tmp_path, [
+        (info["blob"], "int8_train.mtb"), (info["checkpoint"], "int8_train.ckpt"),
+        (tmp_path / "data.bin", "data.bin")])
     board_script = tmp_path / "inttrain_on_board.py"
     board_script.write_text(f"STEPS = {steps}\n" + BOARD_SCRIPT)
     with deploy.QemuBoard(path) as qemu:
