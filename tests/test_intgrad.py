@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import DEVICE, ROOT, emulated_board_plan, run_micropython
+from conftest import DEVICE, ROOT, run_micropython
 from microtrain import CheckpointState, Module
 from microtrain import blob as device_blob
 from microtrain.blob import copy_inputs
@@ -239,16 +239,8 @@ def test_sparse_training_on_the_emulated_board_equals_cpython(ds_cnn_qdq, tmp_pa
     """The sparse update on the emulated Cortex-M3 (32-bit small ints, float32 at load): viper
     kernels under heap_lock and pure-Python kernels give CPython's parameters byte for
     byte."""
-    import os
-    from pathlib import Path
-    from test_inttrain import BOARD_SCRIPT
-    from microtrain_host.tools import deploy
-    path = Path(os.environ.get("MICROTRAIN_QEMU_FIRMWARE")
-                or ROOT / ".cache" / "qemu-board" / "firmware.elf")
-    if not path.exists() or deploy.shutil.which("qemu-system-arm") is None:
-        if os.environ.get("MICROTRAIN_REQUIRE_QEMU") == "1":
-            pytest.fail(f"emulated board not built ({path})")
-        pytest.skip("emulated board not built: run scripts/build_qemu_board.sh")
+    from test_inttrain import BOARD_SCRIPT, board_firmware, train_on_board_and_cpython
+    firmware = board_firmware()
     import microtrain_host as mh
     from reference_models import ds_cnn
     from torch_reference import export
@@ -264,36 +256,14 @@ def test_sparse_training_on_the_emulated_board_equals_cpython(ds_cnn_qdq, tmp_pa
     (tmp_path / "data.bin").write_bytes(b"".join(
         quantize_input(x[i:i + 1], info).tobytes() + np.asarray(y[i:i + 1], "<i4").tobytes()
         for x, y in zip(xs[:2], ys[:2]) for i in range(2)))
-    steps = 4
-    script = ROOT / "tests" / "device_scripts" / "inttrain_steps.py"
-    cpython = subprocess.run([sys.executable, str(script), info["blob"], info["checkpoint"],
-                              str(tmp_path / "data.bin"), str(steps), "pure",
-                              str(tmp_path / "cp.ckpt")], capture_output=True, text=True,
-                             env={"PYTHONPATH": str(DEVICE)}, check=True).stdout
-    expected = [line for line in cpython.splitlines() if line.split()[0] in info["parameters"]]
-    plan = emulated_board_plan(tmp_path, tmp_path, [
-        (info["blob"], "int8_train.mtb"), (info["checkpoint"], "int8_train.ckpt"),
-        (tmp_path / "data.bin", "data.bin")])
-    board_script = tmp_path / "intgrad_on_board.py"
-    board_script.write_text(f"STEPS = {steps}\n" + BOARD_SCRIPT.replace(
+    board_script = BOARD_SCRIPT.replace(
         "from microtrain.kernels import inttrain, qlinear",
         "from microtrain.kernels import intgrad, inttrain, qlinear").replace(
         "print('viper', inttrain.FAST)", "print('viper', inttrain.FAST and intgrad.FAST)").replace(
-        "inttrain.use_fast(False)", "inttrain.use_fast(False)\nintgrad.use_fast(False)"))
-    with deploy.QemuBoard(path) as qemu:
-        proc = deploy.subprocess.run(deploy.mpremote_command(plan, qemu.port, board_script,
-                                                              tmp_path / "board.ckpt"),
-                                     capture_output=True, text=True, timeout=1800)
-    out = proc.stdout.splitlines()
-    assert proc.returncode == 0 and "pure" in out, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "viper True" in out
-    at = out.index("pure")
-    fast = [line for line in out[out.index("viper True"):at] if line.split() and
-            line.split()[0] in info["parameters"]]
-    pure = [line for line in out[at + 1:] if line.split() and
-            line.split()[0] in info["parameters"]]
+        "inttrain.use_fast(False)", "inttrain.use_fast(False)\nintgrad.use_fast(False)")
+    expected, fast, pure = train_on_board_and_cpython(firmware, info, tmp_path, 4,
+                                                      board_script, 1800)
     assert len(expected) == 9 and fast == pure == expected
-    assert (tmp_path / "board.ckpt").read_bytes() == (tmp_path / "cp.ckpt").read_bytes()
 
 
 def test_set_learning_rate_rewrites_the_sparse_multipliers(ds_cnn_qdq, tmp_path):

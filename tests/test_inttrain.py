@@ -496,25 +496,27 @@ run('pure.ckpt', False)
 """
 
 
-def test_int_training_on_the_emulated_board_equals_cpython(digits_int8, tmp_path):
-    """The digits classifier trained in integers on the emulated Cortex-M3 (32-bit small ints,
-    float32 at load), viper kernels under heap_lock and pure-Python kernels: the same
-    parameters, byte for byte, as CPython."""
+def board_firmware():
+    """The emulated board's firmware (skipped when not built; MICROTRAIN_REQUIRE_QEMU=1
+    makes that a failure)."""
     import os
     from pathlib import Path
     from microtrain_host.tools import deploy
     path = Path(os.environ.get("MICROTRAIN_QEMU_FIRMWARE")
-                        or ROOT / ".cache" / "qemu-board" / "firmware.elf")
+                or ROOT / ".cache" / "qemu-board" / "firmware.elf")
     if not path.exists() or deploy.shutil.which("qemu-system-arm") is None:
         if os.environ.get("MICROTRAIN_REQUIRE_QEMU") == "1":
             pytest.fail(f"emulated board not built ({path})")
         pytest.skip("emulated board not built: run scripts/build_qemu_board.sh")
-    info = int8_training_artifacts(digits_int8 / "qdq.onnx", tmp_path / "int", 0.05)
-    data = np.load(DIGITS / "digits.npz")
-    records = b"".join(quantize_input(x, info).tobytes() + np.int32(y).tobytes()
-                       for x, y in zip(data["x_train"][:40], data["y_train"][:40]))
-    (tmp_path / "data.bin").write_bytes(records)
-    steps = 30
+    return path
+
+
+def train_on_board_and_cpython(firmware, info, tmp_path, steps, board_script, timeout):
+    """`steps` integer train steps over tmp_path/data.bin under CPython and on the emulated
+    board (board_script: BOARD_SCRIPT or a variant); the board's checkpoint must equal
+    CPython's byte for byte. Returns the trained parameters' lines of CPython, of the board's
+    viper kernels and of its pure-Python kernels."""
+    from microtrain_host.tools import deploy
     script = ROOT / "tests" / "device_scripts" / "inttrain_steps.py"
     cpython = subprocess.run([sys.executable, str(script), info["blob"], info["checkpoint"],
                               str(tmp_path / "data.bin"), str(steps), "pure",
@@ -524,12 +526,12 @@ def test_int_training_on_the_emulated_board_equals_cpython(digits_int8, tmp_path
     plan = emulated_board_plan(tmp_path, tmp_path, [
         (info["blob"], "int8_train.mtb"), (info["checkpoint"], "int8_train.ckpt"),
         (tmp_path / "data.bin", "data.bin")])
-    board_script = tmp_path / "inttrain_on_board.py"
-    board_script.write_text(f"STEPS = {steps}\n" + BOARD_SCRIPT)
-    with deploy.QemuBoard(path) as qemu:
-        proc = deploy.subprocess.run(deploy.mpremote_command(plan, qemu.port, board_script,
+    path = tmp_path / "on_board.py"
+    path.write_text(f"STEPS = {steps}\n" + board_script)
+    with deploy.QemuBoard(firmware) as qemu:
+        proc = deploy.subprocess.run(deploy.mpremote_command(plan, qemu.port, path,
                                                               tmp_path / "board.ckpt"),
-                                     capture_output=True, text=True, timeout=900)
+                                     capture_output=True, text=True, timeout=timeout)
     out = proc.stdout.splitlines()
     assert proc.returncode == 0 and "pure" in out, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "viper True" in out
@@ -538,8 +540,23 @@ def test_int_training_on_the_emulated_board_equals_cpython(digits_int8, tmp_path
             line.split()[0] in info["parameters"]]
     pure = [line for line in out[at + 1:] if line.split() and
             line.split()[0] in info["parameters"]]
-    assert len(expected) == 2 and fast == pure == expected
     assert (tmp_path / "board.ckpt").read_bytes() == (tmp_path / "cp.ckpt").read_bytes()
+    return expected, fast, pure
+
+
+def test_int_training_on_the_emulated_board_equals_cpython(digits_int8, tmp_path):
+    """The digits classifier trained in integers on the emulated Cortex-M3 (32-bit small ints,
+    float32 at load), viper kernels under heap_lock and pure-Python kernels: the same
+    parameters, byte for byte, as CPython."""
+    firmware = board_firmware()
+    info = int8_training_artifacts(digits_int8 / "qdq.onnx", tmp_path / "int", 0.05)
+    data = np.load(DIGITS / "digits.npz")
+    records = b"".join(quantize_input(x, info).tobytes() + np.int32(y).tobytes()
+                       for x, y in zip(data["x_train"][:40], data["y_train"][:40]))
+    (tmp_path / "data.bin").write_bytes(records)
+    expected, fast, pure = train_on_board_and_cpython(firmware, info, tmp_path, 30,
+                                                      BOARD_SCRIPT, 900)
+    assert len(expected) == 2 and fast == pure == expected
 
 
 def test_momentum_steps_follow_torch_sgd_momentum():
