@@ -39,7 +39,7 @@ def main():
     args = ap.parse_args()
     import microtrain_host as mh
     from microtrain import CheckpointState, Module, Optimizer
-    from microtrain_host.pipeline.inttrain import int8_training_artifacts
+    from microtrain_host.quant.inttrain import int8_training_artifacts
     from reference_models import DSCNN
     from torch_reference import export
     torch.manual_seed(3)

@@ -155,8 +155,8 @@ def _hashes(directory):
 
 def quantized_cases(report):
     """QAT, the int8 exports, integer training (issues 10 and 11)."""
-    from microtrain_host.pipeline.int8 import pack_inference_model
-    from microtrain_host.pipeline.inttrain import int8_training_artifacts
+    from microtrain_host.quant.int8 import pack_inference_model
+    from microtrain_host.quant.inttrain import int8_training_artifacts
     digits = str(ROOT / "examples" / "digits" / "mlp.onnx")
     for name, source in (("digits", digits), ("ds_cnn", ds_cnn()), ("lenet", lenet())):
         with tempfile.TemporaryDirectory() as directory:
@@ -199,7 +199,7 @@ def quantized_cases(report):
 
 
 def integer_training(info, shape):
-    from microtrain_host.pipeline.inttrain import quantize_input
+    from microtrain_host.quant.inttrain import quantize_input
     files = {os.path.basename(info[k]): _file_sha(info[k]) for k in ("blob", "checkpoint")}
     state = CheckpointState.load_checkpoint(info["checkpoint"])
     module = Module(info["blob"], state)

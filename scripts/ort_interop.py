@@ -362,7 +362,7 @@ def orchestrate(work, steps, record_dir=None):
     sys.path[:0] = [os.path.join(ROOT, "host"), os.path.join(ROOT, "device")]
     from microtrain import CheckpointState, Module, Optimizer
     from microtrain_host import generate_artifacts
-    from microtrain_host.pipeline.checkpoint import read_checkpoint
+    from microtrain_host.formats.checkpoint import read_checkpoint
 
     report = Report()
     data = np.load(DATA)

@@ -25,7 +25,7 @@ import microtrain.checkpoint as device_ckpt
 from conftest import DEVICE, ROOT
 from microtrain import CheckpointState, Parameter
 from microtrain.errors import CheckpointError as DeviceCheckpointError
-from microtrain_host.pipeline.checkpoint import parse_checkpoint, read_checkpoint
+from microtrain_host.formats.checkpoint import parse_checkpoint, read_checkpoint
 from microtrain_host.errors import CheckpointError
 
 SCRIPT = ROOT / "tests" / "device_scripts" / "save_large.py"

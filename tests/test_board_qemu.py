@@ -18,7 +18,7 @@ from torch_reference import relative_error, torch_train
 
 from microtrain import CheckpointState, Module
 from microtrain_host import generate_artifacts
-from microtrain_host.pipeline.checkpoint_reader import read_checkpoint
+from microtrain_host.formats.checkpoint import read_checkpoint
 from microtrain_host.tools import deploy
 
 DIGITS = ROOT / "examples" / "digits"

@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "host"))
 sys.path.insert(0, str(ROOT / "device"))
 
-import microtrain_host.pipeline.checkpoint as host_ckpt  # noqa: E402
-from microtrain_host.pipeline.checkpoint import (  # noqa: E402
+import microtrain_host.formats.checkpoint as host_ckpt  # noqa: E402
+from microtrain_host.formats.checkpoint import (  # noqa: E402
     build_checkpoint, parse_checkpoint, read_checkpoint, write_checkpoint)
 from microtrain_host.errors import CheckpointError  # noqa: E402
 

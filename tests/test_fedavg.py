@@ -17,7 +17,7 @@ import microtrain_host as mh
 from conftest import ROOT
 from microtrain import CheckpointState, Module, Optimizer
 from microtrain.errors import ParameterError
-from microtrain_host.pipeline.checkpoint import read_checkpoint, write_checkpoint
+from microtrain_host.formats.checkpoint import read_checkpoint, write_checkpoint
 from microtrain_host.cli import main
 from test_resume import MODEL, lr_bits, run_device, write_batches
 

@@ -21,7 +21,7 @@ import pytest
 import microtrain_host as mh
 from conftest import ROOT
 from microtrain_host.cli import main
-from microtrain_host.pipeline.checkpoint import read_checkpoint
+from microtrain_host.formats.checkpoint import read_checkpoint
 from microtrain_host.tools import devices
 from microtrain_host.tools.train import load_data
 
@@ -153,7 +153,7 @@ def test_stock_flower_float32_arithmetic_is_why_updates_travel_as_float64(flwr, 
     the same bits in the same order."""
     from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
     from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
-    from microtrain_host.pipeline.checkpoint import write_checkpoint
+    from microtrain_host.formats.checkpoint import write_checkpoint
     rng = np.random.default_rng(0)
     updates = [rng.standard_normal(5000).astype(np.float32) for _ in range(7)]
     weights = [14, 15, 14, 15, 15, 14, 9]

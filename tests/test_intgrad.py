@@ -16,7 +16,7 @@ from microtrain import CheckpointState, Module
 from microtrain import blob as device_blob
 from microtrain.blob import copy_inputs
 from microtrain.errors import BlobError
-from microtrain_host.pipeline.inttrain import int8_training_artifacts, quantize_input
+from microtrain_host.quant.inttrain import int8_training_artifacts, quantize_input
 
 QLINEAR_CONV, INT_GEMM_LOGITS = 223, 242
 SPARSE = {"train_biases": True, "train_conv": True, "train_depthwise": True}

@@ -24,8 +24,8 @@ from microtrain import blob as device_blob
 from microtrain.errors import BlobError, InputError, ParameterError
 from microtrain.kernels import inttrain as K
 from microtrain_host.ops import inttrain as host_ops
-from microtrain_host.pipeline.checkpoint import write_checkpoint
-from microtrain_host.pipeline.inttrain import int8_training_artifacts, quantize_input
+from microtrain_host.formats.checkpoint import write_checkpoint
+from microtrain_host.quant.inttrain import int8_training_artifacts, quantize_input
 from microtrain_host.tools.train import train
 
 DIGITS = ROOT / "examples" / "digits"

@@ -17,8 +17,8 @@ from microtrain import CheckpointState, Module
 from microtrain import checkpoint as device_checkpoint
 from microtrain.errors import CheckpointError
 from microtrain.flatbuf import Reader
-from microtrain_host.pipeline.checkpoint import read_checkpoint
-from microtrain_host.pipeline.inttrain import int8_training_artifacts, quantize_input
+from microtrain_host.formats.checkpoint import read_checkpoint
+from microtrain_host.quant.inttrain import int8_training_artifacts, quantize_input
 from microtrain_host.tools.inspect import describe
 from test_inttrain import DIGITS, digits_int8  # noqa: F401,F811  (a fixture)
 

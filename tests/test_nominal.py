@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import microtrain_host as mh
-from microtrain_host.pipeline.checkpoint import read_checkpoint
+from microtrain_host.formats.checkpoint import read_checkpoint
 from test_resume import MODEL, losses, lr_bits, params, run_device, write_batches
 
 STEPS = 3

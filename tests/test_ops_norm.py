@@ -24,7 +24,7 @@ from microtrain import CheckpointState, Module, Optimizer
 from microtrain import blob as device_blob
 from microtrain import opcodes as device_ops
 from microtrain.kernels import norm as norm_kernels
-from microtrain_host.pipeline.checkpoint import read_checkpoint
+from microtrain_host.formats.checkpoint import read_checkpoint
 from microtrain_host.ops.norm import RANDOM_SPAN
 from microtrain_host.reference import reference_evaluator
 from torch_reference import export, parse_run, run_device_cpython, torch_train, write_batches

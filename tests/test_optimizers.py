@@ -15,7 +15,7 @@ import torch
 import microtrain_host as mh
 from conftest import DEVICE, ROOT, run_micropython
 from microtrain import blob as device_blob
-from microtrain_host.pipeline.checkpoint import read_checkpoint
+from microtrain_host.formats.checkpoint import read_checkpoint
 from microtrain_host.cli import main as cli_main
 from microtrain_host.pipeline.pack import pack
 from microtrain_host.reference import reference_evaluator

@@ -17,7 +17,7 @@ import microtrain_host as mh
 from conftest import ROOT
 from microtrain import CheckpointState, Module
 from microtrain.errors import ParameterError
-from microtrain_host.pipeline.checkpoint import read_checkpoint
+from microtrain_host.formats.checkpoint import read_checkpoint
 from test_resume import MODEL, as_floats, losses, lr_bits, run_device, write_batches
 
 DATA = ROOT / "tests" / "data" / "ort-1.19.2"

@@ -9,7 +9,7 @@ import sys
 
 import microtrain_host as mh
 from conftest import ROOT
-from microtrain_host.pipeline.artifacts import STAGES
+from microtrain_host.artifacts import STAGES
 from microtrain_host.tools.progress import Bar
 
 MODEL = ROOT / "examples" / "digits" / "mlp.onnx"

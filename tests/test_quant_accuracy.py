@@ -59,7 +59,7 @@ def test_ds_cnn_keyword_task_int8_after_qat_within_one_point_of_float(tmp_path):
     import torch
     from kws_synthetic import kws_dataset
     from microtrain import CheckpointState, InferenceSession, Module, Optimizer
-    from microtrain_host.pipeline.int8 import pack_inference_model
+    from microtrain_host.quant.int8 import pack_inference_model
     from reference_models import DSCNN
     from torch_reference import export
     torch.set_num_threads(1)

@@ -15,7 +15,7 @@ from conftest import ROOT, run_micropython
 from microtrain import InferenceSession
 from microtrain import blob as device_blob
 from microtrain.errors import BlobError
-from microtrain_host.pipeline.int8 import int8_graph, pack_inference_model
+from microtrain_host.quant.int8 import int8_graph, pack_inference_model
 from microtrain_host.tools.train import train
 from reference_models import ds_cnn
 from torch_reference import qat_qdq_model, write_batches

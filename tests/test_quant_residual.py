@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from conftest import ROOT, run_micropython
 from microtrain import InferenceSession
 from microtrain import blob as device_blob
-from microtrain_host.pipeline.int8 import int8_graph, pack_inference_model
+from microtrain_host.quant.int8 import int8_graph, pack_inference_model
 from reference_models import mobilenet_v2_block, resnet_block
 from test_quant_int8 import compare
 from torch_reference import qat_qdq_model

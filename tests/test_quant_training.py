@@ -162,7 +162,7 @@ def test_qat_resume_is_bit_identical(tmp_path):
     second = run(saved, slice(5, 10), str(tmp_path / "resumed"))
     assert first + second == whole
     assert (tmp_path / "resumed").read_bytes() == (tmp_path / "whole").read_bytes()
-    from microtrain_host.pipeline.checkpoint import read_checkpoint
+    from microtrain_host.formats.checkpoint import read_checkpoint
     host = read_checkpoint(str(tmp_path / "resumed"))
     assert "output.observer_range" in host.frozen and np.all(np.isfinite(
         host.frozen["output.observer_range"]))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import microtrain_host as mh
-from microtrain_host.pipeline.checkpoint import read_checkpoint
+from microtrain_host.formats.checkpoint import read_checkpoint
 from microtrain_host.reference import reference_evaluator
 from torch_reference import LOSSES, export, make_batches, mlp, ort_rule_step, torch_loss
 

@@ -17,7 +17,7 @@ import microtrain_host as mh
 from conftest import DEVICE, ROOT, run_micropython
 from microtrain import CheckpointState, Module, Optimizer
 from microtrain.errors import CheckpointError
-from microtrain_host.pipeline.checkpoint import read_checkpoint
+from microtrain_host.formats.checkpoint import read_checkpoint
 
 SCRIPT = ROOT / "tests" / "device_scripts" / "resume_steps.py"
 MODEL = ROOT / "examples" / "digits" / "mlp.onnx"

@@ -12,7 +12,7 @@ from microtrain import CheckpointState, InferenceSession, Module
 from microtrain import blob as device_blob
 from microtrain.errors import BlobError
 from microtrain_host.pipeline import pack as pack_stage
-from microtrain_host.pipeline.int8 import pack_inference_model
+from microtrain_host.quant.int8 import pack_inference_model
 from microtrain_host.tools import runtime
 from test_quant_int8 import digits_qdq  # noqa: F401  (the fixture)
 

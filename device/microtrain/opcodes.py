@@ -1,23 +1,11 @@
 # Device op codes: the kernel table the host's lowering targets.
-# Kept in sync with host/microtrain_host/opcodes.py by tests/test_contract.py.
+# (generated from host/microtrain_host/contract/ by `python -m microtrain_host.contract.generate`; do not edit)
 try:
     from micropython import const
 except ImportError:
     def const(x):
         return x
 
-# Code ranges by family: dense 1-9, elementwise 10-29, activation 30-49 (but 40 is
-# reduce), loss 50-59, optim 60-69, conv 70-79, pool 80-89, norm (BatchNormalization,
-# Dropout) 90-99, layout (Transpose, Slice, Concat, Split, Pad) 100-119; issue 9's first
-# half 120-159: smooth (Elu, Selu, Celu, Erf, Gelu, Softsign) 120-127, elementwise (Max, Min,
-# PRelu) 130-135, group_norm (LayerNormalization, InstanceNormalization,
-# GroupNormalization) 140-141, gather (Gather with int indices) 150-151; issue 9's second
-# half: conv's CONV_TRANSPOSE 73, resize (Resize / Upsample) 160-169, recurrent (GRU, LSTM)
-# 170-189. Issue 10 (quantization) 200-239: quant (fake quantization for training,
-# observers, weight scales) 200-219, qlinear (int8 kernels) 220-239. Issue 11 (training
-# within a microcontroller's memory) 240-259: activation (ReLU with a 1-bit mask) 240-241,
-# inttrain (integer training of int8 layers) 242-247,
-# intgrad (integer backward through frozen int8 convolutions) 248-252.
 GEMM = const(1)
 GEMM_ACCUMULATE = const(2)
 BATCHED_GEMM = const(3)
@@ -125,73 +113,63 @@ QLINEAR_MAX_POOL = const(225)
 QLINEAR_AVERAGE_POOL = const(226)
 QLINEAR_ADD = const(227)
 QLINEAR_LOOKUP = const(228)
-# issue 11 (training within a microcontroller's memory) 240-259
 RELU_MASKED = const(240)
 RELU_MASK_GRAD = const(241)
-# integer training (inttrain: int8 classifier trained in integers) 242-247
 INT_GEMM_LOGITS = const(242)
 INT_SOFTMAX_CE = const(243)
 INT_GEMM_UPDATE = const(244)
 INT_GEMM_GRAD_INPUT = const(245)
 INT_CONV1X1_UPDATE = const(246)
 INT_GEMM_UPDATE_MOMENTUM = const(247)
-# integer backward through frozen int8 convolutions (intgrad: the sparse update) 248-252
 INT_POOL_GRAD = const(248)
 INT_CLAMP_BIAS_GRAD = const(249)
 INT_CONV_GRAD_INPUT = const(250)
 INT_CONV_UPDATE = const(251)
 INT_CLAMP_MASK = const(252)
 
-# op code -> (kernel family module, function, tensor dtypes, int count, float count)
-# Tensor dtypes: "f" float arena, "i" int arena, "?" float arena or no tensor, "b" byte
+# op code -> (kernel family module, function, tensor kinds, int count, float count)
+# Tensor kinds: "f" float arena, "i" int arena, "?" float arena or no tensor, "b" byte
 # arena (int8 / uint8; the kernel's args then start with the byte arena), "k" int arena or
 # no tensor, "w" an int8 weight (byte arena, or in place where the blob is: the buffer it is
-# in then ends the kernel's args).
-# A count of _ANY: as many as the step carries (tables that come with the geometry); the
-# kernel's checker checks the exact counts (StepCheck.counts) against its geometry.
-_ANY = -1
-_BINARY = ("fff", 9, 0)
-_UNARY = ("ff", 1, 0)
-_ACT_GRAD = ("fff", 1, 0)
-_AXIS = ("ff", 3, 0)
-_AXIS_GRAD = ("fff", 3, 0)
+# in then ends the kernel's args). A count of -1: as many as the step carries (tables that
+# come with the geometry); the kernel's checker checks the exact counts (StepCheck.counts).
 SIGNATURES = {
     GEMM: ("dense", "gemm", "fff?", 9, 2),
     GEMM_ACCUMULATE: ("dense", "gemm_accumulate", "ffff", 7, 1),
     BATCHED_GEMM: ("dense", "batched_gemm", "fff", 16, 1),
-    ADD: ("elementwise", "add") + _BINARY,
-    SUB: ("elementwise", "sub") + _BINARY,
-    MUL: ("elementwise", "mul") + _BINARY,
-    DIV: ("elementwise", "div") + _BINARY,
+    ADD: ("elementwise", "add", "fff", 9, 0),
+    SUB: ("elementwise", "sub", "fff", 9, 0),
+    MUL: ("elementwise", "mul", "fff", 9, 0),
+    DIV: ("elementwise", "div", "fff", 9, 0),
     EXPAND: ("elementwise", "expand", "ff", 6, 0),
-    COPY: ("elementwise", "copy") + _UNARY,
-    NEG: ("elementwise", "neg") + _UNARY,
-    ABS: ("elementwise", "absolute") + _UNARY,
-    SIGN: ("elementwise", "sign") + _UNARY,
-    EXP: ("elementwise", "exp") + _UNARY,
-    LOG: ("elementwise", "log") + _UNARY,
-    SQRT: ("elementwise", "sqrt") + _UNARY,
+    COPY: ("elementwise", "copy", "ff", 1, 0),
+    NEG: ("elementwise", "neg", "ff", 1, 0),
+    ABS: ("elementwise", "absolute", "ff", 1, 0),
+    SIGN: ("elementwise", "sign", "ff", 1, 0),
+    EXP: ("elementwise", "exp", "ff", 1, 0),
+    LOG: ("elementwise", "log", "ff", 1, 0),
+    SQRT: ("elementwise", "sqrt", "ff", 1, 0),
     POW: ("elementwise", "power", "ff", 1, 1),
-    RELU: ("activation", "relu") + _UNARY,
-    SIGMOID: ("activation", "sigmoid") + _UNARY,
-    TANH: ("activation", "tanh") + _UNARY,
-    RELU_GRAD: ("activation", "relu_grad") + _ACT_GRAD,
-    SIGMOID_GRAD: ("activation", "sigmoid_grad") + _ACT_GRAD,
-    TANH_GRAD: ("activation", "tanh_grad") + _ACT_GRAD,
-    SOFTMAX: ("activation", "softmax") + _AXIS,
-    LOG_SOFTMAX: ("activation", "log_softmax") + _AXIS,
-    SOFTMAX_GRAD: ("activation", "softmax_grad") + _AXIS_GRAD,
-    LOG_SOFTMAX_GRAD: ("activation", "log_softmax_grad") + _AXIS_GRAD,
-    SOFTPLUS: ("activation", "softplus") + _UNARY,
+    RELU: ("activation", "relu", "ff", 1, 0),
+    SIGMOID: ("activation", "sigmoid", "ff", 1, 0),
+    TANH: ("activation", "tanh", "ff", 1, 0),
+    RELU_GRAD: ("activation", "relu_grad", "fff", 1, 0),
+    SIGMOID_GRAD: ("activation", "sigmoid_grad", "fff", 1, 0),
+    TANH_GRAD: ("activation", "tanh_grad", "fff", 1, 0),
+    SOFTMAX: ("activation", "softmax", "ff", 3, 0),
+    LOG_SOFTMAX: ("activation", "log_softmax", "ff", 3, 0),
+    SOFTMAX_GRAD: ("activation", "softmax_grad", "fff", 3, 0),
+    LOG_SOFTMAX_GRAD: ("activation", "log_softmax_grad", "fff", 3, 0),
+    REDUCE_SUM: ("reduce", "reduce_sum", "ff", 7, 1),
+    SOFTPLUS: ("activation", "softplus", "ff", 1, 0),
     LEAKY_RELU: ("activation", "leaky_relu", "ff", 1, 1),
     LEAKY_RELU_GRAD: ("activation", "leaky_relu_grad", "fff", 1, 1),
     CLIP: ("activation", "clip", "ff", 1, 2),
     CLIP_GRAD: ("activation", "clip_grad", "fff", 1, 2),
     HARD_SIGMOID: ("activation", "hard_sigmoid", "ff", 1, 2),
     HARD_SIGMOID_GRAD: ("activation", "hard_sigmoid_grad", "fff", 1, 2),
-    HARD_SWISH: ("activation", "hard_swish") + _UNARY,
-    HARD_SWISH_GRAD: ("activation", "hard_swish_grad") + _ACT_GRAD,
-    REDUCE_SUM: ("reduce", "reduce_sum", "ff", 7, 1),
+    HARD_SWISH: ("activation", "hard_swish", "ff", 1, 0),
+    HARD_SWISH_GRAD: ("activation", "hard_swish_grad", "fff", 1, 0),
     SOFTMAX_CE: ("loss", "softmax_cross_entropy", "fffi", 2, 0),
     SOFTMAX_CE_GRAD: ("loss", "softmax_cross_entropy_grad", "fffi", 2, 0),
     ACCUMULATE: ("optim", "accumulate", "fff", 1, 0),
@@ -220,26 +198,26 @@ SIGNATURES = {
     FILL: ("layout", "fill", "f", 1, 1),
     EXP_LINEAR: ("smooth", "exp_linear", "ff", 1, 3),
     EXP_LINEAR_GRAD: ("smooth", "exp_linear_grad", "fff", 1, 3),
-    ERF: ("smooth", "erf") + _UNARY,
-    ERF_GRAD: ("smooth", "erf_grad") + _ACT_GRAD,
+    ERF: ("smooth", "erf", "ff", 1, 0),
+    ERF_GRAD: ("smooth", "erf_grad", "fff", 1, 0),
     GELU: ("smooth", "gelu", "ff", 2, 0),
     GELU_GRAD: ("smooth", "gelu_grad", "fff", 2, 0),
-    SOFTSIGN: ("smooth", "softsign") + _UNARY,
-    SOFTSIGN_GRAD: ("smooth", "softsign_grad") + _ACT_GRAD,
-    MAX: ("elementwise", "maximum") + _BINARY,
-    MIN: ("elementwise", "minimum") + _BINARY,
-    COUNT_EQUAL: ("elementwise", "count_equal") + _BINARY,
+    SOFTSIGN: ("smooth", "softsign", "ff", 1, 0),
+    SOFTSIGN_GRAD: ("smooth", "softsign_grad", "fff", 1, 0),
+    MAX: ("elementwise", "maximum", "fff", 9, 0),
+    MIN: ("elementwise", "minimum", "fff", 9, 0),
+    COUNT_EQUAL: ("elementwise", "count_equal", "fff", 9, 0),
     TIE_SHARE: ("elementwise", "tie_share", "fffff", 6, 0),
-    PRELU: ("elementwise", "prelu") + _BINARY,
+    PRELU: ("elementwise", "prelu", "fff", 9, 0),
     PRELU_GRAD: ("elementwise", "prelu_grad", "??fff", 6, 0),
     GROUP_NORM: ("group_norm", "group_norm", "ff??", 4, 1),
     GROUP_NORM_GRAD: ("group_norm", "group_norm_grad", "???ff?", 4, 1),
     GATHER_ROWS: ("gather", "gather_rows", "ffi", 4, 0),
     GATHER_ROWS_GRAD: ("gather", "gather_rows_grad", "ffi", 4, 0),
-    RESIZE_NEAREST: ("resize", "resize_nearest", "ff", _ANY, 0),
-    RESIZE_NEAREST_GRAD: ("resize", "resize_nearest_grad", "ff", _ANY, 0),
-    RESIZE_LINEAR: ("resize", "resize_linear", "ff", _ANY, _ANY),
-    RESIZE_LINEAR_GRAD: ("resize", "resize_linear_grad", "ff", _ANY, _ANY),
+    RESIZE_NEAREST: ("resize", "resize_nearest", "ff", -1, 0),
+    RESIZE_NEAREST_GRAD: ("resize", "resize_nearest_grad", "ff", -1, 0),
+    RESIZE_LINEAR: ("resize", "resize_linear", "ff", -1, -1),
+    RESIZE_LINEAR_GRAD: ("resize", "resize_linear_grad", "ff", -1, -1),
     GRU: ("recurrent", "gru", "f?ffff??", 14, 0),
     GRU_GRAD: ("recurrent", "gru_grad", "?????fffff?f??", 14, 0),
     LSTM: ("recurrent", "lstm", "f??ffff????", 14, 0),
@@ -281,44 +259,44 @@ SIGNATURES = {
 
 def kernel_module(family):
     # Import only the kernel families a model uses, so a board can carry only those files.
-    if family == "dense":
+    if family == "activation":
+        from microtrain.kernels import activation as module
+    elif family == "conv":
+        from microtrain.kernels import conv as module
+    elif family == "dense":
         from microtrain.kernels import dense as module
     elif family == "elementwise":
         from microtrain.kernels import elementwise as module
-    elif family == "activation":
-        from microtrain.kernels import activation as module
-    elif family == "reduce":
-        from microtrain.kernels import reduce as module
-    elif family == "loss":
-        from microtrain.kernels import loss as module
-    elif family == "optim":
-        from microtrain.kernels import optim as module
-    elif family == "conv":
-        from microtrain.kernels import conv as module
-    elif family == "pool":
-        from microtrain.kernels import pool as module
-    elif family == "norm":
-        from microtrain.kernels import norm as module
-    elif family == "layout":
-        from microtrain.kernels import layout as module
     elif family == "gather":
         from microtrain.kernels import gather as module
-    elif family == "smooth":
-        from microtrain.kernels import smooth as module
     elif family == "group_norm":
         from microtrain.kernels import group_norm as module
-    elif family == "recurrent":
-        from microtrain.kernels import recurrent as module
-    elif family == "quant":
-        from microtrain.kernels import quant as module
-    elif family == "qlinear":
-        from microtrain.kernels import qlinear as module
-    elif family == "resize":
-        from microtrain.kernels import resize as module
-    elif family == "inttrain":
-        from microtrain.kernels import inttrain as module
     elif family == "intgrad":
         from microtrain.kernels import intgrad as module
+    elif family == "inttrain":
+        from microtrain.kernels import inttrain as module
+    elif family == "layout":
+        from microtrain.kernels import layout as module
+    elif family == "loss":
+        from microtrain.kernels import loss as module
+    elif family == "norm":
+        from microtrain.kernels import norm as module
+    elif family == "optim":
+        from microtrain.kernels import optim as module
+    elif family == "pool":
+        from microtrain.kernels import pool as module
+    elif family == "qlinear":
+        from microtrain.kernels import qlinear as module
+    elif family == "quant":
+        from microtrain.kernels import quant as module
+    elif family == "recurrent":
+        from microtrain.kernels import recurrent as module
+    elif family == "reduce":
+        from microtrain.kernels import reduce as module
+    elif family == "resize":
+        from microtrain.kernels import resize as module
+    elif family == "smooth":
+        from microtrain.kernels import smooth as module
     else:
         raise ImportError("no kernel family " + family)
     return module

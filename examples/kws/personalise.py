@@ -99,8 +99,8 @@ def int8_pack(directory, lr, calibration_steps=20, **trained):
     train_conv, train_biases, train_depthwise) as pretrained) and the info of
     pipeline/inttrain.py (input scale and zero point)."""
     import quantize
-    from microtrain_host.pipeline.checkpoint import write_checkpoint
-    from microtrain_host.pipeline.inttrain import int8_training_artifacts, int8_training_model
+    from microtrain_host.formats.checkpoint import write_checkpoint
+    from microtrain_host.quant.inttrain import int8_training_artifacts, int8_training_model
     qdq, _ = quantize.calibrate(directory / "backbone", steps=calibration_steps)
     info = int8_training_artifacts(qdq, directory, lr, **trained)
     blob = pathlib.Path(info["blob"]).read_bytes()
@@ -175,7 +175,7 @@ def write_data(directory, shots, held_out, limit=None, info=None):
     for part, x, y in (("train", data["x_train"], data["y_train"]),
                        ("test", data["x_val"], data["y_val"])):
         if info:
-            from microtrain_host.pipeline.inttrain import quantize_input
+            from microtrain_host.quant.inttrain import quantize_input
             (directory / f"x_{part}.q8").write_bytes(quantize_input(x[:limit], info).tobytes())
         else:
             (directory / f"x_{part}.f32").write_bytes(x[:limit].astype("<f4").tobytes())

@@ -31,7 +31,7 @@ sys.path[:0] = [str(HERE), str(ROOT / "host"), str(ROOT / "device")]
 
 import make_data  # noqa: E402
 import microtrain_host as mh  # noqa: E402
-from microtrain_host.pipeline.int8 import pack_inference_model  # noqa: E402
+from microtrain_host.quant.int8 import pack_inference_model  # noqa: E402
 
 MODEL = HERE / "ds_cnn_kws.onnx"
 

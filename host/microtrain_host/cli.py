@@ -207,7 +207,7 @@ def _default_data(artifacts):
 
 
 def cmd_export(args):
-    from .pipeline.export import export_inference_model
+    from .export import export_inference_model
     model = export_inference_model(args.artifacts, args.checkpoint, args.output,
                                    output_names=_names(args.outputs), prefix=args.prefix,
                                    qdq=args.qdq)
@@ -218,7 +218,7 @@ def cmd_export(args):
               f"{sum(n.op_type == 'QuantizeLinear' for n in graph.node)} quantized "
               f"activations (onnxruntime fuses them into QLinearConv / QGemm / ...)")
     if args.int8_blob:
-        from .pipeline.int8 import pack_inference_model
+        from .quant.int8 import pack_inference_model
         if not args.qdq:
             from .errors import ArtifactError
             raise ArtifactError("--int8-blob needs --qdq (it is packed from the QDQ model)")
@@ -226,7 +226,7 @@ def cmd_export(args):
         print(f"int8 inference blob {args.int8_blob} ({os.path.getsize(args.int8_blob)} bytes) "
               f"for microtrain.InferenceSession: int8 kernels, integer requantization")
     if args.int8_train:
-        from .pipeline.inttrain import int8_training_artifacts
+        from .quant.inttrain import int8_training_artifacts
         if not args.qdq:
             from .errors import ArtifactError
             raise ArtifactError("--int8-train needs --qdq (it is built from the QDQ model)")

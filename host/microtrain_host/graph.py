@@ -1,4 +1,5 @@
-"""A small builder for ONNX graphs that records the shape of everything it emits."""
+"""A small builder for ONNX graphs that records the shape of everything it emits, and the
+helpers the gradient rules of the op families share (unbroadcast, reshaped)."""
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
@@ -68,3 +69,37 @@ class GraphBuilder:
     def value_infos(self, names):
         return [helper.make_tensor_value_info(n, self.shapes[n][0], list(self.shapes[n][1]))
                 for n in names]
+
+
+def unbroadcast(g, dy, in_shape):
+    """Sum dy over the dimensions along which an input of in_shape was broadcast."""
+    out_shape = g.shape(dy)
+    in_shape = tuple(in_shape)
+    if out_shape == in_shape:
+        return dy
+    lead = len(out_shape) - len(in_shape)
+    axes = [i for i in range(len(out_shape))
+            if i < lead or (in_shape[i - lead] == 1 and out_shape[i] != 1)]
+    kept = tuple(1 if i in axes else d for i, d in enumerate(out_shape))
+    summed = g.node("ReduceSum", [dy, g.constant("axes", np.array(axes, dtype=np.int64))],
+                    kept, hint="unbroadcast", keepdims=1)
+    if kept == in_shape:
+        return summed
+    return g.node("Reshape", [summed, g.constant("shape", np.array(in_shape, dtype=np.int64))],
+                  in_shape, hint="unbroadcast_reshape")
+
+
+def reshaped(g, name, shape, hint):
+    """name with another shape (a free alias on the device), or name itself."""
+    shape = tuple(shape)
+    if tuple(g.shape(name)) == shape:
+        return name
+    return g.node("Reshape", [name, g.constant("shape", np.array(shape, np.int64))], shape,
+                  hint=hint)
+
+
+def trim(inputs):
+    """ONNX leaves out trailing optional inputs rather than naming them ""."""
+    while inputs and not inputs[-1]:
+        inputs = inputs[:-1]
+    return inputs

@@ -1,5 +1,7 @@
-"""Device op codes (the kernel table). Mirrors device/microtrain/opcodes.py; a test keeps
-the two in sync."""
+"""Device op codes (the kernel table), as plain ints for the lowering.
+
+Generated from contract/ops.py by `python -m microtrain_host.contract.generate`: do not
+edit; the op table (named arguments, families, flags) is contract.ops."""
 
 GEMM = 1
 GEMM_ACCUMULATE = 2
@@ -27,6 +29,7 @@ SOFTMAX = 36
 LOG_SOFTMAX = 37
 SOFTMAX_GRAD = 38
 LOG_SOFTMAX_GRAD = 39
+REDUCE_SUM = 40
 SOFTPLUS = 41
 LEAKY_RELU = 42
 LEAKY_RELU_GRAD = 43
@@ -36,11 +39,6 @@ HARD_SIGMOID = 46
 HARD_SIGMOID_GRAD = 47
 HARD_SWISH = 48
 HARD_SWISH_GRAD = 49
-MAX_POOL = 80
-MAX_POOL_GRAD = 81
-AVERAGE_POOL = 82
-AVERAGE_POOL_GRAD = 83
-REDUCE_SUM = 40
 SOFTMAX_CE = 50
 SOFTMAX_CE_GRAD = 51
 ACCUMULATE = 60
@@ -54,6 +52,10 @@ CONV = 70
 CONV_GRAD_INPUT = 71
 CONV_GRAD_WEIGHT = 72
 CONV_TRANSPOSE = 73
+MAX_POOL = 80
+MAX_POOL_GRAD = 81
+AVERAGE_POOL = 82
+AVERAGE_POOL_GRAD = 83
 BATCH_NORM_TRAINING = 90
 BATCH_NORM_INFERENCE = 91
 CHANNEL_AFFINE = 92
@@ -121,6 +123,3 @@ INT_CLAMP_BIAS_GRAD = 249
 INT_CONV_GRAD_INPUT = 250
 INT_CONV_UPDATE = 251
 INT_CLAMP_MASK = 252
-
-NAMES = {value: name for name, value in list(globals().items())
-         if name.isupper() and isinstance(value, int)}

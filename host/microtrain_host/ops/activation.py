@@ -12,7 +12,7 @@ from onnx import helper
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
 from ..graph import DOMAIN, attr
-from ..pipeline.lower import axis_view, unary
+from ..ir import axis_view, unary
 from ..reference import MicrotrainOp
 from ..registry import gradient, lowering
 

@@ -19,7 +19,7 @@ import numpy as np
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
 from ..graph import DOMAIN, attr
-from ..pipeline.lower import NO_TENSOR
+from ..ir import NO_TENSOR
 from ..reference import MicrotrainOp
 from ..registry import gradient, lowering
 from .windows import window_attributes, window_values

@@ -6,9 +6,8 @@ import numpy as np
 
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
-from ..graph import DOMAIN, attr
-from ..pipeline.autodiff import reshaped, unbroadcast
-from ..pipeline.lower import NO_TENSOR, broadcast_strides, collapse, contiguous_strides
+from ..graph import DOMAIN, attr, reshaped, unbroadcast
+from ..ir import NO_TENSOR, broadcast_strides, collapse, contiguous_strides
 from ..reference import MicrotrainOp
 from ..registry import gradient, lowering
 

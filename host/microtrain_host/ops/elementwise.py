@@ -6,9 +6,8 @@ import numpy as np
 
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
-from ..graph import DOMAIN
-from ..pipeline.autodiff import unbroadcast
-from ..pipeline.lower import NO_TENSOR, broadcast_strides, collapse, contiguous_strides, unary
+from ..graph import DOMAIN, unbroadcast
+from ..ir import NO_TENSOR, broadcast_strides, collapse, contiguous_strides, unary
 from ..reference import MicrotrainOp
 from ..registry import gradient, lowering
 

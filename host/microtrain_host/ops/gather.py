@@ -7,7 +7,7 @@ import numpy as np
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
 from ..graph import DOMAIN, attr
-from ..pipeline.lower import INT32, axis_view
+from ..ir import INT32, axis_view
 from ..reference import MicrotrainOp
 from ..registry import gradient, lowering
 from .layout import fill, strided_copy

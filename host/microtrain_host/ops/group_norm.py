@@ -9,7 +9,7 @@ import numpy as np
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
 from ..graph import DOMAIN, attr
-from ..pipeline.lower import NO_TENSOR
+from ..ir import NO_TENSOR
 from ..reference import MicrotrainOp
 from ..registry import SHAPED_LIKE_INPUT, gradient, lowering
 

@@ -27,7 +27,7 @@ import numpy as np
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
 from ..graph import attr
-from ..pipeline.lower import ACTIVATION, INT32, INT8, PARAM, UINT8, Tensor
+from ..ir import ACTIVATION, INT32, INT8, PARAM, UINT8, Tensor
 from ..registry import lowering
 from .conv import conv_attributes, device_geometry
 from .inttrain import _byte, _derived, _dither

@@ -24,7 +24,7 @@ import numpy as np
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
 from ..graph import attr
-from ..pipeline.lower import (ACTIVATION, CONSTANT, INT32, INT8, NO_TENSOR, OPTIMIZER_STATE,
+from ..ir import (ACTIVATION, CONSTANT, INT32, INT8, NO_TENSOR, OPTIMIZER_STATE,
                               PARAM, UINT8, Tensor)
 from ..registry import lowering
 from .qlinear import requant_multiplier, requant_values

@@ -14,7 +14,7 @@ from onnx import helper
 from .. import opcodes as op
 from ..errors import ArtifactError, UnsupportedOpError
 from ..graph import DOMAIN, attr
-from ..pipeline.lower import ACTIVATION, CONTROL, INT32, NO_TENSOR, PARAM, Tensor
+from ..ir import ACTIVATION, CONTROL, INT32, NO_TENSOR, PARAM, Tensor
 from ..reference import MicrotrainOp
 from ..registry import gradient, lowering
 

@@ -9,7 +9,7 @@ import numpy as np
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
 from ..graph import attr
-from ..pipeline.lower import GRAD, NO_TENSOR
+from ..ir import GRAD, NO_TENSOR
 from ..reference import MicrotrainOp
 from ..registry import lowering
 

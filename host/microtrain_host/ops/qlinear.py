@@ -29,7 +29,7 @@ from onnx import TensorProto
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
 from ..graph import attr
-from ..pipeline.lower import (ACTIVATION, CONSTANT, FLOAT, INT32, INT8, NO_TENSOR, PARAM, UINT8,
+from ..ir import (ACTIVATION, CONSTANT, FLOAT, INT32, INT8, NO_TENSOR, PARAM, UINT8,
                               Tensor)
 from ..registry import lowering
 from .conv import conv_attributes, device_geometry

@@ -35,7 +35,7 @@ from .. import opcodes as op
 from ..errors import UnsupportedOpError
 from ..graph import DOMAIN, attr
 from ..reference import MicrotrainOp
-from ..pipeline.lower import ACTIVATION, INT8, INT32, NO_TENSOR, Tensor
+from ..ir import ACTIVATION, INT8, INT32, NO_TENSOR, Tensor
 from ..registry import gradient, lowering
 
 QUANT_RANGES = {TensorProto.UINT8: (0, 255), TensorProto.INT8: (-128, 127)}

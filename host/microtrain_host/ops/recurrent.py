@@ -18,7 +18,7 @@ import numpy as np
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
 from ..graph import DOMAIN, attr
-from ..pipeline.lower import ACTIVATION, FLOAT, NO_TENSOR, Tensor
+from ..ir import ACTIVATION, FLOAT, NO_TENSOR, Tensor
 from ..reference import MicrotrainOp
 from ..registry import gradient, lowering
 

@@ -6,7 +6,7 @@ import numpy as np
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
 from ..graph import attr
-from ..pipeline.lower import collapse, contiguous_strides
+from ..ir import collapse, contiguous_strides
 from ..registry import gradient, lowering
 
 

@@ -12,7 +12,7 @@ import numpy as np
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
 from ..graph import DOMAIN, attr
-from ..pipeline.lower import unary
+from ..ir import unary
 from ..reference import MicrotrainOp
 from ..registry import gradient, lowering
 

@@ -5,38 +5,11 @@ gets the builder, the forward node, the gradients of the node's outputs (None wh
 gradient flows) and which inputs need a gradient; it emits nodes and returns one gradient
 name (or None) per input. Gradients of a tensor used several times are summed. Only tensors
 that depend on a trainable parameter get gradients, so frozen layers and the input gradient
-of the first trainable layer cost nothing. Helpers the rules share live here."""
+of the first trainable layer cost nothing. Helpers the rules share live in graph.py."""
 import numpy as np
 
 from ..errors import UnsupportedOpError
 from ..registry import GRAD_RULES
-
-
-def unbroadcast(g, dy, in_shape):
-    """Sum dy over the dimensions along which an input of in_shape was broadcast."""
-    out_shape = g.shape(dy)
-    in_shape = tuple(in_shape)
-    if out_shape == in_shape:
-        return dy
-    lead = len(out_shape) - len(in_shape)
-    axes = [i for i in range(len(out_shape))
-            if i < lead or (in_shape[i - lead] == 1 and out_shape[i] != 1)]
-    kept = tuple(1 if i in axes else d for i, d in enumerate(out_shape))
-    summed = g.node("ReduceSum", [dy, g.constant("axes", np.array(axes, dtype=np.int64))],
-                    kept, hint="unbroadcast", keepdims=1)
-    if kept == in_shape:
-        return summed
-    return g.node("Reshape", [summed, g.constant("shape", np.array(in_shape, dtype=np.int64))],
-                  in_shape, hint="unbroadcast_reshape")
-
-
-def reshaped(g, name, shape, hint):
-    """name with another shape (a free alias on the device), or name itself."""
-    shape = tuple(shape)
-    if tuple(g.shape(name)) == shape:
-        return name
-    return g.node("Reshape", [name, g.constant("shape", np.array(shape, np.int64))], shape,
-                  hint=hint)
 
 
 def build_gradients(g, forward_nodes, loss, trainable, seeds=None):

@@ -3,111 +3,20 @@
 The host does the thinking here: every shape is static, so broadcasting becomes strides,
 transposes become strides, reshapes become aliases, and each node becomes one kernel call
 with all its sizes precomputed. The Lowering walks a graph and calls, for every node, the
-lowering its op family registered (registry.LOWERINGS, ops/<family>.py); the tensor table,
-the stride arithmetic and the lowering factories the families share live here."""
-import dataclasses
-
+lowering its op family registered (registry.LOWERINGS, ops/<family>.py) into the tensor table
+and programs of ir.py (where the stride arithmetic the families share lives too). Every step
+is checked against the op table of the contract (contract/ops.py) as it is emitted."""
 import numpy as np
 from onnx import TensorProto, numpy_helper
 
 from ..errors import UnsupportedOpError
+from ..ir import (ACTIVATION, CONSTANT, CONTROL, FLOAT, GRAD, INPUT, INT8, INT32, LABEL,
+                  LAZY_RESET_GRAD, LEARNING_RATE, OPTIMIZER_STATE, PARAM, STEP, UINT8, Program,
+                  Step, Tensor, check_step, grad_buffer)
 from ..registry import LOWERINGS, lowering
 from .load import constant_value, tensor_shapes
-from .optimizers import grad_buffer
 
-FLOAT, INT32, INT8, UINT8 = 0, 1, 2, 3
-BYTE_TYPES = (INT8, UINT8)   # in the byte arena
-ROLES = ("input", "label", "param", "grad", "activation", "optimizer_state", "constant",
-         "control")
-INPUT, LABEL, PARAM, GRAD, ACTIVATION, OPTIMIZER_STATE, CONSTANT, CONTROL = range(8)
-NO_TENSOR = 0xFFFFFFFF
 TWIN_SOURCES = ("train", "forward_backward")   # programs whose activations eval may share
-
-
-@dataclasses.dataclass
-class Tensor:
-    name: str
-    dtype: int
-    role: int
-    shape: tuple
-    program: str = ""           # ACTIVATION: the program it belongs to
-    data: bytes = b""           # CONSTANT: raw little-endian values
-    storage: int = -1           # id of the tensor whose space it uses (itself unless an alias)
-    offset: int = 0
-    scale: tuple = ()           # INT8 / UINT8: quantization scale(s), per tensor or per channel
-    zero_point: tuple = ()      # ... and zero point(s)
-    axis: int = 0               # ... the channel axis of per-channel ones
-    derived: bool = False       # CONSTANT whose data holds only its first elements (the
-                                # device computes the rest at load: qlinear requantization)
-    in_place: bool = False      # int8 CONSTANT read only as a weight (plan.WEIGHT_ARGUMENT):
-                                # no arena space, the device reads it where the blob is
-
-    @property
-    def size(self):
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
-
-
-@dataclasses.dataclass
-class Step:
-    op: int
-    tensors: list
-    ints: list
-    floats: list
-    node: str = ""              # the ONNX node it came from, for inspect
-
-
-@dataclasses.dataclass
-class Program:
-    name: str
-    steps: list
-    inputs: list
-    outputs: list
-
-
-def contiguous_strides(shape):
-    strides, acc = [], 1
-    for d in reversed(shape):
-        strides.append(acc)
-        acc *= d
-    return list(reversed(strides))
-
-
-def broadcast_strides(out_shape, in_shape):
-    """Strides of an input of in_shape read at every index of out_shape (0 = broadcast)."""
-    pad = len(out_shape) - len(in_shape)
-    own = contiguous_strides(in_shape)
-    return [0 if i < pad or in_shape[i - pad] == 1 else own[i - pad]
-            for i in range(len(out_shape))]
-
-
-def collapse(shape, stride_sets, where, rank=3):
-    """Merge dimensions that every operand walks contiguously; drop size-1 dimensions.
-    Returns `rank` dimensions (d0, d1, d2 by default) and each operand's strides for them."""
-    dims = []
-    for i, d in enumerate(shape):
-        if d == 1:
-            continue
-        strides = [s[i] for s in stride_sets]
-        if dims and all(p == s * d for p, s in zip(dims[-1][1], strides)):
-            dims[-1] = (dims[-1][0] * d, strides)
-        else:
-            dims.append((d, strides))
-    if len(dims) > rank:
-        raise UnsupportedOpError(f"{where}: broadcasting over shape {list(shape)} needs "
-                                 f"{len(dims)} strided dimensions; the kernels take {rank}")
-    while len(dims) < rank:
-        dims.insert(0, (1, [0] * len(stride_sets)))
-    return [d for d, _ in dims], [[s[k] for _, s in dims] for k in range(len(stride_sets))]
-
-
-def axis_view(shape, axis, where):
-    """(outer, n, inner): shape viewed around one axis (Softmax, Gather, ...)."""
-    rank = len(shape)
-    if not -rank <= axis < rank:
-        raise UnsupportedOpError(f"{where}: axis {axis} out of range for shape {list(shape)}")
-    axis %= rank
-    return [int(np.prod(shape[:axis], dtype=np.int64)), shape[axis],
-            int(np.prod(shape[axis + 1:], dtype=np.int64))]
 
 
 class Lowering:
@@ -187,9 +96,9 @@ class Lowering:
                 raise UnsupportedOpError(f"{name} graph input '{vi.name}' has no known role")
             if role in (INPUT, LABEL):
                 inputs.append(self._persistent(vi.name, role))
-            elif vi.name == "lazy_reset_grad" or vi.name == "learning_rate":
+            elif vi.name == LAZY_RESET_GRAD or vi.name == LEARNING_RATE:
                 self.control(vi.name)
-            elif vi.name != "step":
+            elif vi.name != STEP:
                 self._persistent(vi.name, role)
         for node in graph.node:
             self.node_name = node.name or node.op_type
@@ -288,6 +197,7 @@ class Lowering:
         self.in_place.add(out_name)
 
     def step(self, code, tensors, ints=(), floats=()):
+        check_step(code, tensors, ints, floats, self.node_name)
         self.producer[tensors[0]] = len(self.steps)
         self.steps.append(Step(code, list(tensors), [int(i) for i in ints],
                                [float(f) for f in floats], self.node_name))
@@ -301,15 +211,7 @@ class Lowering:
             else None
 
 
-# -- lowering factories and lowerings that belong to no op family -------------------------
-
-def unary(code):
-    """The lowering of an elementwise op Y = f(X): one step over every element."""
-    def lower(ctx, node):
-        y = ctx.define(node.output[0])
-        ctx.step(code, [y, ctx.t(node.input[0])], [ctx.tensors[y].size])
-    return lower
-
+# -- lowerings that belong to no op family ------------------------------------------------
 
 @lowering("Constant")
 def lower_constant(ctx, node):
@@ -340,9 +242,8 @@ def roles_from_metadata(model, optimizer_model=None):
         roles[grad_buffer(name)] = GRAD
     for name in meta_names(meta, "optimizer_states"):  # updates in the training graph
         roles[name] = OPTIMIZER_STATE
-    roles["lazy_reset_grad"] = CONTROL
-    roles["learning_rate"] = CONTROL
-    roles["step"] = CONTROL
+    for name in (LAZY_RESET_GRAD, LEARNING_RATE, STEP):
+        roles[name] = CONTROL
     if optimizer_model is not None:
         for vi in optimizer_model.graph.input:
             roles.setdefault(vi.name, OPTIMIZER_STATE)

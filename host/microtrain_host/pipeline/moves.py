@@ -10,10 +10,10 @@
 Steps are (op code, tensor ids, ints, floats); a tensor's `storage` is the tensor whose space
 it uses, so aliases (Reshape, Flatten, ...) count as the tensor they alias."""
 from .. import opcodes as op
+from ..contract.ops import RECOMPUTABLE, UPDATES
 from ..errors import ArtifactError
-from .lower import NO_TENSOR, Program
-
-UPDATE_OPS = (op.SGD, op.SGD_GENERAL, op.ADAMW, op.ADAMW_GENERAL)
+from ..ir import ACTIVATION, INT32, NO_TENSOR, Program, Step, Tensor
+from .plan import lifetimes, plan
 
 
 def _storages(step, tensors):
@@ -23,8 +23,8 @@ def _storages(step, tensors):
 def place_updates(program, tensors):
     """Move every update step of `program` (in place) to right after the last other step
     that touches its parameter's or its gradient's storage. Returns the number moved."""
-    updates = [s for s in program.steps if s.op in UPDATE_OPS]
-    others = [s for s in program.steps if s.op not in UPDATE_OPS]
+    updates = [s for s in program.steps if s.op in UPDATES]
+    others = [s for s in program.steps if s.op not in UPDATES]
     after = {}  # index in `others` -> the updates that follow it
     for update in updates:
         param, grad = update.tensors[0], update.tensors[1]
@@ -68,16 +68,11 @@ def split_program(programs, name, forward_nodes, first, second, second_inputs=()
 # lives only across the backward reads. A recomputed step runs the same kernel on the same
 # values, so the results are bit-identical; a BatchNormalization recomputed in training mode
 # leaves the running statistics alone (the forward pass has updated them once already).
-# Each candidate is kept only when the planned region shrinks.
-
-RECOMPUTABLE = (op.RELU, op.SIGMOID, op.TANH, op.SOFTPLUS, op.LEAKY_RELU, op.CLIP,
-                op.HARD_SIGMOID, op.HARD_SWISH, op.EXP_LINEAR, op.ERF, op.GELU, op.SOFTSIGN,
-                op.PRELU, op.ADD, op.SUB, op.MUL, op.DIV, op.CHANNEL_AFFINE,
-                op.BATCH_NORM_INFERENCE, op.BATCH_NORM_TRAINING, op.GROUP_NORM)
+# Each candidate is kept only when the planned region shrinks. Which steps are cheap enough
+# is the op table's flag "recomputable" (contract/ops.py RECOMPUTABLE).
 
 
 def _region(program, tensors):
-    from .plan import lifetimes, plan
     spans = lifetimes(program, tensors)
     return plan([(tensors[s].size, first, last) for s, (first, last) in spans.items()])[1]
 
@@ -100,7 +95,6 @@ class _Uses:
 def _recompute_plan(steps, tensors, uses, storage, at, boundary, chain):
     """Append to `chain` the forward steps that recompute `storage` at step `at`, inputs
     first; False when some input would have to be kept alive longer for it."""
-    from .lower import ACTIVATION
     i = uses.writer.get(storage)
     if i is None or i >= boundary or steps[i].op not in RECOMPUTABLE:
         return False
@@ -121,7 +115,6 @@ def _recompute_plan(steps, tensors, uses, storage, at, boundary, chain):
 def _apply_recompute(program, lowering, storage, boundary):
     """Recompute `storage` right before its first backward reader; returns the new steps
     list, or None when that is not possible."""
-    from .lower import Step, Tensor
     steps, tensors = program.steps, lowering.tensors
     uses = _Uses(steps, tensors)
     readers = [i for i in uses.touch.get(storage, []) if i >= boundary]
@@ -167,7 +160,6 @@ def _apply_recompute(program, lowering, storage, boundary):
 def recompute_activations(program, lowering, forward_nodes):
     """Recompute cheap forward activations in the backward pass of `program` (in place)
     wherever that shrinks its planned region. Returns [(tensor name, steps added)]."""
-    from .lower import ACTIVATION
     tensors = lowering.tensors
     boundary = 0
     while boundary < len(program.steps) and program.steps[boundary].node in forward_nodes:
@@ -220,7 +212,6 @@ def _mask_plan(program, tensors, storage, boundary):
 def mask_relus(program, lowering, forward_nodes):
     """Keep 1-bit masks instead of ReLU outputs (see above) wherever that pays; changes
     `program` in place. Returns the names of the ReLU outputs no longer kept."""
-    from .lower import ACTIVATION, INT32, Step, Tensor
     tensors = lowering.tensors
     boundary = 0
     while boundary < len(program.steps) and program.steps[boundary].node in forward_nodes:

@@ -10,9 +10,9 @@ The algorithm (the greedy planner TensorFlow Lite Micro uses):
 The lower bound no plan can beat is the largest total size of buffers alive at one step."""
 import dataclasses
 
-from ..opcodes import INT_CLAMP_BIAS_GRAD, INT_CONV_GRAD_INPUT, QLINEAR_CONV, QLINEAR_GEMM
-from .lower import (ACTIVATION, BYTE_TYPES, CONSTANT, CONTROL, FLOAT, GRAD, INPUT, INT32, LABEL,
-                    NO_TENSOR, OPTIMIZER_STATE, PARAM)
+from ..contract.ops import WEIGHT_ARGUMENT
+from ..ir import (ACTIVATION, BYTE_TYPES, CONSTANT, CONTROL, FLOAT, GRAD, INPUT, INT32, LABEL,
+                  NO_TENSOR, OPTIMIZER_STATE, PARAM)
 
 
 
@@ -96,12 +96,10 @@ def picture(buffers, offsets, size, width=64, names=None):
 # -- the blob's two arenas ---------------------------------------------------------------
 
 PERSISTENT_ORDER = (INPUT, LABEL, PARAM, GRAD, OPTIMIZER_STATE, CONSTANT, CONTROL)
-# The int8 kernels that read their weight (this tensor argument) through a buffer of its
-# own rather than the byte arena (signature kind "w"): an int8 constant read only there takes no arena space. A
-# board reads it in place from the blob in flash; a blob loaded from a file gets one buffer
-# of such weights.
-WEIGHT_ARGUMENT = {QLINEAR_GEMM: 2, QLINEAR_CONV: 2, INT_CONV_GRAD_INPUT: 2,
-                   INT_CLAMP_BIAS_GRAD: 5}     # (its checker reads the weight's scales only)
+# The int8 kernels read their weight (contract.ops.WEIGHT_ARGUMENT: the tensor argument of
+# kind "w") through a buffer of its own rather than the byte arena: an int8 constant read
+# only there takes no arena space. A board reads it in place from the blob in flash; a blob
+# loaded from a file gets one buffer of such weights.
 
 
 def mark_in_place(lowering):

@@ -7,7 +7,7 @@ import tempfile
 
 from microtrain import blob as device_blob
 
-from ..pipeline.artifacts import generate_artifacts
+from ..artifacts import generate_artifacts
 from ..pipeline.pack import TRAINING_PROGRAMS
 from ..pipeline.sparse import layers, sparse_update
 from .memory_plan import persistent_parts, timelines

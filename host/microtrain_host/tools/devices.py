@@ -171,7 +171,7 @@ def buffer_to_checkpoint(artifacts, buffer, path):
     """Write a flat buffer as a checkpoint (ORT's format, no optimizer state), laid out
     exactly as `microtrain aggregate` writes its result."""
     from microtrain import blob as device_blob
-    from ..pipeline.checkpoint import write_checkpoint
+    from ..formats.checkpoint import write_checkpoint
     b = device_blob.load(os.path.join(str(artifacts), "model.mtb"))
     buffer = np.asarray(buffer, np.float32)
     trainable, frozen, at = {}, {}, 0

@@ -24,7 +24,7 @@ import os
 
 import numpy as np
 
-from ..pipeline.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
+from ..formats.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from ..errors import CheckpointError
 
 

@@ -30,7 +30,7 @@ def describe(path, steps=True, plan=False, scales=False, checkpoint=None):
     b = device_blob.load(str(path), keep_steps=True)
     values = None
     if checkpoint is not None:
-        from ..pipeline.checkpoint import read_checkpoint
+        from ..formats.checkpoint import read_checkpoint
         state = read_checkpoint(str(checkpoint))
         values = {**state.trainable, **state.frozen}
     lines = []

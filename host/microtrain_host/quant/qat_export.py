@@ -16,6 +16,8 @@ parameters. The device derives the multipliers at load, as for any int8 blob.
 The export program's results stay in the arenas until the template is streamed: the int8
 weights in the byte arena (a quarter of the quantized layers' float weights), biases, heads
 and zero points in the int arena, scales in the float arena."""
+import functools
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -23,9 +25,10 @@ from onnx import TensorProto, helper, numpy_helper
 from ..errors import ArtifactError, UnsupportedOpError
 from ..graph import DOMAIN, attr
 from ..ops.quant import FLOAT32_EPS, QUANT_RANGES, WEIGHT_QMAX
-from .export import inference_model
+from ..ir import BYTE_TYPES, CONSTANT, INPUT, PARAM
+from ..pipeline.inference import inference_model
+from ..pipeline.lower import Lowering, meta_names
 from .int8 import int8_graph
-from .lower import BYTE_TYPES, CONSTANT, INPUT, PARAM, Lowering, meta_names
 from .qdq import qdq_model
 from .quantize import quantization_metadata
 
@@ -146,15 +149,17 @@ def export_graph(eval_model, fused, layers, observers):
 
 def lower_export(training, eval_model):
     """Lower the export program into the training blob's Lowering (before its arenas are
-    planned). Returns what inference_template needs, or None (the blob keeps a float
-    inference template)."""
+    planned). Returns the int8 template's lowering, template(training lowering) ->
+    (its Lowering, spliced tensors) (pipeline/inference.py inference_template), or None
+    (the blob keeps a float inference template)."""
     parts = skeleton(eval_model)
     if parts is None:
         return None
     qdq, fused, layers, observers = parts
     training.lower(EXPORT_PROGRAM, export_graph(eval_model, fused, layers, observers))
     meta = {p.key: p.value for p in eval_model.metadata_props}
-    return qdq, fused, layers, dict(training.local), set(meta_names(meta, "params"))
+    parts = qdq, fused, layers, dict(training.local), set(meta_names(meta, "params"))
+    return functools.partial(lower_int8_template, parts)
 
 
 def lower_int8_template(parts, training):
@@ -188,18 +193,18 @@ def lower_int8_template(parts, training):
                 raise ArtifactError(f"inference tensor '{key}' has no counterpart in the "
                                     f"training blob to take its values from")
             t.role, t.data = CONSTANT, bytes(4 * t.size)
-            spliced.append((tid, 6, source))
+            spliced.append((tid, "data", source))
         elif key.endswith(".requant"):
-            spliced.append((tid, 6, exported[key[:-len(".requant")] + ".header"]))
+            spliced.append((tid, "data", exported[key[:-len(".requant")] + ".header"]))
         elif key in exported and t.role == CONSTANT:       # int8 weights, int32 biases
-            spliced.append((tid, 6, exported[key]))
+            spliced.append((tid, "data", exported[key]))
         if key in weight_scales:
-            spliced.append((tid, 9, exported[weight_scales[key]]))
+            spliced.append((tid, "scale", exported[weight_scales[key]]))
     for tid, t in enumerate(infer.tensors):
         if t.dtype in BYTE_TYPES and t.role != CONSTANT and len(t.scale):
             if t.name not in observer_of:
                 raise ArtifactError(f"int8 export: no QuantizeLinear makes '{t.name}'")
             scale, zero_point = observer_of[t.name]
-            spliced.append((tid, 9, exported[scale]))
-            spliced.append((tid, 10, exported[zero_point + ZERO_POINT_INT]))
+            spliced.append((tid, "scale", exported[scale]))
+            spliced.append((tid, "zero_point", exported[zero_point + ZERO_POINT_INT]))
     return infer, spliced

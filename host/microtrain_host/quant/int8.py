@@ -29,9 +29,11 @@ from onnx import TensorProto, helper, numpy_helper, shape_inference
 from ..errors import ArtifactError
 from ..graph import DOMAIN, attr
 from ..ops.quant import requant_head
-from .checkpoint import write_atomically
-from .lower import INPUT, Lowering
-from .plan import assign_offsets
+from ..formats.blob import serialize
+from ..formats.files import write_atomically
+from ..ir import INPUT
+from ..pipeline.lower import Lowering
+from ..pipeline.plan import assign_offsets
 
 FUSED_OPS = ("Conv", "Gemm", "MatMul")
 VIEW_OPS = ("Flatten", "Reshape", "Squeeze", "Unsqueeze")
@@ -366,7 +368,6 @@ def is_qdq_model(model):
 def pack_inference_model(model, path):
     """Lower a QDQ model (ModelProto or path) into an int8 inference blob at `path` for
     microtrain.InferenceSession. Returns the blob's bytes."""
-    from .pack import _write
     if not isinstance(model, onnx.ModelProto):
         model = onnx.load(os.fspath(model))
     fused = int8_graph(model)
@@ -375,8 +376,8 @@ def pack_inference_model(model, path):
     lowering = Lowering(roles)
     lowering.lower("infer", fused)
     # the layout of a QAT blob's device export (pipeline/qat_export.py): values not shared
-    data = _write(lowering, [], assign_offsets(lowering), "", 0, None, None,
-                  share_quantization=False)
+    data = serialize(lowering, [], assign_offsets(lowering), "", 0, None, None,
+                     share_quantization=False)
     try:
         write_atomically(os.fspath(path), data)
     except OSError as e:

@@ -1,29 +1,30 @@
 """generate_artifacts: ONNX model -> training, eval and optimizer graphs, checkpoint, blob.
 
-Names, files and semantics follow onnxruntime.training.artifacts.generate_artifacts."""
+Names, files and semantics follow onnxruntime.training.artifacts.generate_artifacts. The
+driver of the pipeline (pipeline/: load -> ... -> pack) and of the quantization lines
+(quant/: QAT's fake quantization, a QDQ model's int8 layers, a QAT blob's int8 export)."""
 import dataclasses
 import os
-import tempfile
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from . import checkpoint as ckpt
-from .autodiff import build_gradients
-from ..errors import ArtifactError, MicrotrainHostError
-from ..graph import DOMAIN, DOMAIN_VERSION, GraphBuilder
-from .losses import LOSS_BLOCKS, LossType
-from .int8 import ALL_WEIGHTS, int8_graph, is_qdq_model
-from .load import constant_value, load_model, tensor_shapes
-from ..ops.norm import folded_parameters, inference_form
-from .optimizers import DEFAULTS, OptimType, build_optimizer_graph, grad_buffer
-from .pack import TRAINING_PROGRAMS, blob_bytes, write_blob
-from .params import split_parameters
-from .quantize import METADATA_KEY, QuantizationConfig, eval_form, quantize_model
-from .upgrade import source_opset
-
-LAZY_RESET_GRAD = "lazy_reset_grad"
+from .errors import ArtifactError, MicrotrainHostError
+from .formats import checkpoint as ckpt
+from .graph import DOMAIN, DOMAIN_VERSION, GraphBuilder
+from .ir import LAZY_RESET_GRAD, LEARNING_RATE, STEP, grad_buffer
+from .ops.norm import folded_parameters, inference_form
+from .pipeline.autodiff import build_gradients
+from .pipeline.load import constant_value, load_model, tensor_shapes
+from .pipeline.losses import LOSS_BLOCKS, LossType
+from .pipeline.optimizers import DEFAULTS, OptimType, build_optimizer_graph
+from .pipeline.pack import blob_bytes, lower_and_plan, write_blob
+from .pipeline.params import split_parameters
+from .pipeline.upgrade import source_opset
+from .quant.int8 import ALL_WEIGHTS, int8_graph, is_qdq_model
+from .quant.qat_export import lower_export
+from .quant.quantize import METADATA_KEY, QuantizationConfig, eval_form, quantize_model
 
 
 @dataclasses.dataclass
@@ -109,6 +110,65 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
     from the forward pass, wherever that shrinks the arena (pipeline/moves.py).
     sparse_update(model, ...) gives requires_grad for the biases and the last layers."""
     stage = _stages(progress)
+    options = dict(batch_size=batch_size, loss=loss, optimizer=optimizer,
+                   loss_input_names=loss_input_names, optimizer_options=optimizer_options,
+                   additional_output_names=additional_output_names, quantization=quantization,
+                   update_in_backward=update_in_backward, recompute=recompute)
+    graphs = _graphs(model, requires_grad, frozen_params, stage=stage, **options)
+
+    # The blob first: a model that cannot be packed leaves the directory as it was.
+    full_training = (0, 0)
+    if not graphs.trains_everything:
+        stage("full-training figures")
+        full_training = _full_training_figures(graphs.source, options)
+    stage("lower, plan, pack")
+    blob = blob_bytes(graphs.training_model, graphs.eval_model, graphs.optimizer_model,
+                      graphs.options, full_training, lower_export)
+
+    stage("write")
+    directory = artifact_directory if artifact_directory is not None else os.getcwd()
+    os.makedirs(directory, exist_ok=True)
+    path = lambda name: os.path.join(directory, prefix + name)  # noqa: E731
+    trainable, frozen, values = graphs.trainable, graphs.frozen, graphs.values
+    written = Artifacts(
+        training_model=_save(graphs.training_model, path("training_model.onnx")),
+        eval_model=_save(graphs.eval_model, path("eval_model.onnx")),
+        optimizer_model=_save(graphs.optimizer_model, path("optimizer_model.onnx"))
+        if graphs.optimizer_model is not None else None,
+        checkpoint=path("checkpoint"),
+        nominal_checkpoint=path("nominal_checkpoint") if nominal_checkpoint else None,
+        blob=path("model.mtb"), trainable=trainable, frozen=frozen,
+        loss_name=graphs.loss_name, folded=graphs.folded, source_opset=graphs.source_opset)
+    ckpt.write_checkpoint(written.checkpoint, {p: values[p] for p in trainable},
+                          {p: values[p] for p in frozen})
+    if nominal_checkpoint:
+        ckpt.write_checkpoint(written.nominal_checkpoint, {p: values[p] for p in trainable},
+                              {p: values[p] for p in frozen}, nominal=True)
+    write_blob(written.blob, blob)
+    return written
+
+
+@dataclasses.dataclass
+class _Graphs:
+    """What generate_artifacts builds before anything is lowered or written."""
+    training_model: onnx.ModelProto
+    eval_model: onnx.ModelProto
+    optimizer_model: onnx.ModelProto | None
+    options: dict | None        # the optimizer's options, defaults filled in
+    trainable: list
+    frozen: list
+    folded: list
+    values: dict                # parameter name -> float32 array (the checkpoint's)
+    loss_name: str
+    source_opset: int | None
+    trains_everything: bool
+    source: onnx.ModelProto     # what the full-training figures start from
+
+
+def _graphs(model, requires_grad, frozen_params, *, stage, batch_size, loss, optimizer,
+            loss_input_names, optimizer_options, additional_output_names, quantization,
+            update_in_backward, recompute):
+    """The training, eval and optimizer graphs of generate_artifacts (same arguments)."""
     loss = _enum(loss, LossType, "loss")
     stage("load")
     optimizer = _enum(optimizer, OptimType, "optimizer")
@@ -216,12 +276,12 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
         # each one right after the last step that needs its parameter's old value.
         ins, outs = build_optimizer_graph(g, optimizer, trainable, options, gradients=grads)
         states = [name for name in ins if name not in trainable and name not in grads.values()
-                  and name not in ("learning_rate", "step")]
+                  and name not in (LEARNING_RATE, STEP)]
         optimizer_meta["update_in_backward"] = "1"
         optimizer_meta["optimizer_states"] = ",".join(states)
         training_model = _make_model(
             model, g, list(graph.node) + list(g.nodes),
-            user_inputs + labels + params + states + ["learning_rate", "step"],
+            user_inputs + labels + params + states + [LEARNING_RATE, STEP],
             [loss_name] + outs, constants + list(g.initializers), "training", optimizer_meta)
     else:
         g.shapes[LAZY_RESET_GRAD] = (TensorProto.BOOL, (1,))
@@ -243,40 +303,10 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
             optimizer_model = _make_model(model, og, og.nodes, ins, outs, [], "optimizer",
                                           optimizer_meta)
 
-    # The blob first: a model that cannot be packed leaves the directory as it was.
-    full_training = (0, 0)
-    if not trains_everything:
-        stage("full-training figures")
-        full_training = _full_training_figures(
-            original if quant_record is not None else model, batch_size=batch_size,
-            loss=loss, optimizer=optimizer, loss_input_names=loss_input_names,
-            optimizer_options=optimizer_options, additional_output_names=additional_output_names,
-            quantization=quantization, update_in_backward=update_in_backward,
-            recompute=recompute)
-    stage("lower, plan, pack")
-    blob = blob_bytes(training_model, eval_model, optimizer_model, options, full_training)
-
-    stage("write")
-    directory = artifact_directory if artifact_directory is not None else os.getcwd()
-    os.makedirs(directory, exist_ok=True)
-    path = lambda name: os.path.join(directory, prefix + name)  # noqa: E731
     values = {name: g.values[name].astype(np.float32) for name in params}
-    written = Artifacts(
-        training_model=_save(training_model, path("training_model.onnx")),
-        eval_model=_save(eval_model, path("eval_model.onnx")),
-        optimizer_model=_save(optimizer_model, path("optimizer_model.onnx"))
-        if optimizer_model is not None else None,
-        checkpoint=path("checkpoint"),
-        nominal_checkpoint=path("nominal_checkpoint") if nominal_checkpoint else None,
-        blob=path("model.mtb"), trainable=trainable, frozen=frozen, loss_name=loss_name,
-        folded=folded, source_opset=source_opset(model))
-    ckpt.write_checkpoint(written.checkpoint, {p: values[p] for p in trainable},
-                          {p: values[p] for p in frozen})
-    if nominal_checkpoint:
-        ckpt.write_checkpoint(written.nominal_checkpoint, {p: values[p] for p in trainable},
-                              {p: values[p] for p in frozen}, nominal=True)
-    write_blob(written.blob, blob)
-    return written
+    return _Graphs(training_model, eval_model, optimizer_model, options, trainable, frozen,
+                   folded, values, loss_name, source_opset(model), trains_everything,
+                   original if quant_record is not None else model)
 
 
 STAGES = ("load", "loss", "gradients", "optimizer", "lower, plan, pack", "write")
@@ -305,15 +335,14 @@ def _check_update_in_backward(optimizer, optimizer_options):
                             "(clip_grad_norm): that needs every gradient before any update")
 
 
-def _full_training_figures(model, **kwargs):
+def _full_training_figures(model, options):
     """(float arena, train steps) of the model with every parameter trained, for inspect to
-    show what freezing saved; (0, 0) when the model cannot train them all."""
-    from microtrain import blob as device_blob
-    with tempfile.TemporaryDirectory() as directory:
-        try:
-            result = generate_artifacts(model, artifact_directory=directory, **kwargs)
-        except MicrotrainHostError:
-            return (0, 0)
-        b = device_blob.load(result.blob)
-        return b.float_arena, sum(len(b.programs[p].steps) for p in TRAINING_PROGRAMS
-                                  if p in b.programs)
+    show what freezing saved; (0, 0) when the model cannot train them all. Lowered and
+    planned in memory, nothing written."""
+    try:
+        graphs = _graphs(model, None, None, stage=lambda name: None, **options)
+        planned = lower_and_plan(graphs.training_model, graphs.eval_model,
+                                 graphs.optimizer_model, graphs.options, lower_export)
+    except MicrotrainHostError:
+        return (0, 0)
+    return planned.sizes[0], planned.steps

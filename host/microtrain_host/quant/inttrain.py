@@ -28,11 +28,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ..errors import ArtifactError, UnsupportedOpError
 from ..graph import DOMAIN, attr
-from .checkpoint import write_atomically, write_checkpoint
+from ..formats.blob import serialize
+from ..formats.checkpoint import write_checkpoint
+from ..formats.files import write_atomically
+from ..ir import INPUT, LABEL, PARAM
+from ..pipeline.lower import Lowering
+from ..pipeline.plan import assign_offsets
 from .int8 import int8_graph
-from .lower import INPUT, LABEL, PARAM, Lowering
-from .optimizers import OptimType
-from .plan import assign_offsets
 
 BLOB, CHECKPOINT, INFO = "int8_train.mtb", "int8_train.ckpt", "int8_train.json"
 LOGITS, LOSS, GRAD = "inttrain.logits", "inttrain.loss", "inttrain.grad"
@@ -353,10 +355,9 @@ def int8_training_artifacts(qdq_model, out_dir, learning_rate=0.01, stochastic=T
     lowering.quantization = quantization
     lowering.lower("train", train)
     lowering.lower("eval", evaluate)
-    from .pack import _write
     parameters = [(lowering.persistent[name], -1, (), False) for name in params]
-    data = _write(lowering, parameters, assign_offsets(lowering), "int_softmax_cross_entropy",
-                  info["classes"], OptimType.SGD, {"learning_rate": float(learning_rate)})
+    data = serialize(lowering, parameters, assign_offsets(lowering), "int_softmax_cross_entropy",
+                     info["classes"], "SGD", {"learning_rate": float(learning_rate)})
     out = os.fspath(out_dir)
     os.makedirs(out, exist_ok=True)
     paths = {key: os.path.join(out, name) for key, name in

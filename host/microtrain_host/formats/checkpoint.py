@@ -1,12 +1,12 @@
 """Training checkpoints in ONNX Runtime's layout (identifier "ODTC", version 2).
 
-The schema is `schema/checkpoint.fbs`. The host writes with the `flatbuffers` Builder and
-reads with a small bounds-checked reader of its own (the `flatbuffers` package trusts its
-input: a corrupt offset there gives an IndexError, a wrong value, or a negative index that
-silently wraps around). Every problem with a file is reported as a `CheckpointError` that
-names the file and says what is wrong.
+The schema is `contract/checkpoint.fbs` (field numbers, types and defaults are read from it).
+One codec both ways: the host writes with the `flatbuffers` Builder and reads with a small
+bounds-checked reader (formats/flatbuf.py). Every problem with a file is reported as a
+`CheckpointError` that names the file and says what is wrong.
 
-Only float32 tensors are supported, which is all microtrain trains.
+Tensors are float32, or (integer training: quant/inttrain.py) int8 weights and int32 biases
+with the device's int16 / int32 momentum velocities.
 
 Integrity: ORT's format has no checksum, so a flipped bit inside raw tensor data would load
 unnoticed. microtrain appends an 8-byte trailer after the FlatBuffer - the CRC-32 of every
@@ -21,24 +21,32 @@ and every single flipped byte is refused.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
-import secrets
 import struct
-
 import zlib
 
 import flatbuffers
 import numpy as np
 
-from microtrain_host.errors import CheckpointError
+from ..contract import facts, schema
+from ..errors import CheckpointError
+from .files import write_atomically
+from .flatbuf import Reader, write_table
 
-IDENTIFIER = b"ODTC"
-VERSION = 2
+SCHEMA = schema.checkpoint_schema()
+IDENTIFIER = facts.CHECKPOINT_IDENTIFIER.encode()
+VERSION = facts.CHECKPOINT_VERSION
 ONNX_FLOAT = 1
 _INTEGER_TYPES = {"|i1": (3, "i1"), "<i4": (6, "<i4")}   # kept by keep_integers only
 GROUP_NAME = "group0"
-TRAILER_MAGIC = b"MTCK"
+TRAILER_MAGIC = facts.CHECKPOINT_TRAILER.encode()
 TRAILER_SIZE = 8  # u32 CRC-32 of the FlatBuffer, then TRAILER_MAGIC
+_TENSOR, _MODULE, _STATE, _GROUP, _BAG, _ROOT = (
+    SCHEMA[t] for t in ("Tensor", "ModuleState", "ParameterOptimizerState", "OptimizerGroup",
+                        "PropertyBag", "Checkpoint"))
+_PROPERTIES = {int: SCHEMA["IntProperty"], float: SCHEMA["FloatProperty"],
+               str: SCHEMA["StringProperty"]}
 
 # ONNX TensorProto.DataType names, for messages.
 _ONNX_TYPE_NAMES = {
@@ -47,15 +55,12 @@ _ONNX_TYPE_NAMES = {
     13: "UINT64", 14: "COMPLEX64", 15: "COMPLEX128", 16: "BFLOAT16",
 }
 
-# Field numbers, in schema order (a field's vtable slot is 4 + 2 * number).
-_TENSOR_NAME, _TENSOR_DOC, _TENSOR_DIMS, _TENSOR_TYPE, _TENSOR_RAW, _TENSOR_STRINGS, \
-    _TENSOR_EXTERNAL = range(7)
-_MODULE_TRAINABLE, _MODULE_FROZEN, _MODULE_NOMINAL, _MODULE_EXTERNAL = range(4)
-_STATE_PARAM, _STATE_MOMENTUMS = range(2)
-_GROUP_NAME, _GROUP_STEP, _GROUP_LR, _GROUP_STATES = range(4)
-_PROP_NAME, _PROP_VALUE = range(2)
-_BAG_INTS, _BAG_FLOATS, _BAG_STRINGS = range(3)
-_ROOT_VERSION, _ROOT_MODULE, _ROOT_GROUPS, _ROOT_BAG, _ROOT_CRC_TRAILER = range(5)
+# ONNX data type -> (stored numpy type, type of the array read). Integer training
+# (quant/inttrain.py) writes int8 weights and int32 biases, and the device saves their
+# integer momentum velocities as int16 / int32 momentum0 tensors; they stay integers here.
+_NUMPY_TYPES = {ONNX_FLOAT: ("<f4", np.float32), 3: ("i1", np.int8), 5: ("<i2", np.int16),
+                6: ("<i4", np.int32)}
+assert set(_NUMPY_TYPES) == set(facts.CHECKPOINT_TENSOR_TYPES)
 
 _INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 
@@ -131,12 +136,9 @@ def build_checkpoint(trainable: dict[str, np.ndarray], frozen: dict[str, np.ndar
     lists = []
     for params in (trainable, frozen):
         lists.append(w.tables([w.tensor(name, a, nominal) for name, a in params.items()]))
-    b.StartObject(4)
-    b.PrependUOffsetTRelativeSlot(_MODULE_TRAINABLE, lists[0], 0)
-    b.PrependUOffsetTRelativeSlot(_MODULE_FROZEN, lists[1], 0)
-    b.PrependBoolSlot(_MODULE_NOMINAL, bool(nominal), False)
-    b.PrependBoolSlot(_MODULE_EXTERNAL, False, False)
-    module = b.EndObject()
+    module = write_table(b, _MODULE, [("requires_grad_params", lists[0]),
+                                      ("frozen_params", lists[1]),
+                                      ("is_nominal_state", nominal), ("has_external_data", False)])
 
     groups = 0
     if optimizer_step is not None or moments:
@@ -144,18 +146,13 @@ def build_checkpoint(trainable: dict[str, np.ndarray], frozen: dict[str, np.ndar
         for name, ms in moments.items():
             tensors = w.tables([w.tensor(f"momentum{i}", m, False) for i, m in enumerate(ms)])
             param = w.string(name)
-            b.StartObject(2)
-            b.PrependUOffsetTRelativeSlot(_STATE_PARAM, param, 0)
-            b.PrependUOffsetTRelativeSlot(_STATE_MOMENTUMS, tensors, 0)
-            states.append(b.EndObject())
+            states.append(write_table(b, _STATE, [("param_name", param),
+                                                  ("momentums", tensors)]))
         states_vector = w.tables(states)
         group_name = w.string(GROUP_NAME)
-        b.StartObject(4)
-        b.PrependInt64Slot(_GROUP_STEP, optimizer_step or 0, 0)
-        b.PrependUOffsetTRelativeSlot(_GROUP_NAME, group_name, 0)
-        b.PrependFloat32Slot(_GROUP_LR, lr, 0.0)
-        b.PrependUOffsetTRelativeSlot(_GROUP_STATES, states_vector, 0)
-        groups = w.tables([b.EndObject()])
+        groups = w.tables([write_table(b, _GROUP, [
+            ("step", optimizer_step or 0), ("group_name", group_name),
+            ("initial_learning_rate", lr), ("optimizer_states", states_vector)])])
 
     bag = 0
     if props:
@@ -165,31 +162,18 @@ def build_checkpoint(trainable: dict[str, np.ndarray], frozen: dict[str, np.ndar
             for name in sorted(n for n, v in props.items() if type(v) is kind):
                 value = props[name]
                 name_off = w.string(name)
-                value_off = w.string(value) if kind is str else 0
-                b.StartObject(2)
-                if kind is int:
-                    b.PrependInt64Slot(_PROP_VALUE, value, 0)
-                elif kind is float:
-                    b.PrependFloat32Slot(_PROP_VALUE, value, 0.0)
-                b.PrependUOffsetTRelativeSlot(_PROP_NAME, name_off, 0)
-                if kind is str:
-                    b.PrependUOffsetTRelativeSlot(_PROP_VALUE, value_off, 0)
-                entries.append(b.EndObject())
+                if kind is str:    # the value's string before the table, as its name's
+                    entry = [("name", name_off), ("value", w.string(value))]
+                else:
+                    entry = [("value", value), ("name", name_off)]
+                entries.append(write_table(b, _PROPERTIES[kind], entry))
             kinds.append(w.tables(entries))
-        b.StartObject(3)
-        for index, vector in zip((_BAG_INTS, _BAG_FLOATS, _BAG_STRINGS), kinds):
-            b.PrependUOffsetTRelativeSlot(index, vector, 0)
-        bag = b.EndObject()
+        bag = write_table(b, _BAG, list(zip(("ints", "floats", "strings"), kinds)))
 
-    b.StartObject(5)
-    b.PrependBoolSlot(_ROOT_CRC_TRAILER, True, False)
-    b.PrependInt32Slot(_ROOT_VERSION, VERSION, 0)
-    b.PrependUOffsetTRelativeSlot(_ROOT_MODULE, module, 0)
-    if groups:
-        b.PrependUOffsetTRelativeSlot(_ROOT_GROUPS, groups, 0)
-    if bag:
-        b.PrependUOffsetTRelativeSlot(_ROOT_BAG, bag, 0)
-    b.Finish(b.EndObject(), file_identifier=IDENTIFIER)
+    root = write_table(b, _ROOT, [("crc32_trailer", True), ("version", VERSION),
+                                  ("module_state", module), ("optimizer_groups", groups or None),
+                                  ("property_bag", bag or None)])
+    b.Finish(root, file_identifier=IDENTIFIER)
     body = w.output()
     return body + struct.pack("<I", zlib.crc32(body)) + TRAILER_MAGIC
 
@@ -249,13 +233,8 @@ class _Writer:
         dims = self.int64s(array.shape)
         kind = _INTEGER_TYPES.get(array.dtype.str, (ONNX_FLOAT, "<f4"))
         raw = self.raw(b"" if nominal else array.astype(kind[1], copy=False).tobytes())
-        b = self.builder
-        b.StartObject(7)
-        b.PrependUOffsetTRelativeSlot(_TENSOR_RAW, raw, 0)
-        b.PrependUOffsetTRelativeSlot(_TENSOR_DIMS, dims, 0)
-        b.PrependUOffsetTRelativeSlot(_TENSOR_NAME, name_off, 0)
-        b.PrependInt32Slot(_TENSOR_TYPE, kind[0], 0)
-        return b.EndObject()
+        return write_table(self.builder, _TENSOR, [("raw_data", raw), ("dims", dims),
+                                                   ("name", name_off), ("data_type", kind[0])])
 
     def output(self) -> bytes:
         data = bytes(self.builder.Output())
@@ -343,25 +322,142 @@ def _float32(value, what: str) -> float:
     return value
 
 
-def write_atomically(path: str, data: bytes) -> None:
-    """Write a temporary file in the same directory, fsync it, then os.replace it over
-    `path`: an interrupted write never leaves a half-written file there. Raises OSError."""
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+# --------------------------------------------------------------------------- reading
+
+def read_checkpoint(path) -> Checkpoint:
+    """Read and validate a checkpoint file; any problem raises CheckpointError."""
+    path = os.fspath(path)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise CheckpointError(f"cannot read checkpoint '{path}': {e}") from e
+    return parse_checkpoint(data, path)
+
+
+def parse_checkpoint(data: bytes, source: str = "<bytes>") -> Checkpoint:
+    """Read a checkpoint from bytes; `source` names it in error messages."""
+    reader = Reader(bytes(data), CheckpointError, f"checkpoint '{source}': ")
+    try:
+        return _parse(reader)
+    except CheckpointError:
         raise
+    except (struct.error, IndexError, ValueError, OverflowError, MemoryError) as e:
+        # Belt and braces: the reader checks every position, so this is not expected.
+        reader.fail(f"corrupt ({type(e).__name__}: {e})")
 
 
-# Reading lives in checkpoint_reader.py; the format's public functions stay importable here.
-from .checkpoint_reader import parse_checkpoint, read_checkpoint  # noqa: E402,F401
+def _check_trailer(r: Reader) -> bool:
+    """Verify and cut off microtrain's CRC-32 trailer; False when the file has none."""
+    if r.size < 8 + TRAILER_SIZE or r.data[-4:] != TRAILER_MAGIC:
+        return False
+    body = r.data[:-TRAILER_SIZE]
+    if zlib.crc32(body) != struct.unpack_from("<I", r.data, r.size - TRAILER_SIZE)[0]:
+        r.fail("corrupt: the CRC-32 of the file does not match its trailer")
+    r.data, r.size = body, len(body)
+    return True
+
+
+def _parse(r: Reader) -> Checkpoint:
+    if r.size < 8 or r.data[4:8] != IDENTIFIER:
+        found = r.data[4:8]
+        hint = " (it looks size-prefixed)" if r.data[8:12] == IDENTIFIER else ""
+        r.fail(f"not a training checkpoint: file identifier {found!r}, expected "
+               f"{IDENTIFIER!r}{hint}")
+    checked = _check_trailer(r)
+    root = r.root()
+    version = r.scalar(root, _ROOT["version"])
+    if version != VERSION:
+        r.fail(f"checkpoint format version {version} is not supported (expected {VERSION})")
+    if r.scalar(root, _ROOT["crc32_trailer"]) and not checked:
+        r.fail("truncated or corrupt: the CRC-32 trailer this file was written with is missing")
+
+    ckpt = Checkpoint(trainable={}, frozen={}, checked=checked)
+    module = r.subtable(root, _ROOT["module_state"], "module_state")
+    if module is not None:
+        ckpt.is_nominal = bool(r.scalar(module, _MODULE["is_nominal_state"]))
+        if r.scalar(module, _MODULE["has_external_data"]):
+            r.fail("parameters stored as external data are not supported")
+        for field, params, kind in ((_MODULE["requires_grad_params"], ckpt.trainable,
+                                     "trainable parameter"),
+                                    (_MODULE["frozen_params"], ckpt.frozen, "frozen parameter")):
+            for t in r.tables(module, field, kind):
+                name, array = _read_tensor(r, t, ckpt.is_nominal)
+                if name in ckpt.trainable or name in ckpt.frozen:
+                    r.fail(f"parameter '{name}' appears twice")
+                params[name] = array
+
+    groups = r.tables(root, _ROOT["optimizer_groups"], "optimizer group")
+    if len(groups) > 1:
+        r.fail(f"{len(groups)} optimizer groups; only one is supported")
+    for group in groups:
+        r.string(group, _GROUP["group_name"], "optimizer group name")
+        ckpt.optimizer_step = r.scalar(group, _GROUP["step"])
+        ckpt.initial_learning_rate = r.scalar(group, _GROUP["initial_learning_rate"])
+        for state in r.tables(group, _GROUP["optimizer_states"], "parameter optimizer state"):
+            name = r.string(state, _STATE["param_name"], "param_name")
+            moments = [_read_tensor(r, t, False)
+                       for t in r.tables(state, _STATE["momentums"], f"momentum of '{name}'")]
+            if name not in ckpt.trainable:
+                r.fail(f"optimizer state for '{name}', which is not a trainable parameter")
+            if name in ckpt.momentums:
+                r.fail(f"optimizer state for '{name}' appears twice")
+            moments.sort(key=lambda m: (len(m[0]), m[0]))  # momentum0, momentum1, ..., momentum10
+            if not ckpt.is_nominal:
+                for moment, value in moments:
+                    if value.shape != ckpt.trainable[name].shape:
+                        r.fail(f"{moment} of '{name}' has shape {value.shape}; the parameter "
+                               f"has shape {ckpt.trainable[name].shape}")
+            ckpt.momentums[name] = [value for _, value in moments]
+
+    bag = r.subtable(root, _ROOT["property_bag"], "property_bag")
+    if bag is not None:
+        for field, kind in (("ints", int), ("floats", float), ("strings", str)):
+            entry = _PROPERTIES[kind]
+            kind = kind.__name__.replace("str", "string")
+            for p in r.tables(bag, _BAG[field], f"{kind} property"):
+                name = r.string(p, entry["name"], f"{kind} property name")
+                if not name:
+                    r.fail(f"a {kind} property has no name")
+                if kind == "string":
+                    value = r.string(p, entry["value"], f"property '{name}'") or ""
+                else:
+                    value = r.scalar(p, entry["value"])
+                if name in ckpt.properties:
+                    r.fail(f"property '{name}' appears twice")
+                ckpt.properties[name] = value
+    return ckpt
+
+
+def _read_tensor(r: Reader, t, nominal: bool) -> tuple[str, np.ndarray]:
+    name = r.string(t, _TENSOR["name"], f"name of {t.what}")
+    if not name:
+        r.fail(f"{t.what} has no name")
+    what = f"tensor '{name}'"
+    r.string(t, _TENSOR["doc_string"], f"doc_string of {what}")
+    dims_pos, ndims = r.vector(t, _TENSOR["dims"], 8, f"dims of {what}")
+    dims = struct.unpack_from(f"<{ndims}q", r.data, dims_pos) if ndims else ()
+    dtype = r.scalar(t, _TENSOR["data_type"])
+    raw_pos, nbytes = r.vector(t, _TENSOR["raw_data"], 1, f"raw_data of {what}")
+    _, nstrings = r.vector(t, _TENSOR["string_data"], 4, f"string_data of {what}")
+    external = r.scalar(t, _TENSOR["external_data_offset"])
+    if dtype not in _NUMPY_TYPES:
+        type_name = _ONNX_TYPE_NAMES.get(dtype, "unknown")
+        r.fail(f"{what} has ONNX data type {dtype} ({type_name}); only FLOAT (1), INT8 (3), "
+               f"INT16 (5) and INT32 (6) are supported")
+    if external != -1:
+        r.fail(f"{what} keeps its data in an external file, which is not supported")
+    stored, kind = _NUMPY_TYPES[dtype]
+    if nstrings:
+        r.fail(f"{what} is a {_ONNX_TYPE_NAMES[dtype]} tensor but has string_data")
+    if nominal:
+        return name, np.zeros(0, dtype=kind)
+    if any(d < 0 for d in dims):
+        r.fail(f"{what} has a negative dimension in {list(dims)}")
+    count = math.prod(dims)
+    item = np.dtype(stored).itemsize
+    if nbytes != item * count:
+        r.fail(f"{what} has {nbytes} bytes of raw_data; dims {list(dims)} need {item * count}")
+    values = np.frombuffer(r.data, dtype=stored, count=count, offset=raw_pos) if count else \
+        np.zeros(0, dtype=stored)
+    return name, values.astype(kind).reshape(dims)

@@ -1,0 +1,244 @@
+"""Write the device's and the host's copies of the contract (and check them).
+
+    python -m microtrain_host.contract.generate          # rewrite what is stale
+    python -m microtrain_host.contract.generate --check  # exit 1 and name what is stale
+
+Whole files: device/microtrain/opcodes.py (op codes as const()s, SIGNATURES, kernel_module)
+and host/microtrain_host/opcodes.py (the same codes as plain ints), from contract/ops.py.
+
+Blocks inside device modules: a module that needs schema field numbers, dtypes, roles,
+control names or the optimizer table carries a block
+
+    # contract: blob Model Tensor; dtypes
+    ... generated lines ...
+    # end of contract
+
+whose first line says what it holds, and this script fills in the lines: the device has no
+flatbuffers package and must not pay RAM for tables it can have as const()s, which
+MicroPython folds into the bytecode (names starting with "_" cost nothing at run time).
+Items of the first line, separated by ";":
+    blob T1 T2 ...        _T_FIELD = const(n) for each field of those microtrain.fbs tables
+    checkpoint T1 T2 ...  _CK_T_FIELD = const(n) for checkpoint.fbs tables
+    dtypes                FLOAT, INT32, INT8, UINT8 as const()s and ITEM_BYTES
+    roles                 ROLE_NAMES and ROLE_<NAME> const()s
+    controls              _LAZY_RESET_GRAD, _LEARNING_RATE, _STEP, _STEP_SIZE (tensor names)
+    optimizer             _OPTIONS (field, format, default, low, high of each option) and
+                          _OPTIMIZERS (kind -> (writes step_size, non-negative state index))
+    checkpoint_facts      identifier, version, trailer, ONNX tensor types (_TENSOR_TYPES)
+    format                IDENTIFIER, FORMAT_VERSION, NO_TENSOR of the blob
+"""
+import pathlib
+import re
+import sys
+
+from . import facts, ops, schema
+
+HOST = pathlib.Path(__file__).resolve().parents[1]             # host/microtrain_host
+ROOT = HOST.parents[1]
+DEVICE = ROOT / "device" / "microtrain"
+MARK = "# contract: "
+END = "# end of contract"
+NOTE = ("# (generated from host/microtrain_host/contract/ by "
+        "`python -m microtrain_host.contract.generate`; do not edit)")
+
+
+def snake(name):
+    """OptimizerConfig -> OPTIMIZER_CONFIG"""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).upper()
+
+
+# -- whole files ----------------------------------------------------------------------------
+
+def device_opcodes():
+    lines = ["# Device op codes: the kernel table the host's lowering targets.",
+             NOTE,
+             "try:",
+             "    from micropython import const",
+             "except ImportError:",
+             "    def const(x):",
+             "        return x",
+             ""]
+    lines += [f"{o.name} = const({o.code})" for o in ops.OPS]
+    lines += ["",
+              "# op code -> (kernel family module, function, tensor kinds, int count, float count)",
+              "# Tensor kinds: \"f\" float arena, \"i\" int arena, \"?\" float arena or no tensor, \"b\" byte",
+              "# arena (int8 / uint8; the kernel's args then start with the byte arena), \"k\" int arena or",
+              "# no tensor, \"w\" an int8 weight (byte arena, or in place where the blob is: the buffer it is",
+              "# in then ends the kernel's args). A count of -1: as many as the step carries (tables that",
+              "# come with the geometry); the kernel's checker checks the exact counts (StepCheck.counts).",
+              "SIGNATURES = {"]
+    for o in ops.OPS:
+        lines.append(f"    {o.name}: ({o.family!r}, {o.kernel!r}, {o.kinds!r}, {o.int_count}, "
+                     f"{o.float_count}),".replace("'", '"'))
+    lines += ["}", "", "",
+              "def kernel_module(family):",
+              "    # Import only the kernel families a model uses, so a board can carry only those files."]
+    for i, family in enumerate(ops.FAMILIES):
+        keyword = "if" if i == 0 else "elif"
+        lines += [f"    {keyword} family == \"{family}\":",
+                  f"        from microtrain.kernels import {family} as module"]
+    lines += ["    else:",
+              "        raise ImportError(\"no kernel family \" + family)",
+              "    return module"]
+    return "\n".join(lines) + "\n"
+
+
+def host_opcodes():
+    lines = ['"""Device op codes (the kernel table), as plain ints for the lowering.',
+             "",
+             "Generated from contract/ops.py by `python -m microtrain_host.contract.generate`: do not",
+             'edit; the op table (named arguments, families, flags) is contract.ops."""', ""]
+    lines += [f"{o.name} = {o.code}" for o in ops.OPS]
+    return "\n".join(lines) + "\n"
+
+
+FILES = {DEVICE / "opcodes.py": device_opcodes, HOST / "opcodes.py": host_opcodes}
+
+
+# -- blocks inside device modules -----------------------------------------------------------
+
+def _fields(which, tables, prefix):
+    s = schema.load(which)
+    out = []
+    for table in tables:
+        for f in s[table].fields:
+            out.append(f"_{prefix}{snake(table)}_{f.name.upper()} = const({f.number})")
+    return out
+
+
+def _dtypes():
+    names = list(facts.DTYPES)
+    out = [f"{name} = const({facts.DTYPES[name]})" for name in names]
+    out.append("ITEM_BYTES = (%s)  # by dtype" % ", ".join(str(facts.ITEM_BYTES[n]) for n in names))
+    return out
+
+
+def _roles():
+    out = ["ROLE_NAMES = (%s)" % ", ".join(f'"{r}"' for r in facts.ROLES)]
+    out += [f"ROLE_{r.upper()} = const({i})" for i, r in enumerate(facts.ROLES)]
+    return out
+
+
+def _controls():
+    return [f'_{name.upper()} = "{name}"' for name in facts.CONTROLS]
+
+
+def _optimizer():
+    config = schema.blob_schema()["OptimizerConfig"]
+    out = ["# (name, OptimizerConfig field, struct format, default, lowest, highest, highest",
+           "# excluded) of each option; a flag is 0 or 1",
+           "_OPTIONS = ("]
+    for name, option in facts.OPTIONS.items():
+        f = config[name]
+        if option.flag:
+            default, low, high, high_open = int(f.default), 0, 1, 0
+        else:
+            default, low, high, high_open = f.default, option.low, option.high, option.high_open
+        out.append(f'    ("{name}", {f.number}, "{f.scalar}", {default!r}, {low!r}, {high!r}, '
+                   f'{int(high_open)}),')
+    out.append(")")
+    out.append("# kind -> (writes the bias-corrected step_size, index of a state that must not be "
+               "negative or -1)")
+    out.append("_OPTIMIZERS = {%s}" % ", ".join(
+        f'"{k.name}": ({int(k.step_size)}, {k.nonnegative_state})'
+        for k in facts.OPTIMIZERS.values()))
+    return out
+
+
+def _checkpoint_facts():
+    types = ", ".join(f"{code}: ({size}, \"{typecode}\")"
+                      for code, (size, typecode) in facts.CHECKPOINT_TENSOR_TYPES.items())
+    return [f'IDENTIFIER = b"{facts.CHECKPOINT_IDENTIFIER}"',
+            f"VERSION = const({facts.CHECKPOINT_VERSION})",
+            f'TRAILER_MAGIC = b"{facts.CHECKPOINT_TRAILER}"',
+            "# ONNX data type -> (bytes per element, array typecode)",
+            "_TENSOR_TYPES = {%s}" % types]
+
+
+def _format():
+    return [f'IDENTIFIER = b"{facts.BLOB_IDENTIFIER}"',
+            f"FORMAT_VERSION = const({facts.FORMAT_VERSION})",
+            f"NO_TENSOR = const(0x{facts.NO_TENSOR:X})  # the id of an absent optional tensor"]
+
+
+def block_lines(spec):
+    """The generated lines for the items of one block's first line."""
+    out = []
+    for item in filter(None, (i.strip() for i in spec.split(";"))):
+        words = item.split()
+        if words[0] == "blob":
+            out += _fields("microtrain.fbs", words[1:], "")
+        elif words[0] == "checkpoint":
+            out += _fields("checkpoint.fbs", words[1:], "CK_")
+        elif words[0] == "dtypes":
+            out += _dtypes()
+        elif words[0] == "roles":
+            out += _roles()
+        elif words[0] == "controls":
+            out += _controls()
+        elif words[0] == "optimizer":
+            out += _optimizer()
+        elif words[0] == "checkpoint_facts":
+            out += _checkpoint_facts()
+        elif words[0] == "format":
+            out += _format()
+        else:
+            raise ValueError(f"unknown contract item '{item}'")
+    return out
+
+
+def fill_blocks(text, path):
+    """text with every contract block regenerated."""
+    lines = text.split("\n")
+    out = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        out.append(line)
+        i += 1
+        if not line.startswith(MARK):
+            continue
+        try:
+            end = lines.index(END, i)
+        except ValueError:
+            raise ValueError(f"{path}: a contract block without '{END}'") from None
+        out.append(NOTE)
+        out += block_lines(line[len(MARK):])
+        out.append(END)
+        i = end + 1
+    return "\n".join(out)
+
+
+def expected():
+    """{path: text} of everything generated, as it should be now."""
+    result = {path: make() for path, make in FILES.items()}
+    for path in sorted(DEVICE.rglob("*.py")):
+        if path in result:
+            continue
+        text = path.read_text()
+        if MARK in text:
+            result[path] = fill_blocks(text, path)
+    return result
+
+
+def stale():
+    return [path for path, text in expected().items()
+            if not path.exists() or path.read_text() != text]
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    outdated = stale()
+    if "--check" in argv:
+        for path in outdated:
+            print(f"stale: {path.relative_to(ROOT)} (run python -m microtrain_host.contract.generate)")
+        return 1 if outdated else 0
+    texts = expected()
+    for path in outdated:
+        path.write_text(texts[path])
+        print(f"wrote {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
