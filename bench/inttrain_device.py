@@ -7,7 +7,7 @@ import sys
 from array import array
 from mac_loop import now_us, since_us
 from microtrain import CheckpointState, Module, Optimizer
-from microtrain.blob import copy_inputs
+from microtrain.feed import copy_inputs
 
 try:
     import micropython

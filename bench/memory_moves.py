@@ -23,6 +23,7 @@ import onnx  # noqa: E402
 import microtrain_host as mh  # noqa: E402
 from microtrain import CheckpointState, Module, Optimizer  # noqa: E402
 from microtrain import blob as device_blob  # noqa: E402
+from microtrain import parser as device_blob_parser
 
 MOVES = {"update_in_backward": True, "recompute": True}
 
@@ -76,7 +77,7 @@ def main():
                 art = mh.generate_artifacts(model, requires_grad=requires_grad, loss=loss,
                                             optimizer="SGD", artifact_directory=directory,
                                             batch_size=batch, **moves)
-                b = device_blob.load(art.blob)
+                b = device_blob_parser.load(art.blob)
                 arenas.append(4 * (b.float_arena + b.int_arena))
                 timers.append(step_timer(directory, args.steps))
             best = [t() for t in timers]

@@ -29,6 +29,7 @@ DEVICE = ROOT / "device"
 DEVICE_SCRIPT = Path(__file__).resolve().parent / "model_step.py"
 sys.path[:0] = [str(DEVICE), str(ROOT / "tests")]
 from microtrain import blob as blobfile  # noqa: E402
+from microtrain import parser as blobfile_parser
 from microtrain_host import generate_artifacts  # noqa: E402
 from reference_models import REFERENCE_MODELS  # noqa: E402
 from torch_reference import export  # noqa: E402
@@ -101,7 +102,7 @@ def main():
                                         loss=ref.loss, optimizer="AdamW",
                                         artifact_directory=directory, batch_size=ref.batch)
             macs = train_step_macs(onnx.load(result.training_model))
-            b = blobfile.load(result.blob)
+            b = blobfile_parser.load(result.blob)
             params = sum(b.sizes[t] for t, _, _ in b.parameters)
             for name, command, env in runtimes:
                 results = run_results(command, env, DEVICE_SCRIPT, directory, args.steps)

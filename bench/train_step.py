@@ -23,6 +23,7 @@ BATCHES = (8, 1)
 
 sys.path.insert(0, str(DEVICE))
 from microtrain import blob as blobfile  # noqa: E402
+from microtrain import parser as blobfile_parser
 from microtrain_host import generate_artifacts  # noqa: E402
 
 
@@ -72,7 +73,7 @@ def run_results(command, env, script, *args):
 def pack(directory, batch):
     generate_artifacts(str(MODEL), loss="CrossEntropyLoss", optimizer="AdamW",
                        artifact_directory=directory, batch_size=batch)
-    b = blobfile.load(os.path.join(directory, "model.mtb"))
+    b = blobfile_parser.load(os.path.join(directory, "model.mtb"))
     return {"blob": os.path.getsize(os.path.join(directory, "model.mtb")),
             "checkpoint": os.path.getsize(os.path.join(directory, "checkpoint")),
             "arena": b.float_arena * 4 + b.int_arena * 4,

@@ -12,6 +12,7 @@ from onnx import helper, numpy_helper
 import microtrain_host as mh
 from microtrain import BlobError, CheckpointState, Module, ParameterError
 from microtrain import blob as blobfile
+from microtrain import parser as blobfile_parser
 from microtrain.flatbuf import Reader
 from torch_reference import export, mlp
 
@@ -78,14 +79,14 @@ def test_blob_truncated_at_every_byte(packed):
     data = (packed / "model.mtb").read_bytes()
     for n in range(len(data)):
         with pytest.raises(BlobError):
-            blobfile.parse(data[:n])
+            blobfile_parser.parse(data[:n])
 
 
 def test_blob_wrong_identifier(packed):
     data = bytearray((packed / "model.mtb").read_bytes())
     data[8:12] = b"ORTM"
     with pytest.raises(BlobError, match="identifier"):
-        blobfile.parse(bytes(data))
+        blobfile_parser.parse(bytes(data))
 
 
 def test_blob_newer_version_is_refused(packed):
@@ -95,7 +96,7 @@ def test_blob_newer_version_is_refused(packed):
     at = r.field(r.root(), 0)  # format_version
     struct.pack_into("<H", body, at, blobfile.FORMAT_VERSION + 1)
     with pytest.raises(BlobError, match=r"format version 2 is not supported.*reads 1"):
-        blobfile.parse(_reframe(bytes(body)))
+        blobfile_parser.parse(_reframe(bytes(body)))
 
 
 def test_blob_corruption_is_detected(packed):
@@ -105,7 +106,7 @@ def test_blob_corruption_is_detected(packed):
         bad = bytearray(data)
         bad[i] ^= 1 << int(rng.integers(0, 8))
         with pytest.raises(BlobError):
-            blobfile.parse(bytes(bad))
+            blobfile_parser.parse(bytes(bad))
 
 
 def test_checkpoint_missing_a_parameter(packed, tmp_path):

@@ -16,6 +16,7 @@ from conftest import ROOT, run_micropython
 from microtrain import (BlobError, CheckpointState, InferenceSession, InputError, Module,
                         Optimizer, ParameterError)
 from microtrain import blob as device_blob
+from microtrain import parser as device_blob_parser
 from microtrain_host.cli import main as cli
 from reference_models import ds_cnn
 from test_forward_backward import run_cpython
@@ -88,7 +89,7 @@ def test_device_blob_and_exported_onnx_agree(tmp_path, name):
     for n in model.graph.node:
         if n.op_type == "BatchNormalization":
             assert len(n.output) == 1 and "training_mode" not in [a.name for a in n.attribute]
-    b = device_blob.load(str(tmp_path / "inference.mtb"))
+    b = device_blob_parser.load(str(tmp_path / "inference.mtb"))
     assert list(b.programs) == ["infer"] and not b.parameters and not b.loss
     assert {device_blob.ROLE_NAMES[r] for r in b.roles} <= {"input", "constant", "activation"}
 
@@ -96,8 +97,8 @@ def test_device_blob_and_exported_onnx_agree(tmp_path, name):
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_inference_arena_is_smaller(tmp_path, name):
     train_and_export(tmp_path, name, steps=0)
-    training = device_blob.load(str(tmp_path / "model.mtb"))
-    inference = device_blob.load(str(tmp_path / "inference.mtb"))
+    training = device_blob_parser.load(str(tmp_path / "model.mtb"))
+    inference = device_blob_parser.load(str(tmp_path / "inference.mtb"))
     print(f"\n{name}: float arena training {training.float_arena} / inference "
           f"{inference.float_arena} elements; blob training "
           f"{os.path.getsize(tmp_path / 'model.mtb')} B / inference "

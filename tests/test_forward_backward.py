@@ -17,6 +17,7 @@ import microtrain_host as mh
 from conftest import ROOT, run_micropython
 from microtrain import CheckpointState, InputError, Module, Optimizer, TrainingError
 from microtrain import blob as device_blob
+from microtrain import parser as device_blob_parser
 from test_memory import assert_steps_do_not_grow_the_heap
 from test_ops import relative_error
 from torch_reference import export, mlp
@@ -55,7 +56,7 @@ def grads_of(state, net):
 
 def test_blob_has_forward_and_backward_programs(tmp_path):
     artifacts = pack(tmp_path, mlp(N_IN, N_OUT))
-    b = device_blob.load(artifacts.blob)
+    b = device_blob_parser.load(artifacts.blob)
     assert "train" not in b.programs
     forward, backward = b.programs["forward"], b.programs["backward"]
     assert [b.names[t] for t in forward.inputs] == ["input"]
@@ -124,7 +125,7 @@ def test_two_outputs_gradients_match_torch(tmp_path):
     artifacts = mh.generate_artifacts(onnx.load_from_string(buf.getvalue()), loss=None,
                                       optimizer="SGD", artifact_directory=tmp_path,
                                       loss_input_names=["out_a", "out_b"])
-    b = device_blob.load(artifacts.blob)
+    b = device_blob_parser.load(artifacts.blob)
     assert [b.names[t] for t in b.programs["forward"].outputs] == ["out_a", "out_b"]
     assert [b.names[t] for t in b.programs["backward"].inputs] == ["out_a_grad", "out_b_grad"]
     state, module, _ = load(artifacts)

@@ -9,6 +9,7 @@ import torch
 import microtrain_host as mh
 from microtrain import CheckpointState, Module, Optimizer, ParameterError
 from microtrain import blob as blobfile
+from microtrain import parser as blobfile_parser
 from microtrain_host.tools.inspect import describe
 from torch_reference import (export, make_batches, mlp, relative_error, run_device_cpython,
                              torch_train, write_batches)
@@ -46,7 +47,7 @@ def test_frozen_first_layer(tmp_path, optimizer):
             assert not np.array_equal(trained, values), name
 
     # No gradient buffer, no optimizer state, no gradient step for the frozen layer.
-    b = blobfile.load(str(tmp_path / "model.mtb"), keep_steps=True)
+    b = blobfile_parser.load(str(tmp_path / "model.mtb"), keep_steps=True)
     for tensor, grad, state in b.parameters:
         frozen = b.names[tensor] in FROZEN
         assert (grad < 0) == frozen and (not state) == (frozen or optimizer == "SGD")
@@ -62,7 +63,7 @@ def test_frozen_first_layer(tmp_path, optimizer):
     full = mh.generate_artifacts(export(model, torch.zeros(1, 10)), loss="CrossEntropyLoss",
                                  optimizer=optimizer, artifact_directory=tmp_path / "full",
                                  batch_size=8)
-    everything = blobfile.load(full.blob)
+    everything = blobfile_parser.load(full.blob)
     assert (b.full_training_arena, b.full_training_steps) == (
         everything.float_arena, len(everything.programs["train"].steps))
     assert b.float_arena < b.full_training_arena

@@ -14,6 +14,10 @@ import torch
 import microtrain_host as mh
 from conftest import ROOT, run_micropython
 from microtrain import CheckpointState, Module, Optimizer, blob as blobfile
+from microtrain import arenas
+from microtrain import loader as blobfile_loader
+from microtrain import parser as blobfile_parser
+from microtrain.stepcheck import StepCheck
 from microtrain.crc32 import crc32
 from microtrain.errors import BlobError, CheckpointError, OutOfMemoryError
 from microtrain.flatbuf import Reader
@@ -77,13 +81,13 @@ def test_altered_arena_size_is_refused_before_anything_is_allocated(digits, tmp_
 def test_arenas_that_do_not_fit_name_the_bytes_needed(digits, monkeypatch):
     def no_memory(typecode, n):
         raise MemoryError
-    monkeypatch.setattr(blobfile, "zeros", no_memory)
-    b = blobfile.load(str(digits / "model.mtb"))
+    monkeypatch.setattr(arenas, "zeros", no_memory)
+    b = blobfile_parser.load(str(digits / "model.mtb"))
     with pytest.raises(OutOfMemoryError, match=r"needs %d bytes of arenas \(%d floats, %d ints\) "
                        r"besides the parsed blob; the heap has an unknown number of bytes free \(each "
                        r"arena needs one contiguous block\)"
                        % (4 * (b.float_arena + b.int_arena), b.float_arena, b.int_arena)):
-        blobfile.load_into_arenas(str(digits / "model.mtb"))
+        blobfile_loader.load_into_arenas(str(digits / "model.mtb"))
 
 
 def test_arenas_that_do_not_fit_on_micropython(digits, micropython, tmp_path):
@@ -96,7 +100,7 @@ def test_arenas_that_do_not_fit_on_micropython(digits, micropython, tmp_path):
     # bytecode would not fit in what the ballast leaves.
     script.write_text(
         "import gc\n"
-        "from microtrain import blob, OutOfMemoryError\n"
+        "from microtrain import loader, OutOfMemoryError\n"
         "from microtrain.opcodes import SIGNATURES, kernel_module\n"
         "for family in set(s[0] for s in SIGNATURES.values()):\n"
         "    if family in ('dense', 'activation', 'loss', 'optim', 'reduce'):\n"
@@ -111,7 +115,7 @@ def test_arenas_that_do_not_fit_on_micropython(digits, micropython, tmp_path):
         "    ballast[k] = None\n"
         "gc.collect()\n"
         "try:\n"
-        "    blob.load_into_arenas(%r)\n"
+        "    loader.load_into_arenas(%r)\n"
         "except OutOfMemoryError as e:\n"
         "    print('refused:', e)\n" % str(digits / "model.mtb"))
     out = run_micropython(micropython, script, heap="256K")
@@ -156,7 +160,7 @@ def test_optimizer_table_out_of_range_is_refused(tmp_path):
         struct.pack_into("<f", data, r.field(r.table(root, 9, "optimizer"), 2), 1.0)
     path = crafted(tmp_path / "a", tmp_path, edit)
     with pytest.raises(BlobError, match=r"^optimizer beta1 is 1.0, outside \[0.0, 0.99999994\]$"):
-        blobfile.load(path)
+        blobfile_parser.load(path)
 
 
 def test_negative_second_moment_in_a_checkpoint_is_refused(digits, tmp_path):
@@ -177,7 +181,7 @@ def test_negative_second_moment_in_a_checkpoint_is_refused(digits, tmp_path):
         Optimizer(str(digits / "model.mtb"), Module(str(digits / "model.mtb"), resumed))
 
 
-class Check(blobfile.StepCheck):
+class Check(StepCheck):
     """A StepCheck over a made-up tensor table: tensor argument k spans [start_k, start_k +
     size_k) one after the other; a size of None is an absent optional tensor."""
 
@@ -332,7 +336,7 @@ def test_kernel_written_int_tensor_over_the_labels_is_refused():
         b.offsets.append(offset)
         b.sizes.append(size)
     with pytest.raises(BlobError, match=r"^int tensor 'mask' overlaps the fed tensor 'labels'$"):
-        blobfile._check_fed_ints(b)
+        blobfile_parser._check_fed_ints(b)
 
 
 # -- pack time -------------------------------------------------------------------------
@@ -400,12 +404,12 @@ def test_train_program_without_a_loss_output_is_refused(digits, tmp_path):
 def test_blob_that_cannot_be_parsed_names_its_file_size(digits, monkeypatch):
     def no_memory(*args):
         raise MemoryError
-    monkeypatch.setattr(blobfile, "_parse_root", no_memory)
+    monkeypatch.setattr(blobfile_loader, "parse_root", no_memory)
     size = (digits / "model.mtb").stat().st_size
     with pytest.raises(OutOfMemoryError, match=r"model.mtb' does not fit in the heap: its %d-byte "
                        r"file and the blob parsed from it need more than an unknown number of "
                        r"bytes free$" % size):
-        blobfile.load_into_arenas(str(digits / "model.mtb"))
+        blobfile_loader.load_into_arenas(str(digits / "model.mtb"))
 
 
 def test_blob_changed_between_the_two_reads_is_refused(digits, tmp_path, monkeypatch):
@@ -413,22 +417,22 @@ def test_blob_changed_between_the_two_reads_is_refused(digits, tmp_path, monkeyp
     # replaced in between must not put other bytes into the arenas unnoticed.
     path = tmp_path / "model.mtb"
     shutil.copyfile(digits / "model.mtb", path)
-    b = blobfile.load(str(path))
+    b = blobfile_parser.load(str(path))
     data = bytearray(path.read_bytes())
     pos = data.find(b.constants[0][1])        # a constant's bytes in the file
     assert pos > 0 and b.constants[0][1]
-    parse = blobfile._parse_root
+    parse = blobfile_parser.parse_root
 
     def parse_then_change(*args):
         parsed = parse(*args)
         data[pos] ^= 1
         path.write_bytes(bytes(data))
         return parsed
-    monkeypatch.setattr(blobfile, "_parse_root", parse_then_change)
+    monkeypatch.setattr(blobfile_loader, "parse_root", parse_then_change)
     with pytest.raises(BlobError, match=r"changed while it was being loaded"):
-        blobfile.load_into_arenas(str(path))
-    monkeypatch.setattr(blobfile, "_parse_root", parse)
+        blobfile_loader.load_into_arenas(str(path))
+    monkeypatch.setattr(blobfile_loader, "parse_root", parse)
     data[pos] ^= 1
     path.write_bytes(bytes(data))
-    loaded, F, I = blobfile.load_into_arenas(str(path))       # the same file loads
+    loaded, F, I = blobfile_loader.load_into_arenas(str(path))       # the same file loads
     assert loaded.constants is None

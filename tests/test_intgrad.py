@@ -14,7 +14,8 @@ import torch
 from conftest import DEVICE, ROOT, run_micropython
 from microtrain import CheckpointState, Module
 from microtrain import blob as device_blob
-from microtrain.blob import copy_inputs
+from microtrain import parser as device_blob_parser
+from microtrain.feed import copy_inputs
 from microtrain.errors import BlobError
 from microtrain_host.quant.inttrain import int8_training_artifacts, quantize_input
 
@@ -43,7 +44,7 @@ def _forward_record(model, info, x, y):
     b = model.blob
     program = model._train
     copy_inputs(b, model.F, model.I, program, (x, y), b.num_classes)
-    records = device_blob.load(info["blob"], keep_steps=True).step_records["train"]
+    records = device_blob_parser.load(info["blob"], keep_steps=True).step_records["train"]
     signed = lambda tid: b.dtypes[tid] == device_blob.INT8        # noqa: E731
     snap = []
     for (kernel, args), (op, tensors, ints, _) in zip(program.steps, records):
@@ -112,7 +113,7 @@ def test_sparse_update_equals_torch_float64(ds_cnn_qdq, tmp_path):
     state = CheckpointState.load_checkpoint(info["checkpoint"])
     model = Module(info["blob"], state)
     b = model.blob
-    quant = device_blob.load(info["blob"]).quant
+    quant = device_blob_parser.load(info["blob"]).quant
     trained = set(info["parameters"])
     rng = np.random.default_rng(3)
     worst_b = worst_w = relative = 0.0
@@ -191,7 +192,7 @@ def test_crafted_sparse_blobs_are_refused(ds_cnn_qdq, tmp_path):
     from test_inttrain import _patched
     tmp, _, _ = ds_cnn_qdq
     info = int8_training_artifacts(tmp / "qdq.onnx", tmp_path, 0.05, **SPARSE)
-    b = device_blob.load(info["blob"], keep_steps=True)
+    b = device_blob_parser.load(info["blob"], keep_steps=True)
     ops = [op for op, *_ in b.step_records["train"]]
     pool, bias, grad_input, update, mask = (ops.index(248), ops.index(249), ops.index(250),
                                             ops.index(251), ops.index(252))
@@ -209,7 +210,7 @@ def test_crafted_sparse_blobs_are_refused(ds_cnn_qdq, tmp_path):
             (update, 1, lambda t: t[:2] + [t[3]] + t[3:], "int_conv_update")):
         data = _patched(info["blob"], "train", index, change, field)
         with pytest.raises(BlobError, match=match):
-            device_blob.load(data)
+            device_blob_parser.load(data)
 
 
 def test_cli_export_int8_sparse(ds_cnn_qdq, tmp_path):
@@ -225,7 +226,7 @@ def test_cli_export_int8_sparse(ds_cnn_qdq, tmp_path):
     assert info["train_biases"] and info["train_depthwise"] and info["train_conv"]
     state = CheckpointState.load_checkpoint(info["checkpoint"])
     assert sorted(state.parameters) == sorted(info["parameters"])
-    b = device_blob.load(info["blob"], keep_steps=True)
+    b = device_blob_parser.load(info["blob"], keep_steps=True)
     ops = [op for op, *_ in b.step_records["train"]]
     convs = ops.count(QLINEAR_CONV)
     # one bias step per convolution, input gradients down to the first, two weight updates
@@ -303,7 +304,7 @@ def test_sparse_blob_reads_frozen_weights_in_place_and_trains_on_its_minimal_run
     from microtrain_host.tools import runtime
     tmp, xs, ys = ds_cnn_qdq
     info = int8_training_artifacts(tmp / "qdq.onnx", tmp_path / "int", 0.5, **SPARSE)
-    b = device_blob.load(info["blob"], keep_steps=True)
+    b = device_blob_parser.load(info["blob"], keep_steps=True)
     frozen = {t[2] for op, t, _, _ in b.step_records["train"] if op == QLINEAR_CONV
               and device_blob.ROLE_NAMES[b.roles[t[2]]] == "constant"}
     assert len(frozen) >= 3 and b.in_place == frozen

@@ -21,6 +21,7 @@ from conftest import DEVICE, ROOT, emulated_board_plan, run_micropython
 from inttrain_helpers import Layer
 from microtrain import CheckpointState, Module, Optimizer
 from microtrain import blob as device_blob
+from microtrain import parser as device_blob_parser
 from microtrain.errors import BlobError, InputError, ParameterError
 from microtrain.kernels import inttrain as K
 from microtrain_host.ops import inttrain as host_ops
@@ -162,7 +163,7 @@ def _accuracy(model, info, xs, ys):
 def _quant(info, name):
     # (scales, zero points, axis) of a quantized tensor: a Module's loader drops them once
     # they served the load-time checks, so the test reads the blob again
-    b = device_blob.load(info["blob"])
+    b = device_blob_parser.load(info["blob"])
     return b.quant[b.tensor_id(name)]
 
 
@@ -251,7 +252,7 @@ def ds_cnn_int8(tmp_path_factory):
 def test_ds_cnn_int_train_steps_under_heap_lock_viper_equals_pure_equals_cpython(
         ds_cnn_int8, micropython, tmp_path):
     tmp, info = ds_cnn_int8
-    b = device_blob.load(info["blob"], keep_steps=True)
+    b = device_blob_parser.load(info["blob"], keep_steps=True)
     ops = [op for op, *_ in b.step_records["train"]]
     # frozen convs, the last one trained: int logits, loss, input gradient, updates
     assert ops.count(223) == 5 and ops[-5:] == [242, 243, 245, 244, 246]
@@ -285,7 +286,7 @@ def _patched(blob_path, program, index, change, field=2):
     field 1) changed by change(values), CRC fixed. (The logits and update steps share
     one ints vector: a change of it reaches both.)"""
     data = bytearray(open(blob_path, "rb").read())
-    b = device_blob.load(bytes(data), keep_steps=True)
+    b = device_blob_parser.load(bytes(data), keep_steps=True)
     values = b.step_records[program][index][field]
     form = "<%d%s" % (len(values), "i" if field == 2 else "I")
     needle = struct.pack(form, *values)
@@ -299,7 +300,7 @@ def _patched(blob_path, program, index, change, field=2):
 
 def test_crafted_blobs_checkpoints_and_inputs_are_refused(digits_int8, tmp_path):
     info = int8_training_artifacts(digits_int8 / "qdq.onnx", tmp_path, 0.01)
-    b = device_blob.load(info["blob"], keep_steps=True)
+    b = device_blob_parser.load(info["blob"], keep_steps=True)
     train_ops = [op for op, *_ in b.step_records["train"]]
     logits_at, update_at = train_ops.index(242), train_ops.index(244)
     for index, field, change, match in (
@@ -314,7 +315,7 @@ def test_crafted_blobs_checkpoints_and_inputs_are_refused(digits_int8, tmp_path)
             (update_at, 1, lambda t: t[:3] + [t[0]] + t[4:], "op 244")):
         data = _patched(info["blob"], "train", index, change, field)
         with pytest.raises(BlobError, match=match):
-            device_blob.load(data)
+            device_blob_parser.load(data)
     # a corrupt exp table (an increasing entry)
     table = host_ops.exp_table()
     data = bytearray(open(info["blob"], "rb").read())
@@ -324,7 +325,7 @@ def test_crafted_blobs_checkpoints_and_inputs_are_refused(digits_int8, tmp_path)
     size = struct.unpack_from("<I", data, 0)[0]
     data[4 + size:] = struct.pack("<I", zlib.crc32(bytes(data[4:4 + size])) & 0xFFFFFFFF)
     with pytest.raises(BlobError, match="exp table"):
-        device_blob.load(bytes(data))
+        device_blob_parser.load(bytes(data))
     # a checkpoint whose weight is float, or of the wrong size
     n, k = info["classes"], info["features"]
     write_checkpoint(tmp_path / "float.ckpt", {info["weight"]: np.zeros((n, k), np.float32),
@@ -359,7 +360,7 @@ def test_cli_export_int8_train(digits_int8, tmp_path):
     info = json.loads((tmp_path / "int8" / "int8_train.json").read_text())
     assert info["learning_rate"] == 0.02 and info["stochastic"] is False
     assert info["momentum"] == 0.5
-    b = device_blob.load(info["blob"], keep_steps=True)
+    b = device_blob_parser.load(info["blob"], keep_steps=True)
     assert [op for op, *_ in b.step_records["train"]][-3:] == [242, 243, 247]
     assert b.optimizer["learning_rate"] == pytest.approx(0.02)
     update = b.step_records["train"][-1]
@@ -393,12 +394,12 @@ def test_last_conv_update_equals_torch_float64(ds_cnn_int8, tmp_path):
     before[w2_name] = before[w2_name].astype(np.uint8).view(np.int8).astype(np.int64)
     model.eval()
     model(x, y)
-    records = device_blob.load(info["blob"], keep_steps=True).step_records["train"]
+    records = device_blob_parser.load(info["blob"], keep_steps=True).step_records["train"]
     conv_step = [r for r in records if r[0] == 246][0]
     x2_id, y2_id = conv_step[1][2], conv_step[1][3]
     # the scales as the host parses them (a loaded blob drops them once its checks derived
     # the multipliers: blob.load_into_arenas)
-    quant = device_blob.load(info["blob"]).quant
+    quant = device_blob_parser.load(info["blob"]).quant
     grab = lambda tid: np.frombuffer(bytes(model.output(tid)),                 # noqa: E731
                                      np.int8 if b.dtypes[tid] == 2 else np.uint8).astype(np.int64)
     x2, y2, feat = grab(x2_id), grab(y2_id), grab(b.tensor_id(info["feature_tensor"]))
@@ -455,7 +456,7 @@ import gc
 from array import array
 import micropython
 from microtrain import CheckpointState, Module
-from microtrain.blob import copy_inputs
+from microtrain.feed import copy_inputs
 from microtrain.kernels import inttrain, qlinear
 
 
@@ -598,7 +599,7 @@ def test_momentum_steps_follow_torch_sgd_momentum():
 def test_momentum_training_reaches_torch_sgd_momentum(digits_int8, tmp_path):
     lr, mu, epochs = 0.002, 0.9, 2
     info = int8_training_artifacts(digits_int8 / "qdq.onnx", tmp_path, lr, momentum=mu)
-    b = device_blob.load(info["blob"], keep_steps=True)
+    b = device_blob_parser.load(info["blob"], keep_steps=True)
     assert [op for op, *_ in b.step_records["train"]][-1] == 247
     data = np.load(DIGITS / "digits.npz")
     xs, ys, xv, yv = data["x_train"], data["y_train"], data["x_val"], data["y_val"]

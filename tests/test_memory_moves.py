@@ -14,6 +14,7 @@ import microtrain_host as mh
 from conftest import DEVICE, ROOT, run_micropython
 from microtrain import CheckpointState, Module, Optimizer, TrainingError
 from microtrain import blob as device_blob
+from microtrain import parser as device_blob_parser
 from microtrain_host import opcodes
 from microtrain_host.errors import ArtifactError
 from microtrain_host.tools.inspect import describe
@@ -115,8 +116,8 @@ def test_update_in_backward_resumes_bit_for_bit(packed, tmp_path):
 
 def test_blob_has_no_gradient_buffers_and_updates_follow_the_last_reader(packed):
     directory, _ = packed["adamw"]
-    fused = device_blob.load(str(directory / "True" / "model.mtb"), keep_steps=True)
-    plain = device_blob.load(str(directory / "False" / "model.mtb"))
+    fused = device_blob_parser.load(str(directory / "True" / "model.mtb"), keep_steps=True)
+    plain = device_blob_parser.load(str(directory / "False" / "model.mtb"))
     assert list(fused.programs) == ["eval", "train", "backward_update"]
     assert "optimizer" not in fused.programs
     assert not any(device_blob.ROLE_NAMES[r] == "grad" for r in fused.roles)
@@ -203,7 +204,7 @@ def test_moves_change_no_bit_and_shrink_the_arena(tmp_path, build):
         write_batches(directory / "data.bin", xs, ys)
         runs.append(run_script("cpython", TRAIN_STEPS, directory, directory / "data.bin", 12,
                                ref.lr["AdamW"]))
-        b = device_blob.load(artifacts.blob)
+        b = device_blob_parser.load(artifacts.blob)
         arenas.append(b.float_arena)
         recomputed = [n for n in b.names if n.endswith(".recomputed")]
         if options.get("recompute") and build in (ds_cnn, mobilenet_v2_block, tiny_transformer):
@@ -222,7 +223,7 @@ def test_recomputed_steps_leave_the_running_statistics_alone(tmp_path):
     artifacts = mh.generate_artifacts(export(ref.module, example(ref, ref.batch)),
                                       loss=ref.loss, optimizer="SGD", artifact_directory=tmp_path,
                                       batch_size=ref.batch, recompute=True)
-    b = device_blob.load(artifacts.blob, keep_steps=True)
+    b = device_blob_parser.load(artifacts.blob, keep_steps=True)
     norms = [s for s in b.step_records["train"] if s[0] == opcodes.BATCH_NORM_TRAINING]
     forward = [s for s in norms if not b.names[s[1][0]].endswith(".recomputed")]
     again = [s for s in norms if b.names[s[1][0]].endswith(".recomputed")]
@@ -257,7 +258,7 @@ def test_plan_peak_is_the_planners_lower_bound(tmp_path, options):
     artifacts = mh.generate_artifacts(export(ref.module, example(ref, ref.batch)),
                                       loss=ref.loss, optimizer="AdamW", artifact_directory=tmp_path,
                                       batch_size=ref.batch, **options)
-    b = device_blob.load(artifacts.blob, keep_steps=True)
+    b = device_blob_parser.load(artifacts.blob, keep_steps=True)
     found = timelines(b)
     assert [t.name for t in found] == (["train", "eval"] + (["optimizer"] if not options else []))
     # The host planner recorded persistent part + the largest peak of live temporaries.
@@ -317,7 +318,7 @@ def sparse_ds_cnn(directory, **moves):
                           optimizer_options={"momentum": 0.9}, **moves)
     xs, ys = make_data(ref, 8)
     write_batches(directory / "data.bin", xs, ys)
-    return device_blob.load(str(directory / "model.mtb"), keep_steps=True), ref.lr["SGD"]
+    return device_blob_parser.load(str(directory / "model.mtb"), keep_steps=True), ref.lr["SGD"]
 
 
 def test_relu_masks_replace_kept_relu_outputs(tmp_path, micropython):
@@ -372,4 +373,4 @@ def test_the_reader_refuses_a_blob_whose_update_program_is_missing(packed, tmp_p
     body = bytes(data[4:-4])
     data[-4:] = (zlib.crc32(body) & 0xFFFFFFFF).to_bytes(4, "little")
     with pytest.raises(BlobError, match="updated in the backward pass need the programs"):
-        device_blob.parse(bytes(data))
+        device_blob_parser.parse(bytes(data))

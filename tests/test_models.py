@@ -11,6 +11,7 @@ import torch
 import microtrain_host as mh
 from conftest import ROOT, run_micropython
 from microtrain import blob as device_blob
+from microtrain import parser as device_blob_parser
 from reference_models import REFERENCE_MODELS, ds_cnn
 from torch_reference import (export, parse_run, relative_error, run_device_cpython, torch_train,
                              write_batches)
@@ -59,7 +60,7 @@ def torch_state(module, names):
 
 
 def device_parameter_names(directory):
-    b = device_blob.load(str(directory / "model.mtb"))
+    b = device_blob_parser.load(str(directory / "model.mtb"))
     return [b.names[tensor] for tensor, _, _ in b.parameters]
 
 
@@ -157,7 +158,7 @@ def test_ds_cnn_partial_update_matches_torch(tmp_path, runs, freeze, optimizer):
     assert relative_error(losses, torch_losses) <= 1e-4
     assert_parameters_match(params, torch_params, optimizer)
 
-    full = device_blob.load(str(runs[ds_cnn, optimizer][0] / "model.mtb"))
-    partial = device_blob.load(str(tmp_path / "model.mtb"))
+    full = device_blob_parser.load(str(runs[ds_cnn, optimizer][0] / "model.mtb"))
+    partial = device_blob_parser.load(str(tmp_path / "model.mtb"))
     assert partial.float_arena < full.float_arena, (partial.float_arena, full.float_arena)
     assert len(partial.programs["train"].steps) < len(full.programs["train"].steps)

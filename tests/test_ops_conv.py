@@ -30,6 +30,7 @@ import microtrain_host as mh
 from conftest import ROOT, run_micropython
 from microtrain import CheckpointState, Module
 from microtrain import blob as device_blob
+from microtrain import parser as device_blob_parser
 from microtrain_host import opcodes as op
 from microtrain_host.reference import reference_evaluator
 from test_ops import FORWARD_TOLERANCE, GRAD_TOLERANCE, relative_error
@@ -301,7 +302,7 @@ def test_weight_gradient_is_computed_into_its_accumulation_buffer(tmp_path):
     x, params, target, loss, out, grads = case_data("fused", spec)
     mh.generate_artifacts(conv_model(spec, params, out.shape), loss="MSELoss", optimizer="SGD",
                           artifact_directory=tmp_path)
-    blob = device_blob.load(str(tmp_path / "model.mtb"), keep_steps=True)
+    blob = device_blob_parser.load(str(tmp_path / "model.mtb"), keep_steps=True)
     steps = blob.step_records["train"]
     (grad_weight,) = [tensors for code, tensors, _, _ in steps if code == op.CONV_GRAD_WEIGHT]
     dw, _, _, reset = grad_weight

@@ -23,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 import microtrain_host as mh
 from conftest import ROOT, run_micropython
 from microtrain import blob as device_blob
+from microtrain import parser as device_blob_parser
 from microtrain_host import opcodes as op
 from microtrain_host.reference import reference_evaluator
 from test_ops import FORWARD_TOLERANCE, relative_error
@@ -300,7 +301,7 @@ def test_weight_gradient_goes_straight_into_its_accumulation_buffer(tmp_path):
     x, params, target, loss, out, grads = case_data("fused", spec)
     mh.generate_artifacts(transpose_model(spec, params, out.shape), loss="MSELoss",
                           optimizer="SGD", artifact_directory=tmp_path)
-    blob = device_blob.load(str(tmp_path / "model.mtb"), keep_steps=True)
+    blob = device_blob_parser.load(str(tmp_path / "model.mtb"), keep_steps=True)
     steps = blob.step_records["train"]
     codes = [code for code, _, _, _ in steps]
     assert codes.count(op.CONV_TRANSPOSE) == 1 and codes.count(op.CONV) == 1

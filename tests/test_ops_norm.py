@@ -22,6 +22,7 @@ import microtrain_host as mh
 from conftest import DEVICE, ROOT, run_micropython
 from microtrain import CheckpointState, Module, Optimizer
 from microtrain import blob as device_blob
+from microtrain import parser as device_blob_parser
 from microtrain import opcodes as device_ops
 from microtrain.kernels import norm as norm_kernels
 from microtrain_host.formats.checkpoint import read_checkpoint
@@ -114,7 +115,7 @@ def torch_step(model, x, y):
 
 
 def ops_of(tmp_path, program):
-    b = device_blob.load(str(tmp_path / "model.mtb"), keep_steps=True)
+    b = device_blob_parser.load(str(tmp_path / "model.mtb"), keep_steps=True)
     return [record[0] for record in b.step_records[program]]
 
 
@@ -364,7 +365,7 @@ def test_frozen_inference_batch_norm_folds_into_a_multiply_add(tmp_path, affine)
         assert not set(ops) & BN_OPS, program
         assert ops.count(device_ops.CHANNEL_AFFINE) == count, program
     # The folded statistics are read by no step, so they take no arena space or blob bytes.
-    names = device_blob.load(str(tmp_path / "model.mtb")).names
+    names = device_blob_parser.load(str(tmp_path / "model.mtb")).names
     assert not set(artifacts.folded) & set(names), names
     (x,), (y,) = data(shape, shape)
     loss, _, grads = torch_step(reference, x, y)
@@ -419,7 +420,7 @@ def test_running_statistics_are_frozen_and_not_trainable(tmp_path):
     assert artifacts.trainable == ["fc1.weight"]
     checkpoint = read_checkpoint(tmp_path / "checkpoint")
     assert {"bn.running_mean", "bn.running_var"} <= set(checkpoint.frozen)
-    b = device_blob.load(str(tmp_path / "model.mtb"))
+    b = device_blob_parser.load(str(tmp_path / "model.mtb"))
     for tensor, grad, states in b.parameters:
         if b.names[tensor].startswith("bn.running"):
             assert grad == -1 and states == ()
@@ -569,7 +570,7 @@ def test_dropout_mask_is_bit_packed_in_the_int_arena(tmp_path):
     shape = (9, 13)
     onnx_model = export(DropoutModel(shape, 0.5), torch.zeros(shape), dynamic_batch=False)
     build(tmp_path, onnx_model)
-    b = device_blob.load(str(tmp_path / "model.mtb"))
+    b = device_blob_parser.load(str(tmp_path / "model.mtb"))
     masks = [t for t in range(len(b.names))
              if b.dtypes[t] == device_blob.INT32 and b.roles[t] == 4]  # activation
     assert [b.sizes[t] for t in masks] == [(9 * 13 + 29) // 30]

@@ -22,6 +22,7 @@ from conftest import ROOT, run_micropython
 from microtrain import CheckpointState, InferenceSession, Module
 from microtrain.errors import BlobError
 from microtrain import blob as device_blob
+from microtrain import parser as device_blob_parser
 from microtrain.kernels import recurrent
 from test_hardening import Check
 from test_ops import (GRAD_TOLERANCE, build_model, check_exported_module,
@@ -368,7 +369,7 @@ def test_gates_are_kept_per_step_only_for_training(tmp_path):
     model = build_model(shape, {k: rng.uniform(-1, 1, s).astype(np.float32)
                                 for k, s in params.items()}, nodes, (1, 3, 6))
     mh.generate_artifacts(model, loss="MSELoss", optimizer="SGD", artifact_directory=tmp_path)
-    b = device_blob.load(str(tmp_path / "model.mtb"), keep_steps=True)
+    b = device_blob_parser.load(str(tmp_path / "model.mtb"), keep_steps=True)
     sizes = {}
     for program in ("train", "eval"):
         for code, tensors, _, _ in b.step_records[program]:

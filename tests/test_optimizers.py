@@ -15,6 +15,7 @@ import torch
 import microtrain_host as mh
 from conftest import DEVICE, ROOT, run_micropython
 from microtrain import blob as device_blob
+from microtrain import parser as device_blob_parser
 from microtrain_host.formats.checkpoint import read_checkpoint
 from microtrain_host.cli import main as cli_main
 from microtrain_host.pipeline.pack import pack
@@ -218,7 +219,7 @@ def test_micropython_matches_cpython(runs, micropython, case):
 
 def test_momentum_state_is_in_the_parameter_table_and_the_checkpoint(runs):
     directory, _, expected, _ = runs["momentum"]
-    b = device_blob.load(str(directory / "model.mtb"))
+    b = device_blob_parser.load(str(directory / "model.mtb"))
     assert all([b.names[s] for s in state] == [b.names[t] + ".momentum0"]
                for t, grad, state in b.parameters)
     assert all(device_blob.ROLE_NAMES[b.roles[s]] == "optimizer_state"
@@ -229,7 +230,7 @@ def test_momentum_state_is_in_the_parameter_table_and_the_checkpoint(runs):
     momentum = np.concatenate([saved.momentums[b.names[t]][0].reshape(-1)
                                for t, _, _ in b.parameters])
     assert rel_to_scale(momentum, expected["state"]) <= 1e-4
-    plain = device_blob.load(str(runs["sgd_weight_decay_no_momentum"][0] / "model.mtb"))
+    plain = device_blob_parser.load(str(runs["sgd_weight_decay_no_momentum"][0] / "model.mtb"))
     assert all(state == () for _, _, state in plain.parameters)
 
 
@@ -387,7 +388,7 @@ def test_pack_flags(tmp_path, capsys):
                      "--momentum", "0.9", "--nesterov", "--weight-decay", "0.01",
                      "--l1-penalty", "0.001", "--l2-penalty", "0.002",
                      "--clip-grad-norm", "1.5"]) == 0
-    config = device_blob.load(str(out / "model.mtb")).optimizer
+    config = device_blob_parser.load(str(out / "model.mtb")).optimizer
     assert config["kind"] == "SGD" and config["nesterov"] is True
     for name, value in (("learning_rate", 0.05), ("momentum", 0.9), ("weight_decay", 0.01),
                         ("l1_penalty", 0.001), ("l2_penalty", 0.002), ("clip_grad_norm", 1.5),

@@ -15,6 +15,7 @@ import microtrain_host as mh
 from conftest import ROOT, run_micropython
 from microtrain import CheckpointState, InferenceSession, Module, Optimizer
 from microtrain import blob as device_blob
+from microtrain import parser as device_blob_parser
 from microtrain_host.cli import main
 from reference_models import ds_cnn, mobilenet_v2_block, resnet_block
 from test_float32 import Float32Arena
@@ -73,14 +74,14 @@ def test_device_export_equals_host_int8_blob(exported):
     name, tmp, module, inputs = exported
     device = (tmp / "device_int8.mtb").read_bytes()
     host = (tmp / "host_int8.mtb").read_bytes()
-    b = device_blob.load(str(tmp / "device_int8.mtb"), keep_steps=True)
+    b = device_blob_parser.load(str(tmp / "device_int8.mtb"), keep_steps=True)
     ops = [op for op, *_ in b.step_records["infer"]]
     print(f"{name}: device-exported int8 blob {len(device):,} B, host {len(host):,} B, "
           f"{sum(op in QLINEAR for op in ops)} of {len(ops)} steps int8")
     assert device == host
     assert b.byte_arena > 0 and ops.count(222) + ops.count(223) >= 2
     # the QAT training blob carries what the export computes: an export program, a byte arena
-    training = device_blob.load(str(tmp / "model.mtb"))
+    training = device_blob_parser.load(str(tmp / "model.mtb"))
     assert "export" in training.programs and training.byte_arena > 0
 
 

@@ -13,6 +13,7 @@ import torch
 import microtrain_host as mh
 from microtrain import CheckpointState, InferenceSession, Module, Optimizer
 from microtrain import blob as device_blob
+from microtrain import parser as device_blob_parser
 from reference_models import DSCNN
 from torch_reference import export
 
@@ -20,7 +21,7 @@ HEAD = ["classifier.weight", "classifier.bias"]
 
 
 def sizes(directory):
-    b = device_blob.load(str(directory / "model.mtb"))
+    b = device_blob_parser.load(str(directory / "model.mtb"))
     files = os.path.getsize(directory / "model.mtb") + os.path.getsize(directory / "checkpoint")
     return files, 4 * (b.float_arena + b.int_arena) + b.byte_arena, b
 
@@ -66,7 +67,7 @@ def test_ds_cnn_last_layer_fine_tune_with_int8_frozen_layers(tmp_path):
     # the frozen weights moved from float32 in the arena to int8: the arena shrinks by at
     # least three quarters of their float size
     assert float_arena - int8_arena >= 0.75 * 4 * int8_weights
-    steps = [op for op, *_ in device_blob.load(str(int8 / "model.mtb"), keep_steps=True)
+    steps = [op for op, *_ in device_blob_parser.load(str(int8 / "model.mtb"), keep_steps=True)
              .step_records["train"]]
     assert steps.count(223) == 9            # 9 frozen convolutions run as QLinearConv
 

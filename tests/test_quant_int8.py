@@ -14,6 +14,7 @@ import microtrain_host as mh
 from conftest import ROOT, run_micropython
 from microtrain import InferenceSession
 from microtrain import blob as device_blob
+from microtrain import parser as device_blob_parser
 from microtrain.errors import BlobError
 from microtrain_host.quant.int8 import int8_graph, pack_inference_model
 from microtrain_host.tools.train import train
@@ -66,7 +67,7 @@ def test_digits_int8_blob_equals_onnxruntime(digits_qdq):
     print(f"digits MLP: device int8 vs onnxruntime, largest difference {worst:g} output steps "
           f"over {x.shape[0] * 8} samples")
     assert worst <= 1.0 + 1e-6
-    b = device_blob.load(str(digits_qdq / "int8.mtb"))
+    b = device_blob_parser.load(str(digits_qdq / "int8.mtb"))
     assert b.byte_arena > 0 and {b.dtypes[t] for t in range(len(b.names))} >= {2, 3}
 
 
@@ -119,7 +120,7 @@ def test_crafted_int8_step_is_refused(digits_qdq, tmp_path):
     import struct
     import zlib
     data = bytearray((digits_qdq / "int8.mtb").read_bytes())
-    b = device_blob.load(bytes(data), keep_steps=True)
+    b = device_blob_parser.load(bytes(data), keep_steps=True)
     op, tensors, ints, floats = b.step_records["infer"][2]     # the first QLinearGemm
     assert op == 222
     # make its k (inner size) larger than the input holds: find the ints vector and patch it
@@ -131,7 +132,7 @@ def test_crafted_int8_step_is_refused(digits_qdq, tmp_path):
     size = struct.unpack_from("<I", data, 0)[0]
     data[4 + size:] = struct.pack("<I", zlib.crc32(bytes(data[4:4 + size])) & 0xFFFFFFFF)
     with pytest.raises(BlobError, match="qlinear_gemm"):
-        device_blob.load(bytes(data))
+        device_blob_parser.load(bytes(data))
 
 
 @pytest.mark.parametrize("pair,message", [(None, None), ((1 << 25, 30), "multiplier"),
@@ -156,7 +157,7 @@ def test_stored_requantization_tensors_are_checked(digits_qdq, tmp_path, monkeyp
         assert len(session.run([0.5] * 512)) > 0
     else:
         with pytest.raises(BlobError, match="requantization " + message):
-            device_blob.load(str(tmp_path / "whole.mtb"))
+            device_blob_parser.load(str(tmp_path / "whole.mtb"))
 
 
 def test_int8_forward_under_heap_lock_and_viper_equals_pure(ds_cnn_qdq, micropython, tmp_path):
@@ -207,7 +208,7 @@ def test_crafted_byte_arena_size_is_refused(digits_qdq):
     import struct
     import zlib
     data = bytearray((digits_qdq / "int8.mtb").read_bytes())
-    b = device_blob.load(bytes(data))
+    b = device_blob_parser.load(bytes(data))
     needle = struct.pack("<I", b.byte_arena)
     positions = [i for i in range(8, len(data) - 4) if data[i:i + 4] == needle]
     refused = 0
@@ -217,7 +218,7 @@ def test_crafted_byte_arena_size_is_refused(digits_qdq):
         size = struct.unpack_from("<I", crafted, 0)[0]
         crafted[4 + size:] = struct.pack("<I", zlib.crc32(bytes(crafted[4:4 + size])) & 0xFFFFFFFF)
         try:
-            device_blob.load(bytes(crafted))
+            device_blob_parser.load(bytes(crafted))
         except BlobError as e:
             refused += "byte arena" in str(e)
     assert refused == 1
@@ -291,7 +292,7 @@ def test_constants_sharing_their_data_are_refused_by_name(ds_cnn_qdq, tmp_path):
     from microtrain.flatbuf import Reader
     tmp, _, xs = ds_cnn_qdq
     data = bytearray((tmp / "int8.mtb").read_bytes())
-    b = device_blob.load(bytes(data))
+    b = device_blob_parser.load(bytes(data))
     r = Reader(memoryview(data)[:len(data) - 4], BlobError, start=4)
     tables = list(r.tables(r.root(), 2, "tensor"))
     same = {}

@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from conftest import ROOT, run_micropython
 from microtrain import InferenceSession
 from microtrain import blob as device_blob
+from microtrain import parser as device_blob_parser
 from microtrain_host.quant.int8 import int8_graph, pack_inference_model
 from reference_models import mobilenet_v2_block, resnet_block
 from test_quant_int8 import compare
@@ -65,7 +66,7 @@ def test_residual_int8_micropython_equals_cpython(residual, micropython, tmp_pat
     (tmp_path / "x.f32").write_bytes(x.tobytes())
     out = run_micropython(micropython, ROOT / "tests" / "device_scripts" / "int8_heap_lock.py",
                           tmp / "int8.mtb", tmp_path / "x.f32")
-    b = device_blob.load(str(tmp / "int8.mtb"), keep_steps=True)
+    b = device_blob_parser.load(str(tmp / "int8.mtb"), keep_steps=True)
     byte_steps = sum(1 for op, *_ in b.step_records["infer"] if 222 <= op <= 228)
     assert f"locked {byte_steps} of" in out and "same True" in out, out
     script = tmp_path / "infer.py"

@@ -14,6 +14,7 @@ from onnx import numpy_helper
 import microtrain_host as mh
 from conftest import ROOT, run_micropython
 from microtrain import blob as device_blob
+from microtrain import parser as device_blob_parser
 from reference_models import ds_cnn, lenet
 from test_models import make_data
 from torch_qat import QATDSCNN, QATLeNet, QATMLP, qat_train
@@ -89,7 +90,7 @@ def runs(tmp_path_factory):
 
 def device_ranges(directory, params):
     """The observers' [min, max] from the device's contiguous parameters, in blob order."""
-    b = device_blob.load(str(directory / "model.mtb"))
+    b = device_blob_parser.load(str(directory / "model.mtb"))
     ranges, at = [], 0
     for tensor, _, _ in b.parameters:
         n = b.sizes[tensor]

@@ -12,6 +12,7 @@ from onnx import numpy_helper
 
 import microtrain_host as mh
 from microtrain import blob as device_blob
+from microtrain import parser as device_blob_parser
 from microtrain_host.cli import main
 from microtrain_host.errors import ArtifactError
 from microtrain_host.pipeline.sparse import layers, sparse_update
@@ -123,7 +124,7 @@ def test_inspect_shows_what_the_choice_costs(tmp_path):
     assert f"frozen parameters {frozen:13d}" in text
     assert f"gradient buffers {trained:14d}" in text
     assert f"optimizer state {2 * trained:15d}" in text    # AdamW: two moments each
-    b = device_blob.load(artifacts.blob)
+    b = device_blob_parser.load(artifacts.blob)
     assert f"train steps      {len(b.programs['train'].steps):8d}  (" in text
     assert "pruning saved" in text and "train temporaries" in text
 

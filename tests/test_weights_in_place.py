@@ -10,6 +10,9 @@ import pytest
 
 from microtrain import CheckpointState, InferenceSession, Module
 from microtrain import blob as device_blob
+from microtrain import feed
+from microtrain import loader as device_blob_loader
+from microtrain import parser as device_blob_parser
 from microtrain.errors import BlobError
 from microtrain_host.pipeline import pack as pack_stage
 from microtrain_host.quant.int8 import pack_inference_model
@@ -27,7 +30,7 @@ def digits_int8(digits_qdq):
 
 
 def test_the_weights_of_int8_gemm_take_no_arena_space(digits_int8):
-    b = device_blob.load(str(digits_int8 / "int8.mtb"), keep_steps=True)
+    b = device_blob_parser.load(str(digits_int8 / "int8.mtb"), keep_steps=True)
     weights = {tensors[2] for op, tensors, _, _ in b.step_records["infer"]
                if op in (QLINEAR_GEMM, QLINEAR_CONV)}
     assert weights and b.in_place == weights
@@ -115,7 +118,7 @@ def test_crafted_in_place_flags_are_refused(digits_int8, tmp_path, monkeypatch):
         monkeypatch.undo()
         for source in (data, str(tmp_path / "crafted.mtb")):
             with pytest.raises(BlobError, match=message):
-                device_blob.load_into_arenas(source)
+                device_blob_loader.load_into_arenas(source)
 
 
 def test_a_minimal_runtime_keeps_the_viper_fast_path(digits_int8, micropython, tmp_path):
@@ -132,9 +135,9 @@ def test_a_minimal_runtime_keeps_the_viper_fast_path(digits_int8, micropython, t
     script.write_text(      # a training runtime has no InferenceSession: the steps by hand
         "from microtrain import blob\n"
         "from microtrain.kernels import qlinear\n"
-        f"b, F, I = blob.load_into_arenas({str(digits_int8 / 'int8.mtb')!r})\n"
+        f"b, F, I = loader.load_into_arenas({str(digits_int8 / 'int8.mtb')!r})\n"
         "p = b.programs['infer']\n"
-        f"blob.copy_inputs(b, F, I, p, ({x.tolist()!r},), 0)\n"
+        f"feed.copy_inputs(b, F, I, p, ({x.tolist()!r},), 0)\n"
         "for kernel, args in p.steps:\n"
         "    kernel(F, I, args)\n"
         "y = p.outputs[0]\n"
@@ -154,7 +157,7 @@ def test_a_crafted_size_of_the_weights_is_refused(digits_int8):
     import struct
     import zlib
     data = bytearray((digits_int8 / "int8.mtb").read_bytes())
-    needle = struct.pack("<I", device_blob.load(bytes(data)).weights_size)
+    needle = struct.pack("<I", device_blob_parser.load(bytes(data)).weights_size)
     refused = 0
     for at in [i for i in range(8, len(data) - 4) if data[i:i + 4] == needle]:
         crafted = bytearray(data)
@@ -162,7 +165,7 @@ def test_a_crafted_size_of_the_weights_is_refused(digits_int8):
         size = struct.unpack_from("<I", crafted, 0)[0]
         crafted[4 + size:] = struct.pack("<I", zlib.crc32(bytes(crafted[4:4 + size])))
         try:
-            device_blob.load(bytes(crafted))
+            device_blob_parser.load(bytes(crafted))
         except BlobError as e:
             refused += "weights read in place" in str(e)
     assert refused == 1

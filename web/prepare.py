@@ -17,6 +17,7 @@ ROOT = WEB.parent
 sys.path[:0] = [str(ROOT / "host"), str(ROOT / "device")]
 
 from microtrain import blob as device_blob  # noqa: E402
+from microtrain import parser as device_blob_parser
 from microtrain_host import cli  # noqa: E402
 from microtrain_host.tools.train import load_data, write_device_data  # noqa: E402
 
@@ -49,7 +50,7 @@ def prepare(out, artifacts=None, model=DIGITS / "mlp.onnx", data=DIGITS / "digit
                 raise SystemExit(f"{source}/{name} missing: give --artifacts the directory "
                                  f"`microtrain pack` wrote")
             shutil.copyfile(source / name, out / "artifacts" / name)
-    blob = device_blob.load(str(out / "artifacts" / "model.mtb"))
+    blob = device_blob_parser.load(str(out / "artifacts" / "model.mtb"))
     write_device_data(str(out / "data"), blob, *load_data(data))
     shutil.copytree(ROOT / "device" / "microtrain", out / "device" / "microtrain",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))

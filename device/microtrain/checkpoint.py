@@ -25,11 +25,10 @@
 #   into state.int_velocities (not state.momentums, which float optimizers bind). A
 #   checkpoint without them (written before they were saved, or without optimizer state)
 #   loads with the velocities zero, as a fresh run starts.
-import os
 import struct
 from array import array
 from microtrain import fbwriter
-from microtrain.blob import read_file
+from microtrain.files import open_existing, read_whole, write_atomically
 from microtrain.crc32 import crc32
 from microtrain.errors import CheckpointError
 from microtrain.flatbuf import Reader
@@ -92,7 +91,9 @@ class CheckpointState:
         exists (a save on a filesystem that cannot rename over a file was cut off half-way,
         see write_atomically), the .bak file, the previous checkpoint, is loaded."""
         try:
-            data, path = read_file(checkpoint_uri)
+            f, path = open_existing(checkpoint_uri)
+            with f:
+                data = read_whole(f)
         except OSError as e:
             raise CheckpointError("cannot read checkpoint '%s': %s" % (checkpoint_uri, e))
         return _parse(data, path)
@@ -115,48 +116,6 @@ class CheckpointState:
             f.write(struct.pack("<I", out.crc & 0xFFFFFFFF) + TRAILER_MAGIC)
 
         write_atomically(checkpoint_uri, write, CheckpointError, "checkpoint")
-
-
-def write_atomically(path, write, error, what):
-    """Write `path` with write(file) into path.tmp, flush it to storage, then rename it over
-    `path` (_replace), so an interrupted write leaves the previous file in place. An OSError
-    becomes error("cannot write <what> '<path>': ..."). Checkpoints and exported inference
-    blobs are saved this way."""
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            if hasattr(os, "fsync"):  # CPython; MicroPython's close() flushes
-                f.flush()
-                os.fsync(f.fileno())
-        _replace(tmp, path)
-    except OSError as e:
-        raise error("cannot write %s '%s': %s" % (what, path, e))
-
-
-def _replace(tmp, uri):
-    bak = uri + ".bak"
-    try:
-        os.rename(tmp, uri)
-    except OSError as e:
-        try:
-            os.stat(uri)
-        except OSError:
-            raise e  # nothing to move aside: the rename failed for another reason
-        # This filesystem will not rename over an existing file (some board ports). Move
-        # the old file aside first, so that at every moment uri or uri.bak is a
-        # complete file (blob.read_file falls back to uri.bak when uri is missing).
-        _remove(bak)  # left by an earlier interrupted save; uri is complete now
-        os.rename(uri, bak)
-        os.rename(tmp, uri)
-    _remove(bak)  # the previous checkpoint, or one an interrupted save left behind
-
-
-def _remove(path):
-    try:
-        os.remove(path)
-    except OSError:
-        pass
 
 
 def _read_tensor(r, t, nominal):

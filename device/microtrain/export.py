@@ -9,7 +9,7 @@
 import os
 import struct
 from microtrain.blob import FLOAT, INT32, ITEM_BYTES, NO_TENSOR, describe, is_buffer
-from microtrain.checkpoint import write_atomically
+from microtrain.files import write_atomically
 from microtrain.crc32 import crc32
 from microtrain.errors import BlobError, InputError, ParameterError
 

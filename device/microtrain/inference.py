@@ -3,6 +3,8 @@
 # file, blob.py with its helpers and the kernel families the model uses - no module.py,
 # checkpoint.py or optimizer.
 from microtrain import blob as blobfile
+from microtrain.feed import copy_inputs
+from microtrain.loader import load_into_arenas
 from microtrain.errors import BlobError, InputError
 
 INFER_PROGRAM = "infer"
@@ -13,7 +15,7 @@ class InferenceSession:
     Named after onnxruntime.InferenceSession, but run() takes the inputs themselves."""
 
     def __init__(self, path):
-        b, self.F, self.I = blobfile.load_into_arenas(path)
+        b, self.F, self.I = load_into_arenas(path)
         if INFER_PROGRAM not in b.programs:
             raise BlobError("'%s' is not an inference blob (its programs: %s); write one with "
                             "Module.export_model_for_inferencing" % (blobfile.describe(path),
@@ -44,7 +46,7 @@ class InferenceSession:
             raise InputError("run() takes the inputs themselves, one flat sequence each in "
                              "input_names() order: run(x), not onnxruntime's "
                              "run(output_names, input_feed)")
-        blobfile.copy_inputs(b, self.F, self.I, program, inputs, 0)
+        copy_inputs(b, self.F, self.I, program, inputs, 0)
         F = self.F
         I = self.I
         for kernel, args in program.steps:

@@ -1,6 +1,9 @@
 # Module: runs the train and eval programs of a blob over arenas allocated once.
 import math
 from microtrain import blob as blobfile
+from microtrain.feed import copy_inputs
+from microtrain.loader import load_into_arenas
+from microtrain.parser import program
 from microtrain.errors import CheckpointError, ParameterError, TrainingError
 
 _INF = math.inf
@@ -26,7 +29,7 @@ class Module:
             raise ParameterError("Module(train_model_uri, state, eval_model_uri=None): state "
                                  "must be a CheckpointState (CheckpointState.load_checkpoint"
                                  "(path)), not %s" % type(state).__name__)
-        b, self.F, self.I = blobfile.load_into_arenas(train_model_uri)
+        b, self.F, self.I = load_into_arenas(train_model_uri)
         self.blob = b
         self.uri = train_model_uri
         self.state = state
@@ -37,9 +40,9 @@ class Module:
         # programs instead of train (see forward()).
         self._forward = b.programs.get("forward")
         self._backward = b.programs.get("backward")
-        self._train = (blobfile.program(b, None, "train", train_model_uri)
+        self._train = (program(b, None, "train", train_model_uri)
                        if self._forward is None else None)
-        self._eval = blobfile.program(b, eval_model_uri, "eval", train_model_uri)
+        self._eval = program(b, eval_model_uri, "eval", train_model_uri)
         # Packed with update_in_backward: "train" stops at the loss and "backward_update"
         # applies the updates as the gradients come (see __call__).
         self._backward_update = b.programs.get("backward_update")
@@ -280,7 +283,7 @@ class Module:
                                  "all of them with copy_buffer_to_parameters(buffer, "
                                  "trainable_only=False) before training or eval")
         b = self.blob
-        blobfile.copy_inputs(b, self.F, self.I, program, inputs, b.num_classes)
+        copy_inputs(b, self.F, self.I, program, inputs, b.num_classes)
 
     def __call__(self, *inputs):
         if self._forward is not None:

@@ -1,6 +1,7 @@
 # Optimizer: runs the blob's optimizer program over the Module's arena, in place.
 import math
 from microtrain import blob as blobfile
+from microtrain.parser import program
 from microtrain.errors import CheckpointError, ParameterError
 from microtrain.module import Module
 
@@ -28,7 +29,7 @@ class Optimizer:
             self._program = None
             module._updater = self
         else:
-            self._program = blobfile.program(b, optimizer_uri, "optimizer", module.uri)
+            self._program = program(b, optimizer_uri, "optimizer", module.uri)
         self._lr_at = (b.offsets[b.tensor_id("learning_rate")]
                        if not self._integer else -1)
         self._step_size_at = (b.offsets[b.tensor_id("step_size")]

@@ -1,9 +1,8 @@
 # The load-time checks of one step's arguments, which each kernel's checker asks for
-# (`<kernel>_check(args, c)` beside the kernel in kernels/<family>.py). blob.py runs them
+# (`<kernel>_check(args, c)` beside the kernel in kernels/<family>.py). parser.py runs them
 # once per step; kernels then trust their arguments.
+from microtrain.blob import NO_TENSOR, ROLE_NAMES
 from microtrain.errors import BlobError
-
-NO_TENSOR = 0xFFFFFFFF  # the tensor id of an absent optional tensor
 
 
 class StepCheck:
@@ -18,6 +17,8 @@ class StepCheck:
         self.tensors = ()   # the step's tensor ids (NO_TENSOR when absent)
         self.counts = (0, 0)  # how many ints and floats the step carries (args after the
                               # tensor offsets: ints first, then floats)
+        self.ints = ()        # the step's ints and floats themselves, for checkers that
+        self.floats = ()      # name them (`n, c = c.ints`) rather than slice args
 
     def fail(self, what):
         raise BlobError("%s: %s" % (self.where, what))
@@ -80,6 +81,5 @@ class StepCheck:
 
     def role(self, k, *names):
         tid = self.tensors[k]
-        from microtrain.blob import ROLE_NAMES  # imported by now: blob.py calls this
         if tid == NO_TENSOR or ROLE_NAMES[self.blob.roles[tid]] not in names:
             self.fail("tensor argument %d must be a %s tensor" % (k, " or ".join(names)))

@@ -120,7 +120,8 @@ def int8_pack(directory, lr, calibration_steps=20, **trained):
 def int8_memory(directory, config):
     """An int8 configuration's arenas (its blob in directory), as a line of the table."""
     from microtrain import blob as device_blob
-    b = device_blob.load(str(directory / "model.mtb"))
+    from microtrain import parser as device_blob_parser
+    b = device_blob_parser.load(str(directory / "model.mtb"))
     weights = sum(b.sizes[t] for t in range(len(b.names)) if b.dtypes[t] >= device_blob.INT8
                   and b.roles[t] in (2, 6) and t not in b.in_place)  # param, constant
     in_place = sum(b.sizes[t] for t in b.in_place)

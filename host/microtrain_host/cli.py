@@ -192,7 +192,8 @@ def cmd_deploy(args):
 
 def _batch(artifacts):
     from microtrain import blob as device_blob
-    b = device_blob.load(os.path.join(artifacts, "model.mtb"))
+    from microtrain import parser as device_blob_parser
+    b = device_blob_parser.load(os.path.join(artifacts, "model.mtb"))
     return b.shapes[b.programs["train"].inputs[0]][0]
 
 

@@ -285,7 +285,8 @@ def _train_loss(clock):
 
 def _batch_size(artifacts):
     from microtrain import blob as device_blob
-    b = device_blob.load(os.path.join(artifacts, "model.mtb"))
+    from microtrain import parser as device_blob_parser
+    b = device_blob_parser.load(os.path.join(artifacts, "model.mtb"))
     return b.shapes[b.programs["train"].inputs[0]][0]
 
 

@@ -9,6 +9,7 @@ from array import array
 from microtrain import (BlobError, CheckpointError, CheckpointState, InputError, Module,
                         Optimizer, ParameterError, TrainingError)
 from microtrain import blob as blobfile
+from microtrain import parser as blobfile_parser
 
 results = [0, 0]
 
@@ -56,20 +57,20 @@ def setup():
 def truncation_anywhere():
     step = max(1, len(BLOB) // 400)
     for n in list(range(0, len(BLOB), step)) + [len(BLOB) - 1]:
-        expect(BlobError, lambda: blobfile.parse(BLOB[:n]))
+        expect(BlobError, lambda: blobfile_parser.parse(BLOB[:n]))
 
 
 def wrong_identifier():
     bad = bytearray(BLOB)
     bad[8:12] = b"XXXX"
-    expect(BlobError, lambda: blobfile.parse(bytes(bad)), "identifier")
+    expect(BlobError, lambda: blobfile_parser.parse(bytes(bad)), "identifier")
 
 
 def bit_flips():
     for i in range(0, len(BLOB), max(1, len(BLOB) // 150)):
         bad = bytearray(BLOB)
         bad[i] ^= 0x10
-        expect(BlobError, lambda: blobfile.parse(bytes(bad)))
+        expect(BlobError, lambda: blobfile_parser.parse(bytes(bad)))
 
 
 def checkpoint_bytes():

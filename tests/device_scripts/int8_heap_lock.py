@@ -15,7 +15,7 @@ x = array("f", open(sys.argv[2], "rb").read())
 b = session.blob
 program = session._program
 int8 = [getattr(qlinear, name) for name in qlinear._FAST_NAMES] + [qlinear.qlinear_max_pool]
-from microtrain.blob import copy_inputs
+from microtrain.feed import copy_inputs
 copy_inputs(b, session.F, session.I, program, (x,), 0)
 F, I = session.F, session.I
 locked = 0

@@ -8,7 +8,7 @@ import gc
 import sys
 from array import array
 from microtrain import CheckpointState, Module
-from microtrain.blob import copy_inputs
+from microtrain.feed import copy_inputs
 from microtrain.kernels import inttrain, qlinear
 
 blob, start, n_first, n_more = sys.argv[1], sys.argv[2], int(sys.argv[4]), int(sys.argv[5])

@@ -13,7 +13,7 @@ try:
 except ImportError:
     micropython = None
 from microtrain import CheckpointState, Module
-from microtrain.blob import copy_inputs
+from microtrain.feed import copy_inputs
 from microtrain.kernels import intgrad, inttrain, qlinear
 
 mode = sys.argv[5]

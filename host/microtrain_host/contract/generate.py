@@ -22,13 +22,14 @@ Items of the first line, separated by ";":
     dtypes                FLOAT, INT32, INT8, UINT8 as const()s and ITEM_BYTES
     roles                 ROLE_NAMES and ROLE_<NAME> const()s
     controls              _LAZY_RESET_GRAD, _LEARNING_RATE, _STEP, _STEP_SIZE (tensor names)
-    optimizer             _OPTIONS (field, format, default, low, high of each option) and
-                          _OPTIMIZERS (kind -> (writes step_size, non-negative state index))
+    optimizer_options     _OPTIONS (name, field, format, default, low, high of each option)
+    optimizer_kinds       _OPTIMIZERS (kind -> (writes step_size, non-negative state index))
     checkpoint_facts      identifier, version, trailer, ONNX tensor types (_TENSOR_TYPES)
     format                IDENTIFIER, FORMAT_VERSION, NO_TENSOR of the blob
 """
 import pathlib
 import re
+import struct
 import sys
 
 from . import facts, ops, schema
@@ -123,26 +124,42 @@ def _controls():
     return [f'_{name.upper()} = "{name}"' for name in facts.CONTROLS]
 
 
-def _optimizer():
+def _optimizer_options():
     config = schema.blob_schema()["OptimizerConfig"]
-    out = ["# (name, OptimizerConfig field, struct format, default, lowest, highest, highest",
-           "# excluded) of each option; a flag is 0 or 1",
+    out = ["# (name, OptimizerConfig field, struct format, default, lowest, highest) of each",
+           "# option, as float32 values (a range open at the top ends at the float32 below it);",
+           "# a flag is 0 or 1",
            "_OPTIONS = ("]
     for name, option in facts.OPTIONS.items():
         f = config[name]
         if option.flag:
-            default, low, high, high_open = int(f.default), 0, 1, 0
+            default, low, high = int(f.default), 0, 1
         else:
-            default, low, high, high_open = f.default, option.low, option.high, option.high_open
-        out.append(f'    ("{name}", {f.number}, "{f.scalar}", {default!r}, {low!r}, {high!r}, '
-                   f'{int(high_open)}),')
+            default, low, high = f.default, option.low, option.high
+            if option.high_open:
+                high = _float32_below(high)
+        out.append(f'    ("{name}", {f.number}, "{f.scalar}", {default!r}, {low!r}, {high!r}),')
     out.append(")")
-    out.append("# kind -> (writes the bias-corrected step_size, index of a state that must not be "
-               "negative or -1)")
-    out.append("_OPTIMIZERS = {%s}" % ", ".join(
-        f'"{k.name}": ({int(k.step_size)}, {k.nonnegative_state})'
-        for k in facts.OPTIMIZERS.values()))
     return out
+
+
+def _optimizer_kinds():
+    return ["# kind -> (writes the bias-corrected step_size, index of a state that must not be "
+            "negative or -1)",
+            "_OPTIMIZERS = {%s}" % ", ".join(f'"{k.name}": ({int(k.step_size)}, '
+                                            f'{k.nonnegative_state})'
+                                            for k in facts.OPTIMIZERS.values())]
+
+
+def _float32_below(value):
+    """The largest float32 below value, written as float32 prints it (0.99999994 below 1)."""
+    bits = struct.unpack("<I", struct.pack("<f", value))[0]
+    below = struct.unpack("<f", struct.pack("<I", bits - 1))[0]
+    for digits in range(1, 18):
+        text = f"{below:.{digits}g}"
+        if struct.unpack("<f", struct.pack("<f", float(text)))[0] == below:
+            return float(text)
+    return below
 
 
 def _checkpoint_facts():
@@ -161,8 +178,16 @@ def _format():
             f"NO_TENSOR = const(0x{facts.NO_TENSOR:X})  # the id of an absent optional tensor"]
 
 
+CONST_SHIM = ["try:",
+              "    from micropython import const",
+              "except ImportError:",
+              "    def const(x):",
+              "        return x"]
+
+
 def block_lines(spec):
-    """The generated lines for the items of one block's first line."""
+    """The generated lines for the items of one block's first line (with MicroPython's
+    const() for CPython when they use it)."""
     out = []
     for item in filter(None, (i.strip() for i in spec.split(";"))):
         words = item.split()
@@ -176,15 +201,17 @@ def block_lines(spec):
             out += _roles()
         elif words[0] == "controls":
             out += _controls()
-        elif words[0] == "optimizer":
-            out += _optimizer()
+        elif words[0] == "optimizer_options":
+            out += _optimizer_options()
+        elif words[0] == "optimizer_kinds":
+            out += _optimizer_kinds()
         elif words[0] == "checkpoint_facts":
             out += _checkpoint_facts()
         elif words[0] == "format":
             out += _format()
         else:
             raise ValueError(f"unknown contract item '{item}'")
-    return out
+    return (CONST_SHIM if any("const(" in line for line in out) else []) + out
 
 
 def fill_blocks(text, path):

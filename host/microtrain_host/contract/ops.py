@@ -315,3 +315,8 @@ FAMILIES = tuple(sorted({o.family for o in OPS}))
 RECOMPUTABLE = frozenset(o.code for o in OPS if "recomputable" in o.flags)
 UPDATES = frozenset(o.code for o in OPS if "update" in o.flags)
 WEIGHT_ARGUMENT = {o.code: o.weight_argument for o in OPS if o.weight_argument >= 0}
+
+
+def name_of(code):
+    """The op's name, or its number when the contract has no such op (a crafted blob)."""
+    return BY_CODE[code].name if code in BY_CODE else str(code)

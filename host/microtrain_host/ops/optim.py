@@ -9,7 +9,7 @@ import numpy as np
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
 from ..graph import attr
-from ..ir import GRAD, NO_TENSOR
+from ..ir import GRAD, LAZY_RESET_GRAD, LEARNING_RATE, NO_TENSOR, STEP, STEP_SIZE
 from ..reference import MicrotrainOp
 from ..registry import lowering
 
@@ -17,7 +17,7 @@ from ..registry import lowering
 @lowering("GradAccumulate")
 def lower_grad_accumulate(ctx, node):
     buf, value, _ = node.input
-    reset = ctx.control("lazy_reset_grad")
+    reset = ctx.control(LAZY_RESET_GRAD)
     produced_by = ctx.producer.get(ctx.t(value))
     producer = ctx.steps[produced_by] if produced_by is not None else None
     fusable = producer is not None and ctx.uses.get(value) == 1
@@ -115,12 +115,12 @@ def lower_sgd(ctx, node):
         raise UnsupportedOpError(f"{ctx.where(node)}: nesterov needs momentum > 0 and "
                                  f"dampening 0, got momentum {momentum}, dampening {dampening}")
     size = ctx.tensors[ctx.t(p)].size
-    lr = ctx.control("learning_rate")
+    lr = ctx.control(LEARNING_RATE)
     if not (buf or coef or weight_decay or any(penalties)):
         ctx.step(op.SGD, [ctx.t(p), ctx.t(g), lr], [size])  # plain SGD: the fast kernel
     else:
         ctx.step(op.SGD_GENERAL, [ctx.t(p), ctx.t(g), lr,
-                                  ctx.control("step") if buf else NO_TENSOR,
+                                  ctx.control(STEP) if buf else NO_TENSOR,
                                   ctx.t(buf) if buf else NO_TENSOR,
                                   ctx.t(coef) if coef else NO_TENSOR],
                  [size, nesterov], [momentum, dampening, weight_decay] + penalties)
@@ -157,8 +157,8 @@ def lower_adamw(ctx, node):
         raise UnsupportedOpError(f"{ctx.where(node)}: only adam_mode 1 (the Hugging Face "
                                  f"AdamW rule) is supported")
     penalties = _penalties(ctx, node)
-    tensors = [ctx.t(p), ctx.t(g), ctx.t(m), ctx.t(v), ctx.control("learning_rate"),
-               ctx.control("step_size")]
+    tensors = [ctx.t(p), ctx.t(g), ctx.t(m), ctx.t(v), ctx.control(LEARNING_RATE),
+               ctx.control(STEP_SIZE)]
     floats = [attr(node, "alpha", 0.9), attr(node, "beta", 0.999),
               attr(node, "epsilon", 1e-6), attr(node, "weight_decay", 0.0)]
     size = [ctx.tensors[ctx.t(p)].size]

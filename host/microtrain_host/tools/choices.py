@@ -6,6 +6,7 @@ import os
 import tempfile
 
 from microtrain import blob as device_blob
+from microtrain import parser as device_blob_parser
 
 from ..artifacts import generate_artifacts
 from ..pipeline.pack import TRAINING_PROGRAMS
@@ -43,7 +44,7 @@ def candidate_choices(model, max_layers=6):
 def measure(blob_path):
     """(trainable elements, float arena, gradient buffers, optimizer state, peak temporaries
     of the training timeline, train steps, int arena) of a packed blob."""
-    b = device_blob.load(str(blob_path), keep_steps=True)
+    b = device_blob_parser.load(str(blob_path), keep_steps=True)
     parts = persistent_parts(b)
     train = [t for t in timelines(b) if t.name == "train"]
     steps = sum(len(b.programs[p].steps) for p in TRAINING_PROGRAMS if p in b.programs)

@@ -65,9 +65,10 @@ def plan(artifacts, board_name, steps=None, epochs=None, placement=None):
 def prepare(plan, data, workdir):
     """Write the board's files into workdir: runtime, data, script. Fills plan.files."""
     from microtrain import blob as device_blob
+    from microtrain import parser as device_blob_parser
     workdir = pathlib.Path(workdir)
     blob_path = plan.artifacts / "model.mtb"
-    b = device_blob.load(str(blob_path))
+    b = device_blob_parser.load(str(blob_path))
     if "train" not in b.programs:
         raise DeployError("this model computes its loss outside the graph (packed with --loss "
                           "none): deploy trains models with a train program")

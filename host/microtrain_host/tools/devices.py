@@ -15,9 +15,9 @@ from array import array
 import numpy as np
 
 from ..errors import MicrotrainHostError
+from ..ir import INT32
 from .train import device_package_dir, find_micropython
 
-INT32 = 1  # the blob's dtype code of class-index labels
 
 
 class FederateError(MicrotrainHostError):
@@ -27,7 +27,8 @@ class FederateError(MicrotrainHostError):
 def label_typecode(artifacts):
     """'i' when the blob's training labels are class indices, else 'f'."""
     from microtrain import blob as device_blob
-    b = device_blob.load(os.path.join(str(artifacts), "model.mtb"))
+    from microtrain import parser as device_blob_parser
+    b = device_blob_parser.load(os.path.join(str(artifacts), "model.mtb"))
     if "train" not in b.programs or len(b.programs["train"].inputs) != 2:
         raise FederateError("federated training feeds one input and one label tensor to the "
                             "train program; this model's blob has none such (packed with "
@@ -172,7 +173,7 @@ def buffer_to_checkpoint(artifacts, buffer, path):
     exactly as `microtrain aggregate` writes its result."""
     from microtrain import blob as device_blob
     from ..formats.checkpoint import write_checkpoint
-    b = device_blob.load(os.path.join(str(artifacts), "model.mtb"))
+    b = device_blob_parser.load(os.path.join(str(artifacts), "model.mtb"))
     buffer = np.asarray(buffer, np.float32)
     trainable, frozen, at = {}, {}, 0
     for tensor, grad, _ in b.parameters:

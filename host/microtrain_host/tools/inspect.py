@@ -1,10 +1,12 @@
 """Human-readable description of a packed blob, as read by the device's own reader."""
 import numpy as np
 from microtrain import blob as device_blob
+from microtrain import parser as device_blob_parser
 from microtrain.errors import BlobError
 from microtrain.flatbuf import Reader
 
 from .. import opcodes
+from ..contract.ops import name_of
 from ..pipeline.pack import TRAINING_PROGRAMS
 from ..pipeline.upgrade import TARGET_OPSET
 from .memory_plan import persistent_parts, render, step_label, timelines
@@ -27,7 +29,7 @@ def describe(path, steps=True, plan=False, scales=False, checkpoint=None):
     each program (memory_plan.render). scales: every per-channel scale, not a range.
     checkpoint: a QAT model's checkpoint, to show the scales and zero points it holds now
     (the observers' ranges, the weights' max |w| / 127)."""
-    b = device_blob.load(str(path), keep_steps=True)
+    b = device_blob_parser.load(str(path), keep_steps=True)
     values = None
     if checkpoint is not None:
         from ..formats.checkpoint import read_checkpoint
@@ -130,7 +132,7 @@ def describe(path, steps=True, plan=False, scales=False, checkpoint=None):
                 attrs = " ".join(str(v) for v in ints)
                 if floats:
                     attrs += " | " + " ".join(f"{v:g}" for v in floats)
-                lines.append(f"  {i:3d} {opcodes.NAMES.get(op, str(op)):17s} ({args})  [{attrs}]")
+                lines.append(f"  {i:3d} {name_of(op):17s} ({args})  [{attrs}]")
     if plan:
         for timeline in found:
             lines.append("")
@@ -233,7 +235,7 @@ def blob_bytes(path):
     tensor table, each program, the inference template (what Module.export_model_for_
     inferencing streams), the rest (FlatBuffers tables, vtables, padding). Each string or
     vector counts once however many tables share it."""
-    data = device_blob.read(path)
+    data = device_blob_parser.read(path)
     r = Reader(memoryview(data)[:len(data) - 4], BlobError, start=4)
     root = r.root()
     seen = set()

@@ -11,7 +11,7 @@ import dataclasses
 
 from microtrain import blob as device_blob
 
-from .. import opcodes
+from ..contract.ops import name_of
 
 TIMELINES = (("train", ("train", "backward_update")), ("train", ("forward", "backward")),
              ("eval", ("eval",)), ("optimizer", ("optimizer",)), ("infer", ("infer",)))
@@ -124,7 +124,7 @@ def _kib(elements):
 def step_label(b, timeline, index):
     program, op, tensors = timeline.steps[index]
     out = b.names[tensors[0]] if tensors and tensors[0] != device_blob.NO_TENSOR else "-"
-    return f"{opcodes.NAMES.get(op, str(op))} -> {out}"
+    return f"{name_of(op)} -> {out}"
 
 
 def render(b, timeline, width=64):

@@ -11,6 +11,7 @@ import subprocess
 import tempfile
 
 from microtrain import blob as device_blob
+from microtrain import parser as device_blob_parser
 from microtrain import opcodes as device_opcodes
 
 from ..errors import MicrotrainHostError
@@ -69,7 +70,7 @@ def _exists(name):
 
 def op_codes(blob_path):
     """The op codes the blob's programs use, sorted."""
-    b = device_blob.load(str(blob_path), keep_steps=True)
+    b = device_blob_parser.load(str(blob_path), keep_steps=True)
     return sorted({record[0] for records in b.step_records.values() for record in records})
 
 

@@ -93,10 +93,11 @@ def train(artifact_dir, data_path, epochs, learning_rate, output, runtime="cpyth
           report=None, micropython=None, heap="8M"):
     """Train; report(kind, values) as microtrain.fit calls it. Returns the epoch records."""
     from microtrain import blob as device_blob
+    from microtrain import parser as device_blob_parser
     from microtrain import fit as device_fit
     artifact_dir = str(artifact_dir)
     blob_path = os.path.join(artifact_dir, "model.mtb")
-    blob = device_blob.load(blob_path)
+    blob = device_blob_parser.load(blob_path)
     x, y, x_val, y_val = load_data(data_path)
     records = []
 

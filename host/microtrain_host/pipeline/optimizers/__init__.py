@@ -71,10 +71,10 @@ def check_options(optimizer, options):
     and flags bools, in place."""
     clip = options["clip_grad_norm"]
     if clip is not None:
-        _number(options, "clip_grad_norm")
-        if clip <= 0:
+        if isinstance(clip, numbers.Real) and clip <= 0:
             raise ArtifactError(f"optimizer option clip_grad_norm={clip!r} must be > 0 (the "
                                 f"largest global gradient norm), or None for no clipping")
+        _number(options, "clip_grad_norm")
     for name in facts.OPTIMIZERS[optimizer.name].options + ("l1_penalty", "l2_penalty"):
         if facts.OPTIONS[name].flag:
             if options[name] not in (True, False):

@@ -1,0 +1,40 @@
+# A blob given as a buffer - bytes, a memoryview of a file in a board's ROM filesystem or
+# of a frozen bytes object: the blob in flash - loaded where it is: parsed in place (no
+# copy), its int8 weights left there for the kernels to read, the other constants copied
+# into the arenas. A blob file is loaded by loader.py.
+from microtrain.arenas import CHUNK, arenas, mem_free, put
+from microtrain.blob import ITEM_BYTES, describe
+from microtrain.errors import OutOfMemoryError
+from microtrain.parser import arena_sizes, parse_root, root_of
+
+
+def load_buffer(data):
+    # The blob as a buffer: parsed where it is (no copy), its int8 weights left there, the
+    # other constants copied into the arenas. The arenas are allocated first, at the bottom
+    # of a collected heap, before the parse's garbage can leave no hole as large as them.
+    view = memoryview(data)
+    what = describe(data)
+    try:
+        r, root = root_of(view)
+        floats, ints, nbytes = _arena_sizes(r, root)
+    except MemoryError:
+        raise OutOfMemoryError("%s: no room to check its frame" % what)
+    F, I, Q, _ = arenas(what, floats, ints, nbytes, 0)
+    try:
+        b = parse_root(r, root, view, False, Q, True, view, (F, I, Q))
+    except MemoryError:
+        raise OutOfMemoryError("the blob parsed from %s needs more than the %s bytes the heap "
+                               "has free besides its arenas" % (what, mem_free()))
+    r = root = None
+    b.quant = {}        # the scales served the checks (derived multipliers); not needed now
+    b._arenas = None
+    for tid, pos in b.constants:    # each noted by its place in the buffer
+        n = ITEM_BYTES[b.dtypes[tid]] * b.sizes[tid]
+        for at in range(0, n, CHUNK):
+            put(b, tid, at, view[pos + at:pos + min(n, at + CHUNK)], min(CHUNK, n - at),
+                 F, I, Q)
+    b.Q = Q
+    b.constants = None  # in the arenas now
+    return b, F, I
+
+
