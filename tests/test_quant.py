@@ -270,10 +270,25 @@ def test_cli_qat_pack_train_export(tmp_path, capsys):
     from microtrain import InferenceSession
     x = np.load(digits / "digits.npz")["x_val"][:8].astype(np.float32)
     import onnxruntime as ort
-    expected = ort.InferenceSession(str(build / "q.onnx"), providers=["CPUExecutionProvider"]
-                                    ).run(None, {"input": x})[0]
+    # Without graph optimizations onnxruntime runs the QDQ model as written (DequantizeLinear,
+    # float Gemm, QuantizeLinear): its fused int8 QGemm on AVX2-only x86 sums u8 * s8 pairs in
+    # saturating int16 (vpmaddubsw) and is then off by many output steps where two products
+    # are large, which the machines with VNNI or AVX-512 do not do (measured on an EPYC: 27 %
+    # of the outputs, up to 21 steps). The device accumulates in int32: within one output
+    # step of the float graph (its requantization rounds once, the graph in float32).
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    expected = ort.InferenceSession(str(build / "q.onnx"), options,
+                                    providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
     got = np.array(InferenceSession(str(build / "int8.mtb")).run(x.reshape(-1))).reshape(8, 10)
-    assert np.array_equal(got, expected)
+    qdq = onnx.load(build / "q.onnx")
+    output = next(n for n in qdq.graph.node if n.output[0] == qdq.graph.output[0].name)
+    step = float(next(onnx.numpy_helper.to_array(i) for i in qdq.graph.initializer
+                      if i.name == output.input[1]))
+    print(f"device int8 vs onnxruntime: {np.mean(got == expected):.1%} equal, the rest within "
+          f"{np.max(np.abs(got - expected)) / step:g} output steps")
+    assert np.max(np.abs(got - expected)) <= step * (1 + 1e-6)
+    assert np.mean(got == expected) >= 0.9
     model = onnx.load(build / "model_qdq.onnx")
     assert not any(n.domain for n in model.graph.node)   # no ai.microtrain op
     assert main(["inspect", str(build / "model.mtb"), "--no-steps"]) == 0

@@ -32,10 +32,23 @@ def output_step(model, name="output"):
     return float(values[dq.input[1]])
 
 
+def unfused_session(qdq_path):
+    """onnxruntime running a QDQ model as written: DequantizeLinear, the float op,
+    QuantizeLinear, with no graph optimization. Its fused int8 kernels are no oracle: on x86
+    without VNNI (an AVX2-only EPYC, measured) MLAS sums u8 * s8 pairs in saturating int16
+    (vpmaddubsw) and lands up to 69 output steps off where two products are large."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(str(qdq_path), options, providers=["CPUExecutionProvider"])
+
+
 def compare(qdq_path, blob_path, xs):
-    """(largest |device - onnxruntime| in output steps, outputs) over the batches xs."""
+    """(largest |device - onnxruntime| in output steps, outputs) over the batches xs:
+    onnxruntime computes the QDQ graph in float (unfused_session), the device in integers
+    with one requantization per layer, so they can differ by one step where a value lies at
+    a rounding boundary."""
     model = onnx.load(qdq_path)
-    session = ort.InferenceSession(str(qdq_path), providers=["CPUExecutionProvider"])
+    session = unfused_session(qdq_path)
     name = session.get_inputs()[0].name
     device = InferenceSession(str(blob_path))
     worst, outs = 0.0, []
