@@ -90,6 +90,8 @@ class Blob:
                                 # (in flash), else a bytearray of those constants
         self.weights_size = 0   # ... of weights_size bytes (a blob loaded from a file)
         self._arenas = None     # (F, I, Q) while a blob given as a buffer is parsed (derive)
+        self.nonnegative = set()  # parameters no checkpoint may bring a negative value into
+                                  # (running variances; the checkers note them)
 
     def is_trainable(self, tensor, grad):
         # A parameter entry trains when it has a gradient buffer or is updated in the

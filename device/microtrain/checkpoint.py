@@ -1,16 +1,17 @@
 # CheckpointState: parameters, optimizer state and properties, in the layout of ONNX
-# Runtime's training checkpoint (file identifier "ODTC", version 2; our own schema in
-# host/microtrain_host/schema/checkpoint.fbs). Field numbers used below:
-#   Checkpoint{0 version:int32, 1 module_state, 2 optimizer_groups, 3 property_bag}
-#   ModuleState{0 requires_grad_params, 1 frozen_params, 2 is_nominal_state, 3 has_external_data}
-#   Tensor{0 name, 1 doc_string, 2 dims:[int64], 3 data_type:int32, 4 raw_data:[ubyte]}
-#   OptimizerGroup{0 group_name, 1 step:int64, 2 initial_learning_rate:float, 3 optimizer_states}
-#   ParameterOptimizerState{0 param_name, 1 momentums:[Tensor]}
-#   PropertyBag{0 ints, 1 floats, 2 strings}, each property {0 name, 1 value}
-#   Checkpoint field 4, crc32_trailer:bool, is microtrain's own (ORT ignores it): the file
-#   ends in an 8-byte trailer, the CRC-32 of all bytes before it and b"MTCK". A file with
-#   the trailer must match it; one whose root asks for it but lacks it was cut short; files
-#   written by ORT have neither and load unchecked.
+# Runtime's training checkpoint (file identifier "ODTC", version 2; the schema is
+# host/microtrain_host/contract/checkpoint.fbs, whose field numbers the block below holds).
+#
+# Loading never holds the file in RAM: the file is read through a small window (the CRC-32
+# computed, the structure and every float value checked), and each tensor is noted by where
+# its bytes are (a Ref). A Module (and its Optimizer) then streams those bytes straight into
+# their places in the arenas, the CRC-32 computed again on the way (a file changed since
+# refuses); a state nobody binds reads them into arrays when its data is first asked for.
+# A checkpoint in flash (given as a buffer) is read the same way, where it is.
+#   Checkpoint field crc32_trailer is microtrain's own (ORT ignores it): the file ends in an
+#   8-byte trailer, the CRC-32 of all bytes before it and b"MTCK". A file with the trailer
+#   must match it; one whose root asks for it but lacks it was cut short; files written by
+#   ORT have neither and load unchecked.
 #   Int properties named RNG_PREFIX + k (k = 0, 1, ...: the k-th Dropout of the blob, the
 #   stream number of Module.set_seed) are reserved: the state a*2**30 + b of that Dropout's
 #   generator (kernels/norm.py get_state), written by save_checkpoint with the optimizer
@@ -25,38 +26,99 @@
 #   into state.int_velocities (not state.momentums, which float optimizers bind). A
 #   checkpoint without them (written before they were saved, or without optimizer state)
 #   loads with the velocities zero, as a fresh run starts.
+import math
 import struct
 from array import array
-from microtrain import fbwriter
-from microtrain.files import open_existing, read_whole, write_atomically
+from microtrain.blob import is_buffer
 from microtrain.crc32 import crc32
 from microtrain.errors import CheckpointError
-from microtrain.flatbuf import Reader
+from microtrain.checkpoint_writer import write_checkpoint
+from microtrain.files import BufferFile, open_existing, path_of, reason
+from microtrain.flatbuf import FileReader
 
+# contract: checkpoint Checkpoint ModuleState Tensor ParameterOptimizerState OptimizerGroup PropertyBag IntProperty; checkpoint_facts
+# (generated from host/microtrain_host/contract/ by `python -m microtrain_host.contract.generate`; do not edit)
+try:
+    from micropython import const
+except ImportError:
+    def const(x):
+        return x
+_CK_CHECKPOINT_VERSION = const(0)
+_CK_CHECKPOINT_MODULE_STATE = const(1)
+_CK_CHECKPOINT_OPTIMIZER_GROUPS = const(2)
+_CK_CHECKPOINT_PROPERTY_BAG = const(3)
+_CK_CHECKPOINT_CRC32_TRAILER = const(4)
+_CK_MODULE_STATE_REQUIRES_GRAD_PARAMS = const(0)
+_CK_MODULE_STATE_FROZEN_PARAMS = const(1)
+_CK_MODULE_STATE_IS_NOMINAL_STATE = const(2)
+_CK_MODULE_STATE_HAS_EXTERNAL_DATA = const(3)
+_CK_TENSOR_NAME = const(0)
+_CK_TENSOR_DOC_STRING = const(1)
+_CK_TENSOR_DIMS = const(2)
+_CK_TENSOR_DATA_TYPE = const(3)
+_CK_TENSOR_RAW_DATA = const(4)
+_CK_TENSOR_STRING_DATA = const(5)
+_CK_TENSOR_EXTERNAL_DATA_OFFSET = const(6)
+_CK_PARAMETER_OPTIMIZER_STATE_PARAM_NAME = const(0)
+_CK_PARAMETER_OPTIMIZER_STATE_MOMENTUMS = const(1)
+_CK_OPTIMIZER_GROUP_GROUP_NAME = const(0)
+_CK_OPTIMIZER_GROUP_STEP = const(1)
+_CK_OPTIMIZER_GROUP_INITIAL_LEARNING_RATE = const(2)
+_CK_OPTIMIZER_GROUP_OPTIMIZER_STATES = const(3)
+_CK_PROPERTY_BAG_INTS = const(0)
+_CK_PROPERTY_BAG_FLOATS = const(1)
+_CK_PROPERTY_BAG_STRINGS = const(2)
+_CK_INT_PROPERTY_NAME = const(0)
+_CK_INT_PROPERTY_VALUE = const(1)
 IDENTIFIER = b"ODTC"
-VERSION = 2
+_OBSERVER_RANGE = ".observer_range"  # may hold inf (not observed yet)
+RNG_PREFIX = "microtrain.rng."  # int properties: generator states
+VERSION = const(2)
+TRAILER_MAGIC = b"MTCK"
+# ONNX data type -> (bytes per element, array typecode)
+_TENSOR_TYPES = {1: (4, "f"), 3: (1, "b"), 5: (2, "h"), 6: (4, "i")}
+# end of contract
 ONNX_FLOAT = 1
 ONNX_INT8 = 3              # integer training (kernels/inttrain.py): int8 weights ...
 ONNX_INT16 = 5             # ... their int16 momentum velocities ...
 ONNX_INT32 = 6             # ... and int32 biases (and their velocities), as ONNX tensor types
-_ITEM = {ONNX_FLOAT: (4, "f"), ONNX_INT8: (1, "b"), ONNX_INT16: (2, "h"), ONNX_INT32: (4, "i")}
-TRAILER_MAGIC = b"MTCK"
-RNG_PREFIX = "microtrain.rng."
+_CHUNK = 256               # bytes read at a time
+_ITEM = {"f": 4, "i": 4, "h": 2, "b": 1}   # bytes per element of an array of a typecode
+
+
+class Ref:
+    """Where a tensor's raw bytes lie in the checkpoint a state was loaded from."""
+
+    def __init__(self, at, nbytes, data_type):
+        self.at = at
+        self.nbytes = nbytes
+        self.typecode = _TENSOR_TYPES[data_type][1]
 
 
 class Parameter:
-    """One named parameter. `data` is an array('f') until a Module binds it; from then on
-    it is a view of the Module's arena, so it always shows the current values."""
+    """One named parameter. `data`: its values - an array, or once a Module binds it a view
+    of the Module's arena (so it always shows the current values)."""
 
     def __init__(self, name, shape, data, requires_grad, data_type=ONNX_FLOAT):
         self.name = name
         self.shape = shape
-        self.data = data
+        self._data = data          # array or view, Ref (in the file, not read yet) or None
+        self._state = None         # the state whose source a Ref points into
         self.requires_grad = requires_grad
         self.grad = None
         self.data_type = data_type  # ONNX: float (1), or int8 (3) / int32 (6) of a layer
                                     # trained in integers (its data then raw int8 bytes
                                     # or int32 values)
+
+    @property
+    def data(self):
+        if isinstance(self._data, Ref):
+            self._state.materialize()
+        return self._data
+
+    @data.setter
+    def data(self, values):
+        self._data = values
 
     def size(self):
         n = 1
@@ -76,59 +138,172 @@ class CheckpointState:
         self.is_nominal = False
         self.optimizer_step = 0
         self.initial_learning_rate = 0.001
-        self.momentums = {}        # parameter name -> [array('f'), ...]
-        self.int_velocities = {}   # parameter name -> (ONNX_INT16 or ONNX_INT32, values):
-                                   # integer momentum (see the top of this file); bound by
-                                   # Module to views of the arena
+        self._momentums = {}       # parameter name -> [array, view or Ref, ...]
+        self._velocities = {}      # parameter name -> (ONNX_INT16 or ONNX_INT32, values):
+                                   # integer momentum (see the top of this file)
         self.has_optimizer_state = False  # the file had an optimizer group
         self.parameter_order = []  # names in file order (dict order on MicroPython is not)
         self.random_states = {}    # RNG_PREFIX + k -> int, as loaded (Dropout generators)
         self._random_source = None  # set by Module: returns the current random_states
+        self._source = None        # the path or buffer Refs point into, its FlatBuffer's
+        self._end = 0              # length and CRC-32 (the stream checks them again)
+        self._crc = 0
+
+    @property
+    def momentums(self):
+        self.materialize()
+        return self._momentums
+
+    @momentums.setter
+    def momentums(self, value):
+        self._momentums = value
+
+    @property
+    def int_velocities(self):
+        self.materialize()
+        return self._velocities
+
+    @int_velocities.setter
+    def int_velocities(self, value):
+        self._velocities = value
 
     @staticmethod
     def load_checkpoint(checkpoint_uri):
-        """Read and validate a checkpoint. When `checkpoint_uri` is missing but its .bak
-        exists (a save on a filesystem that cannot rename over a file was cut off half-way,
-        see write_atomically), the .bak file, the previous checkpoint, is loaded."""
+        """Read and validate a checkpoint: a path, or a buffer (a file in a board's ROM
+        filesystem, a frozen bytes object: read where it is). When the path is missing but
+        its .bak exists (a save on a filesystem that cannot rename over a file was cut off
+        half-way, see files.write_atomically), the .bak file, the previous checkpoint, is
+        loaded. Tensor values are not kept in RAM (see the top of this file)."""
+        if is_buffer(checkpoint_uri):
+            source = checkpoint_uri
+            what = "the %d-byte checkpoint buffer" % len(source)
+            f = BufferFile(source)
+        else:
+            path = path_of(checkpoint_uri, CheckpointError, "the checkpoint path")
+            try:
+                f, source = open_existing(path)
+            except OSError as e:
+                raise CheckpointError("cannot read checkpoint '%s': %s" % (path, reason(e)))
+            what = source
         try:
-            f, path = open_existing(checkpoint_uri)
             with f:
-                data = read_whole(f)
+                state = _parse(f, what)
         except OSError as e:
-            raise CheckpointError("cannot read checkpoint '%s': %s" % (checkpoint_uri, e))
-        return _parse(data, path)
+            raise CheckpointError("cannot read checkpoint '%s': %s" % (what, reason(e)))
+        state._source = source
+        return state
 
     @staticmethod
     def save_checkpoint(state, checkpoint_uri, include_optimizer_state=False):
-        """Write the checkpoint atomically (write_atomically): an interrupted save leaves
-        the previous checkpoint in place. include_optimizer_state=True also writes the
-        optimizer state (moments; integer training's momentum velocities) and the
-        generators' states (properties microtrain.rng.*: Dropout, stochastic rounding), so
-        that a resumed run continues as the uninterrupted one."""
+        """Write the checkpoint atomically (files.write_atomically): an interrupted or
+        refused save leaves the previous checkpoint in place. include_optimizer_state=True
+        also writes the optimizer state (moments; integer training's momentum velocities)
+        and the generators' states (properties microtrain.rng.*: Dropout, stochastic
+        rounding), so that a resumed run continues as the uninterrupted one."""
         if not isinstance(state, CheckpointState):
             raise CheckpointError("save_checkpoint(state, checkpoint_uri, include_optimizer_state"
                                   "=False): state must be a CheckpointState, not %s"
                                   % type(state).__name__)
+        path = path_of(checkpoint_uri, CheckpointError, "the checkpoint path")
+        state.materialize()
+        write_checkpoint(state, path, include_optimizer_state)
 
-        def write(f):
-            out = _Crc32Stream(f)
-            fbwriter.write(out, _to_flatbuffer(state, include_optimizer_state), IDENTIFIER)
-            f.write(struct.pack("<I", out.crc & 0xFFFFFFFF) + TRAILER_MAGIC)
+    # -- tensor bytes in the source --------------------------------------------------------
+    def _refs(self):
+        # every (holder, key, Ref) still in the source: holder[key] is replaced by the values
+        out = []
+        for p in self.parameters.values():
+            if isinstance(p._data, Ref):
+                out.append((p, None, p._data))
+        for moments in self._momentums.values():
+            for i in range(len(moments)):
+                if isinstance(moments[i], Ref):
+                    out.append((moments, i, moments[i]))
+        for name in self._velocities:
+            dtype, values = self._velocities[name]
+            if isinstance(values, Ref):
+                out.append((self._velocities, name, values))
+        return out
 
-        write_atomically(checkpoint_uri, write, CheckpointError, "checkpoint")
+    def materialize(self):
+        """Read every tensor still in the source into an array of its own (a state no
+        Module binds, whose data is asked for)."""
+        refs = self._refs()
+        if not refs:
+            return
+        targets = []
+        for holder, key, ref in refs:
+            values = array(ref.typecode, bytes(ref.nbytes))
+            targets.append((ref, values, 0))
+            if key is None:
+                holder._data = values
+            elif isinstance(holder, list):
+                holder[key] = values
+            else:
+                holder[key] = (holder[key][0], values)
+        self.stream(targets)
+
+    def stream(self, targets):
+        """Copy each target (Ref, arena, element offset)'s bytes from the source into
+        the arena, reading the source once front to back with the CRC-32 of all of it
+        computed again: a source that changed since it was validated is refused."""
+        targets = sorted(targets, key=lambda t: t[0].at)
+        source = self._source
+        try:
+            f = BufferFile(source) if is_buffer(source) else open(source, "rb")
+            with f:
+                if f.seek(0, 2) < self._end:
+                    raise CheckpointError("checkpoint '%s' changed since it was loaded"
+                                          % source)
+                f.seek(0)
+                chunk = bytearray(_CHUNK)
+                crc, at = 0, 0
+                for ref, arena, offset in targets:
+                    crc = _crc_through(f, chunk, crc, ref.at - at)
+                    view = memoryview(arena)
+                    # bytes per element: the byte arena holds int8 values and the two bytes
+                    # of each int16 velocity; arrays hold elements of the tensor's type
+                    item = 1 if isinstance(arena, bytearray) else _ITEM[ref.typecode]
+                    step = _CHUNK // item
+                    first, last = offset, offset + ref.nbytes // item
+                    for start in range(first, last, step):
+                        piece = view[start:min(start + step, last)]
+                        if f.readinto(piece) != len(piece) * item:
+                            raise CheckpointError("checkpoint '%s' changed since it was "
+                                                  "loaded" % source)
+                        crc = crc32(piece, crc)
+                    at = ref.at + ref.nbytes
+                crc = _crc_through(f, chunk, crc, self._end - at)
+        except OSError as e:
+            raise CheckpointError("cannot read checkpoint '%s': %s" % (source, reason(e)))
+        if crc & 0xFFFFFFFF != self._crc:
+            raise CheckpointError("checkpoint '%s' changed since it was loaded" % source)
 
 
-def _read_tensor(r, t, nominal):
-    name = r.string(t, 0, "tensor name")
+def _crc_through(f, chunk, crc, n):
+    # the CRC-32 of the next n bytes of f, read through chunk
+    view = memoryview(chunk)
+    while n > 0:
+        got = f.readinto(view[:min(n, len(chunk))])
+        if not got:
+            raise OSError(5, "the file ended early")
+        crc = crc32(view[:got], crc)
+        n -= got
+    return crc
+
+
+def _read_tensor(r, t, nominal, what):
+    # (name, dims, Ref or None, ONNX data type) of one tensor table
+    name = r.string(t, _CK_TENSOR_NAME, "tensor name")
     if not name:
-        raise CheckpointError("a tensor of the checkpoint has no name")
-    dims = tuple(r.scalars(t, 2, "q", "tensor dims"))
-    dtype = r.scalar(t, 3, "i", 0)
-    pos, nbytes = r.vector(t, 4, 1, "raw_data of '%s'" % name)
-    if dtype not in _ITEM:
+        raise CheckpointError("%s: a tensor has no name" % what)
+    dims = tuple(r.scalars(t, _CK_TENSOR_DIMS, "q", "tensor dims"))
+    dtype = r.scalar(t, _CK_TENSOR_DATA_TYPE, "i", 0)
+    pos, nbytes = r.vector(t, _CK_TENSOR_RAW_DATA, 1, "raw_data of '%s'" % name)
+    if dtype not in _TENSOR_TYPES:
         raise CheckpointError("tensor '%s' has ONNX data type %d; only float (1), int8 (3), "
                               "int16 (5) and int32 (6) are supported" % (name, dtype))
-    if r.scalar(t, 6, "q", -1) != -1:
+    if r.scalar(t, _CK_TENSOR_EXTERNAL_DATA_OFFSET, "q", -1) != -1:
         raise CheckpointError("tensor '%s' keeps its data in an external file, which is not "
                               "supported" % name)
     if nominal:
@@ -138,11 +313,10 @@ def _read_tensor(r, t, nominal):
         if d < 0:
             raise CheckpointError("tensor '%s' has a negative dimension" % name)
         count *= d
-    item, code = _ITEM[dtype]
-    if nbytes != item * count:
+    if nbytes != _TENSOR_TYPES[dtype][0] * count:
         raise CheckpointError("tensor '%s' has %d data bytes; dims %r need %d"
-                              % (name, nbytes, dims, item * count))
-    return name, dims, array(code, bytes(r.buf[pos:pos + nbytes])), dtype
+                              % (name, nbytes, dims, _TENSOR_TYPES[dtype][0] * count))
+    return name, dims, Ref(pos, nbytes, dtype), dtype
 
 
 def _moment_order(pair):
@@ -150,182 +324,154 @@ def _moment_order(pair):
     return (len(pair[0]), pair[0])
 
 
-class _Crc32Stream:
-    # Passes writes through to a file, keeping the CRC-32 of everything written.
-    def __init__(self, f):
-        self.f = f
-        self.crc = 0
-
-    def write(self, data):
-        self.crc = crc32(data, self.crc)
-        return self.f.write(data)
-
-
-def _check_trailer(data, uri):
-    # The FlatBuffer without its trailer (verified), or None when the file has no trailer.
-    n = len(data)
-    if n < 16 or bytes(data[n - 4:]) != TRAILER_MAGIC:
-        return None
-    body = memoryview(data)[:n - 8]
-    if crc32(body) & 0xFFFFFFFF != struct.unpack_from("<I", data, n - 8)[0]:
-        raise CheckpointError("checkpoint '%s' is corrupt: its CRC-32 does not match" % uri)
-    return body
-
-
-def _parse(data, uri):
-    if len(data) < 8 or bytes(data[4:8]) != IDENTIFIER:
+def _frame(f, uri):
+    # (end of the FlatBuffer, its CRC-32) of the open checkpoint file f, checked: the
+    # identifier, the trailer's CRC-32 when there is one.
+    size = f.seek(0, 2)
+    f.seek(0)
+    head = f.read(8)
+    if len(head) < 8 or head[4:8] != IDENTIFIER:
         raise CheckpointError("'%s' is not a training checkpoint (identifier %r, expected %r)"
-                              % (uri, bytes(data[4:8]), IDENTIFIER))
-    body = _check_trailer(data, uri)
-    checked = body is not None
-    if checked:
-        data = body
-    r = Reader(data, CheckpointError)
+                              % (uri, bytes(head[4:8]), IDENTIFIER))
+    end = size
+    stored = None
+    if size >= 16:
+        f.seek(size - 8)
+        tail = f.read(8)
+        if tail[4:] == TRAILER_MAGIC:
+            end = size - 8
+            stored = struct.unpack("<I", tail[:4])[0]
+    f.seek(0)
+    crc = _crc_through(f, bytearray(_CHUNK), 0, end) & 0xFFFFFFFF
+    if stored is not None and crc != stored:
+        raise CheckpointError("checkpoint '%s' is corrupt: its CRC-32 does not match" % uri)
+    return end, crc, stored is not None
+
+
+def _check_values(f, ref, what, uri, infinite_ok):
+    # every float of a tensor a number, and finite (but a QAT observer's range, which is
+    # [inf, -inf] until it has seen a batch): a NaN or infinite parameter or moment would
+    # train into NaN, or freeze a weight, without a word
+    if ref.typecode != "f":
+        return
+    chunk = array("f", bytes(_CHUNK))
+    view = memoryview(chunk)
+    f.seek(ref.at)
+    done = 0
+    count = ref.nbytes // 4
+    while done < count:
+        n = min(len(chunk), count - done)
+        if f.readinto(view[:n]) != 4 * n:
+            raise OSError(5, "the file ended early")
+        for i in range(n):
+            v = chunk[i]
+            if v != v or not (infinite_ok or -math.inf < v < math.inf):
+                raise CheckpointError("checkpoint '%s': %s holds %r at position %d (a "
+                                      "parameter, moment or statistic must be finite)"
+                                      % (uri, what, v, done + i))
+        done += n
+
+
+def _parse(f, uri):
+    end, crc, checked = _frame(f, uri)
+    r = FileReader(f, end, CheckpointError)
     root = r.root()
-    version = r.scalar(root, 0, "i", 0)
+    version = r.scalar(root, _CK_CHECKPOINT_VERSION, "i", 0)
     if version != VERSION:
         raise CheckpointError("checkpoint '%s': version %d is not supported (expected %d); "
                               "write it with onnxruntime-training 1.19 or microtrain"
                               % (uri, version, VERSION))
-    if r.scalar(root, 4, "B", 0) and not checked:
+    if r.scalar(root, _CK_CHECKPOINT_CRC32_TRAILER, "B", 0) and not checked:
         raise CheckpointError("checkpoint '%s' is truncated or corrupt: its CRC-32 trailer is "
                               "missing" % uri)
     state = CheckpointState()
-    module = r.table(root, 1, "module_state")
+    state._end, state._crc = end, crc
+    checks = []             # (Ref, what it is) of every tensor, for _check_values
+    module = r.table(root, _CK_CHECKPOINT_MODULE_STATE, "module_state")
     if module is not None:
-        state.is_nominal = bool(r.scalar(module, 2, "B", 0))
-        if r.scalar(module, 3, "B", 0):
+        state.is_nominal = bool(r.scalar(module, _CK_MODULE_STATE_IS_NOMINAL_STATE, "B", 0))
+        if r.scalar(module, _CK_MODULE_STATE_HAS_EXTERNAL_DATA, "B", 0):
             raise CheckpointError("checkpoints with external data are not supported")
-        for index, trainable in ((0, True), (1, False)):
+        for index, trainable in ((_CK_MODULE_STATE_REQUIRES_GRAD_PARAMS, True),
+                                 (_CK_MODULE_STATE_FROZEN_PARAMS, False)):
             for t in r.tables(module, index, "parameter"):
-                name, dims, values, dtype = _read_tensor(r, t, state.is_nominal)
+                name, dims, ref, dtype = _read_tensor(r, t, state.is_nominal, uri)
                 if name in state.parameters:
                     raise CheckpointError("parameter '%s' appears twice" % name)
-                state.parameters[name] = Parameter(name, dims, values, trainable, dtype)
+                p = Parameter(name, dims, ref, trainable, dtype)
+                p._state = state
+                state.parameters[name] = p
                 state.parameter_order.append(name)
-    groups = r.tables(root, 2, "optimizer group")
+                checks.append((ref, "parameter '%s'" % name))
+    groups = r.tables(root, _CK_CHECKPOINT_OPTIMIZER_GROUPS, "optimizer group")
     if len(groups) > 1:
         raise CheckpointError("%d optimizer groups; only one is supported" % len(groups))
     for group in groups:
         state.has_optimizer_state = True
-        state.optimizer_step = r.scalar(group, 1, "q", 0)
+        state.optimizer_step = r.scalar(group, _CK_OPTIMIZER_GROUP_STEP, "q", 0)
         if state.optimizer_step < 0:
             raise CheckpointError("optimizer step %d is negative" % state.optimizer_step)
-        state.initial_learning_rate = r.scalar(group, 2, "f", 0.0)  # schema default
-        for ps in r.tables(group, 3, "parameter optimizer state"):
-            pname = r.string(ps, 0, "param_name")
-            moments = []
-            velocity = None
-            for t in r.tables(ps, 1, "momentum"):
-                n, _, v, dtype = _read_tensor(r, t, False)
-                if dtype == ONNX_FLOAT:
-                    moments.append((n, v))
-                elif dtype in (ONNX_INT16, ONNX_INT32) and n == "momentum0":
-                    velocity = (dtype, v)
-                else:
-                    raise CheckpointError("%s of '%s' is not a float tensor (nor an integer "
-                                          "momentum0: int16 or int32)" % (n, pname))
-            moments.sort(key=_moment_order)  # by name only: arrays do not compare on MicroPython
-            p = state.parameters.get(pname)
-            if p is None or not p.requires_grad or pname in state.momentums or \
-                    pname in state.int_velocities:
-                raise CheckpointError("optimizer state for '%s', which is not a trainable "
-                                      "parameter or appears twice" % pname)
-            if velocity is not None:
-                if moments or state.is_nominal:
-                    raise CheckpointError("optimizer state of '%s': an integer momentum0 "
-                                          "with other moments, or in a nominal checkpoint"
-                                          % pname)
-                if len(velocity[1]) != p.size():
-                    raise CheckpointError("the integer momentum velocity (momentum0) of '%s' "
-                                          "has %d values; the parameter has %d"
-                                          % (pname, len(velocity[1]), p.size()))
-                state.int_velocities[pname] = velocity
-                continue
-            if state.is_nominal and moments:
-                raise CheckpointError("a nominal checkpoint holds optimizer moments")
-            for mname, v in moments:
-                if len(v) != p.size():
-                    raise CheckpointError("%s of '%s' has %d values; the parameter has %d"
-                                          % (mname, pname, len(v), p.size()))
-            state.momentums[pname] = [v for _, v in moments]
-    bag = r.table(root, 3, "property_bag")
+        state.initial_learning_rate = r.scalar(group, _CK_OPTIMIZER_GROUP_INITIAL_LEARNING_RATE,
+                                               "f", 0.0)  # the schema's default
+        for ps in r.tables(group, _CK_OPTIMIZER_GROUP_OPTIMIZER_STATES,
+                           "parameter optimizer state"):
+            _read_moments(r, ps, state, checks, uri)
+    bag = r.table(root, _CK_CHECKPOINT_PROPERTY_BAG, "property_bag")
     if bag is not None:
-        for index, fmt, default in ((0, "q", 0), (1, "f", 0.0)):
+        for index, fmt, default in ((_CK_PROPERTY_BAG_INTS, "q", 0),
+                                    (_CK_PROPERTY_BAG_FLOATS, "f", 0.0)):
             for p in r.tables(bag, index, "property"):
-                name = r.string(p, 0, "property name")
-                value = r.scalar(p, 1, fmt, default)
-                if index == 0 and name.startswith(RNG_PREFIX):
+                name = r.string(p, _CK_INT_PROPERTY_NAME, "property name")
+                value = r.scalar(p, _CK_INT_PROPERTY_VALUE, fmt, default)
+                if index == _CK_PROPERTY_BAG_INTS and name.startswith(RNG_PREFIX):
                     state.random_states[name] = value
                 else:
                     state.properties[name] = value
-        for p in r.tables(bag, 2, "property"):
-            state.properties[r.string(p, 0, "property name")] = r.string(p, 1, "property")
+        for p in r.tables(bag, _CK_PROPERTY_BAG_STRINGS, "property"):
+            # (every property table is {name, value}: IntProperty's numbers serve all three)
+            state.properties[r.string(p, _CK_INT_PROPERTY_NAME, "property name")] = \
+                r.string(p, _CK_INT_PROPERTY_VALUE, "property")
+    for ref, what in checks:
+        if ref is not None:
+            _check_values(f, ref, what, uri, what.endswith(_OBSERVER_RANGE + "'"))
     return state
 
 
-def _tensor(name, shape, values, nominal, dtype=ONNX_FLOAT):
-    # A nominal tensor keeps its dims and has an empty raw_data vector (ORT writes empty
-    # dims there; it refuses a tensor without either vector; see schema/checkpoint.fbs).
-    n = 0
-    if not nominal:
-        n = 1
-        for d in shape:
-            n *= d
-    return fbwriter.Table([fbwriter.String(name), None, fbwriter.Vector("q", list(shape)),
-                           ("i", dtype), fbwriter.Raw(values if n else b"", _ITEM[dtype][0] * n)])
-
-
-def _to_flatbuffer(state, include_optimizer_state):
-    # Like ORT, tensors and properties are written sorted by name.
-    names = sorted(state.parameters)
-    lists = ([], [])
-    for name in names:
-        p = state.parameters[name]
-        lists[0 if p.requires_grad else 1].append(
-            _tensor(name, p.shape, p.data, state.is_nominal, p.data_type))
-    module = fbwriter.Table([fbwriter.Tables(lists[0]), fbwriter.Tables(lists[1]),
-                             ("B", 1 if state.is_nominal else 0), ("B", 0)])
-    groups = None
-    velocities = state.int_velocities
-    if include_optimizer_state and (state.has_optimizer_state or state.momentums or velocities):
-        per_param = []
-        for name in sorted(list(state.momentums) + list(velocities)):
-            shape = state.parameters[name].shape
-            if name in velocities:
-                dtype, values = velocities[name]
-                moments = [_tensor("momentum0", shape, values, False, dtype)]
-            else:
-                moments = [_tensor("momentum%d" % i, shape, m, False)
-                           for i, m in enumerate(state.momentums[name])]
-            per_param.append(fbwriter.Table([fbwriter.String(name), fbwriter.Tables(moments)]))
-        groups = fbwriter.Tables([fbwriter.Table([
-            fbwriter.String("group0"), ("q", state.optimizer_step),
-            ("f", state.initial_learning_rate), fbwriter.Tables(per_param)])])
-    properties = state.properties
-    for name in properties:
-        if name.startswith(RNG_PREFIX):
-            raise CheckpointError("property '%s': names starting with '%s' are reserved for "
-                                  "the Dropout generators' states" % (name, RNG_PREFIX))
-    if include_optimizer_state:
-        source = state._random_source
-        randoms = source() if source is not None else state.random_states
-        if randoms:
-            properties = dict(properties)
-            properties.update(randoms)
-    bag = None
-    if properties:
-        kinds = ([], [], [])
-        for name in sorted(properties):
-            value = properties[name]
-            if isinstance(value, bool) or isinstance(value, int):
-                kinds[0].append(fbwriter.Table([fbwriter.String(name), ("q", int(value))]))
-            elif isinstance(value, float):
-                kinds[1].append(fbwriter.Table([fbwriter.String(name), ("f", value)]))
-            elif isinstance(value, str):
-                kinds[2].append(fbwriter.Table([fbwriter.String(name), fbwriter.String(value)]))
-            else:
-                raise CheckpointError("property '%s' must be int, float or str, not %s"
-                                      % (name, type(value).__name__))
-        bag = fbwriter.Table([fbwriter.Tables(k) for k in kinds])
-    return fbwriter.Table([("i", VERSION), module, groups, bag, ("B", 1)])
+def _read_moments(r, ps, state, checks, uri):
+    pname = r.string(ps, _CK_PARAMETER_OPTIMIZER_STATE_PARAM_NAME, "param_name")
+    moments = []
+    velocity = None
+    for t in r.tables(ps, _CK_PARAMETER_OPTIMIZER_STATE_MOMENTUMS, "momentum"):
+        n, dims, ref, dtype = _read_tensor(r, t, False, uri)
+        if dtype == ONNX_FLOAT:
+            moments.append((n, ref))
+        elif dtype in (ONNX_INT16, ONNX_INT32) and n == "momentum0":
+            velocity = (dtype, ref)
+        else:
+            raise CheckpointError("%s of '%s' is not a float tensor (nor an integer "
+                                  "momentum0: int16 or int32)" % (n, pname))
+        checks.append((ref, "%s of '%s'" % (n, pname)))
+    moments.sort(key=_moment_order)
+    p = state.parameters.get(pname)
+    if p is None or not p.requires_grad or pname in state._momentums or \
+            pname in state._velocities:
+        raise CheckpointError("optimizer state for '%s', which is not a trainable "
+                              "parameter or appears twice" % pname)
+    if velocity is not None:
+        if moments or state.is_nominal:
+            raise CheckpointError("optimizer state of '%s': an integer momentum0 "
+                                  "with other moments, or in a nominal checkpoint" % pname)
+        count = velocity[1].nbytes // _TENSOR_TYPES[velocity[0]][0]
+        if count != p.size():
+            raise CheckpointError("the integer momentum velocity (momentum0) of '%s' "
+                                  "has %d values; the parameter has %d"
+                                  % (pname, count, p.size()))
+        state._velocities[pname] = velocity
+        return
+    if state.is_nominal and moments:
+        raise CheckpointError("a nominal checkpoint holds optimizer moments")
+    for mname, ref in moments:
+        if ref.nbytes // 4 != p.size():
+            raise CheckpointError("%s of '%s' has %d values; the parameter has %d"
+                                  % (mname, pname, ref.nbytes // 4, p.size()))
+    state._momentums[pname] = [ref for _, ref in moments]

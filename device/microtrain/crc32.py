@@ -7,6 +7,8 @@ except ImportError:
 
 if crc32 is None:
     def crc32(data, crc=0):
+        if not isinstance(data, (bytes, bytearray)):
+            data = bytes(data)      # a view of an arena: its raw bytes, not its elements
         crc ^= 0xFFFFFFFF
         for byte in data:
             crc ^= byte

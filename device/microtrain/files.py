@@ -1,6 +1,45 @@
-# Files on a board: opened with the fallback an interrupted save leaves, read in one buffer,
-# written atomically. The blob loader, the checkpoints and the inference export share these.
+# Files on a board: opened with the fallback an interrupted save leaves, or a buffer in
+# flash read like one; read in one buffer; written atomically, never through a planted link
+# and never over a directory. The blob loader, the checkpoints and the inference export
+# share these.
 import os
+
+_IS_DIR = 0x4000          # S_IFDIR in os.stat()[0]
+# errno -> words, for the ports whose OSError carries only the number
+_REASONS = {1: "operation not permitted", 2: "no such file or directory", 5: "I/O error",
+            9: "bad file descriptor", 12: "out of memory", 13: "permission denied",
+            17: "file exists", 20: "not a directory", 21: "is a directory",
+            22: "invalid argument", 24: "too many open files", 27: "file too large",
+            28: "no space left on the device", 30: "read-only filesystem",
+            36: "file name too long", 39: "directory not empty"}
+
+
+def reason(e):
+    """An OSError in words: 'no space left on the device (errno 28)'."""
+    number = e.args[0] if e.args and isinstance(e.args[0], int) else None
+    text = e.args[1] if len(e.args) > 1 else _REASONS.get(number)
+    if text is None:
+        return str(e)
+    return "%s (errno %d)" % (text, number) if number is not None else str(text)
+
+
+def path_of(uri, error, what):
+    """uri as a str path: a str, or on CPython a path-like object; anything else is
+    error('<what> must be a path ...')."""
+    if isinstance(uri, str):
+        return uri
+    if hasattr(uri, "__fspath__"):
+        path = uri.__fspath__()
+        if isinstance(path, str):
+            return path
+    raise error("%s must be a path (a str), not %s" % (what, type(uri).__name__))
+
+
+def is_directory(path):
+    try:
+        return os.stat(path)[0] & _IS_DIR != 0
+    except OSError:
+        return False
 
 
 def open_existing(path):
@@ -9,12 +48,56 @@ def open_existing(path):
     path.bak while it replaces it (write_atomically); a power cut there leaves only path.bak.
     Raises the OSError of `path` when neither can be opened."""
     try:
-        return open(path, "rb"), path
+        return _open_file(path), path
     except OSError as e:
         try:
-            return open(path + ".bak", "rb"), path + ".bak"
+            return _open_file(path + ".bak"), path + ".bak"
         except OSError:
             raise e
+
+
+def _open_file(path):
+    # Only a regular file: a directory cannot be read, and a FIFO or a device would block
+    # or never end.
+    kind = os.stat(path)[0] & 0xF000
+    if kind == _IS_DIR:
+        raise OSError(21, "is a directory")
+    if kind != 0x8000:
+        raise OSError(22, "not a regular file")
+    return open(path, "rb")
+
+
+class BufferFile:
+    """A buffer (bytes, a memoryview of a file in a board's ROM filesystem or of a frozen
+    bytes object) read like an open file: seek, readinto, read."""
+
+    def __init__(self, buf):
+        self.view = memoryview(buf)
+        self.at = 0
+
+    def seek(self, at, whence=0):
+        self.at = at if whence == 0 else len(self.view) + at
+        return self.at
+
+    def readinto(self, into):
+        n = max(0, min(len(into), len(self.view) - self.at))
+        into[:n] = self.view[self.at:self.at + n]
+        self.at += n
+        return n
+
+    def read(self, n):
+        out = bytes(self.view[self.at:self.at + n])
+        self.at += len(out)
+        return out
+
+    def close(self):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
 
 
 def read_whole(f, room=0):
@@ -41,19 +124,42 @@ def read_whole(f, room=0):
 
 def write_atomically(path, write, error, what):
     """Write `path` with write(file) into path.tmp, flush it to storage, then rename it over
-    `path` (_replace), so an interrupted write leaves the previous file in place. An OSError
-    becomes error("cannot write <what> '<path>': ..."). Checkpoints and exported inference
-    blobs are saved this way."""
+    `path` (_replace), so an interrupted write leaves the previous file in place. The
+    temporary file is created afresh (a file or link already at path.tmp is removed, never
+    written through), a directory at `path` is refused, and a failed write removes the
+    temporary file; every OSError becomes error("cannot write <what> '<path>': <reason>").
+    Checkpoints and exported inference blobs are saved this way."""
+    path = path_of(path, error, "the %s path" % what)
+    if is_directory(path):
+        raise error("cannot write %s '%s': it is a directory" % (what, path))
     tmp = path + ".tmp"
     try:
-        with open(tmp, "wb") as f:
+        f = _create(tmp)
+        with f:
             write(f)
             if hasattr(os, "fsync"):  # CPython; MicroPython's close() flushes
                 f.flush()
                 os.fsync(f.fileno())
         _replace(tmp, path)
     except OSError as e:
-        raise error("cannot write %s '%s': %s" % (what, path, e))
+        _remove(tmp)
+        raise error("cannot write %s '%s': %s" % (what, path, reason(e)))
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def _create(tmp):
+    # A new file at tmp. Whatever is there (an interrupted save's leftover, or a link
+    # planted to make the save overwrite another file) is removed first, not followed.
+    # CPython then creates it exclusively without following links; MicroPython has no
+    # O_EXCL, and a board runs one program: remove, then create.
+    _remove(tmp)
+    if hasattr(os, "O_EXCL"):
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) \
+            | getattr(os, "O_BINARY", 0)
+        return os.fdopen(os.open(tmp, flags, 0o666), "wb")
+    return open(tmp, "wb")
 
 
 def _replace(tmp, uri):
@@ -62,9 +168,11 @@ def _replace(tmp, uri):
         os.rename(tmp, uri)
     except OSError as e:
         try:
-            os.stat(uri)
+            mode = os.stat(uri)[0]
         except OSError:
             raise e  # nothing to move aside: the rename failed for another reason
+        if mode & _IS_DIR:
+            raise e  # never move a directory aside
         # This filesystem will not rename over an existing file (some board ports). Move
         # the old file aside first, so that at every moment uri or uri.bak is a
         # complete file (open_existing falls back to uri.bak when uri is missing).

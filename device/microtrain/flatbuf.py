@@ -1,4 +1,6 @@
-# A small, bounds-checked FlatBuffers reader over bytes / bytearray / memoryview.
+# A small, bounds-checked FlatBuffers reader over a buffer (bytes, bytearray, memoryview) or,
+# FileReader, over a file read through a small window (a checkpoint is parsed without
+# holding the file in RAM).
 #
 # Layout facts used (FlatBuffers binary format): little-endian; a table starts with an
 # int32 offset back to its vtable (vtable = table - soffset); a vtable is u16 vtable size,
@@ -16,37 +18,42 @@ class Reader:
         self.size = len(buf)
         self.error = error
         self.start = start
+        self.base = 0          # the buffer position of buf[0] (FileReader: its window's)
 
     def fail(self, what):
         raise self.error(what)
 
-    def need(self, pos, nbytes, what):
+    def check(self, pos, nbytes, what):
         if pos < self.start or nbytes < 0 or pos + nbytes > self.size:
             self.fail("truncated or corrupt: %s at byte %d (+%d) is outside the %d-byte buffer"
                       % (what, pos, nbytes, self.size))
 
+    def need(self, pos, nbytes, what):
+        # [pos, pos + nbytes) inside the buffer, and in self.buf from pos - self.base
+        self.check(pos, nbytes, what)
+
+    def unpack(self, fmt, pos, nbytes, what):
+        self.need(pos, nbytes, what)
+        return struct.unpack_from(fmt, self.buf, pos - self.base)
+
     def u16(self, pos):
-        self.need(pos, 2, "u16")
-        return struct.unpack_from("<H", self.buf, pos)[0]
+        return self.unpack("<H", pos, 2, "u16")[0]
 
     def u32(self, pos):
-        self.need(pos, 4, "u32")
-        return struct.unpack_from("<I", self.buf, pos)[0]
+        return self.unpack("<I", pos, 4, "u32")[0]
 
     def root(self):
         # u32 offset to the root table at the start of the (unprefixed) buffer.
         return self.table_at(self.start + self.u32(self.start), "root table")
 
     def table_at(self, pos, what):
-        self.need(pos, 4, what)
-        vtable = pos - struct.unpack_from("<i", self.buf, pos)[0]
-        self.need(vtable, 4, what + " vtable")
+        vtable = pos - self.unpack("<i", pos, 4, what)[0]
         vsize = self.u16(vtable)
         tsize = self.u16(vtable + 2)
         if vsize < 4 or vsize & 1:
             self.fail("corrupt: %s vtable size %d" % (what, vsize))
-        self.need(vtable, vsize, what + " vtable")
-        self.need(pos, tsize, what)
+        self.check(vtable, vsize, what + " vtable")
+        self.check(pos, tsize, what)
         return (pos, vtable, vsize, tsize)
 
     def field(self, table, index):
@@ -66,8 +73,7 @@ class Reader:
         at = self.field(table, index)
         if not at:
             return default
-        self.need(at, struct.calcsize(fmt), "field %d" % index)
-        return struct.unpack_from("<" + fmt, self.buf, at)[0]
+        return self.unpack("<" + fmt, at, struct.calcsize(fmt), "field %d" % index)[0]
 
     def _target(self, table, index):
         at = self.field(table, index)
@@ -80,19 +86,21 @@ class Reader:
         return self.table_at(at, what) if at else None
 
     def vector(self, table, index, elem_size, what):
-        """(position of the first element, element count); (0, 0) when absent."""
+        """(position of the first element, element count); (0, 0) when absent. Only
+        checked to lie inside the buffer: its elements are not read."""
         at = self._target(table, index)
         if not at:
             return 0, 0
         count = self.u32(at)
-        self.need(at + 4, count * elem_size, what)
+        self.check(at + 4, count * elem_size, what)
         return at + 4, count
 
     def scalars(self, table, index, fmt, what):
-        pos, count = self.vector(table, index, struct.calcsize(fmt), what)
+        size = struct.calcsize(fmt)
+        pos, count = self.vector(table, index, size, what)
         if not count:
             return ()
-        return struct.unpack_from("<%d%s" % (count, fmt), self.buf, pos)
+        return self.unpack("<%d%s" % (count, fmt), pos, count * size, what)
 
     def tables(self, table, index, what):
         pos, count = self.vector(table, index, 4, what)
@@ -106,10 +114,36 @@ class Reader:
         pos, count = self.vector(table, index, 1, what)
         if not pos:
             return ""
-        self.need(pos + count, 1, what + " terminator")
-        if self.buf[pos + count] != 0:
+        self.need(pos, count + 1, what + " terminator")
+        at = pos - self.base
+        if self.buf[at + count] != 0:
             self.fail("corrupt: %s is not NUL-terminated" % what)
         try:
-            return str(bytes(self.buf[pos:pos + count]), "utf-8")
+            return str(bytes(self.buf[at:at + count]), "utf-8")
         except Exception:
             self.fail("corrupt: %s is not UTF-8" % what)
+
+
+class FileReader(Reader):
+    """A Reader over the first `size` bytes of an open file, read through a window of
+    `window` bytes (larger when one read needs more: a long name or dims vector)."""
+
+    def __init__(self, f, size, error, window=64):
+        Reader.__init__(self, bytearray(window), error)
+        self.f = f
+        self.size = size
+        self.base = -window - 1  # no bytes in the window yet
+        self.valid = 0
+
+    def need(self, pos, nbytes, what):
+        self.check(pos, nbytes, what)
+        if pos < self.base or pos + nbytes > self.base + self.valid:
+            if nbytes > len(self.buf):
+                self.buf = bytearray(nbytes)
+            self.f.seek(pos)
+            self.valid = self.f.readinto(memoryview(self.buf)[:min(len(self.buf),
+                                                                   self.size - pos)]) or 0
+            self.base = pos
+            if self.valid < nbytes:
+                self.fail("the file changed while it was being read (%s at byte %d)"
+                          % (what, pos))

@@ -1,13 +1,23 @@
-# Module: runs the train and eval programs of a blob over arenas allocated once.
+# Module: runs the train and eval programs of a blob over arenas allocated once. The rarely
+# used parts live beside it and are imported only by the models that need them: integer
+# parameters (intparams.py), random generators (randoms.py), a loss computed outside the
+# graph (outside.py).
 import math
-from microtrain import blob as blobfile
+from microtrain.blob import FLOAT, INT32, describe, is_buffer, zeros
+from microtrain.checkpoint import Ref
+from microtrain.errors import CheckpointError, ParameterError, TrainingError
 from microtrain.feed import copy_inputs
 from microtrain.loader import load_into_arenas
 from microtrain.parser import program
-from microtrain.errors import CheckpointError, ParameterError, TrainingError
 
+# contract: controls
+# (generated from host/microtrain_host/contract/ by `python -m microtrain_host.contract.generate`; do not edit)
+_LAZY_RESET_GRAD = "lazy_reset_grad"
+_LEARNING_RATE = "learning_rate"
+_STEP = "step"
+_STEP_SIZE = "step_size"
+# end of contract
 _INF = math.inf
-_NEG_INF = -math.inf
 
 
 class Module:
@@ -22,20 +32,27 @@ class Module:
     gradients) and the eval program in eval mode (returns the loss, or a list of the loss
     and views of the other outputs when the eval program has more; the list and the views
     are reused by the next call). A model whose loss is computed outside the graph trains
-    with forward() and backward() instead."""
+    with forward() and backward() instead. load_checkpoint(uri) takes another checkpoint
+    of the same model into the arenas the Module has."""
 
     def __init__(self, train_model_uri, state, eval_model_uri=None):
-        if not hasattr(state, "parameters") or not hasattr(state, "is_nominal"):
-            raise ParameterError("Module(train_model_uri, state, eval_model_uri=None): state "
-                                 "must be a CheckpointState (CheckpointState.load_checkpoint"
-                                 "(path)), not %s" % type(state).__name__)
-        b, self.F, self.I = load_into_arenas(train_model_uri)
+        _check_state(state)
+        if is_buffer(train_model_uri):
+            from microtrain.inplace import load_buffer
+            b, self.F, self.I = load_buffer(train_model_uri)
+        else:
+            b, self.F, self.I = load_into_arenas(train_model_uri)
         self.blob = b
         self.uri = train_model_uri
         self.state = state
         self._view = memoryview(self.F)
+        self._optimizer = None      # the Optimizer bound to this Module, if any
+        self._randoms = None        # randoms.Generators of a blob with Dropout / dithering
         self._bind_parameters()
-        self._bind_random_states()
+        if [n for n in b.names if n.endswith(".random_state") or n.endswith(".dither")]:
+            from microtrain.randoms import Generators
+            self._randoms = Generators(self)
+        state._random_source = self._random_states
         # A model whose loss is computed outside the graph has forward and backward
         # programs instead of train (see forward()).
         self._forward = b.programs.get("forward")
@@ -48,8 +65,8 @@ class Module:
         self._backward_update = b.programs.get("backward_update")
         self._updater = None        # the Optimizer that prepares those updates
         # (an integer training blob has no gradient buffers, so no reset flag)
-        self._reset_at = (b.offsets[b.tensor_id("lazy_reset_grad")]
-                          if "lazy_reset_grad" in b.names else -1)
+        self._reset_at = (b.offsets[b.tensor_id(_LAZY_RESET_GRAD)]
+                          if _LAZY_RESET_GRAD in b.names else -1)
         self._training = True
         self._reset_pending = True  # ORT: the first train step overwrites the gradients
         self._forward_at = None     # optimizer step of the last train forward(), until backward
@@ -57,16 +74,21 @@ class Module:
 
     # -- parameters -------------------------------------------------------------------
     def _bind_parameters(self):
+        # Every parameter's values into its place in the arenas (streamed from the
+        # checkpoint file in one pass when the state still has them there), then the state
+        # sees views of the arenas.
         b = self.blob
-        wanted = [b.names[p[0]] for p in b.parameters]
-        missing = [n for n in wanted if n not in self.state.parameters]
+        state = self.state
+        missing = [b.names[p[0]] for p in b.parameters if b.names[p[0]] not in state.parameters]
         if missing:
             raise ParameterError("the checkpoint lacks parameters %s" % ", ".join(missing))
+        targets = []
+        bound = []          # (Parameter, its view, its gradient's view)
         for tensor, grad, _ in b.parameters:
             name = b.names[tensor]
-            p = self.state.parameters[name]
+            p = state.parameters[name]
             off, n = b.offsets[tensor], b.sizes[tensor]
-            if tuple(p.shape) != b.shapes[tensor] and not self.state.is_nominal:
+            if tuple(p.shape) != b.shapes[tensor] and not state.is_nominal:
                 raise ParameterError("parameter '%s' has shape %r in the checkpoint, %r in the model"
                                      % (name, tuple(p.shape), b.shapes[tensor]))
             trainable = b.is_trainable(tensor, grad)
@@ -74,133 +96,58 @@ class Module:
                 raise ParameterError("parameter '%s' is %s in the checkpoint but %s in the model"
                                      % (name, "trainable" if p.requires_grad else "frozen",
                                         "trainable" if trainable else "frozen"))
-            dtype = b.dtypes[tensor]
-            if dtype != blobfile.FLOAT:
-                self._bind_integer(p, name, tensor, off, n, dtype)
+            if b.dtypes[tensor] != FLOAT:
+                from microtrain.intparams import bind_integer
+                bound.append(bind_integer(self, p, tensor, targets))
                 continue
             if getattr(p, "data_type", 1) != 1:
                 raise ParameterError("parameter '%s' is an integer tensor in the checkpoint, "
                                      "a float one in the model" % name)
-            if name in self.state.int_velocities:
+            if name in state._velocities:
                 raise CheckpointError("the checkpoint has an integer momentum velocity for '%s', "
                                       "a float parameter in the model" % name)
-            if p.data is not None:
-                if len(p.data) != n:
-                    raise ParameterError("parameter '%s' has %d values, the model needs %d"
-                                         % (name, len(p.data), n))
-                data, F = p.data, self.F
-                for i in range(n):
-                    F[off + i] = data[i]
+            _take(p._data, name, n, self.F, off, targets)
+            bound.append((p, tensor, self._view[off:off + n],
+                          self._view[b.offsets[grad]:b.offsets[grad] + n] if grad >= 0 else None))
+        if targets:
+            state.stream(targets)
+        for p, tensor, view, grad in bound:
             p.shape = b.shapes[tensor]
-            p.data = self._view[off:off + n]
-            if grad >= 0:
-                g = b.offsets[grad]
-                p.grad = self._view[g:g + n]
+            p.data = view
+            if grad is not None:
+                p.grad = grad
+        for tensor in b.nonnegative:
+            # a running variance: negative, normalising by its square root gives NaN
+            _check_nonnegative(self.F, b.offsets[tensor], b.sizes[tensor], b.names[tensor])
 
-    def _bind_integer(self, p, name, tensor, off, n, dtype):
-        # An int8 weight (byte arena, data_type 3) or int32 bias (int arena, 6) trained in
-        # integers (kernels/inttrain.py): its values come in, then it is a view of the arena
-        # (raw bytes of the int8 one: two's complement, as the checkpoint stores them).
-        want = 3 if dtype == blobfile.INT8 else 6
-        if getattr(p, "data_type", 1) != want or dtype == blobfile.UINT8:
-            raise ParameterError("parameter '%s' has ONNX data type %d in the checkpoint, the "
-                                 "model needs %d" % (name, getattr(p, "data_type", 1), want))
-        arena = self.blob.Q if want == 3 else self.I
-        if p.data is not None:
-            if len(p.data) != n:
-                raise ParameterError("parameter '%s' has %d values, the model needs %d"
-                                     % (name, len(p.data), n))
-            data = p.data
-            for i in range(n):
-                arena[off + i] = data[i] & 255 if want == 3 else data[i]
-        p.shape = self.blob.shapes[tensor]
-        p.data = memoryview(arena)[off:off + n]
-        self._bind_velocity(name)
-
-    def _bind_velocity(self, name):
-        # Integer momentum (kernels/inttrain.py int_gemm_update_momentum): the velocity of
-        # parameter `name` is the optimizer-state tensor "<name>.velocity" (the host's
-        # ops/inttrain.py names it so): int16 values as 2 little-endian bytes each in the byte
-        # arena for an int8 weight, int32 ones in the int arena for a bias. It comes from
-        # the checkpoint's momentum0 when that has one, else it stays zero (an older
-        # checkpoint, or one saved without optimizer state: the velocities restart, as in a
-        # fresh run); then the state holds a view of it, which save_checkpoint writes.
-        b = self.blob
-        velocities = self.state.int_velocities
-        saved = velocities.pop(name, None)
-        key = name + ".velocity"
-        if key not in b.names:
-            return      # trained without momentum: a saved velocity is not carried on
-        tid = b.names.index(key)
-        off, size = b.offsets[tid], b.sizes[tid]
-        wide = b.dtypes[tid] == blobfile.INT32
-        want = 6 if wide else 5                  # ONNX INT32, INT16
-        count = size if wide else size // 2
-        if saved is not None:
-            dtype, values = saved
-            if dtype != want or len(values) != count:
-                raise CheckpointError("the integer momentum velocity (momentum0) of '%s' has %d "
-                                      "values of ONNX type %d; the model needs %d of type %d"
-                                      % (name, len(values), dtype, count, want))
-            if wide:
-                I = self.I
-                for i in range(count):
-                    I[off + i] = values[i]
-            else:
-                raw = bytes(values)              # the int16s' bytes, as the arena keeps them
-                Q = b.Q
-                for i in range(size):
-                    Q[off + i] = raw[i]
-        velocities[name] = (want, memoryview(self.I if wide else b.Q)[off:off + size])
-
-    # -- Dropout generators ---------------------------------------------------------------
-    def _bind_random_states(self):
-        # Each Dropout's generator state (2 ints in the int arena; stream k = the k-th
-        # '.random_state' tensor) is restored from the state's microtrain.rng.<k> property
-        # when it has one (otherwise the kernel seeds it on its first draw), and the state
-        # keeps _random_states to write the current ones on a save with optimizer state.
-        # Integer training's stochastic-rounding generators (one int each, tensors
-        # "<weight>.dither", kernels/inttrain.py _dither) are kept the same way, as
-        # microtrain.rng.<weight>.dither.
-        b = self.blob
-        self._random_at = [b.offsets[t] for t in range(len(b.names))
-                           if b.names[t].endswith(".random_state")]
-        self._dither_at = [(b.names[t], b.offsets[t]) for t in range(len(b.names))
-                           if b.integer_parameters and b.names[t].endswith(".dither")]
-        self.state._random_source = self._random_states
-        saved = getattr(self.state, "random_states", None)
-        if not saved:
-            return
-        from microtrain.checkpoint import RNG_PREFIX
-        for name, at in self._dither_at:
-            value = saved.get(RNG_PREFIX + name)
-            if value is None:
-                continue                        # 0: the kernel seeds it on its first draw
-            if not isinstance(value, int) or not 0 <= value < 65536:
-                raise CheckpointError("property '%s' = %r is not a stochastic-rounding "
-                                      "generator state (0 to 65535)" % (RNG_PREFIX + name, value))
-            self.I[at] = value
-        if not self._random_at:
-            return
-        from microtrain.kernels.norm import set_state
-        for stream, at in enumerate(self._random_at):
-            name = RNG_PREFIX + str(stream)
-            if name in saved and not set_state(self.I, at, saved[name]):
-                raise CheckpointError("property '%s' = %r is not a Dropout generator state"
-                                      % (name, saved[name]))
+    def load_checkpoint(self, checkpoint_uri):
+        """Take the checkpoint at checkpoint_uri (of this model: the same parameters) into
+        this Module's arenas - and its Optimizer's moments and step, when the Module has
+        one - instead of building another Module: no second set of arenas. The checkpoint
+        is validated before anything changes; returns its CheckpointState, which is now
+        this Module's state."""
+        from microtrain.checkpoint import CheckpointState
+        state = CheckpointState.load_checkpoint(checkpoint_uri)
+        old = self.state
+        self.state = state
+        try:
+            self._bind_parameters()
+            if self._randoms is not None:
+                self._randoms.restore()
+            if self._optimizer is not None:
+                self._optimizer._bind_state(state)
+        except Exception:
+            # part of the new values may be in the arenas: nothing trains on them
+            old.is_nominal = True
+            self.state = old
+            raise
+        state._random_source = self._random_states
+        self._reset_pending = True
+        return state
 
     def _random_states(self):
-        # {microtrain.rng.<k>: state} of every Dropout (and microtrain.rng.<w>.dither of
-        # every stochastic-rounding generator), for save_checkpoint (only then).
-        if not self._random_at and not self._dither_at:
-            return {}
-        from microtrain.checkpoint import RNG_PREFIX
-        out = dict((RNG_PREFIX + name, self.I[at]) for name, at in self._dither_at)
-        if self._random_at:
-            from microtrain.kernels.norm import get_state
-            for stream, at in enumerate(self._random_at):
-                out[RNG_PREFIX + str(stream)] = get_state(self.I, at)
-        return out
+        # {microtrain.rng.*: state} of every generator, for save_checkpoint (only then)
+        return self._randoms.states() if self._randoms is not None else {}
 
     def _parameter_ids(self, trainable_only):
         b = self.blob
@@ -213,7 +160,7 @@ class Module:
         return sum(self.blob.sizes[t] for t in self._parameter_ids(trainable_only))
 
     def get_contiguous_parameters(self, trainable_only=False):
-        out = blobfile.zeros("f", self.get_parameters_size(trainable_only))
+        out = zeros("f", self.get_parameters_size(trainable_only))
         at = 0
         for t in self._parameter_ids(trainable_only):
             off, n = self.blob.offsets[t], self.blob.sizes[t]
@@ -259,10 +206,8 @@ class Module:
         the same seed gives the same masks on CPython and on every MicroPython port. Without
         it a Dropout starts from its `seed` attribute, or 0, or from the state a checkpoint
         saved with optimizer state holds."""
-        if self._random_at:
-            from microtrain.kernels.norm import seed_state
-            for stream, at in enumerate(self._random_at):
-                seed_state(self.I, at, seed, stream)
+        if self._randoms is not None:
+            self._randoms.seed(seed)
 
     def input_names(self, training=None):
         program = self._program(training)
@@ -306,11 +251,12 @@ class Module:
             kernel(F, I, args)
         if self.blob.integer_parameters:
             # the integer train step is done (updates included); its loss ints -> a float
-            return self._integer_loss(program)
+            from microtrain.intparams import integer_loss
+            return integer_loss(self, program)
         loss = F[self.blob.offsets[program.outputs[0]]]
         if self._training:
             self._reset_pending = False
-            if not _NEG_INF < loss < _INF:  # NaN too
+            if not -_INF < loss < _INF:  # NaN too
                 # The gradient buffers now hold garbage: the next train call overwrites them.
                 # (With update_in_backward the backward pass has not run yet.)
                 self._reset_pending = True
@@ -329,38 +275,14 @@ class Module:
         results[0] = loss  # a number in place of its view (forward() never sees this list)
         return results
 
-    def _integer_loss(self, program):
-        # kernels/inttrain.py int_softmax_ce's loss ints -> the mean cross-entropy; with
-        # more outputs (eval: the int32 logits, LOGIT_BITS fractional bits) their views too
-        from microtrain.kernels.inttrain import loss_value
-        b = self.blob
-        t = program.outputs[0]
-        loss = loss_value(self.I, b.offsets[t], b.sizes[t] // 2)
-        if self._training:
-            self._reset_pending = False
-        if len(program.outputs) == 1:
-            return loss
-        results = self._views(program)
-        results[0] = loss
-        return results
-
     def forward(self, *inputs):
         """outputs = model.forward(*inputs) for a model packed with loss=None and a
         non-scalar output (the loss is computed outside the graph). In train mode it runs
         the training forward pass and keeps what backward() needs; in eval mode the eval
         program. Returns a view of the output (a list of views with several outputs), valid
         until the next forward or call; the views are the same objects every time."""
-        self._check_forward_program()
-        program = self._forward if self._training else self._eval
-        self._forward_at = None  # until this forward has run
-        self._load_inputs(program, inputs)
-        F = self.F
-        I = self.I
-        for kernel, args in program.steps:
-            kernel(F, I, args)
-        self._forward_at = self.state.optimizer_step if self._training else None
-        views = self._views(program)
-        return views[0] if len(views) == 1 else views
+        from microtrain.outside import forward
+        return forward(self, inputs)
 
     def backward(self, *grad_outputs):
         """model.backward(d_output) (one gradient per forward output, flat, in output
@@ -368,20 +290,8 @@ class Module:
         to the outputs are given, like a train call (lazy_reset_grad() semantics included);
         then Optimizer.step() as usual. Needs a train-mode forward() just before: nothing
         else (eval, optimizer step) may run in between."""
-        self._check_forward_program()
-        if self._forward_at != self.state.optimizer_step:
-            raise TrainingError("backward() needs the activations of a train-mode forward() "
-                                "run just before it (with no eval call or optimizer step in "
-                                "between)")
-        program = self._backward
-        self._load_inputs(program, grad_outputs)
-        F = self.F
-        I = self.I
-        F[self._reset_at] = 1.0 if self._reset_pending else 0.0
-        for kernel, args in program.steps:
-            kernel(F, I, args)
-        self._reset_pending = False
-        self._forward_at = None
+        from microtrain.outside import backward
+        backward(self, grad_outputs)
 
     def export_model_for_inferencing(self, inference_model_uri, graph_output_names):
         """Write an inference-only blob (no gradients, optimizer state or loss; its own,
@@ -389,13 +299,6 @@ class Module:
         graph_output_names: the model outputs it returns, in that order. Atomic."""
         from microtrain.export import export_inference_blob
         export_inference_blob(self, inference_model_uri, graph_output_names)
-
-    def _check_forward_program(self):
-        if self._forward is None:
-            raise TrainingError("'%s' has no forward program: pack the model with loss=None "
-                                "(its output not a scalar) to compute the loss outside the "
-                                "graph, or call model(*inputs) to train"
-                                % blobfile.describe(self.uri))
 
     def _views(self, program):
         # Views of the program's outputs, made once: a step allocates no list or view.
@@ -412,6 +315,36 @@ class Module:
         tid = b.tensor_id(tensor) if isinstance(tensor, str) else tensor
         off = b.offsets[tid]
         dtype = b.dtypes[tid]
-        view = self._view if dtype == blobfile.FLOAT else memoryview(
-            self.I if dtype == blobfile.INT32 else b.weights if tid in b.in_place else b.Q)
+        view = self._view if dtype == FLOAT else memoryview(
+            self.I if dtype == INT32 else b.weights if tid in b.in_place else b.Q)
         return view[off:off + b.sizes[tid]]
+
+
+def _check_state(state):
+    if not hasattr(state, "parameters") or not hasattr(state, "is_nominal"):
+        raise ParameterError("Module(train_model_uri, state, eval_model_uri=None): state "
+                             "must be a CheckpointState (CheckpointState.load_checkpoint"
+                             "(path)), not %s" % type(state).__name__)
+
+
+def _take(values, name, n, arena, off, targets):
+    # A tensor's values into arena[off:off + n]: a Ref (still in the checkpoint file) becomes
+    # a target of the state's stream, values in RAM are copied; None (nominal) stays zero.
+    if values is None:
+        return
+    count = values.nbytes // 4 if isinstance(values, Ref) else len(values)
+    if count != n:
+        raise ParameterError("parameter '%s' has %d values, the model needs %d"
+                             % (name, count, n))
+    if isinstance(values, Ref):
+        targets.append((values, arena, off))
+    else:
+        for i in range(n):
+            arena[off + i] = values[i]
+
+
+def _check_nonnegative(F, off, n, name):
+    for i in range(n):
+        if F[off + i] < 0.0:
+            raise CheckpointError("the checkpoint's '%s' has %r at position %d: a variance is "
+                                  "never negative" % (name, F[off + i], i))

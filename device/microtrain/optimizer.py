@@ -1,9 +1,19 @@
 # Optimizer: runs the blob's optimizer program over the Module's arena, in place.
 import math
-from microtrain import blob as blobfile
-from microtrain.parser import program
+from microtrain.checkpoint import Ref
 from microtrain.errors import CheckpointError, ParameterError
 from microtrain.module import Module
+from microtrain.parser import program
+
+# contract: controls; optimizer_kinds
+# (generated from host/microtrain_host/contract/ by `python -m microtrain_host.contract.generate`; do not edit)
+_LAZY_RESET_GRAD = "lazy_reset_grad"
+_LEARNING_RATE = "learning_rate"
+_STEP = "step"
+_STEP_SIZE = "step_size"
+# kind -> (writes the bias-corrected step_size, index of a state that must not be negative or -1)
+_OPTIMIZERS = {"AdamW": (1, 1), "SGD": (0, -1)}
+# end of contract
 
 
 class Optimizer:
@@ -30,36 +40,39 @@ class Optimizer:
             module._updater = self
         else:
             self._program = program(b, optimizer_uri, "optimizer", module.uri)
-        self._lr_at = (b.offsets[b.tensor_id("learning_rate")]
+        self._lr_at = (b.offsets[b.tensor_id(_LEARNING_RATE)]
                        if not self._integer else -1)
-        self._step_size_at = (b.offsets[b.tensor_id("step_size")]
-                              if self.config.get("kind") == "AdamW" else -1)
+        # what the device does for this kind (the contract's OPTIMIZERS entry): AdamW
+        # writes a bias-corrected step size each step and its second moment is never
+        # negative
+        self._writes_step_size, self._nonnegative = _OPTIMIZERS.get(self.config.get("kind"),
+                                                                    (0, -1))
+        self._step_size_at = (b.offsets[b.tensor_id(_STEP_SIZE)]
+                              if self._writes_step_size else -1)
         # SGD with momentum reads the 1-based step to start its buffer on the first one.
-        self._step_at = b.offsets[b.tensor_id("step")] if "step" in b.names else -1
-        state = module.state
-        self.step_count = state.optimizer_step
-        self._bind_state(state)
-        if not state.has_optimizer_state:
-            # Like ORT: the checkpoint's optimizer group records the initial learning rate.
-            state.initial_learning_rate = self.config.get("learning_rate", 0.001)
-            state.has_optimizer_state = True
+        self._step_at = b.offsets[b.tensor_id(_STEP)] if _STEP in b.names else -1
+        self._bind_state(module.state)
+        module._optimizer = self
         self.set_learning_rate(self.config.get("learning_rate", 0.001))
 
     def _bind_state(self, state):
-        # Optimizer state tensors (AdamW moments) live in the arena; the checkpoint state
-        # sees them as views, and resumes from saved ones when it has them.
+        # The step count, and the optimizer state tensors (AdamW moments) into the arena
+        # (streamed from the checkpoint file when the state still has them there); the
+        # checkpoint state sees them as views, and resumes from saved ones when it has them.
         b = self.module.blob
         F = self.module.F
         view = self.module._view
+        targets = []
+        bound = []
         for tensor, grad, moments in b.parameters:
             if not b.is_trainable(tensor, grad):
                 continue
             name = b.names[tensor]
-            saved = state.momentums.get(name)
+            saved = state._momentums.get(name)
             if not moments:
                 # This optimizer keeps no state for it (plain SGD); ORT's SGD writes an
                 # unused momentum0, which is not carried on.
-                state.momentums.pop(name, None)
+                state._momentums.pop(name, None)
                 continue
             if saved is not None and len(saved) != len(moments):
                 raise CheckpointError("the checkpoint has %d optimizer moment(s) for '%s'; this "
@@ -71,19 +84,32 @@ class Optimizer:
                 off, n = b.offsets[tid], b.sizes[tid]
                 if saved is not None:
                     values = saved[i]
-                    if i == 1 and self.config.get("kind") == "AdamW":
-                        _check_second_moment(values, name)
-                    for j in range(n):
-                        F[off + j] = values[j]
+                    if isinstance(values, Ref):
+                        targets.append((values, F, off))
+                    else:
+                        for j in range(n):
+                            F[off + j] = values[j]
                 views.append(view[off:off + n])
-            state.momentums[name] = views
+            bound.append((name, views))
+        if targets:
+            state.stream(targets)
+        for name, views in bound:
+            if name in state._momentums and self._nonnegative >= 0:
+                _check_nonnegative(views[self._nonnegative], name)
+            state._momentums[name] = views
+        self.step_count = state.optimizer_step
+        if not state.has_optimizer_state:
+            # Like ORT: the checkpoint's optimizer group records the initial learning rate.
+            state.initial_learning_rate = self.config.get("learning_rate", 0.001)
+            state.has_optimizer_state = True
 
     def set_learning_rate(self, learning_rate):
+        if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) \
+                or not 0.0 <= learning_rate < 3e38:
+            raise ParameterError("learning rate %r must be a finite number >= 0"
+                                 % (learning_rate,))
         if self._integer:
             # the integer multipliers of every inttrain update step (floats here, once)
-            if not 0.0 <= learning_rate < 3e38:
-                raise ParameterError("learning rate %r must be finite and >= 0"
-                                     % learning_rate)
             from microtrain.kernels.inttrain import set_learning_rate
             set_learning_rate(self.module.blob, self.module.I, learning_rate)
         else:
@@ -124,9 +150,9 @@ class Optimizer:
                 F[self._step_size_at] = self._lr
 
 
-def _check_second_moment(values, name):
+def _check_nonnegative(values, name):
     # AdamW divides by sqrt(v) + eps: a negative v (only a crafted checkpoint has one) would
-    # raise a math domain error in the middle of a step.
+    # make the step NaN.
     for j in range(len(values)):
         if values[j] < 0.0:
             raise CheckpointError("the AdamW second moment of '%s' has a negative value %r at "

@@ -79,6 +79,13 @@ class StepCheck:
         if not low <= value <= high:  # NaN fails too
             self.fail("%s is %r, outside [%r, %r]" % (what, value, low, high))
 
+    def nonnegative(self, k):
+        # tensor argument k, when it is a parameter, must never hold a negative value (a
+        # variance): the Module checks what a checkpoint brings into it
+        tid = self.tensors[k]
+        if tid != NO_TENSOR and ROLE_NAMES[self.blob.roles[tid]] == "param":
+            self.blob.nonnegative.add(tid)
+
     def role(self, k, *names):
         tid = self.tensors[k]
         if tid == NO_TENSOR or ROLE_NAMES[self.blob.roles[tid]] not in names:

@@ -103,11 +103,13 @@ def batch_norm_training(F, I, args):
 
 
 def batch_norm_training_check(args, c):
-    n, channels, inner, eps, momentum = args[6:11]
+    n, channels, inner = c.ints
+    eps, momentum = c.floats
     _channels_check(c, n, channels, inner, eps, (0, 1), (2, 3, 4, 5))
     if n * inner < 2:  # the unbiased variance divides by count - 1
         c.fail("batch statistics need at least 2 values per channel, got %d" % (n * inner))
     c.within(momentum, 0.0, 1.0, "momentum")
+    c.nonnegative(5)   # the running variance a checkpoint brings
 
 
 def batch_norm_inference(F, I, args):
@@ -121,7 +123,9 @@ def batch_norm_inference(F, I, args):
 
 
 def batch_norm_inference_check(args, c):
-    _channels_check(c, args[6], args[7], args[8], args[9], (0, 1), (2, 3, 4, 5))
+    n, channels, inner = c.ints
+    _channels_check(c, n, channels, inner, c.floats[0], (0, 1), (2, 3, 4, 5))
+    c.nonnegative(5)
 
 
 def channel_affine(F, I, args):

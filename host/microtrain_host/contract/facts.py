@@ -28,11 +28,17 @@ CONTROLS = ("lazy_reset_grad",   # 1.0: the train step overwrites the gradient b
             "step_size")         # AdamW's bias-corrected step size
 
 NO_TENSOR = 0xFFFFFFFF           # the tensor id of an absent optional step argument
+# A QAT observer's [min, max] parameter: [inf, -inf] until it has seen a batch, the only
+# parameter a checkpoint may hold an infinity in (quant/quantize.py names them).
+OBSERVER_RANGE_SUFFIX = ".observer_range"
 FORMAT_VERSION = 1               # Model.format_version a runtime reads
 BLOB_IDENTIFIER = _blob.identifier
 CHECKPOINT_IDENTIFIER = schema.checkpoint_schema().identifier
 CHECKPOINT_VERSION = 2           # Checkpoint.version (ORT's format version)
 CHECKPOINT_TRAILER = "MTCK"      # ends microtrain's CRC-32 trailer (checkpoint.fbs, top)
+# Int properties of a checkpoint reserved for the device's random generators' states
+# (Dropout streams, stochastic rounding): microtrain.rng.<k>, microtrain.rng.<weight>.dither
+RNG_PREFIX = "microtrain.rng."
 
 # ONNX TensorProto data types a checkpoint tensor may have: (bytes, array typecode).
 CHECKPOINT_TENSOR_TYPES = {1: (4, "f"),    # FLOAT: every float parameter and moment

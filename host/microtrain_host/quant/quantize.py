@@ -28,6 +28,7 @@ import json
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
+from ..contract import facts
 from ..errors import ArtifactError, UnsupportedOpError
 from ..graph import DOMAIN, attr
 from ..ops.quant import FLOAT32_EPS, QUANT_RANGES, WEIGHT_QMAX
@@ -39,7 +40,7 @@ VIEW_OPS = ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity")
 SHARED_RANGE_OPS = ("MaxPool", "GlobalMaxPool")
 OWN_RANGE_OPS = ("AveragePool", "GlobalAveragePool", "Add")
 ACTIVATION_TYPES = {"uint8": TensorProto.UINT8, "int8": TensorProto.INT8}
-RANGE_SUFFIX = ".observer_range"
+RANGE_SUFFIX = facts.OBSERVER_RANGE_SUFFIX
 METADATA_KEY = "quantization"
 
 
