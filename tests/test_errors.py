@@ -53,6 +53,45 @@ def test_unsupported_op_names_op_and_node(tmp_path):
                               artifact_directory=tmp_path)
 
 
+def _unnamed(nodes, inputs, outputs, opsets=(("", 17),)):
+    graph = helper.make_graph(nodes, "g",
+                              [helper.make_tensor_value_info(n, 1, s) for n, s in inputs],
+                              [helper.make_tensor_value_info(n, 1, s) for n, s in outputs],
+                              [numpy_helper.from_array(np.ones((4, 3), np.float32), "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets],
+                             ir_version=8)
+
+
+def test_unnamed_nodes_are_named_by_index_and_op(tmp_path):
+    # Exporters other than torch leave node names empty: messages give the node's index in
+    # the graph as loaded and its op, not node ''.
+    sequence = _unnamed([helper.make_node("MatMul", ["input", "w"], ["h"]),
+                         helper.make_node("SequenceConstruct", ["h", "h"], ["s"]),
+                         helper.make_node("ConcatFromSequence", ["s"], ["output"], axis=0)],
+                        [("input", [2, 4])], [("output", [4, 3])])
+    with pytest.raises(mh.UnsupportedOpError, match=r"^node #1 \(SequenceConstruct\): sequence "
+                                                    r"ops are not supported"):
+        mh.generate_artifacts(sequence, loss="MSELoss", artifact_directory=tmp_path)
+    cosine = _unnamed([helper.make_node("MatMul", ["input", "w"], ["h"]),
+                       helper.make_node("Cos", ["h"], ["output"])],
+                      [("input", [2, 4])], [("output", [2, 3])])
+    with pytest.raises(mh.UnsupportedOpError, match=r"^no gradient rule for op 'Cos' \(node #1\)"):
+        mh.generate_artifacts(cosine, loss="MSELoss", artifact_directory=tmp_path)
+
+
+def test_op_of_another_domain_is_unsupported_not_a_shape_error(tmp_path):
+    # onnx infers no shape for ai.onnx.preview.training's Gradient: the op is what to name.
+    model = _unnamed([helper.make_node("MatMul", ["input", "w"], ["output"]),
+                      helper.make_node("Gradient", ["input"], ["d_input"], xs=["input"],
+                                       y="output", domain="ai.onnx.preview.training")],
+                     [("input", [2, 4])], [("output", [2, 3]), ("d_input", [2, 4])],
+                     (("", 17), ("ai.onnx.preview.training", 1)))
+    with pytest.raises(mh.UnsupportedOpError, match=r"^op 'Gradient' of domain "
+                                                    r"'ai.onnx.preview.training' \(node #1\) is "
+                                                    r"not supported$"):
+        mh.generate_artifacts(model, loss=None, optimizer="SGD", artifact_directory=tmp_path)
+
+
 def test_unknown_loss_and_optimizer_names(tmp_path):
     model = export(mlp(6, 3), torch.zeros(1, 6))
     with pytest.raises(mh.ArtifactError, match="unknown loss 'Hinge'"):

@@ -296,12 +296,21 @@ class TieShare(MicrotrainOp):
 
 # -- PRelu ---------------------------------------------------------------------------------
 
+def _broadcasts_to(shape, target):
+    """Whether numpy broadcasts `shape` to exactly `target` (unidirectional broadcasting)."""
+    if len(shape) > len(target):
+        return False
+    return all(d == t or d == 1 for d, t in zip(reversed(shape), reversed(target)))
+
+
 @lowering("PRelu")
 def lower_prelu(ctx, node):
     x, slope = node.input
-    if np.broadcast_shapes(ctx.shape(x), ctx.shape(slope)) != tuple(ctx.shape(x)):
+    if not _broadcasts_to(ctx.shape(slope), ctx.shape(x)):
         raise UnsupportedOpError(f"{ctx.where(node)}: slope {list(ctx.shape(slope))} does not "
-                                 f"broadcast to X {list(ctx.shape(x))}")
+                                 f"broadcast to X {list(ctx.shape(x))} (numpy-style, from the "
+                                 f"last axis, as from opset 7: a per-channel slope of an "
+                                 f"(N, C, ...) input has shape (C, 1, ...))")
     binary_step(ctx, op.PRELU, ctx.define(node.output[0]), ctx.t(x), ctx.t(slope),
                 ctx.where(node))
 
