@@ -44,6 +44,7 @@ def cmd_pack(args):
         loss=LOSS_NAMES[args.loss], optimizer=OPTIMIZER_NAMES[args.optimizer],
         artifact_directory=args.output, prefix=args.prefix,
         nominal_checkpoint=args.nominal_checkpoint, batch_size=args.batch_size,
+        loss_input_names=_names(args.loss_inputs),
         optimizer_options=options or None, quantization=quantization,
         update_in_backward=args.update_in_backward, recompute=args.recompute,
         progress=lambda stage, index, count: bar.update("pack", index, count, stage))
@@ -56,7 +57,9 @@ def cmd_pack(args):
                  result.checkpoint, result.nominal_checkpoint, result.blob):
         if path:
             print(f"  {os.path.basename(path):24s} {os.path.getsize(path):8d} bytes")
-    print(f"trainable: {', '.join(result.trainable)}")
+    print(f"trainable: {', '.join(result.trainable)}" if result.trainable else
+          "trainable: none (nothing in the model trains: the blob runs its forward pass, and "
+          "training changes nothing)")
     if result.frozen:
         print(f"frozen:    {', '.join(result.frozen)}")
     if result.folded:

@@ -35,6 +35,12 @@ def build_parser():
                         "it is not a scalar, the loss is computed outside the graph: the blob "
                         "then has forward and backward programs (Module.forward(x), "
                         "Module.backward(d_loss/d_output)) instead of train")
+    p.add_argument("--loss-inputs", metavar="NAMES",
+                   help="comma-separated model outputs the loss is computed from (default: "
+                        "the first output; one for a loss of --loss). With --loss none, "
+                        "naming several computes the loss outside the graph even when the "
+                        "first is a scalar: Module.forward(x) returns each, "
+                        "Module.backward(d_loss/d_output, ...) takes one gradient per name")
     p.add_argument("--optimizer", choices=sorted(OPTIMIZER_NAMES), default="adamw",
                    help="optimizer (default: adamw with ORT's defaults)")
     p.add_argument("--batch-size", type=int, help="fixes the dynamic batch dimension")
