@@ -94,6 +94,8 @@ COUNT_EQUAL = const(132)
 TIE_SHARE = const(133)
 PRELU = const(134)
 PRELU_GRAD = const(135)
+POW_TENSOR = const(136)
+POW_TENSOR_GRAD = const(137)
 GROUP_NORM = const(140)
 GROUP_NORM_GRAD = const(141)
 GATHER_ROWS = const(150)
@@ -232,6 +234,8 @@ SIGNATURES = {
     TIE_SHARE: ("elementwise", "tie_share", "fffff", 6, 0),
     PRELU: ("elementwise", "prelu") + _BINARY,
     PRELU_GRAD: ("elementwise", "prelu_grad", "??fff", 6, 0),
+    POW_TENSOR: ("elementwise", "power_tensor") + _BINARY,
+    POW_TENSOR_GRAD: ("elementwise", "power_tensor_grad", "??ffff", 9, 0),
     GROUP_NORM: ("group_norm", "group_norm", "ff??", 4, 1),
     GROUP_NORM_GRAD: ("group_norm", "group_norm_grad", "???ff?", 4, 1),
     GATHER_ROWS: ("gather", "gather_rows", "ffi", 4, 0),
