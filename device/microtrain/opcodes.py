@@ -67,6 +67,9 @@ CONV = const(70)
 CONV_GRAD_INPUT = const(71)
 CONV_GRAD_WEIGHT = const(72)
 CONV_TRANSPOSE = const(73)
+CONV_3D = const(74)
+CONV_3D_GRAD_INPUT = const(75)
+CONV_3D_GRAD_WEIGHT = const(76)
 MAX_POOL = const(80)
 MAX_POOL_GRAD = const(81)
 AVERAGE_POOL = const(82)
@@ -207,6 +210,9 @@ SIGNATURES = {
     CONV_GRAD_INPUT: ("conv", "conv_grad_input", "fff", 16, 0),
     CONV_GRAD_WEIGHT: ("conv", "conv_grad_weight", "fff?", 16, 0),
     CONV_TRANSPOSE: ("conv", "conv_transpose", "fff?", 16, 0),
+    CONV_3D: ("conv", "conv3d", "fff?", 22, 0),
+    CONV_3D_GRAD_INPUT: ("conv", "conv3d_grad_input", "fff", 22, 0),
+    CONV_3D_GRAD_WEIGHT: ("conv", "conv3d_grad_weight", "fff?", 22, 0),
     MAX_POOL: ("pool", "max_pool", "ff", 13, 0),
     MAX_POOL_GRAD: ("pool", "max_pool_grad", "fff", 13, 0),
     AVERAGE_POOL: ("pool", "average_pool", "ff", 15, 0),

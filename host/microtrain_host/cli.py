@@ -213,7 +213,7 @@ def cmd_export(args):
     from .pipeline.export import export_inference_model
     model = export_inference_model(args.artifacts, args.checkpoint, args.output,
                                    output_names=_names(args.outputs), prefix=args.prefix,
-                                   qdq=args.qdq)
+                                   qdq=args.qdq, ort_format=args.ort)
     graph = model.graph
     if args.qdq:
         int8 = sum(i.data_type in (2, 3) and len(i.dims) > 1 for i in graph.initializer)
@@ -250,6 +250,11 @@ def cmd_export(args):
     print(f"exported {args.output} ({os.path.getsize(args.output)} bytes): inputs "
           f"{', '.join(i.name for i in graph.input)}; outputs "
           f"{', '.join(o.name for o in graph.output)}; {len(graph.node)} nodes")
+    if args.ort:
+        ort_path = os.path.splitext(args.output)[0] + ".ort"
+        print(f"ORT format {ort_path} ({os.path.getsize(ort_path)} bytes, onnxruntime's "
+              f"converter); operators for a minimal build: "
+              f"{os.path.splitext(args.output)[0]}.required_operators.config")
     return 0
 
 

@@ -218,7 +218,7 @@ def build_parser():
                                    "device, Module.export_model_for_inferencing writes the "
                                    "blob form that microtrain.InferenceSession runs.)",
                        epilog="example: microtrain export build/ --checkpoint "
-                              "build/trained_checkpoint -o model.onnx; after pack --qat: "
+                              "build/trained_checkpoint -o model.onnx [--ort]; after pack --qat: "
                               "microtrain export build/ --checkpoint build/trained_checkpoint "
                               "--qdq -o model_qdq.onnx [--int8-train build/int8]")
     p.add_argument("artifacts", help="artifact directory written by `microtrain pack`")
@@ -228,6 +228,12 @@ def build_parser():
     p.add_argument("--outputs", metavar="NAMES",
                    help="comma-separated model outputs to keep (default: all)")
     p.add_argument("--prefix", default="", help="file name prefix given to `pack`")
+    p.add_argument("--ort", action="store_true",
+                   help="also write the model in ORT format beside OUTPUT (OUTPUT with the "
+                        "suffix .ort, made by onnxruntime's own converter, "
+                        "onnxruntime.tools.convert_onnx_models_to_ort), for ORT Mobile and "
+                        "minimal builds of onnxruntime, and the operators such a build needs "
+                        "(.required_operators.config); needs onnxruntime installed")
     p.add_argument("--qdq", action="store_true",
                    help="for artifacts packed with --qat: write the quantized (QDQ) model - "
                         "int8 weights with per-channel scales, int32 biases, the learned "
