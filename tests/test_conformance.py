@@ -288,3 +288,61 @@ def test_gradients_match_finite_differences_of_onnxruntime(results, capsys):
                     + ", ".join(f"{oracle}: {count} models" for oracle, count in oracles.items())
                     + ")")
     assert oracles.get("onnxruntime", 0) >= 20 and sum(oracles.values()) >= 50
+
+
+# -- a model with nothing to train packs for its forward pass --------------------------------
+
+def softmax_model():
+    graph = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], axis=1)], "softmax",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_model_without_parameters_runs_forward_and_trains_nothing(tmp_path):
+    # Many of the backend models are one parameter-free op (Softmax, a pooling, a Pad): they
+    # pack, their blob computes the output, and a train step or an optimizer step changes
+    # nothing and raises nothing. Oracle: onnxruntime.
+    artifacts = mh.generate_artifacts(softmax_model(), loss=None, optimizer="SGD",
+                                      artifact_directory=tmp_path)
+    assert artifacts.trainable == [] and artifacts.frozen == []
+    x = np.random.default_rng(1).standard_normal((2, 5)).astype(np.float32)
+    (expected,) = ort.InferenceSession(softmax_model().SerializeToString(),
+                                       providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    from microtrain import Optimizer
+    state = CheckpointState.load_checkpoint(artifacts.checkpoint)
+    module = Module(artifacts.blob, state)
+    optimizer = Optimizer(artifacts.blob, module)
+    assert elementwise_error(module.forward(x.reshape(-1)), expected) <= 1e-6
+    module.backward(np.ones(10, np.float32))
+    optimizer.step()
+    assert elementwise_error(module.eval().forward(x.reshape(-1)), expected) <= 1e-6
+    assert module.get_parameters_size() == 0
+
+
+def test_model_whose_parameters_are_all_frozen_is_still_refused(tmp_path):
+    # Nothing to train because the user froze everything is a mistake worth naming.
+    model = softmax_model()
+    model.graph.initializer.append(numpy_helper.from_array(np.ones(5, np.float32), "w"))
+    model.graph.node.insert(0, helper.make_node("Mul", ["x", "w"], ["h"]))
+    model.graph.node[1].input[0] = "h"
+    with pytest.raises(mh.ArtifactError, match="no trainable parameters"):
+        mh.generate_artifacts(model, loss=None, optimizer="SGD", frozen_params=["w"],
+                              artifact_directory=tmp_path)
+
+
+def test_pack_and_inspect_report_opset_6_and_nothing_to_train(tmp_path):
+    import subprocess
+    import sys
+    model = BACKEND_DATA / "pytorch-converted" / "test_Softmax" / "model.onnx"
+    packed = subprocess.run([sys.executable, "-m", "microtrain_host.cli", "pack", str(model),
+                             "-o", str(tmp_path), "--loss", "none", "--optimizer", "sgd"],
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    line = "  exported at opset 6, upgraded on load to opset 17 with onnx.version_converter"
+    assert packed[1] == line
+    assert "trainable: none (nothing in the model trains: the blob runs its forward pass, " \
+           "and training changes nothing)" in packed
+    inspected = subprocess.run([sys.executable, "-m", "microtrain_host.cli", "inspect",
+                                str(tmp_path / "model.mtb")],
+                               capture_output=True, text=True, check=True).stdout
+    assert inspected.splitlines()[1] == line
