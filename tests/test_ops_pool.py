@@ -1,5 +1,5 @@
 """Pooling (MaxPool, AveragePool, GlobalMaxPool, GlobalAveragePool) and the piecewise-linear
-activations (LeakyRelu, Clip, HardSigmoid, HardSwish).
+activations (LeakyRelu, Clip, HardSigmoid, HardSwish, Shrink).
 
 Each case is output = op(input + b) with b trainable, so b's gradient is the op's input
 gradient itself. One device training step is checked against torch autograd in float64
@@ -504,6 +504,13 @@ ACTIVATION_CASES = [
                                             beta=0.25)],
      torch_hard_sigmoid(0.5, 0.25), []),
     ("HardSwish", [node("HardSwish", ["h"], "output")], F.hardswish, [-3.0, 3.0, 0.0]),
+    # Shrink: torch's hardshrink (bias 0) and softshrink (bias = lambd)
+    ("Shrink_default_hardshrink", [node("Shrink", ["h"], "output")],
+     lambda h: F.hardshrink(h, 0.5), [-0.5, 0.5, 0.0]),
+    ("Shrink_softshrink", [node("Shrink", ["h"], "output", lambd=0.25, bias=0.25)],
+     lambda h: F.softshrink(h, 0.25), [-0.25, 0.25]),
+    ("Shrink_bias_only", [node("Shrink", ["h"], "output", lambd=0.0, bias=0.5)],
+     lambda h: torch.where(h > 0, h - 0.5, torch.where(h < 0, h + 0.5, h * 0)), [0.0]),
 ]
 
 
@@ -660,3 +667,26 @@ def test_pool_net_steps_do_not_grow_the_micropython_heap(pool_net, micropython):
     before, after = run_micropython(micropython, ROOT / "tests" / "device_scripts" /
                                     "heap_steps.py", directory, 20).split()
     assert int(after) == int(before)
+
+
+def test_shrink_micropython_matches_cpython(tmp_path, micropython):
+    # torch exports its shrinks as Where / Greater / Less, never Shrink: a hand-built model
+    # (Gemm, then Shrink) trained a few SGD steps under both interpreters.
+    rng = np.random.default_rng(3)
+    params = {"W": rng.standard_normal((6, 4)).astype(np.float32),
+              "bias": np.zeros(4, np.float32)}
+    model = build_model((BATCH, 6), params,
+                        [node("Gemm", ["input", "W", "bias"], "h"),
+                         node("Shrink", ["h"], "output", lambd=0.3, bias=0.1)], (BATCH, 4))
+    mh.generate_artifacts(model, loss="MSELoss", optimizer="SGD", artifact_directory=tmp_path)
+    xs = rng.standard_normal((STEPS, BATCH, 6)).astype(np.float32)
+    ys = rng.standard_normal((STEPS, BATCH, 4)).astype(np.float32)
+    write_batches(tmp_path / "data.bin", xs, ys)
+    losses, trained, eval_loss = run_device_cpython(tmp_path, tmp_path / "data.bin", STEPS, LR)
+    out = run_micropython(micropython, ROOT / "tests" / "device_scripts" / "train_steps.py",
+                          tmp_path, tmp_path / "data.bin", STEPS, repr(LR))
+    mp_losses, mp_trained, mp_eval = parse_run(out)
+    assert relative_error(mp_losses, losses) <= 1e-5
+    assert relative_error(mp_trained, trained) <= 1e-5
+    assert relative_error(mp_eval, eval_loss) <= 1e-5
+    assert losses[-1] < losses[0]

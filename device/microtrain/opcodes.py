@@ -91,6 +91,8 @@ GELU = const(124)
 GELU_GRAD = const(125)
 SOFTSIGN = const(126)
 SOFTSIGN_GRAD = const(127)
+SHRINK = const(128)
+SHRINK_GRAD = const(129)
 MAX = const(130)
 MIN = const(131)
 COUNT_EQUAL = const(132)
@@ -234,6 +236,8 @@ SIGNATURES = {
     GELU_GRAD: ("smooth", "gelu_grad", "fff", 2, 0),
     SOFTSIGN: ("smooth", "softsign") + _UNARY,
     SOFTSIGN_GRAD: ("smooth", "softsign_grad") + _ACT_GRAD,
+    SHRINK: ("activation", "shrink", "ff", 1, 2),
+    SHRINK_GRAD: ("activation", "shrink_grad", "fff", 1, 1),
     MAX: ("elementwise", "maximum") + _BINARY,
     MIN: ("elementwise", "minimum") + _BINARY,
     COUNT_EQUAL: ("elementwise", "count_equal") + _BINARY,
