@@ -32,9 +32,10 @@ def build_parser():
     p.add_argument("--loss", choices=sorted(LOSS_NAMES), default="cross_entropy",
                    help="loss appended to the model output (default: cross_entropy; labels are "
                         "class indices). 'none': the model output already is the loss or, when "
-                        "it is not a scalar, the loss is computed outside the graph: the blob "
-                        "then has forward and backward programs (Module.forward(x), "
-                        "Module.backward(d_loss/d_output)) instead of train")
+                        "it is not a scalar (or --loss-inputs names several outputs), the loss "
+                        "is computed outside the graph: the blob then has forward and backward "
+                        "programs (Module.forward(x), Module.backward(d_loss/d_output)) instead "
+                        "of train")
     p.add_argument("--loss-inputs", metavar="NAMES",
                    help="comma-separated model outputs the loss is computed from (default: "
                         "the first output; one for a loss of --loss). With --loss none, "
