@@ -252,6 +252,10 @@ CASES = (
        ("PowTensor_trained_base_row", (K, N), {"w": (N,)},
         [node("Pow", ["w", "input"], "output")],
         lambda x, p: p["w"] ** x),
+       ("PowTensor_exponent_computed_on_the_device", (K, N), {"w": (K, N)},
+        [node("Mul", ["input", "w"], "h"), node("ReduceMean", ["input"], "e", keepdims=0),
+         node("Pow", ["h", "e"], "output")],
+        lambda x, p: (x * p["w"]) ** x.mean()),
        ("PowIntegerExponents", (K, N), {"w": (K, N)},
         [node("Mul", ["input", "w"], "h"),
          const("e", np.array([0, 1, 2, 3, -1, -2, 4], np.int64)),
@@ -485,3 +489,28 @@ class PowNet(torch.nn.Module):
 
 def test_pow_tensor_micropython_matches_cpython_and_torch(tmp_path, micropython):
     check_micropython_training(tmp_path, micropython, PowNet(), (4, 6), (4, 3))
+
+
+def test_pow_frozen_exponent_is_read_from_the_device(tmp_path):
+    # A frozen parameter is not a constant: the device can give it another value (through
+    # its arena view, copy_buffer_to_parameters, a federated round), and the forward pass
+    # and the gradient must both use that one.
+    rng = np.random.default_rng(9)
+    x = rng.uniform(0.5, 1.5, (K, N)).astype(np.float32)
+    params = {"w": rng.uniform(0.5, 1.5, (K, N)).astype(np.float32), "e": np.float32(2.0)}
+    model = build_model((K, N), params, [node("Mul", ["input", "w"], "h"),
+                                         node("Pow", ["h", "e"], "output")], (K, N))
+    mh.generate_artifacts(model, loss="MSELoss", optimizer="SGD", frozen_params=["e"],
+                          artifact_directory=tmp_path)
+    state = CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
+    device = Module(str(tmp_path / "model.mtb"), state)
+    state.parameters["e"].data[0] = 0.75
+    target = rng.standard_normal((K, N)).astype(np.float32)
+    w = torch.tensor(params["w"], dtype=torch.float64, requires_grad=True)
+    out = (torch.tensor(x, dtype=torch.float64) * w) ** 0.75
+    loss = torch.nn.functional.mse_loss(out, torch.tensor(target, dtype=torch.float64))
+    loss.backward()
+    assert relative_error(device(x.reshape(-1).tolist(), target.reshape(-1).tolist()),
+                          loss.item()) <= GRAD_TOLERANCE
+    assert relative_error(np.array(state.parameters["w"].grad.tolist()),
+                          w.grad.numpy()) <= GRAD_TOLERANCE

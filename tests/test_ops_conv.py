@@ -228,11 +228,12 @@ def check_two_steps_and_eval(tmp_path, model, x, target, loss, out, grads, grad_
 
 
 def random_conv_specs(count, seed, ranks=(1, 2), reach=7):
-    """count random valid geometries: of a rank in `ranks` (1-D or 2-D by default), batch 1-3, group 1-3 with 1-2 input and
-    output channels per group (grouped, depthwise, depthwise with a multiplier), kernel 1-4,
-    stride 1-3, and either explicit pads 0-3 (asymmetric) with dilations 1-3 or an auto_pad;
-    sizes odd or even, from the smallest the window fits on. Big ones are skipped to keep
-    the pure-Python kernels quick."""
+    """count random valid geometries: of a rank in `ranks` (1-D or 2-D by default), batch
+    1-3, group 1-3 with 1-2 input and output channels per group (grouped, depthwise,
+    depthwise with a multiplier), kernel 1-4, stride 1-3, and either explicit pads 0-3
+    (asymmetric) with dilations 1-3 or an auto_pad; sizes odd or even, from the smallest the
+    window fits on, up to `reach` more. Big ones are skipped to keep the pure-Python kernels
+    quick."""
     rng = np.random.default_rng(seed)
 
     def draw(low, high, n):

@@ -1,5 +1,6 @@
 """Activations: Relu, Sigmoid, Tanh, Softplus, LeakyRelu, Clip (ReLU6), HardSigmoid,
-HardSwish, Shrink, Softmax, LogSoftmax, and their gradient ops. Device kernels: kernels/activation.py.
+HardSwish, Shrink, Softmax, LogSoftmax, and their gradient ops. Device kernels:
+kernels/activation.py.
 
 The gradients of Relu, Sigmoid, Tanh, Softmax and LogSoftmax read the forward *output* Y (the
 input need not be kept); those of the piecewise-linear ones read X, since Y cannot tell which

@@ -3,9 +3,9 @@ the geometry they share; ConvTranspose, which is a convolution's input gradient 
 own gradients are a Conv and a ConvGradWeight). Device kernels: kernels/conv.py.
 
 An ONNX Conv node (or our ConvGradInput / ConvGradWeight) on a 1-D (N, C, L), 2-D
-(N, C, H, W) or 3-D (N, C, D, H, W) input is resolved once into explicit attributes: kernel_shape, strides, pads
-(begins then ends), dilations and group. auto_pad is turned into pads here, so gradient nodes
-and kernels never see it.
+(N, C, H, W) or 3-D (N, C, D, H, W) input is resolved once into explicit attributes:
+kernel_shape, strides, pads (begins then ends), dilations and group. auto_pad is turned into
+pads here, so gradient nodes and kernels never see it.
 
 Rules (onnxruntime and torch agree on all of them):
   * output o along a dimension reads the input at o * stride - pad_begin + k * dilation for

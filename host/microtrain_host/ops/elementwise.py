@@ -144,11 +144,11 @@ def grad_sqrt(g, node, dys, needs):
 def grad_pow(g, node, dys, needs):
     x, p = node.input
     exponent = g.constant_value(p)
-    if not needs[1] and exponent is not None and exponent.size == 1:
+    if p not in g.parameters and exponent is not None and exponent.size == 1:
         # y = x^p with a constant p: dx = dy * p * x^(p-1), with the unary kernel
         return [_grad_pow_constant(g, x, float(exponent.reshape(())), dys[0]), None]
-    # A tensor exponent, or one that trains: PowGrad gives dX and dP in Y's shape, summed
-    # here to X's and P's.
+    # A tensor exponent, or a parameter (trained, or frozen: the device may still copy
+    # another value in): PowGrad gives dX and dP in Y's shape, summed here to X's and P's.
     y = node.output[0]
     outputs = [g.fresh(f"d{node.name}_{part}") if need else ""
                for part, need in zip(("X", "P"), needs)]

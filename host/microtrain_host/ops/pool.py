@@ -187,11 +187,10 @@ def lower_pool(ctx, node):
     x, y = node.input[0], node.output[0]
     stages = pool_stages(node, ctx.shape(x), ctx.shape(y), ctx.where(node))
     code = op.MAX_POOL if "Max" in node.op_type else op.AVERAGE_POOL
-    source = ctx.t(x)
-    for k, (ints, shape) in enumerate(stages):
-        target = ctx.define(y) if k == len(stages) - 1 else ctx.define("", shape)
+    targets = [ctx.define("", shape) for _, shape in stages[:-1]] + [ctx.define(y)]
+    sources = [ctx.t(x)] + targets[:-1]
+    for (ints, _), target, source in zip(stages, targets, sources):
         ctx.step(code, [target, source], ints)
-        source = target
 
 
 @lowering("MaxPoolGrad", "AveragePoolGrad")

@@ -140,6 +140,7 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
     model_outputs = [o.name for o in graph.output]
 
     g = GraphBuilder(shapes)
+    g.parameters = set(param_set)
     for init in graph.initializer:
         g.values[init.name] = numpy_helper.to_array(init)
     for node in graph.node:
