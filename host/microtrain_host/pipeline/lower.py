@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 from onnx import TensorProto, numpy_helper
 
-from ..errors import UnsupportedOpError
+from ..errors import UnsupportedOpError, node_name
 from ..registry import LOWERINGS, lowering
 from .load import constant_value, tensor_shapes
 from .optimizers import grad_buffer
@@ -196,7 +196,7 @@ class Lowering:
             lowering = LOWERINGS.get(node.op_type)
             if lowering is None:
                 raise UnsupportedOpError(
-                    f"op '{node.op_type}' (node '{self.node_name}') is not supported; "
+                    f"op '{node.op_type}' (node {node_name(node)}) is not supported; "
                     f"supported ops: {', '.join(sorted(LOWERINGS))}")
             lowering(self, node)
         # The caller reads the loss and the model outputs (activations, or aliases of a
@@ -293,7 +293,7 @@ class Lowering:
                                [float(f) for f in floats], self.node_name))
 
     def where(self, node):
-        return f"{node.op_type} node '{self.node_name}'"
+        return f"{node.op_type} node {node_name(node)}"
 
     def optional_value(self, node, index):
         """The constant value of the node's input `index`, or None when it is absent."""
