@@ -70,7 +70,8 @@ HELP_TEXTS = {
     "": ["Train neural networks on microcontrollers", "example: microtrain pack"],
     "pack": ["Generate ORT-style training artifacts", "--batch-size", "--frozen",
              "--train-biases", "--train-last N", "the last N layers", "--update-in-backward",
-             "no gradient buffers"],
+             "no gradient buffers", "--loss-inputs NAMES",
+             "naming several computes the loss outside the graph"],
     "inspect": ["memory", "For a partial update", "what pruning saved",
                 "against training every parameter", "example: microtrain inspect",
                 "--plan", "as TensorFlow Lite Micro's planner does",
@@ -78,7 +79,8 @@ HELP_TEXTS = {
     "train": ["with the device runtime", "--runtime", "micropython"],
     "export": ["Write a standard ONNX model for inference", "--checkpoint",
                "example: microtrain export build/ --checkpoint build/trained_checkpoint "
-               "-o model.onnx"],
+               "-o model.onnx [--ort]", "--ort", "in ORT format", "minimal builds",
+               ".required_operators.config"],
     "aggregate": ["Federated averaging", "weighted by the number of samples", "--weights",
                   "example: microtrain aggregate dev0/ckpt dev1/ckpt dev2/ckpt --weights"],
 }

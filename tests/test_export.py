@@ -215,6 +215,35 @@ def test_cli_export(tmp_path, capsys):
     assert "not outputs of the model" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_cli_export_in_ort_format(tmp_path, capsys, name):
+    # The .ort form (onnxruntime's own converter, optimized as for ORT Mobile) loads in
+    # onnxruntime and computes what the .onnx computes.
+    x, _, _ = train_and_export(tmp_path, name)
+    assert cli(["export", str(tmp_path), "--checkpoint", str(tmp_path / "trained"), "-o",
+                str(tmp_path / "model.onnx"), "--ort"]) == 0
+    out = capsys.readouterr().out
+    assert f"ORT format {tmp_path / 'model.ort'} (" in out and "required_operators" in out
+    session = ort.InferenceSession(str(tmp_path / "model.ort"),
+                                   providers=["CPUExecutionProvider"])
+    (from_ort,) = session.run(None, {"input": x})
+    (from_onnx,) = onnxruntime_outputs(tmp_path / "model.onnx", x)
+    np.testing.assert_allclose(from_ort, from_onnx, rtol=1e-6, atol=1e-7)
+    config = (tmp_path / "model.required_operators.config").read_text()
+    assert "ai.onnx;" in config  # the operator list a minimal build is configured with
+    assert not [f for f in os.listdir(tmp_path) if f.startswith("tmp")]  # no work directory left
+
+
+def test_ort_format_without_onnxruntime_tools_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    train_and_export(tmp_path, "mlp", steps=0)
+    monkeypatch.setitem(__import__("sys").modules,
+                        "onnxruntime.tools.convert_onnx_models_to_ort", None)
+    assert cli(["export", str(tmp_path), "--checkpoint", str(tmp_path / "trained"), "-o",
+                str(tmp_path / "model.onnx"), "--ort"]) == 2
+    assert "the ORT format needs onnxruntime's converter" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "model.ort")
+
+
 def test_export_under_micropython(tmp_path, micropython):
     """Train, save, export and run the inference blob under MicroPython and CPython: the same
     outputs, which onnxruntime computes from each run's saved checkpoint."""

@@ -247,6 +247,55 @@ def test_misuse_is_refused(tmp_path):
         with_loss.forward(x)
 
 
+def scalar_outputs_model():
+    """Three outputs of shape [1], like onnx's test_operator_symbolic_override_nested with
+    its inputs after the first made parameters: s = x + a + b, n = -x, m = -a."""
+    from onnx import TensorProto, helper, numpy_helper
+    graph = helper.make_graph(
+        [helper.make_node("Sum", ["x", "a", "b"], ["s"]), helper.make_node("Neg", ["x"], ["n"]),
+         helper.make_node("Neg", ["a"], ["m"])], "nested",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, [1]) for o in "snm"],
+        [numpy_helper.from_array(np.array([0.25], np.float32), "a"),
+         numpy_helper.from_array(np.array([-1.5], np.float32), "b")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_scalar_first_output_is_the_loss_and_forward_says_what_to_do(tmp_path):
+    # loss=None with a scalar first output: that output is the loss (the model computes
+    # it), the others are returned by eval; forward() explains how to get the other form.
+    artifacts = mh.generate_artifacts(scalar_outputs_model(), loss=None, optimizer="SGD",
+                                      artifact_directory=tmp_path)
+    state, module, _ = load(artifacts)
+    with pytest.raises(TrainingError, match=r"has no forward program: it was packed with "
+                                            r"loss=None and its output 's' is a scalar, so that "
+                                            r"output is the loss\. .*loss_input_names=\['s', "
+                                            r"'n', 'm'\] \(microtrain pack --loss none "
+                                            r"--loss-inputs s,n,m\)$"):
+        module.forward([2.0])
+    loss, n, m = module.eval()([2.0])
+    assert (loss, list(n), list(m)) == (0.75, [-2.0], [-0.25])
+
+
+def test_several_loss_inputs_give_forward_and_backward_even_for_scalars(tmp_path):
+    artifacts = mh.generate_artifacts(scalar_outputs_model(), loss=None, optimizer="SGD",
+                                      artifact_directory=tmp_path,
+                                      loss_input_names=["s", "n", "m"])
+    b = device_blob.load(artifacts.blob)
+    assert [b.names[t] for t in b.programs["backward"].inputs] == ["s_grad", "n_grad", "m_grad"]
+    state, module, _ = load(artifacts)
+    assert [list(v) for v in module.forward([2.0])] == [[0.75], [-2.0], [-0.25]]
+    module.backward([3.0], [5.0], [7.0])
+    # d/da = d_s - d_m, d/db = d_s: torch float64 on the same arithmetic
+    x = torch.tensor([2.0], dtype=torch.float64)
+    a = torch.tensor([0.25], dtype=torch.float64, requires_grad=True)
+    b_ = torch.tensor([-1.5], dtype=torch.float64, requires_grad=True)
+    torch.autograd.backward([x + a + b_, -a], [torch.tensor([3.0]).double(),
+                                               torch.tensor([7.0]).double()])
+    assert list(state.parameters["a"].grad) == a.grad.tolist()
+    assert list(state.parameters["b"].grad) == b_.grad.tolist()
+
+
 def test_steps_do_not_grow_the_heap(tmp_path):
     state, module, opt = load(pack(tmp_path, mlp(N_IN, N_OUT)))
     xs, ys = batches(1)

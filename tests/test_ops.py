@@ -244,11 +244,28 @@ CASES = (
        for op, opset in (("ReduceSum", 17), ("ReduceSum", 18), ("ReduceMean", 18))
        for axes, keepdims in ((None, 1), ([], 0), ([1], 0))]
     + [reduce_case("ReduceMean", None, 0, opset=18, noop=0)]
+    # Pow with a tensor exponent: trained, broadcast either way, or an integer constant
+    # (negative bases then have real powers)
+    + [("PowTensor_trained_exponent_column", (K, N), {"w": (K, N), "e": (K, 1)},
+        [node("Mul", ["input", "w"], "h"), node("Pow", ["h", "e"], "output")],
+        lambda x, p: (x * p["w"]) ** p["e"]),
+       ("PowTensor_trained_base_row", (K, N), {"w": (N,)},
+        [node("Pow", ["w", "input"], "output")],
+        lambda x, p: p["w"] ** x),
+       ("PowTensor_exponent_computed_on_the_device", (K, N), {"w": (K, N)},
+        [node("Mul", ["input", "w"], "h"), node("ReduceMean", ["input"], "e", keepdims=0),
+         node("Pow", ["h", "e"], "output")],
+        lambda x, p: (x * p["w"]) ** x.mean()),
+       ("PowIntegerExponents", (K, N), {"w": (K, N)},
+        [node("Mul", ["input", "w"], "h"),
+         const("e", np.array([0, 1, 2, 3, -1, -2, 4], np.int64)),
+         node("Pow", ["h", "e"], "output")],
+        lambda x, p: (x * p["w"]) ** torch.tensor([0, 1, 2, 3, -1, -2, 4], dtype=torch.float64))]
 )
 # A row may end with its opset (default 17).
 CASES = [case if len(case) == 6 else case + (17,) for case in CASES]
 
-POSITIVE = ("Log", "Sqrt", "Div", "Pow_0.5", "Pow_-1")  # cases whose values must stay positive
+POSITIVE = ("Log", "Sqrt", "Div", "Pow_0.5", "Pow_-1", "PowTensor")  # values must stay positive
 
 
 def case_values(name, input_shape, param_shapes):
@@ -425,3 +442,75 @@ def test_special_values_match_onnxruntime(tmp_path, op, exponent):
     if not np.all(np.isfinite(expected)):
         with pytest.raises(TrainingError):
             device.train()(x.reshape(-1).tolist(), target)
+
+
+def test_pow_tensor_exponent_at_its_special_values(tmp_path):
+    # Zero bases, zero exponents, negative bases with integer exponents: the outputs where
+    # onnxruntime gives them and the gradients of torch's pow backward, which takes the
+    # limits (0 for dX where P == 0, 0 for dP where X == 0 and P >= 0) and NaN for the
+    # exponent's gradient at a negative base.
+    x = np.array([[0.0, 0.0, 2.0, -1.0, 0.5, -2.0, -0.0]], np.float32)
+    exponents = np.array([[0.0, 2.0, 0.0, 3.0, -1.0, 2.0, 1.5]], np.float32)
+    params = {"w": np.ones(x.shape, np.float32), "e": exponents}
+    model = build_model(x.shape, params, [node("Mul", ["input", "w"], "h"),
+                                          node("Pow", ["h", "e"], "output")], x.shape)
+    mh.generate_artifacts(model, loss="MSELoss", optimizer="SGD", artifact_directory=tmp_path)
+    state = CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
+    device = Module(str(tmp_path / "model.mtb"), state)
+    target = np.zeros(x.shape, np.float32)
+    w = torch.ones(x.shape, dtype=torch.float64, requires_grad=True)
+    e = torch.tensor(exponents, dtype=torch.float64, requires_grad=True)
+    out = (torch.tensor(x, dtype=torch.float64) * w) ** e
+    torch.nn.functional.mse_loss(out, torch.tensor(target, dtype=torch.float64)).backward()
+    device(x.reshape(-1).tolist(), target.reshape(-1).tolist())
+    for name, expected in (("w", w.grad), ("e", e.grad)):
+        np.testing.assert_allclose(np.array(state.parameters[name].grad.tolist()),
+                                   expected.numpy().reshape(-1), rtol=1e-5, atol=1e-7,
+                                   equal_nan=True, err_msg=name)
+    (expected,) = ort.InferenceSession(model.SerializeToString(),
+                                       providers=["CPUExecutionProvider"]).run(None, {"input": x})
+    actual = np.array(device.eval()(x.reshape(-1).tolist(), target.reshape(-1).tolist())[1])
+    np.testing.assert_allclose(actual, expected.reshape(-1), rtol=FORWARD_TOLERANCE,
+                               equal_nan=True)
+
+
+class PowNet(torch.nn.Module):
+    """A trained exponent per output (torch exports the parameter as Pow's exponent)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(2)
+        self.fc = torch.nn.Linear(6, 3)
+        self.exponent = torch.nn.Parameter(torch.rand(3) + 0.5)
+
+    def forward(self, x):
+        return torch.sigmoid(self.fc(x)) ** self.exponent
+
+
+def test_pow_tensor_micropython_matches_cpython_and_torch(tmp_path, micropython):
+    check_micropython_training(tmp_path, micropython, PowNet(), (4, 6), (4, 3))
+
+
+def test_pow_frozen_exponent_is_read_from_the_device(tmp_path):
+    # A frozen parameter is not a constant: the device can give it another value (through
+    # its arena view, copy_buffer_to_parameters, a federated round), and the forward pass
+    # and the gradient must both use that one.
+    rng = np.random.default_rng(9)
+    x = rng.uniform(0.5, 1.5, (K, N)).astype(np.float32)
+    params = {"w": rng.uniform(0.5, 1.5, (K, N)).astype(np.float32), "e": np.float32(2.0)}
+    model = build_model((K, N), params, [node("Mul", ["input", "w"], "h"),
+                                         node("Pow", ["h", "e"], "output")], (K, N))
+    mh.generate_artifacts(model, loss="MSELoss", optimizer="SGD", frozen_params=["e"],
+                          artifact_directory=tmp_path)
+    state = CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
+    device = Module(str(tmp_path / "model.mtb"), state)
+    state.parameters["e"].data[0] = 0.75
+    target = rng.standard_normal((K, N)).astype(np.float32)
+    w = torch.tensor(params["w"], dtype=torch.float64, requires_grad=True)
+    out = (torch.tensor(x, dtype=torch.float64) * w) ** 0.75
+    loss = torch.nn.functional.mse_loss(out, torch.tensor(target, dtype=torch.float64))
+    loss.backward()
+    assert relative_error(device(x.reshape(-1).tolist(), target.reshape(-1).tolist()),
+                          loss.item()) <= GRAD_TOLERANCE
+    assert relative_error(np.array(state.parameters["w"].grad.tolist()),
+                          w.grad.numpy()) <= GRAD_TOLERANCE

@@ -1,4 +1,4 @@
-"""Conv (1-D and 2-D) and its gradients.
+"""Conv (1-D, 2-D and 3-D) and its gradients.
 
 Each case of CASES is a tiny model, [input * scale ->] Conv(W[, B]) -> output, MSELoss:
   * one device step (CPython) against torch autograd in float64: the loss and the gradients
@@ -90,6 +90,17 @@ CASES = [
     case("2d_first_layer", [6, 7], 1, 3, [3, 3], input_grad=False, batch=3, pads=[1, 1, 1, 1]),
     case("2d_first_layer_depthwise_same_lower", [6, 7], 2, 2, [3, 3], input_grad=False,
          group=2, strides=[2, 2], auto_pad="SAME_LOWER"),
+    # 3-D (N, C, D, H, W): the CONV_3D kernels
+    case("3d_k3", [4, 5, 4], 2, 3, [3, 3, 3]),
+    case("3d_k2x3x2_strides_2x1x2_pads_asymmetric", [5, 4, 6], 2, 2, [2, 3, 2],
+         strides=[2, 1, 2], pads=[1, 0, 2, 0, 1, 1]),
+    case("3d_dilation_2x1x2_no_bias", [5, 4, 5], 2, 2, [2, 2, 2], bias=False,
+         dilations=[2, 1, 2], pads=[1, 1, 0, 0, 1, 1]),
+    case("3d_group2", [3, 4, 4], 4, 4, [3, 2, 3], group=2, pads=[1, 0, 1, 1, 1, 1]),
+    case("3d_depthwise_multiplier2_stride2", [4, 5, 5], 2, 4, [3, 3, 3], group=2,
+         strides=[2, 2, 2], pads=[1, 1, 1, 1, 1, 1]),
+    case("3d_same_upper", [4, 5, 3], 2, 2, [2, 3, 2], strides=[2, 2, 1], auto_pad="SAME_UPPER"),
+    case("3d_first_layer", [3, 4, 5], 1, 3, [2, 2, 3], input_grad=False, batch=3),
 ]
 
 
@@ -122,7 +133,8 @@ def torch_conv(h, w, b, spatial, kernel, attrs):
     pad = []
     for begin, end in zip(reversed(begins), reversed(ends)):  # torch pads the last dim first
         pad += [begin, end]
-    conv = torch.nn.functional.conv1d if rank == 1 else torch.nn.functional.conv2d
+    conv = {1: torch.nn.functional.conv1d, 2: torch.nn.functional.conv2d,
+            3: torch.nn.functional.conv3d}[rank]
     return conv(torch.nn.functional.pad(h, pad), w, b, stride=attrs.get("strides", 1),
                 dilation=attrs.get("dilations", 1), groups=attrs.get("group", 1))
 
@@ -216,12 +228,13 @@ def check_two_steps_and_eval(tmp_path, model, x, target, loss, out, grads, grad_
     return device_out
 
 
-def random_conv_specs(count, seed):
-    """count random valid geometries: 1-D or 2-D, batch 1-3, group 1-3 with 1-2 input and
-    output channels per group (grouped, depthwise, depthwise with a multiplier), kernel 1-4,
-    stride 1-3, and either explicit pads 0-3 (asymmetric) with dilations 1-3 or an auto_pad;
-    sizes odd or even, from the smallest the window fits on. Big ones are skipped to keep
-    the pure-Python kernels quick."""
+def random_conv_specs(count, seed, ranks=(1, 2), reach=7):
+    """count random valid geometries: of a rank in `ranks` (1-D or 2-D by default), batch
+    1-3, group 1-3 with 1-2 input and output channels per group (grouped, depthwise,
+    depthwise with a multiplier), kernel 1-4, stride 1-3, and either explicit pads 0-3
+    (asymmetric) with dilations 1-3 or an auto_pad; sizes odd or even, from the smallest the
+    window fits on, up to `reach` more. Big ones are skipped to keep the pure-Python kernels
+    quick."""
     rng = np.random.default_rng(seed)
 
     def draw(low, high, n):
@@ -229,7 +242,7 @@ def random_conv_specs(count, seed):
 
     specs = []
     while len(specs) < count:
-        rank = int(rng.integers(1, 3))
+        rank = int(rng.choice(ranks))
         group = int(rng.integers(1, 4))
         channels, out_channels = group * int(rng.integers(1, 3)), group * int(rng.integers(1, 3))
         kernel = draw(1, 4, rank)
@@ -251,7 +264,7 @@ def random_conv_specs(count, seed):
         for k, d, b, e in zip(kernel, dilations, begins, ends):
             smallest = max(1, (k - 1) * d + 1 - b - e) if auto_pad != "SAME_UPPER" \
                 and auto_pad != "SAME_LOWER" else 1
-            spatial.append(int(rng.integers(smallest, smallest + 7)))
+            spatial.append(int(rng.integers(smallest, smallest + reach)))
         spec = Spec(tuple(spatial), channels, out_channels, tuple(kernel),
                     bool(rng.random() < 0.7), bool(rng.random() < 0.8), int(rng.integers(1, 4)),
                     attrs)
@@ -271,6 +284,19 @@ def test_conv_gradient_on_random_geometries(tmp_path):
     assert len(seen) >= 8, seen   # the draw covers the combinations, not one corner
     for i, spec in enumerate(specs):
         name = f"random{i}"
+        try:
+            run_conv_case(tmp_path / name, name, spec)
+        except AssertionError as e:
+            raise AssertionError(f"{name}: {spec}") from e
+
+
+def test_3d_conv_gradient_on_random_geometries(tmp_path):
+    # The 3-D kernels on random geometries: the depth walk's clipping at every pad, stride
+    # and dilation (torch's conv3d and onnxruntime as oracles).
+    specs = random_conv_specs(10, seed=26, ranks=(3,), reach=4)
+    assert any(max(s.attrs.get("dilations", [1])) > 1 for s in specs)
+    for i, spec in enumerate(specs):
+        name = f"random3d{i}"
         try:
             run_conv_case(tmp_path / name, name, spec)
         except AssertionError as e:
@@ -297,14 +323,16 @@ def test_conv_reference_training_graph(tmp_path, request, spec):
             <= GRAD_TOLERANCE, param
 
 
-def test_weight_gradient_is_computed_into_its_accumulation_buffer(tmp_path):
-    spec = spec_named("1d_k3")
+@pytest.mark.parametrize("name,code", [("1d_k3", op.CONV_GRAD_WEIGHT),
+                                       ("3d_k3", op.CONV_3D_GRAD_WEIGHT)])
+def test_weight_gradient_is_computed_into_its_accumulation_buffer(tmp_path, name, code):
+    spec = spec_named(name)
     x, params, target, loss, out, grads = case_data("fused", spec)
     mh.generate_artifacts(conv_model(spec, params, out.shape), loss="MSELoss", optimizer="SGD",
                           artifact_directory=tmp_path)
     blob = device_blob_parser.load(str(tmp_path / "model.mtb"), keep_steps=True)
     steps = blob.step_records["train"]
-    (grad_weight,) = [tensors for code, tensors, _, _ in steps if code == op.CONV_GRAD_WEIGHT]
+    (grad_weight,) = [tensors for step_code, tensors, _, _ in steps if step_code == code]
     dw, _, _, reset = grad_weight
     assert (blob.names[dw], blob.names[reset]) == ("w_grad.accumulation.buffer",
                                                    "lazy_reset_grad")
@@ -342,13 +370,14 @@ def _single_conv(x_shape, w_shape, out_shape, **attrs):
 
 
 @pytest.mark.parametrize("x_shape,w_shape,out_shape,attrs,words", [
-    ((1, 2, 4, 4, 4), (3, 2, 3, 3, 3), (1, 3, 2, 2, 2), {}, ["input shape [1, 2, 4, 4, 4]"]),
+    ((1, 2, 3, 3, 3, 3), (3, 2, 2, 2, 2, 2), (1, 3, 2, 2, 2, 2), {},
+     ["input shape [1, 2, 3, 3, 3, 3]", "3-D"]),
     ((1, 2, 8), (3, 2, 3), (1, 3, 6), {"kernel_shape": [5]}, ["kernel_shape=[5]", "[3]"]),
     ((1, 2, 8), (3, 2, 3), (1, 3, 6), {"auto_pad": "SAME"}, ["auto_pad='SAME'"]),
     ((1, 3, 8), (4, 1, 3), (1, 4, 6), {"group": 2}, ["group=2"]),
     ((1, 2, 8), (3, 2, 3), (1, 3, 8), {"auto_pad": "SAME_UPPER", "dilations": [2]},
      ["auto_pad=SAME_UPPER", "dilations=[2]"]),
-], ids=["3d", "kernel_shape_disagrees_with_weight", "auto_pad_unknown", "group_does_not_divide",
+], ids=["4d", "kernel_shape_disagrees_with_weight", "auto_pad_unknown", "group_does_not_divide",
         "same_with_dilation"])
 def test_unsupported_conv_names_node_and_attribute(tmp_path, x_shape, w_shape, out_shape, attrs,
                                                      words):
@@ -383,9 +412,20 @@ def cnn_1d():
         torch.nn.Flatten(), torch.nn.Linear(6 * 8, 4))
 
 
+def cnn_3d():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv3d(1, 3, 3, padding=1), torch.nn.ReLU(),                # 4x6x6
+        torch.nn.MaxPool3d(2),                                                 # -> 2x3x3
+        torch.nn.Conv3d(3, 4, (2, 3, 3), groups=1, padding=(0, 1, 1)), torch.nn.Tanh(),
+        torch.nn.AvgPool3d((1, 3, 3)),                                         # -> 1x1x1
+        torch.nn.Flatten(), torch.nn.Linear(4, 3))
+
+
 # name: (model, input shape without batch, loss, outputs, optimizer, learning rate)
 CONV_MODELS = {"cnn_2d": (cnn_2d, (2, 8, 8), "CrossEntropyLoss", 5, "SGD", 0.1),
-               "cnn_1d": (cnn_1d, (3, 16), "MSELoss", 4, "AdamW", 0.01)}
+               "cnn_1d": (cnn_1d, (3, 16), "MSELoss", 4, "AdamW", 0.01),
+               "cnn_3d": (cnn_3d, (1, 4, 6, 6), "CrossEntropyLoss", 3, "SGD", 0.1)}
 
 
 @pytest.fixture(scope="module")

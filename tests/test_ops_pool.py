@@ -1,5 +1,5 @@
 """Pooling (MaxPool, AveragePool, GlobalMaxPool, GlobalAveragePool) and the piecewise-linear
-activations (LeakyRelu, Clip, HardSigmoid, HardSwish).
+activations (LeakyRelu, Clip, HardSigmoid, HardSwish, Shrink).
 
 Each case is output = op(input + b) with b trainable, so b's gradient is the op's input
 gradient itself. One device training step is checked against torch autograd in float64
@@ -101,14 +101,14 @@ def values(name, shape, low, high):
 
 def torch_max(kernel, stride, pad=0, dilation=1, ceil=False):
     def fn(h):
-        pool = F.max_pool1d if h.dim() == 3 else F.max_pool2d
+        pool = {3: F.max_pool1d, 4: F.max_pool2d, 5: F.max_pool3d}[h.dim()]
         return pool(h, kernel, stride, pad, dilation, ceil_mode=ceil)
     return fn
 
 
 def torch_average(kernel, stride, pad=0, ceil=False, count_include_pad=False):
     def fn(h):
-        pool = F.avg_pool1d if h.dim() == 3 else F.avg_pool2d
+        pool = {3: F.avg_pool1d, 4: F.avg_pool2d, 5: F.avg_pool3d}[h.dim()]
         return pool(h, kernel, stride, pad, ceil_mode=ceil, count_include_pad=count_include_pad)
     return fn
 
@@ -149,6 +149,7 @@ def global_average(h):
 
 
 L1, L1_EVEN, HW, HW_SAME = (2, 3, 11), (2, 3, 10), (2, 3, 7, 9), (2, 3, 7, 8)
+DHW = (2, 3, 5, 6, 7)   # 3-D pooling: two steps of the 2-D kernels (ops/pool.py pool_stages)
 # HW_SAME with kernel (2, 3) and stride 2 needs one row and one column of padding: SAME_UPPER
 # puts them at the end (pads [0, 0, 1, 1]), SAME_LOWER at the start ([1, 1, 0, 0]).
 
@@ -238,6 +239,24 @@ POOL_CASES = [
      torch_average(3, 2, ceil=True)),
     ("global_average_1d", L1, "GlobalAveragePool", {}, global_average),
     ("global_average_2d", HW, "GlobalAveragePool", {}, global_average),
+    ("max_3d_k2_s2", DHW, "MaxPool", dict(kernel_shape=[2, 2, 2], strides=[2, 2, 2]),
+     torch_max(2, 2)),
+    ("max_3d_k3x2x3_s2x1x2_p1x0x1_d1x2x1_ceil", DHW, "MaxPool",
+     dict(kernel_shape=[3, 2, 3], strides=[2, 1, 2], pads=[1, 0, 1, 1, 0, 1],
+          dilations=[1, 2, 1], ceil_mode=1),
+     torch_max((3, 2, 3), (2, 1, 2), (1, 0, 1), (1, 2, 1), True)),
+    ("max_3d_asymmetric_pads", DHW, "MaxPool",
+     dict(kernel_shape=[2, 3, 2], strides=[1, 2, 2], pads=[1, 0, 1, 0, 2, 0]),
+     padded_max((2, 3, 2), (1, 2, 2), [1, 0, 1, 0, 2, 0])),
+    ("average_3d_k3_s2_p1_ceil_count_pad", DHW, "AveragePool",
+     dict(kernel_shape=[3, 3, 3], strides=[2, 2, 2], pads=[1, 1, 1, 1, 1, 1], ceil_mode=1,
+          count_include_pad=1),
+     torch_average(3, 2, 1, True, True)),
+    ("average_3d_k2x3x2_s1x2x3_p1x1x0", DHW, "AveragePool",
+     dict(kernel_shape=[2, 3, 2], strides=[1, 2, 3], pads=[1, 1, 0, 1, 1, 0]),
+     torch_average((2, 3, 2), (1, 2, 3), (1, 1, 0))),
+    ("global_max_3d", DHW, "GlobalMaxPool", {}, global_max),
+    ("global_average_3d", DHW, "GlobalAveragePool", {}, global_average),
 ]
 
 
@@ -265,17 +284,22 @@ def test_ceil_mode_window_starting_in_padding_at_opset_22(tmp_path):
                  opset=22)
 
 
-@pytest.mark.parametrize("op_type,attrs,fn", [
-    ("MaxPool", dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1]), torch_max(3, 1, 1)),
-    ("MaxPool", dict(kernel_shape=[2, 2], strides=[2, 2]), torch_max(2, 2)),
-    ("GlobalMaxPool", {}, global_max)], ids=["overlapping", "k2_s2", "global"])
-def test_max_pool_ties_route_to_the_first_maximum(tmp_path, op_type, attrs, fn):
+@pytest.mark.parametrize("shape,op_type,attrs,fn", [
+    (HW, "MaxPool", dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1]), torch_max(3, 1, 1)),
+    (HW, "MaxPool", dict(kernel_shape=[2, 2], strides=[2, 2]), torch_max(2, 2)),
+    (HW, "GlobalMaxPool", {}, global_max),
+    (DHW, "MaxPool", dict(kernel_shape=[3, 3, 3], pads=[1] * 6), torch_max(3, 1, 1)),
+    (DHW, "MaxPool", dict(kernel_shape=[2, 2, 2], strides=[2, 2, 2]), torch_max(2, 2)),
+    (DHW, "GlobalMaxPool", {}, global_max)],
+    ids=["overlapping", "k2_s2", "global", "3d_overlapping", "3d_k2_s2", "3d_global"])
+def test_max_pool_ties_route_to_the_first_maximum(tmp_path, shape, op_type, attrs, fn):
     # Small integers: most windows hold several equal maxima; torch sends the gradient to
-    # the first in row-major order, and so must the device (which recomputes the argmax).
+    # the first in row-major order, and so must the device (which recomputes the argmax;
+    # in 3-D through the maxima of the depth slices).
     rng = np.random.default_rng(5)
-    x = rng.integers(0, 3, HW).astype(np.float32)
-    run_case(tmp_path, x, np.zeros(HW, np.float32), [node(op_type, ["h"], "output", **attrs)],
-             fn)
+    x = rng.integers(0, 3, shape).astype(np.float32)
+    run_case(tmp_path, x, np.zeros(shape, np.float32),
+             [node(op_type, ["h"], "output", **attrs)], fn)
 
 
 def onnx_pool(op_type, kernel, strides, pads, dilations, ceil_mode, count_include_pad):
@@ -308,8 +332,8 @@ def onnx_pool(op_type, kernel, strides, pads, dilations, ceil_mode, count_includ
     return fn
 
 
-def random_pool_cases(count, seed):
-    """count random pools: MaxPool or AveragePool, 1-D or 2-D, batch and channels 1-3,
+def random_pool_cases(count, seed, ranks=(1, 2), reach=8):
+    """count random pools: MaxPool or AveragePool, of a rank in `ranks`, batch and channels 1-3,
     kernel 1-4, stride 1-3, pads 0 to kernel - 1 at each end (onnxruntime's limit),
     dilations 1-3 (MaxPool), ceil_mode, count_include_pad (AveragePool); sizes odd or even
     from the smallest the window fits on. Geometries with a window of padding only, which
@@ -318,7 +342,7 @@ def random_pool_cases(count, seed):
     cases = []
     while len(cases) < count:
         op_type = ("MaxPool", "AveragePool")[len(cases) % 2]
-        rank = int(rng.integers(1, 3))
+        rank = int(rng.choice(ranks))
         kernel = [int(k) for k in rng.integers(1, 5, rank)]
         strides = [int(s) for s in rng.integers(1, 4, rank)]
         pads = [int(rng.integers(0, k)) for k in kernel * 2]
@@ -326,7 +350,8 @@ def random_pool_cases(count, seed):
             else [1] * rank
         ceil_mode = int(rng.integers(0, 2))
         count_include_pad = int(rng.integers(0, 2)) if op_type == "AveragePool" else 0
-        spatial = [int(rng.integers(max(1, (k - 1) * d + 1 - b - e), (k - 1) * d + 8 - b - e))
+        spatial = [int(rng.integers(max(1, (k - 1) * d + 1 - b - e),
+                                    (k - 1) * d + reach - b - e))
                    for k, d, b, e in zip(kernel, dilations, pads[:rank], pads[rank:])]
         fn = onnx_pool(op_type, kernel, strides, pads, dilations, ceil_mode, count_include_pad)
         out = fn(torch.zeros([1, 1] + spatial, dtype=torch.float64)).shape[2:]
@@ -357,6 +382,19 @@ def test_pool_on_random_geometries(tmp_path):
                for _, shape, attrs, _ in cases)
     for i, (op_type, shape, attrs, fn) in enumerate(cases):
         name = f"random{i}"
+        x, b = values(name, shape, 0.5, 1.5)
+        try:
+            run_case(tmp_path / name, x, b, [node(op_type, ["h"], "output", **attrs)], fn,
+                     opset=22)
+        except AssertionError as e:
+            raise AssertionError(f"{name}: {op_type} {shape} {attrs}") from e
+
+
+def test_3d_pool_on_random_geometries(tmp_path):
+    # 3-D pooling is two steps of the 2-D kernels: random 3-D geometries through run_case.
+    for i, (op_type, shape, attrs, fn) in enumerate(random_pool_cases(10, seed=11, ranks=(3,),
+                                                                      reach=5)):
+        name = f"random3d{i}"
         x, b = values(name, shape, 0.5, 1.5)
         try:
             run_case(tmp_path / name, x, b, [node(op_type, ["h"], "output", **attrs)], fn,
@@ -466,6 +504,13 @@ ACTIVATION_CASES = [
                                             beta=0.25)],
      torch_hard_sigmoid(0.5, 0.25), []),
     ("HardSwish", [node("HardSwish", ["h"], "output")], F.hardswish, [-3.0, 3.0, 0.0]),
+    # Shrink: torch's hardshrink (bias 0) and softshrink (bias = lambd)
+    ("Shrink_default_hardshrink", [node("Shrink", ["h"], "output")],
+     lambda h: F.hardshrink(h, 0.5), [-0.5, 0.5, 0.0]),
+    ("Shrink_softshrink", [node("Shrink", ["h"], "output", lambd=0.25, bias=0.25)],
+     lambda h: F.softshrink(h, 0.25), [-0.25, 0.25]),
+    ("Shrink_bias_only", [node("Shrink", ["h"], "output", lambd=0.0, bias=0.5)],
+     lambda h: torch.where(h > 0, h - 0.5, torch.where(h < 0, h + 0.5, h * 0)), [0.0]),
 ]
 
 
@@ -493,8 +538,8 @@ ERROR_CASES = [
     ("ceil_window_in_padding_before_opset_22", (2, 3, 5),
      [node("MaxPool", ["h"], "output", kernel_shape=[2], strides=[2], pads=[1, 1],
            ceil_mode=1)], 17, ["ceil_mode", "opset"]),
-    ("pool_3d", (1, 2, 3, 4, 5), [node("MaxPool", ["h"], "output", kernel_shape=[2, 2, 2])],
-     17, ["1-D", "2-D"]),
+    ("pool_4d", (1, 2, 3, 4, 5, 3), [node("MaxPool", ["h"], "output",
+                                         kernel_shape=[2, 2, 2, 2])], 17, ["1-D", "2-D", "3-D"]),
     ("clip_computed_min", (5, 7), [node("ReduceMean", ["input"], "low", keepdims=0),
                                    node("Clip", ["h", "low"], "output")], 17, ["min"]),
 ]
@@ -622,3 +667,26 @@ def test_pool_net_steps_do_not_grow_the_micropython_heap(pool_net, micropython):
     before, after = run_micropython(micropython, ROOT / "tests" / "device_scripts" /
                                     "heap_steps.py", directory, 20).split()
     assert int(after) == int(before)
+
+
+def test_shrink_micropython_matches_cpython(tmp_path, micropython):
+    # torch exports its shrinks as Where / Greater / Less, never Shrink: a hand-built model
+    # (Gemm, then Shrink) trained a few SGD steps under both interpreters.
+    rng = np.random.default_rng(3)
+    params = {"W": rng.standard_normal((6, 4)).astype(np.float32),
+              "bias": np.zeros(4, np.float32)}
+    model = build_model((BATCH, 6), params,
+                        [node("Gemm", ["input", "W", "bias"], "h"),
+                         node("Shrink", ["h"], "output", lambd=0.3, bias=0.1)], (BATCH, 4))
+    mh.generate_artifacts(model, loss="MSELoss", optimizer="SGD", artifact_directory=tmp_path)
+    xs = rng.standard_normal((STEPS, BATCH, 6)).astype(np.float32)
+    ys = rng.standard_normal((STEPS, BATCH, 4)).astype(np.float32)
+    write_batches(tmp_path / "data.bin", xs, ys)
+    losses, trained, eval_loss = run_device_cpython(tmp_path, tmp_path / "data.bin", STEPS, LR)
+    out = run_micropython(micropython, ROOT / "tests" / "device_scripts" / "train_steps.py",
+                          tmp_path, tmp_path / "data.bin", STEPS, repr(LR))
+    mp_losses, mp_trained, mp_eval = parse_run(out)
+    assert relative_error(mp_losses, losses) <= 1e-5
+    assert relative_error(mp_trained, trained) <= 1e-5
+    assert relative_error(mp_eval, eval_loss) <= 1e-5
+    assert losses[-1] < losses[0]

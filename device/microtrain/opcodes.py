@@ -55,6 +55,9 @@ CONV = const(70)
 CONV_GRAD_INPUT = const(71)
 CONV_GRAD_WEIGHT = const(72)
 CONV_TRANSPOSE = const(73)
+CONV_3D = const(74)
+CONV_3D_GRAD_INPUT = const(75)
+CONV_3D_GRAD_WEIGHT = const(76)
 MAX_POOL = const(80)
 MAX_POOL_GRAD = const(81)
 AVERAGE_POOL = const(82)
@@ -76,12 +79,16 @@ GELU = const(124)
 GELU_GRAD = const(125)
 SOFTSIGN = const(126)
 SOFTSIGN_GRAD = const(127)
+SHRINK = const(128)
+SHRINK_GRAD = const(129)
 MAX = const(130)
 MIN = const(131)
 COUNT_EQUAL = const(132)
 TIE_SHARE = const(133)
 PRELU = const(134)
 PRELU_GRAD = const(135)
+POW_TENSOR = const(136)
+POW_TENSOR_GRAD = const(137)
 GROUP_NORM = const(140)
 GROUP_NORM_GRAD = const(141)
 GATHER_ROWS = const(150)
@@ -183,6 +190,9 @@ SIGNATURES = {
     CONV_GRAD_INPUT: ("conv", "conv_grad_input", "fff", 16, 0),
     CONV_GRAD_WEIGHT: ("conv", "conv_grad_weight", "fff?", 16, 0),
     CONV_TRANSPOSE: ("conv", "conv_transpose", "fff?", 16, 0),
+    CONV_3D: ("conv", "conv3d", "fff?", 22, 0),
+    CONV_3D_GRAD_INPUT: ("conv", "conv3d_grad_input", "fff", 22, 0),
+    CONV_3D_GRAD_WEIGHT: ("conv", "conv3d_grad_weight", "fff?", 22, 0),
     MAX_POOL: ("pool", "max_pool", "ff", 13, 0),
     MAX_POOL_GRAD: ("pool", "max_pool_grad", "fff", 13, 0),
     AVERAGE_POOL: ("pool", "average_pool", "ff", 15, 0),
@@ -204,12 +214,16 @@ SIGNATURES = {
     GELU_GRAD: ("smooth", "gelu_grad", "fff", 2, 0),
     SOFTSIGN: ("smooth", "softsign", "ff", 1, 0),
     SOFTSIGN_GRAD: ("smooth", "softsign_grad", "fff", 1, 0),
+    SHRINK: ("activation", "shrink", "ff", 1, 2),
+    SHRINK_GRAD: ("activation", "shrink_grad", "fff", 1, 1),
     MAX: ("elementwise", "maximum", "fff", 9, 0),
     MIN: ("elementwise", "minimum", "fff", 9, 0),
     COUNT_EQUAL: ("elementwise", "count_equal", "fff", 9, 0),
     TIE_SHARE: ("elementwise", "tie_share", "fffff", 6, 0),
     PRELU: ("elementwise", "prelu", "fff", 9, 0),
     PRELU_GRAD: ("elementwise", "prelu_grad", "??fff", 6, 0),
+    POW_TENSOR: ("elementwise", "power_tensor", "fff", 9, 0),
+    POW_TENSOR_GRAD: ("elementwise", "power_tensor_grad", "??ffff", 9, 0),
     GROUP_NORM: ("group_norm", "group_norm", "ff??", 4, 1),
     GROUP_NORM_GRAD: ("group_norm", "group_norm_grad", "???ff?", 4, 1),
     GATHER_ROWS: ("gather", "gather_rows", "ffi", 4, 0),

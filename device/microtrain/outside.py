@@ -7,9 +7,24 @@ from microtrain.errors import TrainingError
 
 def _check(module):
     if module._forward is None:
-        raise TrainingError("'%s' has no forward program: pack the model with loss=None "
-                            "(its output not a scalar) to compute the loss outside the "
-                            "graph, or call model(*inputs) to train" % describe(module.uri))
+        # Say which loss the blob has and how to get the other form: a model with
+        # several outputs packed with loss=None takes a scalar first output as its loss.
+        b = module.blob
+        names = [b.names[t] for t in module._eval.outputs]
+        if b.loss:
+            loss = "the loss %s is part of the graph" % b.loss
+            outputs = names[1:]
+        else:
+            loss = ("it was packed with loss=None and its output '%s' is a scalar, so "
+                    "that output is the loss" % names[0])
+            outputs = names
+        raise TrainingError("'%s' has no forward program: %s. Call model(*inputs) to "
+                            "train on it (in eval mode it also returns the other "
+                            "outputs), or, to compute the loss outside the graph with "
+                            "forward() and backward(), pack with loss=None and "
+                            "loss_input_names=%r (microtrain pack --loss none "
+                            "--loss-inputs %s)"
+                            % (describe(module.uri), loss, outputs, ",".join(outputs)))
 
 
 def forward(module, inputs):

@@ -85,10 +85,11 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
     model: ModelProto or path. requires_grad / frozen_params: parameter names (ORT's rules:
     by default every float initializer is trainable; naming one in both is an error).
     loss: LossType (or its name) or None when the model's output already is the loss.
-    loss=None with a non-scalar output means the loss is computed outside the graph: the
-    training graph takes d loss / d output as inputs `<output>_grad` (one per name in
-    loss_input_names, default the first output) and the blob gets "forward" and "backward"
-    programs instead of "train" (Module.forward, Module.backward).
+    loss=None with a non-scalar output, or with several loss_input_names, means the loss is
+    computed outside the graph: the training graph takes d loss / d output as inputs
+    `<output>_grad` (one per name in loss_input_names, default the first output) and the
+    blob gets "forward" and "backward" programs instead of "train" (Module.forward,
+    Module.backward).
     optimizer: OptimType (or name) or None for no optimizer graph. batch_size fixes a
     dynamic batch dimension. optimizer_options overrides the defaults (optimizers.DEFAULTS;
     AdamW: learning_rate, beta1, beta2, epsilon, weight_decay, bias_correction; SGD:
@@ -199,6 +200,7 @@ def _graphs(model, requires_grad, frozen_params, *, stage, batch_size, loss, opt
     model_outputs = [o.name for o in graph.output]
 
     g = GraphBuilder(shapes)
+    g.parameters = set(param_set)
     for init in graph.initializer:
         g.values[init.name] = numpy_helper.to_array(init)
     for node in graph.node:
@@ -216,9 +218,10 @@ def _graphs(model, requires_grad, frozen_params, *, stage, batch_size, loss, opt
     output_grads = {}
     if loss is None:
         loss_name = loss_inputs[0]
-        if g.shape(loss_name) not in ((), (1,)):
+        if len(loss_inputs) > 1 or g.shape(loss_name) not in ((), (1,)):
             # The loss is computed outside the graph (Module.forward / Module.backward): the
-            # backward pass starts from d loss / d output, one graph input per output.
+            # backward pass starts from d loss / d output, one graph input per output. (A
+            # single scalar output is the loss itself; several named outputs never are.)
             output_grads = {name: g.fresh(f"{name}_grad") for name in loss_inputs}
             for name, grad in output_grads.items():
                 g.shapes[grad] = g.shapes[name]

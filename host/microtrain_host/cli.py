@@ -44,6 +44,7 @@ def cmd_pack(args):
         loss=LOSS_NAMES[args.loss], optimizer=OPTIMIZER_NAMES[args.optimizer],
         artifact_directory=args.output, prefix=args.prefix,
         nominal_checkpoint=args.nominal_checkpoint, batch_size=args.batch_size,
+        loss_input_names=_names(args.loss_inputs),
         optimizer_options=options or None, quantization=quantization,
         update_in_backward=args.update_in_backward, recompute=args.recompute,
         progress=lambda stage, index, count: bar.update("pack", index, count, stage))
@@ -56,7 +57,9 @@ def cmd_pack(args):
                  result.checkpoint, result.nominal_checkpoint, result.blob):
         if path:
             print(f"  {os.path.basename(path):24s} {os.path.getsize(path):8d} bytes")
-    print(f"trainable: {', '.join(result.trainable)}")
+    print(f"trainable: {', '.join(result.trainable)}" if result.trainable else
+          "trainable: none (nothing in the model trains: the blob runs its forward pass, and "
+          "training changes nothing)")
     if result.frozen:
         print(f"frozen:    {', '.join(result.frozen)}")
     if result.folded:
@@ -211,7 +214,7 @@ def cmd_export(args):
     from .export import export_inference_model
     model = export_inference_model(args.artifacts, args.checkpoint, args.output,
                                    output_names=_names(args.outputs), prefix=args.prefix,
-                                   qdq=args.qdq)
+                                   qdq=args.qdq, ort_format=args.ort)
     graph = model.graph
     if args.qdq:
         int8 = sum(i.data_type in (2, 3) and len(i.dims) > 1 for i in graph.initializer)
@@ -248,6 +251,11 @@ def cmd_export(args):
     print(f"exported {args.output} ({os.path.getsize(args.output)} bytes): inputs "
           f"{', '.join(i.name for i in graph.input)}; outputs "
           f"{', '.join(o.name for o in graph.output)}; {len(graph.node)} nodes")
+    if args.ort:
+        ort_path = os.path.splitext(args.output)[0] + ".ort"
+        print(f"ORT format {ort_path} ({os.path.getsize(ort_path)} bytes, onnxruntime's "
+              f"converter); operators for a minimal build: "
+              f"{os.path.splitext(args.output)[0]}.required_operators.config")
     return 0
 
 

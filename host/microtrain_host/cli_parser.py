@@ -32,9 +32,16 @@ def build_parser():
     p.add_argument("--loss", choices=sorted(LOSS_NAMES), default="cross_entropy",
                    help="loss appended to the model output (default: cross_entropy; labels are "
                         "class indices). 'none': the model output already is the loss or, when "
-                        "it is not a scalar, the loss is computed outside the graph: the blob "
-                        "then has forward and backward programs (Module.forward(x), "
-                        "Module.backward(d_loss/d_output)) instead of train")
+                        "it is not a scalar (or --loss-inputs names several outputs), the loss "
+                        "is computed outside the graph: the blob then has forward and backward "
+                        "programs (Module.forward(x), Module.backward(d_loss/d_output)) instead "
+                        "of train")
+    p.add_argument("--loss-inputs", metavar="NAMES",
+                   help="comma-separated model outputs the loss is computed from (default: "
+                        "the first output; one for a loss of --loss). With --loss none, "
+                        "naming several computes the loss outside the graph even when the "
+                        "first is a scalar: Module.forward(x) returns each, "
+                        "Module.backward(d_loss/d_output, ...) takes one gradient per name")
     p.add_argument("--optimizer", choices=sorted(OPTIMIZER_NAMES), default="adamw",
                    help="optimizer (default: adamw with ORT's defaults)")
     p.add_argument("--batch-size", type=int, help="fixes the dynamic batch dimension")
@@ -212,7 +219,7 @@ def build_parser():
                                    "device, Module.export_model_for_inferencing writes the "
                                    "blob form that microtrain.InferenceSession runs.)",
                        epilog="example: microtrain export build/ --checkpoint "
-                              "build/trained_checkpoint -o model.onnx; after pack --qat: "
+                              "build/trained_checkpoint -o model.onnx [--ort]; after pack --qat: "
                               "microtrain export build/ --checkpoint build/trained_checkpoint "
                               "--qdq -o model_qdq.onnx [--int8-train build/int8]")
     p.add_argument("artifacts", help="artifact directory written by `microtrain pack`")
@@ -222,6 +229,12 @@ def build_parser():
     p.add_argument("--outputs", metavar="NAMES",
                    help="comma-separated model outputs to keep (default: all)")
     p.add_argument("--prefix", default="", help="file name prefix given to `pack`")
+    p.add_argument("--ort", action="store_true",
+                   help="also write the model in ORT format beside OUTPUT (OUTPUT with the "
+                        "suffix .ort, made by onnxruntime's own converter, "
+                        "onnxruntime.tools.convert_onnx_models_to_ort), for ORT Mobile and "
+                        "minimal builds of onnxruntime, and the operators such a build needs "
+                        "(.required_operators.config); needs onnxruntime installed")
     p.add_argument("--qdq", action="store_true",
                    help="for artifacts packed with --qat: write the quantized (QDQ) model - "
                         "int8 weights with per-channel scales, int32 biases, the learned "

@@ -23,6 +23,8 @@ class GraphBuilder:
         self.initializers = []
         self._names = set(shapes)
         self.values = {}                  # name -> numpy value of every known constant
+        self.parameters = set()           # of those, the model's parameters: their values
+                                          # change on the device (trained, or copied in)
 
     def fresh(self, hint):
         name, i = hint, 1

@@ -45,6 +45,29 @@ def relu_grad(F, I, args):
 relu_grad_check = _grad_check
 
 
+def shrink(F, I, args):
+    # ONNX Shrink: x - bias above lambd, x + bias below -lambd, 0 in between (bounds
+    # included; a NaN too, as onnxruntime's comparisons give)
+    y, x, n, lambd, bias = args
+    for i in range(n):
+        v = F[x + i]
+        F[y + i] = v - bias if v > lambd else (v + bias if v < -lambd else 0.0)
+
+
+shrink_check = _unary_check
+
+
+def shrink_grad(F, I, args):
+    # slope 1 outside [-lambd, lambd], 0 inside and at the bounds (torch's shrinks)
+    dx, dy, x, n, lambd = args
+    for i in range(n):
+        v = F[x + i]
+        F[dx + i] = F[dy + i] if v > lambd or v < -lambd else 0.0
+
+
+shrink_grad_check = _grad_check
+
+
 # The same two with a 1-bit mask: when ReluGrad is the only backward reader of a ReLU output
 # the packer keeps this mask instead of the float tensor (30 elements per int of the int
 # arena, bit j of int w for element 30*w + j, small ints on every port): 1/30 of the memory,
@@ -285,6 +308,29 @@ def leaky_relu_grad(F, I, args):
 
 
 leaky_relu_grad_check = _grad_check
+
+
+def shrink(F, I, args):
+    # ONNX Shrink: x - bias above lambd, x + bias below -lambd, 0 in between (bounds
+    # included; a NaN too, as onnxruntime's comparisons give)
+    y, x, n, lambd, bias = args
+    for i in range(n):
+        v = F[x + i]
+        F[y + i] = v - bias if v > lambd else (v + bias if v < -lambd else 0.0)
+
+
+shrink_check = _unary_check
+
+
+def shrink_grad(F, I, args):
+    # slope 1 outside [-lambd, lambd], 0 inside and at the bounds (torch's shrinks)
+    dx, dy, x, n, lambd = args
+    for i in range(n):
+        v = F[x + i]
+        F[dx + i] = F[dy + i] if v > lambd or v < -lambd else 0.0
+
+
+shrink_grad_check = _grad_check
 
 
 # The same two with a 1-bit mask: when ReluGrad is the only backward reader of a ReLU output

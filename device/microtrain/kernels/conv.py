@@ -1,7 +1,8 @@
-# Convolution (ONNX Conv, 1-D and 2-D) and its gradients, side by side; ConvTranspose, which
-# is a convolution's input gradient.
+# Convolution (ONNX Conv, 1-D, 2-D and 3-D) and its gradients, side by side; ConvTranspose,
+# which is a convolution's input gradient.
 #
-# Every kernel gets the geometry of a 2-D convolution (a 1-D one has in_h = out_h = k_h = 1):
+# Every 1-D and 2-D kernel gets the geometry of a 2-D convolution (a 1-D one has
+# in_h = out_h = k_h = 1):
 #   n_images, groups, cin_g, cout_g   images, groups, input / output channels per group
 #   in_h, in_w, out_h, out_w          spatial sizes of X and Y
 #   k_h, k_w, s_h, s_w, d_h, d_w      kernel size, strides, dilations
@@ -14,6 +15,12 @@
 # out once per tap, so padding costs nothing in the loops below it, and the innermost loop is
 # one multiply-accumulate per trip along a row of that rectangle. When the rectangle's rows
 # lie back to back in both X and Y (full rows, stride 1), they are walked as one long row.
+#
+# The 3-D kernels (CONV_3D...) get six more ints, in_d, out_d, k_d, s_d, d_d, pad_f, in front
+# of their 2-D counterparts' (depth first in each group), and walk the depth taps and output
+# depths around the same 2-D walk: for depth tap kz, output plane od reads input plane
+# iz = od*s_d - pad_f + kz*d_d with the weights W[m, c, kz], the planes now a depth apart
+# within each channel.
 
 
 try:
@@ -34,16 +41,15 @@ def _fill(F, start, n, value):
 
 
 def _taps(F, mode, y, x, w, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w,
-          k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l):
+          k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, x_chan, y_chan, taps):
     # For every tap and every (output channel m, input channel c) of a group, over all
     # images: one of the three updates above. Each element of Y, X or W is updated in the
     # order (tap, c) or (tap, m) whatever the mode, so the results do not depend on it.
-    in_plane = in_h * in_w
-    out_plane = out_h * out_w
-    x_image = groups * cin_g * in_plane
-    y_image = groups * cout_g * out_plane
+    # x_chan, y_chan: elements from one channel's plane to the next's (a plane's size in
+    # 2-D, a depth of planes in 3-D); taps: W's elements per (m, c).
+    x_image = groups * cin_g * x_chan
+    y_image = groups * cout_g * y_chan
     x_row = s_h * in_w
-    taps = k_h * k_w
     for ky in range(k_h):
         off_y = ky * d_h - pad_t
         oy_lo = 0 if off_y >= 0 else (s_h - 1 - off_y) // s_h
@@ -62,15 +68,15 @@ def _taps(F, mode, y, x, w, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, 
             x_tap = x + (oy_lo * s_h + off_y) * in_w + ox_lo * s_w + off_x
             w_tap = w + ky * k_w + kx
             for m in range(groups * cout_g):
-                y_m = y_tap + m * out_plane
-                x_group = x_tap + (m // cout_g) * cin_g * in_plane
+                y_m = y_tap + m * y_chan
+                x_group = x_tap + (m // cout_g) * cin_g * x_chan
                 for c in range(cin_g):
                     at_w = w_tap + (m * cin_g + c) * taps
                     wv = F[at_w]  # unused by _GRAD_WEIGHT
                     s = 0.0
                     for n in range(n_images):
                         py = y_m + n * y_image
-                        px = x_group + n * x_image + c * in_plane
+                        px = x_group + n * x_image + c * x_chan
                         for _ in range(lines):
                             b = px
                             if mode == _FORWARD:
@@ -112,7 +118,7 @@ def conv(F, I, args):
         for m in range(channels):
             _fill(F, y + (n * channels + m) * out_plane, out_plane, F[b + m] if b >= 0 else 0.0)
     _taps(F, _FORWARD, y, x, w, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w,
-          k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l)
+          k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, in_h * in_w, out_plane, k_h * k_w)
 
 
 def conv_check(args, c):
@@ -131,7 +137,7 @@ def conv_grad_input(F, I, args):
      k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l) = args
     _fill(F, dx, n_images * groups * cin_g * in_h * in_w, 0.0)
     _taps(F, _GRAD_INPUT, dy, dx, w, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w,
-          k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l)
+          k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, in_h * in_w, out_h * out_w, k_h * k_w)
 
 
 def conv_grad_input_check(args, c):
@@ -151,7 +157,8 @@ def conv_grad_weight(F, I, args):
     if reset < 0 or F[reset] != 0.0:
         _fill(F, dw, groups * cout_g * cin_g * k_h * k_w, 0.0)
     _taps(F, _GRAD_WEIGHT, dy, x, dw, n_images, groups, cin_g, cout_g, in_h, in_w, out_h,
-          out_w, k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l)
+          out_w, k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, in_h * in_w, out_h * out_w,
+          k_h * k_w)
 
 
 def conv_grad_weight_check(args, c):
@@ -177,7 +184,7 @@ def conv_transpose(F, I, args):
         for c in range(channels):
             _fill(F, y + (n * channels + c) * plane, plane, F[b + c] if b >= 0 else 0.0)
     _taps(F, _GRAD_INPUT, x, y, w, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w,
-          k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l)
+          k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, plane, out_h * out_w, k_h * k_w)
 
 
 def conv_transpose_check(args, c):
@@ -187,3 +194,94 @@ def conv_transpose_check(args, c):
     c.holds(2, w_size)
     if c.present(3):
         c.holds(3, args[5] * args[6])  # groups * cin_g: Y's channels
+
+
+# -- 3-D: the depth taps and output depths around the 2-D walk ---------------------------
+
+def _taps_3d(F, mode, y, x, w, args):
+    (n_images, groups, cin_g, cout_g, in_d, in_h, in_w, out_d, out_h, out_w, k_d, k_h, k_w,
+     s_d, s_h, s_w, d_d, d_h, d_w, pad_f, pad_t, pad_l) = args
+    in_plane = in_h * in_w
+    out_plane = out_h * out_w
+    taps_2d = k_h * k_w
+    x_chan = in_d * in_plane
+    y_chan = out_d * out_plane
+    taps = k_d * taps_2d
+    for kz in range(k_d):
+        off_z = kz * d_d - pad_f
+        od_lo = 0 if off_z >= 0 else (s_d - 1 - off_z) // s_d
+        od_hi = min(out_d, (in_d - 1 - off_z) // s_d + 1)  # output depths reading inside
+        for od in range(od_lo, od_hi):
+            _taps(F, mode, y + od * out_plane, x + (od * s_d + off_z) * in_plane,
+                  w + kz * taps_2d, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w,
+                  k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, x_chan, y_chan, taps)
+
+
+def _geometry_3d_check(c, geometry):
+    # The element counts of X, Y and W; as in 2-D, any pads are safe (a depth tap reads
+    # only the output depths whose input plane lies inside).
+    (n_images, groups, cin_g, cout_g, in_d, in_h, in_w, out_d, out_h, out_w, k_d, k_h, k_w,
+     s_d, s_h, s_w, d_d, d_h, d_w, pad_f, pad_t, pad_l) = geometry
+    c.positive(n_images, groups, cin_g, cout_g, in_d, in_h, in_w, out_d, out_h, out_w, k_d,
+               k_h, k_w, s_d, s_h, s_w, d_d, d_h, d_w)
+    return (n_images * groups * cin_g * in_d * in_h * in_w,
+            n_images * groups * cout_g * out_d * out_h * out_w,
+            groups * cout_g * cin_g * k_d * k_h * k_w)
+
+
+def conv3d(F, I, args):
+    # Y = Conv(X, W) + B over (N, C, D, H, W) (B < 0: no bias).
+    y, x, w, b = args[0:4]
+    geometry = args[4:26]
+    n_images, groups, cout_g = geometry[0], geometry[1], geometry[3]
+    out_volume = geometry[7] * geometry[8] * geometry[9]
+    channels = groups * cout_g
+    for n in range(n_images):
+        for m in range(channels):
+            _fill(F, y + (n * channels + m) * out_volume, out_volume,
+                  F[b + m] if b >= 0 else 0.0)
+    _taps_3d(F, _FORWARD, y, x, w, geometry)
+
+
+def conv3d_check(args, c):
+    x_size, y_size, w_size = _geometry_3d_check(c, args[4:26])
+    c.holds(0, y_size)
+    c.holds(1, x_size)
+    c.holds(2, w_size)
+    if c.present(3):
+        c.holds(3, args[5] * args[7])  # groups * cout_g
+
+
+def conv3d_grad_input(F, I, args):
+    # dX of the 3-D convolution: its walk with the accumulation reversed.
+    dx, dy, w = args[0:3]
+    geometry = args[3:25]
+    _fill(F, dx, geometry[0] * geometry[1] * geometry[2] * geometry[4] * geometry[5]
+          * geometry[6], 0.0)
+    _taps_3d(F, _GRAD_INPUT, dy, dx, w, geometry)
+
+
+def conv3d_grad_input_check(args, c):
+    x_size, y_size, w_size = _geometry_3d_check(c, args[3:25])
+    c.holds(0, x_size)
+    c.holds(1, y_size)
+    c.holds(2, w_size)
+
+
+def conv3d_grad_weight(F, I, args):
+    # dW of the 3-D convolution; reset as in conv_grad_weight (an accumulation buffer).
+    dw, dy, x, reset = args[0:4]
+    geometry = args[4:26]
+    if reset < 0 or F[reset] != 0.0:
+        _fill(F, dw, geometry[1] * geometry[3] * geometry[2] * geometry[10] * geometry[11]
+              * geometry[12], 0.0)
+    _taps_3d(F, _GRAD_WEIGHT, dy, x, dw, geometry)
+
+
+def conv3d_grad_weight_check(args, c):
+    x_size, y_size, w_size = _geometry_3d_check(c, args[4:26])
+    c.holds(0, w_size)
+    c.holds(1, y_size)
+    c.holds(2, x_size)
+    if c.present(3):
+        c.holds(3, 1)

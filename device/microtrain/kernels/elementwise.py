@@ -346,3 +346,71 @@ def prelu_grad_check(args, c):
     c.holds(2, n)
     c.holds(3, n)
     c.span(4, args[4], (d0, d1, d2), (ss0, ss1, ss2))
+
+
+# -- Pow with a tensor exponent (broadcast through strides, like the binary ops above) -------
+
+def _pow_row(F, y, pa, sa, pb, sb, n):
+    for _ in range(n):
+        v = F[pa]
+        p = F[pb]
+        F[y] = _pow_positive(v, p) if v > 0.0 else _pow_not_positive(v, p)
+        y += 1
+        pa += sa
+        pb += sb
+
+
+def power_tensor(F, I, args):
+    _each_row(F, args, _pow_row)
+
+
+power_tensor_check = _binary_check
+
+
+def _log(v):
+    # math.log raises where float math gives -inf (0) and NaN (negative)
+    if v > 0.0:
+        return math.log(v)
+    return -math.inf if v == 0.0 else math.nan
+
+
+def power_tensor_grad(F, I, args):
+    # Y = X ** P: dX = dY * P * X ** (P - 1), 0 where P == 0; dP = dY * Y * ln(X), 0 where
+    # X == 0 and P >= 0 (torch's pow backward; the limits where the formulas give NaN).
+    # Both in Y's shape (the host sums them to X's and P's), either absent (-1); dy and y
+    # contiguous, X and P through strides.
+    dx, dp, dy, y, x, p, d0, d1, d2, sx0, sx1, sx2, sp0, sp1, sp2 = args
+    i = 0
+    for i0 in range(d0):
+        for i1 in range(d1):
+            px = x + i0 * sx0 + i1 * sx1
+            pp = p + i0 * sp0 + i1 * sp1
+            for _ in range(d2):
+                v = F[px]
+                e = F[pp]
+                g = F[dy + i]
+                if dx >= 0:
+                    if e == 0.0:
+                        F[dx + i] = 0.0
+                    else:
+                        e1 = e - 1.0
+                        F[dx + i] = g * e * (_pow_positive(v, e1) if v > 0.0
+                                             else _pow_not_positive(v, e1))
+                if dp >= 0:
+                    F[dp + i] = 0.0 if v == 0.0 and e >= 0.0 else g * F[y + i] * _log(v)
+                i += 1
+                px += sx2
+                pp += sp2
+
+
+def power_tensor_grad_check(args, c):
+    d0, d1, d2, sx0, sx1, sx2, sp0, sp1, sp2 = args[6:15]
+    c.positive(d0, d1, d2)
+    n = d0 * d1 * d2
+    for k in (0, 1):
+        if c.present(k):
+            c.holds(k, n)
+    c.holds(2, n)
+    c.holds(3, n)
+    c.span(4, args[4], (d0, d1, d2), (sx0, sx1, sx2))
+    c.span(5, args[5], (d0, d1, d2), (sp0, sp1, sp2))

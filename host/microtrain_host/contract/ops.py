@@ -19,9 +19,9 @@ kernel_module) and host/microtrain_host/opcodes.py from this table; tests/test_c
 checks they are current, that every kernel and its load-time checker exist, and that every
 step the host lowers carries the counts named here.
 
-Code ranges by family: dense 1-9, elementwise 10-29 and 130-135, activation 30-49 (40 is
-reduce) and 240-241, loss 50-59, optim 60-69, conv 70-79, pool 80-89, norm 90-99, layout
-100-119, smooth 120-127, group_norm 140-149, gather 150-159, resize 160-169, recurrent 170-189,
+Code ranges by family: dense 1-9, elementwise 10-29 and 130-139, activation 30-49 (40 is
+reduce), 128-129 and 240-241, loss 50-59, optim 60-69, conv 70-79, pool 80-89, norm 90-99,
+layout 100-119, smooth 120-127, group_norm 140-149, gather 150-159, resize 160-169, recurrent 170-189,
 quant 200-219, qlinear 220-239, inttrain 242-247, intgrad 248-255."""
 import dataclasses
 
@@ -164,6 +164,12 @@ OPS = (
        ints='n_images groups cin_g cout_g in_h in_w out_h out_w k_h k_w s_h s_w d_h d_w pad_t pad_l'),
     op('CONV_TRANSPOSE', 73, 'conv', 'conv_transpose', 'y:f x:f w:f b:?',
        ints='n_images groups cin_g cout_g in_h in_w out_h out_w k_h k_w s_h s_w d_h d_w pad_t pad_l'),
+    op('CONV_3D', 74, 'conv', 'conv3d', 'y:f x:f w:f b:?',
+       ints='n_images groups cin_g cout_g in_d in_h in_w out_d out_h out_w k_d k_h k_w s_d s_h s_w d_d d_h d_w pad_f pad_t pad_l'),
+    op('CONV_3D_GRAD_INPUT', 75, 'conv', 'conv3d_grad_input', 'dx:f dy:f w:f',
+       ints='n_images groups cin_g cout_g in_d in_h in_w out_d out_h out_w k_d k_h k_w s_d s_h s_w d_d d_h d_w pad_f pad_t pad_l'),
+    op('CONV_3D_GRAD_WEIGHT', 76, 'conv', 'conv3d_grad_weight', 'dw:f dy:f x:f reset:?',
+       ints='n_images groups cin_g cout_g in_d in_h in_w out_d out_h out_w k_d k_h k_w s_d s_h s_w d_d d_h d_w pad_f pad_t pad_l'),
     op('MAX_POOL', 80, 'pool', 'max_pool', 'y:f x:f',
        ints='planes H W OH OW kH kW sH sW pT pL dH dW'),
     op('MAX_POOL_GRAD', 81, 'pool', 'max_pool_grad', 'dx:f dy:f x:f',
@@ -206,6 +212,10 @@ OPS = (
        ints='n', flags='recomputable'),
     op('SOFTSIGN_GRAD', 127, 'smooth', 'softsign_grad', 'dx:f dy:f x:f',
        ints='n'),
+    op('SHRINK', 128, 'activation', 'shrink', 'y:f x:f',
+       ints='n', floats='lambd bias'),
+    op('SHRINK_GRAD', 129, 'activation', 'shrink_grad', 'dx:f dy:f x:f',
+       ints='n', floats='lambd'),
     op('MAX', 130, 'elementwise', 'maximum', 'y:f a:f b:f',
        ints='d0 d1 d2 sa0 sa1 sa2 sb0 sb1 sb2'),
     op('MIN', 131, 'elementwise', 'minimum', 'y:f a:f b:f',
@@ -218,6 +228,10 @@ OPS = (
        ints='d0 d1 d2 sa0 sa1 sa2 sb0 sb1 sb2', flags='recomputable'),
     op('PRELU_GRAD', 135, 'elementwise', 'prelu_grad', 'dx:? dslope:? dy:f x:f slope:f',
        ints='d0 d1 d2 ss0 ss1 ss2'),
+    op('POW_TENSOR', 136, 'elementwise', 'power_tensor', 'y:f a:f b:f',
+       ints='d0 d1 d2 sa0 sa1 sa2 sb0 sb1 sb2'),
+    op('POW_TENSOR_GRAD', 137, 'elementwise', 'power_tensor_grad', 'dx:? dp:? dy:f y:f x:f p:f',
+       ints='d0 d1 d2 sx0 sx1 sx2 sp0 sp1 sp2'),
     op('GROUP_NORM', 140, 'group_norm', 'group_norm', 'y:f x:f scale:? bias:?',
        ints='rows groups cpb inner', floats='eps', flags='recomputable'),
     op('GROUP_NORM_GRAD', 141, 'group_norm', 'group_norm_grad', 'dx:? dscale:? dbias:? dy:f x:f scale:?',

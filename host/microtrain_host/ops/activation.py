@@ -1,5 +1,6 @@
 """Activations: Relu, Sigmoid, Tanh, Softplus, LeakyRelu, Clip (ReLU6), HardSigmoid,
-HardSwish, Softmax, LogSoftmax, and their gradient ops. Device kernels: kernels/activation.py.
+HardSwish, Shrink, Softmax, LogSoftmax, and their gradient ops. Device kernels:
+kernels/activation.py.
 
 The gradients of Relu, Sigmoid, Tanh, Softmax and LogSoftmax read the forward *output* Y (the
 input need not be kept); those of the piecewise-linear ones read X, since Y cannot tell which
@@ -128,7 +129,7 @@ class LogSoftmaxGrad(MicrotrainOp):
         return ((dy - np.exp(y) * total).astype(dy.dtype),)
 
 
-# -- LeakyRelu, Clip, HardSigmoid, HardSwish: piecewise linear, gradients read X ---------------
+# -- LeakyRelu, Clip, HardSigmoid, HardSwish, Shrink: piecewise linear, gradients read X -------
 
 def _grad_from_input(op_type):
     # dX = <op>Grad(dY, X) with the forward node's attributes: Y cannot tell which side
@@ -162,6 +163,12 @@ def _no_floats(ctx, node):
     return []
 
 
+def _shrink_floats(ctx, node):
+    # Shrink (torch's hardshrink: bias 0; softshrink: bias = lambd); ShrinkGrad needs lambd
+    floats = [attr(node, "lambd", 0.5)]
+    return floats if node.op_type == "ShrinkGrad" else floats + [attr(node, "bias", 0.0)]
+
+
 def _clip_bounds(ctx, node):
     # ClipGrad carries its bounds as attributes; Clip takes them as optional constant inputs.
     if node.op_type == "ClipGrad":
@@ -183,6 +190,7 @@ def _clip_bounds(ctx, node):
 gradient("LeakyRelu")(_grad_from_input("LeakyReluGrad"))
 gradient("HardSigmoid")(_grad_from_input("HardSigmoidGrad"))
 gradient("HardSwish")(_grad_from_input("HardSwishGrad"))
+gradient("Shrink")(_grad_from_input("ShrinkGrad"))
 lowering("LeakyRelu")(_lower_piecewise(op.LEAKY_RELU, _leaky_relu_alpha))
 lowering("LeakyReluGrad")(_lower_piecewise(op.LEAKY_RELU_GRAD, _leaky_relu_alpha))
 lowering("Clip")(_lower_piecewise(op.CLIP, _clip_bounds))
@@ -191,6 +199,8 @@ lowering("HardSigmoid")(_lower_piecewise(op.HARD_SIGMOID, _hard_sigmoid_floats))
 lowering("HardSigmoidGrad")(_lower_piecewise(op.HARD_SIGMOID_GRAD, _hard_sigmoid_floats))
 lowering("HardSwish")(_lower_piecewise(op.HARD_SWISH, _no_floats))
 lowering("HardSwishGrad")(_lower_piecewise(op.HARD_SWISH_GRAD, _no_floats))
+lowering("Shrink")(_lower_piecewise(op.SHRINK, _shrink_floats))
+lowering("ShrinkGrad")(_lower_piecewise(op.SHRINK_GRAD, _shrink_floats))
 
 
 @gradient("Clip")
@@ -232,6 +242,14 @@ class HardSigmoidGrad(MicrotrainOp):
     def _run(self, dy, x, alpha=0.2, beta=0.5):
         t = alpha * x + beta
         return (np.where((t > 0) & (t < 1), alpha * dy, 0).astype(dy.dtype),)
+
+
+class ShrinkGrad(MicrotrainOp):
+    """dX = dY where X < -lambd or X > lambd, else 0 (0 at the bounds, as torch's
+    hardshrink and softshrink)."""
+
+    def _run(self, dy, x, lambd=0.5, bias=0.0):
+        return (np.where((x < -lambd) | (x > lambd), dy, 0).astype(dy.dtype),)
 
 
 class HardSwishGrad(MicrotrainOp):

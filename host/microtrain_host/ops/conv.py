@@ -2,10 +2,10 @@
 the geometry they share; ConvTranspose, which is a convolution's input gradient (so its
 own gradients are a Conv and a ConvGradWeight). Device kernels: kernels/conv.py.
 
-An ONNX Conv node (or our ConvGradInput / ConvGradWeight) on a 1-D (N, C, L) or 2-D
-(N, C, H, W) input is resolved once into explicit attributes: kernel_shape, strides, pads
-(begins then ends), dilations and group. auto_pad is turned into pads here, so gradient nodes
-and kernels never see it.
+An ONNX Conv node (or our ConvGradInput / ConvGradWeight) on a 1-D (N, C, L), 2-D
+(N, C, H, W) or 3-D (N, C, D, H, W) input is resolved once into explicit attributes:
+kernel_shape, strides, pads (begins then ends), dilations and group. auto_pad is turned into
+pads here, so gradient nodes and kernels never see it.
 
 Rules (onnxruntime and torch agree on all of them):
   * output o along a dimension reads the input at o * stride - pad_begin + k * dilation for
@@ -17,7 +17,7 @@ Rules (onnxruntime and torch agree on all of them):
 import numpy as np
 
 from .. import opcodes as op
-from ..errors import UnsupportedOpError
+from ..errors import UnsupportedOpError, node_name
 from ..graph import DOMAIN, attr
 from ..ir import NO_TENSOR
 from ..reference import MicrotrainOp
@@ -25,13 +25,16 @@ from ..registry import gradient, lowering
 from .windows import window_attributes, window_values
 
 
-def conv_attributes(node, x_shape, w_shape, where):
+def conv_attributes(node, x_shape, w_shape, where, depth=False):
     """Explicit attributes of a convolution of an input of x_shape with a weight of w_shape.
     Raises UnsupportedOpError, naming the node and the attribute, for what the kernels
-    cannot do."""
-    if len(x_shape) not in (3, 4):
-        raise UnsupportedOpError(f"{where}: only 1-D (N, C, L) and 2-D (N, C, H, W) convolution "
-                                 f"is supported, got input shape {list(x_shape)}")
+    cannot do. depth: 3-D (N, C, D, H, W) is allowed (the float kernels have it, not the
+    int8 ones)."""
+    if len(x_shape) not in ((3, 4, 5) if depth else (3, 4)):
+        raise UnsupportedOpError(
+            f"{where}: only 1-D (N, C, L)" + (", 2-D (N, C, H, W) and 3-D (N, C, D, H, W)"
+                                              if depth else " and 2-D (N, C, H, W)")
+            + f" convolution is supported, got input shape {list(x_shape)}")
     spatial = list(x_shape[2:])
     rank = len(spatial)
     if len(w_shape) != rank + 2:
@@ -67,23 +70,20 @@ def output_spatial(spatial, attrs):
 
 def device_geometry(attrs, x_shape, w_shape):
     """The ints of the device's conv kernels (kernels/conv.py): the geometry of a 2-D
-    convolution, a 1-D one being a 2-D one of height 1."""
+    convolution, a 1-D one being a 2-D one of height 1; for a 3-D one, the 3-D kernels'
+    (each group of sizes depth first)."""
     group = attrs["group"]
     spatial = list(x_shape[2:])
     out = output_spatial(spatial, attrs)
     rank = len(spatial)
+    axes = max(2, rank)
 
-    def two_d(values, fill):
-        return [fill] * (2 - len(values)) + list(values)
+    def padded(values, fill):
+        return [fill] * (axes - len(values)) + list(values)
 
-    in_h, in_w = two_d(spatial, 1)
-    out_h, out_w = two_d(out, 1)
-    k_h, k_w = two_d(attrs["kernel_shape"], 1)
-    s_h, s_w = two_d(attrs["strides"], 1)
-    d_h, d_w = two_d(attrs["dilations"], 1)
-    pad_t, pad_l = two_d(attrs["pads"][:rank], 0)
-    return [x_shape[0], group, x_shape[1] // group, w_shape[0] // group, in_h, in_w, out_h,
-            out_w, k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l]
+    return ([x_shape[0], group, x_shape[1] // group, w_shape[0] // group] + padded(spatial, 1)
+            + padded(out, 1) + padded(attrs["kernel_shape"], 1) + padded(attrs["strides"], 1)
+            + padded(attrs["dilations"], 1) + padded(attrs["pads"][:rank], 0))
 
 
 # -- gradient rule, lowerings, numpy references ------------------------------------------
@@ -94,7 +94,8 @@ def grad_conv(g, node, dys, needs):
     # X needs it: never for the first trainable layer), dW = ConvGradWeight(dY, X),
     # dB = dY summed over images and positions.
     x, w = node.input[0], node.input[1]
-    attrs = conv_attributes(node, g.shape(x), g.shape(w), f"Conv node '{node.name}'")
+    attrs = conv_attributes(node, g.shape(x), g.shape(w), f"Conv node {node_name(node)}",
+                            depth=True)
     shared = {k: attrs[k] for k in ("strides", "pads", "dilations", "group")}
     dy = dys[0]
     grads = [None] * len(node.input)
@@ -111,8 +112,16 @@ def grad_conv(g, node, dys, needs):
     return grads
 
 
+# The 3-D kernel of each conv step (six more geometry ints: new op codes, so that the 1-D
+# and 2-D steps of existing blobs stay as they are).
+CODES_3D = {op.CONV: op.CONV_3D, op.CONV_GRAD_INPUT: op.CONV_3D_GRAD_INPUT,
+            op.CONV_GRAD_WEIGHT: op.CONV_3D_GRAD_WEIGHT}
+
+
 def _conv_step(ctx, node, code, tensors, x_shape, w_shape):
-    attrs = conv_attributes(node, x_shape, w_shape, ctx.where(node))
+    attrs = conv_attributes(node, x_shape, w_shape, ctx.where(node), depth=True)
+    if len(x_shape) == 5:
+        code = CODES_3D[code]
     ctx.step(code, tensors, device_geometry(attrs, x_shape, w_shape))
     return attrs
 

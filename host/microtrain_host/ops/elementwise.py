@@ -1,7 +1,8 @@
 """Elementwise ops: Add, Sub, Mul, Div with numpy broadcasting (each operand read through
 strides, 0 where it is broadcast, after merging the dimensions every operand walks
-contiguously), Expand, and the unary Neg, Abs, Sign, Exp, Log, Sqrt, Pow (constant scalar
-exponent), Reciprocal. Device kernels: kernels/elementwise.py."""
+contiguously), Expand, and the unary Neg, Abs, Sign, Exp, Log, Sqrt, Pow (a constant scalar
+exponent; a tensor or trained one broadcasts like Add), Reciprocal. Device kernels:
+kernels/elementwise.py."""
 import numpy as np
 
 from .. import opcodes as op
@@ -140,16 +141,23 @@ def grad_sqrt(g, node, dys, needs):
 
 @gradient("Pow")
 def grad_pow(g, node, dys, needs):
-    # y = x^p with a constant p: dx = dy * p * x^(p-1)
     x, p = node.input
-    if needs[1]:
-        raise UnsupportedOpError(f"Pow node '{node.name}': the exponent '{p}' gets no gradient; "
-                                 f"freeze it or make it a constant")
     exponent = g.constant_value(p)
-    if exponent is None or exponent.size != 1:
-        raise UnsupportedOpError(f"Pow node '{node.name}': only a constant scalar exponent "
-                                 f"is supported")
-    p_value = float(exponent.reshape(()))
+    if p not in g.parameters and exponent is not None and exponent.size == 1:
+        # y = x^p with a constant p: dx = dy * p * x^(p-1), with the unary kernel
+        return [_grad_pow_constant(g, x, float(exponent.reshape(())), dys[0]), None]
+    # A tensor exponent, or a parameter (trained, or frozen: the device may still copy
+    # another value in): PowGrad gives dX and dP in Y's shape, summed here to X's and P's.
+    y = node.output[0]
+    outputs = [g.fresh(f"d{node.name}_{part}") if need else ""
+               for part, need in zip(("X", "P"), needs)]
+    g.node("PowGrad", [dys[0], y, x, p], [g.shape(y), g.shape(y)], outputs=outputs,
+           domain=DOMAIN)
+    return [unbroadcast(g, out, g.shape(name)) if out else None
+            for out, name in zip(outputs, (x, p))]
+
+
+def _grad_pow_constant(g, x, p_value, dy):
     if p_value == 2.0:
         slope = g.node("Mul", [x, g.constant("two", np.float32(2.0))], g.shape(x), hint="dPow")
     else:
@@ -157,17 +165,55 @@ def grad_pow(g, node, dys, needs):
                        hint="dPow")
         slope = g.node("Mul", [lower, g.constant("exponent", np.float32(p_value))], g.shape(x),
                        hint="dPow")
-    return [g.node("Mul", [dys[0], slope], g.shape(x), hint="dPow"), None]
+    return g.node("Mul", [dy, slope], g.shape(x), hint="dPow")
 
 
 @lowering("Pow")
 def lower_pow(ctx, node):
+    # A constant scalar exponent: the unary kernel. Anything else (a tensor of exponents,
+    # broadcast as Add broadcasts, or a parameter): the strided binary one.
     x, p = node.input
     exponent = ctx.value(p)
-    if exponent is None or exponent.size != 1:
-        raise UnsupportedOpError(f"{ctx.where(node)}: the exponent must be a constant scalar")
     y = ctx.define(node.output[0])
-    ctx.step(op.POW, [y, ctx.t(x)], [ctx.tensors[y].size], [float(exponent.reshape(()))])
+    if exponent is not None and exponent.size == 1:
+        ctx.step(op.POW, [y, ctx.t(x)], [ctx.tensors[y].size], [float(exponent.reshape(()))])
+        return
+    binary_step(ctx, op.POW_TENSOR, y, ctx.t(x), _float_exponent(ctx, p), ctx.where(node))
+
+
+def _float_exponent(ctx, p):
+    """The exponent's tensor id: an integer exponent tensor (ONNX allows one) is a host
+    value, given to the device as floats."""
+    value = ctx.value(p)
+    if value is not None and value.dtype.kind in "iub":
+        p = f"{p}.float"
+        ctx._constant(p, value.astype(np.float32))
+    return ctx.t(p)
+
+
+@lowering("PowGrad")
+def lower_pow_grad(ctx, node):
+    dy, y, x, p = node.input
+    shape = ctx.shape(y)
+    dims, (_, s_x, s_p) = collapse(shape, [contiguous_strides(shape),
+                                           broadcast_strides(shape, ctx.shape(x)),
+                                           broadcast_strides(shape, ctx.shape(p))],
+                                   ctx.where(node))
+    outs = [ctx.define(name) if name else NO_TENSOR for name in list(node.output) + [""] * 2][:2]
+    tensors = [ctx.t(dy), ctx.t(y), ctx.t(x), _float_exponent(ctx, p)]
+    ctx.step(op.POW_TENSOR_GRAD, outs + tensors, dims + s_x + s_p)
+
+
+class PowGrad(MicrotrainOp):
+    """dX = dY * P * X^(P-1), 0 where P == 0; dP = dY * Y * ln(X), 0 where X == 0 and
+    P >= 0 (torch's pow backward); both in Y's shape."""
+
+    def _run(self, dy, y, x, p):
+        x, p = np.broadcast_to(x, y.shape), np.broadcast_to(p, y.shape)
+        with np.errstate(all="ignore"):
+            dx = np.where(p == 0, 0, dy * p * np.power(x, p - 1))
+            dp = np.where((x == 0) & (p >= 0), 0, dy * y * np.log(x))
+        return dx.astype(dy.dtype), dp.astype(dy.dtype)
 
 
 @gradient("Reciprocal")
@@ -295,12 +341,21 @@ class TieShare(MicrotrainOp):
 
 # -- PRelu ---------------------------------------------------------------------------------
 
+def _broadcasts_to(shape, target):
+    """Whether numpy broadcasts `shape` to exactly `target` (unidirectional broadcasting)."""
+    if len(shape) > len(target):
+        return False
+    return all(d == t or d == 1 for d, t in zip(reversed(shape), reversed(target)))
+
+
 @lowering("PRelu")
 def lower_prelu(ctx, node):
     x, slope = node.input
-    if np.broadcast_shapes(ctx.shape(x), ctx.shape(slope)) != tuple(ctx.shape(x)):
+    if not _broadcasts_to(ctx.shape(slope), ctx.shape(x)):
         raise UnsupportedOpError(f"{ctx.where(node)}: slope {list(ctx.shape(slope))} does not "
-                                 f"broadcast to X {list(ctx.shape(x))}")
+                                 f"broadcast to X {list(ctx.shape(x))} (numpy-style, from the "
+                                 f"last axis, as from opset 7: a per-channel slope of an "
+                                 f"(N, C, ...) input has shape (C, 1, ...))")
     binary_step(ctx, op.PRELU, ctx.define(node.output[0]), ctx.t(x), ctx.t(slope),
                 ctx.where(node))
 

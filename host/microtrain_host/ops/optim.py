@@ -28,7 +28,7 @@ def lower_grad_accumulate(ctx, node):
         producer.tensors = [ctx.t(buf)] + producer.tensors[1:3] + [reset]
         producer.ints = producer.ints[:7]
         producer.floats = producer.floats[:1]
-    elif fusable and producer.op == op.CONV_GRAD_WEIGHT:
+    elif fusable and producer.op in (op.CONV_GRAD_WEIGHT, op.CONV_3D_GRAD_WEIGHT):
         # Likewise a convolution's weight gradient: given the reset flag, its kernel adds
         # into the buffer itself.
         producer.tensors = [ctx.t(buf)] + producer.tensors[1:3] + [reset]

@@ -1,6 +1,6 @@
 """Pooling: MaxPool, AveragePool, GlobalMaxPool, GlobalAveragePool and their gradient ops
 MaxPoolGrad / AveragePoolGrad, with the window geometry they share. Device kernels:
-kernels/pool.py.
+kernels/pool.py (1-D and 2-D windows; a 3-D pool is two of their steps: pool_stages).
 
 An ONNX pooling node (MaxPool, AveragePool, GlobalMaxPool, GlobalAveragePool, or our
 MaxPoolGrad / AveragePoolGrad) is resolved once into explicit attributes: kernel_shape,
@@ -18,7 +18,7 @@ Window rules (onnxruntime and torch agree on all of them):
 import numpy as np
 
 from .. import opcodes as op
-from ..errors import UnsupportedOpError
+from ..errors import UnsupportedOpError, node_name
 from ..graph import DOMAIN, attr
 from ..reference import MicrotrainOp
 from ..registry import gradient, lowering
@@ -40,12 +40,15 @@ def _touches_input(size, kernel, stride, dilation, pad_begin, window):
     return any(0 <= start + k * dilation < size for k in range(kernel))
 
 
-def pool_attributes(node, in_shape, out_shape, where):
+def pool_attributes(node, in_shape, out_shape, where, depth=False):
     """Explicit attributes of a pooling node whose input has in_shape; checks that the
-    windows give out_shape. Raises UnsupportedOpError for what the kernels cannot do."""
-    if len(in_shape) not in (3, 4):
-        raise UnsupportedOpError(f"{where}: only 1-D (N, C, L) and 2-D (N, C, H, W) pooling is "
-                                 f"supported, got input shape {list(in_shape)}")
+    windows give out_shape. Raises UnsupportedOpError for what the kernels cannot do.
+    depth: 3-D (N, C, D, H, W) pooling is allowed (pool_stages runs it in two steps)."""
+    if len(in_shape) not in ((3, 4, 5) if depth else (3, 4)):
+        raise UnsupportedOpError(
+            f"{where}: only 1-D (N, C, L)" + (", 2-D (N, C, H, W) and 3-D (N, C, D, H, W)"
+                                              if depth else " and 2-D (N, C, H, W)")
+            + f" pooling is supported, got input shape {list(in_shape)}")
     spatial = list(in_shape[2:])
     rank = len(spatial)
     if node.op_type.startswith("Global"):
@@ -118,20 +121,49 @@ def pool_kernel_ints(node, in_shape, out_shape, where):
     average the rows [ch0, ch1) and columns [cw0, cw1) a window is counted within."""
     attrs = pool_attributes(node, in_shape, out_shape, where)
     lead = 4 - len(in_shape)  # 1 for 1-D pooling: a unit height in front
-    size = [1] * lead + list(in_shape[2:])
-    out = [1] * lead + list(out_shape[2:])
-    kernel = [1] * lead + attrs["kernel_shape"]
-    strides = [1] * lead + attrs["strides"]
-    dilations = [1] * lead + attrs["dilations"]
     rank = len(in_shape) - 2
-    begin = [0] * lead + attrs["pads"][:rank]
-    end = [0] * lead + attrs["pads"][rank:]
-    ints = [in_shape[0] * in_shape[1]] + size + out + kernel + strides + begin
+
+    def two_d(values, fill):
+        return [fill] * lead + list(values)
+
+    return _kernel_ints(node, attrs, in_shape[0] * in_shape[1], two_d(in_shape[2:], 1),
+                        two_d(out_shape[2:], 1), two_d(attrs["kernel_shape"], 1),
+                        two_d(attrs["strides"], 1), two_d(attrs["pads"][:rank], 0),
+                        two_d(attrs["pads"][rank:], 0), two_d(attrs["dilations"], 1))
+
+
+def _kernel_ints(node, attrs, planes, size, out, kernel, strides, begin, end, dilations):
+    # One pool step's ints over (planes, H, W): see pool_kernel_ints.
+    ints = [planes] + size + out + kernel + strides + begin
     if "Max" in node.op_type:
         return ints + dilations
     if attrs["count_include_pad"]:
         return ints + [-begin[0], size[0] + end[0], -begin[1], size[1] + end[1]]
     return ints + [0, size[0], 0, size[1]]
+
+
+def pool_stages(node, in_shape, out_shape, where):
+    """The pool steps of a node as [(kernel ints, output shape of the step)]: one for 1-D
+    and 2-D pooling; two for 3-D, because a max or a mean over a (d, h, w) box is the max or
+    mean over d of the maxes or means over (h, w) (each window is a box, so an average's
+    count is the product of its counts along the axes): first every depth slice is pooled
+    over (H, W), as planes of a 2-D pool; then those results over D, viewed as a 2-D pool
+    of (D, OH * OW) planes with (kD, 1) windows. The first maximum in (d, h, w) order is
+    the first depth whose slice holds the maximum and that slice's first maximum, so the
+    backward routes each gradient where a 3-D kernel would."""
+    if len(in_shape) < 5:
+        return [(pool_kernel_ints(node, in_shape, out_shape, where), tuple(out_shape))]
+    attrs = pool_attributes(node, in_shape, out_shape, where, depth=True)
+    n, c, d, h, w = in_shape
+    out_d, out_h, out_w = out_shape[2:]
+    kernel, strides, dilations = attrs["kernel_shape"], attrs["strides"], attrs["dilations"]
+    begin, end = attrs["pads"][:3], attrs["pads"][3:]
+    planes = _kernel_ints(node, attrs, n * c * d, [h, w], [out_h, out_w], kernel[1:],
+                          strides[1:], begin[1:], end[1:], dilations[1:])
+    depth = _kernel_ints(node, attrs, n * c, [d, out_h * out_w], [out_d, out_h * out_w],
+                         [kernel[0], 1], [strides[0], 1], [begin[0], 0], [end[0], 0],
+                         [dilations[0], 1])
+    return [(planes, (n, c, d, out_h, out_w)), (depth, tuple(out_shape))]
 
 
 # -- gradient rule, lowerings, numpy references ------------------------------------------
@@ -142,7 +174,7 @@ def grad_pool(g, node, dys, needs):
     # into pads, a Global pool as one window over the whole plane.
     x = node.input[0]
     attrs = pool_attributes(node, g.shape(x), g.shape(node.output[0]),
-                            f"{node.op_type} node '{node.name}'")
+                            f"{node.op_type} node {node_name(node)}", depth=True)
     op_type = "MaxPoolGrad" if "Max" in node.op_type else "AveragePoolGrad"
     return [g.node(op_type, [dys[0], x], g.shape(x), domain=DOMAIN, hint="d" + node.op_type,
                    **attrs)]
@@ -150,24 +182,38 @@ def grad_pool(g, node, dys, needs):
 
 @lowering("MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool")
 def lower_pool(ctx, node):
-    # MaxPool, AveragePool and their Global forms: pooling.py resolves the windows.
+    # MaxPool, AveragePool and their Global forms: pool_stages resolves the windows (3-D
+    # pooling: two steps through a temporary).
     x, y = node.input[0], node.output[0]
-    ints = pool_kernel_ints(node, ctx.shape(x), ctx.shape(y), ctx.where(node))
+    stages = pool_stages(node, ctx.shape(x), ctx.shape(y), ctx.where(node))
     code = op.MAX_POOL if "Max" in node.op_type else op.AVERAGE_POOL
-    ctx.step(code, [ctx.define(y), ctx.t(x)], ints)
+    targets = [ctx.define("", shape) for _, shape in stages[:-1]] + [ctx.define(y)]
+    sources = [ctx.t(x)] + targets[:-1]
+    for (ints, _), target, source in zip(stages, targets, sources):
+        ctx.step(code, [target, source], ints)
 
 
 @lowering("MaxPoolGrad", "AveragePoolGrad")
 def lower_pool_grad(ctx, node):
     # MaxPoolGrad(dY, X) recomputes each window's argmax from X. AveragePoolGrad(dY, X)
-    # takes only its shape from X, so its step does not keep X alive.
+    # takes only its shape from X, so its step does not keep X alive. 3-D pooling: the
+    # stages backwards, a max's intermediate maxima recomputed from X first.
     dy, x = node.input
-    ints = pool_kernel_ints(node, ctx.shape(x), ctx.shape(dy), ctx.where(node))
-    dx = ctx.define(node.output[0])
-    if node.op_type == "MaxPoolGrad":
-        ctx.step(op.MAX_POOL_GRAD, [dx, ctx.t(dy), ctx.t(x)], ints)
-    else:
-        ctx.step(op.AVERAGE_POOL_GRAD, [dx, ctx.t(dy)], ints)
+    stages = pool_stages(node, ctx.shape(x), ctx.shape(dy), ctx.where(node))
+    is_max = node.op_type == "MaxPoolGrad"
+    stage_inputs = [ctx.t(x)] if is_max else []
+    if is_max:  # each stage's argmax is taken in its input: the maxima of the stage before
+        for ints, shape in stages[:-1]:
+            stage_inputs.append(ctx.define("", shape))
+            ctx.step(op.MAX_POOL, [stage_inputs[-1], stage_inputs[-2]], ints)
+    grad = ctx.t(dy)
+    for k in reversed(range(len(stages))):
+        into = ctx.define(node.output[0]) if k == 0 else ctx.define("", stages[k - 1][1])
+        if is_max:
+            ctx.step(op.MAX_POOL_GRAD, [into, grad, stage_inputs[k]], stages[k][0])
+        else:
+            ctx.step(op.AVERAGE_POOL_GRAD, [into, grad], stages[k][0])
+        grad = into
 
 
 def _pool_windows(in_size, out_size, kernel_shape, strides, pads, dilations):

@@ -8,7 +8,7 @@ that depend on a trainable parameter get gradients, so frozen layers and the inp
 of the first trainable layer cost nothing. Helpers the rules share live in graph.py."""
 import numpy as np
 
-from ..errors import UnsupportedOpError
+from ..errors import UnsupportedOpError, node_name
 from ..registry import GRAD_RULES
 
 
@@ -42,7 +42,8 @@ def build_gradients(g, forward_nodes, loss, trainable, seeds=None):
         rule = GRAD_RULES.get(node.op_type)
         if rule is None:
             raise UnsupportedOpError(f"no gradient rule for op '{node.op_type}' (node "
-                                     f"'{node.name}'); supported: {', '.join(sorted(GRAD_RULES))}")
+                                     f"{node_name(node)}); supported: "
+                                     f"{', '.join(sorted(GRAD_RULES))}")
         for inp, need, dx in zip(node.input, needs, rule(g, node, dys, needs)):
             if need and dx is not None:
                 pending.setdefault(inp, []).append(dx)

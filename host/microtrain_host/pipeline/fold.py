@@ -14,7 +14,7 @@ import numpy as np
 from onnx import AttributeProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from ..errors import ArtifactError
+from ..errors import ArtifactError, node_name
 
 # Ops whose output is not a function of their inputs' values.
 NOT_FOLDABLE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
@@ -45,7 +45,7 @@ def _evaluate(node, inputs, opset_imports):
     try:
         return ReferenceEvaluator(model).run(None, feeds)
     except Exception as e:  # the evaluator raises many types; name the node instead
-        raise ArtifactError(f"cannot fold {node.op_type} node '{node.name}' over constant "
+        raise ArtifactError(f"cannot fold {node.op_type} node {node_name(node)} over constant "
                             f"inputs: {e}") from e
 
 

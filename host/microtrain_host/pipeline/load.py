@@ -6,8 +6,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
-from ..errors import ArtifactError, DynamicShapeError, UnsupportedOpError
-from ..registry import SHAPED_LIKE_INPUT
+from ..errors import (UNNAMED_PREFIX, ArtifactError, DynamicShapeError, UnsupportedOpError,
+                      node_label, node_name)
+from ..graph import DOMAIN
+from ..registry import LOWERINGS, SHAPED_LIKE_INPUT
 from .fold import fold_constants
 from .upgrade import upgrade
 
@@ -17,6 +19,8 @@ MIN_OPSET = 13  # ReduceSum takes axes as an input, Softmax works on one axis; o
 SEQUENCE_OPS = ("SequenceConstruct", "SequenceEmpty", "SequenceInsert", "SequenceErase",
                 "SequenceAt", "SequenceLength", "SplitToSequence", "ConcatFromSequence",
                 "SequenceMap")
+
+KNOWN_DOMAINS = ("", "ai.onnx", DOMAIN)
 
 
 def _load(model):
@@ -28,6 +32,20 @@ def _load(model):
         except Exception as e:  # protobuf raises several types for a bad file
             raise ArtifactError(f"cannot read ONNX model '{model}': {e}") from e
     raise ArtifactError(f"model must be an onnx.ModelProto or a path, not {type(model).__name__}")
+
+
+def name_unnamed_nodes(graph):
+    """Give every node without a name its index in the graph ("#12"), so that messages and
+    the steps of the blob can tell it apart from the others (errors.node_label)."""
+    taken = {n.name for n in graph.node}
+    for index, node in enumerate(graph.node):
+        if not node.name:
+            name, k = f"{UNNAMED_PREFIX}{index}", 1
+            while name in taken:  # a node named "#12" already: "#12_2" (printed quoted)
+                k += 1
+                name = f"{UNNAMED_PREFIX}{index}_{k}"
+            node.name = name
+            taken.add(name)
 
 
 def opset_of(model):
@@ -47,13 +65,15 @@ def load_model(model, batch_size=None):
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as e:
         raise ArtifactError(f"the ONNX model does not pass onnx.checker: {e}") from e
+    name_unnamed_nodes(model.graph)
     for node in model.graph.node:
         if node.op_type in SEQUENCE_OPS:
-            raise UnsupportedOpError(f"node '{node.name}' ({node.op_type}): sequence ops are not "
-                                     f"supported; microtrain trains on tensors of fixed shapes")
+            raise UnsupportedOpError(f"{node_label(node)}: sequence ops are not supported; "
+                                     f"microtrain trains on tensors of fixed shapes")
     opset = opset_of(model)
     if opset < MIN_OPSET:
         model = upgrade(model, opset)
+        name_unnamed_nodes(model.graph)  # nodes the converter added
     graph = model.graph
     params = {i.name for i in graph.initializer}
     for inp in graph.input:
@@ -97,13 +117,19 @@ def load_model(model, batch_size=None):
                     # onnx infers only Y of the opset 9-13 form, whose extra outputs imply
                     # training mode
                     raise UnsupportedOpError(
-                        f"BatchNormalization node '{node.name}': the outputs "
+                        f"BatchNormalization node {node_name(node)}: the outputs "
                         f"{', '.join(o for o in node.output[1:] if o)} of the opset 9-13 form "
                         f"(running, saved mean and variance) are not supported; export with "
                         f"opset >= 15 (training_mode attribute, three outputs)")
+                if node.op_type not in LOWERINGS or node.domain not in KNOWN_DOMAINS:
+                    # an op microtrain has no kernel for (and onnx no shape function, like
+                    # ai.onnx.preview.training's Gradient): that is what to say
+                    domain = f" of domain '{node.domain}'" if node.domain else ""
+                    raise UnsupportedOpError(f"op '{node.op_type}'{domain} (node "
+                                             f"{node_name(node)}) is not supported")
                 raise DynamicShapeError(
-                    f"cannot fix the shape of '{out}' produced by node '{node.name}' "
-                    f"({node.op_type}); pass batch_size or export with static shapes")
+                    f"cannot fix the shape of '{out}' produced by {node_label(node)}; pass "
+                    f"batch_size or export with static shapes")
     return model, shapes
 
 

@@ -9,7 +9,7 @@ is checked against the op table of the contract (contract/ops.py) as it is emitt
 import numpy as np
 from onnx import TensorProto, numpy_helper
 
-from ..errors import UnsupportedOpError
+from ..errors import UnsupportedOpError, node_name
 from ..ir import (ACTIVATION, CONSTANT, CONTROL, FLOAT, GRAD, INPUT, INT8, INT32, LABEL,
                   LAZY_RESET_GRAD, LEARNING_RATE, OPTIMIZER_STATE, PARAM, STEP, UINT8, Program,
                   Step, Tensor, check_step, grad_buffer)
@@ -105,7 +105,7 @@ class Lowering:
             lowering = LOWERINGS.get(node.op_type)
             if lowering is None:
                 raise UnsupportedOpError(
-                    f"op '{node.op_type}' (node '{self.node_name}') is not supported; "
+                    f"op '{node.op_type}' (node {node_name(node)}) is not supported; "
                     f"supported ops: {', '.join(sorted(LOWERINGS))}")
             lowering(self, node)
         # The caller reads the loss and the model outputs (activations, or aliases of a
@@ -203,7 +203,7 @@ class Lowering:
                                [float(f) for f in floats], self.node_name))
 
     def where(self, node):
-        return f"{node.op_type} node '{self.node_name}'"
+        return f"{node.op_type} node {node_name(node)}"
 
     def optional_value(self, node, index):
         """The constant value of the node's input `index`, or None when it is absent."""

@@ -21,13 +21,15 @@ def split_parameters(model, requires_grad, frozen_params):
             raise ArtifactError(f"'{name}' is not a float initializer of the model; parameters "
                                 f"are: {', '.join(floats)}")
     check_requires_grad(model.graph, requires_grad or [])
+    statistics = running_statistics(model.graph)
+    trainable_by_default = [n for n in floats if n not in statistics]
     if requires_grad is None:
-        statistics = running_statistics(model.graph)
-        requires_grad = [n for n in floats
-                         if n not in set(frozen_params or ()) and n not in statistics]
+        requires_grad = [n for n in trainable_by_default if n not in set(frozen_params or ())]
     trainable = [n for n in floats if n in set(requires_grad)]
     frozen = [n for n in floats if n not in set(requires_grad)]
-    if not trainable:
+    if not trainable and trainable_by_default:
         raise ArtifactError("no trainable parameters: requires_grad is empty or every "
                             "parameter is frozen")
+    # A model with no parameter to train at all (a Softmax, a pooling, a preprocessing net)
+    # still packs: its blob runs the forward pass and the loss, and training changes nothing.
     return trainable, frozen
