@@ -27,6 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 import microtrain_host as mh
 from microtrain import CheckpointState, Module
 from microtrain import blob as device_blob
+from microtrain import parser as device_blob_parser
 
 BACKEND_DATA = pathlib.Path(onnx.__file__).parent / "backend" / "test" / "data"
 FOLDERS = ("pytorch-converted", "pytorch-operator", "simple")
@@ -110,7 +111,7 @@ def run_eval(artifacts, x):
     whose scalar first output is its loss."""
     module = Module(artifacts.blob, CheckpointState.load_checkpoint(artifacts.checkpoint)).eval()
     flat = x.astype(np.float32).reshape(-1)
-    if "forward" in device_blob.load(artifacts.blob).programs:
+    if "forward" in device_blob_parser.load(artifacts.blob).programs:
         results = module.forward(flat)
     else:
         results = module(flat)
@@ -249,7 +250,7 @@ def test_gradients_match_finite_differences_of_onnxruntime(results, capsys):
         # The device's gradient of sum(seed * output) over the outputs the loss is computed
         # from: forward/backward blobs take one seed per loss input (the first output by
         # default); a blob whose first output is a scalar loss trains on that output.
-        b = device_blob.load(artifacts.blob)
+        b = device_blob_parser.load(artifacts.blob)
         module = Module(artifacts.blob, state).train()
         flat = x.astype(np.float32).reshape(-1)
         if "forward" in b.programs:

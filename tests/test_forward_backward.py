@@ -281,7 +281,7 @@ def test_several_loss_inputs_give_forward_and_backward_even_for_scalars(tmp_path
     artifacts = mh.generate_artifacts(scalar_outputs_model(), loss=None, optimizer="SGD",
                                       artifact_directory=tmp_path,
                                       loss_input_names=["s", "n", "m"])
-    b = device_blob.load(artifacts.blob)
+    b = device_blob_parser.load(artifacts.blob)
     assert [b.names[t] for t in b.programs["backward"].inputs] == ["s_grad", "n_grad", "m_grad"]
     state, module, _ = load(artifacts)
     assert [list(v) for v in module.forward([2.0])] == [[0.75], [-2.0], [-0.25]]

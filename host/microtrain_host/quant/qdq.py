@@ -2,7 +2,7 @@
 weights and the learned activation ranges as constants, which onnxruntime fuses into its
 quantized kernels (QLinearConv, QGemm, QLinearGlobalAveragePool, ...).
 
-From the inference graph of the eval model (parameters as initializers, pipeline/export.py):
+From the inference graph of the eval model (parameters as initializers, pipeline/inference.py):
   * each observer (QuantParams of a frozen range) becomes its scale and zero point;
   * each quantized Conv / Gemm / MatMul: a BatchNormalization right after it (inference
     form) is folded into its weight and bias (W' = W * a, B' = beta + (B - mean) * a per
