@@ -93,8 +93,9 @@ def test_minimal_runtime_keeps_only_the_kernels_the_blob_uses(digits, tmp_path):
     try:
         from microtrain import blob as trimmed_blob
         from microtrain import parser as trimmed_blob_parser
+        from microtrain import errors as trimmed_errors
         assert trimmed_blob.__file__.startswith(str(tmp_path / "rt"))
-        with pytest.raises(trimmed_blob.BlobError, match="unknown op code; this runtime is "
+        with pytest.raises(trimmed_errors.BlobError, match="unknown op code; this runtime is "
                            "older than the blob or was trimmed for another model"):
             trimmed_blob_parser.load(str(conv / "model.mtb"))
     finally:

@@ -28,6 +28,7 @@ from microtrain_host.formats.checkpoint import (  # noqa: E402
 from microtrain_host.errors import CheckpointError  # noqa: E402
 
 import microtrain.checkpoint as device_ckpt  # noqa: E402
+from microtrain import checkpoint_writer as device_checkpoint_writer  # noqa: E402
 from microtrain import fbwriter  # noqa: E402
 from microtrain.checkpoint import CheckpointState, Parameter  # noqa: E402
 from microtrain.errors import CheckpointError as DeviceCheckpointError  # noqa: E402
@@ -42,13 +43,17 @@ def bits(values):
 
 SPECIAL = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -3.4028235e38, 1 / 3],
                    dtype=np.float32)
+# what the device loads: every value finite (a checkpoint holding NaN or inf is refused)
+EDGES = np.array([0.0, -0.0, 3.4028235e38, -1e-45, 7e-42, 1e-45, -3.4028235e38, 1 / 3],
+                 dtype=np.float32)
 
 
-def sample(seed=0):
+def sample(seed=0, finite=False):
     rng = np.random.default_rng(seed)
+    special = EDGES if finite else SPECIAL
     trainable = {
         "fc1.weight": rng.standard_normal((4, 3)).astype(np.float32),
-        "fc1.bias": SPECIAL.copy(),
+        "fc1.bias": special.copy(),
         "s": np.float32(2.5),  # a 0-d parameter
     }
     frozen = {
@@ -58,7 +63,7 @@ def sample(seed=0):
     momentums = {
         "fc1.weight": [rng.standard_normal((4, 3)).astype(np.float32),
                        np.abs(rng.standard_normal((4, 3))).astype(np.float32)],
-        "fc1.bias": [SPECIAL[::-1].copy(), np.ones(8, np.float32)],
+        "fc1.bias": [special[::-1].copy(), np.ones(8, np.float32)],
     }
     properties = {"epoch": 3, "neg": -(2 ** 63), "zero": 0, "loss": 0.25, "lr0": 0.0,
                   "tiny": 1e-30, "note": "héllo ✓", "empty": ""}
@@ -81,7 +86,7 @@ def device_state(nominal=False):
     """A CheckpointState built by hand, as a board would hold it."""
     state = CheckpointState()
     params = [
-        Parameter("layer.weight", (2, 3), array("f", [0.5, -1.25, 3.0, float("nan"), -0.0, 7e-42]),
+        Parameter("layer.weight", (2, 3), array("f", [0.5, -1.25, 3.0, -3.4e38, -0.0, 7e-42]),
                   True),
         Parameter("layer.bias", (3,), array("f", [1.0, 2.0, 3.0]), True),
         Parameter("b", (), array("f", [9.5]), True),
@@ -285,7 +290,7 @@ def test_host_writer_rejects_bad_arguments(tmp_path):
 
 
 def test_host_write_device_read(tmp_path):
-    trainable, frozen, momentums, properties = sample()
+    trainable, frozen, momentums, properties = sample(finite=True)
     path = tmp_path / "checkpoint"
     write_checkpoint(path, trainable, frozen, optimizer_step=41, initial_learning_rate=0.01,
                      momentums=momentums, properties=properties)
@@ -306,6 +311,37 @@ def test_host_write_device_read(tmp_path):
     assert state.properties == {k: (f32(v) if isinstance(v, float) else v)
                                 for k, v in properties.items()}
     assert isinstance(state.properties["lr0"], float)  # 0.0 is left out of the file
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("where", ["parameter", "moment"])
+def test_device_refuses_non_finite_state(tmp_path, value, where):
+    # A NaN or infinite parameter or moment would train into NaN (or freeze a weight)
+    # without a word: refused at load, naming the tensor and the position.
+    trainable, frozen, momentums, _ = sample(finite=True)
+    bad = {"parameter": trainable["fc1.weight"], "moment": momentums["fc1.weight"][1]}[where]
+    bad.reshape(-1)[5] = value
+    path = tmp_path / "checkpoint"
+    write_checkpoint(path, trainable, frozen, optimizer_step=1, momentums=momentums)
+    what = {"parameter": "parameter 'fc1.weight'", "moment": "momentum1 of 'fc1.weight'"}[where]
+    with pytest.raises(DeviceCheckpointError, match=r"^checkpoint '.*checkpoint': %s holds "
+                       r"-?%s at position 5 \(a parameter, moment or statistic must be finite\)$"
+                       % (what, "nan" if value != value else "inf")):
+        CheckpointState.load_checkpoint(str(path))
+
+
+def test_device_loads_an_unobserved_range(tmp_path):
+    # a QAT observer's [min, max] is [inf, -inf] until it has seen a batch: the one
+    # parameter that may hold an infinity (never a NaN)
+    path = tmp_path / "checkpoint"
+    write_checkpoint(path, {"w": np.ones(2, np.float32)},
+                     {"x.observer_range": np.array([np.inf, -np.inf], np.float32)})
+    state = CheckpointState.load_checkpoint(str(path))
+    assert list(state.parameters["x.observer_range"].data) == [np.inf, -np.inf]
+    write_checkpoint(path, {"w": np.ones(2, np.float32)},
+                     {"x.observer_range": np.array([np.nan, -np.inf], np.float32)})
+    with pytest.raises(DeviceCheckpointError, match="'x.observer_range' holds nan"):
+        CheckpointState.load_checkpoint(str(path))
 
 
 def test_host_nominal_device_read(tmp_path):
@@ -461,7 +497,7 @@ def test_wrong_version(tmp_path, monkeypatch):
         parse_checkpoint(data)
     with pytest.raises(DeviceCheckpointError, match=r"version 3 is not supported \(expected 2\)"):
         device_load(tmp_path, data)
-    monkeypatch.setattr(device_ckpt, "VERSION", 1)
+    monkeypatch.setattr(device_checkpoint_writer, "VERSION", 1)
     data = small_device(tmp_path)
     monkeypatch.undo()
     with pytest.raises(CheckpointError, match="version 1 is not supported"):

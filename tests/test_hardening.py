@@ -100,13 +100,13 @@ def test_arenas_that_do_not_fit_on_micropython(digits, micropython, tmp_path):
     # bytecode would not fit in what the ballast leaves.
     script.write_text(
         "import gc\n"
+        "ballast = [None] * 2000\n"          # before the imports fragment the heap
         "from microtrain import loader, OutOfMemoryError\n"
         "from microtrain.opcodes import SIGNATURES, kernel_module\n"
         "for family in set(s[0] for s in SIGNATURES.values()):\n"
         "    if family in ('dense', 'activation', 'loss', 'optim', 'reduce'):\n"
         "        kernel_module(family)\n"
         "gc.collect()\n"
-        "ballast = [None] * 2000\n"
         "i = 0\n"
         "while gc.mem_free() > 45000:\n"
         "    ballast[i] = bytearray(250)\n"
@@ -203,6 +203,20 @@ class Check(StepCheck):
         self.where = "crafted step"
         self.tensors = tuple(tensors)
 
+    def check(self, checker, args):
+        # run a checker on args as the parser would, the step's ints and floats (after the
+        # tensor offsets) in c.ints and c.floats: split where c.counts says when a test set
+        # it, else by their types
+        rest = tuple(args[len(self.tensors):])
+        if self.counts == (0, 0):
+            self.counts = (sum(isinstance(v, int) for v in rest),
+                           sum(isinstance(v, float) for v in rest))
+        self.ints, self.floats = rest[:self.counts[0]], rest[self.counts[0]:]
+        try:
+            return checker(args, self)
+        finally:
+            self.counts = (0, 0)
+
     def offsets(self):
         return tuple(self.blob.offsets[t] if t != blobfile.NO_TENSOR else -1
                      for t in self.tensors)
@@ -214,7 +228,7 @@ def test_pool_window_entirely_in_the_padding_is_refused():
     args = c.offsets() + (2, 4, 4, 3, 3, 2, 2, 1, 1, 3, 0, 1, 1)
     with pytest.raises(BlobError, match=r"^crafted step: pooling window 0 lies entirely in the "
                                         r"padding$"):
-        pool.max_pool_check(args, c)
+        c.check(pool.max_pool_check, args)
 
 
 def test_conv_geometry_must_be_positive_and_fit():
@@ -224,10 +238,10 @@ def test_conv_geometry_must_be_positive_and_fit():
     args = (x, y, w, -1, 2, 1, 3, 4, 5, 5, 3, 3, 3, 3, 1, 1, 1, 1, 0, 0)
     with pytest.raises(BlobError, match=r"^crafted step: tensor 't1' holds 54 elements, the "
                                         r"step reads or writes 150$"):
-        conv.conv_check(args, c)
+        c.check(conv.conv_check, args)
     zero_stride = args[:14] + (0,) + args[15:]
     with pytest.raises(BlobError, match=r"^crafted step: count 0 must be at least 1$"):
-        conv.conv_check(zero_stride, c)
+        c.check(conv.conv_check, zero_stride)
 
 
 def test_conv_transpose_bias_and_output_must_fit():
@@ -238,11 +252,11 @@ def test_conv_transpose_bias_and_output_must_fit():
     args = (y, x, w, b, 2, 1, 3, 4, 5, 5, 3, 3, 3, 3, 1, 1, 1, 1, 0, 0)
     with pytest.raises(BlobError, match=r"^crafted step: tensor 't3' holds 2 elements, the "
                                         r"step reads or writes 3$"):
-        conv.conv_transpose_check(args, c)
+        c.check(conv.conv_transpose_check, args)
     c = Check([2 * 3 * 5 * 5 - 1, 2 * 4 * 3 * 3, 4 * 3 * 3 * 3, None])
     with pytest.raises(BlobError, match=r"^crafted step: tensor 't0' holds 149 elements, the "
                                         r"step reads or writes 150$"):
-        conv.conv_transpose_check(c.offsets() + args[4:], c)
+        c.check(conv.conv_transpose_check, c.offsets() + args[4:])
 
 
 def _nearest_args(c, rows, cols):
@@ -255,26 +269,26 @@ def test_resize_tables_must_lie_inside_the_input_and_match_the_counts():
     # X: 2 planes of 3x4 upsampled to 2 planes of 6x8 (Y first, then X).
     rows, cols = [0, 0, 1, 1, 2, 2], [0, 0, 1, 1, 2, 2, 3, 3]
     c = Check([2 * 6 * 8, 2 * 3 * 4])
-    resize.resize_nearest_check(_nearest_args(c, rows, cols), c)      # as packed: fine
+    c.check(resize.resize_nearest_check, _nearest_args(c, rows, cols))   # as packed: fine
     with pytest.raises(BlobError, match=r"^crafted step: source column is 4, outside \[0, 3\]$"):
-        resize.resize_nearest_check(_nearest_args(c, rows, cols[:-1] + [4]), c)
+        c.check(resize.resize_nearest_check, _nearest_args(c, rows, cols[:-1] + [4]))
     with pytest.raises(BlobError, match=r"^crafted step: source row is -1, outside \[0, 2\]$"):
-        resize.resize_nearest_check(_nearest_args(c, [-1] + rows[1:], cols), c)
+        c.check(resize.resize_nearest_check, _nearest_args(c, [-1] + rows[1:], cols))
     args = _nearest_args(c, rows, cols)
     c.counts = (c.counts[0] - 1, 1)   # the last table entry sent as a float
     with pytest.raises(BlobError, match=r"^crafted step: \(int count, float count\) is "
                                         r"\(18, 1\), expected \(19, 0\)$"):
-        resize.resize_nearest_check(args, c)
+        c.check(resize.resize_nearest_check, args)
     c = Check([2 * 6 * 8, 2 * 3 * 4 - 1])
     with pytest.raises(BlobError, match=r"^crafted step: tensor 't1' holds 23 elements, the "
                                         r"step reads or writes 24$"):
-        resize.resize_nearest_check(_nearest_args(c, rows, cols), c)
+        c.check(resize.resize_nearest_check, _nearest_args(c, rows, cols))
     c = Check([2 * 6 * 8, 2 * 3 * 4])
     ints = (2, 3, 4, 6, 8)
     c.counts = (5, 0)   # a linear step without its tables
     with pytest.raises(BlobError, match=r"^crafted step: \(int count, float count\) is "
                                         r"\(5, 0\), expected \(33, 28\)$"):
-        resize.resize_linear_check(c.offsets() + ints, c)
+        c.check(resize.resize_linear_check, c.offsets() + ints)
 
 
 def test_crafted_resize_table_in_a_blob_is_refused(tmp_path):
@@ -296,10 +310,10 @@ def test_batch_norm_needs_two_values_and_a_positive_epsilon():
     args = c.offsets() + (1, 3, 1, 1e-5, 0.9)
     with pytest.raises(BlobError, match=r"^crafted step: batch statistics need at least 2 values "
                                         r"per channel, got 1$"):
-        norm.batch_norm_training_check(args, c)
+        c.check(norm.batch_norm_training_check, args)
     c = Check([6, 6, 3, 3, 3, 3])
     with pytest.raises(BlobError, match=r"^crafted step: epsilon is 0.0, outside"):
-        norm.batch_norm_training_check(c.offsets() + (2, 3, 1, 0.0, 0.9), c)
+        c.check(norm.batch_norm_training_check, c.offsets() + (2, 3, 1, 0.0, 0.9))
 
 
 def test_reduction_walked_with_stride_zero_is_refused():
@@ -309,7 +323,7 @@ def test_reduction_walked_with_stride_zero_is_refused():
     args = c.offsets() + (2, 1_000_000, 2, 1, 0, 0, 1, 0, 0, 1.0, 0.0)
     with pytest.raises(BlobError, match=r"^crafted step: a dimension of 1000000 elements is "
                                         r"walked with stride 0$"):
-        dense.gemm_check(args, c)
+        c.check(dense.gemm_check, args)
 
 
 def test_data_hazards_do_not_raise():

@@ -15,6 +15,7 @@ import pytest
 from conftest import DEVICE, ROOT, run_micropython
 from microtrain import CheckpointState, Module
 from microtrain import checkpoint as device_checkpoint
+from microtrain import checkpoint_writer as device_checkpoint_writer
 from microtrain.errors import CheckpointError
 from microtrain.flatbuf import Reader
 from microtrain_host.formats.checkpoint import read_checkpoint
@@ -175,7 +176,7 @@ def test_failed_save_keeps_the_previous_checkpoint(momentum_run, tmp_path, monke
         stream.write(b"half a checkpoint")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(device_checkpoint.fbwriter, "write", broken)
+    monkeypatch.setattr(device_checkpoint_writer.fbwriter, "write", broken)
     with pytest.raises(CheckpointError, match="No space left"):
         CheckpointState.save_checkpoint(state, path, include_optimizer_state=True)
     assert open(path, "rb").read() == before

@@ -14,7 +14,7 @@ from microtrain import feed
 from microtrain import loader as device_blob_loader
 from microtrain import parser as device_blob_parser
 from microtrain.errors import BlobError
-from microtrain_host.pipeline import pack as pack_stage
+from microtrain_host.quant import int8 as int8_stage
 from microtrain_host.quant.int8 import pack_inference_model
 from microtrain_host.tools import runtime
 from test_quant_int8 import digits_qdq  # noqa: F401  (the fixture)
@@ -81,12 +81,12 @@ def test_training_and_export_from_a_buffer_equal_from_the_file(digits_int8, tmp_
 
 def _crafted(monkeypatch, tmp_path, digits_int8, change):
     """The digits int8 blob packed with change(lowering) applied just before it is written."""
-    write = pack_stage._write
+    write = int8_stage.serialize
 
     def crafted(lowering, *args, **kwargs):
         change(lowering)
         return write(lowering, *args, **kwargs)
-    monkeypatch.setattr(pack_stage, "_write", crafted)
+    monkeypatch.setattr(int8_stage, "serialize", crafted)
     pack_inference_model(digits_int8 / "qdq.onnx", tmp_path / "crafted.mtb")
     return (tmp_path / "crafted.mtb").read_bytes()
 
@@ -133,7 +133,7 @@ def test_a_minimal_runtime_keeps_the_viper_fast_path(digits_int8, micropython, t
     x = np.random.default_rng(2).random(8 * 64, dtype=np.float32)
     script = tmp_path / "infer.py"
     script.write_text(      # a training runtime has no InferenceSession: the steps by hand
-        "from microtrain import blob\n"
+        "from microtrain import feed, loader\n"
         "from microtrain.kernels import qlinear\n"
         f"b, F, I = loader.load_into_arenas({str(digits_int8 / 'int8.mtb')!r})\n"
         "p = b.programs['infer']\n"

@@ -2,6 +2,7 @@
 # the host (schema: host/microtrain_host/contract/microtrain.fbs); parser.py checks and reads
 # it, loader.py puts it and its constants into arenas allocated once.
 from array import array
+from microtrain.errors import BlobError
 
 # contract: format; dtypes; roles
 # (generated from host/microtrain_host/contract/ by `python -m microtrain_host.contract.generate`; do not edit)
@@ -89,7 +90,8 @@ class Blob:
         self.weights = None     # that buffer: the blob itself when it was given as a buffer
                                 # (in flash), else a bytearray of those constants
         self.weights_size = 0   # ... of weights_size bytes (a blob loaded from a file)
-        self._arenas = None     # (F, I, Q) while a blob given as a buffer is parsed (derive)
+        self._arenas = None     # (F, I, Q, arenas.put) while a blob given as a buffer is
+                                # parsed (derive)
         self.nonnegative = set()  # parameters no checkpoint may bring a negative value into
                                   # (running variances; the checkers note them)
 
@@ -117,8 +119,8 @@ class Blob:
         if self._arenas is None:
             self.constants.append((tid, raw))
         else:
-            F, I, Q = self._arenas
-            _put(self, tid, 0, raw, len(raw), F, I, Q)
+            F, I, Q, put = self._arenas
+            put(self, tid, 0, raw, len(raw), F, I, Q)
 
     def tensor_id(self, name):
         try:

@@ -16,12 +16,12 @@ def load_buffer(data):
     what = describe(data)
     try:
         r, root = root_of(view)
-        floats, ints, nbytes = _arena_sizes(r, root)
+        floats, ints, nbytes = arena_sizes(r, root)
     except MemoryError:
         raise OutOfMemoryError("%s: no room to check its frame" % what)
     F, I, Q, _ = arenas(what, floats, ints, nbytes, 0)
     try:
-        b = parse_root(r, root, view, False, Q, True, view, (F, I, Q))
+        b = parse_root(r, root, view, False, Q, True, view, (F, I, Q, put))
     except MemoryError:
         raise OutOfMemoryError("the blob parsed from %s needs more than the %s bytes the heap "
                                "has free besides its arenas" % (what, mem_free()))

@@ -177,7 +177,8 @@ def parse_root(r, root, data, keep_steps, Q, in_file=False, weights=None, arenas
     (or LATER_BYTES). in_file: constants are noted by their place in the file (the loader
     reads them into the arenas), not copied. weights: the buffer int8 weights are read from
     in place (the blob's own, given as a buffer), or None: one bytearray of them (the
-    loader allocates it). arenas: (F, I, Q) when they are allocated already (Blob.derive)."""
+    loader allocates it). arenas: (F, I, Q, arenas.put) when they are allocated already
+    (Blob.derive)."""
     b = Blob()
     b._file = data
     b.weights = weights

@@ -115,6 +115,7 @@ def checkpoint_truncation_anywhere():
     if good is None:
         return
     full = load_bytes(good)
+    full.materialize()   # its values read now: load_bytes reuses the file for the cuts below
     # ORT's buffer ends in the NUL of its last string, then zero padding: cutting only
     # padding loses nothing and loads the same state; any longer cut is refused.
     end = len(good.rstrip(b"\x00")) + 1

@@ -79,11 +79,31 @@ def kernel_families(blob_path):
     return sorted({device_opcodes.SIGNATURES[op][0] for op in op_codes(blob_path)})
 
 
+def model_modules(blob_path):
+    """The device modules a training run imports only for some models (lazily, so that a
+    float model's runtime does not carry them), those this blob needs: the fields of
+    quantized tensors, an int8 blob given as a buffer in flash, integer parameters, random
+    generators, a loss computed outside the graph."""
+    b = device_blob_parser.load(str(blob_path))
+    names = set(b.names)
+    wanted = []
+    if b.quant or b.in_place or any(b.dtypes[t] > 1 for t in range(len(b.names))):
+        wanted += ["microtrain.quantized", "microtrain.inplace"]
+    if b.integer_parameters:
+        wanted.append("microtrain.intparams")
+    if any(n.endswith((".random_state", ".dither")) for n in names):
+        wanted.append("microtrain.randoms")
+    if "forward" in b.programs:
+        wanted.append("microtrain.outside")
+    return wanted
+
+
 def runtime_modules(blob_path):
     """Relative paths (microtrain/....py) of the modules a training run of this blob imports:
-    the package's module-level import closure plus the kernel families it uses (and what
-    those import)."""
-    wanted = list(ENTRY_MODULES) + ["microtrain.kernels." + f for f in kernel_families(blob_path)]
+    the package's module-level import closure, the kernel families it uses and the modules
+    only some models import (model_modules), with what those import."""
+    wanted = (list(ENTRY_MODULES) + ["microtrain.kernels." + f for f in kernel_families(blob_path)]
+              + model_modules(blob_path))
     seen = set()
     while wanted:
         name = wanted.pop()
