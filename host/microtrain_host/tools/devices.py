@@ -26,7 +26,6 @@ class FederateError(MicrotrainHostError):
 
 def label_typecode(artifacts):
     """'i' when the blob's training labels are class indices, else 'f'."""
-    from microtrain import blob as device_blob
     from microtrain import parser as device_blob_parser
     b = device_blob_parser.load(os.path.join(str(artifacts), "model.mtb"))
     if "train" not in b.programs or len(b.programs["train"].inputs) != 2:
@@ -171,7 +170,7 @@ def initial_buffer(artifacts):
 def buffer_to_checkpoint(artifacts, buffer, path):
     """Write a flat buffer as a checkpoint (ORT's format, no optimizer state), laid out
     exactly as `microtrain aggregate` writes its result."""
-    from microtrain import blob as device_blob
+    from microtrain import parser as device_blob_parser
     from ..formats.checkpoint import write_checkpoint
     b = device_blob_parser.load(os.path.join(str(artifacts), "model.mtb"))
     buffer = np.asarray(buffer, np.float32)
