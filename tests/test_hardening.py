@@ -212,12 +212,13 @@ class Check(StepCheck):
             self.counts = (sum(isinstance(v, int) for v in rest),
                            sum(isinstance(v, float) for v in rest))
         self.ints, self.floats = rest[:self.counts[0]], rest[self.counts[0]:]
+        self.offsets = tuple(args[:len(self.tensors)])
         try:
             return checker(args, self)
         finally:
             self.counts = (0, 0)
 
-    def offsets(self):
+    def tensor_offsets(self):
         return tuple(self.blob.offsets[t] if t != blobfile.NO_TENSOR else -1
                      for t in self.tensors)
 
@@ -225,7 +226,7 @@ class Check(StepCheck):
 def test_pool_window_entirely_in_the_padding_is_refused():
     c = Check([2 * 3 * 3, 2 * 4 * 4])
     # 4 output rows from 4 input rows with pad 3 at the top: window 0 reads rows -3..-2
-    args = c.offsets() + (2, 4, 4, 3, 3, 2, 2, 1, 1, 3, 0, 1, 1)
+    args = c.tensor_offsets() + (2, 4, 4, 3, 3, 2, 2, 1, 1, 3, 0, 1, 1)
     with pytest.raises(BlobError, match=r"^crafted step: pooling window 0 lies entirely in the "
                                         r"padding$"):
         c.check(pool.max_pool_check, args)
@@ -234,7 +235,7 @@ def test_pool_window_entirely_in_the_padding_is_refused():
 def test_conv_geometry_must_be_positive_and_fit():
     c = Check([2 * 4 * 5 * 5, 2 * 3 * 3 * 3, 4 * 3 * 3 * 3, None])
     # Y and X the wrong way round: X (3 channels of 5x5) does not fit in a 54-element tensor
-    x, y, w, _ = c.offsets()
+    x, y, w, _ = c.tensor_offsets()
     args = (x, y, w, -1, 2, 1, 3, 4, 5, 5, 3, 3, 3, 3, 1, 1, 1, 1, 0, 0)
     with pytest.raises(BlobError, match=r"^crafted step: tensor 't1' holds 54 elements, the "
                                         r"step reads or writes 150$"):
@@ -248,7 +249,7 @@ def test_conv_transpose_bias_and_output_must_fit():
     # The geometry is that of the convolution whose input gradient it is: Y (2 images, 3
     # channels of 5x5) is the mirrored conv's X.
     c = Check([2 * 3 * 5 * 5, 2 * 4 * 3 * 3, 4 * 3 * 3 * 3, 2])
-    y, x, w, b = c.offsets()
+    y, x, w, b = c.tensor_offsets()
     args = (y, x, w, b, 2, 1, 3, 4, 5, 5, 3, 3, 3, 3, 1, 1, 1, 1, 0, 0)
     with pytest.raises(BlobError, match=r"^crafted step: tensor 't3' holds 2 elements, the "
                                         r"step reads or writes 3$"):
@@ -256,13 +257,13 @@ def test_conv_transpose_bias_and_output_must_fit():
     c = Check([2 * 3 * 5 * 5 - 1, 2 * 4 * 3 * 3, 4 * 3 * 3 * 3, None])
     with pytest.raises(BlobError, match=r"^crafted step: tensor 't0' holds 149 elements, the "
                                         r"step reads or writes 150$"):
-        c.check(conv.conv_transpose_check, c.offsets() + args[4:])
+        c.check(conv.conv_transpose_check, c.tensor_offsets() + args[4:])
 
 
 def _nearest_args(c, rows, cols):
     ints = (2, 3, 4, len(rows), len(cols)) + tuple(rows) + tuple(cols)
     c.counts = (len(ints), 0)
-    return c.offsets() + ints
+    return c.tensor_offsets() + ints
 
 
 def test_resize_tables_must_lie_inside_the_input_and_match_the_counts():
@@ -288,7 +289,7 @@ def test_resize_tables_must_lie_inside_the_input_and_match_the_counts():
     c.counts = (5, 0)   # a linear step without its tables
     with pytest.raises(BlobError, match=r"^crafted step: \(int count, float count\) is "
                                         r"\(5, 0\), expected \(33, 28\)$"):
-        c.check(resize.resize_linear_check, c.offsets() + ints)
+        c.check(resize.resize_linear_check, c.tensor_offsets() + ints)
 
 
 def test_crafted_resize_table_in_a_blob_is_refused(tmp_path):
@@ -307,20 +308,20 @@ def test_crafted_resize_table_in_a_blob_is_refused(tmp_path):
 
 def test_batch_norm_needs_two_values_and_a_positive_epsilon():
     c = Check([3, 3, 3, 3, 3, 3])
-    args = c.offsets() + (1, 3, 1, 1e-5, 0.9)
+    args = c.tensor_offsets() + (1, 3, 1, 1e-5, 0.9)
     with pytest.raises(BlobError, match=r"^crafted step: batch statistics need at least 2 values "
                                         r"per channel, got 1$"):
         c.check(norm.batch_norm_training_check, args)
     c = Check([6, 6, 3, 3, 3, 3])
     with pytest.raises(BlobError, match=r"^crafted step: epsilon is 0.0, outside"):
-        c.check(norm.batch_norm_training_check, c.offsets() + (2, 3, 1, 0.0, 0.9))
+        c.check(norm.batch_norm_training_check, c.tensor_offsets() + (2, 3, 1, 0.0, 0.9))
 
 
 def test_reduction_walked_with_stride_zero_is_refused():
     # A GEMM whose A stands still along k would loop k times over one element: nothing
     # else bounds k, so a huge k would hang the board.
     c = Check([4, 4, 4, None])
-    args = c.offsets() + (2, 1_000_000, 2, 1, 0, 0, 1, 0, 0, 1.0, 0.0)
+    args = c.tensor_offsets() + (2, 1_000_000, 2, 1, 0, 0, 1, 0, 0, 1.0, 0.0)
     with pytest.raises(BlobError, match=r"^crafted step: a dimension of 1000000 elements is "
                                         r"walked with stride 0$"):
         c.check(dense.gemm_check, args)

@@ -392,7 +392,7 @@ def gru_check_sizes(**sizes):
 
 def test_checkers_accept_a_consistent_step():
     c = gru_check_sizes()
-    recurrent.gru_check(c.offsets() + GEOMETRY, c)
+    c.check(recurrent.gru_check, c.tensor_offsets() + GEOMETRY)
 
 
 @pytest.mark.parametrize("sizes,change,message", [
@@ -411,25 +411,25 @@ def test_crafted_forward_geometry_is_refused(sizes, change, message):
     for k, v in change.items():
         geometry[k] = v
     with pytest.raises(BlobError, match="^crafted step: " + message):
-        recurrent.gru_check(c.offsets() + tuple(geometry), c)
+        c.check(recurrent.gru_check, c.tensor_offsets() + tuple(geometry))
 
 
 def test_crafted_backward_needs_every_step_kept():
     # dx, dw, dr, db, dh0, dh, saved, x, w, r, h0, y, dy, dy_h
     c = Check([24, 45, 75, 30, 10, 10, 160, 24, 45, 75, 10, 40, 40, 10])
-    recurrent.gru_grad_check(c.offsets() + GEOMETRY, c)
+    c.check(recurrent.gru_grad_check, c.tensor_offsets() + GEOMETRY)
     with pytest.raises(BlobError, match=r"^crafted step: keep is 0; the backward pass needs "
                                         r"every step's slot$"):
-        recurrent.gru_grad_check(c.offsets() + GEOMETRY[:-1] + (0,), c)
+        c.check(recurrent.gru_grad_check, c.tensor_offsets() + GEOMETRY[:-1] + (0,))
     small = Check([24, 45, 75, 30, 10, 10, 159, 24, 45, 75, 10, 40, 40, 10])
     with pytest.raises(BlobError, match=r"^crafted step: tensor 't6' holds 159 elements, the "
                                         r"step reads or writes 160$"):
-        recurrent.gru_grad_check(small.offsets() + GEOMETRY, small)
+        small.check(recurrent.gru_grad_check, small.tensor_offsets() + GEOMETRY)
     # dx, dw, dr, db, dh0, dc0, dp, scratch, saved, x, w, r, h0, c0, p, y, dy, dy_h, dy_c
     c = Check([24, 60, 100, 40, 10, 10, 15, 19, 200, 24, 60, 100, 10, 10, 15, 40, 40, 10, 10])
     with pytest.raises(BlobError, match=r"^crafted step: tensor 't7' holds 19 elements, the "
                                         r"step reads or writes 20$"):
-        recurrent.lstm_grad_check(c.offsets() + GEOMETRY, c)
+        c.check(recurrent.lstm_grad_check, c.tensor_offsets() + GEOMETRY)
 
 
 # -- MicroPython against CPython ---------------------------------------------------------------

@@ -439,7 +439,8 @@ def _read_steps(r, program, b, program_name, records, Q):
             offsets.append(b.offsets[tid])
         if family not in modules:
             modules[family] = kernel_module(family)
-        args = tuple(offsets) + ints + floats
+        offsets = tuple(offsets)
+        args = offsets + ints + floats
         if "w" in dtypes:
             # the weight's buffer last: in place, or the byte arena
             w = tensors[dtypes.index("w")]
@@ -450,6 +451,7 @@ def _read_steps(r, program, b, program_name, records, Q):
         check.where = "%s step %d (%s)" % (program_name, index, function)
         check.tensors = tensors
         check.counts = (len(ints), len(floats))
+        check.offsets = offsets
         check.ints = ints
         check.floats = floats
         getattr(modules[family], function + "_check")(args, check)

@@ -17,8 +17,11 @@ class StepCheck:
         self.tensors = ()   # the step's tensor ids (NO_TENSOR when absent)
         self.counts = (0, 0)  # how many ints and floats the step carries (args after the
                               # tensor offsets: ints first, then floats)
-        self.ints = ()        # the step's ints and floats themselves, for checkers that
-        self.floats = ()      # name them (`n, c = c.ints`) rather than slice args
+        # What the checkers read, by name (`y, x = c.offsets`, `n, = c.ints`): the offsets of
+        # the step's tensors (-1 for an absent one), its ints and its floats.
+        self.offsets = ()
+        self.ints = ()
+        self.floats = ()
 
     def fail(self, what):
         raise BlobError("%s: %s" % (self.where, what))

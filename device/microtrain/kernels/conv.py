@@ -122,12 +122,12 @@ def conv(F, I, args):
 
 
 def conv_check(args, c):
-    x_size, y_size, w_size = _geometry_check(c, args[4:20])
+    x_size, y_size, w_size = _geometry_check(c, c.ints)
     c.holds(0, y_size)
     c.holds(1, x_size)
     c.holds(2, w_size)
     if c.present(3):
-        c.holds(3, args[5] * args[7])  # groups * cout_g
+        c.holds(3, c.ints[1] * c.ints[3])  # groups * cout_g
 
 
 def conv_grad_input(F, I, args):
@@ -141,7 +141,7 @@ def conv_grad_input(F, I, args):
 
 
 def conv_grad_input_check(args, c):
-    x_size, y_size, w_size = _geometry_check(c, args[3:19])
+    x_size, y_size, w_size = _geometry_check(c, c.ints)
     c.holds(0, x_size)
     c.holds(1, y_size)
     c.holds(2, w_size)
@@ -162,7 +162,7 @@ def conv_grad_weight(F, I, args):
 
 
 def conv_grad_weight_check(args, c):
-    x_size, y_size, w_size = _geometry_check(c, args[4:20])
+    x_size, y_size, w_size = _geometry_check(c, c.ints)
     c.holds(0, w_size)
     c.holds(1, y_size)
     c.holds(2, x_size)
@@ -188,12 +188,12 @@ def conv_transpose(F, I, args):
 
 
 def conv_transpose_check(args, c):
-    y_size, x_size, w_size = _geometry_check(c, args[4:20])  # the mirrored conv's X, Y, W
+    y_size, x_size, w_size = _geometry_check(c, c.ints)  # the mirrored conv's X, Y, W
     c.holds(0, y_size)
     c.holds(1, x_size)
     c.holds(2, w_size)
     if c.present(3):
-        c.holds(3, args[5] * args[6])  # groups * cin_g: Y's channels
+        c.holds(3, c.ints[1] * c.ints[2])  # groups * cin_g: Y's channels
 
 
 # -- 3-D: the depth taps and output depths around the 2-D walk ---------------------------
@@ -244,12 +244,12 @@ def conv3d(F, I, args):
 
 
 def conv3d_check(args, c):
-    x_size, y_size, w_size = _geometry_3d_check(c, args[4:26])
+    x_size, y_size, w_size = _geometry_3d_check(c, c.ints)
     c.holds(0, y_size)
     c.holds(1, x_size)
     c.holds(2, w_size)
     if c.present(3):
-        c.holds(3, args[5] * args[7])  # groups * cout_g
+        c.holds(3, c.ints[1] * c.ints[3])  # groups * cout_g
 
 
 def conv3d_grad_input(F, I, args):
@@ -262,7 +262,7 @@ def conv3d_grad_input(F, I, args):
 
 
 def conv3d_grad_input_check(args, c):
-    x_size, y_size, w_size = _geometry_3d_check(c, args[3:25])
+    x_size, y_size, w_size = _geometry_3d_check(c, c.ints)
     c.holds(0, x_size)
     c.holds(1, y_size)
     c.holds(2, w_size)
@@ -279,7 +279,7 @@ def conv3d_grad_weight(F, I, args):
 
 
 def conv3d_grad_weight_check(args, c):
-    x_size, y_size, w_size = _geometry_3d_check(c, args[4:26])
+    x_size, y_size, w_size = _geometry_3d_check(c, c.ints)
     c.holds(0, w_size)
     c.holds(1, y_size)
     c.holds(2, x_size)

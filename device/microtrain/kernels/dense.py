@@ -37,7 +37,8 @@ def gemm(F, I, args):
 
 
 def gemm_check(args, c):
-    y, a, b, bias, m, k, n, sa_m, sa_k, sb_k, sb_n, sc_m, sc_n = args[:13]
+    y, a, b, bias = args[:4]
+    m, k, n, sa_m, sa_k, sb_k, sb_n, sc_m, sc_n = c.ints
     _gemm_check(c, y, a, b, m, k, n, sa_m, sa_k, sb_k, sb_n)
     if c.present(3):
         c.span(3, bias, (m, n), (sc_m, sc_n))
@@ -54,7 +55,8 @@ def gemm_accumulate(F, I, args):
 
 
 def gemm_accumulate_check(args, c):
-    y, a, b, reset, m, k, n, sa_m, sa_k, sb_k, sb_n = args[:11]
+    y, a, b, reset = args[:4]
+    m, k, n, sa_m, sa_k, sb_k, sb_n = c.ints
     _gemm_check(c, y, a, b, m, k, n, sa_m, sa_k, sb_k, sb_n)
     c.holds(3, 1)
 

@@ -15,7 +15,8 @@ def _each_row(F, args, row):
 
 
 def _binary_check(args, c):
-    y, a, b, d0, d1, d2, sa0, sa1, sa2, sb0, sb1, sb2 = args
+    y, a, b = c.offsets
+    d0, d1, d2, sa0, sa1, sa2, sb0, sb1, sb2 = c.ints
     c.positive(d0, d1, d2)
     c.span(0, y, (d0, d1, d2), (d1 * d2, d2, 1))
     c.span(1, a, (d0, d1, d2), (sa0, sa1, sa2))
@@ -24,7 +25,7 @@ def _binary_check(args, c):
 
 def _unary_check(args, c):
     # y, x, n: both hold n elements
-    c.each_holds(2, args[2])
+    c.each_holds(2, c.ints[0])
 
 
 def _add_row(F, y, pa, sa, pb, sb, n):
@@ -126,7 +127,8 @@ def expand(F, I, args):
 
 
 def expand_check(args, c):
-    y, x, d0, d1, d2, sx0, sx1, sx2 = args
+    y, x = c.offsets
+    d0, d1, d2, sx0, sx1, sx2 = c.ints
     c.positive(d0, d1, d2)
     c.span(0, y, (d0, d1, d2), (d1 * d2, d2, 1))
     c.span(1, x, (d0, d1, d2), (sx0, sx1, sx2))
@@ -287,10 +289,10 @@ def tie_share(F, I, args):
 
 
 def tie_share_check(args, c):
-    d0, d1, d2, sx0, sx1, sx2 = args[5:11]
+    d0, d1, d2, sx0, sx1, sx2 = c.ints
     c.positive(d0, d1, d2)
     c.each_holds(4, d0 * d1 * d2)
-    c.span(4, args[4], (d0, d1, d2), (sx0, sx1, sx2))
+    c.span(4, c.offsets[4], (d0, d1, d2), (sx0, sx1, sx2))
 
 
 # -- PRelu: y = x where x > 0, else slope * x, the slope broadcast ----------------------------
@@ -337,7 +339,7 @@ def prelu_grad(F, I, args):
 
 
 def prelu_grad_check(args, c):
-    d0, d1, d2, ss0, ss1, ss2 = args[5:11]
+    d0, d1, d2, ss0, ss1, ss2 = c.ints
     c.positive(d0, d1, d2)
     n = d0 * d1 * d2
     for k in (0, 1):
@@ -345,7 +347,7 @@ def prelu_grad_check(args, c):
             c.holds(k, n)
     c.holds(2, n)
     c.holds(3, n)
-    c.span(4, args[4], (d0, d1, d2), (ss0, ss1, ss2))
+    c.span(4, c.offsets[4], (d0, d1, d2), (ss0, ss1, ss2))
 
 
 # -- Pow with a tensor exponent (broadcast through strides, like the binary ops above) -------
@@ -404,7 +406,7 @@ def power_tensor_grad(F, I, args):
 
 
 def power_tensor_grad_check(args, c):
-    d0, d1, d2, sx0, sx1, sx2, sp0, sp1, sp2 = args[6:15]
+    d0, d1, d2, sx0, sx1, sx2, sp0, sp1, sp2 = c.ints
     c.positive(d0, d1, d2)
     n = d0 * d1 * d2
     for k in (0, 1):
@@ -412,5 +414,5 @@ def power_tensor_grad_check(args, c):
             c.holds(k, n)
     c.holds(2, n)
     c.holds(3, n)
-    c.span(4, args[4], (d0, d1, d2), (sx0, sx1, sx2))
-    c.span(5, args[5], (d0, d1, d2), (sp0, sp1, sp2))
+    c.span(4, c.offsets[4], (d0, d1, d2), (sx0, sx1, sx2))
+    c.span(5, c.offsets[5], (d0, d1, d2), (sp0, sp1, sp2))

@@ -28,14 +28,14 @@ def gather_rows(F, I, args):
 
 
 def _gather_check(args, c):
-    outer, size, inner, count = args[3:7]
+    outer, size, inner, count = c.ints
     c.positive(outer, size, inner, count)
     c.holds(2, count)
 
 
 def gather_rows_check(args, c):
     _gather_check(args, c)
-    outer, size, inner, count = args[3:7]
+    outer, size, inner, count = c.ints
     c.holds(0, outer * count * inner)
     c.holds(1, outer * size * inner)
 
@@ -56,6 +56,6 @@ def gather_rows_grad(F, I, args):
 
 def gather_rows_grad_check(args, c):
     _gather_check(args, c)
-    outer, size, inner, count = args[3:7]
+    outer, size, inner, count = c.ints
     c.holds(0, outer * size * inner)
     c.holds(1, outer * count * inner)

@@ -58,7 +58,8 @@ def group_norm(F, I, args):
 
 
 def group_norm_check(args, c):
-    _view_check(c, args[4], args[5], args[6], args[7], args[8], (0, 1), (2, 3))
+    rows, groups, cpb, inner = c.ints
+    _view_check(c, rows, groups, cpb, inner, c.floats[0], (0, 1), (2, 3))
 
 
 def group_norm_grad(F, I, args):
@@ -106,6 +107,7 @@ def group_norm_grad(F, I, args):
 
 
 def group_norm_grad_check(args, c):
-    _view_check(c, args[6], args[7], args[8], args[9], args[10], (3, 4), (1, 2, 5))
+    rows, groups, cpb, inner = c.ints
+    _view_check(c, rows, groups, cpb, inner, c.floats[0], (3, 4), (1, 2, 5))
     if c.present(0):
-        c.holds(0, args[6] * args[8] * args[9])
+        c.holds(0, rows * cpb * inner)

@@ -20,7 +20,8 @@ def _each_row(F, args, row):
 
 
 def _strided_check(args, c):
-    y, x, y0, x0, d0, d1, d2, d3, sy0, sy1, sy2, sy3, sx0, sx1, sx2, sx3 = args
+    y, x = c.offsets
+    y0, x0, d0, d1, d2, d3, sy0, sy1, sy2, sy3, sx0, sx1, sx2, sx3 = c.ints
     counts = (d0, d1, d2, d3)
     c.span(0, y + y0, counts, (sy0, sy1, sy2, sy3))
     c.span(1, x + x0, counts, (sx0, sx1, sx2, sx3))
@@ -68,4 +69,4 @@ def fill(F, I, args):
 
 
 def fill_check(args, c):
-    c.holds(0, args[1])
+    c.holds(0, c.ints[0])

@@ -25,7 +25,7 @@ def softmax_cross_entropy(F, I, args):
 
 
 def softmax_cross_entropy_check(args, c):
-    n, classes = args[4:6]
+    n, classes = c.ints
     c.positive(n, classes)
     c.holds(0, 1)
     c.holds(1, n * classes)
@@ -50,7 +50,7 @@ def softmax_cross_entropy_grad(F, I, args):
 
 
 def softmax_cross_entropy_grad_check(args, c):
-    n, classes = args[4:6]
+    n, classes = c.ints
     c.positive(n, classes)
     c.holds(0, n * classes)
     c.holds(1, 1)

@@ -140,7 +140,8 @@ def channel_affine(F, I, args):
 
 
 def channel_affine_check(args, c):
-    _channels_check(c, args[4], args[5], args[6], None, (0, 1), (2, 3))
+    n, channels, inner = c.ints
+    _channels_check(c, n, channels, inner, None, (0, 1), (2, 3))
 
 
 def batch_norm_grad(F, I, args):
@@ -200,7 +201,8 @@ def batch_norm_grad(F, I, args):
 
 
 def batch_norm_grad_check(args, c):
-    _channels_check(c, args[8], args[9], args[10], args[11], (0, 3, 4), (1, 2, 5, 6, 7))
+    n, channels, inner = c.ints
+    _channels_check(c, n, channels, inner, c.floats[0], (0, 3, 4), (1, 2, 5, 6, 7))
     for k in (3, 4, 5):
         c.holds(k, 1)  # dy, x and scale are always read
     if c.present(6) != c.present(7):
@@ -301,7 +303,7 @@ def _mask_check(c, n, tensors, mask):
 
 
 def dropout_check(args, c):
-    _mask_check(c, args[4], (0, 1), 2)
+    _mask_check(c, c.ints[0], (0, 1), 2)
     c.holds(3, 2)
     c.role(3, "activation", "optimizer_state", "control")
 
@@ -324,4 +326,4 @@ def dropout_grad(F, I, args):
 
 
 def dropout_grad_check(args, c):
-    _mask_check(c, args[3], (0, 1), 2)
+    _mask_check(c, c.ints[0], (0, 1), 2)

@@ -47,7 +47,7 @@ def accumulate(F, I, args):
 
 
 def accumulate_check(args, c):
-    c.each_holds(2, args[3])
+    c.each_holds(2, c.ints[0])
     c.holds(2, 1)
 
 
@@ -60,7 +60,7 @@ def sgd(F, I, args):
 
 
 def sgd_check(args, c):
-    c.each_holds(2, args[3])
+    c.each_holds(2, c.ints[0])
     c.holds(2, 1)
 
 
@@ -86,7 +86,7 @@ def adamw(F, I, args):
 
 
 def adamw_check(args, c):
-    _adam_check(c, *args[6:11])
+    _adam_check(c, c.ints[0], *c.floats)
 
 
 # -- the general forms: elastic penalty, global-norm clipping, momentum ---------------------
@@ -113,7 +113,8 @@ def grad_norm_squared(F, I, args):
 
 
 def grad_norm_squared_check(args, c):
-    total, g, p, n, first, l1, l2 = args
+    n, first = c.ints
+    l1, l2 = c.floats
     c.holds(0, 1)
     c.holds(1, n)
     c.holds(2, n)
@@ -131,7 +132,7 @@ def clip_coef(F, I, args):
 
 def clip_coef_check(args, c):
     c.holds(0, 1)
-    c.within(args[1], 0.0, _HUGE, "max norm")
+    c.within(c.floats[0], 0.0, _HUGE, "max norm")
 
 
 def sgd_general(F, I, args):
@@ -162,7 +163,8 @@ def sgd_general(F, I, args):
 
 
 def sgd_general_check(args, c):
-    p, g, lr, step, buf, coef, n, nesterov, momentum, dampening, weight_decay, l1, l2 = args
+    n, nesterov = c.ints
+    momentum, dampening, weight_decay, l1, l2 = c.floats
     c.each_holds(2, n)
     c.holds(2, 1)
     if c.present(4):  # momentum: the kernel also reads the step number
@@ -198,7 +200,9 @@ def adamw_general(F, I, args):
 
 
 def adamw_general_check(args, c):
-    _adam_check(c, *args[7:12])
+    n, = c.ints
+    beta1, beta2, eps, weight_decay, l1, l2 = c.floats
+    _adam_check(c, n, beta1, beta2, eps, weight_decay)
     if c.present(6):
         c.holds(6, 1)
-    _penalty_check(c, args[12], args[13])
+    _penalty_check(c, l1, l2)

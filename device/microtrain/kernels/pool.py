@@ -71,10 +71,10 @@ def max_pool(F, I, args):
 
 
 def max_pool_check(args, c):
-    planes, H, W, OH, OW = args[2:7]
+    planes, H, W, OH, OW = c.ints[:5]
     c.holds(0, planes * OH * OW)
     c.holds(1, planes * H * W)
-    _windows_check(c, *args[2:15])
+    _windows_check(c, *c.ints)
 
 
 def max_pool_grad(F, I, args):
@@ -86,11 +86,11 @@ def max_pool_grad(F, I, args):
 
 
 def max_pool_grad_check(args, c):
-    planes, H, W, OH, OW = args[3:8]
+    planes, H, W, OH, OW = c.ints[:5]
     c.holds(0, planes * H * W)
     c.holds(1, planes * OH * OW)
     c.holds(2, planes * H * W)
-    _windows_check(c, *args[3:16])
+    _windows_check(c, *c.ints)
 
 
 # Averages divide by the window clipped to rows [ch0, ch1) and columns [cw0, cw1): the
@@ -148,10 +148,10 @@ def average_pool(F, I, args):
 
 
 def average_pool_check(args, c):
-    planes, H, W, OH, OW = args[2:7]
+    planes, H, W, OH, OW = c.ints[:5]
     c.holds(0, planes * OH * OW)
     c.holds(1, planes * H * W)
-    _average_check(c, *args[2:17])
+    _average_check(c, *c.ints)
 
 
 def average_pool_grad(F, I, args):
@@ -164,7 +164,7 @@ def average_pool_grad(F, I, args):
 
 
 def average_pool_grad_check(args, c):
-    planes, H, W, OH, OW = args[2:7]
+    planes, H, W, OH, OW = c.ints[:5]
     c.holds(0, planes * H * W)
     c.holds(1, planes * OH * OW)
-    _average_check(c, *args[2:17])
+    _average_check(c, *c.ints)

@@ -111,17 +111,18 @@ def _geometry_check(args, c, x, y, states, weights, gates, slot):
     # holding per direction "w" G*H*I, "r" G*H*H, "b" 2*G*H or "p" 3*H elements). Returns
     # the elements the saved tensor holds.
     (steps, batch, n_in, hidden, dirs, reverse, sx_t, sx_n, sy_t, sy_d, sy_n, sh_d, sh_n,
-     keep) = args[-14:]
+     keep) = c.ints
+    at = c.offsets
     c.positive(steps, batch, n_in, hidden, dirs)
     c.within(dirs, 1, 2, "directions")
     c.within(reverse, 0, 2 - dirs, "reverse")
     c.within(keep, 0, 1, "keep")
     c.moving((steps, batch), (sx_t, sx_n))  # X bounds the time and batch loops
-    c.span(x, args[x], (steps, batch, n_in), (sx_t, sx_n, 1))
-    c.span(y, args[y], (steps, dirs, batch, hidden), (sy_t, sy_d, sy_n, 1))
+    c.span(x, at[x], (steps, batch, n_in), (sx_t, sx_n, 1))
+    c.span(y, at[y], (steps, dirs, batch, hidden), (sy_t, sy_d, sy_n, 1))
     for k in states:
         if c.present(k):
-            c.span(k, args[k], (dirs, batch, hidden), (sh_d, sh_n, 1))
+            c.span(k, at[k], (dirs, batch, hidden), (sh_d, sh_n, 1))
     per = {"w": gates * hidden * n_in, "r": gates * hidden * hidden, "b": 2 * gates * hidden,
            "p": 3 * hidden}
     for k, kind in weights:
@@ -137,16 +138,16 @@ def gru_check(args, c):
 
 def _backward_check(args, c, x, y, dy, states, weights, gates, slot, scratch, saved):
     # The backward reads one slot per step (keep = 1), dY spans like Y, dX like X.
-    if args[-1] != 1:
-        c.fail("keep is %d; the backward pass needs every step's slot" % args[-1])
+    (steps, batch, n_in, hidden, dirs, reverse, sx_t, sx_n, sy_t, sy_d, sy_n, sh_d, sh_n,
+     keep) = c.ints
+    if keep != 1:
+        c.fail("keep is %d; the backward pass needs every step's slot" % keep)
     c.holds(saved, _geometry_check(args, c, x, y, states, weights, gates, slot))
-    steps, batch, n_in, hidden, dirs = args[-14:-9]
-    sx_t, sx_n, sy_t, sy_d, sy_n = args[-8:-3]
     c.holds(scratch, (2 if gates == 4 else 1) * batch * hidden)
     if c.present(0):
-        c.span(0, args[0], (steps, batch, n_in), (sx_t, sx_n, 1))
+        c.span(0, c.offsets[0], (steps, batch, n_in), (sx_t, sx_n, 1))
     if c.present(dy):
-        c.span(dy, args[dy], (steps, dirs, batch, hidden), (sy_t, sy_d, sy_n, 1))
+        c.span(dy, c.offsets[dy], (steps, dirs, batch, hidden), (sy_t, sy_d, sy_n, 1))
 
 
 def _back_to_previous(F, pd, ps, rd, rows, hidden, add):

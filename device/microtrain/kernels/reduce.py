@@ -39,7 +39,8 @@ def reduce_sum(F, I, args):
 
 
 def reduce_sum_check(args, c):
-    y, x, d0, d1, d2, sy0, sy1, sy2, ny = args[:9]
+    y, x = c.offsets
+    d0, d1, d2, sy0, sy1, sy2, ny = c.ints
     c.positive(d0, d1, d2)
     c.holds(0, ny)
     c.holds(1, d0 * d1 * d2)

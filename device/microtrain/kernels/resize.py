@@ -152,22 +152,19 @@ def _tables_check(args, c, taps, y_arg, x_arg):
     # X's rows and columns, and the two tensors' sizes.
     if c.counts[0] < 5:
         c.fail("a resize step needs 5 ints of geometry, got %d" % c.counts[0])
-    planes = args[2]
-    in_h = args[3]
-    in_w = args[4]
-    out_h = args[5]
-    out_w = args[6]
+    ints = c.ints
+    planes, in_h, in_w, out_h, out_w = ints[:5]
     c.positive(planes, in_h, in_w, out_h, out_w)
     c.equal(c.counts, (5 + taps * (out_h + out_w), (taps * (out_h + out_w)) if taps > 1 else 0),
             "(int count, float count)")
-    at = _HEAD
+    at = 5          # the tables follow the geometry among the ints
     for t in range(taps):
         for k in range(at, at + out_h):
-            c.within(args[k], 0, in_h - 1, "source row")
+            c.within(ints[k], 0, in_h - 1, "source row")
         at += out_h
     for t in range(taps):
         for k in range(at, at + out_w):
-            c.within(args[k], 0, in_w - 1, "source column")
+            c.within(ints[k], 0, in_w - 1, "source column")
         at += out_w
     c.holds(y_arg, planes * out_h * out_w)
     c.holds(x_arg, planes * in_h * in_w)

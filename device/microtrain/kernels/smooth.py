@@ -37,12 +37,12 @@ erf_function = getattr(math, "erf", _erf_without_libm)
 
 def _unary_check(args, c):
     # y, x, n, ...: both hold n elements
-    c.each_holds(2, args[2])
+    c.each_holds(2, c.ints[0])
 
 
 def _grad_check(args, c):
     # dx, dy, x, n, ...: all three hold n elements
-    c.each_holds(3, args[3])
+    c.each_holds(3, c.ints[0])
 
 
 # -- Elu, Selu, Celu: y = scale * (x if x > 0 else alpha * (exp(k * x) - 1)) ----------------
@@ -57,8 +57,8 @@ def exp_linear(F, I, args):
         F[y + i] = scale * v if v > 0.0 else scale * alpha * (e(k * v) - 1.0)
 
 
-def _exp_linear_check(args, c, at):
-    alpha, scale, k = args[at:at + 3]
+def _exp_linear_check(c):
+    alpha, scale, k = c.floats
     c.within(alpha, -3e38, 3e38, "alpha")
     c.within(scale, -3e38, 3e38, "scale")
     c.within(k, 1e-30, 3e38, "input scale")
@@ -66,7 +66,7 @@ def _exp_linear_check(args, c, at):
 
 def exp_linear_check(args, c):
     _unary_check(args, c)
-    _exp_linear_check(args, c, 3)
+    _exp_linear_check(c)
 
 
 def exp_linear_grad(F, I, args):
@@ -82,7 +82,7 @@ def exp_linear_grad(F, I, args):
 
 def exp_linear_grad_check(args, c):
     _grad_check(args, c)
-    _exp_linear_check(args, c, 4)
+    _exp_linear_check(c)
 
 
 # -- Erf, Gelu ------------------------------------------------------------------------------
@@ -126,7 +126,7 @@ def gelu(F, I, args):
 
 def gelu_check(args, c):
     _unary_check(args, c)
-    c.within(args[3], 0, 1, "approximate")
+    c.within(c.ints[1], 0, 1, "approximate")
 
 
 def gelu_grad(F, I, args):
@@ -150,7 +150,7 @@ def gelu_grad(F, I, args):
 
 def gelu_grad_check(args, c):
     _grad_check(args, c)
-    c.within(args[4], 0, 1, "approximate")
+    c.within(c.ints[1], 0, 1, "approximate")
 
 
 # -- Softsign: y = x / (1 + |x|) --------------------------------------------------------------
