@@ -6,11 +6,7 @@ from microtrain.errors import BlobError
 
 # contract: format; dtypes; roles
 # (generated from host/microtrain_host/contract/ by `python -m microtrain_host.contract.generate`; do not edit)
-try:
-    from micropython import const
-except ImportError:
-    def const(x):
-        return x
+from microtrain.errors import const
 IDENTIFIER = b"MTRB"
 FORMAT_VERSION = const(1)
 NO_TENSOR = const(0xFFFFFFFF)  # the id of an absent optional tensor

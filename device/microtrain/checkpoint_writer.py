@@ -12,11 +12,7 @@ from microtrain.files import write_atomically
 
 # contract: checkpoint Checkpoint ModuleState Tensor ParameterOptimizerState OptimizerGroup PropertyBag IntProperty; checkpoint_facts
 # (generated from host/microtrain_host/contract/ by `python -m microtrain_host.contract.generate`; do not edit)
-try:
-    from micropython import const
-except ImportError:
-    def const(x):
-        return x
+from microtrain.errors import const
 _CK_CHECKPOINT_VERSION = const(0)
 _CK_CHECKPOINT_MODULE_STATE = const(1)
 _CK_CHECKPOINT_OPTIMIZER_GROUPS = const(2)
@@ -27,12 +23,9 @@ _CK_MODULE_STATE_FROZEN_PARAMS = const(1)
 _CK_MODULE_STATE_IS_NOMINAL_STATE = const(2)
 _CK_MODULE_STATE_HAS_EXTERNAL_DATA = const(3)
 _CK_TENSOR_NAME = const(0)
-_CK_TENSOR_DOC_STRING = const(1)
 _CK_TENSOR_DIMS = const(2)
 _CK_TENSOR_DATA_TYPE = const(3)
 _CK_TENSOR_RAW_DATA = const(4)
-_CK_TENSOR_STRING_DATA = const(5)
-_CK_TENSOR_EXTERNAL_DATA_OFFSET = const(6)
 _CK_PARAMETER_OPTIMIZER_STATE_PARAM_NAME = const(0)
 _CK_PARAMETER_OPTIMIZER_STATE_MOMENTUMS = const(1)
 _CK_OPTIMIZER_GROUP_GROUP_NAME = const(0)

@@ -1,4 +1,11 @@
 # Exceptions raised by the device runtime. One type per concern; messages name the thing.
+# Also the const() every module's generated contract block imports: MicroPython's, which
+# folds `_NAME = const(5)` into the bytecode, or an identity on CPython.
+try:
+    from micropython import const  # noqa: F401
+except ImportError:
+    def const(x):
+        return x
 
 
 class MicrotrainError(Exception):

@@ -19,27 +19,9 @@ from microtrain.parser import LATER_BYTES, LATER_WEIGHTS, arena_sizes, parse_roo
 
 # contract: blob Model
 # (generated from host/microtrain_host/contract/ by `python -m microtrain_host.contract.generate`; do not edit)
-try:
-    from micropython import const
-except ImportError:
-    def const(x):
-        return x
-_MODEL_FORMAT_VERSION = const(0)
-_MODEL_PRODUCER = const(1)
-_MODEL_TENSORS = const(2)
-_MODEL_PARAMETERS = const(3)
-_MODEL_PROGRAMS = const(4)
+from microtrain.errors import const
 _MODEL_FLOAT_ARENA = const(5)
 _MODEL_INT_ARENA = const(6)
-_MODEL_LOSS = const(7)
-_MODEL_NUM_CLASSES = const(8)
-_MODEL_OPTIMIZER = const(9)
-_MODEL_NAIVE_SIZE = const(10)
-_MODEL_LOWER_BOUND = const(11)
-_MODEL_FULL_TRAINING_ARENA = const(12)
-_MODEL_FULL_TRAINING_STEPS = const(13)
-_MODEL_INFERENCE = const(14)
-_MODEL_SOURCE_OPSET = const(15)
 _MODEL_BYTE_ARENA = const(16)
 _MODEL_WEIGHTS_IN_PLACE = const(17)
 # end of contract

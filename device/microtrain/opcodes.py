@@ -1,10 +1,6 @@
 # Device op codes: the kernel table the host's lowering targets.
 # (generated from host/microtrain_host/contract/ by `python -m microtrain_host.contract.generate`; do not edit)
-try:
-    from micropython import const
-except ImportError:
-    def const(x):
-        return x
+from microtrain.errors import const
 
 GEMM = const(1)
 GEMM_ACCUMULATE = const(2)

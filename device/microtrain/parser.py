@@ -17,13 +17,8 @@ from microtrain.stepcheck import StepCheck
 
 # contract: blob Model Tensor Step Program Parameter OptimizerConfig InferenceTemplate InferenceOutput; optimizer_options
 # (generated from host/microtrain_host/contract/ by `python -m microtrain_host.contract.generate`; do not edit)
-try:
-    from micropython import const
-except ImportError:
-    def const(x):
-        return x
+from microtrain.errors import const
 _MODEL_FORMAT_VERSION = const(0)
-_MODEL_PRODUCER = const(1)
 _MODEL_TENSORS = const(2)
 _MODEL_PARAMETERS = const(3)
 _MODEL_PROGRAMS = const(4)
@@ -47,11 +42,8 @@ _TENSOR_SHAPE = const(3)
 _TENSOR_OFFSET = const(4)
 _TENSOR_SIZE = const(5)
 _TENSOR_DATA = const(6)
-_TENSOR_PROGRAM = const(7)
 _TENSOR_ALIAS_OF = const(8)
 _TENSOR_SCALE = const(9)
-_TENSOR_ZERO_POINT = const(10)
-_TENSOR_AXIS = const(11)
 _TENSOR_DERIVED = const(12)
 _TENSOR_IN_PLACE = const(13)
 _STEP_OP = const(0)
@@ -67,18 +59,6 @@ _PARAMETER_GRAD = const(1)
 _PARAMETER_STATE = const(2)
 _PARAMETER_UPDATED_IN_BACKWARD = const(3)
 _OPTIMIZER_CONFIG_KIND = const(0)
-_OPTIMIZER_CONFIG_LEARNING_RATE = const(1)
-_OPTIMIZER_CONFIG_BETA1 = const(2)
-_OPTIMIZER_CONFIG_BETA2 = const(3)
-_OPTIMIZER_CONFIG_EPSILON = const(4)
-_OPTIMIZER_CONFIG_WEIGHT_DECAY = const(5)
-_OPTIMIZER_CONFIG_BIAS_CORRECTION = const(6)
-_OPTIMIZER_CONFIG_MOMENTUM = const(7)
-_OPTIMIZER_CONFIG_DAMPENING = const(8)
-_OPTIMIZER_CONFIG_NESTEROV = const(9)
-_OPTIMIZER_CONFIG_L1_PENALTY = const(10)
-_OPTIMIZER_CONFIG_L2_PENALTY = const(11)
-_OPTIMIZER_CONFIG_CLIP_GRAD_NORM = const(12)
 _INFERENCE_TEMPLATE_BLOB = const(0)
 _INFERENCE_TEMPLATE_CUTS = const(1)
 _INFERENCE_TEMPLATE_OUTPUTS = const(2)

@@ -7,20 +7,8 @@ from microtrain.errors import BlobError
 
 # contract: blob Tensor
 # (generated from host/microtrain_host/contract/ by `python -m microtrain_host.contract.generate`; do not edit)
-try:
-    from micropython import const
-except ImportError:
-    def const(x):
-        return x
-_TENSOR_NAME = const(0)
-_TENSOR_DTYPE = const(1)
-_TENSOR_ROLE = const(2)
-_TENSOR_SHAPE = const(3)
-_TENSOR_OFFSET = const(4)
-_TENSOR_SIZE = const(5)
+from microtrain.errors import const
 _TENSOR_DATA = const(6)
-_TENSOR_PROGRAM = const(7)
-_TENSOR_ALIAS_OF = const(8)
 _TENSOR_SCALE = const(9)
 _TENSOR_ZERO_POINT = const(10)
 _TENSOR_AXIS = const(11)

@@ -7,7 +7,8 @@ Whole files: device/microtrain/opcodes.py (op codes as const()s, SIGNATURES, ker
 and host/microtrain_host/opcodes.py (the same codes as plain ints), from contract/ops.py.
 
 Blocks inside device modules: a module that needs schema field numbers, dtypes, roles,
-control names or the optimizer table carries a block
+control names or the optimizer table carries a block (holding, of a table's fields, those
+the module names)
 
     # contract: blob Model Tensor; dtypes
     ... generated lines ...
@@ -53,11 +54,7 @@ def snake(name):
 def device_opcodes():
     lines = ["# Device op codes: the kernel table the host's lowering targets.",
              NOTE,
-             "try:",
-             "    from micropython import const",
-             "except ImportError:",
-             "    def const(x):",
-             "        return x",
+             CONST_IMPORT,
              ""]
     lines += [f"{o.name} = const({o.code})" for o in ops.OPS]
     lines += ["",
@@ -98,12 +95,15 @@ FILES = {DEVICE / "opcodes.py": device_opcodes, HOST / "opcodes.py": host_opcode
 
 # -- blocks inside device modules -----------------------------------------------------------
 
-def _fields(which, tables, prefix):
+def _fields(which, tables, prefix, used):
+    # only the fields the module names (used: its text outside the block)
     s = schema.load(which)
     out = []
     for table in tables:
         for f in s[table].fields:
-            out.append(f"_{prefix}{snake(table)}_{f.name.upper()} = const({f.number})")
+            name = f"_{prefix}{snake(table)}_{f.name.upper()}"
+            if re.search(r"\b%s\b" % name, used):
+                out.append(f"{name} = const({f.number})")
     return out
 
 
@@ -180,23 +180,20 @@ def _format():
             f"NO_TENSOR = const(0x{facts.NO_TENSOR:X})  # the id of an absent optional tensor"]
 
 
-CONST_SHIM = ["try:",
-              "    from micropython import const",
-              "except ImportError:",
-              "    def const(x):",
-              "        return x"]
+CONST_IMPORT = "from microtrain.errors import const"
 
 
-def block_lines(spec):
-    """The generated lines for the items of one block's first line (with MicroPython's
-    const() for CPython when they use it)."""
+def block_lines(spec, used=""):
+    """The generated lines for the items of one block's first line (and the import of
+    const() when they use it: errors.py has MicroPython's, or an identity on CPython).
+    used: the module's text outside its blocks (a block holds only the fields it names)."""
     out = []
     for item in filter(None, (i.strip() for i in spec.split(";"))):
         words = item.split()
         if words[0] == "blob":
-            out += _fields("microtrain.fbs", words[1:], "")
+            out += _fields("microtrain.fbs", words[1:], "", used)
         elif words[0] == "checkpoint":
-            out += _fields("checkpoint.fbs", words[1:], "CK_")
+            out += _fields("checkpoint.fbs", words[1:], "CK_", used)
         elif words[0] == "dtypes":
             out += _dtypes()
         elif words[0] == "roles":
@@ -213,12 +210,25 @@ def block_lines(spec):
             out += _format()
         else:
             raise ValueError(f"unknown contract item '{item}'")
-    return (CONST_SHIM if any("const(" in line for line in out) else []) + out
+    return ([CONST_IMPORT] if any("const(" in line for line in out) else []) + out
+
+
+def _outside_blocks(lines):
+    out, inside = [], False
+    for line in lines:
+        if line.startswith(MARK):
+            inside = True
+        elif line == END:
+            inside = False
+        elif not inside:
+            out.append(line)
+    return "\n".join(out)
 
 
 def fill_blocks(text, path):
     """text with every contract block regenerated."""
     lines = text.split("\n")
+    used = _outside_blocks(lines)
     out = []
     i = 0
     while i < len(lines):
@@ -232,7 +242,7 @@ def fill_blocks(text, path):
         except ValueError:
             raise ValueError(f"{path}: a contract block without '{END}'") from None
         out.append(NOTE)
-        out += block_lines(line[len(MARK):])
+        out += block_lines(line[len(MARK):], used)
         out.append(END)
         i = end + 1
     return "\n".join(out)
