@@ -511,6 +511,11 @@ ACTIVATION_CASES = [
      lambda h: F.softshrink(h, 0.25), [-0.25, 0.25]),
     ("Shrink_bias_only", [node("Shrink", ["h"], "output", lambd=0.0, bias=0.5)],
      lambda h: torch.where(h > 0, h - 0.5, torch.where(h < 0, h + 0.5, h * 0)), [0.0]),
+    # ThresholdedRelu (opset 10): torch's threshold(h, alpha, 0), gradient 0 at alpha too
+    ("ThresholdedRelu_default", [node("ThresholdedRelu", ["h"], "output")],
+     lambda h: F.threshold(h, 1.0, 0.0), [1.0, 0.0]),
+    ("ThresholdedRelu_alpha_negative", [node("ThresholdedRelu", ["h"], "output", alpha=-0.5)],
+     lambda h: F.threshold(h, -0.5, 0.0), [-0.5]),
 ]
 
 
@@ -678,6 +683,29 @@ def test_shrink_micropython_matches_cpython(tmp_path, micropython):
     model = build_model((BATCH, 6), params,
                         [node("Gemm", ["input", "W", "bias"], "h"),
                          node("Shrink", ["h"], "output", lambd=0.3, bias=0.1)], (BATCH, 4))
+    mh.generate_artifacts(model, loss="MSELoss", optimizer="SGD", artifact_directory=tmp_path)
+    xs = rng.standard_normal((STEPS, BATCH, 6)).astype(np.float32)
+    ys = rng.standard_normal((STEPS, BATCH, 4)).astype(np.float32)
+    write_batches(tmp_path / "data.bin", xs, ys)
+    losses, trained, eval_loss = run_device_cpython(tmp_path, tmp_path / "data.bin", STEPS, LR)
+    out = run_micropython(micropython, ROOT / "tests" / "device_scripts" / "train_steps.py",
+                          tmp_path, tmp_path / "data.bin", STEPS, repr(LR))
+    mp_losses, mp_trained, mp_eval = parse_run(out)
+    assert relative_error(mp_losses, losses) <= 1e-5
+    assert relative_error(mp_trained, trained) <= 1e-5
+    assert relative_error(mp_eval, eval_loss) <= 1e-5
+    assert losses[-1] < losses[0]
+
+
+def test_thresholded_relu_micropython_matches_cpython(tmp_path, micropython):
+    # torch exports its threshold as Where / Greater: a hand-built model (Gemm, then
+    # ThresholdedRelu) trained a few SGD steps under both interpreters
+    rng = np.random.default_rng(4)
+    params = {"W": rng.standard_normal((6, 4)).astype(np.float32),
+              "bias": np.zeros(4, np.float32)}
+    model = build_model((BATCH, 6), params,
+                        [node("Gemm", ["input", "W", "bias"], "h"),
+                         node("ThresholdedRelu", ["h"], "output", alpha=0.2)], (BATCH, 4))
     mh.generate_artifacts(model, loss="MSELoss", optimizer="SGD", artifact_directory=tmp_path)
     xs = rng.standard_normal((STEPS, BATCH, 6)).astype(np.float32)
     ys = rng.standard_normal((STEPS, BATCH, 4)).astype(np.float32)

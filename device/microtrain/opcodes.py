@@ -85,6 +85,8 @@ PRELU = const(134)
 PRELU_GRAD = const(135)
 POW_TENSOR = const(136)
 POW_TENSOR_GRAD = const(137)
+THRESHOLDED_RELU = const(138)
+THRESHOLDED_RELU_GRAD = const(139)
 GROUP_NORM = const(140)
 GROUP_NORM_GRAD = const(141)
 GATHER_ROWS = const(150)
@@ -220,6 +222,8 @@ SIGNATURES = {
     PRELU_GRAD: ("elementwise", "prelu_grad", "??fff", 6, 0),
     POW_TENSOR: ("elementwise", "power_tensor", "fff", 9, 0),
     POW_TENSOR_GRAD: ("elementwise", "power_tensor_grad", "??ffff", 9, 0),
+    THRESHOLDED_RELU: ("activation", "thresholded_relu", "ff", 1, 1),
+    THRESHOLDED_RELU_GRAD: ("activation", "thresholded_relu_grad", "fff", 1, 1),
     GROUP_NORM: ("group_norm", "group_norm", "ff??", 4, 1),
     GROUP_NORM_GRAD: ("group_norm", "group_norm_grad", "???ff?", 4, 1),
     GATHER_ROWS: ("gather", "gather_rows", "ffi", 4, 0),

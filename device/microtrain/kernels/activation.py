@@ -471,3 +471,30 @@ def hard_swish_grad(F, I, args):
 
 
 hard_swish_grad_check = _grad_check
+
+
+def thresholded_relu(F, I, args):
+    # ONNX ThresholdedRelu: x above alpha, else 0 (a NaN gives 0, as onnxruntime's compare)
+    y, x, n, alpha = args
+    for i in range(n):
+        v = F[x + i]
+        F[y + i] = v if v > alpha else 0.0
+
+
+def thresholded_relu_check(args, c):
+    n, = c.ints
+    c.each_holds(2, n)
+    c.within(c.floats[0], -3e38, 3e38, "alpha")
+
+
+def thresholded_relu_grad(F, I, args):
+    # slope 1 above alpha, 0 at and below it
+    dx, dy, x, n, alpha = args
+    for i in range(n):
+        F[dx + i] = F[dy + i] if F[x + i] > alpha else 0.0
+
+
+def thresholded_relu_grad_check(args, c):
+    n, = c.ints
+    c.each_holds(3, n)
+    c.within(c.floats[0], -3e38, 3e38, "alpha")

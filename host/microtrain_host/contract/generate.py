@@ -4,7 +4,9 @@
     python -m microtrain_host.contract.generate --check  # exit 1 and name what is stale
 
 Whole files: device/microtrain/opcodes.py (op codes as const()s, SIGNATURES, kernel_module)
-and host/microtrain_host/opcodes.py (the same codes as plain ints), from contract/ops.py.
+and host/microtrain_host/opcodes.py (the same codes as plain ints), from contract/ops.py;
+and the op table of docs/design.md (between its "<!-- contract: op table" and
+"<!-- end of contract -->" lines).
 
 Blocks inside device modules: a module that needs schema field numbers, dtypes, roles,
 control names or the optimizer table carries a block (holding, of a table's fields, those
@@ -91,6 +93,41 @@ def host_opcodes():
 
 
 FILES = {DEVICE / "opcodes.py": device_opcodes, HOST / "opcodes.py": host_opcodes}
+DOCS = ROOT / "docs" / "design.md"
+DOC_MARK = "<!-- contract: op table"
+DOC_END = "<!-- end of contract -->"
+
+
+def _ranges(codes):
+    out, start = [], None
+    for code in sorted(codes) + [None]:
+        if start is None:
+            start = prev = code
+        elif code is None or code != prev + 1:
+            out.append(str(start) if start == prev else f"{start}-{prev}")
+            start = prev = code
+        else:
+            prev = code
+    return ", ".join(out)
+
+
+def doc_table():
+    """The op table of docs/design.md: codes, family, ops."""
+    lines = ["| codes | family (`kernels/<family>.py`) | ops |", "|---|---|---|"]
+    families = sorted(ops.FAMILIES, key=lambda f: min(o.code for o in ops.OPS if o.family == f))
+    for family in families:
+        members = [o for o in ops.OPS if o.family == family]
+        names = ", ".join(o.name for o in members)
+        lines.append(f"| {_ranges([o.code for o in members])} | `{family}` | {names}: "
+                     f"{ops.FAMILY_NOTES[family]} |")
+    return lines
+
+
+def fill_docs(text):
+    lines = text.split("\n")
+    start = next(i for i, line in enumerate(lines) if line.startswith(DOC_MARK))
+    end = lines.index(DOC_END, start)
+    return "\n".join(lines[:start + 1] + doc_table() + lines[end:])
 
 
 # -- blocks inside device modules -----------------------------------------------------------
@@ -251,6 +288,8 @@ def fill_blocks(text, path):
 def expected():
     """{path: text} of everything generated, as it should be now."""
     result = {path: make() for path, make in FILES.items()}
+    if DOCS.exists():
+        result[DOCS] = fill_docs(DOCS.read_text())
     for path in sorted(DEVICE.rglob("*.py")):
         if path in result:
             continue

@@ -19,8 +19,8 @@ kernel_module) and host/microtrain_host/opcodes.py from this table; tests/test_c
 checks they are current, that every kernel and its load-time checker exist, and that every
 step the host lowers carries the counts named here.
 
-Code ranges by family: dense 1-9, elementwise 10-29 and 130-139, activation 30-49 (40 is
-reduce), 128-129 and 240-241, loss 50-59, optim 60-69, conv 70-79, pool 80-89, norm 90-99,
+Code ranges by family: dense 1-9, elementwise 10-29 and 130-137, activation 30-49 (40 is
+reduce), 128-129, 138-139 and 240-241, loss 50-59, optim 60-69, conv 70-79, pool 80-89, norm 90-99,
 layout 100-119, smooth 120-127, group_norm 140-149, gather 150-159, resize 160-169, recurrent 170-189,
 quant 200-219, qlinear 220-239, inttrain 242-247, intgrad 248-255."""
 import dataclasses
@@ -232,6 +232,10 @@ OPS = (
        ints='d0 d1 d2 sa0 sa1 sa2 sb0 sb1 sb2'),
     op('POW_TENSOR_GRAD', 137, 'elementwise', 'power_tensor_grad', 'dx:? dp:? dy:f y:f x:f p:f',
        ints='d0 d1 d2 sx0 sx1 sx2 sp0 sp1 sp2'),
+    op('THRESHOLDED_RELU', 138, 'activation', 'thresholded_relu', 'y:f x:f',
+       ints='n', floats='alpha', flags='recomputable'),
+    op('THRESHOLDED_RELU_GRAD', 139, 'activation', 'thresholded_relu_grad', 'dx:f dy:f x:f',
+       ints='n', floats='alpha'),
     op('GROUP_NORM', 140, 'group_norm', 'group_norm', 'y:f x:f scale:? bias:?',
        ints='rows groups cpb inner', floats='eps', flags='recomputable'),
     op('GROUP_NORM_GRAD', 141, 'group_norm', 'group_norm_grad', 'dx:? dscale:? dbias:? dy:f x:f scale:?',
@@ -334,3 +338,28 @@ WEIGHT_ARGUMENT = {o.code: o.weight_argument for o in OPS if o.weight_argument >
 def name_of(code):
     """The op's name, or its number when the contract has no such op (a crafted blob)."""
     return BY_CODE[code].name if code in BY_CODE else str(code)
+
+
+# One line per family for the docs' op table (docs/design.md, generated).
+FAMILY_NOTES = {
+    "dense": "Gemm and MatMul (batched: BATCHED_GEMM); GEMM_ACCUMULATE adds into a gradient buffer",
+    "elementwise": "strided broadcast arithmetic (Max / Min folded pairwise; TIE_SHARE their gradient), unary math, PRelu, Pow with a tensor exponent",
+    "activation": "Relu, Sigmoid, Tanh, Softmax, LogSoftmax, Softplus, LeakyRelu, Clip, HardSigmoid, HardSwish, Shrink, each gradient beside it; RELU_MASKED keeps a 1-bit mask for its gradient",
+    "reduce": "ReduceSum (ReduceMean is REDUCE_SUM with a scale)",
+    "loss": "softmax cross-entropy and its gradient",
+    "optim": "gradient accumulation, SGD and AdamW (plain and general: penalties, clipping, momentum), the global gradient norm",
+    "conv": "Conv 1-D / 2-D and 3-D, its input and weight gradients; ConvTranspose (the mirrored convolution's input-gradient walk)",
+    "pool": "MaxPool, AveragePool and their gradients (a 3-D pool is two steps)",
+    "norm": "BatchNormalization (training, inference, folded as a per-channel affine), its gradient; Dropout",
+    "layout": "strided copies and adds (Transpose, Slice, Concat, Split, Pad), Fill",
+    "smooth": "Elu / Selu / Celu, Erf, Gelu, Softsign, each gradient reading X",
+    "group_norm": "LayerNormalization, InstanceNormalization, GroupNormalization",
+    "gather": "Gather of rows by int32 indices",
+    "resize": "Resize / Upsample: nearest and linear, sampling tables in the step's ints and floats",
+    "recurrent": "GRU and LSTM with backward through time",
+    "quant": "fake quantization for QAT, observers, weight scales; the int8 export of a QAT blob",
+    "qlinear": "int8 inference kernels (viper fast paths in qlinear_viper.py)",
+    "inttrain": "integer training of an int8 classifier and the 1x1 conv before it (viper: inttrain_viper.py)",
+    "intgrad": "integer backward through frozen int8 convolutions: the sparse update (viper: intgrad_viper.py)",
+}
+assert set(FAMILY_NOTES) == set(FAMILIES), "every family needs its line in FAMILY_NOTES"

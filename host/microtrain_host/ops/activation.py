@@ -129,7 +129,8 @@ class LogSoftmaxGrad(MicrotrainOp):
         return ((dy - np.exp(y) * total).astype(dy.dtype),)
 
 
-# -- LeakyRelu, Clip, HardSigmoid, HardSwish, Shrink: piecewise linear, gradients read X -------
+# -- LeakyRelu, Clip, HardSigmoid, HardSwish, Shrink, ThresholdedRelu: piecewise linear,
+# gradients read X ------------------------------------------------------------------------
 
 def _grad_from_input(op_type):
     # dX = <op>Grad(dY, X) with the forward node's attributes: Y cannot tell which side
@@ -163,6 +164,10 @@ def _no_floats(ctx, node):
     return []
 
 
+def _threshold_alpha(ctx, node):
+    return [attr(node, "alpha", 1.0)]
+
+
 def _shrink_floats(ctx, node):
     # Shrink (torch's hardshrink: bias 0; softshrink: bias = lambd); ShrinkGrad needs lambd
     floats = [attr(node, "lambd", 0.5)]
@@ -191,6 +196,7 @@ gradient("LeakyRelu")(_grad_from_input("LeakyReluGrad"))
 gradient("HardSigmoid")(_grad_from_input("HardSigmoidGrad"))
 gradient("HardSwish")(_grad_from_input("HardSwishGrad"))
 gradient("Shrink")(_grad_from_input("ShrinkGrad"))
+gradient("ThresholdedRelu")(_grad_from_input("ThresholdedReluGrad"))
 lowering("LeakyRelu")(_lower_piecewise(op.LEAKY_RELU, _leaky_relu_alpha))
 lowering("LeakyReluGrad")(_lower_piecewise(op.LEAKY_RELU_GRAD, _leaky_relu_alpha))
 lowering("Clip")(_lower_piecewise(op.CLIP, _clip_bounds))
@@ -201,6 +207,8 @@ lowering("HardSwish")(_lower_piecewise(op.HARD_SWISH, _no_floats))
 lowering("HardSwishGrad")(_lower_piecewise(op.HARD_SWISH_GRAD, _no_floats))
 lowering("Shrink")(_lower_piecewise(op.SHRINK, _shrink_floats))
 lowering("ShrinkGrad")(_lower_piecewise(op.SHRINK_GRAD, _shrink_floats))
+lowering("ThresholdedRelu")(_lower_piecewise(op.THRESHOLDED_RELU, _threshold_alpha))
+lowering("ThresholdedReluGrad")(_lower_piecewise(op.THRESHOLDED_RELU_GRAD, _threshold_alpha))
 
 
 @gradient("Clip")
@@ -250,6 +258,13 @@ class ShrinkGrad(MicrotrainOp):
 
     def _run(self, dy, x, lambd=0.5, bias=0.0):
         return (np.where((x < -lambd) | (x > lambd), dy, 0).astype(dy.dtype),)
+
+
+class ThresholdedReluGrad(MicrotrainOp):
+    """dX = dY where X > alpha, else 0 (at X == alpha too: the step is 0 there)."""
+
+    def _run(self, dy, x, alpha=1.0):
+        return (np.where(x > alpha, dy, 0).astype(dy.dtype),)
 
 
 class HardSwishGrad(MicrotrainOp):
