@@ -90,6 +90,8 @@ class Blob:
                                 # parsed (derive)
         self.nonnegative = set()  # parameters no checkpoint may bring a negative value into
                                   # (running variances; the checkers note them)
+        self.kept = []          # tensors a training forward pass updates in place (the
+                                # checkers note them: StepCheck.kept)
 
     def is_trainable(self, tensor, grad):
         # A parameter entry trains when it has a gradient buffer or is updated in the

@@ -13,11 +13,11 @@ from microtrain.parser import program
 # contract: controls
 # (generated from host/microtrain_host/contract/ by `python -m microtrain_host.contract.generate`; do not edit)
 _LAZY_RESET_GRAD = "lazy_reset_grad"
-_LEARNING_RATE = "learning_rate"
-_STEP = "step"
-_STEP_SIZE = "step_size"
 # end of contract
 _INF = math.inf
+# A gradient beyond this would make a float32 moment or update infinite (AdamW squares it:
+# 1e18 squared is 1e36, below float32's 3.4e38): such a train call is refused.
+_GRADIENT_LIMIT = 1e18
 
 
 class Module:
@@ -69,6 +69,10 @@ class Module:
                           if _LAZY_RESET_GRAD in b.names else -1)
         self._training = True
         self._reset_pending = True  # ORT: the first train step overwrites the gradients
+        self._gradients_ok = True   # False after a refused train call: no optimizer step
+        self._kept, self._copy_f, self._copy_i = _kept_state(b)
+        # the gradient buffers a train call leaves for the optimizer program
+        self._grads = [(b.offsets[g], b.sizes[g]) for t, g, _ in b.parameters if g >= 0]
         self._forward_at = None     # optimizer step of the last train forward(), until backward
         self._output_views = {}     # program name -> views of its outputs, made once
 
@@ -247,6 +251,8 @@ class Module:
                 raise TrainingError("this blob applies the optimizer's updates in the backward "
                                     "pass (packed with update_in_backward): create its "
                                     "Optimizer before training")
+        if self._training and self._kept:
+            _copy(self._kept, F, I, self._copy_f, self._copy_i, True)
         for kernel, args in program.steps:
             kernel(F, I, args)
         if self.blob.integer_parameters:
@@ -257,23 +263,51 @@ class Module:
         if self._training:
             self._reset_pending = False
             if not -_INF < loss < _INF:  # NaN too
-                # The gradient buffers now hold garbage: the next train call overwrites them.
-                # (With update_in_backward the backward pass has not run yet.)
-                self._reset_pending = True
-                raise TrainingError("the loss is %r: training diverged (lower the learning rate "
-                                    "or check the inputs); parameters were not updated and the "
-                                    "accumulated gradients are dropped" % loss)
+                self._refuse("the loss is %r: training diverged (lower the learning rate "
+                             "or check the inputs)" % loss)
+            worst = self._largest_gradient()
+            if not worst <= _GRADIENT_LIMIT:
+                self._refuse("a gradient is %r: beyond %g a float32 moment or update would "
+                             "become infinite (lower the learning rate, scale the inputs)"
+                             % (worst, _GRADIENT_LIMIT))
+            self._gradients_ok = True
             if self._backward_update is not None:
                 # One optimizer step: the step count and the rates first, then the backward
                 # pass, which updates each parameter as soon as its gradient is known.
                 updater._advance()
                 for kernel, args in self._backward_update.steps:
                     kernel(F, I, args)
+                updater.check_updates()
         if len(program.outputs) == 1:
             return loss
         results = self._views(program)
         results[0] = loss  # a number in place of its view (forward() never sees this list)
         return results
+
+    def _refuse(self, why):
+        # A train call that must not count: the state the forward pass updated in place
+        # (running statistics, observers' ranges, generators) is put back, the gradient
+        # buffers (garbage now) are overwritten by the next train call, and no optimizer
+        # step may use them. (With update_in_backward the backward pass has not run.)
+        _copy(self._kept, self.F, self.I, self._copy_f, self._copy_i, False)
+        self._reset_pending = True
+        self._gradients_ok = False
+        raise TrainingError("%s; parameters were not updated, running statistics and "
+                            "generators were put back, and the accumulated gradients are "
+                            "dropped" % why)
+
+    def _largest_gradient(self):
+        # max |g| over the gradient buffers (NaN as soon as one is NaN); 0 without them
+        F = self.F
+        worst = 0.0
+        for off, n in self._grads:
+            for i in range(off, off + n):
+                g = F[i]
+                if not -worst <= g <= worst:
+                    if g != g:
+                        return g
+                    worst = g if g > 0.0 else -g
+        return worst
 
     def forward(self, *inputs):
         """outputs = model.forward(*inputs) for a model packed with loss=None and a
@@ -325,6 +359,33 @@ def _check_state(state):
         raise ParameterError("Module(train_model_uri, state, eval_model_uri=None): state "
                              "must be a CheckpointState (CheckpointState.load_checkpoint"
                              "(path)), not %s" % type(state).__name__)
+
+
+def _kept_state(b):
+    # ([(float?, offset, count)] of the state a training forward pass updates in place,
+    # float and int arrays to copy them into)
+    spans = [(b.dtypes[t] == FLOAT, b.offsets[t], b.sizes[t]) for t in b.kept]
+    floats = sum(n for is_float, _, n in spans if is_float)
+    ints = sum(n for is_float, _, n in spans if not is_float)
+    return spans, zeros("f", floats), zeros("i", ints)
+
+
+def _copy(spans, F, I, copy_f, copy_i, keep):
+    # keep: the spans into the copies; else back from them
+    at_f = at_i = 0
+    for is_float, off, n in spans:
+        arena, copy = (F, copy_f) if is_float else (I, copy_i)
+        at = at_f if is_float else at_i
+        if keep:
+            for i in range(n):
+                copy[at + i] = arena[off + i]
+        else:
+            for i in range(n):
+                arena[off + i] = copy[at + i]
+        if is_float:
+            at_f += n
+        else:
+            at_i += n
 
 
 def _take(values, name, n, arena, off, targets):

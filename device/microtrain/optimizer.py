@@ -1,13 +1,13 @@
 # Optimizer: runs the blob's optimizer program over the Module's arena, in place.
 import math
 from microtrain.checkpoint import Ref
-from microtrain.errors import CheckpointError, ParameterError
+from microtrain.errors import CheckpointError, ParameterError, TrainingError
 from microtrain.module import Module
+from microtrain.opcodes import kernel_module
 from microtrain.parser import program
 
 # contract: controls; optimizer_kinds
 # (generated from host/microtrain_host/contract/ by `python -m microtrain_host.contract.generate`; do not edit)
-_LAZY_RESET_GRAD = "lazy_reset_grad"
 _LEARNING_RATE = "learning_rate"
 _STEP = "step"
 _STEP_SIZE = "step_size"
@@ -53,6 +53,8 @@ class Optimizer:
         self._step_at = b.offsets[b.tensor_id(_STEP)] if _STEP in b.names else -1
         self._bind_state(module.state)
         module._optimizer = self
+        # the update kernels' count of elements left as they were (kernels/optim.py refused)
+        self._updates = kernel_module("optim") if not self._integer else None
         self.set_learning_rate(self.config.get("learning_rate", 0.001))
 
     def _bind_state(self, state):
@@ -121,7 +123,11 @@ class Optimizer:
 
     def step(self):
         """Update the trainable parameters from their accumulated gradients (nothing with
-        update_in_backward: the train call has done it)."""
+        update_in_backward: the train call has done it). Refused after a refused train call:
+        its gradients were garbage (a NaN loss, an overflow) and are dropped."""
+        if not self.module._gradients_ok:
+            raise TrainingError("no optimizer step: the last train call was refused and its "
+                                "gradients dropped; train on a good batch first")
         if self._program is None:
             if self._integer:
                 self._advance()   # the train call has updated; count the step
@@ -129,8 +135,21 @@ class Optimizer:
         self._advance()
         F = self.module.F
         I = self.module.I
+        self._updates.refused = 0
         for kernel, args in self._program.steps:
             kernel(F, I, args)
+        self.check_updates()
+
+    def check_updates(self):
+        # The update kernels leave an element whose update would be infinite or NaN as it
+        # was (the state stays finite); a step that did so is reported.
+        if self._updates is not None and self._updates.refused:
+            count = self._updates.refused
+            self._updates.refused = 0
+            raise TrainingError("%d updates would have made a parameter or optimizer state "
+                                "infinite or NaN and were not applied (those elements kept "
+                                "their values): lower the learning rate or the weight decay"
+                                % count)
 
     def _advance(self):
         # Count the step and write what its update kernels read: the 1-based step (SGD with

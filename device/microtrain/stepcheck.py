@@ -82,6 +82,14 @@ class StepCheck:
         if not low <= value <= high:  # NaN fails too
             self.fail("%s is %r, outside [%r, %r]" % (what, value, low, high))
 
+    def kept(self, k):
+        # tensor argument k (when present) is state a training forward pass updates in
+        # place (running statistics, an observer's range, a generator): the Module keeps a
+        # copy before each train call and puts it back when the call is refused
+        tid = self.tensors[k]
+        if tid != NO_TENSOR and tid not in self.blob.kept:
+            self.blob.kept.append(tid)
+
     def nonnegative(self, k):
         # tensor argument k, when it is a parameter, must never hold a negative value (a
         # variance): the Module checks what a checkpoint brings into it

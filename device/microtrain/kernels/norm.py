@@ -110,6 +110,8 @@ def batch_norm_training_check(args, c):
         c.fail("batch statistics need at least 2 values per channel, got %d" % (n * inner))
     c.within(momentum, 0.0, 1.0, "momentum")
     c.nonnegative(5)   # the running variance a checkpoint brings
+    c.kept(4)
+    c.kept(5)
 
 
 def batch_norm_inference(F, I, args):
@@ -306,6 +308,7 @@ def dropout_check(args, c):
     _mask_check(c, c.ints[0], (0, 1), 2)
     c.holds(3, 2)
     c.role(3, "activation", "optimizer_state", "control")
+    c.kept(3)          # the generator: a refused step draws again what it drew
 
 
 def dropout_grad(F, I, args):

@@ -2,6 +2,10 @@
 import math
 
 _HUGE = 3e38  # about float32's largest: hyperparameters must be finite
+_INF = math.inf
+# The updates never store an infinity or a NaN: an element whose update would is left as it
+# was and counted here, for the Optimizer to report after the step (the state stays finite).
+refused = 0
 
 
 def _state_check(c, first, count):
@@ -53,10 +57,15 @@ def accumulate_check(args, c):
 
 def sgd(F, I, args):
     # p -= lr * g
+    global refused
     p, g, lr, n = args
     rate = F[lr]
     for i in range(n):
-        F[p + i] -= rate * F[g + i]
+        x = F[p + i]
+        F[p + i] = x - rate * F[g + i]
+        if not -_INF < F[p + i] < _INF:
+            F[p + i] = x
+            refused += 1
 
 
 def sgd_check(args, c):
@@ -70,6 +79,7 @@ def adamw(F, I, args):
     #   p -= step_size * m / (sqrt(v) + eps)   with step_size = lr*sqrt(1-b2^t)/(1-b1^t)
     #   p -= lr * weight_decay * p
     # step_size is computed once per step by the Optimizer and passed in the arena.
+    global refused
     p, g, m, v, lr, step_size, n, beta1, beta2, eps, weight_decay = args
     root = math.sqrt
     nan = math.nan
@@ -79,10 +89,14 @@ def adamw(F, I, args):
     c2 = 1.0 - beta2
     for i in range(n):
         grad = F[g + i]
-        F[m + i] = beta1 * F[m + i] + c1 * grad
-        F[v + i] = beta2 * F[v + i] + c2 * grad * grad
+        x, old_m, old_v = F[p + i], F[m + i], F[v + i]
+        F[m + i] = beta1 * old_m + c1 * grad
+        F[v + i] = beta2 * old_v + c2 * grad * grad
         s = F[v + i]  # >= 0 unless something wrote into it: NaN then, not a domain error
-        F[p + i] = (F[p + i] - size * F[m + i] / ((root(s) if s >= 0.0 else nan) + eps)) * decay
+        F[p + i] = (x - size * F[m + i] / ((root(s) if s >= 0.0 else nan) + eps)) * decay
+        if not (-_INF < F[p + i] < _INF and -_INF < F[m + i] < _INF and s < _INF):
+            F[p + i], F[m + i], F[v + i] = x, old_m, old_v
+            refused += 1
 
 
 def adamw_check(args, c):
@@ -139,6 +153,7 @@ def sgd_general(F, I, args):
     # torch.optim.SGD: d += weight_decay*p; with momentum (buf >= 0) buf = d on the first step
     # (F[step] == 1), else momentum*buf + (1-dampening)*d; then d = d + momentum*buf
     # (nesterov) or buf; p -= lr*d.
+    global refused
     p, g, lr, step, buf, coef, n, nesterov, momentum, dampening, weight_decay, l1, l2 = args
     rate = F[lr]
     c = F[coef] if coef >= 0 else 1.0
@@ -148,6 +163,9 @@ def sgd_general(F, I, args):
             x = F[p + i]
             d = (F[g + i] + two_l2 * x + (l1 if x > 0.0 else (-l1 if x < 0.0 else 0.0))) * c
             F[p + i] = x - rate * (d + weight_decay * x)
+            if not -_INF < F[p + i] < _INF:
+                F[p + i] = x
+                refused += 1
         return
     # First step: buf = d, i.e. keep 0*buf + 1*d.
     first = F[step] == 1.0
@@ -157,9 +175,13 @@ def sgd_general(F, I, args):
         x = F[p + i]
         d = (F[g + i] + two_l2 * x + (l1 if x > 0.0 else (-l1 if x < 0.0 else 0.0))) * c
         d += weight_decay * x
-        b = keep * F[buf + i] + take * d
+        old_b = F[buf + i]
+        b = keep * old_b + take * d
         F[buf + i] = b
         F[p + i] = x - rate * (d + momentum * b if nesterov else b)
+        if not (-_INF < F[p + i] < _INF and -_INF < F[buf + i] < _INF):
+            F[p + i], F[buf + i] = x, old_b
+            refused += 1
 
 
 def sgd_general_check(args, c):
@@ -181,6 +203,7 @@ def sgd_general_check(args, c):
 
 def adamw_general(F, I, args):
     # adamw (above) on the penalized, clipped gradient.
+    global refused
     p, g, m, v, lr, step_size, coef, n, beta1, beta2, eps, weight_decay, l1, l2 = args
     root = math.sqrt
     nan = math.nan
@@ -191,12 +214,15 @@ def adamw_general(F, I, args):
     c1 = 1.0 - beta1
     c2 = 1.0 - beta2
     for i in range(n):
-        x = F[p + i]
+        x, old_m, old_v = F[p + i], F[m + i], F[v + i]
         grad = (F[g + i] + two_l2 * x + (l1 if x > 0.0 else (-l1 if x < 0.0 else 0.0))) * c
-        F[m + i] = beta1 * F[m + i] + c1 * grad
-        F[v + i] = beta2 * F[v + i] + c2 * grad * grad
+        F[m + i] = beta1 * old_m + c1 * grad
+        F[v + i] = beta2 * old_v + c2 * grad * grad
         s = F[v + i]
         F[p + i] = (x - size * F[m + i] / ((root(s) if s >= 0.0 else nan) + eps)) * decay
+        if not (-_INF < F[p + i] < _INF and -_INF < F[m + i] < _INF and s < _INF):
+            F[p + i], F[m + i], F[v + i] = x, old_m, old_v
+            refused += 1
 
 
 def adamw_general_check(args, c):

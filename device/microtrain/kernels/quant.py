@@ -192,6 +192,7 @@ def observe_min_max_check(args, c):
     c.holds(2, 2)
     c.holds(3, n)
     c.role(2, "param")
+    c.kept(2)
     c.within(qmin, -32768, qmax - 1, "qmin")
     c.within(qmax, qmin + 1, 65535, "qmax")
     c.within(momentum, 0.0, 1.0, "momentum")

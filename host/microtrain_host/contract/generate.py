@@ -157,8 +157,9 @@ def _roles():
     return out
 
 
-def _controls():
-    return [f'_{name.upper()} = "{name}"' for name in facts.CONTROLS]
+def _controls(used):
+    return [f'_{name.upper()} = "{name}"' for name in facts.CONTROLS
+            if re.search(r"\b_%s\b" % name.upper(), used)]
 
 
 def _optimizer_options():
@@ -236,7 +237,7 @@ def block_lines(spec, used=""):
         elif words[0] == "roles":
             out += _roles()
         elif words[0] == "controls":
-            out += _controls()
+            out += _controls(used)
         elif words[0] == "optimizer_options":
             out += _optimizer_options()
         elif words[0] == "optimizer_kinds":
