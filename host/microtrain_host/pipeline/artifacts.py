@@ -109,6 +109,7 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
     from the forward pass, wherever that shrinks the arena (pipeline/moves.py).
     sparse_update(model, ...) gives requires_grad for the biases and the last layers."""
     stage = _stages(progress)
+    _check_directory(artifact_directory if artifact_directory is not None else os.getcwd())
     loss = _enum(loss, LossType, "loss")
     stage("load")
     optimizer = _enum(optimizer, OptimType, "optimizer")
@@ -294,6 +295,34 @@ def _stages(progress):
                                    "full-training figures" in done)
             progress(name, len(done), count)
     return stage
+
+
+def _check_directory(directory):
+    """Refuse, before any work, an artifact directory that cannot be written: an existing
+    file, or a path where a directory cannot be made or written (checked by making the
+    missing directories and a temporary file in it, then removing them: a failed pack
+    leaves no trace)."""
+    directory = os.fspath(directory)
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise ArtifactError(f"artifact directory '{directory}' is an existing file; give a "
+                            f"directory (created when missing)")
+    made = []
+    try:
+        missing, path = [], os.path.abspath(directory)
+        while not os.path.exists(path):
+            missing.append(path)
+            path = os.path.dirname(path)
+        for path in reversed(missing):
+            os.mkdir(path)
+            made.append(path)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as e:
+        raise ArtifactError(f"cannot create or write the artifact directory '{directory}': "
+                            f"{e.strerror or e}") from e
+    finally:
+        for path in reversed(made):
+            os.rmdir(path)
 
 
 def _check_update_in_backward(optimizer, optimizer_options):

@@ -8,7 +8,7 @@ the stride arithmetic and the lowering factories the families share live here.""
 import dataclasses
 
 import numpy as np
-from onnx import TensorProto, numpy_helper
+from onnx import AttributeProto, TensorProto, numpy_helper
 
 from ..errors import UnsupportedOpError
 from ..registry import LOWERINGS, lowering
@@ -21,6 +21,7 @@ ROLES = ("input", "label", "param", "grad", "activation", "optimizer_state", "co
          "control")
 INPUT, LABEL, PARAM, GRAD, ACTIVATION, OPTIMIZER_STATE, CONSTANT, CONTROL = range(8)
 NO_TENSOR = 0xFFFFFFFF
+INT32_MIN, INT32_MAX = -2**31, 2**31 - 1   # a step's int arguments, in the blob and on the device
 TWIN_SOURCES = ("train", "forward_backward")   # programs whose activations eval may share
 
 
@@ -198,12 +199,35 @@ class Lowering:
                 raise UnsupportedOpError(
                     f"op '{node.op_type}' (node '{self.node_name}') is not supported; "
                     f"supported ops: {', '.join(sorted(LOWERINGS))}")
+            first = len(self.steps)
             lowering(self, node)
+            self._check_int_arguments(node, first)
         # The caller reads the loss and the model outputs (activations, or aliases of a
         # parameter or input, e.g. Identity(weight)); in-place results (updated parameters,
         # accumulated gradients) stay where they are.
         outputs = [self.t(o.name) for o in graph.output if o.name not in self.in_place]
         self.programs[name] = Program(name, self.steps, inputs, outputs)
+
+    def _check_int_arguments(self, node, first):
+        """A step's int arguments are int32 in the blob and on the device: refuse a node
+        whose steps (from `first`) need a value outside int32, naming the attribute it came
+        from (Conv strides of 2**62), rather than fail in the writer. An attribute the
+        lowering reduces (a Dropout seed) is no matter."""
+        bad = [v for step in self.steps[first:] for v in step.ints
+               if not INT32_MIN <= v <= INT32_MAX]
+        if not bad:
+            return
+        for attr in node.attribute:
+            values = (list(attr.ints) if attr.type == AttributeProto.INTS
+                      else [attr.i] if attr.type == AttributeProto.INT else [])
+            if any(not INT32_MIN <= v <= INT32_MAX for v in values):
+                shown = values if attr.type == AttributeProto.INTS else values[0]
+                raise UnsupportedOpError(
+                    f"{self.where(node)}: attribute {attr.name}={shown} does not fit the "
+                    f"device's int32 step arguments (-2**31 .. 2**31 - 1)")
+        raise UnsupportedOpError(
+            f"{self.where(node)}: a step argument of {bad[0]}, computed from its shapes and "
+            f"attributes, does not fit the device's int32 step arguments (-2**31 .. 2**31 - 1)")
 
     def _persistent(self, name, role):
         if name not in self.persistent:
