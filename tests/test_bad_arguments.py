@@ -8,6 +8,7 @@ failures reduced to their last line with errno numbers in words, and the fold li
 import importlib.util
 import math
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -676,6 +677,20 @@ def test_a_failed_device_is_its_own_message():
         "flwr.clientapp.client_app.ClientAppException: \nException ClientAppException "
         "occurred. Message: the loss is nan: training diverged'>")
     assert _device_failure(reason) == "the loss is nan: training diverged"
+
+
+@needs_flower
+def test_a_device_failing_in_the_simulation_is_one_line(files):
+    """Diverging devices (a finite but absurd learning rate) fail in round 1: the CLI says
+    what the first device said, in one line; Flower's own logging of the 4 failures (30-odd
+    lines each) stays off without --verbose."""
+    proc = run_cli(["federate", files["build"], "--data", DIGITS, "--clients", "4",
+                    "--rounds", "1", "--epochs", "1", "--lr", "1e30"])
+    assert proc.returncode == 2, proc.stderr
+    assert re.fullmatch(r"microtrain federate: error: 4 of 4 devices failed in round 1; the "
+                        r"first said: the loss is (nan|inf): training diverged \(lower the "
+                        r"learning rate or check the inputs\); parameters were not updated "
+                        r"and the accumulated gradients are dropped\n", proc.stderr), proc.stderr
 
 
 # -- item 9, pack-time part: folding refuses huge constants before computing them ---------

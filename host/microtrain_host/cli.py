@@ -147,15 +147,9 @@ def _fit_text(fit):
 
 
 def cmd_deploy(args):
-    from microtrain import blob as device_blob
     from .tools import deploy
-    from .tools.train import check_data, load_data
     if args.output:
         _check_output_file("--output", args.output, create_parent=True)
-    # the data against the blob before compiling the runtime (seconds of mpy-cross)
-    blob = device_blob.load(os.path.join(args.artifacts, "model.mtb"))
-    data = args.data or _default_data(args.artifacts)
-    check_data(blob, *load_data(data), source=f"'{data}'")
     plan = deploy.plan(args.artifacts, args.board, steps=args.steps, epochs=args.epochs,
                        placement=args.runtime)
     print(f"deploy {args.artifacts} to {args.board} (mpy-cross -march={plan.board['mpy_arch']}, "
@@ -165,6 +159,7 @@ def cmd_deploy(args):
     for name, size in sorted(plan.runtime_sizes.items()):
         print(f"  {name:34s} {size:7,d}")
     print(_fit_text(plan.fit))
+    data = args.data or _default_data(args.artifacts)
     if args.dry_run:
         import tempfile
         with tempfile.TemporaryDirectory() as tmp:
