@@ -15,23 +15,26 @@ def _names(text):
     return [n for n in text.split(",") if n] if text is not None else None
 
 
+class OutputPathError(MicrotrainHostError):
+    """An output path given on the command line where the command cannot write its file."""
+
+
 def _check_output_file(option, path, create_parent=False):
     """Refuse, before any work, an output file that cannot be written at `path`: an existing
     directory (the atomic save would move it aside to PATH.bak and put the file in its
     place), a parent that is missing (unless the command creates it) or not a directory."""
-    from .errors import MicrotrainHostError
     if os.path.isdir(path):
-        raise MicrotrainHostError(f"{option} '{path}' is a directory; give the path of the file "
-                                  f"to write")
+        raise OutputPathError(f"{option} '{path}' is a directory; give the path of the file "
+                              f"to write")
     parent = os.path.dirname(os.path.abspath(path))
     while create_parent and not os.path.exists(parent):
         parent = os.path.dirname(parent)
     if not os.path.exists(parent):
-        raise MicrotrainHostError(f"{option} '{path}': directory '{parent}' does not exist")
+        raise OutputPathError(f"{option} '{path}': directory '{parent}' does not exist")
     if not os.path.isdir(parent):
-        raise MicrotrainHostError(f"{option} '{path}': '{parent}' is not a directory")
+        raise OutputPathError(f"{option} '{path}': '{parent}' is not a directory")
     if not os.access(parent, os.W_OK):
-        raise MicrotrainHostError(f"{option} '{path}': directory '{parent}' is not writable")
+        raise OutputPathError(f"{option} '{path}': directory '{parent}' is not writable")
 
 
 def cmd_pack(args):
@@ -239,8 +242,8 @@ def cmd_export(args):
     if args.int8_blob:
         _check_output_file("--int8-blob", args.int8_blob)
     if args.int8_train and os.path.exists(args.int8_train) and not os.path.isdir(args.int8_train):
-        raise ArtifactError(f"--int8-train '{args.int8_train}' is a file; give a directory "
-                            f"(created when missing)")
+        raise OutputPathError(f"--int8-train '{args.int8_train}' is a file; give a directory "
+                              f"(created when missing)")
     model = export_inference_model(args.artifacts, args.checkpoint, args.output,
                                    output_names=_names(args.outputs), prefix=args.prefix,
                                    qdq=args.qdq)

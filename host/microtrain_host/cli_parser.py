@@ -91,7 +91,9 @@ def build_parser():
                     "training artifacts and a compact blob, inspect it, train it with the "
                     "device runtime under CPython or MicroPython.",
         epilog="example: microtrain pack model.onnx -o build/ --batch-size 8 && "
-               "microtrain train build/ --data train.npz --epochs 5")
+               "microtrain train build/ --data train.npz --epochs 5. A bad argument, file, "
+               "model or data ends as one line on stderr, 'microtrain COMMAND: error: ...', "
+               "exit status 2.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("pack", help="ONNX model -> training artifacts + model.mtb",
@@ -276,7 +278,8 @@ def build_parser():
                         "(already frozen into the firmware: --dry-run writes the trimmed "
                         "sources and their manifest.py to ARTIFACTS/frozen_runtime/)")
     p.add_argument("--output", help="where the trained checkpoint lands (default "
-                                    "ARTIFACTS/board_checkpoint)")
+                                    "ARTIFACTS/board_checkpoint; missing directories are "
+                                    "created, an existing file replaced)")
     p.add_argument("--with-optimizer-state", action="store_true",
                    help="save the optimizer state too, to resume training later")
     p.add_argument("--firmware", help="emulated board firmware (default: the one "
@@ -302,7 +305,9 @@ def build_parser():
     p.add_argument("artifacts", help="artifact directory written by `microtrain pack`")
     p.add_argument("--checkpoint", required=True,
                    help="checkpoint with the parameter values, e.g. one a device saved")
-    p.add_argument("-o", "--output", required=True, help="ONNX file to write (atomically)")
+    p.add_argument("-o", "--output", required=True,
+                   help="ONNX file to write (atomically: an existing file is replaced; its "
+                        "directory must exist)")
     p.add_argument("--outputs", metavar="NAMES",
                    help="comma-separated model outputs to keep (default: all)")
     p.add_argument("--prefix", default="", help="file name prefix given to `pack`")
@@ -364,7 +369,9 @@ def build_parser():
                    help="learning rate (default 0.01)")
     p.add_argument("--runtime", choices=("cpython", "micropython"), default="cpython",
                    help="interpreter running the device runtime (default cpython)")
-    p.add_argument("--output", help="trained checkpoint (default ARTIFACTS/trained_checkpoint)")
+    p.add_argument("--output", help="trained checkpoint (default ARTIFACTS/trained_checkpoint; "
+                                    "written atomically, an existing file replaced; its "
+                                    "directory must exist)")
     p.add_argument("--seed", type=non_negative_int, default=1, help="shuffling seed (default 1)")
     p.add_argument("--micropython", help="MicroPython binary (default: $MICROTRAIN_MICROPYTHON, "
                                          "the cached build, or PATH)")
@@ -388,7 +395,9 @@ def build_parser():
     p.add_argument("--weights", nargs="+", type=non_negative_float, metavar="N",
                    help="one weight per checkpoint, usually its device's sample count "
                         "(default: equal weights)")
-    p.add_argument("-o", "--output", required=True, help="the averaged checkpoint to write")
+    p.add_argument("-o", "--output", required=True,
+                   help="the averaged checkpoint to write (an existing file is replaced; its "
+                        "directory must exist)")
 
     p = sub.add_parser("federate", help="federated learning of emulated devices on Flower",
                        description="FedAvg over N emulated devices (the device runtime "
@@ -433,7 +442,9 @@ def build_parser():
                    help="Ray workers running devices at the same time (default: one per CPU)")
     p.add_argument("--keep-updates", metavar="DIR",
                    help="keep every round's device updates, weights and global model as "
-                        "checkpoints in DIR/roundR/ (to check them with `microtrain aggregate`)")
-    p.add_argument("-o", "--output", help="write the final global checkpoint here")
+                        "checkpoints in DIR/roundR/ (to check them with `microtrain aggregate`;"
+                        " DIR is created before the first round)")
+    p.add_argument("-o", "--output", help="write the final global checkpoint here (an existing "
+                                          "file is replaced; its directory must exist)")
     p.add_argument("--verbose", action="store_true", help="show Flower's own log")
     return parser

@@ -7,6 +7,7 @@ For the emulated board (qemu-mps2-an385) it starts qemu-system-arm itself when n
 given. mpremote soft-resets the board at its first command, so everything is chained in one
 mpremote invocation."""
 import math
+import numbers
 import os
 import pathlib
 import re
@@ -50,8 +51,8 @@ class Plan:
 def plan(artifacts, board_name, steps=None, epochs=None, placement=None):
     for name, value in (("steps", steps), ("epochs", epochs)):
         # a count of 0 would copy no data and train nothing; a negative one, the same
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < 1):
+        if value is not None and (isinstance(value, bool)
+                                  or not isinstance(value, numbers.Integral) or value < 1):
             raise DeployError(f"{name} must be a positive integer, got {value!r}")
     if steps is not None and epochs is not None:
         raise DeployError("give steps or epochs, not both")
@@ -162,8 +163,8 @@ def run(plan, data, port=None, lr=None, output=None, with_optimizer_state=False,
         firmware=None, timeout=3600):
     """Deploy and train; report(kind, value) gets ("step", (index, loss)), ("heap", (phase,
     bytes)) and ("line", text) as they arrive. Returns a Result; raises DeployError when the
-    board run fails (its output in the message)."""
-    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float))
+    board run fails, with the board's last exception line (its other lines were reported)."""
+    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, numbers.Real)
                            or not math.isfinite(lr) or lr < 0):
         raise DeployError(f"the learning rate must be a finite number >= 0, got {lr!r}")
     output = pathlib.Path(output or plan.artifacts / "board_checkpoint")

@@ -7,6 +7,7 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import zipfile
@@ -237,7 +238,6 @@ def device_error(output, status=None):
     if lines:
         return errno_in_words(lines[-1])
     if status is not None and status < 0:
-        import signal
         try:
             return f"killed by signal {signal.Signals(-status).name}"
         except ValueError:
