@@ -210,12 +210,12 @@ class Lowering:
 
     def _check_int_arguments(self, node, first):
         """A step's int arguments are int32 in the blob and on the device: refuse a node
-        whose steps (from `first`) need a value outside int32, naming the attribute it came
-        from (Conv strides of 2**62), rather than fail in the writer. An attribute the
-        lowering reduces (a Dropout seed) is no matter."""
-        bad = [v for step in self.steps[first:] for v in step.ints
-               if not INT32_MIN <= v <= INT32_MAX]
-        if not bad:
+        whose steps (from `first`) need a value outside int32 that one of its attributes
+        put there (Conv strides of 2**62), naming the attribute, rather than fail in the
+        writer. An attribute the lowering reduces (a Dropout seed) is no matter. Other
+        values outside int32 are sizes and strides of a tensor with more elements than
+        int32 counts, which pack._check_limits refuses naming the tensor."""
+        if all(INT32_MIN <= v <= INT32_MAX for step in self.steps[first:] for v in step.ints):
             return
         for attr in node.attribute:
             values = (list(attr.ints) if attr.type == AttributeProto.INTS
@@ -225,9 +225,6 @@ class Lowering:
                 raise UnsupportedOpError(
                     f"{self.where(node)}: attribute {attr.name}={shown} does not fit the "
                     f"device's int32 step arguments (-2**31 .. 2**31 - 1)")
-        raise UnsupportedOpError(
-            f"{self.where(node)}: a step argument of {bad[0]}, computed from its shapes and "
-            f"attributes, does not fit the device's int32 step arguments (-2**31 .. 2**31 - 1)")
 
     def _persistent(self, name, role):
         if name not in self.persistent:
