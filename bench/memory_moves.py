@@ -22,7 +22,6 @@ import onnx  # noqa: E402
 
 import microtrain_host as mh  # noqa: E402
 from microtrain import CheckpointState, Module, Optimizer  # noqa: E402
-from microtrain import blob as device_blob  # noqa: E402
 from microtrain import parser as device_blob_parser
 
 MOVES = {"update_in_backward": True, "recompute": True}

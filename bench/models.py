@@ -28,7 +28,6 @@ ROOT = Path(__file__).resolve().parent.parent
 DEVICE = ROOT / "device"
 DEVICE_SCRIPT = Path(__file__).resolve().parent / "model_step.py"
 sys.path[:0] = [str(DEVICE), str(ROOT / "tests")]
-from microtrain import blob as blobfile  # noqa: E402
 from microtrain import parser as blobfile_parser
 from microtrain_host import generate_artifacts  # noqa: E402
 from reference_models import REFERENCE_MODELS  # noqa: E402

@@ -22,7 +22,6 @@ DEVICE_SCRIPT = Path(__file__).resolve().parent / "device_step.py"
 BATCHES = (8, 1)
 
 sys.path.insert(0, str(DEVICE))
-from microtrain import blob as blobfile  # noqa: E402
 from microtrain import parser as blobfile_parser
 from microtrain_host import generate_artifacts  # noqa: E402
 

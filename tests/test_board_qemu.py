@@ -241,7 +241,6 @@ def test_int8_on_the_emulated_board(firmware, tmp_path):
         tmp_path, build, [(build / "model.mtb", "model.mtb"), (build / "trained", "checkpoint"),
                           (tmp_path / "int8.mtb", "int8.mtb"), (tmp_path / "x.f32", "x.f32")],
         in_rom=[(tmp_path / "int8.mtb", "int8.mtb")])
-    from microtrain import blob as device_blob
     from microtrain import parser as device_blob_parser
     b = device_blob_parser.load(str(build / "model.mtb"))
     # the arenas take the place of the file's buffer (blob.load_into_arenas)

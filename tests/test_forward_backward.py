@@ -16,7 +16,6 @@ import torch
 import microtrain_host as mh
 from conftest import ROOT, run_micropython
 from microtrain import CheckpointState, InputError, Module, Optimizer, TrainingError
-from microtrain import blob as device_blob
 from microtrain import parser as device_blob_parser
 from test_memory import assert_steps_do_not_grow_the_heap
 from test_ops import relative_error

@@ -8,7 +8,6 @@ import torch
 
 import microtrain_host as mh
 from microtrain import CheckpointState, Module, Optimizer, ParameterError
-from microtrain import blob as blobfile
 from microtrain import parser as blobfile_parser
 from microtrain_host.tools.inspect import describe
 from torch_reference import (export, make_batches, mlp, relative_error, run_device_cpython,

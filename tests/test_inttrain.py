@@ -20,7 +20,6 @@ import microtrain_host as mh
 from conftest import DEVICE, ROOT, emulated_board_plan, run_micropython
 from inttrain_helpers import Layer
 from microtrain import CheckpointState, Module, Optimizer
-from microtrain import blob as device_blob
 from microtrain import parser as device_blob_parser
 from microtrain.errors import BlobError, InputError, ParameterError
 from microtrain.kernels import inttrain as K

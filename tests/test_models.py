@@ -10,7 +10,6 @@ import torch
 
 import microtrain_host as mh
 from conftest import ROOT, run_micropython
-from microtrain import blob as device_blob
 from microtrain import parser as device_blob_parser
 from reference_models import REFERENCE_MODELS, ds_cnn
 from torch_reference import (export, parse_run, relative_error, run_device_cpython, torch_train,

@@ -15,7 +15,6 @@ from torch import nn
 
 import microtrain_host as mh
 from microtrain import CheckpointState, Module
-from microtrain import blob as device_blob
 from microtrain import parser as device_blob_parser
 from microtrain_host.errors import ArtifactError, UnsupportedOpError
 from microtrain_host.pipeline.upgrade import source_opset, upgrade

@@ -22,7 +22,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 import microtrain_host as mh
 from conftest import ROOT, run_micropython
-from microtrain import blob as device_blob
 from microtrain import parser as device_blob_parser
 from microtrain_host import opcodes as op
 from microtrain_host.reference import reference_evaluator

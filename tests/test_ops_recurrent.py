@@ -21,7 +21,6 @@ import microtrain_host as mh
 from conftest import ROOT, run_micropython
 from microtrain import CheckpointState, InferenceSession, Module
 from microtrain.errors import BlobError
-from microtrain import blob as device_blob
 from microtrain import parser as device_blob_parser
 from microtrain.kernels import recurrent
 from test_hardening import Check

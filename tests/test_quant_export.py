@@ -14,7 +14,6 @@ import torch
 import microtrain_host as mh
 from conftest import ROOT, run_micropython
 from microtrain import CheckpointState, InferenceSession, Module, Optimizer
-from microtrain import blob as device_blob
 from microtrain import parser as device_blob_parser
 from microtrain_host.cli import main
 from reference_models import ds_cnn, mobilenet_v2_block, resnet_block

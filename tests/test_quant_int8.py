@@ -13,7 +13,6 @@ from onnx import numpy_helper
 import microtrain_host as mh
 from conftest import ROOT, run_micropython
 from microtrain import InferenceSession
-from microtrain import blob as device_blob
 from microtrain import parser as device_blob_parser
 from microtrain.errors import BlobError
 from microtrain_host.quant.int8 import int8_graph, pack_inference_model

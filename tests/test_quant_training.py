@@ -13,7 +13,6 @@ from onnx import numpy_helper
 
 import microtrain_host as mh
 from conftest import ROOT, run_micropython
-from microtrain import blob as device_blob
 from microtrain import parser as device_blob_parser
 from reference_models import ds_cnn, lenet
 from test_models import make_data

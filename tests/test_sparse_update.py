@@ -11,7 +11,6 @@ import torch
 from onnx import numpy_helper
 
 import microtrain_host as mh
-from microtrain import blob as device_blob
 from microtrain import parser as device_blob_parser
 from microtrain_host.cli import main
 from microtrain_host.errors import ArtifactError

@@ -8,7 +8,6 @@
 # refused. A blob given as a buffer (in flash) is loaded by inplace.py instead.
 import gc
 import struct
-from array import array
 from microtrain.arenas import CHUNK, arenas, compact, mem_free, put
 from microtrain.blob import INT8, ITEM_BYTES, UINT8, is_buffer
 from microtrain.crc32 import crc32

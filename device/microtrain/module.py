@@ -3,7 +3,7 @@
 # parameters (intparams.py), random generators (randoms.py), a loss computed outside the
 # graph (outside.py).
 import math
-from microtrain.blob import FLOAT, INT32, describe, is_buffer, zeros
+from microtrain.blob import FLOAT, INT32, is_buffer, zeros
 from microtrain.checkpoint import Ref
 from microtrain.errors import CheckpointError, ParameterError, TrainingError
 from microtrain.feed import copy_inputs
@@ -289,12 +289,15 @@ class Module:
         # (running statistics, observers' ranges, generators) is put back, the gradient
         # buffers (garbage now) are overwritten by the next train call, and no optimizer
         # step may use them. (With update_in_backward the backward pass has not run.)
-        _copy(self._kept, self.F, self.I, self._copy_f, self._copy_i, False)
+        kept = self._kept
+        if kept:
+            _copy(kept, self.F, self.I, self._copy_f, self._copy_i, False)
         self._reset_pending = True
         self._gradients_ok = False
-        raise TrainingError("%s; parameters were not updated, running statistics and "
-                            "generators were put back, and the accumulated gradients are "
-                            "dropped" % why)
+        raise TrainingError("%s; parameters were not updated%s and the accumulated gradients "
+                            "are dropped" % (why, ", the state its forward pass updated "
+                                             "(running statistics, ranges, generators) was "
+                                             "put back," if kept else ""))
 
     def _largest_gradient(self):
         # max |g| over the gradient buffers (NaN as soon as one is NaN); 0 without them

@@ -6,7 +6,7 @@
 import struct
 from microtrain.arenas import compact
 from microtrain.blob import (FLOAT, FORMAT_VERSION, IDENTIFIER, INT8, INT32, ITEM_BYTES,
-                             NO_TENSOR, ROLE_CONSTANT, ROLE_LABEL, ROLE_NAMES, ROLE_PARAM,
+                             NO_TENSOR, ROLE_CONSTANT, ROLE_NAMES, ROLE_PARAM,
                              UINT8, Blob, Program, _COPY, describe, is_buffer)
 from microtrain.crc32 import crc32
 from microtrain.errors import BlobError

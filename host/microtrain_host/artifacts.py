@@ -5,6 +5,7 @@ driver of the pipeline (pipeline/: load -> ... -> pack) and of the quantization 
 (quant/: QAT's fake quantization, a QDQ model's int8 layers, a QAT blob's int8 export)."""
 import dataclasses
 import os
+import tempfile
 
 import numpy as np
 import onnx
@@ -111,6 +112,7 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
     from the forward pass, wherever that shrinks the arena (pipeline/moves.py).
     sparse_update(model, ...) gives requires_grad for the biases and the last layers."""
     stage = _stages(progress)
+    _check_directory(artifact_directory if artifact_directory is not None else os.getcwd())
     options = dict(batch_size=batch_size, loss=loss, optimizer=optimizer,
                    loss_input_names=loss_input_names, optimizer_options=optimizer_options,
                    additional_output_names=additional_output_names, quantization=quantization,
@@ -327,6 +329,34 @@ def _stages(progress):
                                    "full-training figures" in done)
             progress(name, len(done), count)
     return stage
+
+
+def _check_directory(directory):
+    """Refuse, before any work, an artifact directory that cannot be written: an existing
+    file, or a path where a directory cannot be made or written (checked by making the
+    missing directories and a temporary file in it, then removing them: a failed pack
+    leaves no trace)."""
+    directory = os.fspath(directory)
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise ArtifactError(f"artifact directory '{directory}' is an existing file; give a "
+                            f"directory (created when missing)")
+    made = []
+    try:
+        missing, path = [], os.path.abspath(directory)
+        while not os.path.exists(path):
+            missing.append(path)
+            path = os.path.dirname(path)
+        for path in reversed(missing):
+            os.mkdir(path)
+            made.append(path)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as e:
+        raise ArtifactError(f"cannot create or write the artifact directory '{directory}': "
+                            f"{e.strerror or e}") from e
+    finally:
+        for path in reversed(made):
+            os.rmdir(path)
 
 
 def _check_update_in_backward(optimizer, optimizer_options):

@@ -15,6 +15,28 @@ def _names(text):
     return [n for n in text.split(",") if n] if text is not None else None
 
 
+class OutputPathError(MicrotrainHostError):
+    """An output path given on the command line where the command cannot write its file."""
+
+
+def _check_output_file(option, path, create_parent=False):
+    """Refuse, before any work, an output file that cannot be written at `path`: an existing
+    directory (the atomic save would move it aside to PATH.bak and put the file in its
+    place), a parent that is missing (unless the command creates it) or not a directory."""
+    if os.path.isdir(path):
+        raise OutputPathError(f"{option} '{path}' is a directory; give the path of the file "
+                              f"to write")
+    parent = os.path.dirname(os.path.abspath(path))
+    while create_parent and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.exists(parent):
+        raise OutputPathError(f"{option} '{path}': directory '{parent}' does not exist")
+    if not os.path.isdir(parent):
+        raise OutputPathError(f"{option} '{path}': '{parent}' is not a directory")
+    if not os.access(parent, os.W_OK):
+        raise OutputPathError(f"{option} '{path}': directory '{parent}' is not writable")
+
+
 def cmd_pack(args):
     from . import generate_artifacts
     from .tools.inspect import describe
@@ -132,6 +154,8 @@ def _fit_text(fit):
 
 def cmd_deploy(args):
     from .tools import deploy
+    if args.output:
+        _check_output_file("--output", args.output, create_parent=True)
     plan = deploy.plan(args.artifacts, args.board, steps=args.steps, epochs=args.epochs,
                        placement=args.runtime)
     print(f"deploy {args.artifacts} to {args.board} (mpy-cross -march={plan.board['mpy_arch']}, "
@@ -194,7 +218,6 @@ def cmd_deploy(args):
 
 
 def _batch(artifacts):
-    from microtrain import blob as device_blob
     from microtrain import parser as device_blob_parser
     b = device_blob_parser.load(os.path.join(artifacts, "model.mtb"))
     return b.shapes[b.programs["train"].inputs[0]][0]
@@ -212,6 +235,18 @@ def _default_data(artifacts):
 
 def cmd_export(args):
     from .export import export_inference_model
+    from .errors import ArtifactError
+    # what needs --qdq, and where the files go, is known before the export runs
+    if args.int8_blob and not args.qdq:
+        raise ArtifactError("--int8-blob needs --qdq (it is packed from the QDQ model)")
+    if args.int8_train and not args.qdq:
+        raise ArtifactError("--int8-train needs --qdq (it is built from the QDQ model)")
+    _check_output_file("-o/--output", args.output)
+    if args.int8_blob:
+        _check_output_file("--int8-blob", args.int8_blob)
+    if args.int8_train and os.path.exists(args.int8_train) and not os.path.isdir(args.int8_train):
+        raise OutputPathError(f"--int8-train '{args.int8_train}' is a file; give a directory "
+                              f"(created when missing)")
     model = export_inference_model(args.artifacts, args.checkpoint, args.output,
                                    output_names=_names(args.outputs), prefix=args.prefix,
                                    qdq=args.qdq, ort_format=args.ort)
@@ -223,17 +258,11 @@ def cmd_export(args):
               f"activations (onnxruntime fuses them into QLinearConv / QGemm / ...)")
     if args.int8_blob:
         from .quant.int8 import pack_inference_model
-        if not args.qdq:
-            from .errors import ArtifactError
-            raise ArtifactError("--int8-blob needs --qdq (it is packed from the QDQ model)")
         pack_inference_model(args.output, args.int8_blob)
         print(f"int8 inference blob {args.int8_blob} ({os.path.getsize(args.int8_blob)} bytes) "
               f"for microtrain.InferenceSession: int8 kernels, integer requantization")
     if args.int8_train:
         from .quant.inttrain import int8_training_artifacts
-        if not args.qdq:
-            from .errors import ArtifactError
-            raise ArtifactError("--int8-train needs --qdq (it is built from the QDQ model)")
         info = int8_training_artifacts(args.output, args.int8_train, args.int8_lr,
                                        stochastic=not args.int8_nearest,
                                        train_conv=args.int8_train_conv,
@@ -261,6 +290,7 @@ def cmd_export(args):
 
 def cmd_aggregate(args):
     from .tools.fedavg import fedavg
+    _check_output_file("-o/--output", args.output)
     result = fedavg(args.checkpoints, weights=args.weights, output=args.output)
     values = sum(a.size for a in list(result.trainable.values()) + list(result.frozen.values()))
     weights = (", ".join(f"{w:g}" for w in args.weights) if args.weights
@@ -299,8 +329,11 @@ def cmd_train(args):
     from .tools.train import train
     from .tools.plot import plot_curves, require_matplotlib
     output = args.output or os.path.join(args.artifacts, "trained_checkpoint")
+    if args.output:
+        _check_output_file("--output", args.output)
     if args.plot:
         require_matplotlib()
+        _check_output_file("--plot", args.plot)
     print(f"training {args.artifacts} on {args.data} with the device runtime under "
           f"{'MicroPython' if args.runtime == 'micropython' else 'CPython'}", flush=True)
     records = train(args.artifacts, args.data, args.epochs, args.lr, output,
@@ -322,6 +355,8 @@ def cmd_federate(args):
     except ImportError as e:
         print(f"microtrain federate: error: {e}", file=sys.stderr)
         return 2
+    if args.output:
+        _check_output_file("-o/--output", args.output)
     bar = Bar()
 
     def report(kind, values):
@@ -357,6 +392,10 @@ def cmd_federate(args):
 
 
 def main(argv=None):
+    """Run one subcommand. Bad input of any kind - an argument, a file, a model, data, a
+    device run that fails - ends as one line `microtrain COMMAND: error: ...` on stderr and
+    exit status 2 (argparse's own errors too: cli_parser.Parser). Other exceptions are bugs
+    and keep their traceback."""
     args = build_parser().parse_args(argv)
     commands = {"pack": cmd_pack, "inspect": cmd_inspect, "deploy": cmd_deploy,
                 "export": cmd_export, "aggregate": cmd_aggregate, "train": cmd_train,
@@ -364,14 +403,35 @@ def main(argv=None):
     try:
         return commands[args.command](args)
     except MicrotrainHostError as e:
-        print(f"microtrain {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        message = str(e)
+    except OSError as e:
+        # a file given, or the disk, the permissions, the network: not a bug in microtrain
+        message = _os_error(e)
     except Exception as e:
         from microtrain.errors import MicrotrainError
-        if isinstance(e, MicrotrainError):
-            print(f"microtrain {args.command}: error: {type(e).__name__}: {e}", file=sys.stderr)
-            return 2
-        raise
+        if not isinstance(e, MicrotrainError):
+            raise
+        message = f"{type(e).__name__}: {e}"
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\033[K")  # a progress bar may be on the line (tools/progress.py)
+    print(f"microtrain {args.command}: error: {_one_line(message)}", file=sys.stderr)
+    return 2
+
+
+def _os_error(e):
+    """`No such file or directory: 'x.npz'` - what the OSError says, then the file(s)."""
+    text = e.strerror or str(e) or type(e).__name__
+    for name in (e.filename, e.filename2):
+        if name is not None:
+            text += f": '{os.fsdecode(name)}'"
+    return text
+
+
+def _one_line(message):
+    """Messages are written to be one line; one that quotes another program's output (a
+    board's, a library's) may not be: its lines are joined so that the error stays one
+    line that scripts and logs can take whole."""
+    return " | ".join(line.strip() for line in str(message).splitlines() if line.strip())
 
 
 if __name__ == "__main__":

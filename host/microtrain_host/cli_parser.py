@@ -1,20 +1,99 @@
 """The argument parser of the `microtrain` command: every subcommand, its options and the help
-that teaches them. cli.py runs the commands (and is the only module that prints or exits)."""
+that teaches them. cli.py runs the commands (and is the only module that prints or exits).
+
+Numbers are checked here, as argparse reads them, so that a bad one is refused before any
+work starts with a message naming the option: counts are positive integers, rates and
+penalties finite and non-negative (argparse's float() takes "nan" and "inf")."""
 import argparse
+import math
+import re
+import sys
 
 LOSS_NAMES = {"cross_entropy": "CrossEntropyLoss", "mse": "MSELoss",
               "bce_with_logits": "BCEWithLogitsLoss", "l1": "L1Loss", "none": None}
 OPTIMIZER_NAMES = {"adamw": "AdamW", "sgd": "SGD", "none": None}
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error: `microtrain pack: error: argument --batch-size: ...`
+    and exit status 2, without the usage block argparse prints first (several lines for
+    most subcommands; --help shows it)."""
+
+    def error(self, message):
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _number(text, kind):
+    try:
+        return kind(text)
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+
+
+def positive_int(text):
+    value = _number(text, int)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def non_negative_int(text):
+    value = _number(text, int)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
+    return value
+
+
+def non_negative_float(text):
+    """A finite float >= 0: learning rates, decays, penalties, sample weights."""
+    value = _number(text, float)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def positive_float(text):
+    value = _number(text, float)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def fraction(text):
+    """A float in (0, 1]: the share of devices sampled, a moving-average momentum."""
+    value = _number(text, float)
+    if not 0 < value <= 1:  # False for nan too
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text}")
+    return value
+
+
+def momentum_below_one(text):
+    value = _number(text, float)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1), got {text}")
+    return value
+
+
+def heap_size(text):
+    """MicroPython's -X heapsize: bytes, or a count with K or M (MicroPython takes
+    nothing else and its own error names no option)."""
+    if not re.fullmatch(r"[1-9][0-9]*[kKmM]?", text):
+        raise argparse.ArgumentTypeError(f"must be a size like 8M, 512K or 65536, got {text!r}")
+    return text
+
+
 def build_parser():
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="microtrain",
         description="Train neural networks on microcontrollers: pack an ONNX model into "
                     "training artifacts and a compact blob, inspect it, train it with the "
                     "device runtime under CPython or MicroPython.",
         epilog="example: microtrain pack model.onnx -o build/ --batch-size 8 && "
-               "microtrain train build/ --data train.npz --epochs 5")
+               "microtrain train build/ --data train.npz --epochs 5. A bad argument, file, "
+               "model or data ends as one line on stderr, 'microtrain COMMAND: error: ...', "
+               "exit status 2.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("pack", help="ONNX model -> training artifacts + model.mtb",
@@ -28,7 +107,10 @@ def build_parser():
                               "--train-biases --train-last 1 --update-in-backward --recompute")
     p.add_argument("model", help="ONNX model (export from PyTorch with dynamo=False, "
                                  "opset_version=17, training=TRAINING, do_constant_folding=False)")
-    p.add_argument("-o", "--output", required=True, help="artifact directory (created)")
+    p.add_argument("-o", "--output", required=True,
+                   help="artifact directory, created when missing; in an existing directory "
+                        "the files of the same names (and --prefix) are replaced, other "
+                        "files are left alone. An existing file is refused")
     p.add_argument("--loss", choices=sorted(LOSS_NAMES), default="cross_entropy",
                    help="loss appended to the model output (default: cross_entropy; labels are "
                         "class indices). 'none': the model output already is the loss or, when "
@@ -44,23 +126,25 @@ def build_parser():
                         "Module.backward(d_loss/d_output, ...) takes one gradient per name")
     p.add_argument("--optimizer", choices=sorted(OPTIMIZER_NAMES), default="adamw",
                    help="optimizer (default: adamw with ORT's defaults)")
-    p.add_argument("--batch-size", type=int, help="fixes the dynamic batch dimension")
-    p.add_argument("--lr", type=float, help="initial learning rate stored in the blob "
-                                            "(default 0.001)")
-    p.add_argument("--weight-decay", type=float,
+    p.add_argument("--batch-size", type=positive_int,
+                   help="fixes the dynamic batch dimension (a positive integer)")
+    p.add_argument("--lr", type=non_negative_float,
+                   help="initial learning rate stored in the blob (default 0.001)")
+    p.add_argument("--weight-decay", type=non_negative_float,
                    help="weight decay (default 0): AdamW's decoupled decay (ORT), or SGD's "
                         "weight_decay * param added to the gradient (torch.optim.SGD)")
-    p.add_argument("--momentum", type=float,
+    p.add_argument("--momentum", type=non_negative_float,
                    help="SGD momentum (default 0: plain SGD, no optimizer state); with it every "
                         "parameter keeps a momentum0 buffer, saved in checkpoints")
-    p.add_argument("--dampening", type=float, help="SGD momentum dampening (default 0)")
+    p.add_argument("--dampening", type=non_negative_float,
+                   help="SGD momentum dampening (default 0)")
     p.add_argument("--nesterov", action="store_true", default=None,
                    help="SGD Nesterov momentum (needs --momentum > 0 and no dampening)")
-    p.add_argument("--l1-penalty", type=float,
+    p.add_argument("--l1-penalty", type=non_negative_float,
                    help="elastic L1 penalty: adds l1 * sign(param) to each gradient (default 0)")
-    p.add_argument("--l2-penalty", type=float,
+    p.add_argument("--l2-penalty", type=non_negative_float,
                    help="elastic L2 penalty: adds 2 * l2 * param to each gradient (default 0)")
-    p.add_argument("--clip-grad-norm", type=float, metavar="MAX_NORM",
+    p.add_argument("--clip-grad-norm", type=positive_float, metavar="MAX_NORM",
                    help="scale the gradients down when their global L2 norm (penalties "
                         "included) exceeds MAX_NORM, as torch.nn.utils.clip_grad_norm_ "
                         "(default: no clipping)")
@@ -71,7 +155,7 @@ def build_parser():
                    help="sparse update: train the bias of every layer (Conv, Gemm and "
                         "normalisation biases; a MatMul's added bias); with --train-last also "
                         "the last layers' weights. --frozen then removes names from the choice")
-    p.add_argument("--train-last", type=int, metavar="N",
+    p.add_argument("--train-last", type=non_negative_int, metavar="N",
                    help="sparse update: train every parameter of the last N layers. A layer is "
                         "a node with weights (Conv, ConvTranspose, Gemm, MatMul, embedding "
                         "Gather) in topological order, with the normalisations up to the next "
@@ -106,7 +190,7 @@ def build_parser():
     q.add_argument("--activation-dtype", choices=("uint8", "int8"), default="uint8",
                    help="activation type (default uint8, what onnxruntime's CPU QDQ kernels "
                         "prefer; weights are always int8)")
-    q.add_argument("--observer-momentum", type=float, default=0.01, metavar="M",
+    q.add_argument("--observer-momentum", type=fraction, default=0.01, metavar="M",
                    help="moving-average momentum of the activation ranges (default 0.01, as "
                         "PyTorch's MovingAverageMinMaxObserver)")
     q.add_argument("--quantize", metavar="NAMES",
@@ -147,17 +231,18 @@ def build_parser():
     p.add_argument("--checkpoint", metavar="CKPT",
                    help="a quantization-aware model's checkpoint: show the scales and zero "
                         "points it holds now (observer ranges, max|w| / 127 of the weights)")
-    p.add_argument("--batch-size", type=int, help="(ONNX model) fixes the batch dimension")
+    p.add_argument("--batch-size", type=positive_int,
+                   help="(ONNX model) fixes the batch dimension")
     p.add_argument("--loss", choices=sorted(LOSS_NAMES), default="cross_entropy",
                    help="(ONNX model) loss, as for pack (default cross_entropy)")
     p.add_argument("--optimizer", choices=sorted(OPTIMIZER_NAMES), default="adamw",
                    help="(ONNX model) optimizer, as for pack (default adamw)")
-    p.add_argument("--lr", type=float, help=argparse.SUPPRESS)
+    p.add_argument("--lr", type=non_negative_float, help=argparse.SUPPRESS)
     p.add_argument("--update-in-backward", action="store_true",
                    help="(ONNX model) compare the choices with updates in the backward pass")
     p.add_argument("--recompute", action="store_true",
                    help="(ONNX model) compare the choices with cheap activations recomputed")
-    p.add_argument("--max-layers", type=int, default=6,
+    p.add_argument("--max-layers", type=positive_int, default=6,
                    help="(ONNX model) compare the last 1 .. N layers (default 6)")
     p.add_argument("--board", metavar="NAME",
                    help="also check that training fits the board's MicroPython heap "
@@ -190,16 +275,18 @@ def build_parser():
     p.add_argument("--data", help=".npz with x_train, y_train (or x, y) (default: the only "
                                   ".npz beside ARTIFACTS)")
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--steps", type=int, help="train this many batches")
-    group.add_argument("--epochs", type=int, help="passes over the training data (default 1)")
-    p.add_argument("--lr", type=float, help="learning rate (default: the blob's)")
+    group.add_argument("--steps", type=positive_int, help="train this many batches")
+    group.add_argument("--epochs", type=positive_int,
+                       help="passes over the training data (default 1)")
+    p.add_argument("--lr", type=non_negative_float, help="learning rate (default: the blob's)")
     p.add_argument("--runtime", choices=("files", "romfs", "frozen"),
                    help="how the runtime gets there: .mpy files (bytecode in the heap), a ROMFS "
                         "image (bytecode in flash; default where the board has one) or nothing "
                         "(already frozen into the firmware: --dry-run writes the trimmed "
                         "sources and their manifest.py to ARTIFACTS/frozen_runtime/)")
     p.add_argument("--output", help="where the trained checkpoint lands (default "
-                                    "ARTIFACTS/board_checkpoint)")
+                                    "ARTIFACTS/board_checkpoint; missing directories are "
+                                    "created, an existing file replaced)")
     p.add_argument("--with-optimizer-state", action="store_true",
                    help="save the optimizer state too, to resume training later")
     p.add_argument("--firmware", help="emulated board firmware (default: the one "
@@ -225,7 +312,9 @@ def build_parser():
     p.add_argument("artifacts", help="artifact directory written by `microtrain pack`")
     p.add_argument("--checkpoint", required=True,
                    help="checkpoint with the parameter values, e.g. one a device saved")
-    p.add_argument("-o", "--output", required=True, help="ONNX file to write (atomically)")
+    p.add_argument("-o", "--output", required=True,
+                   help="ONNX file to write (atomically: an existing file is replaced; its "
+                        "directory must exist)")
     p.add_argument("--outputs", metavar="NAMES",
                    help="comma-separated model outputs to keep (default: all)")
     p.add_argument("--prefix", default="", help="file name prefix given to `pack`")
@@ -251,7 +340,7 @@ def build_parser():
                         "trained in integers with QAS-scaled SGD, every step integer-only), "
                         "its checkpoint int8_train.ckpt (int8 weight, int32 bias) and "
                         "int8_train.json (input scale / zero point to quantize inputs with)")
-    p.add_argument("--int8-lr", type=float, default=0.01, metavar="LR",
+    p.add_argument("--int8-lr", type=positive_float, default=0.01, metavar="LR",
                    help="with --int8-train: the blob's learning rate (default 0.01; "
                         "Optimizer.set_learning_rate changes it on the device)")
     p.add_argument("--int8-train-conv", action="store_true",
@@ -273,7 +362,7 @@ def build_parser():
                         "--int8-train-conv; the biases the backward passes train too). "
                         "Sparse update of a DS-CNN: --int8-train-biases "
                         "--int8-train-depthwise")
-    p.add_argument("--int8-momentum", type=float, default=0.0, metavar="MU",
+    p.add_argument("--int8-momentum", type=momentum_below_one, default=0.0, metavar="MU",
                    help="with --int8-train: SGD momentum of the classifier (torch's rule; an "
                         "int16 velocity per weight, saved in checkpoints with the optimizer "
                         "state; default 0)")
@@ -288,15 +377,19 @@ def build_parser():
     p.add_argument("artifacts", help="artifact directory written by `microtrain pack`")
     p.add_argument("--data", required=True,
                    help=".npz with x_train, y_train, x_val, y_val (or x, y: 20%% held out)")
-    p.add_argument("--epochs", type=int, default=5, help="default 5")
-    p.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
+    p.add_argument("--epochs", type=positive_int, default=5, help="default 5")
+    p.add_argument("--lr", type=non_negative_float, default=0.01,
+                   help="learning rate (default 0.01)")
     p.add_argument("--runtime", choices=("cpython", "micropython"), default="cpython",
                    help="interpreter running the device runtime (default cpython)")
-    p.add_argument("--output", help="trained checkpoint (default ARTIFACTS/trained_checkpoint)")
-    p.add_argument("--seed", type=int, default=1, help="shuffling seed (default 1)")
+    p.add_argument("--output", help="trained checkpoint (default ARTIFACTS/trained_checkpoint; "
+                                    "written atomically, an existing file replaced; its "
+                                    "directory must exist)")
+    p.add_argument("--seed", type=non_negative_int, default=1, help="shuffling seed (default 1)")
     p.add_argument("--micropython", help="MicroPython binary (default: $MICROTRAIN_MICROPYTHON, "
                                          "the cached build, or PATH)")
-    p.add_argument("--heap", default="8M", help="MicroPython heap size (default 8M)")
+    p.add_argument("--heap", type=heap_size, default="8M",
+                   help="MicroPython heap size (default 8M)")
     p.add_argument("--plot", metavar="PNG", help="write loss/accuracy per epoch to this PNG "
                    "(needs the extra: pip install 'microtrain[plot]')")
 
@@ -312,10 +405,12 @@ def build_parser():
                               "--weights 120 80 200 -o global_checkpoint")
     p.add_argument("checkpoints", nargs="+", metavar="CKPT",
                    help="checkpoints written by the devices (or by onnxruntime-training)")
-    p.add_argument("--weights", nargs="+", type=float, metavar="N",
+    p.add_argument("--weights", nargs="+", type=non_negative_float, metavar="N",
                    help="one weight per checkpoint, usually its device's sample count "
                         "(default: equal weights)")
-    p.add_argument("-o", "--output", required=True, help="the averaged checkpoint to write")
+    p.add_argument("-o", "--output", required=True,
+                   help="the averaged checkpoint to write (an existing file is replaced; its "
+                        "directory must exist)")
 
     p = sub.add_parser("federate", help="federated learning of emulated devices on Flower",
                        description="FedAvg over N emulated devices (the device runtime "
@@ -335,29 +430,34 @@ def build_parser():
                    help=".npz with x_train, y_train, x_val, y_val (or x, y: 20%% held out); the "
                         "devices share the training set, the validation set scores the global "
                         "model")
-    p.add_argument("--clients", type=int, default=100, help="emulated devices (default 100)")
-    p.add_argument("--rounds", type=int, default=5, help="FedAvg rounds (default 5)")
-    p.add_argument("--epochs", type=int, default=5, help="local epochs per round (default 5)")
-    p.add_argument("--lr", type=float, default=0.02, help="devices' learning rate (default "
-                                                          "0.02; a fresh optimizer each round)")
-    p.add_argument("--alpha", type=float, default=0.3,
+    p.add_argument("--clients", type=positive_int, default=100,
+                   help="emulated devices (default 100)")
+    p.add_argument("--rounds", type=positive_int, default=5, help="FedAvg rounds (default 5)")
+    p.add_argument("--epochs", type=positive_int, default=5,
+                   help="local epochs per round (default 5)")
+    p.add_argument("--lr", type=non_negative_float, default=0.02,
+                   help="devices' learning rate (default 0.02; a fresh optimizer each round)")
+    p.add_argument("--alpha", type=positive_float, default=0.3,
                    help="Dirichlet concentration of the devices' label mixes: smaller is less "
                         "IID (default 0.3)")
-    p.add_argument("--fraction", type=float, default=1.0,
+    p.add_argument("--fraction", type=fraction, default=1.0,
                    help="fraction of the devices sampled each round (default 1.0)")
     p.add_argument("--runtime", choices=("cpython", "micropython"), default="cpython",
                    help="interpreter running each device (default cpython, in Flower's "
                         "workers; micropython: one Unix-port process per device and round)")
     p.add_argument("--micropython", help="MicroPython binary (default: $MICROTRAIN_MICROPYTHON, "
                                          "the cached build, or PATH)")
-    p.add_argument("--heap", default="4M", help="MicroPython heap per device (default 4M)")
-    p.add_argument("--seed", type=int, default=0, help="shards, sampling and shuffling seed "
-                                                       "(default 0)")
-    p.add_argument("--workers", type=int,
+    p.add_argument("--heap", type=heap_size, default="4M",
+                   help="MicroPython heap per device (default 4M)")
+    p.add_argument("--seed", type=non_negative_int, default=0,
+                   help="shards, sampling and shuffling seed (default 0)")
+    p.add_argument("--workers", type=positive_int,
                    help="Ray workers running devices at the same time (default: one per CPU)")
     p.add_argument("--keep-updates", metavar="DIR",
                    help="keep every round's device updates, weights and global model as "
-                        "checkpoints in DIR/roundR/ (to check them with `microtrain aggregate`)")
-    p.add_argument("-o", "--output", help="write the final global checkpoint here")
+                        "checkpoints in DIR/roundR/ (to check them with `microtrain aggregate`;"
+                        " DIR is created before the first round)")
+    p.add_argument("-o", "--output", help="write the final global checkpoint here (an existing "
+                                          "file is replaced; its directory must exist)")
     p.add_argument("--verbose", action="store_true", help="show Flower's own log")
     return parser

@@ -20,6 +20,7 @@
 import logging
 import os
 import random
+import re
 import time
 
 # Flower and Ray report usage to their makers unless told not to; this tool stays offline.
@@ -119,7 +120,8 @@ class DeviceOrderFedAvg(FedAvg):
         failed = [m for m in replies if m.has_error()]
         if failed:
             raise FederateError(f"{len(failed)} of {len(replies)} devices failed in round "
-                                f"{server_round}; the first said: {failed[0].error.reason}")
+                                f"{server_round}; the first said: "
+                                f"{_device_failure(failed[0].error.reason)}")
         replies.sort(key=lambda m: int(m.content["device"]["id"]))
         arrays, metrics = super().aggregate_train(server_round, replies)
         mean = arrays[PARAMETERS].numpy()
@@ -132,6 +134,16 @@ class DeviceOrderFedAvg(FedAvg):
                                 m.content["metrics"][WEIGHT], wide.astype(np.float32)))
             self.on_aggregate(server_round, updates, arrays[PARAMETERS].numpy())
         return arrays, metrics
+
+
+def _device_failure(reason):
+    """The device's own message out of a failed reply's reason: Flower wraps the exception
+    in Ray's and its own, tracebacks included (30-odd lines); what the device said follows
+    the last "Message: "."""
+    found = [m.strip().rstrip("'>").strip() for m in re.findall(r"Message: (.*)", reason)]
+    if found and found[-1]:
+        return found[-1]
+    return devices.device_error(reason)
 
 
 class ProgressGrid:
@@ -176,16 +188,20 @@ def federate(artifacts, data, clients=100, rounds=5, epochs=5, lr=0.02, alpha=0.
     rss_server (this process), rss_total (with Ray's processes), devices, and `parameters`
     (the global model, a float32 buffer in blob order)."""
     from flwr.simulation import run_simulation
-    from .tools.train import load_data
+    from microtrain import parser as device_blob_parser
+    from .tools.train import check_data, load_data
     artifacts, data = os.path.abspath(str(artifacts)), os.path.abspath(str(data))
     for needed in ("model.mtb", "checkpoint"):
         if not os.path.exists(os.path.join(artifacts, needed)):
             raise FederateError(f"'{artifacts}' has no {needed}: pack the model first "
                                 f"(microtrain pack MODEL.onnx -o {artifacts} --batch-size 8)")
-    if rounds < 1 or epochs < 1 or not 0.0 < fraction <= 1.0:
-        raise FederateError("rounds and epochs must be at least 1, fraction in (0, 1]")
+    devices.check_settings(clients, rounds, epochs, lr, alpha, fraction, seed, workers,
+                           updates_dir)
     devices.label_typecode(artifacts)  # a model with a train program of input and label
-    _, y_train, x_val, y_val = load_data(data)
+    x_train, y_train, x_val, y_val = load_data(data)
+    # the devices and the evaluation would find a misfit only after Ray started
+    check_data(device_blob_parser.load(os.path.join(artifacts, "model.mtb")), x_train, y_train,
+               x_val, y_val, source=f"'{data}'")
     shards = devices.noniid_shards(y_train, clients, alpha, seed)
     batch = _batch_size(artifacts)
     small = min(len(s) for s in shards)
@@ -259,7 +275,11 @@ def federate(artifacts, data, clients=100, rounds=5, epochs=5, lr=0.02, alpha=0.
                              "log_to_driver": bool(verbose)}}
     logger = logging.getLogger("flwr")
     level = logger.level
-    logger.setLevel(logging.INFO if verbose else logging.ERROR)
+    # Without --verbose not even Flower's ERROR lines: it logs a failed device's traceback,
+    # wrapped by Ray (30-odd lines a device), while the strategy raises with the device's
+    # own message (DeviceOrderFedAvg.aggregate_train); a simulation that ends early is
+    # reported below, pointing to --verbose.
+    logger.setLevel(logging.INFO if verbose else logging.CRITICAL)
     try:
         run_simulation(server_app=server, client_app=client_app(settings),
                        num_supernodes=clients, backend_config=backend,
@@ -284,7 +304,6 @@ def _train_loss(clock):
 
 
 def _batch_size(artifacts):
-    from microtrain import blob as device_blob
     from microtrain import parser as device_blob_parser
     b = device_blob_parser.load(os.path.join(artifacts, "model.mtb"))
     return b.shapes[b.programs["train"].inputs[0]][0]

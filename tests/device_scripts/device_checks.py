@@ -8,7 +8,6 @@ import sys
 from array import array
 from microtrain import (BlobError, CheckpointError, CheckpointState, InputError, Module,
                         Optimizer, ParameterError, TrainingError)
-from microtrain import blob as blobfile
 from microtrain import parser as blobfile_parser
 
 results = [0, 0]

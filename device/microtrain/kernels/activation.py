@@ -45,29 +45,6 @@ def relu_grad(F, I, args):
 relu_grad_check = _grad_check
 
 
-def shrink(F, I, args):
-    # ONNX Shrink: x - bias above lambd, x + bias below -lambd, 0 in between (bounds
-    # included; a NaN too, as onnxruntime's comparisons give)
-    y, x, n, lambd, bias = args
-    for i in range(n):
-        v = F[x + i]
-        F[y + i] = v - bias if v > lambd else (v + bias if v < -lambd else 0.0)
-
-
-shrink_check = _unary_check
-
-
-def shrink_grad(F, I, args):
-    # slope 1 outside [-lambd, lambd], 0 inside and at the bounds (torch's shrinks)
-    dx, dy, x, n, lambd = args
-    for i in range(n):
-        v = F[x + i]
-        F[dx + i] = F[dy + i] if v > lambd or v < -lambd else 0.0
-
-
-shrink_grad_check = _grad_check
-
-
 # The same two with a 1-bit mask: when ReluGrad is the only backward reader of a ReLU output
 # the packer keeps this mask instead of the float tensor (30 elements per int of the int
 # arena, bit j of int w for element 30*w + j, small ints on every port): 1/30 of the memory,
@@ -331,70 +308,6 @@ def shrink_grad(F, I, args):
 
 
 shrink_grad_check = _grad_check
-
-
-# The same two with a 1-bit mask: when ReluGrad is the only backward reader of a ReLU output
-# the packer keeps this mask instead of the float tensor (30 elements per int of the int
-# arena, bit j of int w for element 30*w + j, small ints on every port): 1/30 of the memory,
-# and the same bits, since relu(x) > 0 exactly when x > 0.
-_TOP_BIT = 1 << 29
-
-
-def relu_masked(F, I, args):
-    # y = relu(x), as relu; the mask records x > 0 (NaN: 0, as relu_grad's NaN > 0)
-    y, x, mask, n = args
-    word = mask
-    bits = 0
-    bit = 1
-    for i in range(n):
-        v = F[x + i]
-        if v > 0.0:
-            F[y + i] = v
-            bits |= bit
-        else:
-            F[y + i] = 0.0 if v <= 0.0 else v
-        if bit == _TOP_BIT:
-            I[word] = bits
-            word += 1
-            bits = 0
-            bit = 1
-        else:
-            bit <<= 1
-    if bit != 1:
-        I[word] = bits
-
-
-def _relu_mask_check(c, n):
-    # two float tensors of n elements, then the mask: n bits, 30 per int
-    c.positive(n)
-    c.each_holds(2, n)
-    c.holds(2, (n + 29) // 30)
-    c.role(2, "activation")   # kernel-written: never a label or an input
-
-
-def relu_masked_check(args, c):
-    _relu_mask_check(c, args[3])
-
-
-def relu_mask_grad(F, I, args):
-    # dx = dy where the forward input was > 0, else 0 (relu_grad from the mask)
-    dx, dy, mask, n = args
-    word = mask
-    bits = I[word]
-    bit = 1
-    for i in range(n):
-        F[dx + i] = F[dy + i] if bits & bit else 0.0
-        if bit == _TOP_BIT:
-            word += 1
-            bit = 1
-            if i + 1 < n:
-                bits = I[word]
-        else:
-            bit <<= 1
-
-
-def relu_mask_grad_check(args, c):
-    _relu_mask_check(c, args[3])
 
 
 def clip(F, I, args):

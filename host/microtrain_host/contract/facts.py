@@ -6,7 +6,6 @@ Written once here; contract/generate.py writes the device's copies (const()s and
 tables inside the device modules that need them) and tests/test_contract.py fails when one
 is stale. Dtype and role numbers are the schema's enums (microtrain.fbs DType, Role)."""
 import dataclasses
-import math
 
 from . import schema
 
@@ -17,6 +16,8 @@ DTYPES = dict(_blob.enums["DType"][1])                  # name -> number
 ITEM_BYTES = {"FLOAT": 4, "INT32": 4, "INT8": 1, "UINT8": 1}
 ARENAS = ("float", "int", "byte")                       # allocated once at load
 ARENA_OF = {"FLOAT": "float", "INT32": "int", "INT8": "byte", "UINT8": "byte"}
+# A step's int arguments (Step.ints, [int] in the schema): int32 in the blob and on the device.
+INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 
 # Tensor roles (microtrain.fbs enum Role), lower case as messages and tools show them.
 ROLES = tuple(name.lower() for name in _blob.enums["Role"][1])

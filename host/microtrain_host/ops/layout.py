@@ -8,7 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
 from ..graph import DOMAIN, attr
-from ..ir import INT32, axis_view, collapse, contiguous_strides
+from ..ir import collapse, contiguous_strides
 from ..reference import MicrotrainOp
 from ..registry import gradient, lowering
 

@@ -19,6 +19,10 @@ from ..errors import ArtifactError, node_name
 # Ops whose output is not a function of their inputs' values.
 NOT_FOLDABLE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                 "Multinomial", "Bernoulli", "Dropout"}
+# The largest output a folded node may have. A folded value becomes a constant of the blob,
+# held by a microcontroller: 64 MiB is far past any board and far below what would exhaust
+# the host (ConstantOfShape([1e9]) would allocate gigabytes before anything else refused it).
+FOLD_LIMIT_BYTES = 64 * 2**20
 
 
 def _shape_value(node, shape):
@@ -49,6 +53,55 @@ def _evaluate(node, inputs, opset_imports):
                             f"inputs: {e}") from e
 
 
+def _planned_size(node, inputs, shapes):
+    """(elements, bytes per element) of the node's largest output, as far as it is known
+    before evaluating it: from shape inference, or, for the ops that make a large tensor from
+    a small input, from that input's value. None when unknown."""
+    sizes = []
+    for output in node.output:
+        elem_type, shape = shapes.get(output, (None, None))
+        if elem_type and shape is not None and None not in shape:
+            itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).itemsize
+            sizes.append((int(np.prod(shape, dtype=object)), itemsize))
+    values = [np.asarray(v) if v is not None else None for v in inputs]
+    try:
+        if node.op_type == "ConstantOfShape" and values and values[0] is not None:
+            value = next((helper.get_attribute_value(a) for a in node.attribute
+                          if a.name == "value"), None)
+            itemsize = (np.dtype(helper.tensor_dtype_to_np_dtype(value.data_type)).itemsize
+                        if value is not None else 4)
+            sizes.append((int(np.prod([int(d) for d in values[0].ravel()], dtype=object)),
+                          itemsize))
+        elif node.op_type == "Expand" and len(values) > 1 and values[0] is not None \
+                and values[1] is not None:
+            shape = np.broadcast_shapes(values[0].shape, tuple(int(d) for d in values[1].ravel()))
+            sizes.append((int(np.prod(shape, dtype=object)), values[0].itemsize))
+        elif node.op_type == "Tile" and len(values) > 1 and values[0] is not None \
+                and values[1] is not None:
+            sizes.append((values[0].size * int(np.prod([int(r) for r in values[1].ravel()],
+                                                       dtype=object)), values[0].itemsize))
+        elif node.op_type == "Range" and len(values) == 3 and all(v is not None for v in values):
+            start, limit, delta = (float(v) for v in values)
+            if delta != 0 and np.isfinite([start, limit, delta]).all():
+                sizes.append((max(0, int(np.ceil((limit - start) / delta))),
+                              values[0].itemsize))
+    except (ValueError, TypeError, OverflowError):
+        pass  # shapes that do not broadcast, odd inputs: the evaluator names the problem
+    if not sizes:
+        return None
+    return max(sizes, key=lambda size: size[0] * size[1])
+
+
+def _check_size(node, inputs, shapes):
+    size = _planned_size(node, inputs, shapes)
+    if size is not None and size[0] * size[1] > FOLD_LIMIT_BYTES:
+        elements, itemsize = size
+        raise ArtifactError(
+            f"{node.op_type} node '{node.name}' computes a constant of {elements:,} elements "
+            f"({elements * itemsize / 2**20:,.1f} MiB); pack-time constant folding refuses "
+            f"values over {FOLD_LIMIT_BYTES // 2**20} MiB (no microcontroller holds one)")
+
+
 def _constant_node(name, output, value):
     return helper.make_node("Constant", [], [output], name=name,
                             value=numpy_helper.from_array(np.asarray(value), output))
@@ -74,7 +127,9 @@ def fold_constants(model, shapes):
             if shape is not None and all(d is not None for d in shape):
                 values = [_shape_value(node, shape)]
         elif all(not i or i in known for i in node.input):
-            values = _evaluate(node, [known.get(i) for i in node.input], opsets)
+            inputs = [known.get(i) for i in node.input]
+            _check_size(node, inputs, shapes)
+            values = _evaluate(node, inputs, opsets)
         if values is None:
             nodes.append(node)
             continue

@@ -1,5 +1,6 @@
 """Load an ONNX model and fix every shape: the first stage of the packager."""
 import copy
+import numbers
 import os
 
 import numpy as np
@@ -19,8 +20,10 @@ MIN_OPSET = 13  # ReduceSum takes axes as an input, Softmax works on one axis; o
 SEQUENCE_OPS = ("SequenceConstruct", "SequenceEmpty", "SequenceInsert", "SequenceErase",
                 "SequenceAt", "SequenceLength", "SplitToSequence", "ConcatFromSequence",
                 "SequenceMap")
-
+# The standard ops, and microtrain's own (graph.DOMAIN) that its artifacts hold.
 KNOWN_DOMAINS = ("", "ai.onnx", DOMAIN)
+# The trainer's one float type: kernels, arenas and checkpoints hold float32 parameters.
+PARAMETER_TYPE = onnx.TensorProto.FLOAT
 
 
 def _load(model):
@@ -60,6 +63,7 @@ def load_model(model, batch_size=None):
 
     Every dynamic dimension of a graph input is set to batch_size; without batch_size a
     dynamic dimension is an error that names the input and the dimension."""
+    check_batch_size(batch_size)
     model = _load(model)
     try:
         onnx.checker.check_model(model)
@@ -70,6 +74,14 @@ def load_model(model, batch_size=None):
         if node.op_type in SEQUENCE_OPS:
             raise UnsupportedOpError(f"{node_label(node)}: sequence ops are not supported; "
                                      f"microtrain trains on tensors of fixed shapes")
+        if node.domain not in KNOWN_DOMAINS:
+            # onnx infers no shapes for it (a custom op, ai.onnx.preview.training's
+            # Gradient), which would otherwise surface as a shape that cannot be fixed
+            raise UnsupportedOpError(
+                f"node {node_name(node)} ({node.op_type} of domain '{node.domain}'): microtrain "
+                f"runs the standard ONNX ops (domain ai.onnx) and has no lowering for "
+                f"another domain's op; express it with standard ops")
+    check_parameter_types(model.graph)
     opset = opset_of(model)
     if opset < MIN_OPSET:
         model = upgrade(model, opset)
@@ -121,16 +133,65 @@ def load_model(model, batch_size=None):
                         f"{', '.join(o for o in node.output[1:] if o)} of the opset 9-13 form "
                         f"(running, saved mean and variance) are not supported; export with "
                         f"opset >= 15 (training_mode attribute, three outputs)")
-                if node.op_type not in LOWERINGS or node.domain not in KNOWN_DOMAINS:
-                    # an op microtrain has no kernel for (and onnx no shape function, like
-                    # ai.onnx.preview.training's Gradient): that is what to say
-                    domain = f" of domain '{node.domain}'" if node.domain else ""
-                    raise UnsupportedOpError(f"op '{node.op_type}'{domain} (node "
-                                             f"{node_name(node)}) is not supported")
+                if node.op_type not in LOWERINGS:
+                    # an op microtrain has no kernel for (and onnx no shape for): that is
+                    # what to say
+                    raise UnsupportedOpError(f"op '{node.op_type}' (node {node_name(node)}) "
+                                             f"is not supported")
                 raise DynamicShapeError(
                     f"cannot fix the shape of '{out}' produced by {node_label(node)}; pass "
                     f"batch_size or export with static shapes")
     return model, shapes
+
+
+def check_batch_size(batch_size):
+    """None (the model's shapes are static) or a positive int; anything else would reach
+    the blob as a dimension the device refuses, or one the writer cannot store."""
+    if batch_size is None:
+        return
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
+        raise ArtifactError(f"batch_size must be a positive integer, got {batch_size!r} "
+                            f"({type(batch_size).__name__})")
+    if batch_size < 1:
+        raise ArtifactError(f"batch_size must be a positive integer, got {batch_size}")
+
+
+def check_parameter_types(graph):
+    """Float initializers are the parameters, and microtrain trains float32 ones: a model
+    whose weights are float16, bfloat16 or float64 is refused naming the type (rather than
+    finding no parameter to train), and so is one that computes in integers (integer
+    initializers, no float32 input)."""
+    kinds = {}
+    for init in graph.initializer:
+        kinds.setdefault(init.data_type, []).append(init.name)
+    others = {t: names for t, names in kinds.items() if t != PARAMETER_TYPE and _is_float(t)}
+    if others:
+        raise ArtifactError(f"the model's parameters must be float32 (microtrain trains "
+                            f"float32 only); it has {_listing(others)}. Convert the model to "
+                            f"float32 before export (PyTorch: model.float())")
+    float_inputs = any(i.type.tensor_type.elem_type == PARAMETER_TYPE for i in graph.input)
+    if kinds and PARAMETER_TYPE not in kinds and not float_inputs:
+        # integer weights on integer inputs: an integer model, not one with nothing to
+        # train (integer initializers beside float inputs are shapes, axes, indices)
+        raise ArtifactError(f"the model has no float32 initializer to train; its initializers "
+                            f"are {_listing(kinds)}. microtrain trains float32 parameters: "
+                            f"export the model's weights as float32")
+
+
+def _is_float(elem_type):
+    return onnx.TensorProto.DataType.Name(elem_type).startswith(
+        ("FLOAT", "BFLOAT", "DOUBLE", "COMPLEX"))
+
+
+def _listing(names_by_type, count=3):
+    """`float64 (double) 'w', 'b' and 2 more; int64 'shape'`"""
+    parts = []
+    for elem_type, names in names_by_type.items():
+        kind = onnx.TensorProto.DataType.Name(elem_type).lower()
+        kind = {"double": "float64 (double)", "float": "float32"}.get(kind, kind)
+        more = f" and {len(names) - count} more" if len(names) > count else ""
+        parts.append(f"{kind} {', '.join(repr(n) for n in names[:count])}{more}")
+    return "; ".join(parts)
 
 
 def _infer_shaped_like_input(model):

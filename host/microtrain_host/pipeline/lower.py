@@ -7,8 +7,9 @@ lowering its op family registered (registry.LOWERINGS, ops/<family>.py) into the
 and programs of ir.py (where the stride arithmetic the families share lives too). Every step
 is checked against the op table of the contract (contract/ops.py) as it is emitted."""
 import numpy as np
-from onnx import TensorProto, numpy_helper
+from onnx import AttributeProto, TensorProto, numpy_helper
 
+from ..contract.facts import INT32_MAX, INT32_MIN
 from ..errors import UnsupportedOpError, node_name
 from ..ir import (ACTIVATION, CONSTANT, CONTROL, FLOAT, GRAD, INPUT, INT8, INT32, LABEL,
                   LAZY_RESET_GRAD, LEARNING_RATE, OPTIMIZER_STATE, PARAM, STEP, UINT8, Program,
@@ -107,12 +108,32 @@ class Lowering:
                 raise UnsupportedOpError(
                     f"op '{node.op_type}' (node {node_name(node)}) is not supported; "
                     f"supported ops: {', '.join(sorted(LOWERINGS))}")
+            first = len(self.steps)
             lowering(self, node)
+            self._check_int_arguments(node, first)
         # The caller reads the loss and the model outputs (activations, or aliases of a
         # parameter or input, e.g. Identity(weight)); in-place results (updated parameters,
         # accumulated gradients) stay where they are.
         outputs = [self.t(o.name) for o in graph.output if o.name not in self.in_place]
         self.programs[name] = Program(name, self.steps, inputs, outputs)
+
+    def _check_int_arguments(self, node, first):
+        """A step's int arguments are int32 in the blob and on the device: refuse a node
+        whose steps (from `first`) need a value outside int32 that one of its attributes
+        put there (Conv strides of 2**62), naming the attribute, rather than fail in the
+        writer. An attribute the lowering reduces (a Dropout seed) is no matter. Other
+        values outside int32 are sizes and strides of a tensor with more elements than
+        int32 counts, which pack._check_limits refuses naming the tensor."""
+        if all(INT32_MIN <= v <= INT32_MAX for step in self.steps[first:] for v in step.ints):
+            return
+        for attr in node.attribute:
+            values = (list(attr.ints) if attr.type == AttributeProto.INTS
+                      else [attr.i] if attr.type == AttributeProto.INT else [])
+            if any(not INT32_MIN <= v <= INT32_MAX for v in values):
+                shown = values if attr.type == AttributeProto.INTS else values[0]
+                raise UnsupportedOpError(
+                    f"{self.where(node)}: attribute {attr.name}={shown} does not fit the "
+                    f"device's int32 step arguments (-2**31 .. 2**31 - 1)")
 
     def _persistent(self, name, role):
         if name not in self.persistent:

@@ -19,8 +19,7 @@ and zero points in the int arena, scales in the float arena."""
 import functools
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from ..errors import ArtifactError, UnsupportedOpError
 from ..graph import DOMAIN, attr

@@ -5,7 +5,6 @@ import dataclasses
 import os
 import tempfile
 
-from microtrain import blob as device_blob
 from microtrain import parser as device_blob_parser
 
 from ..artifacts import generate_artifacts

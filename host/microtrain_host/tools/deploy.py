@@ -6,6 +6,8 @@ boards/train_on_board.py; runs it (one loss per step); fetches the trained check
 For the emulated board (qemu-mps2-an385) it starts qemu-system-arm itself when no port is
 given. mpremote soft-resets the board at its first command, so everything is chained in one
 mpremote invocation."""
+import math
+import numbers
 import os
 import pathlib
 import re
@@ -18,7 +20,7 @@ import time
 
 from ..errors import MicrotrainHostError
 from . import boards, runtime
-from .train import load_data, write_device_data
+from .train import device_error, load_data, write_device_data
 
 TRAIN_SCRIPT = boards.REPO_ROOT / "boards" / "train_on_board.py"
 QEMU_FIRMWARE = boards.REPO_ROOT / ".cache" / "qemu-board" / "firmware.elf"
@@ -47,6 +49,13 @@ class Plan:
 
 
 def plan(artifacts, board_name, steps=None, epochs=None, placement=None):
+    for name, value in (("steps", steps), ("epochs", epochs)):
+        # a count of 0 would copy no data and train nothing; a negative one, the same
+        if value is not None and (isinstance(value, bool)
+                                  or not isinstance(value, numbers.Integral) or value < 1):
+            raise DeployError(f"{name} must be a positive integer, got {value!r}")
+    if steps is not None and epochs is not None:
+        raise DeployError("give steps or epochs, not both")
     board = boards.load_board(board_name)
     placement = placement or boards.default_placement(board)
     if placement == "romfs" and not board["romfs"]:
@@ -64,7 +73,6 @@ def plan(artifacts, board_name, steps=None, epochs=None, placement=None):
 
 def prepare(plan, data, workdir):
     """Write the board's files into workdir: runtime, data, script. Fills plan.files."""
-    from microtrain import blob as device_blob
     from microtrain import parser as device_blob_parser
     workdir = pathlib.Path(workdir)
     blob_path = plan.artifacts / "model.mtb"
@@ -78,7 +86,7 @@ def prepare(plan, data, workdir):
     if count > len(x):
         raise DeployError(f"--steps {plan.steps} needs {count} training samples (batch "
                           f"{batch}); {data} has {len(x)}")
-    write_device_data(workdir, b, x[:count], y[:count], x_val, y_val)
+    write_device_data(workdir, b, x[:count], y[:count], x_val, y_val, source=f"'{data}'")
     plan.samples = count
     labels = "i32" if (workdir / "y_train.i32").exists() else "f32"
     files = [(plan.artifacts / "model.mtb", "model.mtb"),
@@ -155,7 +163,10 @@ def run(plan, data, port=None, lr=None, output=None, with_optimizer_state=False,
         firmware=None, timeout=3600):
     """Deploy and train; report(kind, value) gets ("step", (index, loss)), ("heap", (phase,
     bytes)) and ("line", text) as they arrive. Returns a Result; raises DeployError when the
-    board run fails (its output in the message)."""
+    board run fails, with the board's last exception line (its other lines were reported)."""
+    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, numbers.Real)
+                           or not math.isfinite(lr) or lr < 0):
+        raise DeployError(f"the learning rate must be a finite number >= 0, got {lr!r}")
     output = pathlib.Path(output or plan.artifacts / "board_checkpoint")
     with tempfile.TemporaryDirectory(prefix="microtrain-deploy-") as tmp:
         labels = prepare(plan, data, tmp)
@@ -186,11 +197,13 @@ def _run_mpremote(plan, port, script, output, report, timeout, qemu):
             raise DeployError(f"board run exceeded {timeout} s")
     status = proc.wait()
     if status != 0 or result.peak is None or not partial.exists():
+        # The board's lines were reported as they came (its traceback included); the error
+        # is its last word: the exception it ended with, errno numbers in words.
         tail = "\n".join(result.log[-15:])
-        if qemu is not None:
-            tail += qemu.log_tail()
-        raise DeployError(f"training on {plan.board['name']} failed (mpremote exit {status}):\n"
-                          f"{tail}")
+        if qemu is not None and not tail.strip():
+            tail = qemu.log_tail()
+        raise DeployError(f"training on {plan.board['name']} failed (mpremote exit {status}): "
+                          f"{device_error(tail, status)}")
     os.replace(partial, output)
     result.checkpoint = output
     return result

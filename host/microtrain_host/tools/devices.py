@@ -6,6 +6,8 @@ code a board runs): in this process under CPython (`CPythonDevice`) or as a Micr
 Unix-port process (`MicroPythonDevice`). Both take the global parameters as one flat float32
 buffer and hand back the new buffer, bit for bit the same under either interpreter.
 """
+import math
+import numbers
 import os
 import re
 import subprocess
@@ -16,12 +18,53 @@ import numpy as np
 
 from ..errors import MicrotrainHostError
 from ..ir import INT32
-from .train import device_package_dir, find_micropython
+from .train import device_error, device_package_dir, find_micropython
 
 
 
 class FederateError(MicrotrainHostError):
     """A federated run cannot start or a device failed."""
+
+
+def check_settings(clients, rounds, epochs, lr, alpha, fraction, seed, workers, updates_dir):
+    """FederateError naming the first bad argument of a federated run, before it starts
+    (Flower's simulation takes a while to start, and a device would fail only in round 1).
+    Creates updates_dir when given, so that a path that cannot be a directory is refused
+    now rather than after the first round's training."""
+    def count(name, value, low=1):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+            raise FederateError(f"{name} must be an integer >= {low}, got {value!r}")
+
+    def real(name, value):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+                or not math.isfinite(value):
+            raise FederateError(f"{name} must be a finite number, got {value!r}")
+
+    count("clients", clients)
+    count("rounds", rounds)
+    count("epochs", epochs)
+    count("seed", seed, 0)   # numpy's generators take no negative seed
+    if workers is not None:
+        count("workers", workers)
+    real("lr", lr)
+    if lr < 0:
+        raise FederateError(f"the learning rate must be >= 0, got {lr!r}")
+    real("alpha", alpha)
+    if alpha <= 0:
+        raise FederateError(f"the Dirichlet concentration alpha must be > 0, got {alpha!r}")
+    real("fraction", fraction)
+    if not 0 < fraction <= 1:
+        raise FederateError(f"fraction of devices sampled per round must be in (0, 1], "
+                            f"got {fraction!r}")
+    if updates_dir:
+        if os.path.exists(updates_dir) and not os.path.isdir(updates_dir):
+            raise FederateError(f"cannot keep the updates in '{updates_dir}': it is a file, "
+                                f"not a directory")
+        try:
+            os.makedirs(updates_dir, exist_ok=True)
+        except OSError as e:
+            raise FederateError(f"cannot keep the updates in '{updates_dir}': "
+                                f"{e.strerror or e}") from e
 
 
 def label_typecode(artifacts):
@@ -79,8 +122,8 @@ class MicroPythonDevice:
                 env=dict(os.environ, MICROPYPATH=str(device_package_dir())))
             match = re.search(r"^@round (\d+) (\S+)$", proc.stdout, re.M)
             if proc.returncode != 0 or match is None:
-                raise FederateError(f"MicroPython device failed ({proc.returncode}):\n"
-                                    f"{(proc.stdout + proc.stderr).strip()}")
+                raise FederateError(f"MicroPython device failed (exit {proc.returncode}): "
+                                    f"{device_error(proc.stdout + proc.stderr, proc.returncode)}")
             return (np.fromfile(out, "<f4").astype(np.float32), int(match.group(1)),
                     float(match.group(2)))
 

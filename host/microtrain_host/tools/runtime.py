@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import tempfile
 
-from microtrain import blob as device_blob
 from microtrain import parser as device_blob_parser
 from microtrain import opcodes as device_opcodes
 

@@ -1,10 +1,17 @@
 """`microtrain train`: train packed artifacts on the host with the *device* runtime, under
 CPython (in this process) or under the MicroPython Unix port (a subprocess)."""
+import errno
+import math
+import numbers
 import os
 import pathlib
+import re
 import shutil
+import signal
 import subprocess
 import tempfile
+import zipfile
+import zlib
 
 import numpy as np
 
@@ -33,27 +40,85 @@ def find_micropython(explicit=None):
 
 
 def load_data(path, val_split=0.2):
-    """x_train/y_train[/x_val/y_val] from an .npz (or x/y split off by val_split)."""
+    """x_train/y_train[/x_val/y_val] from an .npz (or x/y split off by val_split). Anything
+    else - a missing or corrupt file, a single .npy array, arrays of Python objects or
+    strings, inputs and labels of different lengths, NaN or infinite inputs - is a
+    TrainError naming the file and what is wrong with it."""
     try:
-        data = np.load(path)
-    except (OSError, ValueError) as e:
-        raise TrainError(f"cannot read data '{path}': {e}") from e
-    keys = set(data.files)
-    if {"x_train", "y_train"} <= keys:
-        x, y = data["x_train"], data["y_train"]
-        if {"x_val", "y_val"} <= keys:
-            return x, y, data["x_val"], data["y_val"]
-    elif {"x", "y"} <= keys:
-        x, y = data["x"], data["y"]
-    else:
-        raise TrainError(f"'{path}' needs arrays x_train, y_train (and x_val, y_val) or x, y; "
-                         f"it has {sorted(keys)}")
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except FileNotFoundError:
+        raise TrainError(f"data file '{path}' does not exist") from None
+    except IsADirectoryError:
+        raise TrainError(f"data '{path}' is a directory; give an .npz file") from None
+    except OSError as e:
+        raise TrainError(f"cannot read data '{path}': {e.strerror or e}") from e
+    if head == b"\x93NUMPY":
+        raise TrainError(f"data '{path}' holds a single array (an .npy file); training needs "
+                         f"an .npz with arrays x_train, y_train (and x_val, y_val) or x, y: "
+                         f"numpy.savez(path, x_train=..., y_train=...)")
+    if not head.startswith(b"PK"):
+        raise TrainError(f"data '{path}' is not an .npz file (it does not start as a zip "
+                         f"archive); save the arrays with numpy.savez")
+    try:
+        # allow_pickle=False: an .npz of object arrays would run code from the file when
+        # read; numpy raises ValueError for them instead (_read_array)
+        data = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        raise TrainError(f"cannot read data '{path}': a damaged or truncated .npz ({e})") from e
+    with data:
+        keys = set(data.files)
+        if {"x_train", "y_train"} <= keys:
+            names = ["x_train", "y_train"] + (["x_val", "y_val"] if {"x_val", "y_val"} <= keys
+                                              else [])
+        elif {"x", "y"} <= keys:
+            names = ["x", "y"]
+        else:
+            raise TrainError(f"'{path}' needs arrays x_train, y_train (and x_val, y_val) or "
+                             f"x, y; it has {sorted(keys)}")
+        arrays = [_read_array(data, path, name) for name in names]
+    for x_name, y_name, x, y in zip(names[::2], names[1::2], arrays[::2], arrays[1::2]):
+        if x.ndim == 0 or y.ndim == 0:
+            raise TrainError(f"'{path}': {x_name} and {y_name} must hold one sample per row; "
+                             f"their shapes are {list(x.shape)} and {list(y.shape)}")
+        if len(x) != len(y):
+            raise TrainError(f"'{path}': {x_name} has {len(x)} samples, {y_name} {len(y)}")
+        for name, array in ((x_name, x), (y_name, y)):
+            if array.dtype.kind == "f" and not np.isfinite(array).all():
+                raise TrainError(f"'{path}': {name} holds NaN or infinite values "
+                                 f"({int(np.count_nonzero(~np.isfinite(array)))} of "
+                                 f"{array.size})")
+    if len(arrays) == 4:
+        return tuple(arrays)
+    x, y = arrays[0], arrays[1]
     cut = int(round(len(x) * (1 - val_split)))
     return x[:cut], y[:cut], x[cut:], y[cut:]
 
 
-def write_device_data(directory, blob, x, y, x_val, y_val):
-    """Write the raw files microtrain.fit reads, after checking sizes against the blob."""
+def _read_array(data, path, name):
+    """One numeric array of an .npz, or a TrainError saying why not."""
+    try:
+        array = data[name]
+    except ValueError as e:
+        if "allow_pickle" in str(e):  # numpy's refusal of an object array
+            raise TrainError(f"'{path}': array '{name}' holds Python objects (dtype object); "
+                             f"save numbers, e.g. numpy.asarray(values, numpy.float32)") from e
+        raise TrainError(f"cannot read array '{name}' of '{path}': the file is corrupt "
+                         f"({e})") from e
+    except Exception as e:  # noqa: BLE001 - numpy's header parser raises whatever its
+        # tokenizer or zlib meets in damaged bytes (TokenError, SyntaxError, BadZipFile...)
+        raise TrainError(f"cannot read array '{name}' of '{path}': the file is corrupt "
+                         f"({type(e).__name__}: {e})") from e
+    if array.dtype.kind not in "biuf":
+        raise TrainError(f"'{path}': array '{name}' has dtype {array.dtype}; training needs "
+                         f"numbers (int or float)")
+    return array
+
+
+def check_data(blob, x, y, x_val, y_val, source="the data"):
+    """Raise TrainError when the arrays do not fit the blob's train program: the number of
+    values per sample of inputs and labels, at least one batch in each set, class-index
+    labels in range. source names the data in the message (its file)."""
     if "train" not in blob.programs:
         raise TrainError("this model computes its loss outside the graph (packed with loss "
                          "none): train it with Module.forward and Module.backward")
@@ -70,18 +135,29 @@ def write_device_data(directory, blob, x, y, x_val, y_val):
         xs = np.asarray(xs, np.float32).reshape(len(xs), -1)
         ys = np.asarray(ys).reshape(len(ys), -1)
         if xs.shape[1] != x_size:
-            raise TrainError(f"{name} inputs have {xs.shape[1]} values per sample, the model's "
-                             f"input '{blob.names[x_id]}' {list(blob.shapes[x_id])} needs {x_size}")
+            raise TrainError(f"{source}: {name} inputs have {xs.shape[1]} values per sample, "
+                             f"the model's input '{blob.names[x_id]}' "
+                             f"{list(blob.shapes[x_id])} needs {x_size}")
         if ys.shape[1] != y_size or len(ys) != len(xs):
-            raise TrainError(f"{name} labels: {len(ys)} x {ys.shape[1]} values for {len(xs)} "
-                             f"samples; the model needs {y_size} per sample")
+            raise TrainError(f"{source}: {name} labels: {len(ys)} x {ys.shape[1]} values for "
+                             f"{len(xs)} samples; the model needs {y_size} per sample")
         if len(xs) < batch:
-            raise TrainError(f"{name} set has {len(xs)} samples, fewer than one batch ({batch})")
+            raise TrainError(f"{source}: {name} set has {len(xs)} samples, fewer than one "
+                             f"batch ({batch})")
         if y_int and blob.num_classes:
-            bad = (ys < 0) | (ys >= blob.num_classes)
+            bad = (ys < 0) | (ys >= blob.num_classes) | (ys != np.round(ys))
             if bad.any():
-                raise TrainError(f"{name} labels must be class indices in [0, "
+                raise TrainError(f"{source}: {name} labels must be class indices in [0, "
                                  f"{blob.num_classes}); found {ys[bad][0]}")
+
+
+def write_device_data(directory, blob, x, y, x_val, y_val, source="the data"):
+    """Write the raw files microtrain.fit reads, after checking them (check_data)."""
+    check_data(blob, x, y, x_val, y_val, source)
+    y_int = blob.dtypes[blob.programs["train"].inputs[1]] == 1
+    for name, xs, ys in (("train", x, y), ("val", x_val, y_val)):
+        xs = np.asarray(xs, np.float32).reshape(len(xs), -1)
+        ys = np.asarray(ys).reshape(len(ys), -1)
         xs.astype("<f4").tofile(os.path.join(directory, f"x_{name}.f32"))
         if y_int:
             ys.astype("<i4").tofile(os.path.join(directory, f"y_{name}.i32"))
@@ -92,9 +168,11 @@ def write_device_data(directory, blob, x, y, x_val, y_val):
 def train(artifact_dir, data_path, epochs, learning_rate, output, runtime="cpython", seed=1,
           report=None, micropython=None, heap="8M"):
     """Train; report(kind, values) as microtrain.fit calls it. Returns the epoch records."""
-    from microtrain import blob as device_blob
     from microtrain import parser as device_blob_parser
     from microtrain import fit as device_fit
+    check_training_arguments(epochs, learning_rate, seed)
+    if runtime not in ("cpython", "micropython"):
+        raise TrainError(f"unknown runtime '{runtime}': cpython or micropython")
     artifact_dir = str(artifact_dir)
     blob_path = os.path.join(artifact_dir, "model.mtb")
     blob = device_blob_parser.load(blob_path)
@@ -108,7 +186,7 @@ def train(artifact_dir, data_path, epochs, learning_rate, output, runtime="cpyth
             report(kind, values)
 
     with tempfile.TemporaryDirectory(prefix="microtrain-data-") as data_dir:
-        write_device_data(data_dir, blob, x, y, x_val, y_val)
+        write_device_data(data_dir, blob, x, y, x_val, y_val, source=f"'{data_path}'")
         if runtime == "cpython":
             device_fit.run(artifact_dir, data_dir, epochs, float(learning_rate), str(output),
                            collect, seed)
@@ -125,11 +203,69 @@ def train(artifact_dir, data_path, epochs, learning_rate, output, runtime="cpyth
                     kind, *values = line[1:].split()
                     collect(kind, tuple(_parse(v) for v in values))
             err = proc.stderr.read()
-            if proc.wait() != 0:
-                raise TrainError(f"MicroPython run failed:\n{err.strip()}")
-        else:
-            raise TrainError(f"unknown runtime '{runtime}': cpython or micropython")
+            status = proc.wait()
+            if status != 0:
+                raise TrainError(f"MicroPython run failed: {device_error(err, status)}")
     return records
+
+
+def check_training_arguments(epochs, learning_rate, seed=0):
+    """TrainError unless epochs is a positive int, learning_rate a finite number >= 0 and
+    seed an int >= 0 (the device's generator is seeded with its low 32 bits)."""
+    if isinstance(epochs, bool) or not isinstance(epochs, numbers.Integral) or epochs < 1:
+        raise TrainError(f"epochs must be a positive integer, got {epochs!r}")
+    if (isinstance(learning_rate, bool) or not isinstance(learning_rate, numbers.Real)
+            or not math.isfinite(learning_rate) or learning_rate < 0):
+        raise TrainError(f"learning rate must be a finite number >= 0, got {learning_rate!r}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise TrainError(f"seed must be an integer >= 0, got {seed!r}")
+
+
+# The last line of a MicroPython traceback: `Name: message`, or a bare exception name.
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b(:.*)?$")
+
+
+def device_error(output, status=None):
+    """One line in words for a failed MicroPython run, from its output (a traceback, log
+    lines): the exception line the traceback ends with - or the last line - with errno
+    numbers spelled out (errno_in_words). The traceback's file and line lines are left out:
+    they point into the device runtime, not at what the user gave. status: the exit status,
+    named when there is no output (a crash, a kill)."""
+    lines = [line.strip() for line in (output or "").splitlines() if line.strip()]
+    found = [line for line in lines if _EXCEPTION_LINE.match(line)]
+    if found:
+        return errno_in_words(found[-1])
+    if lines:
+        return errno_in_words(lines[-1])
+    if status is not None and status < 0:
+        try:
+            return f"killed by signal {signal.Signals(-status).name}"
+        except ValueError:
+            return f"killed by signal {-status}"
+    return f"exit status {status}, no output"
+
+
+def errno_in_words(line):
+    """MicroPython prints an OSError as `[Errno 2] ENOENT`, or as the bare number where its
+    port has no name for it ("cannot write checkpoint 'x': 28"). Spell both as CPython does,
+    `[Errno 28] No space left on device`: MicroPython's errno values are the POSIX ones
+    (its ports use the C library's or its own table of the same numbers)."""
+    def words(number):
+        number = int(number)
+        if number not in errno.errorcode:
+            return None
+        return f"[Errno {number}] {os.strerror(number)}"
+
+    def named(match):
+        return words(match.group(1)) or match.group(0)
+
+    line = re.sub(r"\[Errno (\d+)\] [A-Z][A-Z0-9]*", named, line)
+    # a bare number ends the line after an OSError's type or a quoted path: "OSError: 28",
+    # "... '/path': 28" (the device runtime's messages embed the OSError so)
+    match = re.search(r"(?:^OSError|'): (\d+)$", line)
+    if match and words(match.group(1)):
+        line = line[:match.start(1)] + words(match.group(1))
+    return line
 
 
 def _parse(text):
