@@ -13,8 +13,8 @@
 #   round_shift(v, e)          round_half_even(v / 2**e)
 #   dither(I, at)              the xorshift16 generator of stochastic rounding
 #   update_step(...)           an SGD step in quanta, rounded stochastically or half to even
-#   round_quanta(I, v, random) v / 2**8 rounded the same way (a step kept in 1/256 quanta)
 #   descend_weight / descend_bias    W -= step, b -= step, clamped
+#   update_weight(...)         descend_weight by update_step
 #
 # 32-bit boards: small ints end at 2**30. requant splits the product into 12-bit limbs there
 # (requant_narrow, as the viper fast paths do), so no kernel allocates a big int unless an
@@ -27,6 +27,11 @@ from array import array
 
 BIAS_LIMIT = 1 << 23    # |trained int32 bias| clamp: keeps |acc| < 2**24 for k <= 256 inputs
 WEIGHT_LIMIT = 127      # |trained int8 weight| clamp (zero point 0, the scales fixed)
+# update_step's (m0, shift) for a step already counted in 1/256 quanta (a momentum
+# velocity): 1 / 2**8 written as 2 / 2**9, exact, so that the step keeps the 8 bits of
+# fraction stochastic rounding draws against (update_step dithers only when shift > 8)
+FINE_M0 = 2
+FINE_SHIFT = 9
 
 _F32 = array("f", [0.0])
 
@@ -230,14 +235,6 @@ def update_step(I, acc, m0, shift, random):
     return requant(acc, m0, shift)
 
 
-def round_quanta(I, v, random):
-    # v / 2**8 (a step kept in 1/256 quanta: a momentum velocity) in whole quanta, rounded
-    # as update_step rounds
-    if random >= 0:
-        return (v + (dither(I, random) & 255)) >> 8
-    return round_shift(v, 8)
-
-
 def clamp(v, limit):
     # v clamped to [-limit, limit]
     if v > limit:
@@ -252,6 +249,25 @@ def descend_weight(Q, at, step):
     Q[at] = clamp(((Q[at] ^ 128) - 128) - step, WEIGHT_LIMIT) & 255
 
 
+def update_weight(Q, I, at, acc, m0, shift, random):
+    # the SGD step of one int8 weight: descend_weight by update_step (in one call in the
+    # viper form, which is called per weight)
+    descend_weight(Q, at, update_step(I, acc, m0, shift, random))
+
+
 def descend_bias(I, at, step):
     # the int32 bias I[at] -= step, clamped to +-BIAS_LIMIT
     I[at] = clamp(I[at] - step, BIAS_LIMIT)
+
+
+# The viper forms of the step helpers (kernels/fixedpoint_viper.py), which the families'
+# viper modules import. Imported here, at module level, so that a model's minimal runtime
+# (tools/runtime.py follows module-level imports, try blocks included) carries it with this
+# module; CPython and a MicroPython without the viper emitter fail the import, and the
+# families keep their pure-Python kernels (kernels/fastpath.py).
+try:
+    from microtrain.kernels import fixedpoint_viper as _viper
+    _viper.WIDE = 1 if requant is requant_wide else 0
+    _viper.requant_exact = requant_saturated
+except (ImportError, SyntaxError):
+    pass

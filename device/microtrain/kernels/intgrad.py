@@ -38,8 +38,7 @@
 # channels x taps terms; every kernel only adds and multiplies such ints.
 from microtrain.kernels.fixedpoint import (derive_rates, descend_bias, descend_weight, f32,
                                           generator_check, layer_scales, pairs_of, positive,
-                                          quantization, requant, requant_saturated,
-                                          requant_wide, round_shift, update_step)
+                                          quantization, requant, round_shift, update_step)
 
 MANT_BITS = 13
 _TOP = 1 << MANT_BITS
@@ -352,23 +351,16 @@ def int_conv_update_check(args, c):
     derive_rates(c, 3, _weight_rates, (unit, sx, sw, m, x_zp))
 
 
-# The viper fast paths (MicroPython with the viper emitter): same integers, no allocation.
+# The viper fast paths (kernels/intgrad_viper.py, MicroPython with the viper emitter): the
+# same integers, no allocation. use_fast(False) switches back to the pure-Python kernels
+# (tests compare the two).
 _FAST_NAMES = ("int_pool_grad", "int_clamp_mask", "int_clamp_bias_grad",
                "int_conv_grad_input", "int_conv_update")
-_pure = {}      # name -> its pure-Python kernel (kernels/fastpath.py fills it)
-
-
-def _load_fast():
-    from microtrain.kernels import intgrad_viper as fast
-    from microtrain.kernels import inttrain_viper as helpers
-    helpers._slow = requant_saturated
-    helpers._WIDE = 1 if requant is requant_wide else 0
-    return fast
 
 
 def use_fast(on=True):
     from microtrain.kernels import fastpath
-    return fastpath.use_fast(globals(), _FAST_NAMES, _pure, on, _load_fast)
+    return fastpath.use_fast(globals(), _FAST_NAMES, on, "intgrad_viper")
 
 
 FAST = use_fast()

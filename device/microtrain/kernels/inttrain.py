@@ -44,11 +44,11 @@
 # for |acc| < 2**24, which holds for k <= 256 inputs and batches of up to 4 (a larger batch
 # is still exact but allocates big ints on 32-bit ports).
 import math
-from microtrain.kernels.fixedpoint import (BIAS_LIMIT, clamp, derive_once, derive_rates,
-                                          descend_bias, descend_weight, f32, generator_check,
-                                          layer_scales, pairs_of, positive, quantization,
-                                          requant, requant_saturated, requant_wide,
-                                          round_quanta, round_shift, update_step)
+from microtrain.kernels.fixedpoint import (BIAS_LIMIT, FINE_M0, FINE_SHIFT, clamp,
+                                          derive_once, derive_rates, descend_bias, f32,
+                                          generator_check, layer_scales, pairs_of, positive,
+                                          quantization, requant, round_shift, update_step,
+                                          update_weight)
 
 LOGIT_BITS = 8
 PROB_BITS = 14
@@ -167,6 +167,17 @@ def loss_value(I, at, m):
 
 
 # -- backward + update, fused ----------------------------------------------------------
+def _column(Q, I, px, pg, m, k, n, x_zp, flip):
+    # sum over the batch of g[i, j] * (x[i, t] - x_zp), px and pg at x[0, t] and g[0, j]:
+    # a weight's gradient
+    acc = 0
+    for _ in range(m):
+        acc += I[pg] * (((Q[px] ^ flip) - flip) - x_zp)
+        px += k
+        pg += n
+    return acc
+
+
 def _column_sum(I, g, m, n):
     # sum over the batch of g[i, j] (g at column j, rows n apart): the bias' gradient
     acc = 0
@@ -188,14 +199,8 @@ def int_gemm_update(F, I, args):
         shift = I[r + 1]
         pw = w + j * k
         for t in range(k):
-            acc = 0
-            px = x + t
-            pg = g + j
-            for _ in range(m):
-                acc += I[pg] * (((Q[px] ^ flip) - flip) - x_zp)
-                px += k
-                pg += n
-            descend_weight(Q, pw + t, update_step(I, acc, m0, shift, random))
+            update_weight(Q, I, pw + t, _column(Q, I, x + t, g + j, m, k, n, x_zp, flip), m0,
+                          shift, random)
         descend_bias(I, bias + j,
                      update_step(I, _column_sum(I, g + j, m, n), I[r + 2], I[r + 3], random))
 
@@ -218,19 +223,13 @@ def int_gemm_update_momentum(F, I, args):
         pw = w + j * k
         pv = vw + 2 * j * k
         for t in range(k):
-            acc = 0
-            px = x + t
-            pg = g + j
-            for _ in range(m):
-                acc += I[pg] * (((Q[px] ^ flip) - flip) - x_zp)
-                px += k
-                pg += n
+            acc = _column(Q, I, x + t, g + j, m, k, n, x_zp, flip)
             v = Q[pv] | (((Q[pv + 1] ^ 128) - 128) << 8)
             v = clamp(((v * mu + 8192) >> 14) + requant(acc, m0, shift), VELOCITY_LIMIT)
             Q[pv] = v & 255
             Q[pv + 1] = (v >> 8) & 255
             pv += 2
-            descend_weight(Q, pw + t, round_quanta(I, v, random))
+            update_weight(Q, I, pw + t, v, FINE_M0, FINE_SHIFT, random)
         acc = _column_sum(I, g + j, m, n)
         shift = I[r + 3] - 8 if I[r + 3] > 8 else 1
         v = I[vb + j]          # mu V rounded half up, in two parts (|V| < 2**23)
@@ -238,7 +237,7 @@ def int_gemm_update_momentum(F, I, args):
         v = hi * mu + (((v - (hi << 14)) * mu + 8192) >> 14) + requant(acc, I[r + 2], shift)
         v = clamp(v, BIAS_LIMIT)
         I[vb + j] = v
-        descend_bias(I, bias + j, round_quanta(I, v, random))
+        descend_bias(I, bias + j, update_step(I, v, FINE_M0, FINE_SHIFT, random))
 
 
 def int_gemm_update_momentum_check(args, c):
@@ -397,7 +396,7 @@ def int_conv1x1_update(F, I, args):
                     if lo < v < hi:
                         part += ((Q[px + p] ^ fx) - fx) - x_zp
                 acc += dc * part
-            descend_weight(Q, pw + t, update_step(I, acc, I[r], wshift, random))
+            update_weight(Q, I, pw + t, acc, I[r], wshift, random)
         acc = 0
         for i in range(m):
             dc = round_shift(I[d + i * cout + c], eb)
@@ -452,24 +451,16 @@ def int_conv1x1_update_check(args, c):
     derive_rates(c, 6, _conv_rates, (x_zp, sx, sw, unit, plane, m))
 
 
-# The viper fast paths (MicroPython with the viper emitter): same integers, no allocation.
+# The viper fast paths (kernels/inttrain_viper.py, MicroPython with the viper emitter): the
+# same integers, no allocation. use_fast(False) switches back to the pure-Python kernels
+# (tests compare the two).
 _FAST_NAMES = ("int_gemm_logits", "int_gemm_update", "int_gemm_grad_input",
                "int_conv1x1_update", "int_gemm_update_momentum")
-_pure = {}      # name -> its pure-Python kernel (kernels/fastpath.py fills it)
-
-
-def _load_fast():
-    from microtrain.kernels import inttrain_viper as fast
-    # beyond the limbs' range: the exact value saturated at +-2**29 (a small int on
-    # 32-bit ports; every caller clamps it far below that)
-    fast._slow = requant_saturated
-    fast._WIDE = 1 if requant is requant_wide else 0
-    return fast
 
 
 def use_fast(on=True):
     from microtrain.kernels import fastpath
-    return fastpath.use_fast(globals(), _FAST_NAMES, _pure, on, _load_fast)
+    return fastpath.use_fast(globals(), _FAST_NAMES, on, "inttrain_viper")
 
 
 FAST = use_fast()

@@ -31,8 +31,7 @@
 # big int unless an int32 bias or an accumulator reaches 2**24.
 import math
 from array import array
-from microtrain.kernels.fixedpoint import (f32, pairs_of, quantization, requant,
-                                          requant_saturated, requant_wide)
+from microtrain.kernels.fixedpoint import f32, pairs_of, quantization, requant
 
 
 def _scale(c, k):
@@ -460,24 +459,16 @@ def qlinear_lookup_check(args, c):
     c.holds(2, 256)
 
 
-# The viper fast paths (MicroPython with the viper emitter): same bytes, no allocation.
-# `use_fast(False)` switches back to the pure-Python kernels (tests compare the two).
+# The viper fast paths (kernels/qlinear_viper.py, MicroPython with the viper emitter): the
+# same bytes, no allocation. use_fast(False) switches back to the pure-Python kernels (tests
+# compare the two).
 _FAST_NAMES = ("qlinear_gemm", "qlinear_conv", "qlinear_add", "qlinear_average_pool",
                "qlinear_global_average_pool", "qlinear_lookup")
-_pure = {}      # name -> its pure-Python kernel (kernels/fastpath.py fills it)
-
-
-def _load_fast():
-    from microtrain.kernels import qlinear_viper as fast
-    fast._slow = requant_saturated
-    fast._pure_conv = _pure.get("qlinear_conv")
-    fast._WIDE = 1 if requant is requant_wide else 0
-    return fast
 
 
 def use_fast(on=True):
     from microtrain.kernels import fastpath
-    return fastpath.use_fast(globals(), _FAST_NAMES, _pure, on, _load_fast)
+    return fastpath.use_fast(globals(), _FAST_NAMES, on, "qlinear_viper")
 
 
 FAST = use_fast()
