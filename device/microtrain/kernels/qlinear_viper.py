@@ -29,9 +29,10 @@ _SAFE = const(268435456)   # 2**28: a bias within it keeps acc + 2**30 in [0, 2*
 # there.
 
 
-# qlinear_conv's state for the tap kernels below, filled once per call (see the top).
+# qlinear_conv's state for _taps below, filled once per call (see the top).
 # _GEO: cin_g, in_plane, taps, flip, x_zp + flip + 4096 (positive: a ptr32 load is unsigned
-# on 64-bit ports), then per output channel x_group and w_m, the rows of _TAB in use, s_w.
+# on 64-bit ports), then per output channel x_group and w_m, the rows of _TAB in use, s_w,
+# and whether _taps takes its plain loops.
 # _TAB: per tap of the kernel (up to _ROWS at a time), its rectangle of the output plane:
 # first accumulator (I index), first input offset (from x_group), tap index (weight offset),
 # count (elements per line), lines, skip_a (bytes from the end of a line to the next, in the
@@ -39,7 +40,7 @@ _SAFE = const(268435456)   # 2**28: a bias within it keeps acc + 2**30 in [0, 2*
 # load is unsigned on 64-bit ports); count 0: the tap never meets the image.
 _ROWS = const(16)            # 3x3 and 4x4 kernels in one table, larger ones in parts
 _SKEW = const(536870912)     # 2**29, a small int on every port
-_GEO = array("i", bytes(4 * 9))
+_GEO = array("i", bytes(4 * 10))
 _TAB = array("i", bytes(4 * 7 * _ROWS))
 _BUF = [None, None, None]    # the int32 arena, the byte arena, the weights' buffer
 
@@ -103,10 +104,14 @@ def _tap_table(args, t0: int, t1: int) -> int:
 
 
 @micropython.viper
-def _taps_plain() -> int:
-    # Unsigned inputs, unit stride along x, three or more input channels per group: per tap
-    # and input channel a[p] += x * w over the tap's rectangle (lines unrolled by four), then
-    # the zero point once per tap: (x - zp) * w = x * w - zp * w, summed over the channels.
+def _taps() -> int:
+    # Every tap of one output channel (the rows of _TAB in use) into its accumulator plane,
+    # per tap and input channel over the tap's rectangle, lines unrolled by four:
+    # plain (g[9]: unsigned inputs, unit stride along x, three or more input channels per
+    # group): a[p] += x * w, then the zero point once per tap: (x - zp) * w = x * w - zp * w,
+    # summed over the channels; else (any inputs, any stride along x): a[p] += (x ^ flip) *
+    # w - (zp + flip) * w (flip 0x80 makes an int8 byte's value + 0x80; few input channels
+    # per group, e.g. depthwise, take the zero point here, not in a pass of its own).
     pa = ptr32(_BUF[0])
     pb = ptr8(_BUF[1])
     wv = 0
@@ -119,79 +124,13 @@ def _taps_plain() -> int:
     cin_g = g[0]
     in_plane = g[1]
     taps = g[2]
-    zpf = g[4] - 4096
-    for r in range(0, 7 * g[7], 7):
-        count = t[r + 3]
-        if count == 0:
-            continue
-        first = a0 + 4 * t[r]
-        x_tap = xb + t[r + 1]
-        w_tap = t[r + 2]
-        lines = t[r + 4]
-        skip_a = t[r + 5] - _SKEW
-        skip_b = t[r + 6] - _SKEW
-        wsum = 0
-        for c in range(cin_g):
-            wv = (int(wb[w_tap + c * taps]) ^ 0x80) - 0x80
-            if wv == 0:
-                continue
-            wsum += wv
-            pa = ptr32(first)
-            pb = ptr8(x_tap + c * in_plane)
-            for _ in range(lines):
-                n = count >> 2
-                while n > 0:
-                    pa[0] = pa[0] + int(pb[0]) * wv
-                    pa[1] = pa[1] + int(pb[1]) * wv
-                    pa[2] = pa[2] + int(pb[2]) * wv
-                    pa[3] = pa[3] + int(pb[3]) * wv
-                    pa = ptr32(uint(pa) + 16)
-                    pb = ptr8(uint(pb) + 4)
-                    n -= 1
-                n = count & 3
-                while n > 0:
-                    pa[0] = pa[0] + int(pb[0]) * wv
-                    pa = ptr32(uint(pa) + 4)
-                    pb = ptr8(uint(pb) + 1)
-                    n -= 1
-                pa = ptr32(uint(pa) + skip_a)
-                pb = ptr8(uint(pb) + skip_b)
-        if wsum != 0:
-            wv = zpf * wsum
-            pa = ptr32(first)
-            for _ in range(lines):
-                n = count
-                while n > 0:
-                    pa[0] = pa[0] - wv
-                    pa = ptr32(uint(pa) + 4)
-                    n -= 1
-                pa = ptr32(uint(pa) + skip_a)
-    return 0
-
-
-@micropython.viper
-def _taps_general() -> int:
-    # Any inputs, any stride along x: a[p] += (x ^ flip) * w - (zp + flip) * w per tap and
-    # input channel (flip 0x80 makes an int8 byte's value + 0x80; few input channels per
-    # group, e.g. depthwise, take the zero point here, not in a pass of its own).
-    pa = ptr32(_BUF[0])
-    pb = ptr8(_BUF[1])
-    wv = 0
-    g = ptr32(_GEO)
-    t = ptr32(_TAB)
-    a0 = uint(pa)
-    b0 = uint(pb)
-    wb = ptr8(uint(ptr8(_BUF[2])) + g[6])
-    xb = b0 + g[5]
-    cin_g = g[0]
-    in_plane = g[1]
-    taps = g[2]
     flip = g[3]
     zpf = g[4] - 4096
     s1 = g[8]
     s2 = s1 + s1
     s3 = s2 + s1
     s4 = s2 + s2
+    plain = g[9]
     for r in range(0, 7 * g[7], 7):
         count = t[r + 3]
         if count == 0:
@@ -202,6 +141,44 @@ def _taps_general() -> int:
         lines = t[r + 4]
         skip_a = t[r + 5] - _SKEW
         skip_b = t[r + 6] - _SKEW
+        if plain:
+            wsum = 0
+            for c in range(cin_g):
+                wv = (int(wb[w_tap + c * taps]) ^ 0x80) - 0x80
+                if wv == 0:
+                    continue
+                wsum += wv
+                pa = ptr32(first)
+                pb = ptr8(x_tap + c * in_plane)
+                for _ in range(lines):
+                    n = count >> 2
+                    while n > 0:
+                        pa[0] = pa[0] + int(pb[0]) * wv
+                        pa[1] = pa[1] + int(pb[1]) * wv
+                        pa[2] = pa[2] + int(pb[2]) * wv
+                        pa[3] = pa[3] + int(pb[3]) * wv
+                        pa = ptr32(uint(pa) + 16)
+                        pb = ptr8(uint(pb) + 4)
+                        n -= 1
+                    n = count & 3
+                    while n > 0:
+                        pa[0] = pa[0] + int(pb[0]) * wv
+                        pa = ptr32(uint(pa) + 4)
+                        pb = ptr8(uint(pb) + 1)
+                        n -= 1
+                    pa = ptr32(uint(pa) + skip_a)
+                    pb = ptr8(uint(pb) + skip_b)
+            if wsum != 0:
+                wv = zpf * wsum
+                pa = ptr32(first)
+                for _ in range(lines):
+                    n = count
+                    while n > 0:
+                        pa[0] = pa[0] - wv
+                        pa = ptr32(uint(pa) + 4)
+                        n -= 1
+                    pa = ptr32(uint(pa) + skip_a)
+            continue
         for c in range(cin_g):
             wv = (int(wb[w_tap + c * taps]) ^ 0x80) - 0x80
             if wv == 0:
@@ -235,7 +212,7 @@ def qlinear_conv(F, I, args) -> int:
     # Y = requant(Conv(X - x_zp, W) + bias) with the taps outermost, as kernels/conv.py: per
     # image and output channel, an int32 accumulator plane (the step's scratch tensor, offset
     # by 2**30 so that it stays positive in a 32-bit word) gathers every tap's rectangle in
-    # tight loops (_taps_*); then the plane is requantized (fixedpoint_viper.requant_plane).
+    # tight loops (_taps); then the plane is requantized (fixedpoint_viper.requant_plane).
     a = ptr32(I)
     y = int(args[1])
     x = int(args[2])
@@ -278,9 +255,9 @@ def qlinear_conv(F, I, args) -> int:
     g[3] = flip
     g[4] = x_zp + flip + 4096
     g[8] = s_w
-    kernel = _taps_general
+    g[9] = 0
     if flip == 0 and cin_g >= 3 and s_w == 1:
-        kernel = _taps_plain
+        g[9] = 1
     one_table = 0
     if taps <= _ROWS:
         one_table = 1
@@ -305,7 +282,7 @@ def qlinear_conv(F, I, args) -> int:
                 if not one_table:
                     _tap_table(args, t0, t1)
                 g[7] = t1 - t0
-                kernel()
+                _taps()
                 t0 = t1
             requant_plane(I, q, out_plane, scratch, y, int(a[req + 4 + 2 * mo]),
                           int(a[req + 5 + 2 * mo]), y_zp, lo, hi)
