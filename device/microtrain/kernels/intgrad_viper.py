@@ -9,7 +9,7 @@
 import micropython
 from micropython import const
 from microtrain.kernels.fixedpoint_viper import (descend_bias, descend_weight, requant,
-                                                 round_shift, update_step, update_weight)
+                                                 round_shift, update_step)
 
 _TOP = const(8192)              # kernels/intgrad.py 2**MANT_BITS
 _HALF_TOP = const(4096)
@@ -301,12 +301,6 @@ def int_conv_update(F, I, args) -> int:
             for ky in range(k_h):
                 for kx in range(k_w):
                     acc = int(_weight_sum(args, I, mo, c, ky, kx, zp, fx))
-                    at = w + ((mo * cin_g + c) * k_h + ky) * k_w + kx
-                    if acc != 0 and m0 != 0 and acc > 0 - _LIMB and acc < _LIMB and \
-                            shift - e >= 1 and shift - e <= 62:
-                        # what _gstep leaves as it is: one call (a call per weight costs
-                        # about as much as forty inline operations)
-                        update_weight(args[0], I, at, acc, m0, shift - e, random)
-                    else:
-                        descend_weight(args[0], at, int(_gstep(I, acc, m0, shift, e, random)))
+                    descend_weight(args[0], w + ((mo * cin_g + c) * k_h + ky) * k_w + kx,
+                                   int(_gstep(I, acc, m0, shift, e, random)))
     return 0

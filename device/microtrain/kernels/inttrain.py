@@ -208,7 +208,8 @@ def int_gemm_update(F, I, args):
 def int_gemm_update_momentum(F, I, args):
     # SGD with momentum (torch's rule, dampening 0: v = mu v + g, w -= lr v) in quanta: the
     # velocity V of each weight is the step in 1/256 quanta, V = round(mu V) + step, and
-    # W -= V / 256 rounded (stochastically with random >= 0). V is an int16 (2 bytes, little
+    # W -= V / 256 rounded (update_step at the multiplier FINE_M0 / 2**FINE_SHIFT = 1 / 256:
+    # stochastically with random >= 0, else half to even). V is an int16 (2 bytes, little
     # endian, in the byte arena: a velocity beyond 128 quanta would move an int8 weight
     # across its whole range, so it is clamped there); the bias' velocity an int32, in 1/256
     # of its quanta too. mu in Q14; mu V rounded half up (|V * mu| < 2**29; the bias' in
