@@ -1,8 +1,10 @@
-# @micropython.viper forms of kernels/fixedpoint.py's step helpers, shared by the viper fast
-# paths of the integer families (qlinear_viper, inttrain_viper, intgrad_viper). Imported by
-# fixedpoint.py at module level, so that a model's minimal runtime (tools/runtime.py follows
-# module-level imports) carries it with any family that uses it; a build without the viper
-# emitter (or CPython) fails that import and the families keep their pure-Python kernels.
+# @micropython.viper forms of kernels/fixedpoint.py's requantization, shared by the viper
+# fast paths of the integer families (qlinear_viper; inttrain_viper and intgrad_viper, also
+# through intsgd_viper), with the two output helpers of the int8 kernels (requant_store,
+# requant_plane). Imported by fixedpoint.py at module level, so that a model's minimal
+# runtime (tools/runtime.py follows module-level imports) carries it with any family that
+# uses it; a build without the viper emitter (or CPython) fails that import and the families
+# keep their pure-Python kernels.
 #
 # Same integers as fixedpoint.py's helpers, in 32-bit machine words (boards) as in 64-bit
 # ones (the Unix port), nothing allocated (micropython.heap_lock()). Signed int32 values are
@@ -19,7 +21,6 @@ import micropython
 from micropython import const
 
 _LIMIT = const(16777216)        # 2**24: |acc| and m0 below it keep every limb product < 2**25
-_BIAS_LIMIT = const(8388608)    # fixedpoint.BIAS_LIMIT
 
 WIDE = 0                # set by fixedpoint.py: 1 where the machine word (and a small int)
                         # has 64 bits, so that acc * m0 fits one word
@@ -207,95 +208,4 @@ def requant_plane(pa: ptr32, pq: ptr8, count: int, acc: int, y: int, m0: int, sh
         elif z > hi:
             z = hi
         pq[p] = z & 0xFF
-    return 0
-
-
-@micropython.viper
-def round_shift(v: int, e: int) -> int:
-    # fixedpoint.round_shift: round half to even of v / 2**e (e >= 0)
-    if e == 0:
-        return v
-    q = v >> e
-    rem = v - (q << e)
-    half = 1 << (e - 1)
-    if rem > half:
-        q += 1
-    elif rem == half and (q & 1):
-        q += 1
-    return q
-
-
-@micropython.viper
-def dither(I, at: int) -> int:
-    # fixedpoint.dither: the next xorshift16 value of the state I[at] (0: unseeded)
-    r = ptr32(I)
-    s = r[at] & 0xFFFF
-    if s == 0:
-        s = 0xACE1
-    s ^= (s << 7) & 0xFFFF
-    s ^= s >> 9
-    s ^= (s << 8) & 0xFFFF
-    r[at] = s
-    return s
-
-
-@micropython.viper
-def update_step(I, acc: int, m0: int, shift: int, random: int) -> int:
-    # fixedpoint.update_step: the step acc * m0 / 2**shift in quanta, stochastic (random >= 0,
-    # 8 bits of fraction) or rounded half to even
-    if random >= 0 and shift > 8:
-        return (int(requant(acc, m0, shift - 8)) + (int(dither(I, random)) & 0xFF)) >> 8
-    return int(requant(acc, m0, shift))
-
-
-@micropython.viper
-def descend_weight(q, at: int, step: int) -> int:
-    # fixedpoint.descend_weight: the int8 weight Q[at] -= step, clamped to +-127
-    b = ptr8(q)
-    v = ((int(b[at]) ^ 0x80) - 0x80) - step
-    if v > 127:
-        v = 127
-    elif v < -127:
-        v = -127
-    b[at] = v & 0xFF
-    return 0
-
-
-@micropython.viper
-def update_weight(q, I, at: int, acc: int, m0: int, shift: int, random: int) -> int:
-    # fixedpoint.update_weight: the int8 weight Q[at] -= update_step(I, acc, m0, shift,
-    # random), clamped to +-127. Called once per weight, so update_step, dither and
-    # descend_weight are written out here: one call instead of four.
-    if random >= 0 and shift > 8:
-        r = ptr32(I)
-        s = r[random] & 0xFFFF
-        if s == 0:
-            s = 0xACE1
-        s ^= (s << 7) & 0xFFFF
-        s ^= s >> 9
-        s ^= (s << 8) & 0xFFFF
-        r[random] = s
-        step = (int(requant(acc, m0, shift - 8)) + (s & 0xFF)) >> 8
-    else:
-        step = int(requant(acc, m0, shift))
-    b = ptr8(q)
-    v = ((int(b[at]) ^ 0x80) - 0x80) - step
-    if v > 127:
-        v = 127
-    elif v < -127:
-        v = -127
-    b[at] = v & 0xFF
-    return 0
-
-
-@micropython.viper
-def descend_bias(I, at: int, step: int) -> int:
-    # fixedpoint.descend_bias: the int32 bias I[at] -= step, clamped to +-BIAS_LIMIT
-    v = int(I[at]) - step
-    if v > _BIAS_LIMIT:
-        v = _BIAS_LIMIT
-    elif v < 0 - _BIAS_LIMIT:
-        v = 0 - _BIAS_LIMIT
-    r = ptr32(I)
-    r[at] = v
     return 0

@@ -28,7 +28,7 @@
 # lose it within a few layers; one int per tensor, integer only).
 #
 # Steps: real step = acc * m0 / 2**shift * 2**e, rounded half to even or stochastically
-# (random >= 0: 8 bits of fraction and the xorshift16 generator) by kernels/fixedpoint.py's
+# (random >= 0: 8 bits of fraction and the xorshift16 generator) by kernels/intsgd.py's
 # update_step, as kernels/inttrain.py's steps are; acc reduced to below 2**24 first (the
 # requantization limbs' exact range on 32-bit ports: a double rounding, below 2**-14 of a
 # quantum for the steps here). Weights clamped to [-127, 127], biases to +-BIAS_LIMIT.
@@ -36,9 +36,10 @@
 # 32-bit ports: with MANT_BITS = 13, sums of m * P mantissas times bytes (< 2**21 each) stay
 # below 2**30 for m * P <= 511 (checked), input-gradient sums below 2**30 for up to 1024
 # channels x taps terms; every kernel only adds and multiplies such ints.
-from microtrain.kernels.fixedpoint import (derive_rates, descend_bias, descend_weight, f32,
-                                          generator_check, layer_scales, pairs_of, positive,
-                                          quantization, requant, round_shift, update_step)
+from microtrain.kernels.fixedpoint import f32, pairs_of, quantization, requant
+from microtrain.kernels.intsgd import (derive_rates, descend_bias, descend_weight,
+                                      generator_check, layer_scales, positive, round_shift,
+                                      update_step)
 
 MANT_BITS = 13
 _TOP = 1 << MANT_BITS
@@ -177,7 +178,7 @@ def bias_reals(unit, sx, sw, m, lr):
 
 
 def _bias_rates(params, lr):
-    # int_clamp_bias_grad's rates at learning rate lr (fixedpoint.derive_rates): per channel
+    # int_clamp_bias_grad's rates at learning rate lr (intsgd.derive_rates): per channel
     # the (m0, shift) of the bias step, then of the fold
     unit, sx, sw, m = params
     return pairs_of((r for pair in bias_reals(unit, sx, sw, m, lr) for r in pair), False)
@@ -324,7 +325,7 @@ def weight_reals(unit, sx, sw, m, lr):
 
 
 def _weight_rates(params, lr):
-    # int_conv_update's rates at learning rate lr (fixedpoint.derive_rates): x_zp, then the
+    # int_conv_update's rates at learning rate lr (intsgd.derive_rates): x_zp, then the
     # (m0, shift) of the weight step per channel
     unit, sx, sw, m, x_zp = params
     return [x_zp] + pairs_of(weight_reals(unit, sx, sw, m, lr), False)

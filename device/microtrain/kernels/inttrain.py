@@ -21,7 +21,7 @@
 #                        when the step has a generator state (default: steps below half a
 #                        quantum would be lost: digits head 90.3 % vs 84.7 % round-to-
 #                        nearest), else round half to even of acc * m0 / 2**shift
-#                        (fixedpoint.update_step, exact); W clamped to [-127, 127] (the
+#                        (intsgd.update_step, exact); W clamped to [-127, 127] (the
 #                        int8 weight range, zero point 0, scales fixed), bias to
 #                        +-BIAS_LIMIT.
 #   int_gemm_update_momentum   the same with SGD momentum (int16 velocities)
@@ -44,11 +44,11 @@
 # for |acc| < 2**24, which holds for k <= 256 inputs and batches of up to 4 (a larger batch
 # is still exact but allocates big ints on 32-bit ports).
 import math
-from microtrain.kernels.fixedpoint import (BIAS_LIMIT, FINE_M0, FINE_SHIFT, clamp,
-                                          derive_once, derive_rates, descend_bias, f32,
-                                          generator_check, layer_scales, pairs_of, positive,
-                                          quantization, requant, round_shift, update_step,
-                                          update_weight)
+from microtrain.kernels.fixedpoint import f32, pairs_of, quantization, requant
+from microtrain.kernels.intsgd import (BIAS_LIMIT, FINE_M0, FINE_SHIFT, clamp, derive_once,
+                                      derive_rates, descend_bias, generator_check,
+                                      layer_scales, positive, round_shift, update_step,
+                                      update_weight)
 
 LOGIT_BITS = 8
 PROB_BITS = 14
@@ -188,7 +188,7 @@ def _column_sum(I, g, m, n):
 
 
 def int_gemm_update(F, I, args):
-    # each weight's (and bias') step rounded by fixedpoint.update_step: stochastically with a
+    # each weight's (and bias') step rounded by intsgd.update_step: stochastically with a
     # generator state (random >= 0), else half to even
     Q, w, bias, x, g, rates, random, m, k, n, x_signed = args
     x_zp = I[rates]
@@ -269,7 +269,7 @@ def rate_values(x_zp, reals):
 
 
 def _update_rates(params, lr):
-    # int_gemm_update's rates at learning rate lr (fixedpoint.derive_rates)
+    # int_gemm_update's rates at learning rate lr (intsgd.derive_rates)
     x_zp, sx, sw, m = params
     return rate_values(x_zp, update_reals(sx, sw, m, lr))
 
@@ -293,7 +293,7 @@ def int_gemm_update_check(args, c):
 
 def set_learning_rate(b, I, lr):
     """Rewrite every update step's multipliers for learning rate lr (floats: outside any
-    step, as the Optimizer calls it): each record of b.int_rates (fixedpoint.derive_rates,
+    step, as the Optimizer calls it): each record of b.int_rates (intsgd.derive_rates,
     this family's steps and kernels/intgrad.py's) names the function computing its rates."""
     for tid, rates_of, params in b.int_rates:
         at = b.offsets[tid]
@@ -423,7 +423,7 @@ def conv_reals(sx, sw, unit, plane, m, lr):
 
 
 def _conv_rates(params, lr):
-    # int_conv1x1_update's rates at learning rate lr (fixedpoint.derive_rates)
+    # int_conv1x1_update's rates at learning rate lr (intsgd.derive_rates)
     x_zp, sx, sw, unit, plane, m = params
     return rate_values(x_zp, conv_reals(sx, sw, unit, plane, m, lr))
 

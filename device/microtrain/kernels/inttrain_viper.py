@@ -7,12 +7,13 @@
 # reads what it needs rather than a dozen converted arguments.
 import micropython
 from micropython import const
-from microtrain.kernels.fixedpoint_viper import (descend_bias, dither, requant, round_shift,
-                                                 update_step, update_weight)
+from microtrain.kernels.fixedpoint_viper import requant
+from microtrain.kernels.intsgd_viper import (descend_bias, dither, round_shift, update_step,
+                                             update_weight)
 
 _LOGIT_LIMIT = const(1048576)   # kernels/inttrain.py LOGIT_LIMIT
-_BIAS_LIMIT = const(8388608)    # kernels/fixedpoint.py BIAS_LIMIT
-_FINE_M0 = const(2)             # kernels/fixedpoint.py FINE_M0, FINE_SHIFT: 1 / 2**8
+_BIAS_LIMIT = const(8388608)    # kernels/intsgd.py BIAS_LIMIT
+_FINE_M0 = const(2)             # kernels/intsgd.py FINE_M0, FINE_SHIFT: 1 / 2**8
 _FINE_SHIFT = const(9)
 
 
