@@ -9,7 +9,7 @@
 #
 # In steps (integers only, nothing allocated on any port, so they run under
 # micropython.heap_lock()): requant(acc, m0, shift) = round_half_even(acc * m0 / 2**shift),
-# exactly. 32-bit boards: small ints end at 2**30, so requant splits the product into 12-bit
+# exactly, and round_shift(v, e) = round_half_even(v / 2**e). 32-bit boards: small ints end at 2**30, so requant splits the product into 12-bit
 # limbs there (requant_narrow, as the viper fast paths do) and no kernel allocates a big int
 # unless an accumulator or a bias reaches 2**24 (a bias beyond 2**30 is itself a big int
 # when read). Its viper forms are in kernels/fixedpoint_viper.py, integer for integer the
@@ -133,6 +133,13 @@ def requant_saturated(acc, m0, shift):
     if q < -536870912:
         return -536870912
     return q
+
+
+def round_shift(v, e):
+    # round half to even of v / 2**e (e >= 0): requant_wide's rounding with m0 = 1
+    if e == 0:
+        return v
+    return requant_wide(v, 1, e)
 
 
 # The viper forms (kernels/fixedpoint_viper.py), which the families' viper modules import.

@@ -209,3 +209,18 @@ def requant_plane(pa: ptr32, pq: ptr8, count: int, acc: int, y: int, m0: int, sh
             z = hi
         pq[p] = z & 0xFF
     return 0
+
+
+@micropython.viper
+def round_shift(v: int, e: int) -> int:
+    # fixedpoint.round_shift: round half to even of v / 2**e (e >= 0)
+    if e == 0:
+        return v
+    q = v >> e
+    rem = v - (q << e)
+    half = 1 << (e - 1)
+    if rem > half:
+        q += 1
+    elif rem == half and (q & 1):
+        q += 1
+    return q

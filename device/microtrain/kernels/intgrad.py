@@ -36,10 +36,9 @@
 # 32-bit ports: with MANT_BITS = 13, sums of m * P mantissas times bytes (< 2**21 each) stay
 # below 2**30 for m * P <= 511 (checked), input-gradient sums below 2**30 for up to 1024
 # channels x taps terms; every kernel only adds and multiplies such ints.
-from microtrain.kernels.fixedpoint import f32, pairs_of, quantization, requant
+from microtrain.kernels.fixedpoint import f32, pairs_of, quantization, requant, round_shift
 from microtrain.kernels.intsgd import (derive_rates, descend_bias, descend_weight,
-                                      generator_check, layer_scales, positive, round_shift,
-                                      update_step)
+                                      generator_check, layer_scales, positive, update_step)
 
 MANT_BITS = 13
 _TOP = 1 << MANT_BITS

@@ -8,8 +8,8 @@
 # far.
 import micropython
 from micropython import const
-from microtrain.kernels.fixedpoint_viper import requant
-from microtrain.kernels.intsgd_viper import descend_bias, descend_weight, round_shift, update_step
+from microtrain.kernels.fixedpoint_viper import requant, round_shift
+from microtrain.kernels.intsgd_viper import descend_bias, descend_weight, update_step
 
 _TOP = const(8192)              # kernels/intgrad.py 2**MANT_BITS
 _HALF_TOP = const(4096)

@@ -10,7 +10,6 @@
 # every family's rates without importing the family.
 #
 # In steps (integers only, nothing allocated on any port):
-#   round_shift(v, e)          round_half_even(v / 2**e)
 #   dither(I, at)              the xorshift16 generator of stochastic rounding
 #   update_step(...)           a step acc * m0 / 2**shift in quanta, rounded stochastically
 #                              or half to even
@@ -18,7 +17,7 @@
 #   update_weight(...)         descend_weight by update_step
 # Their viper forms are in kernels/intsgd_viper.py, integer for integer the same.
 from array import array
-from microtrain.kernels.fixedpoint import quantization, requant, requant_wide
+from microtrain.kernels.fixedpoint import quantization, requant
 
 BIAS_LIMIT = 1 << 23    # |trained int32 bias| clamp: keeps |acc| < 2**24 for k <= 256 inputs
 WEIGHT_LIMIT = 127      # |trained int8 weight| clamp (zero point 0, the scales fixed)
@@ -87,11 +86,6 @@ def derive_rates(c, k, rates_of, params):
 
 
 # -- in steps ------------------------------------------------------------------------------
-def round_shift(v, e):
-    # round half to even of v / 2**e (e >= 0): requant_wide's rounding with m0 = 1
-    if e == 0:
-        return v
-    return requant_wide(v, 1, e)
 
 
 def dither(I, at):

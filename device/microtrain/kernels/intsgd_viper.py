@@ -13,21 +13,6 @@ _BIAS_LIMIT = const(8388608)    # intsgd.BIAS_LIMIT
 
 
 @micropython.viper
-def round_shift(v: int, e: int) -> int:
-    # intsgd.round_shift: round half to even of v / 2**e (e >= 0)
-    if e == 0:
-        return v
-    q = v >> e
-    rem = v - (q << e)
-    half = 1 << (e - 1)
-    if rem > half:
-        q += 1
-    elif rem == half and (q & 1):
-        q += 1
-    return q
-
-
-@micropython.viper
 def dither(I, at: int) -> int:
     # intsgd.dither: the next xorshift16 value of the state I[at] (0: unseeded)
     r = ptr32(I)

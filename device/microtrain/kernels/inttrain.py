@@ -44,11 +44,10 @@
 # for |acc| < 2**24, which holds for k <= 256 inputs and batches of up to 4 (a larger batch
 # is still exact but allocates big ints on 32-bit ports).
 import math
-from microtrain.kernels.fixedpoint import f32, pairs_of, quantization, requant
+from microtrain.kernels.fixedpoint import f32, pairs_of, quantization, requant, round_shift
 from microtrain.kernels.intsgd import (BIAS_LIMIT, FINE_M0, FINE_SHIFT, clamp, derive_once,
                                       derive_rates, descend_bias, generator_check,
-                                      layer_scales, positive, round_shift, update_step,
-                                      update_weight)
+                                      layer_scales, positive, update_step, update_weight)
 
 LOGIT_BITS = 8
 PROB_BITS = 14

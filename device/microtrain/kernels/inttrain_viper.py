@@ -7,9 +7,8 @@
 # reads what it needs rather than a dozen converted arguments.
 import micropython
 from micropython import const
-from microtrain.kernels.fixedpoint_viper import requant
-from microtrain.kernels.intsgd_viper import (descend_bias, dither, round_shift, update_step,
-                                             update_weight)
+from microtrain.kernels.fixedpoint_viper import requant, round_shift
+from microtrain.kernels.intsgd_viper import descend_bias, dither, update_step, update_weight
 
 _LOGIT_LIMIT = const(1048576)   # kernels/inttrain.py LOGIT_LIMIT
 _BIAS_LIMIT = const(8388608)    # kernels/intsgd.py BIAS_LIMIT
