@@ -185,11 +185,12 @@ def test_viper_requantization_equals_pure(micropython, tmp_path):
     script = tmp_path / "requant.py"
     script.write_text("""
 import random
-from microtrain.kernels import qlinear
-from microtrain.kernels import qlinear_viper as v
+from microtrain.kernels import fixedpoint, qlinear
+from microtrain.kernels import fixedpoint_viper as v
 random.seed(1)
 bad = 0
 cases = 0
+wide = v.WIDE
 for t in range(20000):
     acc = random.randint(-(1 << 24) + 1, (1 << 24) - 1)
     if t % 3 == 0:
@@ -198,11 +199,15 @@ for t in range(20000):
     shift = random.randint(1, 62) if t % 5 else random.randint(20, 45)
     if t % 7 == 0:
         m0 = 1 << 23          # exact ties
+    if t % 11 == 0:           # beyond the machine-word range: the exact helper
+        acc, m0, shift = acc * 3, random.choice((m0, -m0, 3 << 23)), random.randint(-2, 70)
     clamp = lambda q: max(-1000, min(1000, q))
     cases += 1
-    exact = clamp(qlinear._requant_wide(acc, m0, shift))
-    if clamp(v._requant(acc, m0, shift)) != exact or clamp(v._requant64(acc, m0, shift)) != \
-            exact or clamp(qlinear._requant_narrow(acc, m0, shift)) != exact:
+    exact = clamp(fixedpoint.requant_wide(acc, m0, shift))
+    results = [clamp(fixedpoint.requant_narrow(acc, m0, shift))]
+    for v.WIDE in (0, wide):  # the limbs, and one product on 64-bit ports
+        results.append(clamp(v.requant(acc, m0, shift)))
+    if results != [exact] * 3:
         bad += 1
 print(qlinear.FAST, cases, bad)
 """)

@@ -129,6 +129,10 @@ def test_a_minimal_runtime_keeps_the_viper_fast_path(digits_int8, micropython, t
     # the viper module keeps the kernels the model uses (and their helpers) only
     assert "def qlinear_gemm(" in sources["microtrain/kernels/qlinear_viper.py"]
     assert "def qlinear_add(" not in sources["microtrain/kernels/qlinear_viper.py"]
+    # the shared requantization comes along (kernels/fixedpoint.py imports it), the training
+    # families' helpers (kernels/intsgd.py) do not
+    assert "def requant_store(" in sources["microtrain/kernels/fixedpoint_viper.py"]
+    assert "microtrain/kernels/intsgd_viper.py" not in sources
     runtime.write_sources(sources, tmp_path / "rt")
     x = np.random.default_rng(2).random(8 * 64, dtype=np.float32)
     script = tmp_path / "infer.py"

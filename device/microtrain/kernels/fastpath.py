@@ -1,17 +1,21 @@
-# The switch between a kernel family's pure-Python kernels and their viper versions: the
-# use_fast(on) of qlinear.py and inttrain.py, written once so both families swap, fall back
-# and cope with trimmed runtimes alike. Imported by those use_fast()s when they run (at
-# import, FAST = use_fast()), so a runtime without them does not carry this module.
+# The switch between a kernel family's pure-Python kernels and their viper versions, written
+# once for the integer families (qlinear.py, inttrain.py, intgrad.py: their use_fast(on) call
+# it, FAST = use_fast() at import), so that they swap, fall back and cope with trimmed
+# runtimes alike. Imported by those use_fast()s when they run, so a runtime without them does
+# not carry this module.
 
 
-def use_fast(g, names, pure, on, load):
+def use_fast(g, names, on, module):
     """Put the pure-Python kernels back into the family's globals g, then with `on` the
-    viper ones of the module load() returns (load imports it and hands it what it needs).
-    `pure` is the family's {name: pure kernel}, filled on the first call (at import,
-    before any swap) with those of `names` that g defines: a trimmed runtime
-    (tools/runtime.py) keeps only the kernels its model uses. Returns `on`, or False when
-    load() cannot import the viper module (CPython; a MicroPython without viper)."""
-    if not pure:
+    viper ones of kernels/<module>.py. g["_pure"] is the family's {name: pure kernel},
+    filled on the first call (at import, before any swap) with those of `names` that g
+    defines: a trimmed runtime (tools/runtime.py) keeps only the kernels its model uses.
+    The viper module gets that dict as its _pure, the fallback for arguments its machine
+    words cannot hold. Returns `on`, or False when the viper module cannot be imported
+    (CPython; a MicroPython without viper)."""
+    pure = g.get("_pure")
+    if pure is None:
+        pure = g["_pure"] = {}
         for name in names:
             if name in g:
                 pure[name] = g[name]
@@ -19,9 +23,10 @@ def use_fast(g, names, pure, on, load):
         g[name] = pure[name]
     if on:
         try:
-            fast = load()
+            fast = __import__("microtrain.kernels." + module, None, None, ("_pure",))
         except (ImportError, SyntaxError):
             return False
+        fast._pure = pure
         for name in pure:
             g[name] = getattr(fast, name)
     return on

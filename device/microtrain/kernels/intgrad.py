@@ -28,31 +28,22 @@
 # lose it within a few layers; one int per tensor, integer only).
 #
 # Steps: real step = acc * m0 / 2**shift * 2**e, rounded half to even or stochastically
-# (random >= 0: the xorshift16 generator of kernels/inttrain.py, 8 bits of fraction) as
-# kernels/inttrain.py does; acc reduced to below 2**24 first (the requantization limbs'
-# exact range on 32-bit ports: a double rounding, below 2**-14 of a quantum for the steps
-# here). Weights clamped to [-127, 127], biases to +-BIAS_LIMIT.
+# (random >= 0: 8 bits of fraction and the xorshift16 generator) by kernels/intsgd.py's
+# update_step, as kernels/inttrain.py's steps are; acc reduced to below 2**24 first (the
+# requantization limbs' exact range on 32-bit ports: a double rounding, below 2**-14 of a
+# quantum for the steps here). Weights clamped to [-127, 127], biases to +-BIAS_LIMIT.
 #
 # 32-bit ports: with MANT_BITS = 13, sums of m * P mantissas times bytes (< 2**21 each) stay
 # below 2**30 for m * P <= 511 (checked), input-gradient sums below 2**30 for up to 1024
 # channels x taps terms; every kernel only adds and multiplies such ints.
-from microtrain.kernels.inttrain import (BIAS_LIMIT, _derived, _dither, _f32, _positive,
-                                         _requant, _round_shift, _scale)
-from microtrain.kernels.qlinear import requant_pair as _requant_pair
+from microtrain.kernels.fixedpoint import f32, pairs_of, quantization, requant, round_shift
+from microtrain.kernels.intsgd import (derive_rates, descend_bias, descend_weight,
+                                      generator_check, layer_scales, positive, update_step)
 
 MANT_BITS = 13
 _TOP = 1 << MANT_BITS
 _LIMB = 1 << 24
 MAX_SUM = 511            # m * P of one sum of mantissas times bytes
-
-
-def requant_pair(real):
-    # (m0, shift), real == m0 / 2**shift, m0 < 2**24, of a positive float32 multiplier:
-    # qlinear's requant_pair without its shift range, since the steps here subtract the
-    # gradient's exponent from the shift before they round (the units fixed at load
-    # shrink layer by layer while the exponents grow: a step's rate can be 2**-90); _step
-    # clamps the shift it uses.
-    return _requant_pair(real, False)
 
 
 def _normalize(I, g, count):
@@ -73,7 +64,7 @@ def _normalize(I, g, count):
             e -= 1
     if e > 0:
         for i in range(g + 1, g + 1 + count):
-            I[i] = _round_shift(I[i], e)
+            I[i] = round_shift(I[i], e)
     elif e < 0:
         for i in range(g + 1, g + 1 + count):
             I[i] = I[i] << -e
@@ -81,20 +72,21 @@ def _normalize(I, g, count):
 
 
 def _step(I, acc, m0, shift, e, random):
-    # round(acc * m0 / 2**shift * 2**e): half to even, or stochastic with random >= 0
+    # update_step of acc * 2**e: round(acc * m0 / 2**shift * 2**e), half to even or
+    # stochastic with random >= 0. The rates' shifts are not limited to 62 (pairs_of
+    # uncapped: the units fixed at load shrink layer by layer while the exponents grow, a
+    # step's rate can be 2**-90), so the exponent is subtracted and the shift clamped here.
     if acc == 0 or m0 == 0:     # (a zero rate: learning rate 0, whatever the exponent)
         return 0
     shift -= e
     while acc >= _LIMB or acc <= -_LIMB:
-        acc = _round_shift(acc, 1)
+        acc = round_shift(acc, 1)
         shift -= 1
     if shift < 1:
         return 1 << 29 if acc > 0 else -(1 << 29)    # beyond every clamp
     if shift > 62:
         shift = 62
-    if random >= 0 and shift > 8:
-        return (_requant(acc, m0, shift - 8) + (_dither(I, random) & 255)) >> 8
-    return _requant(acc, m0, shift)
+    return update_step(I, acc, m0, shift, random)
 
 
 # -- GlobalAveragePool's backward ------------------------------------------------------
@@ -117,7 +109,7 @@ def int_pool_grad_check(args, c):
     unit = c.blob.int_units.get(c.tensors[1])
     if unit is None:
         c.fail("no step before this one gives its gradient tensor's unit")
-    c.blob.int_units[c.tensors[0]] = _f32(unit / plane)
+    c.blob.int_units[c.tensors[0]] = f32(unit / plane)
 
 
 # -- a convolution's clamp: mask, bias step, weight scale folded -----------------------
@@ -167,47 +159,28 @@ def int_clamp_bias_grad(F, I, args):
                 else:
                     I[pg] = 0
                 pg += 1
-        v = I[bias + c] - _step(I, acc, I[r], I[r + 1], e, random)
-        if v > BIAS_LIMIT:
-            v = BIAS_LIMIT
-        elif v < -BIAS_LIMIT:
-            v = -BIAS_LIMIT
-        I[bias + c] = v
+        descend_bias(I, bias + c, _step(I, acc, I[r], I[r + 1], e, random))
         m0 = I[r + 2]
         shift = I[r + 3] if I[r + 3] < 62 else 62      # a scale ratio below 2**-38: 0
         for i in range(m):
             pg = g + 1 + (i * channels + c) * plane
             for p in range(pg, pg + plane):
-                I[p] = _requant(I[p], m0, shift)
+                I[p] = requant(I[p], m0, shift)
 
 
 def bias_reals(unit, sx, sw, m, lr):
     """[(real_b, fold)] per channel of int_clamp_bias_grad: the bias step per unit of G
     (lr * u / (m * s_x * s_w[c]), bias quanta s_x * s_w[c]) and s_w[c] / max(s_w)."""
     top = max(sw)
-    u = _f32(_f32(lr * unit) / m)
-    return [(_f32(u / _f32(sx * s)), _f32(s / top)) for s in sw]
+    u = f32(f32(lr * unit) / m)
+    return [(f32(u / f32(sx * s)), f32(s / top)) for s in sw]
 
 
-def _pairs(reals):
-    values = []
-    for a, b in reals:
-        values += requant_pair(a)
-        values += requant_pair(b)
-    return values
-
-
-def _scales(c, x, w, channels):
-    sx = _scale(c, x)[0][0]
-    sw = _scale(c, w)[0]
-    if len(sw) == 1:
-        sw = tuple(sw) * channels
-    if len(sw) != channels:
-        c.fail("%d weight scales for %d output channels" % (len(sw), channels))
-    _positive(c, sx, "input scale")
-    for s in sw:
-        _positive(c, s, "weight scale")
-    return sx, tuple(sw)
+def _bias_rates(params, lr):
+    # int_clamp_bias_grad's rates at learning rate lr (intsgd.derive_rates): per channel
+    # the (m0, shift) of the bias step, then of the fold
+    unit, sx, sw, m = params
+    return pairs_of((r for pair in bias_reals(unit, sx, sw, m, lr) for r in pair), False)
 
 
 def int_clamp_bias_grad_check(args, c):
@@ -219,17 +192,12 @@ def int_clamp_bias_grad_check(args, c):
     c.holds(2, channels)
     c.role(2, "param")
     c.holds(3, 4 * channels)
-    if c.present(4):
-        c.holds(4, 1)
-        c.role(4, "optimizer_state")
+    generator_check(c, 4)
     unit = c.blob.int_units.get(c.tensors[0])
     if unit is None:
         c.fail("no step before this one gives its gradient tensor's unit")
-    sx, sw = _scales(c, 1, 5, channels)
-    lr = c.blob.optimizer.get("learning_rate", 0.0)
-    from array import array
-    if _derived(c, 3, array("i", _pairs(bias_reals(unit, sx, sw, m, lr)))):
-        c.blob.int_rates.append((c.tensors[3], None, "bias", (unit, sx, sw, m), None))
+    sx, _, sw = layer_scales(c, 1, 5, channels, True)
+    derive_rates(c, 3, _bias_rates, (unit, sx, sw, m))
     # G now holds G * s_w[c] / max(s_w): what the input gradient and the weight update read
 
 
@@ -297,10 +265,10 @@ def int_conv_grad_input_check(args, c):
     unit = c.blob.int_units.get(c.tensors[1])
     if unit is None:
         c.fail("no step before this one gives its gradient tensor's unit")
-    sw = _scale(c, 2)[0]
+    sw = quantization(c, 2)[0]
     for s in sw:
-        _positive(c, s, "weight scale")
-    unit = _f32(max(sw) * unit)
+        positive(c, s, "weight scale")
+    unit = f32(max(sw) * unit)
     if not unit > 1e-30:
         c.fail("the gradient's unit underflows float32 (%r): too many layers" % unit)
     c.blob.int_units[c.tensors[0]] = unit
@@ -343,21 +311,23 @@ def int_conv_update(F, I, args):
                                 ix = ox * s_w - pad_l + kx * d_w
                                 if 0 <= ix < in_w:
                                     acc += v * (((Q[row + ix] ^ fx) - fx) - x_zp)
-                    at = w + ((mo * cin_g + c) * k_h + ky) * k_w + kx
-                    v = ((Q[at] ^ 128) - 128) - _step(I, acc, m0, shift, e, random)
-                    if v > 127:
-                        v = 127
-                    elif v < -127:
-                        v = -127
-                    Q[at] = v & 255
+                    descend_weight(Q, w + ((mo * cin_g + c) * k_h + ky) * k_w + kx,
+                                   _step(I, acc, m0, shift, e, random))
 
 
 def weight_reals(unit, sx, sw, m, lr):
     """[real_w] per channel of int_conv_update: the weight step (quanta s_w[c]) per unit of
     the folded G times (x - x_zp): lr * u * s_x * max(s_w) / (m * s_w[c]**2)."""
     top = max(sw)
-    u = _f32(_f32(_f32(lr * unit) / m) * _f32(sx * top))
-    return [_f32(_f32(u / s) / s) for s in sw]
+    u = f32(f32(f32(lr * unit) / m) * f32(sx * top))
+    return [f32(f32(u / s) / s) for s in sw]
+
+
+def _weight_rates(params, lr):
+    # int_conv_update's rates at learning rate lr (intsgd.derive_rates): x_zp, then the
+    # (m0, shift) of the weight step per channel
+    unit, sx, sw, m, x_zp = params
+    return [x_zp] + pairs_of(weight_reals(unit, sx, sw, m, lr), False)
 
 
 def int_conv_update_check(args, c):
@@ -372,61 +342,25 @@ def int_conv_update_check(args, c):
     c.holds(1, m * groups * cin_g * in_h * in_w)
     c.holds(2, 1 + m * channels * out_h * out_w)
     c.holds(3, 1 + 2 * channels)
-    if c.present(4):
-        c.holds(4, 1)
-        c.role(4, "optimizer_state")
+    generator_check(c, 4)
     c.within(x_signed, 0, 1, "signed flag")
     unit = c.blob.int_units.get(c.tensors[2])
     if unit is None:
         c.fail("no step before this one gives its gradient tensor's unit")
-    sx, sw = _scales(c, 1, 0, channels)
-    x_zp = _scale(c, 1)[1][0]
-    lr = c.blob.optimizer.get("learning_rate", 0.0)
-    from array import array
-    values = [x_zp]
-    for real in weight_reals(unit, sx, sw, m, lr):
-        values += requant_pair(real)
-    if _derived(c, 3, array("i", values)):
-        c.blob.int_rates.append((c.tensors[3], None, "weight", (unit, sx, sw, m), x_zp))
+    sx, x_zp, sw = layer_scales(c, 1, 0, channels, True)
+    derive_rates(c, 3, _weight_rates, (unit, sx, sw, m, x_zp))
 
 
-def rate_values(kind, params, x_zp, lr):
-    """The rates tensor's values of an int_clamp_bias_grad ("bias") or int_conv_update
-    ("weight") step at learning rate lr (kernels/inttrain.py set_learning_rate)."""
-    unit, sx, sw, m = params
-    if kind == "bias":
-        return _pairs(bias_reals(unit, sx, sw, m, lr))
-    values = [x_zp]
-    for real in weight_reals(unit, sx, sw, m, lr):
-        values += requant_pair(real)
-    return values
-
-
-# The viper fast paths (MicroPython with the viper emitter): same integers, no allocation.
+# The viper fast paths (kernels/intgrad_viper.py, MicroPython with the viper emitter): the
+# same integers, no allocation. use_fast(False) switches back to the pure-Python kernels
+# (tests compare the two).
 _FAST_NAMES = ("int_pool_grad", "int_clamp_mask", "int_clamp_bias_grad",
                "int_conv_grad_input", "int_conv_update")
-_pure = {}
-for _name in _FAST_NAMES:
-    if _name in globals():
-        _pure[_name] = globals()[_name]
 
 
 def use_fast(on=True):
-    g = globals()
-    for name in _pure:
-        g[name] = _pure[name]
-    if on:
-        try:
-            from microtrain.kernels import intgrad_viper as fast
-            from microtrain.kernels import inttrain
-        except (ImportError, SyntaxError):   # CPython; a MicroPython without viper
-            return False
-        if not inttrain.FAST:
-            return False
-        for name in _pure:
-            if hasattr(fast, name):
-                g[name] = getattr(fast, name)
-    return on
+    from microtrain.kernels import fastpath
+    return fastpath.use_fast(globals(), _FAST_NAMES, on, "intgrad_viper")
 
 
 FAST = use_fast()

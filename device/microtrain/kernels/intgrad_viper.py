@@ -1,20 +1,20 @@
 # @micropython.viper fast paths of kernels/intgrad.py (imported by it only under MicroPython
-# with the viper emitter, and only when kernels/inttrain.py's fast paths loaded). The same
-# integers as the pure-Python kernels: the same normalization, rounding, dither order and
-# clamps; nothing is allocated, so they run under micropython.heap_lock(). Signed int32
-# values are read through the array object (a ptr32 load is unsigned on 64-bit ports) and
-# written through ptr32; helpers get the array objects (a pointer passed between viper
-# functions becomes an int object). The loops are split into helpers: Thumb and Xtensa
-# branches reach only so far.
+# with the viper emitter). The same integers as the pure-Python kernels: the same
+# normalization, kernels/fixedpoint_viper.py's rounding, dither order and clamps; nothing is
+# allocated, so they run under micropython.heap_lock(). Signed int32 values are read
+# through the array object (a ptr32 load is unsigned on 64-bit ports) and written through
+# ptr32; helpers get the array objects (a pointer passed between viper functions becomes an
+# int object). The loops are split into helpers: Thumb and Xtensa branches reach only so
+# far.
 import micropython
 from micropython import const
-from microtrain.kernels.inttrain_viper import _dither, _round_shift, _rq
+from microtrain.kernels.fixedpoint_viper import requant, round_shift
+from microtrain.kernels.intsgd_viper import descend_bias, descend_weight, update_step
 
 _TOP = const(8192)              # kernels/intgrad.py 2**MANT_BITS
 _HALF_TOP = const(4096)
 _LIMB = const(16777216)         # 2**24
 _SATURATED = const(536870912)   # 2**29
-_BIAS_LIMIT = const(8388608)    # kernels/inttrain.py BIAS_LIMIT
 
 
 @micropython.viper
@@ -37,7 +37,7 @@ def _normalize(I, g: int, count: int) -> int:
             e -= 1
     if e > 0:
         for i in range(g + 1, g + 1 + count):
-            r[i] = int(_round_shift(int(I[i]), e))
+            r[i] = int(round_shift(int(I[i]), e))
     elif e < 0:
         for i in range(g + 1, g + 1 + count):
             r[i] = int(I[i]) << (0 - e)
@@ -46,12 +46,12 @@ def _normalize(I, g: int, count: int) -> int:
 
 @micropython.viper
 def _gstep(I, acc: int, m0: int, shift: int, e: int, random: int) -> int:
-    # kernels/intgrad.py _step
+    # kernels/intgrad.py _step: the shift less the exponent, clamped, acc within the limbs
     if acc == 0 or m0 == 0:
         return 0
     shift -= e
     while acc >= _LIMB or acc <= 0 - _LIMB:
-        acc = int(_round_shift(acc, 1))
+        acc = int(round_shift(acc, 1))
         shift -= 1
     if shift < 1:
         if acc > 0:
@@ -59,9 +59,7 @@ def _gstep(I, acc: int, m0: int, shift: int, e: int, random: int) -> int:
         return 0 - _SATURATED
     if shift > 62:
         shift = 62
-    if random >= 0 and shift > 8:
-        return (int(_rq(acc, m0, shift - 8)) + (int(_dither(I, random)) & 0xFF)) >> 8
-    return int(_rq(acc, m0, shift))
+    return int(update_step(I, acc, m0, shift, random))
 
 
 @micropython.viper
@@ -141,13 +139,12 @@ def _fold(args, I, c: int, m0: int, shift: int) -> int:
     for i in range(m):
         pg = g + 1 + (i * channels + c) * plane
         for p in range(pg, pg + plane):
-            r[p] = int(_rq(int(I[p]), m0, shift))
+            r[p] = int(requant(int(I[p]), m0, shift))
     return 0
 
 
 @micropython.viper
 def int_clamp_bias_grad(F, I, args) -> int:
-    r = ptr32(I)
     g = int(args[1])
     bias = int(args[3])
     rates = int(args[4])
@@ -157,12 +154,7 @@ def int_clamp_bias_grad(F, I, args) -> int:
     for c in range(channels):
         at = rates + 4 * c
         acc = int(_masked(args, I, c))
-        v = int(I[bias + c]) - int(_gstep(I, acc, int(I[at]), int(I[at + 1]), e, random))
-        if v > _BIAS_LIMIT:
-            v = _BIAS_LIMIT
-        elif v < 0 - _BIAS_LIMIT:
-            v = 0 - _BIAS_LIMIT
-        r[bias + c] = v
+        descend_bias(I, bias + c, int(_gstep(I, acc, int(I[at]), int(I[at + 1]), e, random)))
         shift = int(I[at + 3])
         if shift > 62:
             shift = 62
@@ -288,7 +280,6 @@ def _weight_sum(args, I, mo: int, c: int, ky: int, kx: int, zp: int, fx: int) ->
 
 @micropython.viper
 def int_conv_update(F, I, args) -> int:
-    q = ptr8(args[0])
     w = int(args[1])
     g = int(args[3])
     rates = int(args[4])
@@ -310,12 +301,6 @@ def int_conv_update(F, I, args) -> int:
             for ky in range(k_h):
                 for kx in range(k_w):
                     acc = int(_weight_sum(args, I, mo, c, ky, kx, zp, fx))
-                    at = w + ((mo * cin_g + c) * k_h + ky) * k_w + kx
-                    v = ((int(q[at]) ^ 0x80) - 0x80) - int(_gstep(I, acc, m0, shift, e,
-                                                                   random))
-                    if v > 127:
-                        v = 127
-                    elif v < -127:
-                        v = -127
-                    q[at] = v & 0xFF
+                    descend_weight(args[0], w + ((mo * cin_g + c) * k_h + ky) * k_w + kx,
+                                   int(_gstep(I, acc, m0, shift, e, random)))
     return 0

@@ -21,8 +21,9 @@
 #                        when the step has a generator state (default: steps below half a
 #                        quantum would be lost: digits head 90.3 % vs 84.7 % round-to-
 #                        nearest), else round half to even of acc * m0 / 2**shift
-#                        (qlinear's _requant, exact); W clamped to [-127, 127] (the int8
-#                        weight range, zero point 0, scales fixed), bias to +-BIAS_LIMIT.
+#                        (intsgd.update_step, exact); W clamped to [-127, 127] (the
+#                        int8 weight range, zero point 0, scales fixed), bias to
+#                        +-BIAS_LIMIT.
 #   int_gemm_update_momentum   the same with SGD momentum (int16 velocities)
 #   int_gemm_grad_input, int_conv1x1_update   the 1x1 convolution (and its ReLU) before a
 #                        GlobalAveragePool feeding the classifier, trained from the
@@ -39,11 +40,14 @@
 # math.exp could round an entry differently); the checker validates it.
 #
 # 32-bit boards: small ints end at 2**30. Products stay below 2**28 (table entries and
-# probabilities are Q14); requantization uses qlinear's 12-bit limbs, exact for |acc| <
-# 2**24, which holds for k <= 256 inputs and batches of up to 4 (a larger batch is still
-# exact but allocates big ints on 32-bit ports).
+# probabilities are Q14); requantization uses kernels/fixedpoint.py's 12-bit limbs, exact
+# for |acc| < 2**24, which holds for k <= 256 inputs and batches of up to 4 (a larger batch
+# is still exact but allocates big ints on 32-bit ports).
 import math
-from microtrain.kernels.qlinear import _f32, _requant, _requant_wide, requant_pair
+from microtrain.kernels.fixedpoint import f32, pairs_of, quantization, requant, round_shift
+from microtrain.kernels.intsgd import (BIAS_LIMIT, FINE_M0, FINE_SHIFT, clamp, derive_once,
+                                      derive_rates, descend_bias, generator_check,
+                                      layer_scales, positive, update_step, update_weight)
 
 LOGIT_BITS = 8
 PROB_BITS = 14
@@ -51,40 +55,9 @@ ONE = 16384          # 1.0 in Q14
 EXP_HI = 48          # exp(-a / 4) for a < 48 (exp(-12) * 2**14 < 0.5: the rest is 0)
 EXP_LO = 64          # exp(-b / 256) for b < 64
 LOGIT_LIMIT = 1 << 20    # |z| clamp: +-4096 in real units, far beyond any useful logit
-BIAS_LIMIT = 1 << 23     # |bias| clamp: keeps |acc| < 2**24 for k <= 256
+VELOCITY_LIMIT = 32767   # |int16 velocity| of int_gemm_update_momentum, in 1/256 quanta
 MAX_K = 256
 GRAD_BITS = 4            # int_gemm_grad_input: extra bits of D for up to 16 classes
-
-
-def _scale(c, k):
-    q = c.blob.quant.get(c.tensors[k])
-    if q is None:
-        c.fail("tensor argument %d has no quantization scale" % k)
-    return q
-
-
-def _positive(c, v, what):
-    if not 0.0 < v < 3.4e38:
-        c.fail("%s %r is not positive and finite" % (what, v))
-
-
-def _derived(c, k, values):
-    # tensor argument k is a derived constant with no given values: its contents, computed
-    # (once: the eval program's step reads what the train program's derived). True when
-    # this call derived it.
-    tid = c.tensors[k]
-    done = c.blob.int_derived
-    if tid in done:
-        if done[tid] != len(values):
-            c.fail("derived tensor argument %d is shared by steps of other sizes" % k)
-        return False
-    if tid not in c.blob.derived:
-        c.fail("tensor argument %d must be a derived constant" % k)
-    if c.blob.derived.pop(tid):
-        c.fail("derived tensor argument %d has given values" % k)
-    done[tid] = len(values)
-    c.blob.derive(tid, bytes(values))
-    return True
 
 
 # -- forward: int32 logits -------------------------------------------------------------
@@ -99,12 +72,7 @@ def int_gemm_logits(F, I, args):
             pw = w + j * k
             for t in range(k):
                 acc += (((Q[xi + t] ^ flip) - flip) - x_zp) * (((Q[pw + t] ^ 128) - 128))
-            v = _requant(acc, I[req + 1 + 2 * j], I[req + 2 + 2 * j])
-            if v > LOGIT_LIMIT:
-                v = LOGIT_LIMIT
-            elif v < -LOGIT_LIMIT:
-                v = -LOGIT_LIMIT
-            I[z] = v
+            I[z] = clamp(requant(acc, I[req + 1 + 2 * j], I[req + 2 + 2 * j]), LOGIT_LIMIT)
             z += 1
 
 
@@ -118,17 +86,14 @@ def int_gemm_logits_check(args, c):
     c.holds(3, n)
     c.holds(4, 1 + 2 * n)
     c.within(x_signed, 0, 1, "signed flag")
-    sx, zx, _ = _scale(c, 1)
-    sw = _scale(c, 2)[0]
+    sx, zx, _ = quantization(c, 1)
+    sw = quantization(c, 2)[0]
     if len(sw) != n:
         c.fail("%d weight scales for %d output channels" % (len(sw), n))
-    values = [zx[0]]
-    for j in range(n):
-        real = _f32(_f32(sx[0] * sw[j]) * (1 << LOGIT_BITS))
-        _positive(c, real, "logit multiplier")
-        values += requant_pair(real)
-    from array import array
-    _derived(c, 4, array("i", values))
+    reals = [f32(f32(sx[0] * sw[j]) * (1 << LOGIT_BITS)) for j in range(n)]
+    for real in reals:
+        positive(c, real, "logit multiplier")
+    derive_once(c, 4, [zx[0]] + pairs_of(reals))
 
 
 # -- loss: integer softmax cross-entropy -----------------------------------------------
@@ -201,22 +166,29 @@ def loss_value(I, at, m):
 
 
 # -- backward + update, fused ----------------------------------------------------------
-def _dither(I, at):
-    # the next value of the xorshift16 generator whose state is I[at] (0: not seeded yet),
-    # 16 bits, so that no intermediate reaches 2**30 on any port
-    s = I[at] or 0xACE1
-    s ^= (s << 7) & 0xFFFF
-    s ^= s >> 9
-    s ^= (s << 8) & 0xFFFF
-    I[at] = s
-    return s
+def _column(Q, I, px, pg, m, k, n, x_zp, flip):
+    # sum over the batch of g[i, j] * (x[i, t] - x_zp), px and pg at x[0, t] and g[0, j]:
+    # a weight's gradient
+    acc = 0
+    for _ in range(m):
+        acc += I[pg] * (((Q[px] ^ flip) - flip) - x_zp)
+        px += k
+        pg += n
+    return acc
+
+
+def _column_sum(I, g, m, n):
+    # sum over the batch of g[i, j] (g at column j, rows n apart): the bias' gradient
+    acc = 0
+    for _ in range(m):
+        acc += I[g]
+        g += n
+    return acc
 
 
 def int_gemm_update(F, I, args):
-    # stochastic (random >= 0): each weight's (and bias') step is rounded up or down with the
-    # probabilities of its fraction (8 bits of it: the step in 1/256 quanta, rounded half to
-    # even, plus a uniform 0..255 from the generator at I[random], then >> 8), so that steps
-    # below half a quantum still move the weights on average; else round half to even.
+    # each weight's (and bias') step rounded by intsgd.update_step: stochastically with a
+    # generator state (random >= 0), else half to even
     Q, w, bias, x, g, rates, random, m, k, n, x_signed = args
     x_zp = I[rates]
     flip = 128 if x_signed else 0
@@ -224,47 +196,19 @@ def int_gemm_update(F, I, args):
         r = rates + 1 + 4 * j
         m0 = I[r]
         shift = I[r + 1]
-        fine = random >= 0 and shift > 8
         pw = w + j * k
         for t in range(k):
-            acc = 0
-            px = x + t
-            pg = g + j
-            for _ in range(m):
-                acc += I[pg] * (((Q[px] ^ flip) - flip) - x_zp)
-                px += k
-                pg += n
-            if fine:
-                step = (_requant(acc, m0, shift - 8) + (_dither(I, random) & 255)) >> 8
-            else:
-                step = _requant(acc, m0, shift)
-            v = ((Q[pw + t] ^ 128) - 128) - step
-            if v > 127:
-                v = 127
-            elif v < -127:
-                v = -127
-            Q[pw + t] = v & 255
-        acc = 0
-        pg = g + j
-        for _ in range(m):
-            acc += I[pg]
-            pg += n
-        if random >= 0 and I[r + 3] > 8:
-            step = (_requant(acc, I[r + 2], I[r + 3] - 8) + (_dither(I, random) & 255)) >> 8
-        else:
-            step = _requant(acc, I[r + 2], I[r + 3])
-        v = I[bias + j] - step
-        if v > BIAS_LIMIT:
-            v = BIAS_LIMIT
-        elif v < -BIAS_LIMIT:
-            v = -BIAS_LIMIT
-        I[bias + j] = v
+            update_weight(Q, I, pw + t, _column(Q, I, x + t, g + j, m, k, n, x_zp, flip), m0,
+                          shift, random)
+        descend_bias(I, bias + j,
+                     update_step(I, _column_sum(I, g + j, m, n), I[r + 2], I[r + 3], random))
 
 
 def int_gemm_update_momentum(F, I, args):
     # SGD with momentum (torch's rule, dampening 0: v = mu v + g, w -= lr v) in quanta: the
     # velocity V of each weight is the step in 1/256 quanta, V = round(mu V) + step, and
-    # W -= V / 256 rounded (stochastically with random >= 0). V is an int16 (2 bytes, little
+    # W -= V / 256 rounded (update_step at the multiplier FINE_M0 / 2**FINE_SHIFT = 1 / 256:
+    # stochastically with random >= 0, else half to even). V is an int16 (2 bytes, little
     # endian, in the byte arena: a velocity beyond 128 quanta would move an int8 weight
     # across its whole range, so it is clamped there); the bias' velocity an int32, in 1/256
     # of its quanta too. mu in Q14; mu V rounded half up (|V * mu| < 2**29; the bias' in
@@ -279,56 +223,21 @@ def int_gemm_update_momentum(F, I, args):
         pw = w + j * k
         pv = vw + 2 * j * k
         for t in range(k):
-            acc = 0
-            px = x + t
-            pg = g + j
-            for _ in range(m):
-                acc += I[pg] * (((Q[px] ^ flip) - flip) - x_zp)
-                px += k
-                pg += n
+            acc = _column(Q, I, x + t, g + j, m, k, n, x_zp, flip)
             v = Q[pv] | (((Q[pv + 1] ^ 128) - 128) << 8)
-            v = ((v * mu + 8192) >> 14) + _requant(acc, m0, shift)
-            if v > 32767:
-                v = 32767
-            elif v < -32767:
-                v = -32767
+            v = clamp(((v * mu + 8192) >> 14) + requant(acc, m0, shift), VELOCITY_LIMIT)
             Q[pv] = v & 255
             Q[pv + 1] = (v >> 8) & 255
             pv += 2
-            if random >= 0:
-                step = (v + (_dither(I, random) & 255)) >> 8
-            else:
-                step = _round_shift(v, 8)
-            v = ((Q[pw + t] ^ 128) - 128) - step
-            if v > 127:
-                v = 127
-            elif v < -127:
-                v = -127
-            Q[pw + t] = v & 255
-        acc = 0
-        pg = g + j
-        for _ in range(m):
-            acc += I[pg]
-            pg += n
+            update_weight(Q, I, pw + t, v, FINE_M0, FINE_SHIFT, random)
+        acc = _column_sum(I, g + j, m, n)
         shift = I[r + 3] - 8 if I[r + 3] > 8 else 1
         v = I[vb + j]          # mu V rounded half up, in two parts (|V| < 2**23)
         hi = v >> 14
-        v = hi * mu + (((v - (hi << 14)) * mu + 8192) >> 14) + _requant(acc, I[r + 2], shift)
-        if v > BIAS_LIMIT:
-            v = BIAS_LIMIT
-        elif v < -BIAS_LIMIT:
-            v = -BIAS_LIMIT
+        v = hi * mu + (((v - (hi << 14)) * mu + 8192) >> 14) + requant(acc, I[r + 2], shift)
+        v = clamp(v, BIAS_LIMIT)
         I[vb + j] = v
-        if random >= 0:
-            step = (v + (_dither(I, random) & 255)) >> 8
-        else:
-            step = _round_shift(v, 8)
-        v = I[bias + j] - step
-        if v > BIAS_LIMIT:
-            v = BIAS_LIMIT
-        elif v < -BIAS_LIMIT:
-            v = -BIAS_LIMIT
-        I[bias + j] = v
+        descend_bias(I, bias + j, update_step(I, v, FINE_M0, FINE_SHIFT, random))
 
 
 def int_gemm_update_momentum_check(args, c):
@@ -345,19 +254,23 @@ def update_reals(sx, sw, m, lr):
     """[(real_w, real_b) per channel] of int_gemm_update, float32 as a board computes them:
     real_w = lr * s_x / s_w / 2**14 / m, real_b = lr / (s_x * s_w) / 2**14 / m."""
     out = []
-    unit = _f32(ONE * m)
+    unit = f32(ONE * m)
     for s in sw:
-        out.append((_f32(_f32(_f32(lr * sx) / s) / unit),
-                    _f32(_f32(lr / _f32(sx * s)) / unit)))
+        out.append((f32(f32(f32(lr * sx) / s) / unit),
+                    f32(f32(lr / f32(sx * s)) / unit)))
     return out
 
 
 def rate_values(x_zp, reals):
-    values = [x_zp]
-    for rw, rb in reals:
-        values += requant_pair(rw)
-        values += requant_pair(rb)
-    return values
+    """An update step's rates tensor: [x_zp, then (m0_w, shift_w, m0_b, shift_b) per
+    channel] of its (real_w, real_b) pairs."""
+    return [x_zp] + pairs_of(r for pair in reals for r in pair)
+
+
+def _update_rates(params, lr):
+    # int_gemm_update's rates at learning rate lr (intsgd.derive_rates)
+    x_zp, sx, sw, m = params
+    return rate_values(x_zp, update_reals(sx, sw, m, lr))
 
 
 def int_gemm_update_check(args, c):
@@ -371,36 +284,19 @@ def int_gemm_update_check(args, c):
     c.holds(2, m * k)
     c.holds(3, m * n)
     c.holds(4, 1 + 4 * n)
-    if c.present(5):
-        c.holds(5, 1)
-        c.role(5, "optimizer_state")
+    generator_check(c, 5)
     c.within(x_signed, 0, 1, "signed flag")
-    sx, zx, _ = _scale(c, 2)
-    sw = _scale(c, 0)[0]
-    if len(sw) != n:
-        c.fail("%d weight scales for %d output channels" % (len(sw), n))
-    _positive(c, sx[0], "input scale")
-    for s in sw:
-        _positive(c, s, "weight scale")
-    lr = c.blob.optimizer.get("learning_rate", 0.0)
-    from array import array
-    if _derived(c, 4, array("i", rate_values(zx[0], update_reals(sx[0], sw, m, lr)))):
-        # what set_learning_rate needs to rewrite the multipliers
-        c.blob.int_rates.append((c.tensors[4], zx[0], sx[0], tuple(sw), m))
+    sx, x_zp, sw = layer_scales(c, 2, 0, n)
+    derive_rates(c, 4, _update_rates, (x_zp, sx, sw, m))
 
 
 def set_learning_rate(b, I, lr):
     """Rewrite every update step's multipliers for learning rate lr (floats: outside any
-    step, as the Optimizer calls it)."""
-    for tid, x_zp, sx, sw, m in b.int_rates:
+    step, as the Optimizer calls it): each record of b.int_rates (intsgd.derive_rates,
+    this family's steps and kernels/intgrad.py's) names the function computing its rates."""
+    for tid, rates_of, params in b.int_rates:
         at = b.offsets[tid]
-        if x_zp is None:                    # kernels/intgrad.py: (tid, None, kind, params, x_zp)
-            from microtrain.kernels.intgrad import rate_values as intgrad_rates
-            values = intgrad_rates(sx, sw, m, lr)
-        elif isinstance(m, tuple):          # int_conv1x1_update: (unit, plane, batch)
-            values = rate_values(x_zp, conv_reals(sx, sw, m[0], m[1], m[2], lr))
-        else:
-            values = rate_values(x_zp, update_reals(sx, sw, m, lr))
+        values = rates_of(params, lr)
         for i in range(len(values)):
             I[at + i] = values[i]
 
@@ -417,7 +313,7 @@ def int_gemm_grad_input(F, I, args):
             acc = 0
             pw = w + c
             for j in range(n):
-                h = _requant(I[gi + j], I[factors + 2 * j], I[factors + 2 * j + 1])
+                h = requant(I[gi + j], I[factors + 2 * j], I[factors + 2 * j + 1])
                 acc += h * ((Q[pw] ^ 128) - 128)
                 pw += k
             I[d + i * k + c] = acc
@@ -431,20 +327,16 @@ def int_gemm_grad_input_check(args, c):
     c.holds(1, m * n)
     c.holds(2, n * k)
     c.holds(3, 2 * n)
-    sw = _scale(c, 2)[0]
+    sw = quantization(c, 2)[0]
     if len(sw) != n:
         c.fail("%d weight scales for %d output channels" % (len(sw), n))
     top = 0.0
     for v in sw:
-        _positive(c, v, "weight scale")
+        positive(c, v, "weight scale")
         top = v if v > top else top
     extra = 1 << GRAD_BITS if n <= 16 else 1
-    values = []
-    for v in sw:
-        values += requant_pair(_f32(_f32(v / top) * extra))
-    from array import array
-    _derived(c, 3, array("i", values))
-    c.blob.int_units[c.tensors[0]] = _f32(top / (ONE * extra))      # D's real unit
+    derive_once(c, 3, pairs_of(f32(f32(v / top) * extra) for v in sw))
+    c.blob.int_units[c.tensors[0]] = f32(top / (ONE * extra))      # D's real unit
 
 
 def _mantissa(I, d, c, m, k, limit):
@@ -460,18 +352,6 @@ def _mantissa(I, d, c, m, k, limit):
         top >>= 1
         e += 1
     return e
-
-
-def _round_shift(v, e):
-    # round half to even of v / 2**e (e >= 0)
-    if e == 0:
-        return v
-    q = v >> e
-    r = v - (q << e)
-    half = 1 << (e - 1)
-    if r > half or (r == half and q & 1):
-        q += 1
-    return q
 
 
 def int_conv1x1_update(F, I, args):
@@ -505,7 +385,7 @@ def int_conv1x1_update(F, I, args):
         for t in range(cin):
             acc = 0
             for i in range(m):
-                dc = _round_shift(I[d + i * cout + c], e)
+                dc = round_shift(I[d + i * cout + c], e)
                 if dc == 0:
                     continue
                 py = y + (i * cout + c) * plane
@@ -516,19 +396,10 @@ def int_conv1x1_update(F, I, args):
                     if lo < v < hi:
                         part += ((Q[px + p] ^ fx) - fx) - x_zp
                 acc += dc * part
-            if random >= 0 and wshift > 8:
-                step = (_requant(acc, I[r], wshift - 8) + (_dither(I, random) & 255)) >> 8
-            else:
-                step = _requant(acc, I[r], wshift)
-            v = ((Q[pw + t] ^ 128) - 128) - step
-            if v > 127:
-                v = 127
-            elif v < -127:
-                v = -127
-            Q[pw + t] = v & 255
+            update_weight(Q, I, pw + t, acc, I[r], wshift, random)
         acc = 0
         for i in range(m):
-            dc = _round_shift(I[d + i * cout + c], eb)
+            dc = round_shift(I[d + i * cout + c], eb)
             py = y + (i * cout + c) * plane
             count = 0
             for p in range(plane):
@@ -536,16 +407,7 @@ def int_conv1x1_update(F, I, args):
                 if lo < v < hi:
                     count += 1
             acc += dc * count
-        if random >= 0 and bshift > 8:
-            step = (_requant(acc, I[r + 2], bshift - 8) + (_dither(I, random) & 255)) >> 8
-        else:
-            step = _requant(acc, I[r + 2], bshift)
-        v = I[bias + c] - step
-        if v > BIAS_LIMIT:
-            v = BIAS_LIMIT
-        elif v < -BIAS_LIMIT:
-            v = -BIAS_LIMIT
-        I[bias + c] = v
+        descend_bias(I, bias + c, update_step(I, acc, I[r + 2], bshift, random))
 
 
 def conv_reals(sx, sw, unit, plane, m, lr):
@@ -553,10 +415,16 @@ def conv_reals(sx, sw, unit, plane, m, lr):
     gradient D * unit / P) times sum (x - x_zp), resp. times the count:
     real_w = lr * unit * s_x / (P * m * s_w), real_b = lr * unit / (P * m * s_x * s_w)."""
     out = []
-    u = _f32(unit / _f32(plane * m))
+    u = f32(unit / f32(plane * m))
     for s in sw:
-        out.append((_f32(_f32(_f32(lr * u) * sx) / s), _f32(_f32(lr * u) / _f32(sx * s))))
+        out.append((f32(f32(f32(lr * u) * sx) / s), f32(f32(lr * u) / f32(sx * s))))
     return out
+
+
+def _conv_rates(params, lr):
+    # int_conv1x1_update's rates at learning rate lr (intsgd.derive_rates)
+    x_zp, sx, sw, unit, plane, m = params
+    return rate_values(x_zp, conv_reals(sx, sw, unit, plane, m, lr))
 
 
 def int_conv1x1_update_check(args, c):
@@ -572,47 +440,27 @@ def int_conv1x1_update_check(args, c):
     c.holds(4, m * cout)
     c.holds(5, 4)
     c.holds(6, 1 + 4 * cout)
-    if c.present(7):
-        c.holds(7, 1)
-        c.role(7, "optimizer_state")
+    generator_check(c, 7)
     c.within(x_signed, 0, 1, "signed flag")
     c.within(y_signed, 0, 1, "signed flag")
-    sx, zx, _ = _scale(c, 2)
-    sw = _scale(c, 0)[0]
-    if len(sw) != cout:
-        c.fail("%d weight scales for %d output channels" % (len(sw), cout))
-    _positive(c, sx[0], "input scale")
-    for v in sw:
-        _positive(c, v, "weight scale")
+    sx, x_zp, sw = layer_scales(c, 2, 0, cout)
     # D's real unit, recorded by the int_gemm_grad_input step that writes D (earlier)
     unit = c.blob.int_units.get(c.tensors[4])
     if unit is None:
         c.fail("no int_gemm_grad_input step before this one writes its gradient tensor")
-    lr = c.blob.optimizer.get("learning_rate", 0.0)
-    from array import array
-    if _derived(c, 6, array("i", rate_values(zx[0], conv_reals(sx[0], sw, unit, plane, m, lr)))):
-        c.blob.int_rates.append((c.tensors[6], zx[0], sx[0], tuple(sw), (unit, plane, m)))
+    derive_rates(c, 6, _conv_rates, (x_zp, sx, sw, unit, plane, m))
 
 
-# The viper fast paths (MicroPython with the viper emitter): same integers, no allocation.
+# The viper fast paths (kernels/inttrain_viper.py, MicroPython with the viper emitter): the
+# same integers, no allocation. use_fast(False) switches back to the pure-Python kernels
+# (tests compare the two).
 _FAST_NAMES = ("int_gemm_logits", "int_gemm_update", "int_gemm_grad_input",
                "int_conv1x1_update", "int_gemm_update_momentum")
-_pure = {}      # name -> its pure-Python kernel (kernels/fastpath.py fills it)
-
-
-def _load_fast():
-    from microtrain.kernels import inttrain_viper as fast
-    from microtrain.kernels import qlinear
-    # beyond the limbs' range: the exact value saturated at +-2**29 (a small int on
-    # 32-bit ports; every caller clamps it far below that)
-    fast._slow = qlinear._requant_saturated
-    fast._WIDE = 1 if _requant is _requant_wide else 0
-    return fast
 
 
 def use_fast(on=True):
     from microtrain.kernels import fastpath
-    return fastpath.use_fast(globals(), _FAST_NAMES, _pure, on, _load_fast)
+    return fastpath.use_fast(globals(), _FAST_NAMES, on, "inttrain_viper")
 
 
 FAST = use_fast()

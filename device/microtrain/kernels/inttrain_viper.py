@@ -1,28 +1,19 @@
 # @micropython.viper fast paths of kernels/inttrain.py (imported by it only under
 # MicroPython with the viper emitter). The same integers as the pure-Python kernels: exact
-# accumulators, qlinear_viper's requantization (12-bit limbs, or one product on 64-bit
-# ports), the same clamps; nothing is allocated, so they run under micropython.heap_lock().
-# Signed int32 values (biases, zero points, gradients, logits) are read through the array
-# object (a ptr32 load is unsigned on 64-bit ports) and written through ptr32.
+# accumulators, kernels/fixedpoint_viper.py's requantization, rounding, dither and clamps;
+# nothing is allocated, so they run under micropython.heap_lock(). Signed int32 values
+# (biases, zero points, gradients, logits) are read through the array object (a ptr32 load
+# is unsigned on 64-bit ports) and written through ptr32. A helper gets the args tuple and
+# reads what it needs rather than a dozen converted arguments.
 import micropython
 from micropython import const
-from microtrain.kernels.qlinear_viper import _requant, _requant64
+from microtrain.kernels.fixedpoint_viper import requant, round_shift
+from microtrain.kernels.intsgd_viper import descend_bias, dither, update_step, update_weight
 
-_LIMIT = const(16777216)        # 2**24: the limbs' exact range
 _LOGIT_LIMIT = const(1048576)   # kernels/inttrain.py LOGIT_LIMIT
-_BIAS_LIMIT = const(8388608)    # kernels/inttrain.py BIAS_LIMIT
-
-_WIDE = 0      # set by inttrain.py: 1 on ports with 64-bit machine words
-_slow = None   # set by inttrain.py: the exact pure-Python requantization
-
-
-@micropython.viper
-def _rq(acc: int, m0: int, shift: int) -> int:
-    if acc > 0 - _LIMIT and acc < _LIMIT:
-        if int(_WIDE):
-            return int(_requant64(acc, m0, shift))
-        return int(_requant(acc, m0, shift))
-    return int(_slow(acc, m0, shift))
+_BIAS_LIMIT = const(8388608)    # kernels/intsgd.py BIAS_LIMIT
+_FINE_M0 = const(2)             # kernels/intsgd.py FINE_M0, FINE_SHIFT: 1 / 2**8
+_FINE_SHIFT = const(9)
 
 
 @micropython.viper
@@ -55,7 +46,7 @@ def int_gemm_logits(F, I, args) -> int:
         xi = x + i * k
         for j in range(n):
             acc = int(I[bias + j]) + int(_dot(args[0], xi, w + j * k, k, x_zp + flip, flip))
-            v = int(_rq(acc, r[req + 1 + 2 * j], r[req + 2 + 2 * j]))
+            v = int(requant(acc, r[req + 1 + 2 * j], r[req + 2 + 2 * j]))
             if v > _LOGIT_LIMIT:
                 v = _LOGIT_LIMIT
             elif v < 0 - _LOGIT_LIMIT:
@@ -77,9 +68,17 @@ def _column(b8: ptr8, I, px: int, pg: int, m: int, k: int, n: int, zp: int, flip
 
 
 @micropython.viper
+def _column_sum(I, pg: int, m: int, n: int) -> int:
+    # sum over the batch of g[i, j] (the bias' gradient)
+    acc = 0
+    for _ in range(m):
+        acc += int(I[pg])
+        pg += n
+    return acc
+
+
+@micropython.viper
 def int_gemm_update(F, I, args) -> int:
-    q = ptr8(args[0])
-    r = ptr32(I)
     w = int(args[1])
     bias = int(args[2])
     x = int(args[3])
@@ -93,58 +92,16 @@ def int_gemm_update(F, I, args) -> int:
     if int(args[10]):
         flip = 0x80
     zp = int(I[rates]) + flip
-    s = 0
-    moved = 0
-    if random >= 0:
-        s = r[random] & 0xFFFF
-        if s == 0:
-            s = 0xACE1
+    r = ptr32(I)
     for j in range(n):
         at = rates + 1 + 4 * j
-        m0 = r[at]
-        shift = r[at + 1]
-        fine = 0
-        if random >= 0 and shift > 8:
-            fine = 1
         pw = w + j * k
         for t in range(k):
-            acc = int(_column(args[0], I, x + t, g + j, m, k, n, zp, flip))
-            if fine:
-                # kernels/inttrain.py _dither: xorshift16
-                moved = 1
-                s ^= (s << 7) & 0xFFFF
-                s ^= s >> 9
-                s ^= (s << 8) & 0xFFFF
-                step = (int(_rq(acc, m0, shift - 8)) + (s & 0xFF)) >> 8
-            else:
-                step = int(_rq(acc, m0, shift))
-            v = ((int(q[pw + t]) ^ 0x80) - 0x80) - step
-            if v > 127:
-                v = 127
-            elif v < -127:
-                v = -127
-            q[pw + t] = v & 0xFF
-        acc = 0
-        pg = g + j
-        for _ in range(m):
-            acc += int(I[pg])
-            pg += n
-        if random >= 0 and r[at + 3] > 8:
-            moved = 1
-            s ^= (s << 7) & 0xFFFF
-            s ^= s >> 9
-            s ^= (s << 8) & 0xFFFF
-            step = (int(_rq(acc, r[at + 2], r[at + 3] - 8)) + (s & 0xFF)) >> 8
-        else:
-            step = int(_rq(acc, r[at + 2], r[at + 3]))
-        v = int(I[bias + j]) - step
-        if v > _BIAS_LIMIT:
-            v = _BIAS_LIMIT
-        elif v < 0 - _BIAS_LIMIT:
-            v = 0 - _BIAS_LIMIT
-        r[bias + j] = v
-    if moved:
-        r[random] = s
+            update_weight(args[0], I, pw + t,
+                          int(_column(args[0], I, x + t, g + j, m, k, n, zp, flip)), r[at],
+                          r[at + 1], random)
+        descend_bias(I, bias + j, int(update_step(I, int(_column_sum(I, g + j, m, n)),
+                                                  r[at + 2], r[at + 3], random)))
     return 0
 
 
@@ -165,7 +122,7 @@ def int_gemm_grad_input(F, I, args) -> int:
             acc = 0
             pw = w + c
             for j in range(n):
-                h = int(_rq(int(I[gi + j]), r[factors + 2 * j], r[factors + 2 * j + 1]))
+                h = int(requant(int(I[gi + j]), r[factors + 2 * j], r[factors + 2 * j + 1]))
                 acc += h * ((int(b8[pw]) ^ 0x80) - 0x80)
                 pw += k
             r[d + i * k + c] = acc
@@ -186,20 +143,6 @@ def _mantissa(I, d: int, c: int, m: int, k: int, limit: int) -> int:
         top >>= 1
         e += 1
     return e
-
-
-@micropython.viper
-def _round_shift(v: int, e: int) -> int:
-    if e == 0:
-        return v
-    q = v >> e
-    rem = v - (q << e)
-    half = 1 << (e - 1)
-    if rem > half:
-        q += 1
-    elif rem == half and (q & 1):
-        q += 1
-    return q
 
 
 @micropython.viper
@@ -225,36 +168,10 @@ def _count(b8: ptr8, py: int, plane: int, fy: int, lo: int, hi: int) -> int:
 
 
 @micropython.viper
-def _dither(I, at: int) -> int:
-    # kernels/inttrain.py _dither: the next xorshift16 value of the state I[at] (0: unseeded).
-    # (Helpers get the array object, not a pointer: a pointer passed between viper
-    # functions becomes an int object, a big int above 2**30 on 32-bit ports.)
-    r = ptr32(I)
-    s = r[at] & 0xFFFF
-    if s == 0:
-        s = 0xACE1
-    s ^= (s << 7) & 0xFFFF
-    s ^= s >> 9
-    s ^= (s << 8) & 0xFFFF
-    r[at] = s
-    return s
-
-
-@micropython.viper
-def _step(I, acc: int, m0: int, shift: int, random: int) -> int:
-    # the update step of acc: stochastic (random >= 0, shift > 8) or rounded half to even
-    if random >= 0 and shift > 8:
-        return (int(_rq(acc, m0, shift - 8)) + (int(_dither(I, random)) & 0xFF)) >> 8
-    return int(_rq(acc, m0, shift))
-
-
-@micropython.viper
 def _conv_weights(args, I, c: int, e: int, wshift: int, m0: int, lo: int, hi: int, zp: int,
                   fx: int, fy: int) -> int:
     # one output channel's weights (split from int_conv1x1_update: Thumb and Xtensa branches
     # reach only so far)
-    q = ptr8(args[0])
-    r = ptr32(I)
     w = int(args[1])
     x = int(args[3])
     y = int(args[4])
@@ -268,17 +185,12 @@ def _conv_weights(args, I, c: int, e: int, wshift: int, m0: int, lo: int, hi: in
     for t in range(cin):
         acc = 0
         for i in range(m):
-            dc = int(_round_shift(int(I[d + i * cout + c]), e))
+            dc = int(round_shift(int(I[d + i * cout + c]), e))
             if dc != 0:
                 acc += dc * int(_masked_sum(args[0], y + (i * cout + c) * plane,
                                             x + (i * cin + t) * plane, plane, fy, fx, lo, hi,
                                             zp))
-        v = ((int(q[pw + t]) ^ 0x80) - 0x80) - int(_step(I, acc, m0, wshift, random))
-        if v > 127:
-            v = 127
-        elif v < -127:
-            v = -127
-        q[pw + t] = v & 0xFF
+        update_weight(args[0], I, pw + t, acc, m0, wshift, random)
     return 0
 
 
@@ -319,14 +231,9 @@ def int_conv1x1_update(F, I, args) -> int:
         _conv_weights(args, I, c, e, wshift, r[at], lo, hi, zp, fx, fy)
         acc = 0
         for i in range(m):
-            dc = int(_round_shift(int(I[d + i * cout + c]), eb))
+            dc = int(round_shift(int(I[d + i * cout + c]), eb))
             acc += dc * int(_count(args[0], y + (i * cout + c) * plane, plane, fy, lo, hi))
-        v = int(I[bias + c]) - int(_step(I, acc, r[at + 2], bshift, random))
-        if v > _BIAS_LIMIT:
-            v = _BIAS_LIMIT
-        elif v < 0 - _BIAS_LIMIT:
-            v = 0 - _BIAS_LIMIT
-        r[bias + c] = v
+        descend_bias(I, bias + c, int(update_step(I, acc, r[at + 2], bshift, random)))
     return 0
 
 
@@ -352,7 +259,7 @@ def _velocity_row(args, I, j: int, m0: int, shift: int, mu: int) -> int:
     for t in range(k):
         acc = int(_column(args[0], I, x + t, g + j, m, k, n, zp, flip))
         v = int(q[pv]) | (((int(q[pv + 1]) ^ 0x80) - 0x80) << 8)
-        v = ((v * mu + 8192) >> 14) + int(_rq(acc, m0, shift))
+        v = ((v * mu + 8192) >> 14) + int(requant(acc, m0, shift))
         if v > 32767:
             v = 32767
         elif v < -32767:
@@ -360,10 +267,12 @@ def _velocity_row(args, I, j: int, m0: int, shift: int, mu: int) -> int:
         q[pv] = v & 0xFF
         q[pv + 1] = (v >> 8) & 0xFF
         pv += 2
+        # W -= update_step(I, v, FINE_M0, FINE_SHIFT, random), written out: update_weight's
+        # seven arguments would cost the kernel a third of its instructions
         if random >= 0:
-            step = (v + (int(_dither(I, random)) & 0xFF)) >> 8
+            step = (v + (int(dither(I, random)) & 0xFF)) >> 8
         else:
-            step = int(_round_shift(v, 8))
+            step = int(round_shift(v, 8))
         v = ((int(q[pw + t]) ^ 0x80) - 0x80) - step
         if v > 127:
             v = 127
@@ -390,30 +299,17 @@ def int_gemm_update_momentum(F, I, args) -> int:
         if r[at + 1] > 8:
             shift = r[at + 1] - 8
         _velocity_row(args, I, j, r[at], shift, mu)
-        acc = 0
-        pg = g + j
-        for _ in range(m):
-            acc += int(I[pg])
-            pg += n
         shift = 1
         if r[at + 3] > 8:
             shift = r[at + 3] - 8
         v = int(I[vb + j])
         hi = v >> 14
-        v = hi * mu + (((v - (hi << 14)) * mu + 8192) >> 14) + int(_rq(acc, r[at + 2], shift))
+        v = hi * mu + (((v - (hi << 14)) * mu + 8192) >> 14) + \
+            int(requant(int(_column_sum(I, g + j, m, n)), r[at + 2], shift))
         if v > _BIAS_LIMIT:
             v = _BIAS_LIMIT
         elif v < 0 - _BIAS_LIMIT:
             v = 0 - _BIAS_LIMIT
         r[vb + j] = v
-        if random >= 0:
-            step = (v + (int(_dither(I, random)) & 0xFF)) >> 8
-        else:
-            step = int(_round_shift(v, 8))
-        v = int(I[bias + j]) - step
-        if v > _BIAS_LIMIT:
-            v = _BIAS_LIMIT
-        elif v < 0 - _BIAS_LIMIT:
-            v = 0 - _BIAS_LIMIT
-        r[bias + j] = v
+        descend_bias(I, bias + j, int(update_step(I, v, _FINE_M0, _FINE_SHIFT, random)))
     return 0

@@ -26,57 +26,25 @@
 # A convolution also gets an int32 scratch tensor of out_h * out_w elements (the viper path
 # accumulates one output plane there; the pure-Python kernel does not need it).
 #
-# 32-bit boards: small ints end at 2**30. The pure-Python requantization there splits the
-# product into 12-bit limbs (_requant_narrow, as the viper path does), so no int8 kernel
-# allocates a big int unless an int32 bias or an accumulator reaches 2**24 (a bias beyond
-# 2**30 is itself a big int when read).
+# The requantization and the float32 multipliers are kernels/fixedpoint.py's (shared with
+# the integer training families): on 32-bit boards 12-bit limbs, so no int8 kernel allocates a
+# big int unless an int32 bias or an accumulator reaches 2**24.
 import math
-import sys
 from array import array
-
-_F32 = array("f", [0.0])
-
-
-def _f32(v):
-    # v rounded to float32 (a no-op on boards, whose floats are float32)
-    _F32[0] = v
-    return _F32[0]
-
-
-def requant_pair(real, capped=True):
-    # (m0, shift) with real == m0 / 2**shift, m0 < 2**24, 1 <= shift <= 62, of a float32
-    # multiplier; (0, 1) for 0, a negative, NaN or one below 2**-38 (always the zero point);
-    # (2**24, 1) for one beyond 2**23 (always saturates). Mirrors ops/qlinear.py.
-    # capped=False: no upper bound on the shift (kernels/intgrad.py's rates, whose steps
-    # subtract an exponent from it first).
-    if not 0.0 < real < 3.4e38:
-        return 0, 1
-    mantissa, exponent = math.frexp(real)
-    shift = 24 - exponent
-    if shift < 1:
-        return 16777216, 1
-    if capped and shift > 62:
-        return 0, 1
-    return int(mantissa * 16777216.0), shift
+from microtrain.kernels.fixedpoint import f32, pairs_of, quantization, requant
 
 
 def _scale(c, k):
     # The scale(s) of the step's tensor argument k (quantization parameters in the blob)
-    q = c.blob.quant.get(c.tensors[k])
-    if q is None:
-        c.fail("tensor argument %d has no quantization scale to derive the multipliers from"
-               % k)
-    return q[0]
+    return quantization(c, k)[0]
 
 
 def _derive(c, k, header, reals):
     # A derived req tensor (argument k): its given header and the (m0, shift) of each real
     # multiplier, which Blob.derive puts into the int arena.
     values = _head(c, k, header)
-    for real in reals:
-        m0, shift = requant_pair(real)
-        values.append(m0)
-        values.append(shift)
+    for v in pairs_of(reals):
+        values.append(v)
     c.blob.derive(c.tensors[k], bytes(values))
 
 
@@ -115,84 +83,12 @@ def _derive_channels(c, k, x, w, y, channels):
     sy = _scale(c, y)[0]
     if len(sw) not in (1, channels):
         c.fail("%d weight scales for %d output channels" % (len(sw), channels))
-    _derive(c, k, 4, (_f32(_f32(sx * sw[i if len(sw) > 1 else 0]) / sy)
+    _derive(c, k, 4, (f32(f32(sx * sw[i if len(sw) > 1 else 0]) / sy)
                       for i in range(channels)))
 
 
-def _requant_wide(acc, m0, shift):
-    # round_half_even(acc * m0 / 2**shift): exact with Python integers (64-bit small ints
-    # hold the product of a 24-bit accumulator and a 24-bit multiplier)
-    if shift < 1:       # the host writes 1..62; a crafted blob must not make this raise
-        shift = 1
-    p = acc * m0
-    q = p >> shift
-    r = p - (q << shift)
-    half = 1 << (shift - 1)
-    if r > half or (r == half and q & 1):
-        q += 1
-    return q
-
-
-def _requant_narrow(acc, m0, shift):
-    # The same integer with 12-bit limbs, every intermediate below 2**30 (32-bit boards),
-    # for |acc| < 2**24 and 0 <= m0 <= 2**24 (else the exact formula).
-    if not (-16777216 < acc < 16777216 and 0 <= m0 <= 16777216):
-        return _requant_wide(acc, m0, shift)
-    if shift < 1:
-        shift = 1
-    negative = acc < 0
-    a = -acc if negative else acc
-    a1 = a >> 12
-    a0 = a & 0xFFF
-    m1 = m0 >> 12
-    ml = m0 & 0xFFF
-    mid = a1 * ml + a0 * m1
-    t = a0 * ml + ((mid & 0xFFF) << 12)
-    low = t & 0xFFFFFF
-    high = a1 * m1 + (mid >> 12) + (t >> 24)      # product = high * 2**24 + low
-    if shift >= 24:
-        s2 = shift - 24
-        if s2 > 25:
-            return 0                               # product < 2**49 <= 2**(shift - 1)
-        q = high >> s2
-        if s2 == 0:
-            rem, half, tail = low, 0x800000, 0
-        else:
-            rem, half, tail = high & ((1 << s2) - 1), 1 << (s2 - 1), low
-        if rem > half or (rem == half and (tail > 0 or q & 1)):
-            q += 1
-    else:
-        s1 = 24 - shift
-        if high >= (1 << (29 - s1)):
-            q = 1 << 29                            # far beyond any clamp bound
-        else:
-            q = (high << s1) + (low >> shift)
-            rem = low & ((1 << shift) - 1)
-            half = 1 << (shift - 1)
-            if rem > half or (rem == half and q & 1):
-                q += 1
-    return -q if negative else q
-
-
-# 64-bit small ints (CPython, the Unix port): the direct product; else limbs
-_requant = _requant_wide if sys.maxsize > 1 << 40 else _requant_narrow
-
-
-def _requant_saturated(acc, m0, shift):
-    # The viper kernels' exact helper (an accumulator or multiplier beyond their machine-word
-    # formulas): _requant_wide saturated at +-2**29, far beyond any clamp bound, so that the
-    # result is a small int on 32-bit ports too (a bigger one would be cut to a machine word
-    # by the viper code; the clamped output byte is the same)
-    q = _requant_wide(acc, m0, shift)
-    if q > 536870912:
-        return 536870912
-    if q < -536870912:
-        return -536870912
-    return q
-
-
 def _store(Q, i, acc, m0, shift, y_zp, lo, hi):
-    v = _requant(acc, m0, shift) + y_zp
+    v = requant(acc, m0, shift) + y_zp
     if v < lo:
         v = lo
     elif v > hi:
@@ -393,7 +289,7 @@ def qlinear_global_average_pool_check(args, c):
     c.holds(1, planes * count)
     c.holds(2, 6)
     if c.tensors[2] in c.blob.derived:
-        _derive(c, 2, 4, [_f32(_scale(c, 1)[0] / _f32(_scale(c, 0)[0] * count))])
+        _derive(c, 2, 4, [f32(_scale(c, 1)[0] / f32(_scale(c, 0)[0] * count))])
     else:
         _given(c, 2, 4)
 
@@ -449,7 +345,7 @@ def qlinear_average_pool_check(args, c):
     c.holds(2, 4 + 2 * kH * kW)
     sx = _scale(c, 1)[0]
     sy = _scale(c, 0)[0]
-    _derive(c, 2, 4, [_f32(sx / _f32(sy * n)) for n in range(1, kH * kW + 1)])
+    _derive(c, 2, 4, [f32(sx / f32(sy * n)) for n in range(1, kH * kW + 1)])
 
 
 def qlinear_add(F, I, args):
@@ -507,8 +403,8 @@ def qlinear_add_check(args, c):
     c.holds(3, 8)
     # always derived (the multipliers must keep the sum below 2**30)
     sy = _scale(c, 0)[0]
-    ra = _f32(_scale(c, 1)[0] / sy)
-    rb = _f32(_scale(c, 2)[0] / sy)
+    ra = f32(_scale(c, 1)[0] / sy)
+    rb = f32(_scale(c, 2)[0] / sy)
     if not (0.0 < ra < 3.4e38 and 0.0 < rb < 3.4e38):
         c.fail("scale ratios %r, %r are not positive and finite" % (ra, rb))
     values = _head(c, 3, 5)
@@ -563,24 +459,16 @@ def qlinear_lookup_check(args, c):
     c.holds(2, 256)
 
 
-# The viper fast paths (MicroPython with the viper emitter): same bytes, no allocation.
-# `use_fast(False)` switches back to the pure-Python kernels (tests compare the two).
+# The viper fast paths (kernels/qlinear_viper.py, MicroPython with the viper emitter): the
+# same bytes, no allocation. use_fast(False) switches back to the pure-Python kernels (tests
+# compare the two).
 _FAST_NAMES = ("qlinear_gemm", "qlinear_conv", "qlinear_add", "qlinear_average_pool",
                "qlinear_global_average_pool", "qlinear_lookup")
-_pure = {}      # name -> its pure-Python kernel (kernels/fastpath.py fills it)
-
-
-def _load_fast():
-    from microtrain.kernels import qlinear_viper as fast
-    fast._slow = _requant_saturated
-    fast._pure_conv = _pure.get("qlinear_conv")
-    fast._WIDE = 1 if _requant is _requant_wide else 0
-    return fast
 
 
 def use_fast(on=True):
     from microtrain.kernels import fastpath
-    return fastpath.use_fast(globals(), _FAST_NAMES, _pure, on, _load_fast)
+    return fastpath.use_fast(globals(), _FAST_NAMES, on, "qlinear_viper")
 
 
 FAST = use_fast()

@@ -1,9 +1,10 @@
 # @micropython.viper fast paths of kernels/qlinear.py (imported by it only under MicroPython
 # with the viper emitter; a build without one raises SyntaxError on import and qlinear.py
 # keeps its pure-Python kernels). Same integers as the pure-Python kernels, byte for byte:
-# the accumulators, the 12-bit limb product of the requantization and its round half to
-# even are exact in 32-bit machine words (boards) as in 64-bit ones (the Unix port), and
-# nothing is allocated, so they run under micropython.heap_lock().
+# the accumulators are exact in 32-bit machine words (boards) as in 64-bit ones (the Unix
+# port), the requantization is kernels/fixedpoint_viper.py's (12-bit limbs, or one product
+# on 64-bit ports, and its round half to even), and nothing is allocated, so they run under
+# micropython.heap_lock().
 #
 # Signed int32 values (zero points, clamp bounds, biases) are read through the array object,
 # or as (v ^ 2**31) - 2**31 of a ptr32 load (which is unsigned on 64-bit ports); multipliers
@@ -13,13 +14,14 @@
 # no call converts a dozen Python arguments (~0.16 us for a call of twelve).
 #
 # An output whose accumulator reaches 2**24 (a large bias, or more than ~500 terms of
-# extreme values) is requantized by the exact pure-Python helper instead. On 64-bit ports
-# (_WIDE) one machine-word product replaces the limbs.
+# extreme values) is requantized by the exact pure-Python helper instead.
 import micropython
 from array import array
 from micropython import const
+from microtrain.kernels import fixedpoint_viper
+from microtrain.kernels.fixedpoint_viper import requant_plane, requant_store
 
-_LIMIT = const(16777216)   # 2**24: |acc| below it keeps every limb product below 2**25
+_LIMIT = const(16777216)   # 2**24: multipliers up to it take the machine-word requantization
 _SAFE = const(268435456)   # 2**28: a bias within it keeps acc + 2**30 in [0, 2**31)
 # Accumulator planes hold acc + 2**30, positive. 2**30 is built at run time inside the viper
 # functions (a machine word): as a constant (const() or a folded 1 << 30) it is a big-int
@@ -27,174 +29,10 @@ _SAFE = const(268435456)   # 2**28: a bias within it keeps acc + 2**30 in [0, 2*
 # there.
 
 
-@micropython.viper
-def _requant64(acc: int, m0: int, shift: int) -> int:
-    # The same with one product, on ports whose machine word is 64 bits (|acc * m0| < 2**48)
-    p = acc * m0
-    q = p >> shift
-    rem = p - (q << shift)
-    half = 1 << (shift - 1)
-    if rem > half:
-        q += 1
-    elif rem == half and (q & 1):
-        q += 1
-    return q
-
-
-@micropython.viper
-def _requant(acc: int, m0: int, shift: int) -> int:
-    # round_half_even(acc * m0 / 2**shift) for |acc| < 2**24, 0 <= m0 <= 2**24, shift >= 1
-    negative = 0
-    a = acc
-    if acc < 0:
-        negative = 1
-        a = -acc
-    a1 = a >> 12
-    a0 = a & 0xFFF
-    m1 = m0 >> 12
-    ml = m0 & 0xFFF
-    mid = a1 * ml + a0 * m1
-    t = a0 * ml + ((mid & 0xFFF) << 12)
-    low = t & 0xFFFFFF
-    high = a1 * m1 + (mid >> 12) + (t >> 24)      # product = high * 2**24 + low
-    if shift >= 24:
-        s2 = shift - 24
-        if s2 > 25:
-            return 0                               # product < 2**49 <= 2**(shift - 1)
-        q = high >> s2
-        if s2 == 0:
-            rem = low
-            half = 0x800000
-            tail = 0
-        else:
-            rem = high & ((1 << s2) - 1)
-            half = 1 << (s2 - 1)
-            tail = low                             # the remainder's low 24 bits
-        if rem > half:
-            q += 1
-        elif rem == half:
-            if tail > 0:
-                q += 1
-            elif q & 1:
-                q += 1
-    else:
-        s1 = 24 - shift
-        if high >= (1 << (29 - s1)):
-            q = 1 << 29                            # far beyond any clamp bound
-        else:
-            q = (high << s1) + (low >> shift)
-            rem = low & ((1 << shift) - 1)
-            half = 1 << (shift - 1)
-            if rem > half:
-                q += 1
-            elif rem == half and (q & 1):
-                q += 1
-    if negative:
-        return 0 - q
-    return q
-
-
-@micropython.viper
-def _requant_plane(q, r, y: int, acc: int, count: int, m0: int, shift: int, y_zp: int, lo: int,
-                   hi: int) -> int:
-    # y[p] = clamp(requant(acc[p] - 2**30) + y_zp) for p < count; the requantization of
-    # _requant inlined (one call per output plane, not per element). 64-bit ports take
-    # _requant_plane_wide unless m0 is out of range (then every element takes _slow).
-    qb = ptr8(q)
-    a = ptr32(r)
-    offset = 16384
-    offset <<= 16          # 2**30, built at run time (see the top of this module)
-    for p in range(count):
-        v = a[acc + p] - offset
-        if v > 0 - _LIMIT and v < _LIMIT and m0 >= 0 and m0 <= _LIMIT:
-            negative = 0
-            if v < 0:
-                negative = 1
-                v = 0 - v
-            a1 = v >> 12
-            a0 = v & 0xFFF
-            m1 = m0 >> 12
-            ml = m0 & 0xFFF
-            mid = a1 * ml + a0 * m1
-            t = a0 * ml + ((mid & 0xFFF) << 12)
-            low = t & 0xFFFFFF
-            high = a1 * m1 + (mid >> 12) + (t >> 24)
-            if shift >= 24:
-                s2 = shift - 24
-                if s2 > 25:
-                    z = 0
-                else:
-                    z = high >> s2
-                    if s2 == 0:
-                        rem = low
-                        half = 0x800000
-                        tail = 0
-                    else:
-                        rem = high & ((1 << s2) - 1)
-                        half = 1 << (s2 - 1)
-                        tail = low
-                    if rem > half:
-                        z += 1
-                    elif rem == half:
-                        if tail > 0:
-                            z += 1
-                        elif z & 1:
-                            z += 1
-            else:
-                s1 = 24 - shift
-                if high >= (1 << (29 - s1)):
-                    z = 1 << 29
-                else:
-                    z = (high << s1) + (low >> shift)
-                    rem = low & ((1 << shift) - 1)
-                    half = 1 << (shift - 1)
-                    if rem > half:
-                        z += 1
-                    elif rem == half and (z & 1):
-                        z += 1
-            if negative:
-                z = 0 - z
-        else:
-            z = int(_slow(v, m0, shift))
-        z += y_zp
-        if z < lo:
-            z = lo
-        elif z > hi:
-            z = hi
-        qb[y + p] = z & 0xFF
-    return 0
-
-
-@micropython.viper
-def _requant_plane_wide(pa: ptr32, pq: ptr8, acc: int, y: int, count: int, m0: int, shift: int,
-                        y_zp: int, lo: int, hi: int) -> int:
-    # _requant_plane on 64-bit ports for 0 <= m0 <= 2**24 and 1 <= shift <= 62: the product
-    # of any plane value and m0 fits a machine word (|p| < 2**56), so no accumulator needs
-    # the exact helper, and round half to even is floor((p + half - 1 + odd) / 2**shift),
-    # odd the parity of floor(p / 2**shift): the same integer without a branch.
-    pa = ptr32(uint(pa) + 4 * acc)
-    pq = ptr8(uint(pq) + y)
-    offset = 16384
-    offset <<= 16          # 2**30, built at run time (see the top of this module)
-    half1 = (1 << (shift - 1)) - 1
-    n = count
-    while n > 0:
-        p = (pa[0] - offset) * m0
-        z = ((p + half1 + ((p >> shift) & 1)) >> shift) + y_zp
-        if z < lo:
-            z = lo
-        elif z > hi:
-            z = hi
-        pq[0] = z
-        pa = ptr32(uint(pa) + 4)
-        pq = ptr8(uint(pq) + 1)
-        n -= 1
-    return 0
-
-
-# qlinear_conv's state for the tap kernels below, filled once per call (see the top).
+# qlinear_conv's state for _taps below, filled once per call (see the top).
 # _GEO: cin_g, in_plane, taps, flip, x_zp + flip + 4096 (positive: a ptr32 load is unsigned
-# on 64-bit ports), then per output channel x_group and w_m, the rows of _TAB in use, s_w.
+# on 64-bit ports), then per output channel x_group and w_m, the rows of _TAB in use, s_w,
+# and whether _taps takes its plain loops.
 # _TAB: per tap of the kernel (up to _ROWS at a time), its rectangle of the output plane:
 # first accumulator (I index), first input offset (from x_group), tap index (weight offset),
 # count (elements per line), lines, skip_a (bytes from the end of a line to the next, in the
@@ -202,7 +40,7 @@ def _requant_plane_wide(pa: ptr32, pq: ptr8, acc: int, y: int, count: int, m0: i
 # load is unsigned on 64-bit ports); count 0: the tap never meets the image.
 _ROWS = const(16)            # 3x3 and 4x4 kernels in one table, larger ones in parts
 _SKEW = const(536870912)     # 2**29, a small int on every port
-_GEO = array("i", bytes(4 * 9))
+_GEO = array("i", bytes(4 * 10))
 _TAB = array("i", bytes(4 * 7 * _ROWS))
 _BUF = [None, None, None]    # the int32 arena, the byte arena, the weights' buffer
 
@@ -266,10 +104,14 @@ def _tap_table(args, t0: int, t1: int) -> int:
 
 
 @micropython.viper
-def _taps_plain() -> int:
-    # Unsigned inputs, unit stride along x, three or more input channels per group: per tap
-    # and input channel a[p] += x * w over the tap's rectangle (lines unrolled by four), then
-    # the zero point once per tap: (x - zp) * w = x * w - zp * w, summed over the channels.
+def _taps() -> int:
+    # Every tap of one output channel (the rows of _TAB in use) into its accumulator plane,
+    # per tap and input channel over the tap's rectangle, lines unrolled by four:
+    # plain (g[9]: unsigned inputs, unit stride along x, three or more input channels per
+    # group): a[p] += x * w, then the zero point once per tap: (x - zp) * w = x * w - zp * w,
+    # summed over the channels; else (any inputs, any stride along x): a[p] += (x ^ flip) *
+    # w - (zp + flip) * w (flip 0x80 makes an int8 byte's value + 0x80; few input channels
+    # per group, e.g. depthwise, take the zero point here, not in a pass of its own).
     pa = ptr32(_BUF[0])
     pb = ptr8(_BUF[1])
     wv = 0
@@ -282,79 +124,13 @@ def _taps_plain() -> int:
     cin_g = g[0]
     in_plane = g[1]
     taps = g[2]
-    zpf = g[4] - 4096
-    for r in range(0, 7 * g[7], 7):
-        count = t[r + 3]
-        if count == 0:
-            continue
-        first = a0 + 4 * t[r]
-        x_tap = xb + t[r + 1]
-        w_tap = t[r + 2]
-        lines = t[r + 4]
-        skip_a = t[r + 5] - _SKEW
-        skip_b = t[r + 6] - _SKEW
-        wsum = 0
-        for c in range(cin_g):
-            wv = (int(wb[w_tap + c * taps]) ^ 0x80) - 0x80
-            if wv == 0:
-                continue
-            wsum += wv
-            pa = ptr32(first)
-            pb = ptr8(x_tap + c * in_plane)
-            for _ in range(lines):
-                n = count >> 2
-                while n > 0:
-                    pa[0] = pa[0] + int(pb[0]) * wv
-                    pa[1] = pa[1] + int(pb[1]) * wv
-                    pa[2] = pa[2] + int(pb[2]) * wv
-                    pa[3] = pa[3] + int(pb[3]) * wv
-                    pa = ptr32(uint(pa) + 16)
-                    pb = ptr8(uint(pb) + 4)
-                    n -= 1
-                n = count & 3
-                while n > 0:
-                    pa[0] = pa[0] + int(pb[0]) * wv
-                    pa = ptr32(uint(pa) + 4)
-                    pb = ptr8(uint(pb) + 1)
-                    n -= 1
-                pa = ptr32(uint(pa) + skip_a)
-                pb = ptr8(uint(pb) + skip_b)
-        if wsum != 0:
-            wv = zpf * wsum
-            pa = ptr32(first)
-            for _ in range(lines):
-                n = count
-                while n > 0:
-                    pa[0] = pa[0] - wv
-                    pa = ptr32(uint(pa) + 4)
-                    n -= 1
-                pa = ptr32(uint(pa) + skip_a)
-    return 0
-
-
-@micropython.viper
-def _taps_general() -> int:
-    # Any inputs, any stride along x: a[p] += (x ^ flip) * w - (zp + flip) * w per tap and
-    # input channel (flip 0x80 makes an int8 byte's value + 0x80; few input channels per
-    # group, e.g. depthwise, take the zero point here, not in a pass of its own).
-    pa = ptr32(_BUF[0])
-    pb = ptr8(_BUF[1])
-    wv = 0
-    g = ptr32(_GEO)
-    t = ptr32(_TAB)
-    a0 = uint(pa)
-    b0 = uint(pb)
-    wb = ptr8(uint(ptr8(_BUF[2])) + g[6])
-    xb = b0 + g[5]
-    cin_g = g[0]
-    in_plane = g[1]
-    taps = g[2]
     flip = g[3]
     zpf = g[4] - 4096
     s1 = g[8]
     s2 = s1 + s1
     s3 = s2 + s1
     s4 = s2 + s2
+    plain = g[9]
     for r in range(0, 7 * g[7], 7):
         count = t[r + 3]
         if count == 0:
@@ -365,6 +141,44 @@ def _taps_general() -> int:
         lines = t[r + 4]
         skip_a = t[r + 5] - _SKEW
         skip_b = t[r + 6] - _SKEW
+        if plain:
+            wsum = 0
+            for c in range(cin_g):
+                wv = (int(wb[w_tap + c * taps]) ^ 0x80) - 0x80
+                if wv == 0:
+                    continue
+                wsum += wv
+                pa = ptr32(first)
+                pb = ptr8(x_tap + c * in_plane)
+                for _ in range(lines):
+                    n = count >> 2
+                    while n > 0:
+                        pa[0] = pa[0] + int(pb[0]) * wv
+                        pa[1] = pa[1] + int(pb[1]) * wv
+                        pa[2] = pa[2] + int(pb[2]) * wv
+                        pa[3] = pa[3] + int(pb[3]) * wv
+                        pa = ptr32(uint(pa) + 16)
+                        pb = ptr8(uint(pb) + 4)
+                        n -= 1
+                    n = count & 3
+                    while n > 0:
+                        pa[0] = pa[0] + int(pb[0]) * wv
+                        pa = ptr32(uint(pa) + 4)
+                        pb = ptr8(uint(pb) + 1)
+                        n -= 1
+                    pa = ptr32(uint(pa) + skip_a)
+                    pb = ptr8(uint(pb) + skip_b)
+            if wsum != 0:
+                wv = zpf * wsum
+                pa = ptr32(first)
+                for _ in range(lines):
+                    n = count
+                    while n > 0:
+                        pa[0] = pa[0] - wv
+                        pa = ptr32(uint(pa) + 4)
+                        n -= 1
+                    pa = ptr32(uint(pa) + skip_a)
+            continue
         for c in range(cin_g):
             wv = (int(wb[w_tap + c * taps]) ^ 0x80) - 0x80
             if wv == 0:
@@ -398,8 +212,7 @@ def qlinear_conv(F, I, args) -> int:
     # Y = requant(Conv(X - x_zp, W) + bias) with the taps outermost, as kernels/conv.py: per
     # image and output channel, an int32 accumulator plane (the step's scratch tensor, offset
     # by 2**30 so that it stays positive in a 32-bit word) gathers every tap's rectangle in
-    # tight loops (_taps_*); then the plane is requantized (_requant_plane_wide on 64-bit
-    # ports, _requant_plane elsewhere).
+    # tight loops (_taps); then the plane is requantized (fixedpoint_viper.requant_plane).
     a = ptr32(I)
     y = int(args[1])
     x = int(args[2])
@@ -427,7 +240,8 @@ def qlinear_conv(F, I, args) -> int:
         for mo in range(channels):
             start = int(I[bias + mo])
             if start <= 0 - _SAFE or start >= _SAFE:
-                _pure_conv(F, I, args)        # a bias that could push a plane past 2**31
+                # a bias that could push a plane past 2**31: the pure-Python kernel
+                _pure["qlinear_conv"](F, I, args)
                 return 0
     q = args[0]
     buf = _BUF
@@ -441,14 +255,13 @@ def qlinear_conv(F, I, args) -> int:
     g[3] = flip
     g[4] = x_zp + flip + 4096
     g[8] = s_w
-    kernel = _taps_general
+    g[9] = 0
     if flip == 0 and cin_g >= 3 and s_w == 1:
-        kernel = _taps_plain
+        g[9] = 1
     one_table = 0
     if taps <= _ROWS:
         one_table = 1
         _tap_table(args, 0, taps)
-    wide = int(_WIDE)
     for nimg in range(n_images):
         x_image = x + nimg * groups * cin_g * in_plane
         for mo in range(channels):
@@ -469,19 +282,10 @@ def qlinear_conv(F, I, args) -> int:
                 if not one_table:
                     _tap_table(args, t0, t1)
                 g[7] = t1 - t0
-                kernel()
+                _taps()
                 t0 = t1
-            m0 = int(a[req + 4 + 2 * mo])
-            shift = int(a[req + 5 + 2 * mo])
-            if shift < 1:
-                shift = 1
-            if shift > 62 and m0 >= 0 and m0 <= _LIMIT:
-                m0 = 0         # (a crafted shift) |acc * m0| < 2**56 <= 2**(shift - 1): 0
-                shift = 62
-            if wide and m0 >= 0 and m0 <= _LIMIT:
-                _requant_plane_wide(I, q, scratch, y, out_plane, m0, shift, y_zp, lo, hi)
-            else:
-                _requant_plane(q, I, y, scratch, out_plane, m0, shift, y_zp, lo, hi)
+            requant_plane(I, q, out_plane, scratch, y, int(a[req + 4 + 2 * mo]),
+                          int(a[req + 5 + 2 * mo]), y_zp, lo, hi)
             y += out_plane
     buf[0] = None
     buf[1] = None
@@ -499,7 +303,7 @@ def _gemm_rows() -> int:
     # Every output of qlinear_gemm: the dot product over k in a loop unrolled by four, the
     # moving pointers and the accumulator in registers (the first locals of an argument-less
     # viper function), then the requantization inline on 64-bit ports (as
-    # _requant_plane_wide) or by _requant_store.
+    # fixedpoint_viper.requant_plane) or by requant_store.
     px = ptr8(_BUF[1])
     pw = ptr8(_BUF[1])
     acc = 0
@@ -556,12 +360,7 @@ def _gemm_rows() -> int:
                 acc += (r[bias + j] ^ h) - h
             m0 = r[req + 4 + 2 * j]
             shift = r[req + 5 + 2 * j]
-            if shift < 1:
-                shift = 1
-            if shift > 62 and m0 >= 0 and m0 <= _LIMIT:
-                m0 = 0         # (a crafted shift) |acc * m0| < 2**56 <= 2**(shift - 1): 0
-                shift = 62
-            if wide and m0 >= 0 and m0 <= _LIMIT:
+            if wide and m0 >= 0 and m0 <= _LIMIT and shift >= 1 and shift <= 62:
                 # |acc| < 2**33 (an int32 bias, k < 2**16 terms below 2**16): |p| < 2**57
                 p = acc * m0
                 z = ((p + (1 << (shift - 1)) - 1 + ((p >> shift) & 1)) >> shift) + y_zp
@@ -571,7 +370,7 @@ def _gemm_rows() -> int:
                     z = hi
                 qb[y] = z
             else:
-                _requant_store(q, y, acc, m0, shift, y_zp, lo, hi)
+                requant_store(q, y, acc, m0, shift, y_zp, lo, hi)
             y += 1
     return 0
 
@@ -585,7 +384,7 @@ def qlinear_gemm(F, I, args) -> int:
     g[12] = 0
     if int(args[13]):
         g[12] = 0x80
-    g[13] = int(_WIDE)
+    g[13] = int(fixedpoint_viper.WIDE)
     buf = _BUF
     buf[0] = I
     buf[1] = args[0]
@@ -597,32 +396,7 @@ def qlinear_gemm(F, I, args) -> int:
     return 0
 
 
-_pure_conv = None   # set by qlinear.py: its pure-Python kernel
-_WIDE = 0           # set by qlinear.py: 1 on ports whose machine word (and small int) is 64 bits
-_slow = None   # set by qlinear.py: its exact pure-Python _requant, saturated at +-2**29
-
-
-@micropython.viper
-def _requant_store(q, y: int, acc: int, m0: int, shift: int, y_zp: int, lo: int,
-                   hi: int) -> int:
-    # Q[y] = clamp(requant(acc) + y_zp, lo, hi): _requant when it applies, else the exact
-    # pure-Python helper (an accumulator of 2**24 or more).
-    if shift < 1:
-        shift = 1
-    if acc > 0 - _LIMIT and acc < _LIMIT and m0 >= 0 and m0 <= _LIMIT:
-        if int(_WIDE):
-            v = int(_requant64(acc, m0, shift)) + y_zp
-        else:
-            v = int(_requant(acc, m0, shift)) + y_zp
-    else:
-        v = int(_slow(acc, m0, shift)) + y_zp
-    if v < lo:
-        v = lo
-    elif v > hi:
-        v = hi
-    b = ptr8(q)
-    b[y] = v & 0xFF
-    return 0
+_pure = None   # set by kernels/fastpath.py: the family's pure-Python kernels
 
 
 @micropython.viper
@@ -649,7 +423,7 @@ def qlinear_global_average_pool(F, I, args) -> int:
         for _ in range(count):
             acc += ((int(q[i]) ^ flip) - flip) - x_zp
             i += 1
-        _requant_store(args[0], y + p, acc, m0, shift, y_zp, lo, hi)
+        requant_store(args[0], y + p, acc, m0, shift, y_zp, lo, hi)
     return 0
 
 
@@ -722,8 +496,8 @@ def qlinear_average_pool(F, I, args) -> int:
                 if count < 1:
                     acc = 0
                     count = 1
-                _requant_store(args[0], y, acc, r[req + 2 + 2 * count], r[req + 3 + 2 * count],
-                               y_zp, lo, hi)
+                requant_store(args[0], y, acc, r[req + 2 + 2 * count], r[req + 3 + 2 * count],
+                              y_zp, lo, hi)
                 y += 1
     return 0
 
