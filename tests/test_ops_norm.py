@@ -23,8 +23,8 @@ from conftest import DEVICE, ROOT, run_micropython
 from microtrain import CheckpointState, Module, Optimizer
 from microtrain import blob as device_blob
 from microtrain import parser as device_blob_parser
-from microtrain import opcodes as device_ops
 from microtrain.kernels import norm as norm_kernels
+from microtrain_host import opcodes as op
 from microtrain_host.formats.checkpoint import read_checkpoint
 from microtrain_host.ops.norm import RANDOM_SPAN
 from microtrain_host.reference import reference_evaluator
@@ -32,8 +32,7 @@ from torch_reference import export, parse_run, run_device_cpython, torch_train, 
 
 GRAD_TOLERANCE = 1e-4
 FORWARD_TOLERANCE = 1e-5
-BN_OPS = {device_ops.BATCH_NORM_TRAINING, device_ops.BATCH_NORM_INFERENCE,
-          device_ops.BATCH_NORM_GRAD}
+BN_OPS = {op.BATCH_NORM_TRAINING, op.BATCH_NORM_INFERENCE, op.BATCH_NORM_GRAD}
 
 
 def rel(actual, expected):
@@ -162,8 +161,8 @@ def test_batch_norm_training_step_matches_torch(tmp_path, shape):
         actual = list(state.parameters[f"layer.{name}"].data)
         assert rel(actual, getattr(reference.layer, name).numpy()) <= FORWARD_TOLERANCE, name
     assert state.parameters["layer.running_mean"].grad is None
-    assert set(ops_of(tmp_path, "train")) & BN_OPS == {device_ops.BATCH_NORM_TRAINING,
-                                                       device_ops.BATCH_NORM_GRAD}
+    assert set(ops_of(tmp_path, "train")) & BN_OPS == {op.BATCH_NORM_TRAINING,
+                                                       op.BATCH_NORM_GRAD}
 
 
 def train_both(tmp_path, model, shape, out_shape, steps, lr, optimizer="SGD"):
@@ -252,7 +251,7 @@ def test_eval_uses_running_statistics(tmp_path):
     modes = [a.i for n in eval_model.graph.node if n.op_type == "BatchNormalization"
              for a in n.attribute if a.name == "training_mode"]
     assert modes in ([], [0])
-    assert device_ops.BATCH_NORM_INFERENCE in ops_of(tmp_path, "eval")
+    assert op.BATCH_NORM_INFERENCE in ops_of(tmp_path, "eval")
     device.eval()
     loss, out = device(flat(xs[0]), flat(ys[0]))
     ort_loss, ort_out = eval_with_onnxruntime(tmp_path, state, xs[0], ys[0])
@@ -335,8 +334,8 @@ def test_inference_form_gradients_use_running_statistics(tmp_path):
     artifacts, state, device = build(tmp_path, onnx_model)
     assert artifacts.trainable == ["w", "layer.weight", "layer.bias"]
     assert artifacts.folded == []
-    assert set(ops_of(tmp_path, "train")) & BN_OPS == {device_ops.BATCH_NORM_INFERENCE,
-                                                       device_ops.BATCH_NORM_GRAD}
+    assert set(ops_of(tmp_path, "train")) & BN_OPS == {op.BATCH_NORM_INFERENCE,
+                                                       op.BATCH_NORM_GRAD}
     (x,), (y,) = data(shape, shape)
     stats = list(state.parameters["layer.running_mean"].data)
     loss, _, grads = torch_step(reference, x, y)
@@ -363,7 +362,7 @@ def test_frozen_inference_batch_norm_folds_into_a_multiply_add(tmp_path, affine)
     for program, count in (("train", 2), ("eval", 1)):
         ops = ops_of(tmp_path, program)
         assert not set(ops) & BN_OPS, program
-        assert ops.count(device_ops.CHANNEL_AFFINE) == count, program
+        assert ops.count(op.CHANNEL_AFFINE) == count, program
     # The folded statistics are read by no step, so they take no arena space or blob bytes.
     names = device_blob_parser.load(str(tmp_path / "model.mtb")).names
     assert not set(artifacts.folded) & set(names), names
@@ -527,7 +526,7 @@ def test_dropout_gradient_matches_torch_with_the_same_mask(tmp_path):
     # Eval: Dropout is the identity (eval_model.onnx has no Dropout; onnxruntime runs it).
     eval_ops = [n.op_type for n in onnx.load(tmp_path / "eval_model.onnx").graph.node]
     assert "Dropout" not in eval_ops
-    assert device_ops.DROPOUT not in ops_of(tmp_path, "eval")
+    assert op.DROPOUT not in ops_of(tmp_path, "eval")
     device.eval()
     _, out = device(flat(x), flat(y))
     _, ort_out = eval_with_onnxruntime(tmp_path, state, x, y)

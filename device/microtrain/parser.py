@@ -12,7 +12,7 @@ from microtrain.crc32 import crc32
 from microtrain.errors import BlobError
 from microtrain.files import open_existing, read_whole
 from microtrain.flatbuf import Reader
-from microtrain.opcodes import SIGNATURES, kernel_module
+from microtrain.opcodes import kernel_module, signature
 from microtrain.stepcheck import StepCheck
 
 # contract: blob Model Tensor Step Program Parameter OptimizerConfig InferenceTemplate InferenceOutput; optimizer_options
@@ -392,10 +392,11 @@ def _read_steps(r, program, b, program_name, records, Q):
         compact()
         op = r.scalar(t, _STEP_OP, "H", 0)
         where = "%s step %d (op %d)" % (program_name, index, op)
-        if op not in SIGNATURES:
+        known = signature(op)
+        if known is None:
             raise BlobError("%s: unknown op code; this runtime is older than the blob or "
                             "was trimmed for another model" % where)
-        family, function, dtypes, n_ints, n_floats = SIGNATURES[op]
+        family, function, dtypes, n_ints, n_floats = known
         tensors = r.scalars(t, _STEP_TENSORS, "I", where)
         ints = r.scalars(t, _STEP_INTS, "i", where)
         floats = r.scalars(t, _STEP_FLOATS, "f", where)

@@ -3,7 +3,7 @@
     python -m microtrain_host.contract.generate          # rewrite what is stale
     python -m microtrain_host.contract.generate --check  # exit 1 and name what is stale
 
-Whole files: device/microtrain/opcodes.py (op codes as const()s, SIGNATURES, kernel_module)
+Whole files: device/microtrain/opcodes.py (a row per op code, signature(), kernel_module)
 and host/microtrain_host/opcodes.py (the same codes as plain ints), from contract/ops.py;
 and the op table of docs/design.md (between its "<!-- contract: op table" and
 "<!-- end of contract -->" lines).
@@ -54,23 +54,35 @@ def snake(name):
 # -- whole files ----------------------------------------------------------------------------
 
 def device_opcodes():
-    lines = ["# Device op codes: the kernel table the host's lowering targets.",
+    lines = ["# Device op codes: the kernel each op code names, as the host's lowering targets them.",
              NOTE,
-             CONST_IMPORT,
-             ""]
-    lines += [f"{o.name} = const({o.code})" for o in ops.OPS]
-    lines += ["",
-              "# op code -> (kernel family module, function, tensor kinds, int count, float count)",
-              "# Tensor kinds: \"f\" float arena, \"i\" int arena, \"?\" float arena or no tensor, \"b\" byte",
-              "# arena (int8 / uint8; the kernel's args then start with the byte arena), \"k\" int arena or",
-              "# no tensor, \"w\" an int8 weight (byte arena, or in place where the blob is: the buffer it is",
-              "# in then ends the kernel's args). A count of -1: as many as the step carries (tables that",
-              "# come with the geometry); the kernel's checker checks the exact counts (StepCheck.counts).",
-              "SIGNATURES = {"]
+             "",
+             "# One row per op code: \"<code> <kernel family module> <function> <tensor kinds> <int",
+             "# count> <float count>\". Tensor kinds: \"f\" float arena, \"i\" int arena, \"?\" float",
+             "# arena or no tensor, \"b\" byte arena (int8 / uint8; the kernel's args then start with the",
+             "# byte arena), \"k\" int arena or no tensor, \"w\" an int8 weight (byte arena, or in place",
+             "# where the blob is: the buffer it is in then ends the kernel's args). A count of -1: as many",
+             "# as the step carries (tables that come with the geometry); the kernel's checker checks the",
+             "# exact counts (StepCheck.counts). One string constant, not a dict: it stays in the .mpy",
+             "# (in flash when frozen or in a ROM filesystem) where a dict of tuples took ~11 KB of heap;",
+             "# it is read only while a blob loads. The op names are the host's (opcodes.py there).",
+             "_ROWS = (",
+             "    \"\"  # a runtime trimmed to a model keeps the rows of its op codes only"]
     for o in ops.OPS:
-        lines.append(f"    {o.name}: ({o.family!r}, {o.kernel!r}, {o.kinds!r}, {o.int_count}, "
-                     f"{o.float_count}),".replace("'", '"'))
-    lines += ["}", "", "",
+        lines.append(f"    \"\\n{o.code} {o.family} {o.kernel} {o.kinds} {o.int_count} "
+                     f"{o.float_count}\"  # {o.name}")
+    lines += ["    \"\\n\")",
+              "",
+              "",
+              "def signature(op):",
+              "    # (family, function, tensor kinds, int count, float count) of op code op, or None",
+              "    at = _ROWS.find(\"\\n%d \" % op)",
+              "    if at < 0:",
+              "        return None",
+              "    row = _ROWS[at + 1:_ROWS.find(\"\\n\", at + 1)].split()",
+              "    return row[1], row[2], row[3], int(row[4]), int(row[5])",
+              "",
+              "",
               "def kernel_module(family):",
               "    # Import only the kernel families a model uses, so a board can carry only those files."]
     for i, family in enumerate(ops.FAMILIES):

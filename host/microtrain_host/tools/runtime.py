@@ -11,8 +11,8 @@ import subprocess
 import tempfile
 
 from microtrain import parser as device_blob_parser
-from microtrain import opcodes as device_opcodes
 
+from ..contract.ops import BY_CODE
 from ..errors import MicrotrainHostError
 from .train import device_package_dir
 
@@ -75,7 +75,7 @@ def op_codes(blob_path):
 
 def kernel_families(blob_path):
     """The kernel families (kernels/<family>.py) the blob's programs call, sorted."""
-    return sorted({device_opcodes.SIGNATURES[op][0] for op in op_codes(blob_path)})
+    return sorted({BY_CODE[op].family for op in op_codes(blob_path)})
 
 
 def model_modules(blob_path):
@@ -129,10 +129,9 @@ def minimal_sources(blob_path):
     Cut lines are blanked, not removed, so that a traceback on the board gives the line
     numbers of the repository's source."""
     used = op_codes(blob_path)
-    signatures = device_opcodes.SIGNATURES
     kernels = {}
     for op in used:
-        family, function = signatures[op][:2]
+        family, function = BY_CODE[op].family, BY_CODE[op].kernel
         kernels.setdefault(family, set()).update((function, function + "_check"))
     sources = package_sources(runtime_modules(blob_path) + _fast_paths(kernels))
     for text in sources.values():  # what one kernel family imports from another
@@ -216,25 +215,14 @@ def _cut_module(text, wanted):
 
 
 def _cut_opcodes(text, used):
-    """opcodes.py with only the SIGNATURES rows of the used op codes (and so only their
-    constants)."""
-    tree = ast.parse(text)
-    table = next(n.value for n in tree.body if isinstance(n, ast.Assign)
-                 and getattr(n.targets[0], "id", None) == "SIGNATURES")
-    codes = {n.targets[0].id: n.value.args[0].value for n in tree.body
-             if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
-             and getattr(n.value.func, "id", None) == "const"}
+    """opcodes.py with only the rows of the used op codes (one string literal per line:
+    blanking a line drops the row)."""
     lines = text.split("\n")
-    for key, value in zip(table.keys, table.values):
-        if codes[key.id] not in used:
-            # one row per line (or lines of its own): blanking them keeps the dict literal
-            if (lines[key.lineno - 1][:key.col_offset].strip()
-                    or lines[value.end_lineno - 1][value.end_col_offset:].strip() != ","):
-                raise RuntimeBuildError(f"opcodes.py: the SIGNATURES row of {key.id} does "
-                                        f"not stand on lines of its own")
-            for i in range(key.lineno - 1, value.end_lineno):
-                lines[i] = ""
-    return _cut_module("\n".join(lines), {"SIGNATURES", "kernel_module"})
+    for i, line in enumerate(lines):
+        row = re.match(r'\s*"\\n(\d+) ', line)
+        if row and int(row.group(1)) not in used:
+            lines[i] = ""
+    return _cut_module("\n".join(lines), {"signature", "kernel_module"})
 
 
 def mpy_cross_tool():
