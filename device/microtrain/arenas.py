@@ -38,6 +38,14 @@ def arenas(what, floats, ints, nbytes, weights):
     return made
 
 
+def within(budget, nbytes, what, kind):
+    # The caller's byte budget (max_arena_bytes of Module / InferenceSession: a host that
+    # loads blobs it did not pack), checked before reading or allocating that much.
+    if budget is not None and nbytes > budget:
+        raise OutOfMemoryError("%s %d bytes of %s, over the budget of %d bytes "
+                               "(max_arena_bytes)" % (what, nbytes, kind, budget))
+
+
 def put(b, tid, at, raw, nbytes, F, I, Q):
     # Little-endian bytes raw (nbytes of them) into tensor tid's arena slice from byte at
     off = b.offsets[tid] + at // ITEM_BYTES[b.dtypes[tid]]

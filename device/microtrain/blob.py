@@ -130,7 +130,12 @@ class Blob:
 def zeros(typecode, n):
     """A zeroed array of n elements, e.g. an arena. array(typecode, bytes(4 * n)) would
     briefly need twice the memory; an iterable with a length is allocated once at its
-    final size, then zeroed."""
+    final size, then zeroed. CPython repeats one zero instead (one allocation, memcpy: a
+    200 MB arena in 0.3 s, not 7 s); MicroPython's array has no repetition."""
+    try:
+        return array(typecode, [0]) * n
+    except TypeError:
+        pass
     a = array(typecode, range(n))
     zero = 0.0 if typecode == "f" else 0
     for i in range(n):

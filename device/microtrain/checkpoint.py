@@ -168,7 +168,7 @@ class CheckpointState:
             what = "the %d-byte checkpoint buffer" % len(source)
             f = BufferFile(source)
         else:
-            path = path_of(checkpoint_uri, CheckpointError, "the checkpoint path")
+            path = path_of(checkpoint_uri, CheckpointError, "the checkpoint", True)
             try:
                 f, source = open_existing(path)
             except OSError as e:
@@ -193,7 +193,7 @@ class CheckpointState:
             raise CheckpointError("save_checkpoint(state, checkpoint_uri, include_optimizer_state"
                                   "=False): state must be a CheckpointState, not %s"
                                   % type(state).__name__)
-        path = path_of(checkpoint_uri, CheckpointError, "the checkpoint path")
+        path = path_of(checkpoint_uri, CheckpointError, "the checkpoint")
         state.materialize()
         write_checkpoint(state, path, include_optimizer_state)
 

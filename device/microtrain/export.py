@@ -9,7 +9,7 @@
 import os
 import struct
 from microtrain.blob import FLOAT, INT32, ITEM_BYTES, NO_TENSOR, describe, is_buffer
-from microtrain.files import write_atomically
+from microtrain.files import BufferFile, write_atomically
 from microtrain.crc32 import crc32
 from microtrain.errors import BlobError, InputError, ParameterError
 
@@ -101,34 +101,19 @@ def _output_ids(outputs, output_names):
     return ids
 
 
-class _BufferFile:
-    # The blob the Module was given as a buffer (in flash), read like its file.
-    def __init__(self, buf):
-        self.view = memoryview(buf)
-        self.at = 0
-
-    def seek(self, at):
-        self.at = at
-
-    def readinto(self, into):
-        n = min(len(into), len(self.view) - self.at)
-        into[:n] = self.view[self.at:self.at + n]
-        self.at += n
-        return n
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 def _open_unchanged(uri, crc):
     # The template is read from the file the Module was loaded from: it must still be
     # that file, not one repacked since.
     # Returns the open file and where its FlatBuffer ends (before the CRC).
     if is_buffer(uri):
-        return _BufferFile(uri), len(uri) - 4
+        # a bytearray can change after the load as a file can: its CRC again (the
+        # template's bytes are read from it; a stale one would be sealed by a fresh CRC)
+        view = memoryview(uri)
+        if (len(view) < 8 or crc32(view[4:len(view) - 4]) & 0xFFFFFFFF != crc
+                or struct.unpack_from("<I", view, len(view) - 4)[0] != crc):
+            raise BlobError("the blob buffer the Module was loaded from changed since; load "
+                            "it again")
+        return BufferFile(uri), len(view) - 4
     try:
         src = open(uri, "rb")
         end = os.stat(uri)[6] - 4

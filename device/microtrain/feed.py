@@ -8,7 +8,8 @@ from microtrain.errors import InputError
 def copy_inputs(b, F, I, program, inputs, classes):
     """Copy one flat sequence per input of `program` into the arenas. With classes > 0,
     labels must be class indices in [0, classes); other int inputs (Gather's indices) are
-    checked by the kernels that read them."""
+    checked by the kernels that read them. A value of the wrong kind (None, a str, 1.5 as a
+    label, 1e39 as a float32) is an InputError naming the input and the position."""
     tids = program.inputs
     if len(inputs) != len(tids):
         raise InputError("the %s program takes %d inputs (%s), got %d"
@@ -18,27 +19,81 @@ def copy_inputs(b, F, I, program, inputs, classes):
         tid = tids[k]
         values = inputs[k]
         off, n = b.offsets[tid], b.sizes[tid]
-        if len(values) != n:
+        try:
+            count = -1 if isinstance(values, str) else len(values)
+        except TypeError:
+            count = -1
+        if count < 0:
+            raise InputError("input '%s' must be a sequence of numbers (a list, an array), "
+                             "not %s" % (b.names[tid], type(values).__name__))
+        if count != n:
             raise InputError("input '%s' needs %d values (shape %r), got %d"
                              % (b.names[tid], n, b.shapes[tid], len(values)))
-        if b.dtypes[tid] == INT32:
-            label = classes if b.roles[tid] == ROLE_LABEL else 0
-            for i in range(n):
-                v = values[i]
-                if label and not 0 <= v < label:
-                    raise InputError("label %r at position %d of '%s' is not a class index "
-                                     "in [0, %d)" % (v, i, b.names[tid], classes))
-                I[off + i] = int(v)
-        elif b.dtypes[tid] != FLOAT:
-            # an int8 / uint8 input (already quantized: integer training) into the byte arena
-            Q = b.Q
-            low = -128 if b.dtypes[tid] == INT8 else 0
-            for i in range(n):
-                v = values[i]
-                if not low <= v <= low + 255:
-                    raise InputError("value %r at position %d of '%s' is outside the %s range"
-                                     % (v, i, b.names[tid], "int8" if low else "uint8"))
-                Q[off + i] = v & 255
+        # The loops stay plain (one store per value); a value the arena cannot take raises
+        # in the store, and _refuse then finds it to say which and why.
+        try:
+            if b.dtypes[tid] == INT32:
+                label = classes if b.roles[tid] == ROLE_LABEL else 0
+                low, high = (0, label - 1) if label else (-_INT32_SPAN, _INT32_SPAN - 1)
+                for i in range(n):
+                    v = values[i]
+                    # (MicroPython's array('i') would keep 10**40 as 0)
+                    if not low <= v <= high:
+                        raise InputError(
+                            "label %s at position %d of '%s' is not a class index in [0, %d)"
+                            % (_shown(v), i, b.names[tid], classes) if label else
+                            "value %s at position %d of '%s' is outside the int32 range"
+                            % (_shown(v), i, b.names[tid]))
+                    I[off + i] = v      # an int only: array('i') refuses 1.5
+            elif b.dtypes[tid] != FLOAT:
+                # an int8 / uint8 input (already quantized: integer training) into the byte
+                # arena
+                Q = b.Q
+                low = -128 if b.dtypes[tid] == INT8 else 0
+                for i in range(n):
+                    v = values[i]
+                    if not low <= v <= low + 255:
+                        raise InputError("value %r at position %d of '%s' is outside the %s "
+                                         "range" % (v, i, b.names[tid],
+                                                    "int8" if low else "uint8"))
+                    Q[off + i] = v & 255
+            else:
+                top = _FLOAT_MAX
+                for i in range(n):
+                    v = values[i]
+                    # A finite value float32 cannot hold would be kept as inf without a
+                    # word. NaN and inf themselves pass, as in onnxruntime: inference
+                    # computes with them and a train call refuses the non-finite loss.
+                    if not -top <= v <= top and v - v == 0:
+                        raise InputError("value %s at position %d of '%s' is beyond the "
+                                         "float32 range" % (_shown(v), i, b.names[tid]))
+                    F[off + i] = v
+        except (TypeError, ValueError, OverflowError):
+            _refuse(b, tid, values)
+
+
+def _refuse(b, tid, values):
+    # the first value of input tid the arena cannot take, named
+    integer = b.dtypes[tid] != FLOAT
+    for i in range(len(values)):
+        v = values[i]
+        if integer:
+            ok = isinstance(v, int) or hasattr(v, "__index__")    # numpy's ints too
         else:
-            for i in range(n):
-                F[off + i] = values[i]
+            ok = isinstance(v, (int, float)) or hasattr(v, "__float__")
+        if not ok:
+            raise InputError("%s %s at position %d of '%s' is not %s"
+                             % ("label" if b.roles[tid] == ROLE_LABEL else "value",
+                                _shown(v), i, b.names[tid],
+                                "an integer" if integer else "a float32 number"))
+    raise InputError("input '%s' holds values its arena cannot take" % b.names[tid])
+
+
+def _shown(v):
+    # a value as a message shows it: 10**400 is not printed in full
+    text = repr(v)
+    return text if len(text) <= 24 else text[:20] + "..."
+
+
+_FLOAT_MAX = 3.4028234663852886e38
+_INT32_SPAN = 0x80000000

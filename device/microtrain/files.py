@@ -23,16 +23,20 @@ def reason(e):
     return "%s (errno %d)" % (text, number) if number is not None else str(text)
 
 
-def path_of(uri, error, what):
-    """uri as a str path: a str, or on CPython a path-like object; anything else is
-    error('<what> must be a path ...')."""
+def path_of(uri, error, what, buffer_too=False):
+    """uri as a str path: a str, or on CPython a path-like object; anything else (None, a
+    number, bytes, an int that open() would take for a file descriptor and close) is
+    error('<what> must be a path (a str) ...'), which mentions buffers where they are taken
+    too (buffer_too)."""
     if isinstance(uri, str):
         return uri
     if hasattr(uri, "__fspath__"):
         path = uri.__fspath__()
         if isinstance(path, str):
             return path
-    raise error("%s must be a path (a str), not %s" % (what, type(uri).__name__))
+    raise error("%s must be a path (a str)%s, not %s"
+                % (what, " or a buffer (bytes, bytearray, memoryview)" if buffer_too else "",
+                   type(uri).__name__))
 
 
 def is_directory(path):
@@ -48,15 +52,15 @@ def open_existing(path):
     path.bak while it replaces it (write_atomically); a power cut there leaves only path.bak.
     Raises the OSError of `path` when neither can be opened."""
     try:
-        return _open_file(path), path
+        return open_regular(path), path
     except OSError as e:
         try:
-            return _open_file(path + ".bak"), path + ".bak"
+            return open_regular(path + ".bak"), path + ".bak"
         except OSError:
             raise e
 
 
-def _open_file(path):
+def open_regular(path):
     # Only a regular file: a directory cannot be read, and a FIFO or a device would block
     # or never end.
     kind = os.stat(path)[0] & 0xF000
@@ -129,7 +133,7 @@ def write_atomically(path, write, error, what):
     written through), a directory at `path` is refused, and a failed write removes the
     temporary file; every OSError becomes error("cannot write <what> '<path>': <reason>").
     Checkpoints and exported inference blobs are saved this way."""
-    path = path_of(path, error, "the %s path" % what)
+    path = path_of(path, error, "the %s" % what)
     if is_directory(path):
         raise error("cannot write %s '%s': it is a directory" % (what, path))
     tmp = path + ".tmp"

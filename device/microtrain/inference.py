@@ -12,10 +12,11 @@ INFER_PROGRAM = "infer"
 
 class InferenceSession:
     """InferenceSession(path): session.run(x) -> array('f') of the model's outputs.
-    Named after onnxruntime.InferenceSession, but run() takes the inputs themselves."""
+    Named after onnxruntime.InferenceSession, but run() takes the inputs themselves. path
+    may be the blob as a buffer; max_arena_bytes as for Module."""
 
-    def __init__(self, path):
-        b, self.F, self.I = load_into_arenas(path)
+    def __init__(self, path, max_arena_bytes=None):
+        b, self.F, self.I = load_into_arenas(path, max_arena_bytes)
         if INFER_PROGRAM not in b.programs:
             raise BlobError("'%s' is not an inference blob (its programs: %s); write one with "
                             "Module.export_model_for_inferencing" % (blobfile.describe(path),

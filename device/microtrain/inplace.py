@@ -2,23 +2,24 @@
 # of a frozen bytes object: the blob in flash - loaded where it is: parsed in place (no
 # copy), its int8 weights left there for the kernels to read, the other constants copied
 # into the arenas. A blob file is loaded by loader.py.
-from microtrain.arenas import CHUNK, arenas, mem_free, put
+from microtrain.arenas import CHUNK, arenas, mem_free, put, within
 from microtrain.blob import ITEM_BYTES, describe
 from microtrain.errors import OutOfMemoryError
 from microtrain.parser import arena_sizes, parse_root, root_of
 
 
-def load_buffer(data):
+def load_buffer(data, budget=None):
     # The blob as a buffer: parsed where it is (no copy), its int8 weights left there, the
     # other constants copied into the arenas. The arenas are allocated first, at the bottom
     # of a collected heap, before the parse's garbage can leave no hole as large as them.
     view = memoryview(data)
     what = describe(data)
     try:
-        r, root = root_of(view)
+        r, root = root_of(view, data)
         floats, ints, nbytes = arena_sizes(r, root)
     except MemoryError:
         raise OutOfMemoryError("%s: no room to check its frame" % what)
+    within(budget, 4 * (floats + ints) + nbytes, "%s needs" % what, "arenas")
     F, I, Q, _ = arenas(what, floats, ints, nbytes, 0)
     try:
         b = parse_root(r, root, view, False, Q, True, view, (F, I, Q, put))

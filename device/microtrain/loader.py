@@ -8,13 +8,14 @@
 # refused. A blob given as a buffer (in flash) is loaded by inplace.py instead.
 import gc
 import struct
-from microtrain.arenas import CHUNK, arenas, compact, mem_free, put
+from microtrain.arenas import CHUNK, arenas, compact, mem_free, put, within
 from microtrain.blob import INT8, ITEM_BYTES, UINT8, is_buffer
 from microtrain.crc32 import crc32
 from microtrain.errors import BlobError, OutOfMemoryError
-from microtrain.files import open_existing, read_whole
+from microtrain.files import open_existing, path_of, read_whole
 from microtrain.flatbuf import Reader
-from microtrain.parser import LATER_BYTES, LATER_WEIGHTS, arena_sizes, parse_root, root_of
+from microtrain.parser import (LATER_BYTES, LATER_WEIGHTS, arena_sizes, check_head, parse_root,
+                               root_of)
 
 # contract: blob Model
 # (generated from host/microtrain_host/contract/ by `python -m microtrain_host.contract.generate`; do not edit)
@@ -26,16 +27,18 @@ _MODEL_WEIGHTS_IN_PLACE = const(17)
 # end of contract
 
 
-def load_into_arenas(source):
+def load_into_arenas(source, budget=None):
     """(blob, float arena, int arena) of the blob at source, its constants copied in.
     source is the blob file's path, or the blob itself as a buffer - bytes, or a memoryview
     of a file in a board's ROM filesystem or of a frozen bytes object: the blob in flash,
     whose int8 weights the kernels then read in place, taking no heap (inplace.py)."""
     if is_buffer(source):
         from microtrain.inplace import load_buffer
-        return load_buffer(source)
-    path = source
-    b, size, floats, ints, nbytes = _parse_file(path)
+        return load_buffer(source, budget)
+    path = path_of(source, BlobError, "the blob", True)
+    b, size, floats, ints, nbytes = _parse_file(path, budget)
+    within(budget, 4 * (floats + ints) + nbytes + b.weights_size, "'%s' needs" % path,
+           "arenas")
     b.quant = {}        # the scales served the checks (derived multipliers); not needed now
     F, I, Q, b.weights = arenas(path, floats, ints, nbytes, b.weights_size)
     _read_constants(path, b, size, F, I, Q)
@@ -43,7 +46,7 @@ def load_into_arenas(source):
     return b, F, I
 
 
-def _parse_file(path):
+def _parse_file(path, budget):
     # (blob, file size, arena sizes) of the file at path, its constants noted by their place
     # in the file. A function of its own: once it returns, no stale slot of a running
     # frame can keep the file's bytes from the garbage collector (MicroPython scans frames
@@ -57,6 +60,10 @@ def _parse_file(path):
         try:
             f, _ = open_existing(path)
             with f:
+                length = f.seek(0, 2)
+                f.seek(0)
+                check_head(f.read(12), length)      # before reading it all
+                within(budget, length, "'%s' is" % path, "file")
                 data = read_whole(f, _stated_arenas(f))
         except OSError as e:
             raise BlobError("cannot read blob '%s': %s" % (path, e))

@@ -3,7 +3,7 @@
 # parameters (intparams.py), random generators (randoms.py), a loss computed outside the
 # graph (outside.py).
 import math
-from microtrain.blob import FLOAT, INT32, is_buffer, zeros
+from microtrain.blob import FLOAT, INT32, zeros
 from microtrain.checkpoint import Ref
 from microtrain.errors import CheckpointError, ParameterError, TrainingError
 from microtrain.feed import copy_inputs
@@ -26,7 +26,9 @@ class Module:
     blob too, so eval_model_uri is only needed to take it from another blob). A uri can
     also be the blob itself as a buffer: bytes, or a memoryview of a file in a board's ROM
     filesystem or of a frozen bytes object - a blob in flash, whose int8 weights are then
-    read in place instead of taking heap.
+    read in place instead of taking heap. max_arena_bytes: refuse (OutOfMemoryError) a blob
+    whose file or arenas would take more bytes than that, before reading or allocating
+    them - for a host loading blobs it did not pack.
 
     model(*inputs) runs the train program in train mode (returns the loss, accumulating
     gradients) and the eval program in eval mode (returns the loss, or a list of the loss
@@ -35,13 +37,9 @@ class Module:
     with forward() and backward() instead. load_checkpoint(uri) takes another checkpoint
     of the same model into the arenas the Module has."""
 
-    def __init__(self, train_model_uri, state, eval_model_uri=None):
+    def __init__(self, train_model_uri, state, eval_model_uri=None, max_arena_bytes=None):
         _check_state(state)
-        if is_buffer(train_model_uri):
-            from microtrain.inplace import load_buffer
-            b, self.F, self.I = load_buffer(train_model_uri)
-        else:
-            b, self.F, self.I = load_into_arenas(train_model_uri)
+        b, self.F, self.I = load_into_arenas(train_model_uri, max_arena_bytes)
         self.blob = b
         self.uri = train_model_uri
         self.state = state

@@ -10,7 +10,7 @@ from microtrain.blob import (FLOAT, FORMAT_VERSION, IDENTIFIER, INT8, INT32, ITE
                              UINT8, Blob, Program, _COPY, describe, is_buffer)
 from microtrain.crc32 import crc32
 from microtrain.errors import BlobError
-from microtrain.files import open_existing, read_whole
+from microtrain.files import open_existing, open_regular, path_of, read_whole
 from microtrain.flatbuf import Reader
 from microtrain.opcodes import kernel_module, signature
 from microtrain.stepcheck import StepCheck
@@ -84,10 +84,13 @@ _OPTIONS = (
 # end of contract
 
 def read(path):
-    """The bytes of the blob file at path (or path.bak: files.open_existing)."""
+    """The bytes of the blob file at path (or path.bak: files.open_existing), its head
+    checked first."""
+    path = path_of(path, BlobError, "the blob", True)
     try:
         f, _ = open_existing(path)
         with f:
+            check_head(f.read(12), f.seek(0, 2))
             return read_whole(f)
     except OSError as e:
         raise BlobError("cannot read blob '%s': %s" % (path, e))
@@ -101,7 +104,10 @@ def load(path_or_bytes, keep_steps=False):
 def program(b, uri, name, default_uri):
     """Program `name` of blob b, or of the blob at uri when it is another file; that file
     must have been packed from the same model (same tensor table)."""
-    if uri is not None and uri is not default_uri and uri != default_uri:
+    if uri is not None and uri is not default_uri and not (
+            type(uri) is type(default_uri) and uri == default_uri) and _crc_of(uri) != b.crc:
+        # another file (or a file beside the buffer the Module was given): the same bytes
+        # by their CRC, or a blob packed from the same model
         other = load(uri)
         if other.names != b.names or other.offsets != b.offsets:
             raise BlobError("'%s' and '%s' were not packed from the same model"
@@ -112,10 +118,25 @@ def program(b, uri, name, default_uri):
     return b.programs[name]
 
 
-def root_of(data):
+def _crc_of(uri):
+    # the CRC-32 a blob file or buffer ends with (0 when it cannot be read: load says why)
+    try:
+        if is_buffer(uri):
+            tail = bytes(memoryview(uri)[-4:])
+        else:
+            with open_regular(path_of(uri, BlobError, "the blob", True)) as f:
+                f.seek(-4, 2)
+                tail = f.read(4)
+    except (OSError, ValueError):
+        return 0
+    return struct.unpack("<I", tail)[0] if len(tail) == 4 else 0
+
+
+def root_of(data, given=None):
     # Check the frame (size, identifier, CRC-32) and the format version; return the reader
     # and the root table. The CRC is computed once per load: the fallback crc32 is slow.
-    _check_frame(data)
+    # given: what the caller was given, when data is a view of it.
+    _check_frame(data, data if given is None else given)
     r = Reader(memoryview(data)[:len(data) - 4], BlobError, start=4)
     root = r.root()
     version = r.scalar(root, _MODEL_FORMAT_VERSION, "H", 0)
@@ -125,16 +146,27 @@ def root_of(data):
     return r, root
 
 
-def _check_frame(data):
-    if len(data) < 12:
-        raise BlobError("truncated: a blob is at least 12 bytes, this one has %d" % len(data))
-    size = struct.unpack_from("<I", data, 0)[0]
-    if bytes(data[8:12]) != IDENTIFIER:
-        raise BlobError("not a microtrain blob: identifier %r, expected %r"
-                        % (bytes(data[8:12]), IDENTIFIER))
-    if 4 + size + 4 != len(data):
+def check_head(head, length, given=None):
+    """A blob's first 12 bytes (size, root offset, identifier) against its length: a file is
+    checked by these before it is read (a 512 MiB file of anything else is not)."""
+    # bytes that read like a file name are a path given as bytes, taken for the blob itself
+    hint = ("; bytes are read as the blob itself: give its path as a str"
+            if isinstance(given, bytes) and len(given) < 1024 and b"\0" not in given else "")
+    if length < 12 or len(head) < 12:
+        raise BlobError("truncated: a blob is at least 12 bytes, this one has %d%s"
+                        % (length, hint))
+    if bytes(head[8:12]) != IDENTIFIER:
+        raise BlobError("not a microtrain blob: identifier %r, expected %r%s"
+                        % (bytes(head[8:12]), IDENTIFIER, hint))
+    size = struct.unpack_from("<I", head, 0)[0]
+    if 4 + size + 4 != length:
         raise BlobError("truncated or padded: header says %d bytes, file has %d"
-                        % (4 + size + 4, len(data)))
+                        % (4 + size + 4, length))
+    return size
+
+
+def _check_frame(data, given):
+    size = check_head(data, len(data), given)
     stored = struct.unpack_from("<I", data, 4 + size)[0]
     if crc32(memoryview(data)[4:4 + size]) & 0xFFFFFFFF != stored:
         raise BlobError("corrupt: CRC-32 of the blob does not match")
@@ -451,21 +483,32 @@ def arena_sizes(r, root):
     nbytes = r.scalar(root, _MODEL_BYTE_ARENA, "I", 0)
     weights = r.scalar(root, _MODEL_WEIGHTS_IN_PLACE, "I", 0)
     need = [0, 0, 0]
+    held = [0, 0, 0]    # what the tensors hold: no plan needs more (see below)
     in_place = 0
     for t in r.tables(root, _MODEL_TENSORS, "tensor"):
+        size = r.scalar(t, _TENSOR_SIZE, "I", 0)
         if r.scalar(t, _TENSOR_IN_PLACE, "B", 0):
-            in_place += r.scalar(t, _TENSOR_SIZE, "I", 0)
+            in_place += size
             continue    # in place: in no arena
         dtype = r.scalar(t, _TENSOR_DTYPE, "B", 0)
-        end = r.scalar(t, _TENSOR_OFFSET, "I", 0) + r.scalar(t, _TENSOR_SIZE, "I", 0)
+        end = r.scalar(t, _TENSOR_OFFSET, "I", 0) + size
         arena = 2 if dtype in (INT8, UINT8) else dtype
-        if dtype <= UINT8 and end > need[arena]:
-            need[arena] = end
-    for stated, needed, kind in ((floats, need[0], "float"), (ints, need[1], "int"),
-                                 (nbytes, need[2], "byte")):
+        if dtype <= UINT8:
+            held[arena] += size
+            if end > need[arena]:
+                need[arena] = end
+    for stated, needed, most, kind in ((floats, need[0], held[0], "float"),
+                                       (ints, need[1], held[1], "int"),
+                                       (nbytes, need[2], held[2], "byte")):
         if stated != needed:
             raise BlobError("the %s arena is %d elements, its tensors need %d"
                             % (kind, stated, needed))
+        # The packer places each tensor at 0 or right after another one, so an arena never
+        # exceeds the sum of its tensors' sizes; tensors moved further out (with the arena
+        # grown to match) would only make the device allocate for nothing.
+        if needed > most:
+            raise BlobError("the %s arena is %d elements, but its tensors hold only %d: "
+                            "they lie apart as no packed blob has them" % (kind, needed, most))
     if weights != in_place:
         raise BlobError("the blob states %d bytes of weights read in place, its tensors hold "
                         "%d" % (weights, in_place))
