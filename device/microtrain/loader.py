@@ -12,7 +12,7 @@ from microtrain.arenas import CHUNK, arenas, compact, mem_free, put, within
 from microtrain.blob import INT8, ITEM_BYTES, UINT8, is_buffer
 from microtrain.crc32 import crc32
 from microtrain.errors import BlobError, OutOfMemoryError
-from microtrain.files import open_existing, path_of, read_whole
+from microtrain.files import open_existing, path_of, read_whole, reason
 from microtrain.flatbuf import Reader
 from microtrain.parser import (LATER_BYTES, LATER_WEIGHTS, arena_sizes, check_head, parse_root,
                                root_of)
@@ -66,7 +66,7 @@ def _parse_file(path, budget):
                 within(budget, length, "'%s' is" % path, "file")
                 data = read_whole(f, _stated_arenas(f))
         except OSError as e:
-            raise BlobError("cannot read blob '%s': %s" % (path, e))
+            raise BlobError("cannot read blob '%s': %s" % (path, reason(e)))
         r, root = root_of(data)
         floats, ints, nbytes = arena_sizes(r, root)
         return (parse_root(r, root, data, False, LATER_BYTES, True), len(data), floats, ints,
@@ -160,7 +160,7 @@ def _read_constants(path, b, size, F, I, Q):
             if f.readinto(view[:4]) != 4:
                 raise BlobError("'%s' changed while it was being loaded" % path)
     except OSError as e:
-        raise BlobError("cannot read blob '%s': %s" % (path, e))
+        raise BlobError("cannot read blob '%s': %s" % (path, reason(e)))
     if crc & 0xFFFFFFFF != b.crc or struct.unpack_from("<I", chunk, 0)[0] != b.crc:
         raise BlobError("'%s' changed while it was being loaded" % path)
 

@@ -10,7 +10,7 @@ from microtrain.blob import (FLOAT, FORMAT_VERSION, IDENTIFIER, INT8, INT32, ITE
                              UINT8, Blob, Program, _COPY, describe, is_buffer)
 from microtrain.crc32 import crc32
 from microtrain.errors import BlobError
-from microtrain.files import open_existing, open_regular, path_of, read_whole
+from microtrain.files import open_existing, open_regular, path_of, read_whole, reason
 from microtrain.flatbuf import Reader
 from microtrain.opcodes import kernel_module, signature
 from microtrain.stepcheck import StepCheck
@@ -93,7 +93,7 @@ def read(path):
             check_head(f.read(12), f.seek(0, 2))
             return read_whole(f)
     except OSError as e:
-        raise BlobError("cannot read blob '%s': %s" % (path, e))
+        raise BlobError("cannot read blob '%s': %s" % (path, reason(e)))
 
 
 def load(path_or_bytes, keep_steps=False):
