@@ -1,7 +1,8 @@
-# Device side of bench/int8_kernels.py: the float kernels (kernels/dense.gemm,
-# kernels/conv.conv, bytecode) against the int8 kernels (kernels/qlinear: the viper fast
-# paths under MicroPython, pure Python elsewhere) on the same shapes in the same run, and
-# whether the int8 ones allocate (micropython.heap_lock). Prints one line per shape:
+# Run on the device itself, no host driver (bench/README.md): the float kernels
+# (kernels/dense.gemm, kernels/conv.conv, bytecode) against the int8 kernels
+# (kernels/qlinear: the viper fast paths under MicroPython, pure Python elsewhere) on the
+# same shapes in the same run, and whether the int8 ones allocate (micropython.heap_lock).
+# Prints one line per shape:
 #   name macs float_us int8_us ratio locked
 import sys
 from array import array

@@ -3,7 +3,7 @@ model at MLPerf Tiny size (49x10 MFCC, 64 channels, 4 depthwise-separable blocks
 classes; tests/reference_models.py DSCNN), batch 1, training its classifier:
 
 * float: generate_artifacts(requires_grad=classifier), SGD; Module(x, y) + Optimizer.step()
-* int:   QAT artifacts, a few calibration steps, export --qdq, pipeline/inttrain.py; the
+* int:   QAT artifacts, a few calibration steps, export --qdq, quant/inttrain.py; the
          train program's steps (frozen int8 layers, int logits, int softmax-CE, fused QAS
          update) under micropython.heap_lock()
 

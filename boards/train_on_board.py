@@ -12,7 +12,7 @@ BASE = gc.mem_alloc()
 # Imports and the checkpoint leave the heap fragmented, with no hole as large as the arena
 # Module allocates. So a block of RESERVE bytes (the arenas, or the blob file if larger:
 # Module reads the file into a buffer the size of the arenas and allocates them in its place,
-# blob.load_into_arenas) is taken before anything else, low in the heap, and freed just
+# loader.load_into_arenas) is taken before anything else, low in the heap, and freed just
 # before Module loads: the file's buffer, then the arenas land in that hole. A BytesIO preallocated to that size, because close()
 # frees its buffer at once; a dropped bytearray stays until the GC finds no pointer to it,
 # and MicroPython's GC scans the C stack conservatively, where stale copies linger.

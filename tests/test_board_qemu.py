@@ -243,7 +243,7 @@ def test_int8_on_the_emulated_board(firmware, tmp_path):
         in_rom=[(tmp_path / "int8.mtb", "int8.mtb")])
     from microtrain import parser as device_blob_parser
     b = device_blob_parser.load(str(build / "model.mtb"))
-    # the arenas take the place of the file's buffer (blob.load_into_arenas)
+    # the arenas take the place of the file's buffer (loader.load_into_arenas)
     reserve = max(4 * (b.float_arena + b.int_arena) + b.byte_arena,
                   (build / "model.mtb").stat().st_size) + 2048
     script = tmp_path / "int8_on_board.py"

@@ -239,7 +239,7 @@ def test_host_round_trip_nominal(tmp_path):
     # microtrain's nominal tensors keep their real dims and have an empty raw_data vector.
     # ORT 1.19.2's own nominal checkpoints have empty dims instead (tests/data/ort-1.19.2/
     # nominal_checkpoint); ORT 1.19.2 loads ours (scripts/ort_interop.py). Both vectors must be
-    # present: ORT refuses a tensor lacking either. See schema/checkpoint.fbs.
+    # present: ORT refuses a tensor lacking either. See contract/checkpoint.fbs.
     shapes = {n: np.shape(a) for n, a in {**trainable, **frozen}.items()}
     assert all(dims == shapes[name] and raw == b"" and dtype == 1
                for name, dims, dtype, raw in walked["trainable"] + walked["frozen"])

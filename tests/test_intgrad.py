@@ -1,5 +1,5 @@
 """Issue 11's sparse update in integers (kernels/intgrad.py, ops/intgrad.py,
-pipeline/inttrain.py train_biases / train_depthwise): one integer step of a DS-CNN (the
+quant/inttrain.py train_biases / train_depthwise): one integer step of a DS-CNN (the
 bias of every convolution, the last block's depthwise and pointwise weights, the
 classifier) against torch float64 autograd on the dequantized model, the viper kernels
 equal to the pure-Python kernels and to CPython under micropython.heap_lock(), crafted

@@ -1,5 +1,5 @@
 """Issue 11 scope 1, integer training (kernels/inttrain.py, ops/inttrain.py,
-pipeline/inttrain.py): one integer update against torch float64 (a float SGD step of the
+quant/inttrain.py): one integer update against torch float64 (a float SGD step of the
 dequantized layer, in weight quanta), the integer softmax cross-entropy gradient against
 torch, convergence of an int8 classifier trained in integers against the float fine-tune of
 the same layer on the same features, the whole train step under micropython.heap_lock() with
@@ -397,7 +397,7 @@ def test_last_conv_update_equals_torch_float64(ds_cnn_int8, tmp_path):
     conv_step = [r for r in records if r[0] == 246][0]
     x2_id, y2_id = conv_step[1][2], conv_step[1][3]
     # the scales as the host parses them (a loaded blob drops them once its checks derived
-    # the multipliers: blob.load_into_arenas)
+    # the multipliers: loader.load_into_arenas)
     quant = device_blob_parser.load(info["blob"]).quant
     grab = lambda tid: np.frombuffer(bytes(model.output(tid)),                 # noqa: E731
                                      np.int8 if b.dtypes[tid] == 2 else np.uint8).astype(np.int64)

@@ -1,5 +1,5 @@
-"""Gather with indices fed as an int input (an embedding lookup; ops/layout.py,
-kernels/layout.py GATHER_ROWS / GATHER_ROWS_GRAD): the table's gradient (repeated and
+"""Gather with indices fed as an int input (an embedding lookup; ops/gather.py,
+kernels/gather.py GATHER_ROWS / GATHER_ROWS_GRAD): the table's gradient (repeated and
 negative indices included) against float64 torch autograd within 1e-5, the training graph in
 onnx.reference, the forward against onnxruntime; int32 on the device; an index out of range
 is an InputError naming it, and int inputs are not taken for class labels."""

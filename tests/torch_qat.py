@@ -1,5 +1,5 @@
 """The PyTorch side of the quantization-aware training tests: the same fake-quant
-configuration as microtrain's QAT (pipeline/quantize.py), built from PyTorch's own
+configuration as microtrain's QAT (quant/quantize.py), built from PyTorch's own
 torch.ao.quantization modules, so the oracle's rounding, observers and gradients are
 PyTorch's code, not ours:
 

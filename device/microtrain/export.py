@@ -2,7 +2,7 @@
 # training blob: the int8 inference blob, its values computed by the blob's "export" program).
 #
 # The host packed that blob into the training blob already (schema: InferenceTemplate in
-# host/microtrain_host/schema/microtrain.fbs), its own arena plan included, minus what only
+# host/microtrain_host/contract/microtrain.fbs), its own arena plan included, minus what only
 # the device knows at export time: the current parameter values and the outputs asked for.
 # Here the template is streamed from the training blob file with those inserted at its
 # cuts and the CRC-32 computed on the way, so no copy of the model is ever held in RAM.

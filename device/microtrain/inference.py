@@ -1,6 +1,6 @@
 # InferenceSession: run an inference-only blob (Module.export_model_for_inferencing writes
 # one) with the same reader and kernels as training. A board that only predicts needs this
-# file, blob.py with its helpers and the kernel families the model uses - no module.py,
+# file, loader.py with its helpers and the kernel families the model uses - no module.py,
 # checkpoint.py or optimizer.
 from microtrain import blob as blobfile
 from microtrain.feed import copy_inputs

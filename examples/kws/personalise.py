@@ -97,7 +97,7 @@ def int8_pack(directory, lr, calibration_steps=20, **trained):
     training blob of the calibrated int8 backbone), checkpoint (the classifier at zero, int8
     weight and int32 bias; the other trained tensors (`trained`: int8_training_artifacts'
     train_conv, train_biases, train_depthwise) as pretrained) and the info of
-    pipeline/inttrain.py (input scale and zero point)."""
+    quant/inttrain.py (input scale and zero point)."""
     import quantize
     from microtrain_host.formats.checkpoint import write_checkpoint
     from microtrain_host.quant.inttrain import int8_training_artifacts, int8_training_model

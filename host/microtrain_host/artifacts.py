@@ -99,9 +99,9 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
     the eval graph returns after the loss (default: all model outputs). progress(stage,
     index, count), when given, is called as each stage starts (for a progress bar).
     quantization: None, True (defaults) or a QuantizationConfig / dict of its fields: insert
-    QDQ fake quantization for quantization-aware training (pipeline/quantize.py); the
+    QDQ fake quantization for quantization-aware training (quant/quantize.py); the
     observers' ranges become frozen parameters `<tensor>.observer_range`. A QDQ model as
-    `model` (int8 weights): its frozen layers run as int8 kernels (pipeline/int8.py).
+    `model` (int8 weights): its frozen layers run as int8 kernels (quant/int8.py).
     update_in_backward: apply each parameter's update in the backward pass, right after its
     gradient is known, instead of keeping gradient buffers for a separate optimizer step: the
     training graph then holds the update nodes and there is no optimizer_model.onnx; each
@@ -181,7 +181,7 @@ def _graphs(model, requires_grad, frozen_params, *, stage, batch_size, loss, opt
     model, shapes = load_model(model, batch_size)
     if is_qdq_model(model):
         # A quantized model (microtrain export --qdq): frozen layers run as int8 kernels,
-        # the layers of the weights in requires_grad stay float (pipeline/int8.py).
+        # the layers of the weights in requires_grad stay float (quant/int8.py).
         model = int8_graph(model, training=True, float_weights=set(requires_grad)
                            if requires_grad is not None else ALL_WEIGHTS)
         shapes = {**shapes, **tensor_shapes(model.graph)}

@@ -1,4 +1,4 @@
-# Integer training steps of an int8_train.mtb (pipeline/inttrain.py) on MicroPython (the
+# Integer training steps of an int8_train.mtb (quant/inttrain.py) on MicroPython (the
 # viper kernels, every train step under micropython.heap_lock()) or with the pure-Python
 # kernels, or on CPython: prints the trained int8 weights, int32 bias and the last loss ints
 # so the test can compare the three runs byte for byte; saves the checkpoint.

@@ -8,7 +8,7 @@
 # activations uint8 or int8 (flag `signed`). Gemm and Conv read their weight from the buffer
 # last in their args: Q, or - for a constant weight (plan.WEIGHT_ARGUMENT on the host) - the
 # blob itself where it lies in flash, or the one buffer of such weights a blob loaded from a
-# file gets (blob.load_into_arenas): frozen weights need no arena space.
+# file gets (loader.load_into_arenas): frozen weights need no arena space.
 #
 # Requantization, integers only: acc = sum (x - x_zp) * w + bias (int32 bias) becomes
 #   y = clamp(round_half_even(acc * m0 / 2**shift) + y_zp, lo, hi)

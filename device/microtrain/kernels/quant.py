@@ -219,7 +219,7 @@ def quant_params_check(args, c):
 # float weights and the frozen observer ranges, what the int8 inference blob holds: BatchNorm
 # folded into the weights, int8 weights with per-channel scales, int32 biases, zero points
 # and the clamp bounds of each requantization. Every float32 rounding the host's QDQ export
-# (pipeline/qdq.py) makes is made here the same way (a store into a float32 array), so both
+# (quant/qdq.py) makes is made here the same way (a store into a float32 array), so both
 # give the same bytes, on boards with float32 arithmetic too.
 _S = array("f", [0.0])    # float32 scratch: _S[0] = v rounds v to float32
 

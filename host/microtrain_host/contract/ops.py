@@ -14,10 +14,10 @@ kernel receives them (a step's args are tensor offsets, then ints, then floats):
   keeping its output: pipeline/moves.py), "update" (a parameter update: with
   update_in_backward it moves next to the gradient's last use).
 
-contract/generate.py writes device/microtrain/opcodes.py (const()s, SIGNATURES,
-kernel_module) and host/microtrain_host/opcodes.py from this table; tests/test_contract.py
-checks they are current, that every kernel and its load-time checker exist, and that every
-step the host lowers carries the counts named here.
+contract/generate.py writes device/microtrain/opcodes.py (the rows as one string read by
+signature(op), kernel_module) and host/microtrain_host/opcodes.py from this table;
+tests/test_contract.py checks they are current, that every kernel and its load-time checker
+exist, and that every step the host lowers carries the counts named here.
 
 Code ranges by family: dense 1-9, elementwise 10-29 and 130-137, activation 30-49 (40 is
 reduce), 128-129, 138-139 and 240-241, loss 50-59, optim 60-69, conv 70-79, pool 80-89, norm 90-99,

@@ -115,7 +115,7 @@ def build_checkpoint(trainable: dict[str, np.ndarray], frozen: dict[str, np.ndar
                      properties: dict | None = None, keep_integers: bool = False) -> bytes:
     """The bytes write_checkpoint writes (same arguments): the FlatBuffer and its trailer.
     keep_integers: int8 and int32 arrays stay INT8 / INT32 tensors (integer training,
-    pipeline/inttrain.py) instead of becoming float32."""
+    quant/inttrain.py) instead of becoming float32."""
     trainable = _float_arrays(trainable, "trainable", keep_integers)
     frozen = _float_arrays(frozen, "frozen")
     both = sorted(set(trainable) & set(frozen))

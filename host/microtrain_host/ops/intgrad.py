@@ -1,5 +1,5 @@
 """Integer backward through frozen int8 convolutions (issue 11's sparse update in integers;
-device kernels: kernels/intgrad.py, which documents the fixed point). pipeline/inttrain.py
+device kernels: kernels/intgrad.py, which documents the fixed point). quant/inttrain.py
 builds the graphs that use them.
 
   IntPoolGrad(D, Y) -> G               GlobalAveragePool's backward: D [m, C] (the

@@ -1,6 +1,6 @@
 """Integer training ops (issue 11): an int8 classifier Gemm trained in integers, every
 device step integer-only (device kernels: kernels/inttrain.py, which documents the fixed
-point). pipeline/inttrain.py builds the graphs that use them.
+point). quant/inttrain.py builds the graphs that use them.
 
   IntGemmLogits(X, W, B) -> Z          int32 logits, LOGIT_BITS fractional bits, of the
                                        int8 input X (its scale / zero point on the tensor),

@@ -1,6 +1,6 @@
 """Gradient accumulation and parameter updates, all in place: GradAccumulate (ORT's
 InPlaceAccumulatorV2), SGD (torch.optim.SGD with momentum, dampening, Nesterov, weight
-decay), AdamW (ORT's rule), the elastic penalties and ClipGradNorm. pipeline/optimizers.py
+decay), AdamW (ORT's rule), the elastic penalties and ClipGradNorm. pipeline/optimizers/
 builds the optimizer graph from these ops. Device kernels: kernels/optim.py."""
 import math
 

@@ -1,4 +1,4 @@
-"""int8 inference ops: the lowerings of the ai.microtrain ops pipeline/int8.py turns a QDQ
+"""int8 inference ops: the lowerings of the ai.microtrain ops quant/int8.py turns a QDQ
 model into (what onnxruntime's QDQ fusion turns it into: QGemm, QLinearConv, ...), and the
 integer requantization parameters. Device kernels: kernels/qlinear.py.
 
@@ -81,7 +81,7 @@ def requant_multiplier(real):
 
 
 def requant_values(acc, m0, shift):
-    """numpy mirror of kernels/qlinear.py _requant: round half to even of acc * m0 / 2**shift."""
+    """numpy mirror of kernels/fixedpoint.py requant: round half to even of acc * m0 / 2**shift."""
     p = np.asarray(acc, np.int64).astype(object) * int(m0)
     q = np.vectorize(lambda v: _round_shift(v, shift), otypes=[np.int64])(p)
     return q
@@ -152,7 +152,7 @@ def _header(node):
 def _weights(ctx, node, axis):
     tid = ctx.local.get(node.input[1])
     if tid is not None and ctx.tensors[tid].role == PARAM and ctx.tensors[tid].dtype == INT8:
-        # an int8 weight trained in integers (pipeline/inttrain.py): a parameter with its
+        # an int8 weight trained in integers (quant/inttrain.py): a parameter with its
         # scales, its int32 bias a parameter too
         w = ctx.tensors[tid]
         bias = ctx.t(node.input[2]) if len(node.input) > 2 and node.input[2] else NO_TENSOR

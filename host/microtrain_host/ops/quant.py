@@ -2,7 +2,7 @@
 the training and eval graphs, lowered to one fake-quantization step each, with the
 straight-through gradient, and the ai.microtrain ops that compute the quantization
 parameters while training. Device kernels: kernels/quant.py. The pass that inserts the
-pairs is pipeline/quantize.py.
+pairs is quant/quantize.py.
 
   AbsMaxScale(W) -> scale          per-channel symmetric weight scale, max|W| / qmax >= eps
   MinMaxObserver(X, range) -> (scale, zero_point, range_out)
@@ -13,7 +13,7 @@ pairs is pipeline/quantize.py.
   FakeQuantGrad(dY, X, scale, zero_point) -> dX   dY where X quantizes inside [qmin, qmax]
 
 The int8 export a device runs from a QAT blob (Module.export_model_for_inferencing, program
-"export": pipeline/qat_export.py), each the float32 computation of pipeline/qdq.py:
+"export": quant/qat_export.py), each the float32 computation of quant/qdq.py:
   FoldBatchNorm(W, B, gamma, beta, mean, var) -> (W', B')   B optional; axis, epsilon
   QuantizeWeight(W, scale) -> int8 W                        axis
   QuantizeBias(B, x_scale, w_scale) -> int32 B
@@ -312,7 +312,7 @@ def lower_quant_params(ctx, node):
              _observer_ints(node), [attr(node, "eps", FLOAT32_EPS)])
 
 
-# -- the device's int8 export (pipeline/qat_export.py) ---------------------------------------
+# -- the device's int8 export (quant/qat_export.py) ------------------------------------------
 
 @lowering("FoldBatchNorm")
 def lower_fold_batch_norm(ctx, node):

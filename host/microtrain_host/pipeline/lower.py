@@ -140,7 +140,7 @@ class Lowering:
             elem, shape = self.shapes[name]
             quantized = getattr(self, "quantization", {}).get(name)
             if quantized is not None and elem in (TensorProto.INT8, TensorProto.UINT8):
-                # an int8 / uint8 input or parameter (integer training: pipeline/inttrain.py)
+                # an int8 / uint8 input or parameter (integer training: quant/inttrain.py)
                 # with its scale(s), zero point(s) and axis
                 scale, zero_point, axis = quantized
                 self.persistent[name] = self.add(Tensor(

@@ -8,7 +8,7 @@ from ..ops.norm import check_requires_grad, running_statistics
 
 def split_parameters(model, requires_grad, frozen_params):
     """(trainable, frozen) parameter names in initializer order, with ORT's rules, except
-    that BatchNormalization running statistics are frozen by default (normalization.py)."""
+    that BatchNormalization running statistics are frozen by default (ops/norm.py)."""
     floats = [i.name for i in model.graph.initializer if i.data_type == TensorProto.FLOAT]
     requires_grad = list(requires_grad) if requires_grad is not None else None
     frozen_params = list(frozen_params) if frozen_params is not None else None

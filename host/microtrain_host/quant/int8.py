@@ -63,7 +63,7 @@ def int8_graph(model, float_weights=(), training=False, structural=False):
     values (a MaxPool / view keeps int8 when its pairs share their scale initializers), and
     give each fused node what its constants are made of (scales: q_scales, the names of the
     input (and second input) and output scale initializers; clamp_min / clamp_max of a fused
-    Relu / Clip): the template of the int8 blob a device exports (pipeline/qat_export.py)."""
+    Relu / Clip): the template of the int8 blob a device exports (quant/qat_export.py)."""
     model = shape_inference.infer_shapes(model)
     graph = model.graph
     values = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
@@ -375,7 +375,7 @@ def pack_inference_model(model, path):
     roles = {i.name: INPUT for i in fused.graph.input if i.name not in initializers}
     lowering = Lowering(roles)
     lowering.lower("infer", fused)
-    # the layout of a QAT blob's device export (pipeline/qat_export.py): values not shared
+    # the layout of a QAT blob's device export (quant/qat_export.py): values not shared
     data = serialize(lowering, [], assign_offsets(lowering), "", 0, None, None,
                      share_quantization=False)
     try:

@@ -4,7 +4,7 @@ whose classifier (the last Gemm) trains on the device in integers.
 `int8_training_artifacts(qdq_model, out_dir, learning_rate)` takes the QDQ model
 `microtrain export --qdq` writes (int8 weights, int32 biases, learned activation ranges;
 its batch size is the artifacts' batch size), fuses it as pack_inference_model does
-(pipeline/int8.py) and writes
+(quant/int8.py) and writes
   int8_train.mtb      programs "train" (inputs: the quantized int8 / uint8 input and the
                       int32 labels; the frozen layers as QLINEAR_* steps, then
                       INT_GEMM_LOGITS, INT_SOFTMAX_CE and INT_GEMM_UPDATE: the update is

@@ -5,7 +5,7 @@ checkpoint (`microtrain export --qdq --int8-blob`).
 At pack time the QDQ model of the eval graph is built with placeholder values (zeros: only
 its structure counts), fused and lowered as pack_inference_model does: that blob, cut, is
 the inference template. The training blob gets a program "export" computing from the current
-parameters every value that blob holds, with the float32 arithmetic of pipeline/qdq.py
+parameters every value that blob holds, with the float32 arithmetic of quant/qdq.py
 (ops/quant.py): the observers' scales and zero points (QuantParams, ZeroPointInt), each
 quantized layer's BatchNorm folded in (FoldBatchNorm), its per-channel weight scales
 (AbsMaxScale), int8 weights (QuantizeWeight) and int32 bias (QuantizeBias), and each int8

@@ -15,7 +15,7 @@ From the inference graph of the eval model (parameters as initializers, pipeline
 
 Every constant is the float32 computation of the device's export kernels (kernels/quant.py,
 numpy mirrors in ops/quant.py), so the int8 blob a device exports from its QAT training blob
-equals the one the host packs from this model (pipeline/qat_export.py). `layers`, when
+equals the one the host packs from this model (quant/qat_export.py). `layers`, when
 given, receives per quantized weight what went into its constants.
 `strip_quantization` turns a QAT graph back into a float one (for a float export)."""
 import numpy as np

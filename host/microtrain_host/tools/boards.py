@@ -196,7 +196,7 @@ def predict(artifacts, board, placement=None, runtime_mpy=None):
     blob_file = model.size(blob_path.read_bytes(), ())
     arenas = model.size(module.F, ()) + model.size(module.I, ())
     # while Module loads: the state as read (its own arrays), the blob's bytes or the arenas
-    # (blob.load_into_arenas reads the file into a buffer the size of the arenas, parses it,
+    # (loader.load_into_arenas reads the file into a buffer the size of the arenas, parses it,
     # drops it and allocates the arenas in its place)
     load = code + loaded_state + max(blob_file, arenas)
     # train_on_board.py frees a block this large just before Module loads; the reader's
