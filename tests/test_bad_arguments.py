@@ -188,6 +188,14 @@ CASES = [
     (["train", B, *D, "--seed", "-1"], "argument --seed: must be an integer >= 0, got -1"),
     (["train", B, *D, "--heap", "lots"],
      "argument --heap: must be a size like 8M, 512K or 65536, got 'lots'"),
+    (["train", B, *D, "--max-arena-bytes", "0"],
+     "argument --max-arena-bytes: must be a positive integer, got 0"),
+    (["train", B, *D, "--max-arena-bytes", "20000"],
+     "OutOfMemoryError: '{build}/model.mtb' needs 43772 bytes of arenas, over the budget of "
+     "20000 bytes (max_arena_bytes)"),
+    (["train", B, *D, "--max-arena-bytes", "20000", "--runtime", "micropython"],
+     "OutOfMemoryError: '{build}/model.mtb' needs 43772 bytes of arenas, over the budget of "
+     "20000 bytes (max_arena_bytes)"),
     (["train", B], "the following arguments are required: --data"),
     (["train", B, "--data", "{missing}.npz"], "data file '{missing}.npz' does not exist"),
     (["train", B, "--data", "{tmp}"], "data '{tmp}' is a directory; give an .npz file"),

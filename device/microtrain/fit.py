@@ -142,11 +142,12 @@ def _print_report(kind, values):
     print("@" + kind + " " + " ".join(repr(v) for v in values))
 
 
-def load(artifacts, data, lr):
+def load(artifacts, data, lr, max_arena_bytes=None):
     """(state, module, optimizer, train batches, val batches) from
-    ARTIFACTS/{checkpoint,model.mtb} and the raw files in DATA."""
+    ARTIFACTS/{checkpoint,model.mtb} and the raw files in DATA; a blob whose arenas take more
+    than max_arena_bytes is refused (Module)."""
     state = CheckpointState.load_checkpoint(artifacts + "/checkpoint")
-    module = Module(artifacts + "/model.mtb", state)
+    module = Module(artifacts + "/model.mtb", state, max_arena_bytes=max_arena_bytes)
     optimizer = Optimizer(artifacts + "/model.mtb", module)
     optimizer.set_learning_rate(lr)
     y_type = "i" if module.blob.dtypes[module.blob.programs["train"].inputs[1]] == _INT32 else "f"
@@ -156,17 +157,18 @@ def load(artifacts, data, lr):
     return state, module, optimizer, train, val
 
 
-def run(artifacts, data, epochs, lr, out, report, seed=1):
+def run(artifacts, data, epochs, lr, out, report, seed=1, max_arena_bytes=None):
     """Load ARTIFACTS/{checkpoint,model.mtb} and the raw files in DATA, train, save OUT."""
-    state, module, optimizer, train, val = load(artifacts, data, lr)
+    state, module, optimizer, train, val = load(artifacts, data, lr, max_arena_bytes)
     fit(module, optimizer, train, val, epochs, report, seed)
     CheckpointState.save_checkpoint(state, out)
 
 
 def main(argv):
     out = argv[5]
+    # argv: ARTIFACTS DATA EPOCHS LR OUT [SEED [MAX_ARENA_BYTES (0: no budget)]]
     run(argv[1], argv[2], int(argv[3]), float(argv[4]), out, _print_report,
-        int(argv[6]) if len(argv) > 6 else 1)
+        int(argv[6]) if len(argv) > 6 else 1, int(argv[7]) or None if len(argv) > 7 else None)
     print("@saved " + out)
 
 

@@ -338,7 +338,8 @@ def cmd_train(args):
           f"{'MicroPython' if args.runtime == 'micropython' else 'CPython'}", flush=True)
     records = train(args.artifacts, args.data, args.epochs, args.lr, output,
                     runtime=args.runtime, seed=args.seed, report=EpochProgress(args.epochs),
-                    micropython=args.micropython, heap=args.heap)
+                    micropython=args.micropython, heap=args.heap,
+                    max_arena_bytes=args.max_arena_bytes)
     print(f"trained checkpoint written to {output}")
     if args.plot:
         plot_curves(records, args.plot, title=f"{os.path.basename(os.path.normpath(args.artifacts))}"

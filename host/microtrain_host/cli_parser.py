@@ -390,6 +390,9 @@ def build_parser():
                                          "the cached build, or PATH)")
     p.add_argument("--heap", type=heap_size, default="8M",
                    help="MicroPython heap size (default 8M)")
+    p.add_argument("--max-arena-bytes", type=positive_int, metavar="BYTES",
+                   help="refuse the blob before allocating when its arenas need more than "
+                        "BYTES, as a board with that much free RAM would (default: no limit)")
     p.add_argument("--plot", metavar="PNG", help="write loss/accuracy per epoch to this PNG "
                    "(needs the extra: pip install 'microtrain[plot]')")
 

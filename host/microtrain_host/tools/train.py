@@ -166,8 +166,10 @@ def write_device_data(directory, blob, x, y, x_val, y_val, source="the data"):
 
 
 def train(artifact_dir, data_path, epochs, learning_rate, output, runtime="cpython", seed=1,
-          report=None, micropython=None, heap="8M"):
-    """Train; report(kind, values) as microtrain.fit calls it. Returns the epoch records."""
+          report=None, micropython=None, heap="8M", max_arena_bytes=None):
+    """Train; report(kind, values) as microtrain.fit calls it. Returns the epoch records.
+    max_arena_bytes: the device runtime refuses a blob whose arenas take more (as a board
+    with that much free RAM would), before allocating them."""
     from microtrain import parser as device_blob_parser
     from microtrain import fit as device_fit
     check_training_arguments(epochs, learning_rate, seed)
@@ -189,12 +191,12 @@ def train(artifact_dir, data_path, epochs, learning_rate, output, runtime="cpyth
         write_device_data(data_dir, blob, x, y, x_val, y_val, source=f"'{data_path}'")
         if runtime == "cpython":
             device_fit.run(artifact_dir, data_dir, epochs, float(learning_rate), str(output),
-                           collect, seed)
+                           collect, seed, max_arena_bytes)
         elif runtime == "micropython":
             binary = find_micropython(micropython)
             env = dict(os.environ, MICROPYPATH=str(device_package_dir()))
             argv = [artifact_dir, data_dir, str(epochs), repr(float(learning_rate)),
-                    str(output), str(seed)]
+                    str(output), str(seed), str(max_arena_bytes or 0)]
             proc = subprocess.Popen([binary, "-X", f"heapsize={heap}", "-m", "microtrain.fit"]
                                     + argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True, env=env)
