@@ -85,3 +85,70 @@ def test_adamw_steps_in_float32_match_torch_float32():
     got = np.array(F.values[:n])
     want = param.detach().numpy()
     assert np.max(np.abs(got - want)) <= 2e-6 * np.max(np.abs(want))
+
+
+# -- exp at the float32 edges -----------------------------------------------------------------
+
+EDGES = [-3.4e38, -1e30, -104.0, -88.8, -1.0, 0.0, 1.0, 80.0, 88.72, 88.7228, 88.7229, 88.75,
+         88.79, 89.0, 1e30, 3.4e38, float("inf"), float("-inf"), float("nan")]
+
+
+def board_exp(x):
+    """math.exp as a single-precision MicroPython build computes it: a float32 result, and
+    ValueError('math domain error') where that overflows for a finite x (seen on the
+    emulated Cortex-M3 for 88.7229 <= x < 88.8)."""
+    with np.errstate(over="ignore"):
+        r = np.exp(np.float32(x))
+    if np.isinf(r) and np.isfinite(x):
+        raise ValueError("math domain error")
+    return r
+
+
+def _same(got, expected):
+    got, expected = np.asarray(got, np.float64), np.asarray(expected, np.float64)
+    assert np.array_equal(np.isnan(got), np.isnan(expected)), (got, expected)
+    assert np.array_equal(np.isinf(got), np.isinf(expected)), (got, expected)
+    finite = np.isfinite(expected)
+    np.testing.assert_allclose(got[finite], expected[finite], rtol=2e-6, atol=1e-37)
+
+
+def test_exp_kernels_saturate_at_the_float32_edges(monkeypatch):
+    # Exp, Sigmoid, Softmax, the Elu family and the gradients that take exp of a log-softmax
+    # output, with every float rounded to float32 and math.exp raising as a board's does:
+    # no ValueError, and torch's float32 results (inf where float32 overflows, NaN for NaN).
+    import math
+    from microtrain.kernels import activation, elementwise, smooth
+    monkeypatch.setattr(math, "exp", board_exp)
+    n = len(EDGES)
+    x = torch.tensor(EDGES, dtype=torch.float32)
+    dy = torch.linspace(-1, 1, n, dtype=torch.float32)
+
+    def run(kernel, args, inputs):
+        F = Float32Arena([v for block in inputs for v in block] + [0.0] * n)
+        kernel(F, array("i", [0] * 4), args(sum(len(b) for b in inputs)))
+        return list(F.values)[-n:]
+
+    _same(run(elementwise.exp, lambda out: (out, 0, n), [EDGES]), torch.exp(x))
+    _same(run(activation.sigmoid, lambda out: (out, 0, n), [EDGES]), torch.sigmoid(x))
+    finite = x[torch.isfinite(x)]
+    m = len(finite)
+    F = Float32Arena(list(finite.numpy()) + [0.0] * m)
+    activation.softmax(F, None, (m, 0, 1, m, 1))
+    _same(list(F.values)[m:], torch.softmax(finite, 0))
+    for alpha, scale, k in ((1.0, 1.0, 1.0), (1.6733, 1.0507, 1.0), (0.5, 1.0, 2.0)):
+        reference = scale * torch.where(x > 0, x, alpha * torch.expm1(k * x))
+        _same(run(smooth.exp_linear, lambda out: (out, 0, n, alpha, scale, k), [EDGES]),
+              reference)
+        slope = torch.where(x > 0, torch.tensor(scale), scale * alpha * k * torch.exp(k * x))
+        _same(run(smooth.exp_linear_grad, lambda out: (out, 0, n, n, alpha, scale, k),
+                  [list(dy.numpy()), EDGES]), dy * slope)
+    # log-softmax gradient: dx = dy - exp(y) * sum(dy), y as given (edges included)
+    _same(run(activation.log_softmax_grad, lambda out: (out, 0, n, 1, n, 1),
+              [list(dy.numpy()), EDGES]), dy - torch.exp(x) * dy.sum())
+    # cross-entropy gradient: (exp(log_prob) - onehot) * dloss / n_rows, one row
+    F = Float32Arena(EDGES + [0.5] + [0.0] * n)
+    I = array("i", [2])
+    loss.softmax_cross_entropy_grad(F, I, (n + 1, n, 0, 0, 1, n))
+    expected = torch.exp(x) * 0.5
+    expected[2] -= 0.5
+    _same(list(F.values)[n + 1:], expected)

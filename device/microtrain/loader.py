@@ -9,13 +9,13 @@
 import gc
 import struct
 from microtrain.arenas import CHUNK, arenas, compact, mem_free, put, within
-from microtrain.blob import INT8, ITEM_BYTES, UINT8, is_buffer
+from microtrain.blob import INT8, ITEM_BYTES, UINT8, describe, is_buffer
 from microtrain.crc32 import crc32
 from microtrain.errors import BlobError, OutOfMemoryError
-from microtrain.files import open_existing, path_of, read_whole, reason
+from microtrain.files import open_existing, open_regular, path_of, read_whole, reason
 from microtrain.flatbuf import Reader
-from microtrain.parser import (LATER_BYTES, LATER_WEIGHTS, arena_sizes, check_head, parse_root,
-                               root_of)
+from microtrain.parser import (LATER_BYTES, LATER_WEIGHTS, arena_sizes, check_head, load,
+                               parse_root, root_of)
 
 # contract: blob Model
 # (generated from host/microtrain_host/contract/ by `python -m microtrain_host.contract.generate`; do not edit)
@@ -187,3 +187,34 @@ def _file_size(path):
             return f.seek(0, 2)
     except (OSError, MemoryError):
         return "?"
+
+
+def program(b, uri, name, default_uri):
+    """Program `name` of blob b, or of the blob at uri when it is another file; that file
+    must have been packed from the same model (same tensor table)."""
+    if uri is not None and uri is not default_uri and not (
+            type(uri) is type(default_uri) and uri == default_uri) and _crc_of(uri) != b.crc:
+        # another file (or a file beside the buffer the Module was given): the same bytes
+        # by their CRC, or a blob packed from the same model
+        other = load(uri)
+        if other.names != b.names or other.offsets != b.offsets:
+            raise BlobError("'%s' and '%s' were not packed from the same model"
+                            % (describe(uri), describe(default_uri)))
+        b = other
+    if name not in b.programs:
+        raise BlobError("'%s' has no %s program" % (describe(uri or default_uri), name))
+    return b.programs[name]
+
+
+def _crc_of(uri):
+    # the CRC-32 a blob file or buffer ends with (0 when it cannot be read: load says why)
+    try:
+        if is_buffer(uri):
+            tail = bytes(memoryview(uri)[-4:])
+        else:
+            with open_regular(path_of(uri, BlobError, "the blob", True)) as f:
+                f.seek(-4, 2)
+                tail = f.read(4)
+    except (OSError, ValueError):
+        return 0
+    return struct.unpack("<I", tail)[0] if len(tail) == 4 else 0

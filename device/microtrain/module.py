@@ -7,8 +7,7 @@ from microtrain.blob import FLOAT, INT32, zeros
 from microtrain.checkpoint import Ref
 from microtrain.errors import CheckpointError, ParameterError, TrainingError
 from microtrain.feed import copy_inputs
-from microtrain.loader import load_into_arenas
-from microtrain.parser import program
+from microtrain.loader import load_into_arenas, program
 
 # contract: controls
 # (generated from host/microtrain_host/contract/ by `python -m microtrain_host.contract.generate`; do not edit)

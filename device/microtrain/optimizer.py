@@ -2,9 +2,9 @@
 import math
 from microtrain.checkpoint import Ref
 from microtrain.errors import CheckpointError, ParameterError, TrainingError
+from microtrain.loader import program
 from microtrain.module import Module
 from microtrain.opcodes import kernel_module
-from microtrain.parser import program
 
 # contract: controls; optimizer_kinds
 # (generated from host/microtrain_host/contract/ by `python -m microtrain_host.contract.generate`; do not edit)

@@ -7,10 +7,10 @@ import struct
 from microtrain.arenas import compact
 from microtrain.blob import (FLOAT, FORMAT_VERSION, IDENTIFIER, INT8, INT32, ITEM_BYTES,
                              NO_TENSOR, ROLE_CONSTANT, ROLE_NAMES, ROLE_PARAM,
-                             UINT8, Blob, Program, _COPY, describe, is_buffer)
+                             UINT8, Blob, Program, _COPY, is_buffer)
 from microtrain.crc32 import crc32
 from microtrain.errors import BlobError
-from microtrain.files import open_existing, open_regular, path_of, read_whole, reason
+from microtrain.files import open_existing, path_of, read_whole, reason
 from microtrain.flatbuf import Reader
 from microtrain.opcodes import kernel_module, signature
 from microtrain.stepcheck import StepCheck
@@ -99,37 +99,6 @@ def read(path):
 def load(path_or_bytes, keep_steps=False):
     data = path_or_bytes if is_buffer(path_or_bytes) else read(path_or_bytes)
     return parse(data, keep_steps)
-
-
-def program(b, uri, name, default_uri):
-    """Program `name` of blob b, or of the blob at uri when it is another file; that file
-    must have been packed from the same model (same tensor table)."""
-    if uri is not None and uri is not default_uri and not (
-            type(uri) is type(default_uri) and uri == default_uri) and _crc_of(uri) != b.crc:
-        # another file (or a file beside the buffer the Module was given): the same bytes
-        # by their CRC, or a blob packed from the same model
-        other = load(uri)
-        if other.names != b.names or other.offsets != b.offsets:
-            raise BlobError("'%s' and '%s' were not packed from the same model"
-                            % (describe(uri), describe(default_uri)))
-        b = other
-    if name not in b.programs:
-        raise BlobError("'%s' has no %s program" % (describe(uri or default_uri), name))
-    return b.programs[name]
-
-
-def _crc_of(uri):
-    # the CRC-32 a blob file or buffer ends with (0 when it cannot be read: load says why)
-    try:
-        if is_buffer(uri):
-            tail = bytes(memoryview(uri)[-4:])
-        else:
-            with open_regular(path_of(uri, BlobError, "the blob", True)) as f:
-                f.seek(-4, 2)
-                tail = f.read(4)
-    except (OSError, ValueError):
-        return 0
-    return struct.unpack("<I", tail)[0] if len(tail) == 4 else 0
 
 
 def root_of(data, given=None):

@@ -2,6 +2,12 @@
 # *output* y, so the input need not be kept alive for the backward pass.
 import math
 
+# The largest x (rounded down) whose exp float32 holds (exp(88.7228) = 3.40270e38, the
+# float32 maximum 3.40282e38): on single-precision boards math.exp raises ValueError past
+# it, so the kernels whose exp could reach it saturate to inf above it themselves (NaN
+# still gives NaN: `not x > EXP_LIMIT`). Exp, the log-softmax and cross-entropy gradients.
+EXP_LIMIT = 88.7228
+
 
 def _unary_check(args, c):
     # y, x, n, ...: both hold n elements
@@ -257,7 +263,7 @@ def log_softmax_grad(F, I, args):
             for j in range(n):
                 at = base + j * inner
                 v = F[y + at]  # <= 0 from log_softmax; guarded all the same
-                F[dx + at] = F[dy + at] - (e(v) if v < 88.8 else math.inf) * total
+                F[dx + at] = F[dy + at] - (e(v) if not v > EXP_LIMIT else math.inf) * total
 
 
 log_softmax_grad_check = _axis_grad_check

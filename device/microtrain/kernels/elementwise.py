@@ -2,6 +2,7 @@
 # output shape to (d0, d1, d2) and gives each input's stride per dimension (0 where the
 # input is broadcast). The inner row is a plain loop; one call per row, never per element.
 import math
+from microtrain.kernels.activation import EXP_LIMIT
 
 
 def _each_row(F, args, row):
@@ -176,8 +177,8 @@ def exp(F, I, args):
     e = math.exp
     for i in range(n):
         v = F[x + i]
-        # float32 overflows past 88.72; CPython's math.exp would raise past 709.
-        F[y + i] = e(v) if v < 88.8 else math.inf
+        # past EXP_LIMIT float32 overflows (a board's math.exp raises; CPython's past 709)
+        F[y + i] = e(v) if not v > EXP_LIMIT else math.inf
 
 
 exp_check = _unary_check

@@ -1,7 +1,7 @@
 # Loss kernels that ONNX expresses as one node (SoftmaxCrossEntropyLoss); the other losses
 # are composed of elementwise and reduce kernels.
 import math
-from microtrain.kernels.activation import largest
+from microtrain.kernels.activation import EXP_LIMIT, largest
 
 
 def softmax_cross_entropy(F, I, args):
@@ -45,7 +45,7 @@ def softmax_cross_entropy_grad(F, I, args):
         row = i * c
         for j in range(c):
             v = F[log_prob + row + j]  # <= 0 from the forward; guarded all the same
-            F[dscores + row + j] = (e(v) if v < 88.8 else math.inf) * scale
+            F[dscores + row + j] = (e(v) if not v > EXP_LIMIT else math.inf) * scale
         F[dscores + row + I[labels + i]] -= scale
 
 
