@@ -49,16 +49,21 @@ def build(out):
             + np.asarray(y[i:i + m], "<i4").tobytes() for i in range(0, 4 * m, m)))
 
 
-def instructions(binary, out, words, runs, pure):
-    env = dict(os.environ, MICROPYPATH=str(ROOT / "device"))
-    args = [str(out)] + words.split() + [str(runs)] + (["pure"] if pure else [])
+def callgrind(binary, script, args, env):
+    """(instructions, the last word printed) of `binary script args...` under callgrind
+    (also bench/float_callgrind.py's)."""
     proc = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-                           binary, str(HERE / "int8_workload.py")] + args,
-                          capture_output=True, text=True, env=env)
+                           binary, str(script)] + args, capture_output=True, text=True, env=env)
     found = re.search(r"Collected : (\d+)", proc.stderr)
     if proc.returncode != 0 or not found:
         raise SystemExit(f"{binary} {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
     return int(found.group(1)), proc.stdout.split()[-1]
+
+
+def instructions(binary, out, words, runs, pure):
+    env = dict(os.environ, MICROPYPATH=str(ROOT / "device"))
+    args = [str(out)] + words.split() + [str(runs)] + (["pure"] if pure else [])
+    return callgrind(binary, HERE / "int8_workload.py", args, env)
 
 
 def main():

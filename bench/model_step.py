@@ -6,32 +6,14 @@
 # Prints one "RESULT key=value ..." line for the host script.
 import gc
 import sys
-from array import array
 
+from fixed_batch import trainer
 from mac_loop import now_us, plain_loop_rate, since_us
-from microtrain import CheckpointState, Module, Optimizer
 
 ROUNDS = 3
 
 directory, steps = sys.argv[1], int(sys.argv[2])
-state = CheckpointState.load_checkpoint(directory + "/checkpoint")
-model = Module(directory + "/model.mtb", state)
-opt = Optimizer(directory + "/model.mtb", model)
-b = model.blob
-x_id, y_id = b.programs["train"].inputs
-x = array("f", [((i * 7919) % 1009) / 1009.0 - 0.5 for i in range(b.sizes[x_id])])
-if b.num_classes:
-    y = array("i", [i % b.num_classes for i in range(b.sizes[y_id])])
-else:
-    y = array("f", [((i * 104729) % 1013) / 1013.0 - 0.5 for i in range(b.sizes[y_id])])
-
-
-def train_step():
-    model(x, y)
-    opt.step()
-    model.lazy_reset_grad()
-
-
+model, train_step = trainer(directory)
 train_step()  # warm-up
 gc.collect()
 train_us = 1e30

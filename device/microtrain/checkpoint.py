@@ -32,11 +32,15 @@ from array import array
 from microtrain.blob import is_buffer
 from microtrain.crc32 import crc32
 from microtrain.errors import CheckpointError
-from microtrain.checkpoint_writer import write_checkpoint
+# The file's facts (identifier, version, trailer, tensor types, reserved names) once, in the
+# writer's contract block; the field numbers below are const()s each module folds into its
+# own bytecode, so they cost nothing at run time.
+from microtrain.checkpoint_writer import (IDENTIFIER, RNG_PREFIX, TRAILER_MAGIC, VERSION,
+                                          _OBSERVER_RANGE, _TENSOR_TYPES, write_checkpoint)
 from microtrain.files import BufferFile, open_existing, path_of, reason
 from microtrain.flatbuf import FileReader
 
-# contract: checkpoint Checkpoint ModuleState Tensor ParameterOptimizerState OptimizerGroup PropertyBag IntProperty; checkpoint_facts
+# contract: checkpoint Checkpoint ModuleState Tensor ParameterOptimizerState OptimizerGroup PropertyBag IntProperty
 # (generated from host/microtrain_host/contract/ by `python -m microtrain_host.contract.generate`; do not edit)
 from microtrain.errors import const
 _CK_CHECKPOINT_VERSION = const(0)
@@ -63,13 +67,6 @@ _CK_PROPERTY_BAG_FLOATS = const(1)
 _CK_PROPERTY_BAG_STRINGS = const(2)
 _CK_INT_PROPERTY_NAME = const(0)
 _CK_INT_PROPERTY_VALUE = const(1)
-IDENTIFIER = b"ODTC"
-_OBSERVER_RANGE = ".observer_range"  # may hold inf (not observed yet)
-RNG_PREFIX = "microtrain.rng."  # int properties: generator states
-VERSION = const(2)
-TRAILER_MAGIC = b"MTCK"
-# ONNX data type -> (bytes per element, array typecode)
-_TENSOR_TYPES = {1: (4, "f"), 3: (1, "b"), 5: (2, "h"), 6: (4, "i")}
 # end of contract
 ONNX_FLOAT = 1
 ONNX_INT8 = 3              # integer training (kernels/inttrain.py): int8 weights ...

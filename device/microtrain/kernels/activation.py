@@ -9,26 +9,17 @@ import math
 EXP_LIMIT = 88.7228
 
 
-def _unary_check(args, c):
-    # y, x, n, ...: both hold n elements
-    c.each_holds(2, args[2])
-
-
-def _grad_check(args, c):
-    # dx, dy, y (or x), n, ...: all three hold n elements
-    c.each_holds(3, args[3])
+def _same_size_check(args, c):
+    # Every tensor argument (y, x; or dx, dy and y or x) holds n elements.
+    n, = c.ints
+    c.each_holds(len(c.offsets), n)
 
 
 def _axis_check(args, c):
-    outer, n, inner = args[2:5]
+    # Every tensor argument (y, x; or dx, dy, y) holds the (outer, n, inner) view.
+    outer, n, inner = c.ints
     c.positive(outer, n, inner)
-    c.each_holds(2, outer * n * inner)
-
-
-def _axis_grad_check(args, c):
-    outer, n, inner = args[3:6]
-    c.positive(outer, n, inner)
-    c.each_holds(3, outer * n * inner)
+    c.each_holds(len(c.offsets), outer * n * inner)
 
 
 def relu(F, I, args):
@@ -38,7 +29,7 @@ def relu(F, I, args):
         F[y + i] = 0.0 if v <= 0.0 else v  # NaN passes through, as in PyTorch
 
 
-relu_check = _unary_check
+relu_check = _same_size_check
 
 
 def relu_grad(F, I, args):
@@ -48,71 +39,75 @@ def relu_grad(F, I, args):
         F[dx + i] = F[dy + i] if F[y + i] > 0.0 else 0.0
 
 
-relu_grad_check = _grad_check
+relu_grad_check = _same_size_check
 
 
 # The same two with a 1-bit mask: when ReluGrad is the only backward reader of a ReLU output
-# the packer keeps this mask instead of the float tensor (30 elements per int of the int
-# arena, bit j of int w for element 30*w + j, small ints on every port): 1/30 of the memory,
-# and the same bits, since relu(x) > 0 exactly when x > 0.
-_TOP_BIT = 1 << 29
-
+# the packer keeps this mask instead of the float tensor: 1/30 of the memory, and the same
+# bits, since relu(x) > 0 exactly when x > 0. Dropout (kernels/norm.py) keeps its mask the
+# same way and shares the checker and the gradient's walk below.
+# A mask: 30 elements per int of the int arena, bit j of int w for element 30*w + j (small
+# ints on every port). The kernels walk it a word at a time, an inner loop of up to 30
+# elements each, so no element pays for noticing the end of a word.
 
 def relu_masked(F, I, args):
     # y = relu(x), as relu; the mask records x > 0 (NaN: 0, as relu_grad's NaN > 0)
     y, x, mask, n = args
     word = mask
-    bits = 0
-    bit = 1
-    for i in range(n):
-        v = F[x + i]
-        if v > 0.0:
-            F[y + i] = v
-            bits |= bit
-        else:
-            F[y + i] = 0.0 if v <= 0.0 else v
-        if bit == _TOP_BIT:
-            I[word] = bits
-            word += 1
-            bits = 0
-            bit = 1
-        else:
+    for start in range(0, n, 30):
+        bits = 0
+        bit = 1
+        for i in range(start, min(start + 30, n)):
+            v = F[x + i]
+            if v > 0.0:
+                F[y + i] = v
+                bits |= bit
+            else:
+                F[y + i] = 0.0 if v <= 0.0 else v
             bit <<= 1
-    if bit != 1:
         I[word] = bits
+        word += 1
 
 
-def _relu_mask_check(c, n):
-    # two float tensors of n elements, then the mask: n bits, 30 per int
+def mask_check(c, n):
+    # tensor arguments 0 and 1 hold n floats, argument 2 their mask: n bits, 30 per int,
+    # which a kernel writes (never a label or an input)
     c.positive(n)
     c.each_holds(2, n)
     c.holds(2, (n + 29) // 30)
-    c.role(2, "activation")   # kernel-written: never a label or an input
+    c.role(2, "activation")
 
 
 def relu_masked_check(args, c):
-    _relu_mask_check(c, args[3])
+    n, = c.ints
+    mask_check(c, n)
+
+
+def masked_copy(F, I, dx, dy, mask, n, scale):
+    # dx = dy where the mask's bit is set, else 0; times scale unless it is None (Dropout's
+    # gradient). The branch is taken once per word, not per element.
+    word = mask
+    for start in range(0, n, 30):
+        bits = I[word]
+        word += 1
+        stop = min(start + 30, n)
+        if scale is None:
+            for i in range(start, stop):
+                F[dx + i] = F[dy + i] if bits & 1 else 0.0
+                bits >>= 1
+        else:
+            for i in range(start, stop):
+                F[dx + i] = F[dy + i] * scale if bits & 1 else 0.0
+                bits >>= 1
 
 
 def relu_mask_grad(F, I, args):
     # dx = dy where the forward input was > 0, else 0 (relu_grad from the mask)
     dx, dy, mask, n = args
-    word = mask
-    bits = I[word]
-    bit = 1
-    for i in range(n):
-        F[dx + i] = F[dy + i] if bits & bit else 0.0
-        if bit == _TOP_BIT:
-            word += 1
-            bit = 1
-            if i + 1 < n:
-                bits = I[word]
-        else:
-            bit <<= 1
+    masked_copy(F, I, dx, dy, mask, n, None)
 
 
-def relu_mask_grad_check(args, c):
-    _relu_mask_check(c, args[3])
+relu_mask_grad_check = relu_masked_check
 
 
 def sigmoid(F, I, args):
@@ -127,7 +122,7 @@ def sigmoid(F, I, args):
             F[y + i] = z / (1.0 + z)
 
 
-sigmoid_check = _unary_check
+sigmoid_check = _same_size_check
 
 
 def sigmoid_grad(F, I, args):
@@ -138,7 +133,7 @@ def sigmoid_grad(F, I, args):
         F[dx + i] = F[dy + i] * s * (1.0 - s)
 
 
-sigmoid_grad_check = _grad_check
+sigmoid_grad_check = _same_size_check
 
 
 def softplus(F, I, args):
@@ -154,7 +149,7 @@ def softplus(F, I, args):
             F[y + i] = ln(1.0 + e(v))
 
 
-softplus_check = _unary_check
+softplus_check = _same_size_check
 
 
 def tanh(F, I, args):
@@ -164,7 +159,7 @@ def tanh(F, I, args):
         F[y + i] = t(F[x + i])
 
 
-tanh_check = _unary_check
+tanh_check = _same_size_check
 
 
 def tanh_grad(F, I, args):
@@ -175,7 +170,7 @@ def tanh_grad(F, I, args):
         F[dx + i] = F[dy + i] * (1.0 - t * t)
 
 
-tanh_grad_check = _grad_check
+tanh_grad_check = _same_size_check
 
 
 # Softmax family over one axis of a tensor viewed as (outer, n, inner): element (o, j, i)
@@ -192,22 +187,35 @@ def largest(F, p, n, stride):
     return top
 
 
-def softmax(F, I, args):
+def _softmax_rows(F, args, log):
+    # Softmax, or with log LogSoftmax, of every row along the axis: each row is shifted by
+    # its largest element first, so exp never overflows. One branch per row.
     y, x, outer, n, inner = args
     e = math.exp
     for o in range(outer):
         for i in range(inner):
             base = o * n * inner + i
             px = x + base
+            py = y + base
             top = largest(F, px, n, inner)
             total = 0.0
-            py = y + base
-            for j in range(n):
-                z = e(F[px + j * inner] - top)
-                F[py + j * inner] = z
-                total += z
-            for j in range(n):
-                F[py + j * inner] /= total
+            if log:
+                for j in range(n):
+                    total += e(F[px + j * inner] - top)
+                shift = top + math.log(total)
+                for j in range(n):
+                    F[py + j * inner] = F[px + j * inner] - shift
+            else:
+                for j in range(n):
+                    z = e(F[px + j * inner] - top)
+                    F[py + j * inner] = z
+                    total += z
+                for j in range(n):
+                    F[py + j * inner] /= total
+
+
+def softmax(F, I, args):
+    _softmax_rows(F, args, False)
 
 
 softmax_check = _axis_check
@@ -227,24 +235,11 @@ def softmax_grad(F, I, args):
                 F[dx + at] = F[y + at] * (F[dy + at] - dot)
 
 
-softmax_grad_check = _axis_grad_check
+softmax_grad_check = _axis_check
 
 
 def log_softmax(F, I, args):
-    y, x, outer, n, inner = args
-    e = math.exp
-    for o in range(outer):
-        for i in range(inner):
-            base = o * n * inner + i
-            px = x + base
-            top = largest(F, px, n, inner)
-            total = 0.0
-            for j in range(n):
-                total += e(F[px + j * inner] - top)
-            shift = top + math.log(total)
-            py = y + base
-            for j in range(n):
-                F[py + j * inner] = F[px + j * inner] - shift
+    _softmax_rows(F, args, True)
 
 
 log_softmax_check = _axis_check
@@ -266,7 +261,7 @@ def log_softmax_grad(F, I, args):
                 F[dx + at] = F[dy + at] - (e(v) if not v > EXP_LIMIT else math.inf) * total
 
 
-log_softmax_grad_check = _axis_grad_check
+log_softmax_grad_check = _axis_check
 
 
 # Piecewise-linear activations. Their backward kernels take the forward *input* x: y alone
@@ -280,7 +275,7 @@ def leaky_relu(F, I, args):
         F[y + i] = v if v > 0.0 else v * alpha
 
 
-leaky_relu_check = _unary_check
+leaky_relu_check = _same_size_check
 
 
 def leaky_relu_grad(F, I, args):
@@ -290,7 +285,7 @@ def leaky_relu_grad(F, I, args):
         F[dx + i] = F[dy + i] if F[x + i] > 0.0 else F[dy + i] * alpha
 
 
-leaky_relu_grad_check = _grad_check
+leaky_relu_grad_check = _same_size_check
 
 
 def shrink(F, I, args):
@@ -302,7 +297,7 @@ def shrink(F, I, args):
         F[y + i] = v - bias if v > lambd else (v + bias if v < -lambd else 0.0)
 
 
-shrink_check = _unary_check
+shrink_check = _same_size_check
 
 
 def shrink_grad(F, I, args):
@@ -313,7 +308,7 @@ def shrink_grad(F, I, args):
         F[dx + i] = F[dy + i] if v > lambd or v < -lambd else 0.0
 
 
-shrink_grad_check = _grad_check
+shrink_grad_check = _same_size_check
 
 
 def clip(F, I, args):
@@ -328,7 +323,7 @@ def clip(F, I, args):
         F[y + i] = v
 
 
-clip_check = _unary_check
+clip_check = _same_size_check
 
 
 def clip_grad(F, I, args):
@@ -340,7 +335,7 @@ def clip_grad(F, I, args):
         F[dx + i] = F[dy + i] if lo <= v <= hi else 0.0
 
 
-clip_grad_check = _grad_check
+clip_grad_check = _same_size_check
 
 
 def hard_sigmoid(F, I, args):
@@ -350,7 +345,7 @@ def hard_sigmoid(F, I, args):
         F[y + i] = 0.0 if t <= 0.0 else (1.0 if t >= 1.0 else t)
 
 
-hard_sigmoid_check = _unary_check
+hard_sigmoid_check = _same_size_check
 
 
 def hard_sigmoid_grad(F, I, args):
@@ -361,7 +356,7 @@ def hard_sigmoid_grad(F, I, args):
         F[dx + i] = F[dy + i] * alpha if 0.0 < t < 1.0 else 0.0
 
 
-hard_sigmoid_grad_check = _grad_check
+hard_sigmoid_grad_check = _same_size_check
 
 
 def hard_swish(F, I, args):
@@ -372,7 +367,7 @@ def hard_swish(F, I, args):
         F[y + i] = 0.0 if v <= -3.0 else (v if v >= 3.0 else v * (v + 3.0) / 6.0)
 
 
-hard_swish_check = _unary_check
+hard_swish_check = _same_size_check
 
 
 def hard_swish_grad(F, I, args):
@@ -389,7 +384,7 @@ def hard_swish_grad(F, I, args):
             F[dx + i] = F[dy + i] * (v / 3.0 + 0.5)
 
 
-hard_swish_grad_check = _grad_check
+hard_swish_grad_check = _same_size_check
 
 
 def thresholded_relu(F, I, args):
@@ -401,9 +396,10 @@ def thresholded_relu(F, I, args):
 
 
 def thresholded_relu_check(args, c):
-    n, = c.ints
-    c.each_holds(2, n)
-    c.within(c.floats[0], -3e38, 3e38, "alpha")
+    # y, x (or dx, dy, x) of n elements; alpha finite
+    _same_size_check(args, c)
+    alpha, = c.floats
+    c.within(alpha, -3e38, 3e38, "alpha")
 
 
 def thresholded_relu_grad(F, I, args):
@@ -413,7 +409,4 @@ def thresholded_relu_grad(F, I, args):
         F[dx + i] = F[dy + i] if F[x + i] > alpha else 0.0
 
 
-def thresholded_relu_grad_check(args, c):
-    n, = c.ints
-    c.each_holds(3, n)
-    c.within(c.floats[0], -3e38, 3e38, "alpha")
+thresholded_relu_grad_check = thresholded_relu_check

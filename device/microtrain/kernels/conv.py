@@ -40,13 +40,37 @@ def _fill(F, start, n, value):
         F[i] = value
 
 
-def _taps(F, mode, y, x, w, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w,
-          k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, x_chan, y_chan, taps):
+def _fill_bias(F, y, b, n_images, channels, plane):
+    # Each of Y's planes (n_images x channels of `plane` elements) = its channel's bias
+    # (b < 0: zeros); the taps then add to it.
+    for n in range(n_images):
+        for m in range(channels):
+            _fill(F, y + (n * channels + m) * plane, plane, F[b + m] if b >= 0 else 0.0)
+
+
+def _sizes_check(c, a, b, w, extra):
+    # Tensor arguments 0, 1 and 2 hold a, b and w elements; argument 3, when the kernel has
+    # one (extra is not None) and it is present, extra.
+    c.holds(0, a)
+    c.holds(1, b)
+    c.holds(2, w)
+    if extra is not None and c.present(3):
+        c.holds(3, extra)
+
+
+def _taps(F, mode, y, x, w, geometry, x_chan=0, y_chan=0, taps=0):
     # For every tap and every (output channel m, input channel c) of a group, over all
     # images: one of the three updates above. Each element of Y, X or W is updated in the
     # order (tap, c) or (tap, m) whatever the mode, so the results do not depend on it.
-    # x_chan, y_chan: elements from one channel's plane to the next's (a plane's size in
-    # 2-D, a depth of planes in 3-D); taps: W's elements per (m, c).
+    # geometry: the 2-D one (the 16 ints above). x_chan, y_chan: elements from one
+    # channel's plane to the next's (a depth of planes in 3-D; 0: a plane's size); taps:
+    # W's elements per (m, c) (0: k_h * k_w).
+    (n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w, s_h, s_w, d_h, d_w,
+     pad_t, pad_l) = geometry
+    if not taps:
+        x_chan = in_h * in_w
+        y_chan = out_h * out_w
+        taps = k_h * k_w
     x_image = groups * cin_g * x_chan
     y_image = groups * cout_g * y_chan
     x_row = s_h * in_w
@@ -110,41 +134,29 @@ def _geometry_check(c, geometry):
 
 def conv(F, I, args):
     # Y = Conv(X, W) + B (B < 0: no bias).
-    (y, x, w, b, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w,
-     k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l) = args
-    out_plane = out_h * out_w
-    channels = groups * cout_g
-    for n in range(n_images):
-        for m in range(channels):
-            _fill(F, y + (n * channels + m) * out_plane, out_plane, F[b + m] if b >= 0 else 0.0)
-    _taps(F, _FORWARD, y, x, w, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w,
-          k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, in_h * in_w, out_plane, k_h * k_w)
+    y, x, w, b = args[:4]
+    n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w = args[4:12]
+    _fill_bias(F, y, b, n_images, groups * cout_g, out_h * out_w)
+    _taps(F, _FORWARD, y, x, w, args[4:])
 
 
 def conv_check(args, c):
     x_size, y_size, w_size = _geometry_check(c, c.ints)
-    c.holds(0, y_size)
-    c.holds(1, x_size)
-    c.holds(2, w_size)
-    if c.present(3):
-        c.holds(3, c.ints[1] * c.ints[3])  # groups * cout_g
+    _sizes_check(c, y_size, x_size, w_size, c.ints[1] * c.ints[3])  # bias: groups * cout_g
 
 
 def conv_grad_input(F, I, args):
     # dX[n, c, iy, ix] = sum over the taps and output channels that read X[n, c, iy, ix] of
     # dY[n, m, oy, ox] * W[m, c, ky, kx]: the forward's walk with the accumulation reversed.
-    (dx, dy, w, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w,
-     k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l) = args
+    dx, dy, w = args[:3]
+    n_images, groups, cin_g, cout_g, in_h, in_w = args[3:9]
     _fill(F, dx, n_images * groups * cin_g * in_h * in_w, 0.0)
-    _taps(F, _GRAD_INPUT, dy, dx, w, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w,
-          k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, in_h * in_w, out_h * out_w, k_h * k_w)
+    _taps(F, _GRAD_INPUT, dy, dx, w, args[3:])
 
 
 def conv_grad_input_check(args, c):
     x_size, y_size, w_size = _geometry_check(c, c.ints)
-    c.holds(0, x_size)
-    c.holds(1, y_size)
-    c.holds(2, w_size)
+    _sizes_check(c, x_size, y_size, w_size, None)
 
 
 def conv_grad_weight(F, I, args):
@@ -152,22 +164,16 @@ def conv_grad_weight(F, I, args):
     # iy, ix]: a dot product per weight. A tap that only reads padding adds nothing.
     # reset >= 0: dW is a gradient accumulation buffer and the sum is added to it unless
     # F[reset] (lazy_reset_grad) is set, which saves a weight-sized temporary.
-    (dw, dy, x, reset, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w,
-     k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l) = args
+    dw, dy, x, reset = args[:4]
     if reset < 0 or F[reset] != 0.0:
+        n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w = args[4:14]
         _fill(F, dw, groups * cout_g * cin_g * k_h * k_w, 0.0)
-    _taps(F, _GRAD_WEIGHT, dy, x, dw, n_images, groups, cin_g, cout_g, in_h, in_w, out_h,
-          out_w, k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, in_h * in_w, out_h * out_w,
-          k_h * k_w)
+    _taps(F, _GRAD_WEIGHT, dy, x, dw, args[4:])
 
 
 def conv_grad_weight_check(args, c):
     x_size, y_size, w_size = _geometry_check(c, c.ints)
-    c.holds(0, w_size)
-    c.holds(1, y_size)
-    c.holds(2, x_size)
-    if c.present(3):
-        c.holds(3, 1)
+    _sizes_check(c, w_size, y_size, x_size, 1)  # reset: one float
 
 
 def conv_transpose(F, I, args):
@@ -176,24 +182,15 @@ def conv_transpose(F, I, args):
     # and cin_g are Y's sizes and channels per group, out_h, out_w and cout_g X's, and
     # W (C_X, C_Y / group, k_h, k_w) is its weight as it stands. Output cells no tap reaches
     # (output_padding) keep the bias.
-    (y, x, w, b, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w,
-     k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l) = args
-    plane = in_h * in_w
-    channels = groups * cin_g
-    for n in range(n_images):
-        for c in range(channels):
-            _fill(F, y + (n * channels + c) * plane, plane, F[b + c] if b >= 0 else 0.0)
-    _taps(F, _GRAD_INPUT, x, y, w, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w,
-          k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, plane, out_h * out_w, k_h * k_w)
+    y, x, w, b = args[:4]
+    n_images, groups, cin_g, cout_g, in_h, in_w = args[4:10]
+    _fill_bias(F, y, b, n_images, groups * cin_g, in_h * in_w)
+    _taps(F, _GRAD_INPUT, x, y, w, args[4:])
 
 
 def conv_transpose_check(args, c):
     y_size, x_size, w_size = _geometry_check(c, c.ints)  # the mirrored conv's X, Y, W
-    c.holds(0, y_size)
-    c.holds(1, x_size)
-    c.holds(2, w_size)
-    if c.present(3):
-        c.holds(3, c.ints[1] * c.ints[2])  # groups * cin_g: Y's channels
+    _sizes_check(c, y_size, x_size, w_size, c.ints[1] * c.ints[2])  # groups * cin_g: Y's
 
 
 # -- 3-D: the depth taps and output depths around the 2-D walk ---------------------------
@@ -207,14 +204,15 @@ def _taps_3d(F, mode, y, x, w, args):
     x_chan = in_d * in_plane
     y_chan = out_d * out_plane
     taps = k_d * taps_2d
+    geometry_2d = (n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w, s_h,
+                   s_w, d_h, d_w, pad_t, pad_l)
     for kz in range(k_d):
         off_z = kz * d_d - pad_f
         od_lo = 0 if off_z >= 0 else (s_d - 1 - off_z) // s_d
         od_hi = min(out_d, (in_d - 1 - off_z) // s_d + 1)  # output depths reading inside
         for od in range(od_lo, od_hi):
             _taps(F, mode, y + od * out_plane, x + (od * s_d + off_z) * in_plane,
-                  w + kz * taps_2d, n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w,
-                  k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, x_chan, y_chan, taps)
+                  w + kz * taps_2d, geometry_2d, x_chan, y_chan, taps)
 
 
 def _geometry_3d_check(c, geometry):
@@ -234,22 +232,13 @@ def conv3d(F, I, args):
     y, x, w, b = args[0:4]
     geometry = args[4:26]
     n_images, groups, cout_g = geometry[0], geometry[1], geometry[3]
-    out_volume = geometry[7] * geometry[8] * geometry[9]
-    channels = groups * cout_g
-    for n in range(n_images):
-        for m in range(channels):
-            _fill(F, y + (n * channels + m) * out_volume, out_volume,
-                  F[b + m] if b >= 0 else 0.0)
+    _fill_bias(F, y, b, n_images, groups * cout_g, geometry[7] * geometry[8] * geometry[9])
     _taps_3d(F, _FORWARD, y, x, w, geometry)
 
 
 def conv3d_check(args, c):
     x_size, y_size, w_size = _geometry_3d_check(c, c.ints)
-    c.holds(0, y_size)
-    c.holds(1, x_size)
-    c.holds(2, w_size)
-    if c.present(3):
-        c.holds(3, c.ints[1] * c.ints[3])  # groups * cout_g
+    _sizes_check(c, y_size, x_size, w_size, c.ints[1] * c.ints[3])  # bias: groups * cout_g
 
 
 def conv3d_grad_input(F, I, args):
@@ -263,9 +252,7 @@ def conv3d_grad_input(F, I, args):
 
 def conv3d_grad_input_check(args, c):
     x_size, y_size, w_size = _geometry_3d_check(c, c.ints)
-    c.holds(0, x_size)
-    c.holds(1, y_size)
-    c.holds(2, w_size)
+    _sizes_check(c, x_size, y_size, w_size, None)
 
 
 def conv3d_grad_weight(F, I, args):
@@ -280,8 +267,4 @@ def conv3d_grad_weight(F, I, args):
 
 def conv3d_grad_weight_check(args, c):
     x_size, y_size, w_size = _geometry_3d_check(c, c.ints)
-    c.holds(0, w_size)
-    c.holds(1, y_size)
-    c.holds(2, x_size)
-    if c.present(3):
-        c.holds(3, 1)
+    _sizes_check(c, w_size, y_size, x_size, 1)  # reset: one float

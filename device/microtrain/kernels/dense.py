@@ -37,7 +37,7 @@ def gemm(F, I, args):
 
 
 def gemm_check(args, c):
-    y, a, b, bias = args[:4]
+    y, a, b, bias = c.offsets
     m, k, n, sa_m, sa_k, sb_k, sb_n, sc_m, sc_n = c.ints
     _gemm_check(c, y, a, b, m, k, n, sa_m, sa_k, sb_k, sb_n)
     if c.present(3):
@@ -55,7 +55,7 @@ def gemm_accumulate(F, I, args):
 
 
 def gemm_accumulate_check(args, c):
-    y, a, b, reset = args[:4]
+    y, a, b, reset = c.offsets
     m, k, n, sa_m, sa_k, sb_k, sb_n = c.ints
     _gemm_check(c, y, a, b, m, k, n, sa_m, sa_k, sb_k, sb_n)
     c.holds(3, 1)
@@ -81,8 +81,8 @@ def batched_gemm(F, I, args):
 
 
 def batched_gemm_check(args, c):
-    (y, a, b, d0, d1, d2, sa0, sa1, sa2, sb0, sb1, sb2, m, k, n, sa_m, sa_k, sb_k,
-     sb_n) = args[:19]
+    y, a, b = c.offsets
+    d0, d1, d2, sa0, sa1, sa2, sb0, sb1, sb2, m, k, n, sa_m, sa_k, sb_k, sb_n = c.ints
     c.positive(d0, d1, d2, m, n)
     c.span(0, y, (d0, d1, d2, m, n), (d1 * d2 * m * n, d2 * m * n, m * n, n, 1))
     c.span(1, a, (d0, d1, d2, m, k), (sa0, sa1, sa2, sa_m, sa_k))

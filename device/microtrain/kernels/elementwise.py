@@ -5,14 +5,18 @@ import math
 from microtrain.kernels.activation import EXP_LIMIT
 
 
-def _each_row(F, args, row):
-    y, a, b, d0, d1, d2, sa0, sa1, sa2, sb0, sb1, sb2 = args
-    for i0 in range(d0):
-        pa0 = a + i0 * sa0
-        pb0 = b + i0 * sb0
-        for i1 in range(d1):
-            row(F, y, pa0 + i1 * sa1, sa2, pb0 + i1 * sb1, sb2, d2)
-            y += d2
+def _binary(row):
+    # The kernel of a binary op, given its row: Y (d0, d1, d2) contiguous, A and B through
+    # their strides; row(F, y, pa, sa, pb, sb, n) does one row of d2 elements.
+    def kernel(F, I, args):
+        y, a, b, d0, d1, d2, sa0, sa1, sa2, sb0, sb1, sb2 = args
+        for i0 in range(d0):
+            pa0 = a + i0 * sa0
+            pb0 = b + i0 * sb0
+            for i1 in range(d1):
+                row(F, y, pa0 + i1 * sa1, sa2, pb0 + i1 * sb1, sb2, d2)
+                y += d2
+    return kernel
 
 
 def _binary_check(args, c):
@@ -25,41 +29,57 @@ def _binary_check(args, c):
 
 
 def _unary_check(args, c):
-    # y, x, n: both hold n elements
-    c.each_holds(2, c.ints[0])
+    # y, x: both hold n elements
+    n, = c.ints
+    c.each_holds(2, n)
 
 
-def _add_row(F, y, pa, sa, pb, sb, n):
-    for _ in range(n):
+# Each binary op is written as its row (y contiguous, a and b `sa`, `sb` apart), which
+# _binary turns into the op's kernel.
+
+@_binary
+def add(F, y, pa, sa, pb, sb, n):
+    for y in range(y, y + n):
         F[y] = F[pa] + F[pb]
-        y += 1
         pa += sa
         pb += sb
 
 
-def _sub_row(F, y, pa, sa, pb, sb, n):
-    for _ in range(n):
+add_check = _binary_check
+
+
+@_binary
+def sub(F, y, pa, sa, pb, sb, n):
+    for y in range(y, y + n):
         F[y] = F[pa] - F[pb]
-        y += 1
         pa += sa
         pb += sb
 
 
-def _mul_row(F, y, pa, sa, pb, sb, n):
-    for _ in range(n):
+sub_check = _binary_check
+
+
+@_binary
+def mul(F, y, pa, sa, pb, sb, n):
+    for y in range(y, y + n):
         F[y] = F[pa] * F[pb]
-        y += 1
         pa += sa
         pb += sb
 
 
-def _div_row(F, y, pa, sa, pb, sb, n):
-    for _ in range(n):
+mul_check = _binary_check
+
+
+@_binary
+def div(F, y, pa, sa, pb, sb, n):
+    for y in range(y, y + n):
         d = F[pb]
         F[y] = F[pa] / d if d != 0.0 else _over_zero(F[pa], d)
-        y += 1
         pa += sa
         pb += sb
+
+
+div_check = _binary_check
 
 
 def _over_zero(a, d):
@@ -85,34 +105,6 @@ def _pow_positive(v, p):
         return v ** p
     except OverflowError:
         return math.inf
-
-
-def add(F, I, args):
-    _each_row(F, args, _add_row)
-
-
-add_check = _binary_check
-
-
-def sub(F, I, args):
-    _each_row(F, args, _sub_row)
-
-
-sub_check = _binary_check
-
-
-def mul(F, I, args):
-    _each_row(F, args, _mul_row)
-
-
-mul_check = _binary_check
-
-
-def div(F, I, args):
-    _each_row(F, args, _div_row)
-
-
-div_check = _binary_check
 
 
 def expand(F, I, args):
@@ -223,53 +215,41 @@ power_check = _unary_check
 
 # -- Max, Min (folded pairwise by the host) and their gradient: ties share dY equally ---------
 
-def _max_row(F, y, pa, sa, pb, sb, n):
-    for _ in range(n):
+@_binary
+def maximum(F, y, pa, sa, pb, sb, n):
+    for y in range(y, y + n):
         a = F[pa]
         b = F[pb]
         F[y] = a if a >= b or a != a else b  # NaN wins, as in torch.maximum
-        y += 1
         pa += sa
         pb += sb
-
-
-def _min_row(F, y, pa, sa, pb, sb, n):
-    for _ in range(n):
-        a = F[pa]
-        b = F[pb]
-        F[y] = a if a <= b or a != a else b
-        y += 1
-        pa += sa
-        pb += sb
-
-
-def _count_equal_row(F, y, pa, sa, pb, sb, n):
-    for _ in range(n):
-        if F[pa] == F[pb]:
-            F[y] += 1.0
-        y += 1
-        pa += sa
-        pb += sb
-
-
-def maximum(F, I, args):
-    _each_row(F, args, _max_row)
 
 
 maximum_check = _binary_check
 
 
-def minimum(F, I, args):
-    _each_row(F, args, _min_row)
+@_binary
+def minimum(F, y, pa, sa, pb, sb, n):
+    for y in range(y, y + n):
+        a = F[pa]
+        b = F[pb]
+        F[y] = a if a <= b or a != a else b
+        pa += sa
+        pb += sb
 
 
 minimum_check = _binary_check
 
 
-def count_equal(F, I, args):
+@_binary
+def count_equal(F, y, pa, sa, pb, sb, n):
     # count += 1 where Y == X_i: how many inputs of Max / Min gave the output (one step per
     # input after the count is zeroed).
-    _each_row(F, args, _count_equal_row)
+    for y in range(y, y + n):
+        if F[pa] == F[pb]:
+            F[y] += 1.0
+        pa += sa
+        pb += sb
 
 
 count_equal_check = _binary_check
@@ -289,26 +269,38 @@ def tie_share(F, I, args):
                 px += sx2
 
 
-def tie_share_check(args, c):
-    d0, d1, d2, sx0, sx1, sx2 = c.ints
+def _walk_check(c, optional, contiguous, strided):
+    # The gradients' walk over (d0, d1, d2): tensor arguments `optional` (when present)
+    # and `contiguous` hold its d0*d1*d2 elements in order, the `strided` ones are read
+    # through their strides (three ints each, after the counts).
+    d0, d1, d2 = counts = c.ints[:3]
     c.positive(d0, d1, d2)
-    c.each_holds(4, d0 * d1 * d2)
-    c.span(4, c.offsets[4], (d0, d1, d2), (sx0, sx1, sx2))
+    n = d0 * d1 * d2
+    for k in optional:
+        if c.present(k):
+            c.holds(k, n)
+    for k in contiguous:
+        c.holds(k, n)
+    at = 3
+    for k in strided:
+        c.span(k, c.offsets[k], counts, c.ints[at:at + 3])
+        at += 3
+
+
+def tie_share_check(args, c):
+    # dx, dy, y, count contiguous; x strided
+    _walk_check(c, (), (0, 1, 2, 3), (4,))
 
 
 # -- PRelu: y = x where x > 0, else slope * x, the slope broadcast ----------------------------
 
-def _prelu_row(F, y, pa, sa, pb, sb, n):
-    for _ in range(n):
+@_binary
+def prelu(F, y, pa, sa, pb, sb, n):
+    for y in range(y, y + n):
         v = F[pa]
         F[y] = v if v > 0.0 else v * F[pb]
-        y += 1
         pa += sa
         pb += sb
-
-
-def prelu(F, I, args):
-    _each_row(F, args, _prelu_row)
 
 
 prelu_check = _binary_check
@@ -340,31 +332,20 @@ def prelu_grad(F, I, args):
 
 
 def prelu_grad_check(args, c):
-    d0, d1, d2, ss0, ss1, ss2 = c.ints
-    c.positive(d0, d1, d2)
-    n = d0 * d1 * d2
-    for k in (0, 1):
-        if c.present(k):
-            c.holds(k, n)
-    c.holds(2, n)
-    c.holds(3, n)
-    c.span(4, c.offsets[4], (d0, d1, d2), (ss0, ss1, ss2))
+    # dx, dslope (either absent), dy, x contiguous; slope strided
+    _walk_check(c, (0, 1), (2, 3), (4,))
 
 
 # -- Pow with a tensor exponent (broadcast through strides, like the binary ops above) -------
 
-def _pow_row(F, y, pa, sa, pb, sb, n):
-    for _ in range(n):
+@_binary
+def power_tensor(F, y, pa, sa, pb, sb, n):
+    for y in range(y, y + n):
         v = F[pa]
         p = F[pb]
         F[y] = _pow_positive(v, p) if v > 0.0 else _pow_not_positive(v, p)
-        y += 1
         pa += sa
         pb += sb
-
-
-def power_tensor(F, I, args):
-    _each_row(F, args, _pow_row)
 
 
 power_tensor_check = _binary_check
@@ -407,13 +388,5 @@ def power_tensor_grad(F, I, args):
 
 
 def power_tensor_grad_check(args, c):
-    d0, d1, d2, sx0, sx1, sx2, sp0, sp1, sp2 = c.ints
-    c.positive(d0, d1, d2)
-    n = d0 * d1 * d2
-    for k in (0, 1):
-        if c.present(k):
-            c.holds(k, n)
-    c.holds(2, n)
-    c.holds(3, n)
-    c.span(4, c.offsets[4], (d0, d1, d2), (sx0, sx1, sx2))
-    c.span(5, c.offsets[5], (d0, d1, d2), (sp0, sp1, sp2))
+    # dx, dp (either absent), dy, y contiguous; x and p strided
+    _walk_check(c, (0, 1), (2, 3), (4, 5))

@@ -15,47 +15,51 @@ def _row_of(I, indices, p, size):
     return v
 
 
-def gather_rows(F, I, args):
-    # y[o, p, :] = data[o, indices[p], :]
-    y, data, indices, outer, size, inner, count = args
+def _rows(F, I, args, grad):
+    # Forward (y, data): y[o, p, :] = data[o, indices[p], :]. grad (dx, dy): dx zeroed,
+    # then dx[o, indices[p], :] += dy[o, p, :] (repeated indices add up). y and dy are
+    # (outer, count, inner), data and dx (outer, size, inner). One branch per row.
+    first, second, indices, outer, size, inner, count = args
+    picked, table = (second, first) if grad else (first, second)
+    if grad:
+        for i in range(table, table + outer * size * inner):
+            F[i] = 0.0
     for p in range(count):
         v = _row_of(I, indices, p, size)
         for o in range(outer):
-            src = data + (o * size + v) * inner
-            dst = y + (o * count + p) * inner
-            for j in range(inner):
-                F[dst + j] = F[src + j]
+            at = table + (o * size + v) * inner
+            row = picked + (o * count + p) * inner
+            if grad:
+                for j in range(inner):
+                    F[at + j] += F[row + j]
+            else:
+                for j in range(inner):
+                    F[row + j] = F[at + j]
 
 
-def _gather_check(args, c):
+def _rows_check(c, grad):
+    # the indices hold `count` ints; y (or dy) the (outer, count, inner) rows, data (or dx)
+    # the (outer, size, inner) table
     outer, size, inner, count = c.ints
     c.positive(outer, size, inner, count)
     c.holds(2, count)
+    picked = outer * count * inner
+    table = outer * size * inner
+    c.holds(0, table if grad else picked)
+    c.holds(1, picked if grad else table)
+
+
+def gather_rows(F, I, args):
+    _rows(F, I, args, False)
 
 
 def gather_rows_check(args, c):
-    _gather_check(args, c)
-    outer, size, inner, count = c.ints
-    c.holds(0, outer * count * inner)
-    c.holds(1, outer * size * inner)
+    _rows_check(c, False)
 
 
 def gather_rows_grad(F, I, args):
-    # dx = zeros, then dx[o, indices[p], :] += dy[o, p, :] (repeated indices add up)
-    dx, dy, indices, outer, size, inner, count = args
-    for i in range(dx, dx + outer * size * inner):
-        F[i] = 0.0
-    for p in range(count):
-        v = _row_of(I, indices, p, size)
-        for o in range(outer):
-            dst = dx + (o * size + v) * inner
-            src = dy + (o * count + p) * inner
-            for j in range(inner):
-                F[dst + j] += F[src + j]
+    _rows(F, I, args, True)
 
 
 def gather_rows_grad_check(args, c):
-    _gather_check(args, c)
-    outer, size, inner, count = c.ints
-    c.holds(0, outer * size * inner)
-    c.holds(1, outer * count * inner)
+    _rows_check(c, True)

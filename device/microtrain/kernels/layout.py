@@ -5,18 +5,22 @@
 # Slice's gradient and Pad are a fill followed by a copy into a window.
 
 
-def _each_row(F, args, row):
-    y, x, y0, x0, d0, d1, d2, d3, sy0, sy1, sy2, sy3, sx0, sx1, sx2, sx3 = args
-    y += y0
-    x += x0
-    for i0 in range(d0):
-        for i1 in range(d1):
-            py = y + i0 * sy0 + i1 * sy1
-            px = x + i0 * sx0 + i1 * sx1
-            for _ in range(d2):
-                row(F, py, sy3, px, sx3, d3)
-                py += sy2
-                px += sx2
+def _strided(row):
+    # The kernel of a strided move, given its row: every (d0, d1, d2) index of both sides
+    # walked, row(F, py, sy, px, sx, n) does one row of d3 elements.
+    def kernel(F, I, args):
+        y, x, y0, x0, d0, d1, d2, d3, sy0, sy1, sy2, sy3, sx0, sx1, sx2, sx3 = args
+        y += y0
+        x += x0
+        for i0 in range(d0):
+            for i1 in range(d1):
+                py = y + i0 * sy0 + i1 * sy1
+                px = x + i0 * sx0 + i1 * sx1
+                for _ in range(d2):
+                    row(F, py, sy3, px, sx3, d3)
+                    py += sy2
+                    px += sx2
+    return kernel
 
 
 def _strided_check(args, c):
@@ -30,32 +34,26 @@ def _strided_check(args, c):
                       abs(sy3) + abs(sx3)))
 
 
-def _copy_row(F, py, sy, px, sx, n):
+@_strided
+def strided_copy(F, py, sy, px, sx, n):
+    # Y[window] = X[window]
     for _ in range(n):
         F[py] = F[px]
         py += sy
         px += sx
 
 
-def _add_row(F, py, sy, px, sx, n):
+strided_copy_check = _strided_check
+
+
+@_strided
+def strided_add(F, py, sy, px, sx, n):
+    # Y[window] += X[window]: gradients where several outputs read one input element
+    # (Pad's edge and reflect modes), summed in a fixed order.
     for _ in range(n):
         F[py] += F[px]
         py += sy
         px += sx
-
-
-def strided_copy(F, I, args):
-    # Y[window] = X[window]
-    _each_row(F, args, _copy_row)
-
-
-strided_copy_check = _strided_check
-
-
-def strided_add(F, I, args):
-    # Y[window] += X[window]: gradients where several outputs read one input element
-    # (Pad's edge and reflect modes), summed in a fixed order.
-    _each_row(F, args, _add_row)
 
 
 strided_add_check = _strided_check
@@ -69,4 +67,5 @@ def fill(F, I, args):
 
 
 def fill_check(args, c):
-    c.holds(0, c.ints[0])
+    n, = c.ints
+    c.holds(0, n)

@@ -10,6 +10,7 @@
 # L'Ecuyer's combined generators (period about 2**59). Integer arithmetic only, so every
 # port (single or double precision floats) draws the same sequence.
 import math
+from microtrain.kernels.activation import mask_check, masked_copy
 try:
     from micropython import const
 except ImportError:
@@ -254,8 +255,8 @@ def set_state(I, at, value):
 def dropout(F, I, args):
     # y = x * scale where kept, 0 where dropped; an element is dropped when the draw
     # z in [1, _SPAN] is <= threshold (the host sets threshold = ratio * _SPAN).
-    # The mask goes to the int arena, 30 elements per word (bit j of word w is element
-    # 30*w + j): the backward needs one bit per element, not a float.
+    # The mask goes to the int arena, 30 elements per word as ReLU's (kernels/activation.py):
+    # the backward needs one bit per element, not a float.
     # state[0] == 0 means not seeded yet (the arena starts zeroed): seed from the node's own
     # seed, unless Module.set_seed got there first.
     y, x, mask, state, n, threshold, seed, stream, scale = args
@@ -294,18 +295,9 @@ def dropout(F, I, args):
     I[state + 1] = b
 
 
-def _mask_check(c, n, tensors, mask):
-    # The mask holds one bit per element, 30 per int; it is activation data, never a label
-    # or an input (dropout writes it).
-    c.positive(n)
-    for k in tensors:
-        c.holds(k, n)
-    c.holds(mask, (n + 29) // 30)
-    c.role(mask, "activation")
-
-
 def dropout_check(args, c):
-    _mask_check(c, c.ints[0], (0, 1), 2)
+    n, threshold, seed, stream = c.ints
+    mask_check(c, n)
     c.holds(3, 2)
     c.role(3, "activation", "optimizer_state", "control")
     c.kept(3)          # the generator: a refused step draws again what it drew
@@ -314,19 +306,9 @@ def dropout_check(args, c):
 def dropout_grad(F, I, args):
     # dx = dy * scale where the forward kept the element, else 0.
     dx, dy, mask, n, scale = args
-    word = mask
-    bits = I[word]
-    bit = 1
-    for i in range(n):
-        F[dx + i] = F[dy + i] * scale if bits & bit else 0.0
-        if bit == _TOP_BIT:
-            word += 1
-            bit = 1
-            if i + 1 < n:
-                bits = I[word]
-        else:
-            bit <<= 1
+    masked_copy(F, I, dx, dy, mask, n, scale)
 
 
 def dropout_grad_check(args, c):
-    _mask_check(c, c.ints[0], (0, 1), 2)
+    n, = c.ints
+    mask_check(c, n)

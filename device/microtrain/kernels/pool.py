@@ -65,31 +65,38 @@ def _windows_check(c, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, dH, dW):
                 c.fail("pooling window %d lies entirely in the padding" % o)
 
 
+def _zero(F, start, n):
+    for i in range(start, start + n):
+        F[i] = 0.0
+
+
+def _planes_check(c, sides):
+    # Tensor argument k holds `planes` planes of the output (sides[k] is "y") or of the
+    # input ("x").
+    planes, H, W, OH, OW = c.ints[:5]
+    for k in range(len(sides)):
+        c.holds(k, planes * (OH * OW if sides[k] == "y" else H * W))
+
+
 def max_pool(F, I, args):
     y, x, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, dH, dW = args
     _max_windows(F, y, x, -1, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, dH, dW)
 
 
 def max_pool_check(args, c):
-    planes, H, W, OH, OW = c.ints[:5]
-    c.holds(0, planes * OH * OW)
-    c.holds(1, planes * H * W)
+    _planes_check(c, "yx")
     _windows_check(c, *c.ints)
 
 
 def max_pool_grad(F, I, args):
     # dx = dy routed to each window's argmax, recomputed from x.
     dx, dy, x, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, dH, dW = args
-    for i in range(dx, dx + planes * H * W):
-        F[i] = 0.0
+    _zero(F, dx, planes * H * W)
     _max_windows(F, dy, x, dx, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, dH, dW)
 
 
 def max_pool_grad_check(args, c):
-    planes, H, W, OH, OW = c.ints[:5]
-    c.holds(0, planes * H * W)
-    c.holds(1, planes * OH * OW)
-    c.holds(2, planes * H * W)
+    _planes_check(c, "xyx")
     _windows_check(c, *c.ints)
 
 
@@ -148,23 +155,18 @@ def average_pool(F, I, args):
 
 
 def average_pool_check(args, c):
-    planes, H, W, OH, OW = c.ints[:5]
-    c.holds(0, planes * OH * OW)
-    c.holds(1, planes * H * W)
+    _planes_check(c, "yx")
     _average_check(c, *c.ints)
 
 
 def average_pool_grad(F, I, args):
     # dx = each window's dy / count, spread over the window's input elements.
     dx, dy, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, ch0, ch1, cw0, cw1 = args
-    for i in range(dx, dx + planes * H * W):
-        F[i] = 0.0
+    _zero(F, dx, planes * H * W)
     _average_windows(F, dy, dx, True, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL,
                      ch0, ch1, cw0, cw1)
 
 
 def average_pool_grad_check(args, c):
-    planes, H, W, OH, OW = c.ints[:5]
-    c.holds(0, planes * H * W)
-    c.holds(1, planes * OH * OW)
+    _planes_check(c, "xy")
     _average_check(c, *c.ints)

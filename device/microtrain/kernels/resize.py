@@ -17,69 +17,53 @@
 _HEAD = 7  # args before the tables: y, x, planes, in_h, in_w, out_h, out_w
 
 
-def _zero(F, start, n):
-    for i in range(start, start + n):
-        F[i] = 0.0
-
-
-def resize_nearest(F, I, args):
-    # Y[p, oy, ox] = X[p, row[oy], col[ox]]
-    y = args[0]
-    x = args[1]
-    planes = args[2]
-    in_h = args[3]
-    in_w = args[4]
-    out_h = args[5]
-    out_w = args[6]
-    cols = _HEAD + out_h
-    o = y
-    for p in range(planes):
-        base = x + p * in_h * in_w
-        for oy in range(out_h):
-            row = base + args[_HEAD + oy] * in_w
-            for c in range(cols, cols + out_w):
-                F[o] = F[row + args[c]]
-                o += 1
-
-
-def resize_nearest_grad(F, I, args):
-    # dX = 0, then dX[p, row[oy], col[ox]] += dY[p, oy, ox]
+def _sides(F, args, grad):
+    # (the (planes, out_h, out_w) side, walked in order; the side the tables index): Y and
+    # X, or for a gradient dY and dX (arguments 1 and 0), dX zeroed first for the scatter.
+    if not grad:
+        return args[0], args[1]
     dx = args[0]
-    dy = args[1]
-    planes = args[2]
-    in_h = args[3]
-    in_w = args[4]
-    out_h = args[5]
-    out_w = args[6]
+    planes, in_h, in_w = args[2:5]
+    for i in range(dx, dx + planes * in_h * in_w):
+        F[i] = 0.0
+    return args[1], dx
+
+
+def _nearest(F, args, grad):
+    # Forward: Y[p, oy, ox] = X[p, row[oy], col[ox]]. grad: args are dX, dY and
+    # dX[p, row[oy], col[ox]] += dY[p, oy, ox], dX zeroed first. One branch per row.
+    o, table = _sides(F, args, grad)
+    planes, in_h, in_w, out_h, out_w = args[2:_HEAD]
     cols = _HEAD + out_h
-    _zero(F, dx, planes * in_h * in_w)
-    o = dy
     for p in range(planes):
-        base = dx + p * in_h * in_w
+        base = table + p * in_h * in_w
         for oy in range(out_h):
             row = base + args[_HEAD + oy] * in_w
-            for c in range(cols, cols + out_w):
-                F[row + args[c]] += F[o]
-                o += 1
+            if grad:
+                for c in range(cols, cols + out_w):
+                    F[row + args[c]] += F[o]
+                    o += 1
+            else:
+                for c in range(cols, cols + out_w):
+                    F[o] = F[row + args[c]]
+                    o += 1
 
 
-def resize_linear(F, I, args):
-    y = args[0]
-    x = args[1]
-    planes = args[2]
-    in_h = args[3]
-    in_w = args[4]
-    out_h = args[5]
-    out_w = args[6]
+def _linear(F, args, grad):
+    # Forward: Y = w_top * (w_left * X[top, left] + w_right * X[top, right]) + w_bottom *
+    # (...): the two source rows and columns of each output and their weights. grad: args
+    # are dX, dY, dX zeroed first, then each dY[p, oy, ox] goes to the four (or two) X cells
+    # it was read from, times the same weights. One branch per row.
+    o, table = _sides(F, args, grad)
+    planes, in_h, in_w, out_h, out_w = args[2:_HEAD]
     bottom = _HEAD + out_h
     left = bottom + out_h
     right = left + out_w
     w_top = right + out_w
     w_bottom = w_top + out_h
     w_left = w_bottom + out_h
-    o = y
     for p in range(planes):
-        base = x + p * in_h * in_w
+        base = table + p * in_h * in_w
         for oy in range(out_h):
             r0 = base + args[_HEAD + oy] * in_w
             r1 = base + args[bottom + oy] * in_w
@@ -87,7 +71,22 @@ def resize_linear(F, I, args):
             b = args[w_bottom + oy]
             wl = w_left
             # The right column and its weight sit out_w entries after the left ones.
-            if b == 0.0:  # one source row: 1-D, or an output row on an input row
+            if grad:
+                for c in range(left, right):
+                    u = args[wl]
+                    v = args[wl + out_w]
+                    i = args[c]
+                    j = args[c + out_w]
+                    g = F[o] * a
+                    F[r0 + i] += g * u
+                    F[r0 + j] += g * v
+                    if b != 0.0:
+                        g = F[o] * b
+                        F[r1 + i] += g * u
+                        F[r1 + j] += g * v
+                    wl += 1
+                    o += 1
+            elif b == 0.0:  # one source row: 1-D, or an output row on an input row
                 for c in range(left, right):
                     F[o] = a * (args[wl] * F[r0 + args[c]]
                                 + args[wl + out_w] * F[r0 + args[c + out_w]])
@@ -105,46 +104,20 @@ def resize_linear(F, I, args):
                     o += 1
 
 
+def resize_nearest(F, I, args):
+    _nearest(F, args, False)
+
+
+def resize_nearest_grad(F, I, args):
+    _nearest(F, args, True)
+
+
+def resize_linear(F, I, args):
+    _linear(F, args, False)
+
+
 def resize_linear_grad(F, I, args):
-    # dX = 0, then each dY[p, oy, ox] goes to the four (or two) X cells it was read from,
-    # times the same weights.
-    dx = args[0]
-    dy = args[1]
-    planes = args[2]
-    in_h = args[3]
-    in_w = args[4]
-    out_h = args[5]
-    out_w = args[6]
-    bottom = _HEAD + out_h
-    left = bottom + out_h
-    right = left + out_w
-    w_top = right + out_w
-    w_bottom = w_top + out_h
-    w_left = w_bottom + out_h
-    _zero(F, dx, planes * in_h * in_w)
-    o = dy
-    for p in range(planes):
-        base = dx + p * in_h * in_w
-        for oy in range(out_h):
-            r0 = base + args[_HEAD + oy] * in_w
-            r1 = base + args[bottom + oy] * in_w
-            a = args[w_top + oy]
-            b = args[w_bottom + oy]
-            wl = w_left
-            for c in range(left, right):
-                u = args[wl]
-                v = args[wl + out_w]
-                i = args[c]
-                j = args[c + out_w]
-                g = F[o] * a
-                F[r0 + i] += g * u
-                F[r0 + j] += g * v
-                if b != 0.0:
-                    g = F[o] * b
-                    F[r1 + i] += g * u
-                    F[r1 + j] += g * v
-                wl += 1
-                o += 1
+    _linear(F, args, True)
 
 
 def _tables_check(args, c, taps, y_arg, x_arg):
