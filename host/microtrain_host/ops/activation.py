@@ -12,7 +12,7 @@ from onnx import helper
 
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
-from ..graph import DOMAIN, attr
+from ..graph import DOMAIN, attr, optional_input
 from ..ir import axis_view, unary
 from ..reference import MicrotrainOp
 from ..registry import gradient, lowering
@@ -180,7 +180,7 @@ def _clip_bounds(ctx, node):
         return [attr(node, "min", -math.inf), attr(node, "max", math.inf)]
     bounds = []
     for index, name, default in ((1, "min", -math.inf), (2, "max", math.inf)):
-        tensor = node.input[index] if len(node.input) > index else ""
+        tensor = optional_input(node, index)
         if not tensor:
             bounds.append(default)
             continue
@@ -219,7 +219,7 @@ def grad_clip(g, node, dys, needs):
                                  f"freeze them or make them constants")
     bounds = {}
     for index, name in ((1, "min"), (2, "max")):
-        if len(node.input) > index and node.input[index]:
+        if optional_input(node, index):
             value = g.constant_value(node.input[index])
             if value is None or np.size(value) != 1:
                 raise UnsupportedOpError(f"Clip node '{node.name}': input '{name}' must be a "

@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import opcodes as op
 from ..errors import UnsupportedOpError, node_name
-from ..graph import DOMAIN, attr
+from ..graph import DOMAIN, attr, optional_input
 from ..ir import NO_TENSOR
 from ..reference import MicrotrainOp
 from ..registry import gradient, lowering
@@ -105,7 +105,7 @@ def grad_conv(g, node, dys, needs):
     if needs[1]:
         grads[1] = g.node("ConvGradWeight", [dy, x], g.shape(w), domain=DOMAIN, hint="dConvW",
                           kernel_shape=attrs["kernel_shape"], **shared)
-    if len(node.input) > 2 and node.input[2] and needs[2]:
+    if optional_input(node, 2) and needs[2]:
         axes = [0] + list(range(2, len(g.shape(dy))))
         grads[2] = g.node("ReduceSum", [dy, g.constant("axes", np.array(axes, np.int64))],
                           g.shape(node.input[2]), hint="dConvB", keepdims=0)
@@ -129,7 +129,7 @@ def _conv_step(ctx, node, code, tensors, x_shape, w_shape):
 @lowering("Conv")
 def lower_conv(ctx, node):
     x, w = node.input[0], node.input[1]
-    b = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    b = optional_input(node, 2)
     y = ctx.define(node.output[0])
     attrs = _conv_step(ctx, node, op.CONV, [y, ctx.t(x), ctx.t(w), ctx.t(b) if b else NO_TENSOR],
                        ctx.shape(x), ctx.shape(w))
@@ -306,7 +306,7 @@ def grad_conv_transpose(g, node, dys, needs):
     if needs[1]:
         grads[1] = g.node("ConvGradWeight", [x, dy], g.shape(w), domain=DOMAIN,
                           hint="dConvTransposeW", kernel_shape=attrs["kernel_shape"], **shared)
-    if len(node.input) > 2 and node.input[2] and needs[2]:
+    if optional_input(node, 2) and needs[2]:
         axes = [0] + list(range(2, len(g.shape(dy))))
         grads[2] = g.node("ReduceSum", [dy, g.constant("axes", np.array(axes, np.int64))],
                           g.shape(node.input[2]), hint="dConvTransposeB", keepdims=0)
@@ -316,7 +316,7 @@ def grad_conv_transpose(g, node, dys, needs):
 @lowering("ConvTranspose")
 def lower_conv_transpose(ctx, node):
     x, w = node.input[0], node.input[1]
-    b = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    b = optional_input(node, 2)
     x_shape, w_shape = ctx.shape(x), ctx.shape(w)
     attrs = transpose_attributes(node, x_shape, w_shape, ctx.where(node))
     expected = (x_shape[0], w_shape[1] * attrs["group"]) + tuple(attrs["output_spatial"])
