@@ -22,7 +22,17 @@ from ..graph import DOMAIN, attr, optional_input
 from ..ir import NO_TENSOR
 from ..reference import MicrotrainOp
 from ..registry import gradient, lowering
-from .windows import window_attributes, window_values
+from .windows import check_rank, window_attributes, window_values
+
+
+def _kernel_shape(node, w_shape, where):
+    """The weight's spatial shape, which the attribute kernel_shape, when given, must be."""
+    kernel = list(w_shape[2:])
+    if list(attr(node, "kernel_shape", kernel)) != kernel:
+        raise UnsupportedOpError(f"{where}: attribute kernel_shape="
+                                 f"{list(attr(node, 'kernel_shape', kernel))} does not match the "
+                                 f"weight's spatial shape {kernel}")
+    return kernel
 
 
 def conv_attributes(node, x_shape, w_shape, where, depth=False):
@@ -30,21 +40,13 @@ def conv_attributes(node, x_shape, w_shape, where, depth=False):
     Raises UnsupportedOpError, naming the node and the attribute, for what the kernels
     cannot do. depth: 3-D (N, C, D, H, W) is allowed (the float kernels have it, not the
     int8 ones)."""
-    if len(x_shape) not in ((3, 4, 5) if depth else (3, 4)):
-        raise UnsupportedOpError(
-            f"{where}: only 1-D (N, C, L)" + (", 2-D (N, C, H, W) and 3-D (N, C, D, H, W)"
-                                              if depth else " and 2-D (N, C, H, W)")
-            + f" convolution is supported, got input shape {list(x_shape)}")
+    check_rank(x_shape, where, "convolution", depth)
     spatial = list(x_shape[2:])
     rank = len(spatial)
     if len(w_shape) != rank + 2:
         raise UnsupportedOpError(f"{where}: the weight has shape {list(w_shape)}; for input "
                                  f"{list(x_shape)} it must be (M, C / group, *kernel_shape)")
-    kernel = list(w_shape[2:])
-    if list(attr(node, "kernel_shape", kernel)) != kernel:
-        raise UnsupportedOpError(f"{where}: attribute kernel_shape="
-                                 f"{list(attr(node, 'kernel_shape', kernel))} does not match the "
-                                 f"weight's spatial shape {kernel}")
+    kernel = _kernel_shape(node, w_shape, where)
     strides, dilations, pads = window_attributes(node, kernel, spatial, where, "clamp")
     group = attr(node, "group", 1)
     channels, out_channels = x_shape[1], w_shape[0]
@@ -226,9 +228,7 @@ class ConvGradWeight(MicrotrainOp):
 def transpose_attributes(node, x_shape, w_shape, where):
     """Explicit attributes of Y = ConvTranspose(X, W): kernel_shape, strides, dilations,
     group, output_padding, pads (begins, then ends) and the output's spatial shape."""
-    if len(x_shape) not in (3, 4):
-        raise UnsupportedOpError(f"{where}: only 1-D (N, C, L) and 2-D (N, C, H, W) transposed "
-                                 f"convolution is supported, got input shape {list(x_shape)}")
+    check_rank(x_shape, where, "transposed convolution")
     spatial = list(x_shape[2:])
     rank = len(spatial)
     group = attr(node, "group", 1)
@@ -237,11 +237,7 @@ def transpose_attributes(node, x_shape, w_shape, where):
         raise UnsupportedOpError(f"{where}: the weight has shape {list(w_shape)} and attribute "
                                  f"group={group}; for input {list(x_shape)} the weight must be "
                                  f"(C, M / group, *kernel_shape) with group dividing C")
-    kernel = list(w_shape[2:])
-    if list(attr(node, "kernel_shape", kernel)) != kernel:
-        raise UnsupportedOpError(f"{where}: attribute kernel_shape="
-                                 f"{list(attr(node, 'kernel_shape', kernel))} does not match the "
-                                 f"weight's spatial shape {kernel}")
+    kernel = _kernel_shape(node, w_shape, where)
     strides, dilations, pads = window_values(node, rank, where)
     output_padding = list(attr(node, "output_padding", [0] * rank))
     if len(output_padding) != rank or any(not 0 <= p < s
