@@ -90,6 +90,21 @@ def device_geometry(attrs, x_shape, w_shape):
 
 # -- gradient rule, lowerings, numpy references ------------------------------------------
 
+def _bias_grad(g, dy, bias, hint):
+    # dB of a convolution or a transposed one: dY summed over images and positions.
+    axes = [0] + list(range(2, len(g.shape(dy))))
+    return g.node("ReduceSum", [dy, g.constant("axes", np.array(axes, np.int64))],
+                  g.shape(bias), hint=hint, keepdims=0)
+
+
+def _check_output_shape(ctx, node, expected):
+    # Conv, ConvTranspose: the graph's output shape must be the one the attributes give.
+    if ctx.shape(node.output[0]) != expected:
+        raise UnsupportedOpError(f"{ctx.where(node)}: the attributes give output shape "
+                                 f"{list(expected)}, the graph says "
+                                 f"{list(ctx.shape(node.output[0]))}")
+
+
 @gradient("Conv")
 def grad_conv(g, node, dys, needs):
     # Y = Conv(X, W[, B]), auto_pad resolved into pads: dX = ConvGradInput(dY, W) (only when
@@ -108,9 +123,7 @@ def grad_conv(g, node, dys, needs):
         grads[1] = g.node("ConvGradWeight", [dy, x], g.shape(w), domain=DOMAIN, hint="dConvW",
                           kernel_shape=attrs["kernel_shape"], **shared)
     if optional_input(node, 2) and needs[2]:
-        axes = [0] + list(range(2, len(g.shape(dy))))
-        grads[2] = g.node("ReduceSum", [dy, g.constant("axes", np.array(axes, np.int64))],
-                          g.shape(node.input[2]), hint="dConvB", keepdims=0)
+        grads[2] = _bias_grad(g, dy, node.input[2], "dConvB")
     return grads
 
 
@@ -136,10 +149,7 @@ def lower_conv(ctx, node):
     attrs = _conv_step(ctx, node, op.CONV, [y, ctx.t(x), ctx.t(w), ctx.t(b) if b else NO_TENSOR],
                        ctx.shape(x), ctx.shape(w))
     expected = ctx.shape(x)[:1] + ctx.shape(w)[:1] + tuple(output_spatial(ctx.shape(x)[2:], attrs))
-    if ctx.shape(node.output[0]) != expected:
-        raise UnsupportedOpError(f"{ctx.where(node)}: the attributes give output shape "
-                                 f"{list(expected)}, the graph says "
-                                 f"{list(ctx.shape(node.output[0]))}")
+    _check_output_shape(ctx, node, expected)
 
 
 @lowering("ConvGradInput")
@@ -303,9 +313,7 @@ def grad_conv_transpose(g, node, dys, needs):
         grads[1] = g.node("ConvGradWeight", [x, dy], g.shape(w), domain=DOMAIN,
                           hint="dConvTransposeW", kernel_shape=attrs["kernel_shape"], **shared)
     if optional_input(node, 2) and needs[2]:
-        axes = [0] + list(range(2, len(g.shape(dy))))
-        grads[2] = g.node("ReduceSum", [dy, g.constant("axes", np.array(axes, np.int64))],
-                          g.shape(node.input[2]), hint="dConvTransposeB", keepdims=0)
+        grads[2] = _bias_grad(g, dy, node.input[2], "dConvTransposeB")
     return grads
 
 
@@ -316,10 +324,7 @@ def lower_conv_transpose(ctx, node):
     x_shape, w_shape = ctx.shape(x), ctx.shape(w)
     attrs = transpose_attributes(node, x_shape, w_shape, ctx.where(node))
     expected = (x_shape[0], w_shape[1] * attrs["group"]) + tuple(attrs["output_spatial"])
-    if ctx.shape(node.output[0]) != expected:
-        raise UnsupportedOpError(f"{ctx.where(node)}: the attributes give output shape "
-                                 f"{list(expected)}, the graph says "
-                                 f"{list(ctx.shape(node.output[0]))}")
+    _check_output_shape(ctx, node, expected)
     y = ctx.define(node.output[0])
     ctx.step(op.CONV_TRANSPOSE, [y, ctx.t(x), ctx.t(w), ctx.t(b) if b else NO_TENSOR],
              device_geometry(attrs, expected, w_shape))
