@@ -1,6 +1,7 @@
 """A small builder for ONNX graphs that records the shape of everything it emits, the
-helpers the gradient rules of the op families share (unbroadcast, reshaped), and what the
-graph rewrites read an ONNX node by (attr, optional_input, links)."""
+helpers the gradient rules of the op families share (unbroadcast, reshaped), and the readers
+of ONNX nodes and graphs that the lowerings and graph rewrites share (attr, optional_input,
+links)."""
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 

@@ -156,8 +156,8 @@ def qdq_model(model, eval_model, layers=None):
                 raise ArtifactError(f"{node.op_type} node '{node.name}': its input is not "
                                     f"quantized, so its bias cannot be")
             b_q, b_scale = quantize_bias(b, scales[x_dq.input[1]], w_scale)
-            base = optional_input(node, 2) or _bias_name(node, w_name,
-                                                         set(values) | set(new_inits))
+            base = optional_input(node, 2) or \
+                _bias_name(node, w_name, set(values) | set(new_inits))
             constant(base + ".quantized", b_q)
             detail["bias_q"], detail["x_scale"] = base + ".quantized", x_dq.input[1]
             constant(base + ".scale", b_scale)
