@@ -1,5 +1,7 @@
-"""A small builder for ONNX graphs that records the shape of everything it emits, and the
-helpers the gradient rules of the op families share (unbroadcast, reshaped)."""
+"""A small builder for ONNX graphs that records the shape of everything it emits, the
+helpers the gradient rules of the op families share (unbroadcast, reshaped), and the readers
+of ONNX nodes and graphs that the lowerings and graph rewrites share (attr, optional_input,
+links)."""
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
@@ -14,6 +16,22 @@ def attr(node, name, default=None):
             value = helper.get_attribute_value(a)
             return value.decode() if isinstance(value, bytes) else value
     return default
+
+
+def optional_input(node, index):
+    """The node's input `index`, or None when it is absent (left out, or named "")."""
+    return node.input[index] if len(node.input) > index and node.input[index] else None
+
+
+def links(nodes):
+    """(producers, consumers) of a graph's nodes: the node that writes each tensor name, and
+    the nodes that read it, in graph order."""
+    producers = {o: n for n in nodes for o in n.output}
+    consumers = {}
+    for n in nodes:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    return producers, consumers
 
 
 class GraphBuilder:

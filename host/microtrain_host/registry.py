@@ -1,7 +1,8 @@
 """The op tables the pipeline's drivers read. The op families (`ops/<family>.py`) fill them
 when they are imported (`microtrain_host/__init__.py` imports `ops`, which imports every
 family): each family keeps an op's gradient rule, its lowering and the numpy references of
-its gradient ops side by side, and registers them here with the decorators below.
+its gradient ops side by side, and registers them here with the decorators below (and
+lowerings(), for ops whose lowerings differ only in their device op code).
 
   GRAD_RULES[op_type] = rule(g, node, dys, needs) -> [gradient name or None per input]
       (pipeline/autodiff.py walks the graph backwards and calls the rules)
@@ -32,3 +33,10 @@ def gradient(*op_types):
 def lowering(*op_types):
     """Decorator: the lowering of these op types (ONNX ops and our ai.microtrain ones)."""
     return lambda lower: _register(LOWERINGS, "lowering", op_types, lower)
+
+
+def lowerings(make, codes):
+    """Registers make(code) as the lowering of each op type in codes, {op type: device op
+    code}: one lowering serves all of them but for the op code its steps carry."""
+    for op_type, code in codes.items():
+        lowering(op_type)(make(code))

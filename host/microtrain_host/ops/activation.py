@@ -12,10 +12,10 @@ from onnx import helper
 
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
-from ..graph import DOMAIN, attr
+from ..graph import DOMAIN, attr, optional_input
 from ..ir import axis_view, unary
 from ..reference import MicrotrainOp
-from ..registry import gradient, lowering
+from ..registry import gradient, lowering, lowerings
 
 
 def _grad_from_output(op_type):
@@ -36,16 +36,12 @@ def _lower_grad_from_output(code):
 
 # -- Relu, Sigmoid, Tanh, Softplus -------------------------------------------------------
 
-lowering("Relu")(unary(op.RELU))
-lowering("Sigmoid")(unary(op.SIGMOID))
-lowering("Tanh")(unary(op.TANH))
-lowering("Softplus")(unary(op.SOFTPLUS))
-gradient("Relu")(_grad_from_output("ReluGrad"))
-gradient("Sigmoid")(_grad_from_output("SigmoidGrad"))
-gradient("Tanh")(_grad_from_output("TanhGrad"))
-lowering("ReluGrad")(_lower_grad_from_output(op.RELU_GRAD))
-lowering("SigmoidGrad")(_lower_grad_from_output(op.SIGMOID_GRAD))
-lowering("TanhGrad")(_lower_grad_from_output(op.TANH_GRAD))
+lowerings(unary, {"Relu": op.RELU, "Sigmoid": op.SIGMOID, "Tanh": op.TANH,
+                  "Softplus": op.SOFTPLUS})
+for op_type in ("Relu", "Sigmoid", "Tanh"):
+    gradient(op_type)(_grad_from_output(op_type + "Grad"))
+lowerings(_lower_grad_from_output, {"ReluGrad": op.RELU_GRAD, "SigmoidGrad": op.SIGMOID_GRAD,
+                                    "TanhGrad": op.TANH_GRAD})
 
 
 @gradient("Softplus")
@@ -105,12 +101,11 @@ def _lower_softmax_grad(code):
     return lower
 
 
-lowering("Softmax")(_lower_softmax(op.SOFTMAX))
-lowering("LogSoftmax")(_lower_softmax(op.LOG_SOFTMAX))
-gradient("Softmax")(_softmax_grad_rule("SoftmaxGrad"))
-gradient("LogSoftmax")(_softmax_grad_rule("LogSoftmaxGrad"))
-lowering("SoftmaxGrad")(_lower_softmax_grad(op.SOFTMAX_GRAD))
-lowering("LogSoftmaxGrad")(_lower_softmax_grad(op.LOG_SOFTMAX_GRAD))
+lowerings(_lower_softmax, {"Softmax": op.SOFTMAX, "LogSoftmax": op.LOG_SOFTMAX})
+for op_type in ("Softmax", "LogSoftmax"):
+    gradient(op_type)(_softmax_grad_rule(op_type + "Grad"))
+lowerings(_lower_softmax_grad, {"SoftmaxGrad": op.SOFTMAX_GRAD,
+                                "LogSoftmaxGrad": op.LOG_SOFTMAX_GRAD})
 
 
 class SoftmaxGrad(MicrotrainOp):
@@ -143,7 +138,7 @@ def _grad_from_input(op_type):
 
 
 def _lower_piecewise(code, floats):
-    # LeakyRelu, Clip, HardSigmoid, HardSwish, and their gradients, which read (dY, X).
+    # The PIECEWISE ops (below) and their gradients, which read (dY, X).
     def lower(ctx, node):
         inputs = node.input[:2] if node.op_type.endswith("Grad") else node.input[:1]
         y = ctx.define(node.output[0])
@@ -180,7 +175,7 @@ def _clip_bounds(ctx, node):
         return [attr(node, "min", -math.inf), attr(node, "max", math.inf)]
     bounds = []
     for index, name, default in ((1, "min", -math.inf), (2, "max", math.inf)):
-        tensor = node.input[index] if len(node.input) > index else ""
+        tensor = optional_input(node, index)
         if not tensor:
             bounds.append(default)
             continue
@@ -192,23 +187,21 @@ def _clip_bounds(ctx, node):
     return bounds
 
 
-gradient("LeakyRelu")(_grad_from_input("LeakyReluGrad"))
-gradient("HardSigmoid")(_grad_from_input("HardSigmoidGrad"))
-gradient("HardSwish")(_grad_from_input("HardSwishGrad"))
-gradient("Shrink")(_grad_from_input("ShrinkGrad"))
-gradient("ThresholdedRelu")(_grad_from_input("ThresholdedReluGrad"))
-lowering("LeakyRelu")(_lower_piecewise(op.LEAKY_RELU, _leaky_relu_alpha))
-lowering("LeakyReluGrad")(_lower_piecewise(op.LEAKY_RELU_GRAD, _leaky_relu_alpha))
-lowering("Clip")(_lower_piecewise(op.CLIP, _clip_bounds))
-lowering("ClipGrad")(_lower_piecewise(op.CLIP_GRAD, _clip_bounds))
-lowering("HardSigmoid")(_lower_piecewise(op.HARD_SIGMOID, _hard_sigmoid_floats))
-lowering("HardSigmoidGrad")(_lower_piecewise(op.HARD_SIGMOID_GRAD, _hard_sigmoid_floats))
-lowering("HardSwish")(_lower_piecewise(op.HARD_SWISH, _no_floats))
-lowering("HardSwishGrad")(_lower_piecewise(op.HARD_SWISH_GRAD, _no_floats))
-lowering("Shrink")(_lower_piecewise(op.SHRINK, _shrink_floats))
-lowering("ShrinkGrad")(_lower_piecewise(op.SHRINK_GRAD, _shrink_floats))
-lowering("ThresholdedRelu")(_lower_piecewise(op.THRESHOLDED_RELU, _threshold_alpha))
-lowering("ThresholdedReluGrad")(_lower_piecewise(op.THRESHOLDED_RELU_GRAD, _threshold_alpha))
+# op type: (its op code, the op code of its gradient op <op type>Grad, the floats both
+# steps carry)
+PIECEWISE = {
+    "LeakyRelu": (op.LEAKY_RELU, op.LEAKY_RELU_GRAD, _leaky_relu_alpha),
+    "Clip": (op.CLIP, op.CLIP_GRAD, _clip_bounds),
+    "HardSigmoid": (op.HARD_SIGMOID, op.HARD_SIGMOID_GRAD, _hard_sigmoid_floats),
+    "HardSwish": (op.HARD_SWISH, op.HARD_SWISH_GRAD, _no_floats),
+    "Shrink": (op.SHRINK, op.SHRINK_GRAD, _shrink_floats),
+    "ThresholdedRelu": (op.THRESHOLDED_RELU, op.THRESHOLDED_RELU_GRAD, _threshold_alpha),
+}
+for op_type, (code, grad_code, floats) in PIECEWISE.items():
+    lowering(op_type)(_lower_piecewise(code, floats))
+    lowering(op_type + "Grad")(_lower_piecewise(grad_code, floats))
+    if op_type != "Clip":   # its bounds are inputs, which get no gradient: grad_clip
+        gradient(op_type)(_grad_from_input(op_type + "Grad"))
 
 
 @gradient("Clip")
@@ -219,7 +212,7 @@ def grad_clip(g, node, dys, needs):
                                  f"freeze them or make them constants")
     bounds = {}
     for index, name in ((1, "min"), (2, "max")):
-        if len(node.input) > index and node.input[index]:
+        if optional_input(node, index):
             value = g.constant_value(node.input[index])
             if value is None or np.size(value) != 1:
                 raise UnsupportedOpError(f"Clip node '{node.name}': input '{name}' must be a "

@@ -18,11 +18,21 @@ import numpy as np
 
 from .. import opcodes as op
 from ..errors import UnsupportedOpError, node_name
-from ..graph import DOMAIN, attr
+from ..graph import DOMAIN, attr, optional_input
 from ..ir import NO_TENSOR
 from ..reference import MicrotrainOp
 from ..registry import gradient, lowering
-from .windows import window_attributes, window_values
+from .windows import check_rank, window_attributes, window_values
+
+
+def _kernel_shape(node, w_shape, where):
+    """The weight's spatial shape, which the attribute kernel_shape, when given, must be."""
+    kernel = list(w_shape[2:])
+    if list(attr(node, "kernel_shape", kernel)) != kernel:
+        raise UnsupportedOpError(f"{where}: attribute kernel_shape="
+                                 f"{list(attr(node, 'kernel_shape', kernel))} does not match the "
+                                 f"weight's spatial shape {kernel}")
+    return kernel
 
 
 def conv_attributes(node, x_shape, w_shape, where, depth=False):
@@ -30,21 +40,13 @@ def conv_attributes(node, x_shape, w_shape, where, depth=False):
     Raises UnsupportedOpError, naming the node and the attribute, for what the kernels
     cannot do. depth: 3-D (N, C, D, H, W) is allowed (the float kernels have it, not the
     int8 ones)."""
-    if len(x_shape) not in ((3, 4, 5) if depth else (3, 4)):
-        raise UnsupportedOpError(
-            f"{where}: only 1-D (N, C, L)" + (", 2-D (N, C, H, W) and 3-D (N, C, D, H, W)"
-                                              if depth else " and 2-D (N, C, H, W)")
-            + f" convolution is supported, got input shape {list(x_shape)}")
+    check_rank(x_shape, where, "convolution", depth)
     spatial = list(x_shape[2:])
     rank = len(spatial)
     if len(w_shape) != rank + 2:
         raise UnsupportedOpError(f"{where}: the weight has shape {list(w_shape)}; for input "
                                  f"{list(x_shape)} it must be (M, C / group, *kernel_shape)")
-    kernel = list(w_shape[2:])
-    if list(attr(node, "kernel_shape", kernel)) != kernel:
-        raise UnsupportedOpError(f"{where}: attribute kernel_shape="
-                                 f"{list(attr(node, 'kernel_shape', kernel))} does not match the "
-                                 f"weight's spatial shape {kernel}")
+    kernel = _kernel_shape(node, w_shape, where)
     strides, dilations, pads = window_attributes(node, kernel, spatial, where, "clamp")
     group = attr(node, "group", 1)
     channels, out_channels = x_shape[1], w_shape[0]
@@ -88,6 +90,21 @@ def device_geometry(attrs, x_shape, w_shape):
 
 # -- gradient rule, lowerings, numpy references ------------------------------------------
 
+def _bias_grad(g, dy, bias, hint):
+    # dB of a convolution or a transposed one: dY summed over images and positions.
+    axes = [0] + list(range(2, len(g.shape(dy))))
+    return g.node("ReduceSum", [dy, g.constant("axes", np.array(axes, np.int64))],
+                  g.shape(bias), hint=hint, keepdims=0)
+
+
+def _check_output_shape(ctx, node, expected):
+    # Conv, ConvTranspose: the graph's output shape must be the one the attributes give.
+    if ctx.shape(node.output[0]) != expected:
+        raise UnsupportedOpError(f"{ctx.where(node)}: the attributes give output shape "
+                                 f"{list(expected)}, the graph says "
+                                 f"{list(ctx.shape(node.output[0]))}")
+
+
 @gradient("Conv")
 def grad_conv(g, node, dys, needs):
     # Y = Conv(X, W[, B]), auto_pad resolved into pads: dX = ConvGradInput(dY, W) (only when
@@ -105,10 +122,8 @@ def grad_conv(g, node, dys, needs):
     if needs[1]:
         grads[1] = g.node("ConvGradWeight", [dy, x], g.shape(w), domain=DOMAIN, hint="dConvW",
                           kernel_shape=attrs["kernel_shape"], **shared)
-    if len(node.input) > 2 and node.input[2] and needs[2]:
-        axes = [0] + list(range(2, len(g.shape(dy))))
-        grads[2] = g.node("ReduceSum", [dy, g.constant("axes", np.array(axes, np.int64))],
-                          g.shape(node.input[2]), hint="dConvB", keepdims=0)
+    if optional_input(node, 2) and needs[2]:
+        grads[2] = _bias_grad(g, dy, node.input[2], "dConvB")
     return grads
 
 
@@ -129,15 +144,12 @@ def _conv_step(ctx, node, code, tensors, x_shape, w_shape):
 @lowering("Conv")
 def lower_conv(ctx, node):
     x, w = node.input[0], node.input[1]
-    b = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    b = optional_input(node, 2)
     y = ctx.define(node.output[0])
     attrs = _conv_step(ctx, node, op.CONV, [y, ctx.t(x), ctx.t(w), ctx.t(b) if b else NO_TENSOR],
                        ctx.shape(x), ctx.shape(w))
     expected = ctx.shape(x)[:1] + ctx.shape(w)[:1] + tuple(output_spatial(ctx.shape(x)[2:], attrs))
-    if ctx.shape(node.output[0]) != expected:
-        raise UnsupportedOpError(f"{ctx.where(node)}: the attributes give output shape "
-                                 f"{list(expected)}, the graph says "
-                                 f"{list(ctx.shape(node.output[0]))}")
+    _check_output_shape(ctx, node, expected)
 
 
 @lowering("ConvGradInput")
@@ -226,9 +238,7 @@ class ConvGradWeight(MicrotrainOp):
 def transpose_attributes(node, x_shape, w_shape, where):
     """Explicit attributes of Y = ConvTranspose(X, W): kernel_shape, strides, dilations,
     group, output_padding, pads (begins, then ends) and the output's spatial shape."""
-    if len(x_shape) not in (3, 4):
-        raise UnsupportedOpError(f"{where}: only 1-D (N, C, L) and 2-D (N, C, H, W) transposed "
-                                 f"convolution is supported, got input shape {list(x_shape)}")
+    check_rank(x_shape, where, "transposed convolution")
     spatial = list(x_shape[2:])
     rank = len(spatial)
     group = attr(node, "group", 1)
@@ -237,11 +247,7 @@ def transpose_attributes(node, x_shape, w_shape, where):
         raise UnsupportedOpError(f"{where}: the weight has shape {list(w_shape)} and attribute "
                                  f"group={group}; for input {list(x_shape)} the weight must be "
                                  f"(C, M / group, *kernel_shape) with group dividing C")
-    kernel = list(w_shape[2:])
-    if list(attr(node, "kernel_shape", kernel)) != kernel:
-        raise UnsupportedOpError(f"{where}: attribute kernel_shape="
-                                 f"{list(attr(node, 'kernel_shape', kernel))} does not match the "
-                                 f"weight's spatial shape {kernel}")
+    kernel = _kernel_shape(node, w_shape, where)
     strides, dilations, pads = window_values(node, rank, where)
     output_padding = list(attr(node, "output_padding", [0] * rank))
     if len(output_padding) != rank or any(not 0 <= p < s
@@ -306,24 +312,19 @@ def grad_conv_transpose(g, node, dys, needs):
     if needs[1]:
         grads[1] = g.node("ConvGradWeight", [x, dy], g.shape(w), domain=DOMAIN,
                           hint="dConvTransposeW", kernel_shape=attrs["kernel_shape"], **shared)
-    if len(node.input) > 2 and node.input[2] and needs[2]:
-        axes = [0] + list(range(2, len(g.shape(dy))))
-        grads[2] = g.node("ReduceSum", [dy, g.constant("axes", np.array(axes, np.int64))],
-                          g.shape(node.input[2]), hint="dConvTransposeB", keepdims=0)
+    if optional_input(node, 2) and needs[2]:
+        grads[2] = _bias_grad(g, dy, node.input[2], "dConvTransposeB")
     return grads
 
 
 @lowering("ConvTranspose")
 def lower_conv_transpose(ctx, node):
     x, w = node.input[0], node.input[1]
-    b = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    b = optional_input(node, 2)
     x_shape, w_shape = ctx.shape(x), ctx.shape(w)
     attrs = transpose_attributes(node, x_shape, w_shape, ctx.where(node))
     expected = (x_shape[0], w_shape[1] * attrs["group"]) + tuple(attrs["output_spatial"])
-    if ctx.shape(node.output[0]) != expected:
-        raise UnsupportedOpError(f"{ctx.where(node)}: the attributes give output shape "
-                                 f"{list(expected)}, the graph says "
-                                 f"{list(ctx.shape(node.output[0]))}")
+    _check_output_shape(ctx, node, expected)
     y = ctx.define(node.output[0])
     ctx.step(op.CONV_TRANSPOSE, [y, ctx.t(x), ctx.t(w), ctx.t(b) if b else NO_TENSOR],
              device_geometry(attrs, expected, w_shape))

@@ -6,7 +6,7 @@ import numpy as np
 
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
-from ..graph import DOMAIN, attr, reshaped, unbroadcast
+from ..graph import DOMAIN, attr, optional_input, reshaped, unbroadcast
 from ..ir import NO_TENSOR, broadcast_strides, collapse, contiguous_strides
 from ..reference import MicrotrainOp
 from ..registry import gradient, lowering
@@ -60,7 +60,7 @@ def grad_gemm(g, node, dys, needs):
             grads[1] = _gemm_operand_grad(g, a, dy, not ta, 0, alpha, g.shape(b), "dB")
         else:
             grads[1] = _gemm_operand_grad(g, dy, a, 1, ta, alpha, g.shape(b), "dB")
-    if len(node.input) > 2 and node.input[2] and needs[2]:
+    if optional_input(node, 2) and needs[2]:
         dc = unbroadcast(g, dy, g.shape(node.input[2]))
         if beta != 1.0:
             dc = g.node("Mul", [dc, g.constant("beta", np.float32(beta))], g.shape(node.input[2]),
@@ -72,7 +72,7 @@ def grad_gemm(g, node, dys, needs):
 @lowering("Gemm")
 def lower_gemm(ctx, node):
     a, b = node.input[0], node.input[1]
-    c = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    c = optional_input(node, 2)
     sa, sb = ctx.shape(a), ctx.shape(b)
     if len(sa) != 2 or len(sb) != 2:
         raise UnsupportedOpError(f"{ctx.where(node)}: only 2-D operands are supported, got "

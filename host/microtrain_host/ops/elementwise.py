@@ -10,7 +10,7 @@ from ..errors import UnsupportedOpError
 from ..graph import DOMAIN, unbroadcast
 from ..ir import NO_TENSOR, broadcast_strides, collapse, contiguous_strides, unary
 from ..reference import MicrotrainOp
-from ..registry import gradient, lowering
+from ..registry import gradient, lowering, lowerings
 
 
 def binary_step(ctx, code, y, a, b, where):
@@ -34,14 +34,12 @@ def _binary(code):
 
 # -- Add, Sub, Mul, Div ------------------------------------------------------------------
 
-lowering("Add")(_binary(op.ADD))
-lowering("Sub")(_binary(op.SUB))
-lowering("Mul")(_binary(op.MUL))
-lowering("Div")(_binary(op.DIV))
+lowerings(_binary, {"Add": op.ADD, "Sub": op.SUB, "Mul": op.MUL, "Div": op.DIV})
 
 
-@gradient("Add")
+@gradient("Add", "Sum")
 def grad_add(g, node, dys, needs):
+    # Sum (below) is Add of any number of inputs: each gets dY summed to its shape.
     return [unbroadcast(g, dys[0], g.shape(x)) if need else None
             for x, need in zip(node.input, needs)]
 
@@ -102,12 +100,8 @@ def lower_expand(ctx, node):
 
 # -- unary ops ---------------------------------------------------------------------------
 
-lowering("Neg")(unary(op.NEG))
-lowering("Abs")(unary(op.ABS))
-lowering("Sign")(unary(op.SIGN))
-lowering("Exp")(unary(op.EXP))
-lowering("Log")(unary(op.LOG))
-lowering("Sqrt")(unary(op.SQRT))
+lowerings(unary, {"Neg": op.NEG, "Abs": op.ABS, "Sign": op.SIGN, "Exp": op.EXP, "Log": op.LOG,
+                  "Sqrt": op.SQRT})
 
 
 @gradient("Neg")
@@ -258,9 +252,7 @@ def _lower_fold(code):
     return lower
 
 
-lowering("Max")(_lower_fold(op.MAX))
-lowering("Min")(_lower_fold(op.MIN))
-lowering("Sum")(_lower_fold(op.ADD))
+lowerings(_lower_fold, {"Max": op.MAX, "Min": op.MIN, "Sum": op.ADD})
 
 
 @lowering("Mean")
@@ -275,12 +267,6 @@ def lower_mean(ctx, node):
     scale = f"mean_scale({count})"
     ctx._constant(scale, np.array(1.0 / count, np.float32))
     binary_step(ctx, op.MUL, total, total, ctx.t(scale), ctx.where(node))
-
-
-@gradient("Sum")
-def grad_sum(g, node, dys, needs):
-    return [unbroadcast(g, dys[0], g.shape(x)) if need else None
-            for x, need in zip(node.input, needs)]
 
 
 @gradient("Mean")

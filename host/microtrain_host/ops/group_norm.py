@@ -8,7 +8,7 @@ import numpy as np
 
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
-from ..graph import DOMAIN, attr
+from ..graph import DOMAIN, attr, optional_input
 from ..ir import NO_TENSOR
 from ..reference import MicrotrainOp
 from ..registry import SHAPED_LIKE_INPUT, gradient, lowering
@@ -44,7 +44,7 @@ def normalization_view(node, x_shape, where, channels_of=None):
     if channels_of is not None:
         channels = view[1] * view[2]
         for index, what in ((1, "scale"), (2, "bias")):
-            if len(node.input) > index and node.input[index]:
+            if optional_input(node, index):
                 count = channels_of(node.input[index])
                 if count != channels:
                     raise UnsupportedOpError(
@@ -71,8 +71,8 @@ def lower_normalization(ctx, node):
     _check_outputs(node, ctx.uses.get, where)
     view = normalization_view(node, ctx.shape(x), where,
                               lambda name: int(np.prod(ctx.shape(name), dtype=np.int64)))
-    scale_bias = [ctx.t(node.input[i]) if len(node.input) > i and node.input[i] else NO_TENSOR
-                  for i in (1, 2)]
+    scale_bias = [ctx.t(name) if name else NO_TENSOR
+                  for name in (optional_input(node, 1), optional_input(node, 2))]
     y = ctx.define(node.output[0])
     ctx.step(op.GROUP_NORM, [y, ctx.t(x)] + scale_bias, view, [attr(node, "epsilon", 1e-5)])
 
@@ -99,7 +99,7 @@ def grad_normalization(g, node, dys, needs):
 @lowering("NormalizationGrad")
 def lower_normalization_grad(ctx, node):
     dy, x = node.input[:2]
-    scale = node.input[2] if len(node.input) > 2 and node.input[2] else ""
+    scale = optional_input(node, 2)
     outs = [ctx.define(name) if name else NO_TENSOR
             for name in (list(node.output) + ["", ""])[:3]]
     ctx.step(op.GROUP_NORM_GRAD, outs + [ctx.t(dy), ctx.t(x), ctx.t(scale) if scale

@@ -7,7 +7,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
-from ..graph import DOMAIN, attr
+from ..graph import DOMAIN, attr, optional_input
 from ..ir import collapse, contiguous_strides
 from ..reference import MicrotrainOp
 from ..registry import gradient, lowering
@@ -333,7 +333,7 @@ def grad_pad(g, node, dys, needs):
     where = f"Pad node '{node.name}'"
     if len(needs) > 2 and needs[2]:
         raise UnsupportedOpError(f"{where}: no gradient for a trainable constant_value")
-    axes = node.input[3] if len(node.input) > 3 and node.input[3] else None
+    axes = optional_input(node, 3)
     begins, ends = pad_amounts(len(g.shape(x)), g.constant_value(node.input[1]),
                                g.constant_value(axes) if axes else None, where)
     mode = attr(node, "mode", "constant")
@@ -403,7 +403,7 @@ def lower_pad(ctx, node):
     begins, ends = pad_amounts(len(shape), ctx.value(node.input[1]),
                                ctx.optional_value(node, 3), ctx.where(node))
     value = 0.0
-    if mode == "constant" and len(node.input) > 2 and node.input[2]:
+    if mode == "constant" and optional_input(node, 2):
         constant = ctx.value(node.input[2])
         if constant is None or np.asarray(constant).size != 1:
             raise UnsupportedOpError(f"{ctx.where(node)}: constant_value must be a constant "

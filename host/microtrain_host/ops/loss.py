@@ -5,7 +5,7 @@ import numpy as np
 
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
-from ..graph import DOMAIN, attr
+from ..graph import DOMAIN, attr, optional_input
 from ..reference import MicrotrainOp
 from ..registry import gradient, lowering
 
@@ -35,7 +35,7 @@ def _check_cross_entropy(ctx, node):
 @lowering("SoftmaxCrossEntropyLoss")
 def lower_softmax_cross_entropy(ctx, node):
     n, c = _check_cross_entropy(ctx, node)
-    if len(node.input) > 2 and node.input[2]:
+    if optional_input(node, 2):
         raise UnsupportedOpError(f"{ctx.where(node)}: class weights are not supported")
     loss = ctx.define(node.output[0], ())
     log_prob = (ctx.define(node.output[1]) if len(node.output) > 1 and node.output[1]

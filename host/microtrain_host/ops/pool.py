@@ -22,7 +22,7 @@ from ..errors import UnsupportedOpError, node_name
 from ..graph import DOMAIN, attr
 from ..reference import MicrotrainOp
 from ..registry import gradient, lowering
-from .windows import window_attributes
+from .windows import check_rank, window_attributes
 
 
 def _output_size(size, kernel, stride, dilation, pad_begin, pad_end, ceil_mode):
@@ -44,11 +44,7 @@ def pool_attributes(node, in_shape, out_shape, where, depth=False):
     """Explicit attributes of a pooling node whose input has in_shape; checks that the
     windows give out_shape. Raises UnsupportedOpError for what the kernels cannot do.
     depth: 3-D (N, C, D, H, W) pooling is allowed (pool_stages runs it in two steps)."""
-    if len(in_shape) not in ((3, 4, 5) if depth else (3, 4)):
-        raise UnsupportedOpError(
-            f"{where}: only 1-D (N, C, L)" + (", 2-D (N, C, H, W) and 3-D (N, C, D, H, W)"
-                                              if depth else " and 2-D (N, C, H, W)")
-            + f" pooling is supported, got input shape {list(in_shape)}")
+    check_rank(in_shape, where, "pooling", depth)
     spatial = list(in_shape[2:])
     rank = len(spatial)
     if node.op_type.startswith("Global"):

@@ -28,7 +28,7 @@ from onnx import TensorProto
 
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
-from ..graph import attr
+from ..graph import attr, optional_input
 from ..ir import (ACTIVATION, CONSTANT, FLOAT, INT32, INT8, NO_TENSOR, PARAM, UINT8,
                               Tensor)
 from ..registry import lowering
@@ -151,12 +151,12 @@ def _header(node):
 
 def _weights(ctx, node, axis):
     tid = ctx.local.get(node.input[1])
+    b = optional_input(node, 2)
     if tid is not None and ctx.tensors[tid].role == PARAM and ctx.tensors[tid].dtype == INT8:
         # an int8 weight trained in integers (quant/inttrain.py): a parameter with its
         # scales, its int32 bias a parameter too
         w = ctx.tensors[tid]
-        bias = ctx.t(node.input[2]) if len(node.input) > 2 and node.input[2] else NO_TENSOR
-        return np.zeros(w.shape, np.int8), tid, bias, len(w.scale)
+        return np.zeros(w.shape, np.int8), tid, ctx.t(b) if b else NO_TENSOR, len(w.scale)
     w = ctx.value(node.input[1])
     if w is None or w.dtype != np.int8:
         raise UnsupportedOpError(f"{ctx.where(node)}: the weight must be an int8 constant")
@@ -164,15 +164,15 @@ def _weights(ctx, node, axis):
     wid = _constant(ctx, node.input[1], INT8, w, scale=tuple(w_scales),
                     zero_point=(0,) * len(w_scales), axis=axis)
     bias = NO_TENSOR
-    trained = ctx.local.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    trained = ctx.local.get(b) if b else None
     if trained is not None and ctx.tensors[trained].role == PARAM:
         # an int32 bias trained in integers beside a frozen weight (the sparse update)
         return w, wid, trained, len(w_scales)
-    if len(node.input) > 2 and node.input[2]:
-        b = ctx.value(node.input[2])
-        if b is None or b.dtype != np.int32:
+    if b:
+        value = ctx.value(b)
+        if value is None or value.dtype != np.int32:
             raise UnsupportedOpError(f"{ctx.where(node)}: the bias must be an int32 constant")
-        bias = _constant(ctx, node.input[2], INT32, b)
+        bias = _constant(ctx, b, INT32, value)
     return w, wid, bias, len(w_scales)
 
 

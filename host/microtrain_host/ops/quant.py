@@ -33,7 +33,7 @@ from onnx import TensorProto
 
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
-from ..graph import DOMAIN, attr
+from ..graph import DOMAIN, attr, optional_input
 from ..reference import MicrotrainOp
 from ..ir import ACTIVATION, INT8, INT32, NO_TENSOR, Tensor
 from ..registry import gradient, lowering
@@ -193,7 +193,7 @@ def grad_dequantize(g, node, dys, needs):
 @gradient("QuantizeLinear")
 def grad_quantize(g, node, dys, needs):
     x, scale = node.input[:2]
-    zp = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    zp = optional_input(node, 2)
     if zp is None:
         raise UnsupportedOpError(f"QuantizeLinear node '{node.name}': training through it "
                                  f"needs an explicit zero point input")

@@ -5,7 +5,7 @@ import numpy as np
 
 from .. import opcodes as op
 from ..errors import UnsupportedOpError
-from ..graph import attr
+from ..graph import attr, optional_input
 from ..ir import collapse, contiguous_strides
 from ..registry import gradient, lowering
 
@@ -14,7 +14,7 @@ def reduce_axes(node, rank, value_of, where):
     """The sorted, non-negative axes a ReduceSum / ReduceMean node reduces over; value_of
     gives a constant input's value (None when it is computed)."""
     axes = attr(node, "axes")
-    if axes is None and len(node.input) > 1 and node.input[1]:
+    if axes is None and optional_input(node, 1):
         value = value_of(node.input[1])
         if value is None:
             raise UnsupportedOpError(f"{where}: axes must be a constant")

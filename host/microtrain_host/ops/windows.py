@@ -1,6 +1,7 @@
 """Sliding-window attributes shared by convolution, transposed convolution and pooling:
-strides, dilations and pads read and checked once, auto_pad resolved into explicit pads
-(ConvTranspose resolves its own auto_pad, whose SAME means the opposite size rule: conv.py).
+the input's rank, strides, dilations and pads read and checked once, auto_pad resolved into
+explicit pads (ConvTranspose resolves its own auto_pad, whose SAME means the opposite size
+rule: conv.py).
 
 SAME_UPPER / SAME_LOWER: output size ceil(in / stride), total padding
 (out - 1) * stride + kernel - in, its odd element at the end (UPPER) or the beginning (LOWER);
@@ -10,6 +11,17 @@ from ..errors import UnsupportedOpError
 from ..graph import attr
 
 AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
+
+
+def check_rank(shape, where, what, depth=False):
+    """Refuses an input of a rank the kernels lack: they slide over 1-D (N, C, L) and 2-D
+    (N, C, H, W) inputs, and 3-D (N, C, D, H, W) ones where depth is set. what names the
+    op in the message: "convolution", "pooling", ..."""
+    if len(shape) not in ((3, 4, 5) if depth else (3, 4)):
+        raise UnsupportedOpError(
+            f"{where}: only 1-D (N, C, L)" + (", 2-D (N, C, H, W) and 3-D (N, C, D, H, W)"
+                                              if depth else " and 2-D (N, C, H, W)")
+            + f" {what} is supported, got input shape {list(shape)}")
 
 
 def window_values(node, rank, where):

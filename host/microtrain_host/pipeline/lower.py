@@ -11,6 +11,7 @@ from onnx import AttributeProto, TensorProto, numpy_helper
 
 from ..contract.facts import INT32_MAX, INT32_MIN
 from ..errors import UnsupportedOpError, node_name
+from ..graph import optional_input
 from ..ir import (ACTIVATION, CONSTANT, CONTROL, FLOAT, GRAD, INPUT, INT8, INT32, LABEL,
                   LAZY_RESET_GRAD, LEARNING_RATE, OPTIMIZER_STATE, PARAM, STEP, UINT8, Program,
                   Step, Tensor, check_step, grad_buffer)
@@ -228,8 +229,8 @@ class Lowering:
 
     def optional_value(self, node, index):
         """The constant value of the node's input `index`, or None when it is absent."""
-        return self.value(node.input[index]) if len(node.input) > index and node.input[index] \
-            else None
+        name = optional_input(node, index)
+        return self.value(name) if name else None
 
 
 # -- lowerings that belong to no op family ------------------------------------------------

@@ -20,6 +20,15 @@ def _storages(step, tensors):
     return {tensors[t].storage for t in step.tensors if t != NO_TENSOR}
 
 
+def _forward_end(steps, forward_nodes):
+    """The index of the first step that no forward node lowered to: where the backward
+    pass begins."""
+    boundary = 0
+    while boundary < len(steps) and steps[boundary].node in forward_nodes:
+        boundary += 1
+    return boundary
+
+
 def place_updates(program, tensors):
     """Move every update step of `program` (in place) to right after the last other step
     that touches its parameter's or its gradient's storage. Returns the number moved."""
@@ -45,9 +54,7 @@ def split_program(programs, name, forward_nodes, first, second, second_inputs=()
     inputs, the outputs) and programs[second] (the rest; inputs second_inputs, no outputs)."""
     combined = programs.pop(name)
     steps = combined.steps
-    boundary = 0
-    while boundary < len(steps) and steps[boundary].node in forward_nodes:
-        boundary += 1
+    boundary = _forward_end(steps, forward_nodes)
     late = [s.node for s in steps[boundary:] if s.node in forward_nodes]
     if late:
         raise ArtifactError(f"cannot tell forward from backward steps: node name '{late[0]}' "
@@ -161,9 +168,7 @@ def recompute_activations(program, lowering, forward_nodes):
     """Recompute cheap forward activations in the backward pass of `program` (in place)
     wherever that shrinks its planned region. Returns [(tensor name, steps added)]."""
     tensors = lowering.tensors
-    boundary = 0
-    while boundary < len(program.steps) and program.steps[boundary].node in forward_nodes:
-        boundary += 1
+    boundary = _forward_end(program.steps, forward_nodes)
     best = _region(program, tensors)
     done = []
     candidates = [step.tensors[0] for step in program.steps[:boundary]
@@ -213,9 +218,7 @@ def mask_relus(program, lowering, forward_nodes):
     """Keep 1-bit masks instead of ReLU outputs (see above) wherever that pays; changes
     `program` in place. Returns the names of the ReLU outputs no longer kept."""
     tensors = lowering.tensors
-    boundary = 0
-    while boundary < len(program.steps) and program.steps[boundary].node in forward_nodes:
-        boundary += 1
+    boundary = _forward_end(program.steps, forward_nodes)
     best = _region(program, tensors)
     done = []
     for step in list(program.steps[:boundary]):

@@ -27,7 +27,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 
 from ..errors import ArtifactError
-from ..graph import DOMAIN, attr
+from ..graph import DOMAIN, attr, links, optional_input
 from ..ops.quant import requant_head
 from ..formats.blob import serialize
 from ..formats.files import write_atomically
@@ -73,17 +73,13 @@ def int8_graph(model, float_weights=(), training=False, structural=False):
     shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
               for v in list(graph.value_info) + list(graph.input) + list(graph.output)}
     nodes = list(graph.node)
-    producers = {o: n for n in nodes for o in n.output}
-    consumers = {}
-    for n in nodes:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
+    producers, consumers = links(nodes)
     outputs = {o.name for o in graph.output}
 
     def qparams(node):
         """(scale, zero point, elem type) of a Q/DQ node with constant parameters."""
         scale = _scalar(values, node.input[1])
-        zp_name = node.input[2] if len(node.input) > 2 and node.input[2] else None
+        zp_name = optional_input(node, 2)
         zp = _scalar(values, zp_name) if zp_name else np.zeros(1, np.uint8)
         if scale is None or zp is None:
             return None

@@ -22,7 +22,7 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from ..errors import ArtifactError
-from ..graph import DOMAIN, attr
+from ..graph import DOMAIN, attr, links, optional_input
 from ..ops.quant import FLOAT32_EPS, NUMPY_TYPES, WEIGHT_QMAX, \
     abs_max_scale_values, fold_batch_norm_values, qparams_values, quantize_bias_values, \
     quantize_values
@@ -98,11 +98,7 @@ def qdq_model(model, eval_model, layers=None):
     graph = model.graph
     values = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
     nodes = list(graph.node)
-    producers = {o: n for n in nodes for o in n.output}
-    consumers = {}
-    for n in nodes:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
+    producers, consumers = links(nodes)
     new_inits = {}
     drop = set()
     bias_nodes = set()
@@ -160,7 +156,7 @@ def qdq_model(model, eval_model, layers=None):
                 raise ArtifactError(f"{node.op_type} node '{node.name}': its input is not "
                                     f"quantized, so its bias cannot be")
             b_q, b_scale = quantize_bias(b, scales[x_dq.input[1]], w_scale)
-            base = node.input[2] if len(node.input) > 2 and node.input[2] else \
+            base = optional_input(node, 2) or \
                 _bias_name(node, w_name, set(values) | set(new_inits))
             constant(base + ".quantized", b_q)
             detail["bias_q"], detail["x_scale"] = base + ".quantized", x_dq.input[1]

@@ -30,7 +30,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ..contract import facts
 from ..errors import ArtifactError, UnsupportedOpError
-from ..graph import DOMAIN, attr
+from ..graph import DOMAIN, attr, links
 from ..ops.quant import FLOAT32_EPS, QUANT_RANGES, WEIGHT_QMAX
 
 QUANTIZED_OPS = ("Conv", "Gemm", "MatMul")
@@ -130,12 +130,8 @@ def quantize_model(model, shapes, config):
     if not chosen:
         raise ArtifactError("quantization: the model has no Conv, Gemm or MatMul with an "
                             "initializer weight to quantize")
-    consumers = {}
-    for node in nodes:
-        for i in node.input:
-            consumers.setdefault(i, []).append(node)
+    producer, consumers = links(nodes)
     outputs = {o.name for o in graph.output}
-    producer = {o: node for node in nodes for o in node.output}
 
     def source(name):
         # Through shape-only views back to the tensor that holds the values.
