@@ -62,6 +62,17 @@ def quantization(c, k):
     return q
 
 
+def weight_scales(c, w, channels, broadcast=False):
+    # The scales of the step's int8 weight (tensor argument w), one per output channel;
+    # broadcast: one scale (per tensor) may stand for every channel
+    sw = quantization(c, w)[0]
+    if broadcast and len(sw) == 1:
+        sw = tuple(sw) * channels
+    if len(sw) != channels:
+        c.fail("%d weight scales for %d output channels" % (len(sw), channels))
+    return sw
+
+
 # -- in steps: requantization --------------------------------------------------------------
 def requant_wide(acc, m0, shift):
     # round_half_even(acc * m0 / 2**shift): exact with Python integers (64-bit small ints

@@ -31,7 +31,7 @@
 # big int unless an int32 bias or an accumulator reaches 2**24.
 import math
 from array import array
-from microtrain.kernels.fixedpoint import f32, pairs_of, quantization, requant
+from microtrain.kernels.fixedpoint import f32, pairs_of, quantization, requant, weight_scales
 
 
 def _scale(c, k):
@@ -79,12 +79,9 @@ def _derive_channels(c, k, x, w, y, channels):
     if c.tensors[k] not in c.blob.derived:
         return _given(c, k, 4)
     sx = _scale(c, x)[0]
-    sw = _scale(c, w)
+    sw = weight_scales(c, w, channels, True)
     sy = _scale(c, y)[0]
-    if len(sw) not in (1, channels):
-        c.fail("%d weight scales for %d output channels" % (len(sw), channels))
-    _derive(c, k, 4, (f32(f32(sx * sw[i if len(sw) > 1 else 0]) / sy)
-                      for i in range(channels)))
+    _derive(c, k, 4, (f32(f32(sx * sw[i]) / sy) for i in range(channels)))
 
 
 def _store(Q, i, acc, m0, shift, y_zp, lo, hi):
@@ -133,7 +130,7 @@ def _derive_qparams(c, k, q):
 
 
 def quantize_linear_check(args, c):
-    Q, y, x, qp, n, qmin, qmax = args
+    n, qmin, qmax = c.ints
     c.positive(n)
     c.holds(0, n)
     c.holds(1, n)
@@ -156,7 +153,7 @@ def dequantize_linear(F, I, args):
 
 
 def dequantize_linear_check(args, c):
-    Q, y, x, qp, n, signed = args
+    n, signed = c.ints
     c.positive(n)
     c.holds(0, n)
     c.holds(1, n)
@@ -191,7 +188,8 @@ def qlinear_gemm(F, I, args):
 
 
 def qlinear_gemm_check(args, c):
-    Q, y, x, w, bias, req, m, k, n, sx_m, sx_k, sw_k, sw_n = args[:13]
+    y, x, w, bias, req = c.offsets
+    m, k, n, sx_m, sx_k, sw_k, sw_n, x_signed, y_signed = c.ints
     c.span(0, y, (m, n), (n, 1))
     c.span(1, x, (m, k), (sx_m, sx_k))
     c.span(2, w, (k, n), (sw_k, sw_n))
@@ -248,8 +246,8 @@ def qlinear_conv(F, I, args):
 
 def qlinear_conv_check(args, c):
     # tensor 5: an int32 scratch plane of out_h * out_w accumulators (the viper kernel's)
-    (n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w, s_h, s_w, d_h,
-     d_w) = args[7:21]
+    (n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w, s_h, s_w, d_h, d_w,
+     pad_t, pad_l, x_signed, y_signed) = c.ints
     c.positive(n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w, s_h, s_w,
                d_h, d_w)
     c.holds(0, n_images * groups * cout_g * out_h * out_w)
@@ -283,7 +281,7 @@ def qlinear_global_average_pool(F, I, args):
 
 
 def qlinear_global_average_pool_check(args, c):
-    Q, y, x, req, planes, count = args[:6]
+    planes, count, x_signed, y_signed = c.ints
     c.positive(planes, count)
     c.holds(0, planes)
     c.holds(1, planes * count)
@@ -332,7 +330,8 @@ def qlinear_average_pool(F, I, args):
 
 
 def qlinear_average_pool_check(args, c):
-    (Q, y, x, req, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, ch0, ch1, cw0, cw1) = args[:19]
+    (planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, ch0, ch1, cw0, cw1, x_signed,
+     y_signed) = c.ints
     c.positive(planes, H, W, OH, OW, kH, kW, sH, sW)
     c.within(pT, 0, kH - 1, "top padding")
     c.within(pL, 0, kW - 1, "left padding")
@@ -397,7 +396,7 @@ def add_multipliers(ra, rb):
 
 
 def qlinear_add_check(args, c):
-    Q, y, a, b, req, n = args[:6]
+    n, a_signed, b_signed, y_signed = c.ints
     c.positive(n)
     c.each_holds(3, n)
     c.holds(3, 8)
@@ -436,7 +435,7 @@ def qlinear_max_pool(F, I, args):
 
 
 def qlinear_max_pool_check(args, c):
-    Q, y, x, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL = args[:14]
+    planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, signed = c.ints
     c.positive(planes, H, W, OH, OW, kH, kW, sH, sW)
     c.holds(0, planes * OH * OW)
     c.holds(1, planes * H * W)
@@ -452,10 +451,9 @@ def qlinear_lookup(F, I, args):
 
 
 def qlinear_lookup_check(args, c):
-    Q, y, x, table, n = args
+    n, = c.ints
     c.positive(n)
-    c.holds(0, n)
-    c.holds(1, n)
+    c.each_holds(2, n)
     c.holds(2, 256)
 
 
