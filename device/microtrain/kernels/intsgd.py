@@ -36,13 +36,10 @@ def positive(c, v, what):
 
 def layer_scales(c, x, w, channels, broadcast=False):
     """(s_x, x_zp, (s_w per output channel)) of a layer's input (tensor argument x) and its
-    int8 weight (w), every scale positive and finite; broadcast: one weight scale (per
+    int8 weight (w) (quantization checks them); broadcast: one weight scale (per
     tensor) stands for every channel, else there must be one per channel."""
     sx, zx, _ = quantization(c, x)
-    sw = weight_scales(c, w, channels, broadcast)
-    positive(c, sx[0], "input scale")
-    for s in sw:
-        positive(c, s, "weight scale")
+    sw = weight_scales(c, w, channels, broadcast)     # positive and finite: quantization
     return sx[0], zx[0], tuple(sw)
 
 
