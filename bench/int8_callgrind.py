@@ -35,7 +35,7 @@ def build(out):
     import numpy as np
     import make_data
     import quantize
-    from microtrain_host.pipeline.inttrain import int8_training_artifacts, quantize_input
+    from microtrain_host.quant.inttrain import int8_training_artifacts, quantize_input
     qdq, int8 = quantize.calibrate(out / "backbone", steps=2)
     (out / "int8.mtb").write_bytes(pathlib.Path(int8).read_bytes())
     data = make_data.pretraining_set()

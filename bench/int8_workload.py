@@ -39,7 +39,7 @@ if sys.argv[2] == "infer":
     print("infer", runs, h)
 else:
     from microtrain import CheckpointState, Module
-    from microtrain.blob import copy_inputs
+    from microtrain.feed import copy_inputs
     d = root + sys.argv[3] + "/"
     runs = int(sys.argv[4])
     state = CheckpointState.load_checkpoint(d + "int8_train.ckpt")

@@ -50,6 +50,27 @@ def test_every_kernel_exists_with_its_load_time_checker():
         assert callable(getattr(module, function + "_check", None)), (code, function + "_check")
 
 
+# Families whose checkers read a step's arguments by the contract's names (`n, = c.ints`, `y,
+# x = c.offsets`), never by their place in args, where the byte arena comes first and a
+# weight's buffer last for some kernels and not for others (issue 20).
+NAMED_FIELD_FAMILIES = ("quant", "qlinear", "inttrain", "intgrad")
+
+
+def test_checkers_read_named_fields():
+    for family in NAMED_FIELD_FAMILIES:
+        tree = ast.parse((DEVICE / "kernels" / f"{family}.py").read_text())
+        for function in tree.body:
+            if not (isinstance(function, ast.FunctionDef) and function.name.endswith("_check")):
+                continue
+            for node in ast.walk(function):
+                # args may be passed on to another checker, not indexed or unpacked
+                positional = (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name)
+                              and node.value.id == "args"
+                              or isinstance(node, (ast.Assign, ast.Starred))
+                              and isinstance(node.value, ast.Name) and node.value.id == "args")
+                assert not positional, f"{family}.py line {node.lineno}: {function.name} reads args"
+
+
 def test_roles_and_dtypes_are_the_schemas_enums():
     assert tuple(ROLES) == tuple(device_blob.ROLE_NAMES) == facts.ROLES
     enums = schema.blob_schema().enums

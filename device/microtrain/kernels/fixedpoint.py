@@ -18,7 +18,10 @@ import math
 import sys
 from array import array
 
+from microtrain.blob import INT8
+
 _F32 = array("f", [0.0])
+_INF = float("inf")
 
 
 def f32(v):
@@ -54,12 +57,46 @@ def pairs_of(reals, capped=True):
 
 # -- at load: the quantization parameters of a step's tensors ---------------------------
 def quantization(c, k):
-    # (scales, zero points, axis) of the step's tensor argument k, from the blob
+    # (scales, zero points, axis) of the step's tensor argument k, from the blob; a crafted
+    # blob's are refused here, at load: every scale a positive finite float32, every zero
+    # point in the range of the tensor's type
     q = c.blob.quant.get(c.tensors[k])
     if q is None:
         c.fail("tensor argument %d has no quantization scale to derive the multipliers from"
                % k)
+    for s in q[0]:
+        scale_check(c, k, s)
+    for z in q[1]:
+        zero_point_check(c, k, z)
     return q
+
+
+def scale_check(c, k, s):
+    # s: the quantization scale of tensor argument k (its Tensor.scale, or what a constant
+    # the kernel reads holds)
+    if not 0.0 < s < _INF:     # NaN fails too
+        c.fail("scale of tensor '%s' is %r; a quantization scale must be a positive finite "
+               "number" % (c.blob.names[c.tensors[k]], s))
+
+
+def zero_point_check(c, k, z):
+    # z: a zero point of byte tensor argument k, within the range of its type
+    low, high, kind = (-128, 127, "an int8") if c.blob.dtypes[c.tensors[k]] == INT8 else \
+        (0, 255, "a uint8")
+    if not low <= z <= high:
+        c.fail("zero point of tensor '%s' is %r; %s tensor's zero point must lie in [%d, %d]"
+               % (c.blob.names[c.tensors[k]], z, kind, low, high))
+
+
+def weight_scales(c, w, channels, broadcast=False):
+    # The scales of the step's int8 weight (tensor argument w), one per output channel;
+    # broadcast: one scale (per tensor) may stand for every channel
+    sw = quantization(c, w)[0]
+    if broadcast and len(sw) == 1:
+        sw = tuple(sw) * channels
+    if len(sw) != channels:
+        c.fail("%d weight scales for %d output channels" % (len(sw), channels))
+    return sw
 
 
 # -- in steps: requantization --------------------------------------------------------------

@@ -38,7 +38,7 @@
 # channels x taps terms; every kernel only adds and multiplies such ints.
 from microtrain.kernels.fixedpoint import f32, pairs_of, quantization, requant, round_shift
 from microtrain.kernels.intsgd import (derive_rates, descend_bias, descend_weight,
-                                      generator_check, layer_scales, positive, update_step)
+                                      generator_check, layer_scales, update_step)
 
 MANT_BITS = 13
 _TOP = 1 << MANT_BITS
@@ -102,13 +102,11 @@ def int_pool_grad(F, I, args):
 
 
 def int_pool_grad_check(args, c):
-    g, d, m, channels, plane = args
+    m, channels, plane = c.ints
     c.positive(m, channels, plane)
     c.holds(0, 1 + m * channels * plane)
     c.holds(1, m * channels)
-    unit = c.blob.int_units.get(c.tensors[1])
-    if unit is None:
-        c.fail("no step before this one gives its gradient tensor's unit")
+    unit = _unit(c, 1)
     c.blob.int_units[c.tensors[0]] = f32(unit / plane)
 
 
@@ -134,7 +132,7 @@ def int_clamp_mask(F, I, args):
 
 
 def int_clamp_mask_check(args, c):
-    Q, mask, y, req, count, y_signed = args
+    count, y_signed = c.ints
     c.positive(count)
     c.holds(0, (count + 7) >> 3)
     c.holds(1, count)
@@ -184,7 +182,7 @@ def _bias_rates(params, lr):
 
 
 def int_clamp_bias_grad_check(args, c):
-    Q, g, mask, bias, rates, random, w, m, channels, plane, W = args
+    m, channels, plane = c.ints
     c.positive(m, channels, plane)
     c.within(m * plane, 1, MAX_SUM * 128, "positions")       # acc < 2**29
     c.holds(0, 1 + m * channels * plane)
@@ -193,9 +191,7 @@ def int_clamp_bias_grad_check(args, c):
     c.role(2, "param")
     c.holds(3, 4 * channels)
     generator_check(c, 4)
-    unit = c.blob.int_units.get(c.tensors[0])
-    if unit is None:
-        c.fail("no step before this one gives its gradient tensor's unit")
+    unit = _unit(c, 0)
     sx, _, sw = layer_scales(c, 1, 5, channels, True)
     derive_rates(c, 3, _bias_rates, (unit, sx, sw, m))
     # G now holds G * s_w[c] / max(s_w): what the input gradient and the weight update read
@@ -241,9 +237,19 @@ def int_conv_grad_input(F, I, args):
     I[gx] = I[g] + _normalize(I, gx, m * groups * cin_g * in_plane)
 
 
-def _geometry_check(c, geometry):
+def _unit(c, k):
+    # the real unit of gradient tensor argument k, which an earlier step recorded
+    unit = c.blob.int_units.get(c.tensors[k])
+    if unit is None:
+        c.fail("no step before this one gives its gradient tensor's unit")
+    return unit
+
+
+def _geometry_check(c):
+    # The convolution both checkers' ints start with (contract/ops.py INT_CONV_GRAD_INPUT,
+    # INT_CONV_UPDATE), checked; its sizes returned
     (m, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w, s_h, s_w, d_h, d_w, pad_t,
-     pad_l) = geometry
+     pad_l) = c.ints[:16]
     c.positive(m, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w, s_h, s_w, d_h,
                d_w)
     c.within(pad_t, 0, k_h * d_h, "padding")
@@ -251,23 +257,18 @@ def _geometry_check(c, geometry):
     # every output position's taps inside the padded image (the forward's geometry)
     c.within((out_h - 1) * s_h + (k_h - 1) * d_h - pad_t, 0, in_h + k_h * d_h, "geometry")
     c.within((out_w - 1) * s_w + (k_w - 1) * d_w - pad_l, 0, in_w + k_w * d_w, "geometry")
+    return m, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w
 
 
 def int_conv_grad_input_check(args, c):
-    geometry = args[4:20]
-    (m, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w) = geometry[:10]
-    _geometry_check(c, geometry)
+    m, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w = _geometry_check(c)
     # each input element sums at most cout_g * taps terms below 2**(MANT_BITS + 7)
     c.within(cout_g * k_h * k_w, 1, 1024, "terms per input gradient")
     c.holds(0, 1 + m * groups * cin_g * in_h * in_w)
     c.holds(1, 1 + m * groups * cout_g * out_h * out_w)
     c.holds(2, groups * cout_g * cin_g * k_h * k_w)
-    unit = c.blob.int_units.get(c.tensors[1])
-    if unit is None:
-        c.fail("no step before this one gives its gradient tensor's unit")
+    unit = _unit(c, 1)
     sw = quantization(c, 2)[0]
-    for s in sw:
-        positive(c, s, "weight scale")
     unit = f32(max(sw) * unit)
     if not unit > 1e-30:
         c.fail("the gradient's unit underflows float32 (%r): too many layers" % unit)
@@ -331,10 +332,8 @@ def _weight_rates(params, lr):
 
 
 def int_conv_update_check(args, c):
-    geometry = args[6:22]
-    x_signed = args[22]
-    (m, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w) = geometry[:10]
-    _geometry_check(c, geometry)
+    m, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w = _geometry_check(c)
+    x_signed = c.ints[-1]      # after the geometry
     c.within(m * out_h * out_w, 1, MAX_SUM, "positions per weight")
     channels = groups * cout_g
     c.holds(0, channels * cin_g * k_h * k_w)
@@ -344,9 +343,7 @@ def int_conv_update_check(args, c):
     c.holds(3, 1 + 2 * channels)
     generator_check(c, 4)
     c.within(x_signed, 0, 1, "signed flag")
-    unit = c.blob.int_units.get(c.tensors[2])
-    if unit is None:
-        c.fail("no step before this one gives its gradient tensor's unit")
+    unit = _unit(c, 2)
     sx, x_zp, sw = layer_scales(c, 1, 0, channels, True)
     derive_rates(c, 3, _weight_rates, (unit, sx, sw, m, x_zp))
 

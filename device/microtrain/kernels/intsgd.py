@@ -17,7 +17,7 @@
 #   update_weight(...)         descend_weight by update_step
 # Their viper forms are in kernels/intsgd_viper.py, integer for integer the same.
 from array import array
-from microtrain.kernels.fixedpoint import quantization, requant
+from microtrain.kernels.fixedpoint import quantization, requant, weight_scales
 
 BIAS_LIMIT = 1 << 23    # |trained int32 bias| clamp: keeps |acc| < 2**24 for k <= 256 inputs
 WEIGHT_LIMIT = 127      # |trained int8 weight| clamp (zero point 0, the scales fixed)
@@ -36,17 +36,10 @@ def positive(c, v, what):
 
 def layer_scales(c, x, w, channels, broadcast=False):
     """(s_x, x_zp, (s_w per output channel)) of a layer's input (tensor argument x) and its
-    int8 weight (w), every scale positive and finite; broadcast: one weight scale (per
+    int8 weight (w) (quantization checks them); broadcast: one weight scale (per
     tensor) stands for every channel, else there must be one per channel."""
     sx, zx, _ = quantization(c, x)
-    sw = quantization(c, w)[0]
-    if broadcast and len(sw) == 1:
-        sw = tuple(sw) * channels
-    if len(sw) != channels:
-        c.fail("%d weight scales for %d output channels" % (len(sw), channels))
-    positive(c, sx[0], "input scale")
-    for s in sw:
-        positive(c, s, "weight scale")
+    sw = weight_scales(c, w, channels, broadcast)     # positive and finite: quantization
     return sx[0], zx[0], tuple(sw)
 
 

@@ -44,7 +44,8 @@
 # for |acc| < 2**24, which holds for k <= 256 inputs and batches of up to 4 (a larger batch
 # is still exact but allocates big ints on 32-bit ports).
 import math
-from microtrain.kernels.fixedpoint import f32, pairs_of, quantization, requant, round_shift
+from microtrain.kernels.fixedpoint import (f32, pairs_of, quantization, requant, round_shift,
+                                          weight_scales)
 from microtrain.kernels.intsgd import (BIAS_LIMIT, FINE_M0, FINE_SHIFT, clamp, derive_once,
                                       derive_rates, descend_bias, generator_check,
                                       layer_scales, positive, update_step, update_weight)
@@ -77,7 +78,7 @@ def int_gemm_logits(F, I, args):
 
 
 def int_gemm_logits_check(args, c):
-    Q, z, x, w, bias, req, m, k, n, x_signed = args
+    m, k, n, x_signed = c.ints
     c.positive(m, k, n)
     c.within(k, 1, MAX_K, "inputs per output")
     c.holds(0, m * n)
@@ -87,9 +88,7 @@ def int_gemm_logits_check(args, c):
     c.holds(4, 1 + 2 * n)
     c.within(x_signed, 0, 1, "signed flag")
     sx, zx, _ = quantization(c, 1)
-    sw = quantization(c, 2)[0]
-    if len(sw) != n:
-        c.fail("%d weight scales for %d output channels" % (len(sw), n))
+    sw = weight_scales(c, 2, n)
     reals = [f32(f32(sx[0] * sw[j]) * (1 << LOGIT_BITS)) for j in range(n)]
     for real in reals:
         positive(c, real, "logit multiplier")
@@ -127,7 +126,7 @@ def int_softmax_ce(F, I, args):
 
 
 def int_softmax_ce_check(args, c):
-    z, g, loss, label, table, m, n = args
+    m, n = c.ints
     c.positive(m, n)
     c.within(n, 2, 1024, "classes")    # total < 1025 * 2**14 < 2**30
     c.holds(0, m * n)
@@ -241,8 +240,8 @@ def int_gemm_update_momentum(F, I, args):
 
 
 def int_gemm_update_momentum_check(args, c):
-    Q, w, bias, x, g, rates, random, vw, vb, m, k, n, x_signed, mu = args
-    int_gemm_update_check((Q, w, bias, x, g, rates, random, m, k, n, x_signed), c)
+    m, k, n, x_signed, mu = c.ints
+    int_gemm_update_check(args, c)      # the same first six tensors and four ints
     c.holds(6, 2 * n * k)
     c.role(6, "optimizer_state")
     c.holds(7, n)
@@ -274,7 +273,7 @@ def _update_rates(params, lr):
 
 
 def int_gemm_update_check(args, c):
-    Q, w, bias, x, g, rates, random, m, k, n, x_signed = args
+    m, k, n, x_signed = c.ints[:4]     # (int_gemm_update_momentum's: and mu)
     c.positive(m, k, n)
     c.within(k, 1, MAX_K, "inputs per output")
     c.holds(0, n * k)
@@ -320,19 +319,16 @@ def int_gemm_grad_input(F, I, args):
 
 
 def int_gemm_grad_input_check(args, c):
-    Q, d, g, w, factors, m, k, n = args
+    m, k, n = c.ints
     c.positive(m, k, n)
     c.within(n, 1, 511, "classes")
     c.holds(0, m * k)
     c.holds(1, m * n)
     c.holds(2, n * k)
     c.holds(3, 2 * n)
-    sw = quantization(c, 2)[0]
-    if len(sw) != n:
-        c.fail("%d weight scales for %d output channels" % (len(sw), n))
+    sw = weight_scales(c, 2, n)
     top = 0.0
     for v in sw:
-        positive(c, v, "weight scale")
         top = v if v > top else top
     extra = 1 << GRAD_BITS if n <= 16 else 1
     derive_once(c, 3, pairs_of(f32(f32(v / top) * extra) for v in sw))
@@ -428,7 +424,7 @@ def _conv_rates(params, lr):
 
 
 def int_conv1x1_update_check(args, c):
-    Q, w, bias, x, y, d, req, rates, random, m, cin, cout, plane, x_signed, y_signed = args
+    m, cin, cout, plane, x_signed, y_signed = c.ints
     c.positive(m, cin, cout, plane)
     c.within(plane, 1, 4096, "positions")      # sum_p (x - x_zp) < 2**20
     c.holds(0, cout * cin)

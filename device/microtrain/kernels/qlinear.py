@@ -31,7 +31,9 @@
 # big int unless an int32 bias or an accumulator reaches 2**24.
 import math
 from array import array
-from microtrain.kernels.fixedpoint import f32, pairs_of, quantization, requant
+from microtrain.blob import ROLE_NAMES
+from microtrain.kernels.fixedpoint import (f32, pairs_of, quantization, requant, scale_check,
+                                          weight_scales, zero_point_check)
 
 
 def _scale(c, k):
@@ -39,26 +41,36 @@ def _scale(c, k):
     return quantization(c, k)[0]
 
 
-def _derive(c, k, header, reals):
-    # A derived req tensor (argument k): its given header and the (m0, shift) of each real
-    # multiplier, which Blob.derive puts into the int arena.
-    values = _head(c, k, header)
+def _derive(c, k, zps, reals):
+    # A derived req tensor (argument k): its given header (zero points of tensor arguments
+    # zps, clamp bounds) and the (m0, shift) of each real multiplier, which Blob.derive puts
+    # into the int arena.
+    values = _head(c, k, zps)
     for v in pairs_of(reals):
         values.append(v)
     c.blob.derive(c.tensors[k], bytes(values))
 
 
-def _head(c, k, header):
-    # The given zero points and clamp bounds of derived req tensor k, each a byte's value
+def _head(c, k, zps):
+    # The given header of derived req tensor k: the zero points of tensor arguments zps (in
+    # that order), then the output's clamp bounds
     head = c.blob.derived.pop(c.tensors[k], ())
-    if len(head) != header:
-        c.fail("requantization tensor has %d given values, expected %d" % (len(head), header))
-    for v in head:
-        c.within(v, -128, 255, "zero point or bound")
+    if len(head) != len(zps) + 2:
+        c.fail("requantization tensor has %d given values, expected %d"
+               % (len(head), len(zps) + 2))
+    _header_check(c, head, zps)
     return array("i", head)
 
 
-def _given(c, k, header):
+def _header_check(c, values, zps):
+    # each zero point in the range of its tensor's type, the bounds each a byte's value
+    for i in range(len(zps)):
+        zero_point_check(c, zps[i], values[i])
+    for i in range(len(zps), len(zps) + 2):
+        c.within(values[i], -128, 255, "clamp bound")
+
+
+def _given(c, k, zps):
     # A req tensor stored whole (not derived): the kernels trust its values, so they are
     # checked here as requant_pair would have made them (the viper and pure kernels agree
     # only for m0 in [0, 2**24] and shift in [1, 62]). Only a constant: any other tensor's
@@ -67,9 +79,8 @@ def _given(c, k, header):
     data = c.blob.constant_data(c.tensors[k])
     if data is not None:
         values = array("i", data)
-        for i in range(header):
-            c.within(values[i], -128, 255, "zero point or bound")
-        for i in range(header, len(values) - 1, 2):
+        _header_check(c, values, zps)
+        for i in range(len(zps) + 2, len(values) - 1, 2):
             c.within(values[i], 0, 16777216, "requantization multiplier")
             c.within(values[i + 1], 1, 62, "requantization shift")
 
@@ -77,14 +88,11 @@ def _given(c, k, header):
 def _derive_channels(c, k, x, w, y, channels):
     # real[c] = float32(float32(x_scale * w_scale[c]) / y_scale), onnxruntime's order
     if c.tensors[k] not in c.blob.derived:
-        return _given(c, k, 4)
+        return _given(c, k, (x, y))
     sx = _scale(c, x)[0]
-    sw = _scale(c, w)
+    sw = weight_scales(c, w, channels, True)
     sy = _scale(c, y)[0]
-    if len(sw) not in (1, channels):
-        c.fail("%d weight scales for %d output channels" % (len(sw), channels))
-    _derive(c, k, 4, (f32(f32(sx * sw[i if len(sw) > 1 else 0]) / sy)
-                      for i in range(channels)))
+    _derive(c, k, (x, y), (f32(f32(sx * sw[i]) / sy) for i in range(channels)))
 
 
 def _store(Q, i, acc, m0, shift, y_zp, lo, hi):
@@ -121,19 +129,36 @@ def _derive_qparams(c, k, q):
     # point of the byte tensor (argument q) the step writes or reads
     tid = c.tensors[k]
     if tid not in c.blob.derived:
-        return                       # stored (older blobs)
+        _stored_qparams(c, k, q)     # older blobs
+        return
     if c.blob.derived.pop(tid):
         c.fail("derived quantization parameters have given values")
-    scale = _scale(c, q)[0]
-    zero_point = c.blob.quant[c.tensors[q]][1][0]
-    if not 0.0 < scale < 3.4e38:
-        c.fail("scale %r is not positive and finite" % scale)
-    c.within(zero_point, -128, 255, "zero point")
-    c.blob.derive(tid, bytes(array("f", (scale, zero_point, 0.0))))
+    scales, zero_points, _ = quantization(c, q)
+    c.blob.derive(tid, bytes(array("f", (scales[0], zero_points[0], 0.0))))
+
+
+def _stored_qparams(c, k, q):
+    # [scale, zero point] stored whole: the kernel reads them as they are at load, so they
+    # must be a constant (not a tensor a program writes) holding what a derived one would
+    tid = c.tensors[k]
+    role = ROLE_NAMES[c.blob.roles[tid]]
+    if role != "constant":
+        c.fail("the quantization parameters of tensor '%s' (tensor %d) have role '%s'; the "
+               "kernel reads them as constants: they must be a constant (an initializer), "
+               "not a tensor a program writes" % (c.blob.names[c.tensors[q]], tid, role))
+    data = c.blob.constant_data(tid)
+    if data is not None:
+        values = array("f", data)
+        scale_check(c, q, values[0])
+        z = values[1]
+        if not (-1e9 < z < 1e9 and z == int(z)):
+            c.fail("zero point of tensor '%s' is %r; a zero point must be an integer"
+                   % (c.blob.names[c.tensors[q]], z))
+        zero_point_check(c, q, int(z))
 
 
 def quantize_linear_check(args, c):
-    Q, y, x, qp, n, qmin, qmax = args
+    n, qmin, qmax = c.ints
     c.positive(n)
     c.holds(0, n)
     c.holds(1, n)
@@ -156,7 +181,7 @@ def dequantize_linear(F, I, args):
 
 
 def dequantize_linear_check(args, c):
-    Q, y, x, qp, n, signed = args
+    n, signed = c.ints
     c.positive(n)
     c.holds(0, n)
     c.holds(1, n)
@@ -191,7 +216,8 @@ def qlinear_gemm(F, I, args):
 
 
 def qlinear_gemm_check(args, c):
-    Q, y, x, w, bias, req, m, k, n, sx_m, sx_k, sw_k, sw_n = args[:13]
+    y, x, w, bias, req = c.offsets
+    m, k, n, sx_m, sx_k, sw_k, sw_n, x_signed, y_signed = c.ints
     c.span(0, y, (m, n), (n, 1))
     c.span(1, x, (m, k), (sx_m, sx_k))
     c.span(2, w, (k, n), (sw_k, sw_n))
@@ -248,8 +274,8 @@ def qlinear_conv(F, I, args):
 
 def qlinear_conv_check(args, c):
     # tensor 5: an int32 scratch plane of out_h * out_w accumulators (the viper kernel's)
-    (n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w, s_h, s_w, d_h,
-     d_w) = args[7:21]
+    (n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w, s_h, s_w, d_h, d_w,
+     pad_t, pad_l, x_signed, y_signed) = c.ints
     c.positive(n_images, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w, s_h, s_w,
                d_h, d_w)
     c.holds(0, n_images * groups * cout_g * out_h * out_w)
@@ -283,15 +309,15 @@ def qlinear_global_average_pool(F, I, args):
 
 
 def qlinear_global_average_pool_check(args, c):
-    Q, y, x, req, planes, count = args[:6]
+    planes, count, x_signed, y_signed = c.ints
     c.positive(planes, count)
     c.holds(0, planes)
     c.holds(1, planes * count)
     c.holds(2, 6)
     if c.tensors[2] in c.blob.derived:
-        _derive(c, 2, 4, [f32(_scale(c, 1)[0] / f32(_scale(c, 0)[0] * count))])
+        _derive(c, 2, (1, 0), [f32(_scale(c, 1)[0] / f32(_scale(c, 0)[0] * count))])
     else:
-        _given(c, 2, 4)
+        _given(c, 2, (1, 0))
 
 
 def qlinear_average_pool(F, I, args):
@@ -332,7 +358,8 @@ def qlinear_average_pool(F, I, args):
 
 
 def qlinear_average_pool_check(args, c):
-    (Q, y, x, req, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, ch0, ch1, cw0, cw1) = args[:19]
+    (planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, ch0, ch1, cw0, cw1, x_signed,
+     y_signed) = c.ints
     c.positive(planes, H, W, OH, OW, kH, kW, sH, sW)
     c.within(pT, 0, kH - 1, "top padding")
     c.within(pL, 0, kW - 1, "left padding")
@@ -345,7 +372,7 @@ def qlinear_average_pool_check(args, c):
     c.holds(2, 4 + 2 * kH * kW)
     sx = _scale(c, 1)[0]
     sy = _scale(c, 0)[0]
-    _derive(c, 2, 4, [f32(sx / f32(sy * n)) for n in range(1, kH * kW + 1)])
+    _derive(c, 2, (1, 0), [f32(sx / f32(sy * n)) for n in range(1, kH * kW + 1)])
 
 
 def qlinear_add(F, I, args):
@@ -397,7 +424,7 @@ def add_multipliers(ra, rb):
 
 
 def qlinear_add_check(args, c):
-    Q, y, a, b, req, n = args[:6]
+    n, a_signed, b_signed, y_signed = c.ints
     c.positive(n)
     c.each_holds(3, n)
     c.holds(3, 8)
@@ -407,7 +434,7 @@ def qlinear_add_check(args, c):
     rb = f32(_scale(c, 2)[0] / sy)
     if not (0.0 < ra < 3.4e38 and 0.0 < rb < 3.4e38):
         c.fail("scale ratios %r, %r are not positive and finite" % (ra, rb))
-    values = _head(c, 3, 5)
+    values = _head(c, 3, (1, 2, 0))
     for v in add_multipliers(ra, rb):
         values.append(v)
     c.blob.derive(c.tensors[3], bytes(values))
@@ -436,7 +463,7 @@ def qlinear_max_pool(F, I, args):
 
 
 def qlinear_max_pool_check(args, c):
-    Q, y, x, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL = args[:14]
+    planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, signed = c.ints
     c.positive(planes, H, W, OH, OW, kH, kW, sH, sW)
     c.holds(0, planes * OH * OW)
     c.holds(1, planes * H * W)
@@ -452,10 +479,9 @@ def qlinear_lookup(F, I, args):
 
 
 def qlinear_lookup_check(args, c):
-    Q, y, x, table, n = args
+    n, = c.ints
     c.positive(n)
-    c.holds(0, n)
-    c.holds(1, n)
+    c.each_holds(2, n)
     c.holds(2, 256)
 
 

@@ -55,8 +55,10 @@ def fake_quant(F, I, args):
             _fake_quant_channel(F, y + at, x + at, inner, F[s + c], qmin - zp, qmax - zp)
 
 
-def _geometry_check(args, c, tensors):
-    outer, channels, inner, qmin, qmax = args[tensors:tensors + 5]
+def _geometry_check(c):
+    # fake_quant's (4 tensors) and its gradient's (5): the last two are scale, zero point
+    tensors = len(c.offsets)
+    outer, channels, inner, qmin, qmax = c.ints
     c.positive(outer, channels, inner)
     c.within(qmin, -32768, qmax - 1, "qmin")
     c.within(qmax, qmin + 1, 65535, "qmax")
@@ -67,7 +69,7 @@ def _geometry_check(args, c, tensors):
 
 
 def fake_quant_check(args, c):
-    _geometry_check(args, c, 4)
+    _geometry_check(c)
 
 
 def fake_quant_grad(F, I, args):
@@ -97,7 +99,7 @@ def fake_quant_grad(F, I, args):
 
 
 def fake_quant_grad_check(args, c):
-    _geometry_check(args, c, 5)
+    _geometry_check(c)
 
 
 def abs_max_scale(F, I, args):
@@ -121,7 +123,8 @@ def abs_max_scale(F, I, args):
 
 
 def abs_max_scale_check(args, c):
-    scale, w, outer, channels, inner, qmax, eps = args
+    outer, channels, inner = c.ints
+    qmax, eps = c.floats
     c.positive(outer, channels, inner)
     c.holds(0, channels)
     c.holds(1, outer * channels * inner)
@@ -185,7 +188,8 @@ def observe_min_max(F, I, args):
 
 
 def observe_min_max_check(args, c):
-    s, z, r, x, n, qmin, qmax, momentum, eps = args
+    n, qmin, qmax = c.ints
+    momentum, eps = c.floats
     c.positive(n)
     c.holds(0, 1)
     c.holds(1, 1)
@@ -206,12 +210,14 @@ def quant_params(F, I, args):
 
 
 def quant_params_check(args, c):
+    qmin, qmax = c.ints
+    eps, = c.floats
     c.holds(0, 1)
     c.holds(1, 1)
     c.holds(2, 2)
-    c.within(args[3], -32768, args[4] - 1, "qmin")
-    c.within(args[4], args[3] + 1, 65535, "qmax")
-    c.within(args[5], 1e-38, 1.0, "eps")
+    c.within(qmin, -32768, qmax - 1, "qmin")
+    c.within(qmax, qmin + 1, 65535, "qmax")
+    c.within(eps, 1e-38, 1.0, "eps")
 
 
 # -- int8 export on the device (Module.export_model_for_inferencing of a QAT blob) ----------
@@ -244,7 +250,7 @@ def fold_batch_norm(F, I, args):
 
 
 def fold_batch_norm_check(args, c):
-    outer, channels, inner = args[8:11]
+    outer, channels, inner = c.ints
     c.positive(outer, channels, inner)
     c.holds(0, outer * channels * inner)
     c.holds(2, outer * channels * inner)
@@ -281,10 +287,9 @@ def quantize_weight(F, I, args):
 
 
 def quantize_weight_check(args, c):
-    outer, channels, inner = args[4:7]
+    outer, channels, inner = c.ints
     c.positive(outer, channels, inner)
-    c.holds(0, outer * channels * inner)
-    c.holds(1, outer * channels * inner)
+    c.each_holds(2, outer * channels * inner)
     c.holds(2, channels)
 
 
@@ -315,7 +320,7 @@ def quantize_bias(F, I, args):
 
 
 def quantize_bias_check(args, c):
-    channels = args[4]
+    channels, = c.ints
     c.positive(channels)
     c.holds(0, channels)
     c.holds(1, channels)
@@ -360,8 +365,9 @@ def requant_header_check(args, c):
     for k in (1, 2, 3, 4):
         if k != 2 or c.present(2):
             c.holds(k, 1)
-    c.within(args[5], -128, 0, "qmin")
-    c.within(args[6], 127, 255, "qmax")
+    qmin, qmax, has_min, has_max = c.ints
+    c.within(qmin, -128, 0, "qmin")
+    c.within(qmax, 127, 255, "qmax")
 
 
 def zero_point_int(F, I, args):

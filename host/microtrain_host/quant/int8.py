@@ -83,6 +83,11 @@ def int8_graph(model, float_weights=(), training=False, structural=False):
         zp = _scalar(values, zp_name) if zp_name else np.zeros(1, np.uint8)
         if scale is None or zp is None:
             return None
+        for v in np.ravel(scale):
+            if not (np.isfinite(v) and v > 0):     # the device refuses it at load
+                raise ArtifactError(f"{node.op_type} node '{node.name}': scale "
+                                    f"'{node.input[1]}' is {float(v)!r}; a quantization "
+                                    f"scale must be a positive finite number")
         return scale, zp, onnx.helper.np_dtype_to_tensor_dtype(zp.dtype)
 
     def single(name):
