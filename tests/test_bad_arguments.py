@@ -260,6 +260,11 @@ CASES = [
     (["aggregate", "{ckpt}", "{missing}", "-o", "{tmp}/g"], "cannot read checkpoint '{missing}'"),
     (["aggregate", "{ckpt}", "{file}", "-o", "{tmp}/g"], "not a training checkpoint"),
     (["aggregate", "{ckpt}", "{ckpt}", "-o", B], "-o/--output '{build}' is a directory"),
+    # samples
+    (["samples", "{missing}"], "SampleError: cannot open sample store '{missing}': No such file"),
+    (["samples", "{file}"], "'{file}' is not a sample store (it does not start with MTSS)"),
+    (["samples", B], "cannot open sample store '{build}': is a directory"),
+    (["samples", "{file}", "--npz", B], "--npz '{build}' is a directory"),
     # federate
     (["federate", B, *D, "--lr", "nan"], "argument --lr: must be a finite number >= 0, got nan"),
     (["federate", B, *D, "--lr", "-1"], "argument --lr: must be a finite number >= 0, got -1"),

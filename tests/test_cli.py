@@ -83,6 +83,8 @@ HELP_TEXTS = {
                ".required_operators.config"],
     "aggregate": ["Federated averaging", "weighted by the number of samples", "--weights",
                   "example: microtrain aggregate dev0/ckpt dev1/ckpt dev2/ckpt --weights"],
+    "samples": ["Read a sample store", "dropped (torn by a power cut, or corrupt)", "--npz OUT",
+                "example: microtrain samples samples.mts --npz captured.npz"],
 }
 
 

@@ -46,6 +46,13 @@ def is_directory(path):
         return False
 
 
+def exists(path):
+    try:
+        return bool(os.stat(path))
+    except OSError:
+        return False
+
+
 def open_existing(path):
     """(file opened for reading, the path opened): `path`, or path.bak when `path` cannot
     be opened. A board whose filesystem cannot rename over a file moves the previous file to

@@ -301,6 +301,20 @@ def cmd_aggregate(args):
     return 0
 
 
+def cmd_samples(args):
+    from .tools.samples import describe, read_store
+    import numpy as np
+    if args.npz:
+        _check_output_file("--npz", args.npz)
+    store, x, y, seq = read_store(args.file)
+    print(describe(args.file, store))
+    if args.npz:
+        with open(args.npz, "wb") as f:  # a file object: np.savez adds no .npz suffix
+            np.savez(f, x=x, y=y, seq=seq)
+        print(f"{len(y)} records -> {args.npz} (x {x.dtype} {list(x.shape)}, y int64, seq)")
+    return 0
+
+
 class EpochProgress:
     """train's report: a bar over each epoch's steps on a terminal (tools/progress.py), and
     one line per epoch everywhere."""
@@ -400,7 +414,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     commands = {"pack": cmd_pack, "inspect": cmd_inspect, "deploy": cmd_deploy,
                 "export": cmd_export, "aggregate": cmd_aggregate, "train": cmd_train,
-                "federate": cmd_federate}
+                "federate": cmd_federate, "samples": cmd_samples}
     try:
         return commands[args.command](args)
     except MicrotrainHostError as e:

@@ -396,6 +396,20 @@ def build_parser():
     p.add_argument("--plot", metavar="PNG", help="write loss/accuracy per epoch to this PNG "
                    "(needs the extra: pip install 'microtrain[plot]')")
 
+    p = sub.add_parser("samples", help="read a sample store captured on a board",
+                       description="Read a sample store that microtrain.samples wrote on a "
+                                   "board (labelled samples, raw float32 inputs or int8 "
+                                   "latent codes, in fixed-size records with CRC-32s): "
+                                   "its geometry, the records kept per class, the records "
+                                   "dropped (torn by a power cut, or corrupt). With --npz, "
+                                   "export the intact records as x, y (and seq, the order "
+                                   "they were captured in) to train on the host.",
+                       epilog="example: microtrain samples samples.mts --npz captured.npz")
+    p.add_argument("file", metavar="FILE", help="the sample store file copied from the board")
+    p.add_argument("--npz", metavar="OUT",
+                   help="write x [records, values], y [records] and seq to this .npz (an "
+                        "existing file is replaced; its directory must exist)")
+
     p = sub.add_parser("aggregate", help="FedAvg: weighted mean of device checkpoints",
                        description="Federated averaging: write the mean of the checkpoints' "
                                    "parameters, weighted by the number of samples each device "
