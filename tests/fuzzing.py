@@ -3,6 +3,7 @@ fuzzed artifacts, runs the device script under CPython or MicroPython in chunks,
 a chunk that stops answering into a recorded hang instead of a stuck run."""
 import collections
 import os
+import shutil
 import subprocess
 import sys
 
@@ -75,6 +76,51 @@ def make_artifacts(directory):
     return {"mlp": mlp, "cnn": cnn, "rnn": rnn, "decoder": decoder}
 
 
+def make_int_artifacts(directory):
+    """{name: artifact directory} of the integer models, from one small DS-CNN (a strided
+    conv stem, a depthwise-separable block, global average pooling, a classifier) trained
+    with QAT on the device runtime and exported as QDQ: "int8", its int8 inference blob
+    (pack_inference_model: QLinearConv, depthwise, QLinearGemm, requantization), fuzzed
+    through InferenceSession; "inttrain", its integer-training blob
+    (int8_training_artifacts: every conv bias, the last block's depthwise and pointwise
+    weights and the classifier trained in integers, the classifier with SGD momentum, with
+    stochastic rounding) and a checkpoint the device saved after 8 steps with its optimizer
+    state (int16 / int32 momentum velocities, the dither generators)."""
+    from microtrain import CheckpointState, Module, Optimizer
+    from microtrain_host.quant.int8 import pack_inference_model
+    from microtrain_host.quant.inttrain import int8_training_artifacts, quantize_input
+    from reference_models import DSCNN, ReferenceModel
+    from torch_reference import qat_qdq_model
+    torch.manual_seed(11)
+    ref = ReferenceModel("mini_ds_cnn", DSCNN(channels=4, blocks=1, classes=4), (1, 12, 6),
+                         "CrossEntropyLoss", 2, {"SGD": 0.05})
+    xs, ys = qat_qdq_model(ref, directory / "qat", 8)
+    qdq = directory / "qat" / "qdq.onnx"
+    int8 = directory / "int8"
+    int8.mkdir()
+    pack_inference_model(qdq, int8 / "model.mtb")
+    inttrain = directory / "inttrain"
+    info = int8_training_artifacts(qdq, inttrain, 0.05, momentum=0.9, train_conv=True,
+                                   train_biases=True, train_depthwise=True)
+    shutil.copyfile(info["blob"], inttrain / "model.mtb")
+    state = CheckpointState.load_checkpoint(info["checkpoint"])
+    model = Module(info["blob"], state)
+    optimizer = Optimizer(info["blob"], model)
+    for x, y in zip(xs, ys):
+        model(quantize_input(x, info).reshape(-1).tolist(), [int(v) for v in y])
+        optimizer.step()
+    CheckpointState.save_checkpoint(state, str(inttrain / "checkpoint"), True)
+    return {"int8": int8, "inttrain": inttrain}
+
+
+# the files fuzzed per model: a training blob and its checkpoint, or an inference blob
+KINDS = {"int8": ("inference",)}
+
+
+def kinds(name):
+    return KINDS.get(name, ("blob", "checkpoint"))
+
+
 def command(interpreter):
     if interpreter == "cpython":
         return [sys.executable], dict(os.environ, PYTHONPATH=str(DEVICE))
@@ -83,8 +129,11 @@ def command(interpreter):
 
 
 def fuzz(interpreter, directory, kind, seed, count, chunk=100, chunk_timeout=300):
-    """Counter of outcomes ("trained", "refused <type>", "crash <type: message>", "hang")
-    of mutations 0 .. count-1, plus ("arena", largest loaded, unmutated) under key "arena"."""
+    """Counter of outcomes ("trained", "refused <type>", "crash <type: message>",
+    "nonfinite <where>", "hang") of mutations 0 .. count-1 of the blob or checkpoint (kind
+    "blob", "checkpoint", or "inference": an inference blob), the mutations of each outcome
+    but "trained" (a list, in order), and [largest arena of a loaded mutation, the
+    unmutated one's]. ("trained" also counts an inference blob that loaded and ran.)"""
     argv, env = command(interpreter)
     outcomes = collections.Counter()
     examples = {}
@@ -110,8 +159,11 @@ def fuzz(interpreter, directory, kind, seed, count, chunk=100, chunk_timeout=300
                 arena = [max(arena[0], int(words[1])), int(words[2])]
             elif words[0].isdigit():
                 key = " ".join(words[1:])
-                outcomes[words[1] if words[1] == "trained" else key] += 1
-                examples.setdefault(key, int(words[0]))
+                if words[1] == "nonfinite":     # grouped by where, not by value and index
+                    key = key.split(":")[0]
+                outcomes[key] += 1
+                if key != "trained":
+                    examples.setdefault(key, []).append(int(words[0]))
         if finished:
             first += n
             continue
@@ -121,7 +173,7 @@ def fuzz(interpreter, directory, kind, seed, count, chunk=100, chunk_timeout=300
                                  % (out, proc.stderr if proc else ""))
         key = "hang" if proc is None else "died (%d): %s" % (proc.returncode, proc.stderr[-300:])
         outcomes[key] += 1
-        examples.setdefault(key, tried)
+        examples.setdefault(key, []).append(tried)
         first = tried + 1
     return outcomes, examples, arena
 

@@ -23,6 +23,11 @@ class InferenceSession:
                                                                 ", ".join(b.programs)))
         self.blob = b
         self._program = b.programs[INFER_PROGRAM]
+        for tid in self._program.outputs:
+            if b.dtypes[tid] != blobfile.FLOAT:
+                # run() returns the outputs as float32 (an int8 blob's dequantized)
+                raise BlobError("'%s': output '%s' of the inference program is not a float32 "
+                                "tensor" % (blobfile.describe(path), b.names[tid]))
         self._view = memoryview(self.F)
         self._result = blobfile.zeros("f", sum(b.sizes[t] for t in self._program.outputs))
         self._result_view = memoryview(self._result)

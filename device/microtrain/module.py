@@ -267,6 +267,11 @@ class Module:
                 self._refuse("a gradient is %r: beyond %g a float32 moment or update would "
                              "become infinite (lower the learning rate, scale the inputs)"
                              % (worst, _GRADIENT_LIMIT))
+            if self._kept:
+                from microtrain.kernels.norm import kept_problem
+                why = kept_problem(self.blob, self.F)
+                if why:
+                    self._refuse(why)
             self._gradients_ok = True
             if self._backward_update is not None:
                 # One optimizer step: the step count and the rates first, then the backward

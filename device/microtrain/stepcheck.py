@@ -55,6 +55,20 @@ class StepCheck:
             self.fail("tensor '%s' holds %d elements, the step reads or writes %d"
                       % (self.blob.names[self.tensors[k]], end - start, n))
 
+    def apart(self, k, *others):
+        # tensor argument k, which the step writes while it reads the others, shares no
+        # element with them (same arena: float, int, or the int8 / uint8 bytes)
+        start, end = self._extent(k)
+        b = self.blob
+        arena = (0, 1, 2, 2)
+        for j in others:
+            low, high = self._extent(j)
+            t, u = self.tensors[k], self.tensors[j]
+            if arena[b.dtypes[t]] == arena[b.dtypes[u]] and low < end and start < high:
+                self.fail("tensor '%s' [%d, %d) overlaps tensor '%s' [%d, %d), which the "
+                          "step reads while it writes the first" % (b.names[t], start, end,
+                                                                    b.names[u], low, high))
+
     def span(self, k, base, counts, strides):
         # The lowest and highest element the index walk reaches, against tensor k's extent.
         start, end = self._extent(k)

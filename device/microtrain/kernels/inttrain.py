@@ -157,10 +157,19 @@ def int_softmax_ce_check(args, c):
 
 
 def loss_value(I, at, m):
-    """The mean cross-entropy (a float, outside the step) from int_softmax_ce's loss ints."""
+    """The mean cross-entropy (a float, outside the step) from int_softmax_ce's loss ints.
+    A sum of exponentials below 1.0, which int_softmax_ce never leaves (the largest logit's
+    term is 1.0), means a later step of the program overwrote the loss (a blob whose plan
+    puts another tensor over it): a TrainingError, not a math domain error."""
     total = 0.0
     for i in range(m):
-        total += I[at + 2 * i] / 256.0 + math.log(I[at + 2 * i + 1] / 16384.0)
+        s = I[at + 2 * i + 1]
+        if s < ONE:
+            from microtrain.errors import TrainingError
+            raise TrainingError("the integer loss of sample %d is not a softmax's (its sum of "
+                                "exponentials is %d, below 1.0 = %d): a step after the loss "
+                                "overwrote it; the blob's tensors overlap" % (i, s, ONE))
+        total += I[at + 2 * i] / 256.0 + math.log(s / 16384.0)
     return total / m
 
 
@@ -326,6 +335,7 @@ def int_gemm_grad_input_check(args, c):
     c.holds(1, m * n)
     c.holds(2, n * k)
     c.holds(3, 2 * n)
+    c.apart(0, 1, 3)     # D written while g and the factors are read (|D| < 2**30 needs them)
     sw = weight_scales(c, 2, n)
     top = 0.0
     for v in sw:

@@ -312,3 +312,19 @@ def dropout_grad(F, I, args):
 def dropout_grad_check(args, c):
     n, = c.ints
     mask_check(c, n)
+
+
+def kept_problem(b, F):
+    # Why the state a training forward pass updated in place (b.kept: running statistics,
+    # an observer's range, which may be infinite but not NaN) cannot be kept, or None: a
+    # float of it is not finite (Module refuses the train call and puts the state back)
+    for t in b.kept:
+        if b.dtypes[t] == 0:      # FLOAT (blob.py)
+            off = b.offsets[t]
+            infinite_ok = b.names[t].endswith(".observer_range")
+            for i in range(off, off + b.sizes[t]):
+                v = F[i]
+                if v != v or not (infinite_ok or v - v == 0.0):
+                    return ("running statistic '%s' became %r (an activation beyond float32 "
+                            "range: check the parameters and inputs)" % (b.names[t], v))
+    return None
