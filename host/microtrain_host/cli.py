@@ -146,8 +146,12 @@ def _fit_text(fit):
         f"  imported code    {_kb(fit.code)} of heap",
         f"  while training   {_kb(fit.train)} predicted peak of the live heap between "
         f"phases (arenas, blob, checkpoint, batch)",
-        f"  while loading    {_kb(fit.load)} (inside Module: blob file + checkpoint values "
-        f"+ arenas)",
+        f"  while loading    {_kb(fit.load)} (inside Module: blob file or arenas + the "
+        f"loaded checkpoint's tables)",
+        f"  resuming         {_kb(fit.resume)} from a checkpoint with optimizer state "
+        f"(loaded first, then Module, Optimizer); {_kb(fit.resume_load)} inside Module",
+        f"  reloading        {_kb(fit.reload)} (Module.load_checkpoint into the training "
+        f"model's arenas)",
         f"  largest block    {_kb(fit.arena)} (the float arena, one contiguous block)",
         f"  needed           {_kb(fit.needed)}: {verdict}"])
 
