@@ -1,7 +1,8 @@
 # Training script `microtrain deploy` runs on the board (mpremote run). deploy prepends the
 # settings: STEPS (0: whole epochs), EPOCHS, LR (None: the blob's), LABELS ("i32" or "f32"),
 # OUTPUT (the checkpoint to save), WITH_OPTIMIZER_STATE, RESERVE (bytes). Data streams from
-# x_train.f32 and y_<LABELS> files, one batch in RAM. Prints one "step N LOSS" line per step
+# x_train.f32 and y_<LABELS> files, one batch in RAM. Prints one "step N LOSS" line per step,
+# N counted from the checkpoint's optimizer step (a resumed run continues the numbering)
 # and "heap PHASE BYTES" after each phase (live heap after gc.collect(), relative to before
 # the import), then "peak BYTES"; an out-of-memory error names the phase and the bytes.
 import gc
@@ -9,13 +10,15 @@ from array import array
 
 gc.collect()
 BASE = gc.mem_alloc()
-# Imports and the checkpoint leave the heap fragmented, with no hole as large as the arena
-# Module allocates. So a block of RESERVE bytes (the arenas, or the blob file if larger:
-# Module reads the file into a buffer the size of the arenas and allocates them in its place,
-# loader.load_into_arenas) is taken before anything else, low in the heap, and freed just
-# before Module loads: the file's buffer, then the arenas land in that hole. A BytesIO preallocated to that size, because close()
-# frees its buffer at once; a dropped bytearray stays until the GC finds no pointer to it,
-# and MicroPython's GC scans the C stack conservatively, where stale copies linger.
+# The arenas (or the blob file, if larger) need one block of RESERVE bytes: asked for first,
+# on the empty heap, so that a model that cannot fit says so before anything is imported.
+# The block is given back at once: the checkpoint reader streams (it keeps no buffer, so
+# the heap stays in one piece) and the blob loader puts the file's buffer, then the arenas,
+# at the bottom of the heap itself (loader.py). Holding the block while the checkpoint
+# loads, as this script once did, made a resumed run's Module find no block for its arenas.
+# A BytesIO preallocated to that size, because close() frees its buffer at once; a dropped
+# bytearray stays until the GC finds no pointer to it, and MicroPython's GC scans the C
+# stack conservatively, where stale copies linger.
 import io
 try:
     reserve = io.BytesIO(RESERVE)
@@ -23,8 +26,9 @@ except MemoryError:
     print("error: out of memory before import: the arenas and the blob file need %d bytes in "
           "one block, the heap has %d free" % (RESERVE, gc.mem_free()))
     raise
+reserve.close()
+reserve = None
 gc.collect()
-RESERVED = gc.mem_alloc() - BASE
 peak = 0
 phase = "import"
 
@@ -32,7 +36,7 @@ phase = "import"
 def probe(name, quiet=False):
     global peak, phase
     gc.collect()
-    used = gc.mem_alloc() - BASE - (RESERVED if reserve is not None else 0)
+    used = gc.mem_alloc() - BASE
     peak = max(peak, used)
     if not quiet:
         print("heap", name, used)
@@ -40,13 +44,10 @@ def probe(name, quiet=False):
 
 
 def run():
-    global reserve
     from microtrain import CheckpointState, Module, Optimizer
     probe("import")
     state = CheckpointState.load_checkpoint("checkpoint")
     probe("checkpoint")
-    reserve.close()
-    reserve = None
     # Collect every 4 KB allocated while Module loads: the garbage its reader makes then keeps
     # reusing the small holes instead of marching into the one kept for the arenas.
     gc.threshold(4096)
@@ -62,7 +63,7 @@ def run():
     y = array("i" if LABELS == "i32" else "f", bytes(4 * b.sizes[y_id]))
     probe("optimizer")
     model.train()
-    step = 0
+    first = step = opt.step_count
     for epoch in range(EPOCHS):
         with open("x_train.f32", "rb") as fx, open("y_train." + LABELS, "rb") as fy:
             while fx.readinto(x) == 4 * len(x) and fy.readinto(y) == 4 * len(y):
@@ -72,11 +73,11 @@ def run():
                 print("step", step, repr(loss))
                 step += 1
                 probe("train", True)
-                if step == STEPS:
+                if step - first == STEPS:
                     break
-        if step == STEPS:
+        if step - first == STEPS:
             break
-    if step == 0:
+    if step == first:
         raise ValueError("x_train.f32 holds less than one batch")
     CheckpointState.save_checkpoint(state, OUTPUT, include_optimizer_state=WITH_OPTIMIZER_STATE)
     probe("save")

@@ -146,8 +146,12 @@ def _fit_text(fit):
         f"  imported code    {_kb(fit.code)} of heap",
         f"  while training   {_kb(fit.train)} predicted peak of the live heap between "
         f"phases (arenas, blob, checkpoint, batch)",
-        f"  while loading    {_kb(fit.load)} (inside Module: blob file + checkpoint values "
-        f"+ arenas)",
+        f"  while loading    {_kb(fit.load)} (inside Module: blob file or arenas + the "
+        f"loaded checkpoint's tables)",
+        f"  resuming         {_kb(fit.resume)} from a checkpoint with optimizer state "
+        f"(loaded first, then Module, Optimizer); {_kb(fit.resume_load)} inside Module",
+        f"  reloading        {_kb(fit.reload)} (Module.load_checkpoint into the training "
+        f"model's arenas)",
         f"  largest block    {_kb(fit.arena)} (the float arena, one contiguous block)",
         f"  needed           {_kb(fit.needed)}: {verdict}"])
 
@@ -157,7 +161,7 @@ def cmd_deploy(args):
     if args.output:
         _check_output_file("--output", args.output, create_parent=True)
     plan = deploy.plan(args.artifacts, args.board, steps=args.steps, epochs=args.epochs,
-                       placement=args.runtime)
+                       placement=args.runtime, resume=args.resume)
     print(f"deploy {args.artifacts} to {args.board} (mpy-cross -march={plan.board['mpy_arch']}, "
           f".mpy v{plan.board['mpy_version']}), runtime as {plan.placement}")
     print(f"minimal runtime: {len(plan.runtime_sizes)} modules, "
@@ -165,6 +169,9 @@ def cmd_deploy(args):
     for name, size in sorted(plan.runtime_sizes.items()):
         print(f"  {name:34s} {size:7,d}")
     print(_fit_text(plan.fit))
+    if plan.resume is not None:
+        print(f"resuming from {plan.resume}: optimizer step {plan.start_step}, the data from "
+              f"its batch {plan.start_step} on")
     data = args.data or _default_data(args.artifacts)
     if args.dry_run:
         import tempfile
@@ -194,7 +201,8 @@ def cmd_deploy(args):
     def report(kind, value):
         # On a terminal a bar over the steps; elsewhere one line per step, as always.
         if kind == "step" and bar.enabled:
-            total = plan.steps or plan.epochs * (plan.samples // _batch(args.artifacts))
+            total = plan.start_step + (plan.steps or plan.epochs * (plan.samples
+                                                                     // _batch(args.artifacts)))
             bar.update("training on the board", value[0], total, f"loss {value[1]:.6f}")
             return
         bar.clear()
@@ -209,8 +217,9 @@ def cmd_deploy(args):
                         with_optimizer_state=args.with_optimizer_state, report=report,
                         firmware=args.firmware)
     bar.clear()
-    error = 100.0 * (plan.fit.train - result.peak) / result.peak
-    print(f"peak heap between phases: predicted {_kb(plan.fit.train)}, measured "
+    predicted = plan.fit.resume if plan.resume is not None else plan.fit.train
+    error = 100.0 * (predicted - result.peak) / result.peak
+    print(f"peak heap between phases: predicted {_kb(predicted)}, measured "
           f"{_kb(result.peak)} on the board (prediction {error:+.1f} %)")
     print(f"trained checkpoint fetched to {result.checkpoint} (read it with microtrain "
           f"export {args.artifacts} --checkpoint {result.checkpoint} -o model.onnx)")

@@ -288,7 +288,14 @@ def build_parser():
                                     "ARTIFACTS/board_checkpoint; missing directories are "
                                     "created, an existing file replaced)")
     p.add_argument("--with-optimizer-state", action="store_true",
-                   help="save the optimizer state too, to resume training later")
+                   help="save the optimizer state too, to resume training later (--resume)")
+    p.add_argument("--resume", metavar="CHECKPOINT",
+                   help="start from this checkpoint of an earlier run, saved with "
+                        "--with-optimizer-state, instead of ARTIFACTS/checkpoint: its "
+                        "parameters, optimizer state, step count and generators' states; the "
+                        "data from the batch its step count reached (counting whole epochs "
+                        "over the data, as an uninterrupted run does), so the losses are those "
+                        "an uninterrupted run prints")
     p.add_argument("--firmware", help="emulated board firmware (default: the one "
                                       "scripts/build_qemu_board.sh built)")
     p.add_argument("--dry-run", action="store_true",

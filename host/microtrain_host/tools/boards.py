@@ -9,8 +9,14 @@ The prediction has three parts:
 * the run's objects: the device runtime is loaded under CPython exactly as the board loads it
   (CheckpointState, Module, Optimizer) and every object reachable from them is sized as
   MicroPython lays it out for the board's word size (heap_bytes below), arenas included.
-* the load transient: while Module loads, the blob file's bytes and the checkpoint's
-  parameter arrays are alive beside the arenas.
+* the load transient: while Module loads, the blob file's bytes (or the arenas) beside the
+  loaded checkpoint state, whose tensors stay in the file (the device streams them into
+  the arenas).
+* resume: a program that starts from a checkpoint saved with optimizer state (the README's
+  CheckpointState.load_checkpoint, then Module, then Optimizer; `deploy --resume`): the
+  same objects loaded from such a checkpoint, which the prediction writes and loads under
+  CPython; and an in-program reload (Module.load_checkpoint: a second loaded state beside
+  the running model while its tensors stream into the arenas).
 """
 import json
 import os
@@ -150,9 +156,14 @@ def heap_bytes(roots, word):
 class FitReport:
     """The fit check's figures, in bytes. `train` is what a board measures between phases
     (gc.collect(); gc.mem_alloc() after import, load, each step, save); `load` the transient
-    inside Module's load, which such probes cannot see; `needed` the larger of the two."""
+    inside Module's load, which such probes cannot see; `resume` the live heap between the
+    phases of a run resumed from a checkpoint with optimizer state (loaded first, then
+    Module and Optimizer) and `resume_load` its transient inside Module; `reload` the heap
+    while Module.load_checkpoint streams another checkpoint into a training model's arenas;
+    `needed` the largest of them all."""
 
-    def __init__(self, board, placement, runtime_mpy, code, load, train, arena, reserve):
+    def __init__(self, board, placement, runtime_mpy, code, load, train, arena, reserve,
+                 resume=0, resume_load=0, reload=0):
         self.board = board
         self.placement = placement
         self.runtime_mpy = runtime_mpy  # .mpy bytes of the minimal runtime
@@ -161,14 +172,19 @@ class FitReport:
         self.train = train              # live while training (code included)
         self.arena = arena              # the largest single block (the float arena)
         self.reserve = reserve          # the hole to keep for Module's first allocations
-        self.needed = max(load, train)
+        self.resume = resume            # live while a resumed run trains (code included)
+        self.resume_load = resume_load  # live while Module loads in a resumed run
+        self.reload = reload            # live while Module.load_checkpoint reloads
+        self.needed = max(load, train, resume, resume_load, reload)
         self.margin = board["heap"] - self.needed
         self.fits = self.margin >= 0
 
 
-def predict(artifacts, board, placement=None, runtime_mpy=None):
+def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None):
     """FitReport for training the artifacts (a directory with model.mtb and checkpoint) on
-    the board. runtime_mpy: .mpy bytes of the minimal runtime (compiled if not given)."""
+    the board. runtime_mpy: .mpy bytes of the minimal runtime (compiled if not given).
+    resume: the checkpoint a resumed run starts from (default: the packed checkpoint saved
+    again with optimizer state)."""
     from microtrain import CheckpointState, Module, Optimizer
     placement = placement or default_placement(board)
     if placement not in PLACEMENTS:
@@ -202,8 +218,25 @@ def predict(artifacts, board, placement=None, runtime_mpy=None):
     # train_on_board.py frees a block this large just before Module loads; the reader's
     # small objects may land in the same hole: 2 KiB of slack for them
     reserve = max(blob_file, arenas) + 2048
+
+    # a resumed run: the checkpoint (with optimizer state) loaded first, then Module and
+    # Optimizer; then a reload of the same checkpoint into that model
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        if resume is None:
+            resume = os.path.join(tmp, "resume_checkpoint")
+            CheckpointState.save_checkpoint(state, resume, include_optimizer_state=True)
+        resumed = CheckpointState.load_checkpoint(str(resume))
+        loaded_resumed = heap_bytes([resumed], word)
+        module = Module(str(blob_path), resumed)
+        optimizer = Optimizer(str(blob_path), module)
+        resume_heap = code + heap_bytes([resumed, module, optimizer], word) + batch
+        again = CheckpointState.load_checkpoint(str(resume))
+        # the second state, and the stream's read buffer (CheckpointState.stream)
+        reload = resume_heap + heap_bytes([again], word) + model.size(bytearray(256), ())
+    resume_load = code + loaded_resumed + max(blob_file, arenas)
     return FitReport(board, placement, runtime_mpy, code, load, train, model.size(module.F, ()),
-                     reserve)
+                     reserve, resume_heap, resume_load, reload)
 
 
 def minimal_runtime_sizes(blob_path, board):

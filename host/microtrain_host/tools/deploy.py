@@ -46,9 +46,11 @@ class Plan:
         self.files = []          # (local path, name on the board), filled by prepare()
         self.romfs_image = None  # the runtime as a ROMFS image (placement romfs), by prepare()
         self.frozen_manifest = None  # placement frozen: manifest.py of the trimmed runtime
+        self.resume = None       # the checkpoint a resumed run starts from (--resume)
+        self.start_step = 0      # its optimizer step: the steps the previous runs took
 
 
-def plan(artifacts, board_name, steps=None, epochs=None, placement=None):
+def plan(artifacts, board_name, steps=None, epochs=None, placement=None, resume=None):
     for name, value in (("steps", steps), ("epochs", epochs)):
         # a count of 0 would copy no data and train nothing; a negative one, the same
         if value is not None and (isinstance(value, bool)
@@ -62,13 +64,41 @@ def plan(artifacts, board_name, steps=None, epochs=None, placement=None):
         raise DeployError(f"board {board_name} has no ROMFS partition: use --runtime files or "
                           f"frozen")
     blob_path = pathlib.Path(artifacts) / "model.mtb"
+    start_step = check_resume(artifacts, resume) if resume is not None else 0
     with tempfile.TemporaryDirectory() as tmp:
         sizes = runtime.compile_runtime(runtime.minimal_sources(blob_path), board["mpy_arch"],
                                         board["mpy_version"], tmp)
-    fit = boards.predict(artifacts, board, placement, sum(sizes.values()))
+    fit = boards.predict(artifacts, board, placement, sum(sizes.values()), resume=resume)
     if steps is None and epochs is None:
         epochs = 1
-    return Plan(board, placement, artifacts, sizes, fit, None, steps, epochs)
+    p = Plan(board, placement, artifacts, sizes, fit, None, steps, epochs)
+    if resume is not None:
+        p.resume = pathlib.Path(resume)
+        p.start_step = start_step
+    return p
+
+
+def check_resume(artifacts, resume):
+    """The optimizer step of checkpoint `resume`, checked to be one a run of these
+    artifacts can resume from: a readable checkpoint of this model with optimizer state."""
+    from microtrain import CheckpointState, Module, Optimizer
+    from microtrain.errors import MicrotrainError
+    path = pathlib.Path(resume)
+    if not path.exists():
+        raise DeployError(f"--resume '{resume}' does not exist")
+    if not path.is_file():
+        raise DeployError(f"--resume '{resume}' is not a file; give a checkpoint")
+    blob = str(pathlib.Path(artifacts) / "model.mtb")
+    try:
+        state = CheckpointState.load_checkpoint(str(path))
+        if not state.has_optimizer_state:
+            raise DeployError(f"--resume '{resume}' has no optimizer state: save it with "
+                              f"--with-optimizer-state (a resumed run would not continue as "
+                              f"the uninterrupted one)")
+        Optimizer(blob, Module(blob, state))   # of this model: parameters and moments bind
+    except MicrotrainError as e:
+        raise DeployError(f"--resume '{resume}': {type(e).__name__}: {e}") from e
+    return state.optimizer_step
 
 
 def prepare(plan, data, workdir):
@@ -82,6 +112,18 @@ def prepare(plan, data, workdir):
                           "none): deploy trains models with a train program")
     x, y, x_val, y_val = load_data(data)
     batch = b.shapes[b.programs["train"].inputs[0]][0]
+    if plan.resume is not None:
+        # The batches an uninterrupted run would take next: it went through the data in
+        # order, epoch after epoch (whole batches), and took start_step of them so far.
+        batches = len(x) // batch
+        if batches == 0:
+            raise DeployError(f"{data} holds {len(x)} training samples, less than one batch "
+                              f"({batch})")
+        if plan.steps is None:
+            plan.steps = plan.epochs * batches
+        order = [(plan.start_step + i) % batches for i in range(plan.steps)]
+        index = [k * batch + j for k in order for j in range(batch)]
+        x, y = x[index], y[index]
     count = len(x) if plan.steps is None else plan.steps * batch
     if count > len(x):
         raise DeployError(f"--steps {plan.steps} needs {count} training samples (batch "
@@ -90,7 +132,7 @@ def prepare(plan, data, workdir):
     plan.samples = count
     labels = "i32" if (workdir / "y_train.i32").exists() else "f32"
     files = [(plan.artifacts / "model.mtb", "model.mtb"),
-             (plan.artifacts / "checkpoint", "checkpoint"),
+             (plan.resume or plan.artifacts / "checkpoint", "checkpoint"),
              (workdir / "x_train.f32", "x_train.f32"),
              (workdir / f"y_train.{labels}", f"y_train.{labels}")]
     if plan.placement == "frozen":
@@ -123,8 +165,10 @@ def training_script(plan, labels, lr, output, with_optimizer_state):
     return settings + TRAIN_SCRIPT.read_text()
 
 
-def mpremote_command(plan, port, script, fetched):
-    """One mpremote invocation: setup, copies, run, fetch (mpremote resets only once)."""
+def mpremote_command(plan, port, script, fetched, rom_loaded=False):
+    """One mpremote invocation: setup, copies, run, fetch (mpremote resets only once).
+    rom_loaded: the runtime's ROMFS image is in the board's ROM partition already (the
+    emulated board, QemuBoard(rom=...)): not copied."""
     args = [sys.executable, "-m", "mpremote", "connect", port]
     setup = plan.board.get("setup")
     if setup:
@@ -134,7 +178,7 @@ def mpremote_command(plan, port, script, fetched):
             args += ["cp", "-r", str(local), ":", "+"]
         else:
             args += ["cp", str(local), ":" + remote, "+"]
-    if plan.placement == "romfs":
+    if plan.placement == "romfs" and not rom_loaded:
         install = plan.board.get("romfs_install")
         if install:  # the emulated board: copy the image, its frozen helper installs it
             args += ["cp", str(plan.romfs_image), ":microtrain.romfs", "+",
@@ -176,7 +220,10 @@ def run(plan, data, port=None, lr=None, output=None, with_optimizer_state=False,
             if plan.board["name"] != "qemu-mps2-an385":
                 raise DeployError(f"--port is needed for board {plan.board['name']} (e.g. "
                                   f"/dev/ttyACM0); only the emulated board is started here")
-            with QemuBoard(firmware) as qemu:
+            # the ROMFS image goes into the emulated flash's ROM partition at power-on, as
+            # flashing a board would (copying it over the emulated UART takes a minute)
+            rom = plan.romfs_image if plan.placement == "romfs" else None
+            with QemuBoard(firmware, rom=rom) as qemu:
                 return _run_mpremote(plan, qemu.port, script, output, report, timeout, qemu)
         return _run_mpremote(plan, port, script, output, report, timeout, None)
 
@@ -185,7 +232,8 @@ def _run_mpremote(plan, port, script, output, report, timeout, qemu):
     result = Result()
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_name(output.name + ".part")
-    command = mpremote_command(plan, port, script, partial)
+    command = mpremote_command(plan, port, script, partial,
+                               rom_loaded=qemu is not None and qemu.rom is not None)
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + timeout
     for line in proc.stdout:
@@ -232,14 +280,28 @@ def _parse_line(line, result, report):
 
 
 class QemuBoard:
-    """qemu-system-arm running the emulated MPS2-AN385 firmware, its UART on a pty."""
+    """qemu-system-arm running the emulated MPS2-AN385 firmware, its UART on a pty.
 
-    def __init__(self, firmware=None):
+    flash: a file that keeps the board's flash (the ROM partition and the littlefs of
+    boards/qemu/emulated_flash.py, FLASH_SIZE bytes from FLASH_ADDRESS) across boots: loaded
+    at power-on when it exists, written back at exit and by cut(), which stops the CPU where
+    it is, as a power cut does, and saves what the flash holds at that instant.
+    rom: a ROMFS image written into the ROM partition at power-on (the rest of the flash
+    blank), as flashing it onto a board does."""
+
+    FLASH_ADDRESS = 0x100000   # emulated_flash.ROM_ADDRESS
+    FLASH_SIZE = 0x200000      # its ROM_SIZE + FS_SIZE
+
+    def __init__(self, firmware=None, flash=None, rom=None):
         self.firmware = pathlib.Path(firmware or os.environ.get("MICROTRAIN_QEMU_FIRMWARE")
                                      or QEMU_FIRMWARE)
+        self.flash = pathlib.Path(flash) if flash is not None else None
+        self.rom = pathlib.Path(rom) if rom is not None else None
         self.proc = None
         self.port = None
         self._log = []
+        self._monitor = None       # the HMP monitor's socket path (with flash only)
+        self._tmp = None
 
     def __enter__(self):
         if shutil.which("qemu-system-arm") is None:
@@ -248,8 +310,24 @@ class QemuBoard:
         if not self.firmware.exists():
             raise DeployError(f"no emulated-board firmware at {self.firmware}: run "
                               f"scripts/build_qemu_board.sh")
+        monitor = ["-monitor", "null"]
+        if self.rom is not None:
+            if self.flash is not None:
+                raise DeployError("QemuBoard: give flash or rom, not both")
+            if self.rom.stat().st_size > 0x40000:   # emulated_flash.ROM_SIZE
+                raise DeployError(f"ROMFS image {self.rom} is larger than the emulated "
+                                  f"board's 256 KB ROM partition")
+            monitor += ["-device", f"loader,file={self.rom},addr={self.FLASH_ADDRESS:#x},"
+                                   f"force-raw=on"]
+        if self.flash is not None:
+            self._tmp = tempfile.mkdtemp(prefix="microtrain-qemu-")
+            self._monitor = os.path.join(self._tmp, "monitor")
+            monitor = ["-monitor", f"unix:{self._monitor},server,nowait"]
+            if self.flash.exists():
+                monitor += ["-device", f"loader,file={self.flash},addr={self.FLASH_ADDRESS:#x},"
+                                       f"force-raw=on"]
         self.proc = subprocess.Popen(
-            ["qemu-system-arm", "-machine", "mps2-an385", "-nographic", "-monitor", "null",
+            ["qemu-system-arm", "-machine", "mps2-an385", "-nographic", *monitor,
              "-semihosting", "-bios", "none", "-serial", "pty", "-kernel", str(self.firmware)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             text=True)
@@ -265,15 +343,52 @@ class QemuBoard:
                 if match:
                     self.port = match.group(1)
         if self.port is None:
-            self.__exit__(None, None, None)
+            self._stop()
             raise DeployError("qemu-system-arm did not report its serial pty:\n"
                               + "\n".join(self._log))
         return self
+
+    def cut(self):
+        """Power cut: stop the CPU now and keep the flash as it is at this instant (the
+        board cannot run again; leave the with block)."""
+        self._save_flash()
+
+    def _save_flash(self):
+        if self._monitor is None or self.proc is None or self.proc.poll() is not None:
+            return
+        import socket
+        part = self.flash.with_name(self.flash.name + ".part")
+        if part.exists():
+            part.unlink()
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(self._monitor)
+            s.settimeout(10)
+            s.sendall(f'stop\npmemsave {self.FLASH_ADDRESS:#x} {self.FLASH_SIZE:#x} "{part}"\n'
+                      f'info status\n'.encode())
+            got = b""
+            deadline = time.monotonic() + 20
+            # "info status" answers after pmemsave has written the file
+            while b"VM status: paused" not in got and time.monotonic() < deadline:
+                got += s.recv(4096)
+        if not part.exists() or part.stat().st_size != self.FLASH_SIZE:
+            raise DeployError(f"qemu did not save the emulated flash to {part}")
+        os.replace(part, self.flash)
+        self._monitor = None
 
     def log_tail(self):
         return ("\nqemu: " + "\nqemu: ".join(self._log[-5:])) if self._log else ""
 
     def __exit__(self, *exc):
+        try:
+            self._save_flash()
+        finally:
+            self._stop()
+        return False
+
+    def _stop(self):
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -281,4 +396,3 @@ class QemuBoard:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        return False
