@@ -12,7 +12,7 @@ import pytest
 import fuzzing
 from microtrain import CheckpointState, InferenceSession, Module, Optimizer
 from microtrain import parser as P
-from microtrain.blob import FLOAT
+from microtrain.blob import FLOAT, INT32, ROLE_CONSTANT
 from microtrain.errors import BlobError, TrainingError
 from microtrain.kernels import inttrain as K
 
@@ -133,3 +133,21 @@ def test_running_statistic_beyond_float32_is_refused(tmp_path):
     with pytest.raises(TrainingError, match="running statistic '%s' became inf" % var):
         model(x, [0, 1])
     assert list(state.parameters[var].data) == before
+
+
+def test_tensor_moved_over_a_constant_is_refused(int_artifacts, tmp_path):
+    # inttrain blob mutations 4335 and 9933 (seed 1): a gradient moved onto the int
+    # constants (the exp table, the rates) corrupted them in the first step and overflowed
+    # in the second; a tensor sharing a constant's place is refused at load
+    directory = int_artifacts["inttrain"]
+    b = P.load(str(directory / "model.mtb"))
+    constants = [t for t in range(len(b.names))
+                 if b.dtypes[t] == INT32 and b.roles[t] == ROLE_CONSTANT and b.sizes[t]]
+    grads = [t for t in range(len(b.names)) if b.names[t].startswith("intgrad.grad")]
+    assert constants and grads
+    target = constants[0]
+    (tmp_path / "m.mtb").write_bytes(_moved(directory / "model.mtb", b.names[grads[0]],
+                                            b.offsets[target]))
+    with pytest.raises(BlobError, match="^tensor '%s' overlaps the constant '%s'$"
+                       % (b.names[grads[0]], b.names[target])):
+        _train(str(tmp_path / "m.mtb"), directory)
