@@ -23,9 +23,9 @@ import io
 try:
     reserve = io.BytesIO(RESERVE)
 except MemoryError:
-    print("error: out of memory before import: the arenas and the blob file need %d bytes in "
-          "one block, the heap has %d free" % (RESERVE, gc.mem_free()))
-    raise
+    # raised with the figures: the host reports a board's failure by its last exception line
+    raise MemoryError("out of memory before import: the arenas and the blob file need %d "
+                      "bytes in one block, the heap has %d free" % (RESERVE, gc.mem_free()))
 reserve.close()
 reserve = None
 gc.collect()

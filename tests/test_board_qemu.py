@@ -149,8 +149,8 @@ def test_deploy_exits_non_zero_when_the_board_runs_out_of_memory(firmware, tmp_p
     assert main(args + ["--force"]) == 2
     err = capsys.readouterr().err
     assert "training on qemu-mps2-an385 failed" in err
-    needed = re.search(r"error: out of memory before import: the arenas and the blob file "
-                       r"need (\d+) bytes in one block, the heap has (\d+) free", err)
+    needed = re.search(r"MemoryError: out of memory before import: the arenas and the blob "
+                       r"file need (\d+) bytes in one block, the heap has (\d+) free", err)
     assert needed and int(needed.group(1)) > int(needed.group(2)), err
     assert not (build / "board_checkpoint").exists()
 
