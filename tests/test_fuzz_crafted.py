@@ -4,6 +4,7 @@ output is not a float32 tensor (InferenceSession.run copied it into float32 view
 ValueError), the integer classifier's gradient tensor moved over the input gradient that
 the same step writes (an int32 OverflowError on CPython, wrapped garbage on MicroPython),
 and a step that overwrites the integer loss (a math domain error in the loss)."""
+import re
 import struct
 import zlib
 
@@ -12,7 +13,7 @@ import pytest
 import fuzzing
 from microtrain import CheckpointState, InferenceSession, Module, Optimizer
 from microtrain import parser as P
-from microtrain.blob import FLOAT, INT32, ROLE_CONSTANT
+from microtrain.blob import FLOAT, INT32, ROLE_CONSTANT, UINT8
 from microtrain.errors import BlobError, TrainingError
 from microtrain.kernels import inttrain as K
 
@@ -151,3 +152,29 @@ def test_tensor_moved_over_a_constant_is_refused(int_artifacts, tmp_path):
     with pytest.raises(BlobError, match="^tensor '%s' overlaps the constant '%s'$"
                        % (b.names[grads[0]], b.names[target])):
         _train(str(tmp_path / "m.mtb"), directory)
+
+
+def test_bias_quantum_that_underflows_is_refused(int_artifacts, tmp_path):
+    # inttrain blob mutations 1015, 4605 and 9283 (seed 1): an input scale that is positive
+    # and finite but so small that input scale x weight scale, the bias quantum the bias
+    # step divides by, is 0 in float32 (a ZeroDivisionError at load before). Each uint8
+    # tensor's scale in turn is set to the smallest float32 above 0: each such blob trains
+    # or is refused with a BlobError, the input of a bias step by this check
+    from microtrain.quantized import _TENSOR_SCALE
+    directory = int_artifacts["inttrain"]
+    original = (directory / "model.mtb").read_bytes()
+    r, root = _reader(bytearray(original))
+    messages = []
+    for t in r.tables(root, P._MODEL_TENSORS, "tensor"):
+        if r.field(t, _TENSOR_SCALE) and r.scalar(t, P._TENSOR_DTYPE, "B", 0) == UINT8:
+            data = bytearray(original)
+            pos, n = r.vector(t, _TENSOR_SCALE, 4, "tensor scales")
+            struct.pack_into("<f", data, pos, 1.5e-45)
+            (tmp_path / "m.mtb").write_bytes(_with_crc(data))
+            try:
+                _train(str(tmp_path / "m.mtb"), directory)
+            except BlobError as e:
+                messages.append(str(e))
+    pattern = (r"train step \d+ \(int_clamp_bias_grad\): the bias quantum \(input scale "
+               r"1\.4\d*e-45 x weight scale [0-9.e-]+\) underflows float32$")
+    assert any(re.match(pattern, m) for m in messages), messages

@@ -193,6 +193,10 @@ def int_clamp_bias_grad_check(args, c):
     generator_check(c, 4)
     unit = _unit(c, 0)
     sx, _, sw = layer_scales(c, 1, 5, channels, True)
+    for s in sw:    # bias_reals divides by each bias quantum: none may underflow to 0
+        if not f32(sx * s) > 0.0:
+            c.fail("the bias quantum (input scale %r x weight scale %r) underflows float32"
+                   % (sx, s))
     derive_rates(c, 3, _bias_rates, (unit, sx, sw, m))
     # G now holds G * s_w[c] / max(s_w): what the input gradient and the weight update read
 
