@@ -29,6 +29,7 @@
 import math
 import struct
 from array import array
+from microtrain.arenas import compact
 from microtrain.blob import is_buffer
 from microtrain.crc32 import crc32
 from microtrain.errors import CheckpointError
@@ -160,6 +161,9 @@ class CheckpointState:
         its .bak exists (a save on a filesystem that cannot rename over a file was cut off
         half-way, see files.write_atomically), the .bak file, the previous checkpoint, is
         loaded. Tensor values are not kept in RAM (see the top of this file)."""
+        # the state's objects then pack at the heap's bottom, not among the garbage the
+        # imports left, where they would split the hole the Module's arenas need next
+        compact()
         if is_buffer(checkpoint_uri):
             source = checkpoint_uri
             what = "the %d-byte checkpoint buffer" % len(source)
