@@ -395,9 +395,13 @@ def test_pack_flags(tmp_path, capsys):
                         ("dampening", 0.0)):
         assert config[name] == pytest.approx(value), name
     capsys.readouterr()
-    assert cli_main(["pack", str(tmp_path / "mlp.onnx"), "-o", str(out), "--optimizer", "sgd",
-                     "--batch-size", "8", "--clip-grad-norm", "-1"]) == 2
-    assert "clip_grad_norm=-1.0 must be > 0" in capsys.readouterr().err
+    # refused by the argument's type, before any work (one line, exit 2)
+    with pytest.raises(SystemExit) as refused:
+        cli_main(["pack", str(tmp_path / "mlp.onnx"), "-o", str(out), "--optimizer", "sgd",
+                  "--batch-size", "8", "--clip-grad-norm", "-1"])
+    assert refused.value.code == 2
+    assert "argument --clip-grad-norm: must be a finite number > 0, got -1" in \
+        capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli_main(["pack", "--help"])
     text = capsys.readouterr().out

@@ -257,22 +257,26 @@ def _check_fed_ints(b):
     # Labels and int inputs are checked when they are copied in (class indices in range);
     # the int tensors kernels write (dropout masks and generator states) must then never
     # share their place, or a mask could turn a label into an index outside its row. Nor
-    # may a tensor share a constant's place: a kernel writing it would change the constant
-    # (an exp table, a rate) for every step after (the packer keeps constants apart).
+    # may a tensor share a constant's place (a kernel writing it would change the constant).
     fed = [t for t in range(len(b.names))
            if b.dtypes[t] == INT32 and ROLE_NAMES[b.roles[t]] in ("input", "label")]
-    spans = sorted((min(b.dtypes[t], INT8), b.offsets[t], b.offsets[t] + b.sizes[t], t)
-                   for t in range(len(b.names)) if b.sizes[t] and t not in b.in_place)
-    last = (-1, 0, 0, -1)       # the span ending last so far in this arena
-    for span in spans:
-        t, u = span[3], last[3]
-        if span[0] == last[0] and span[1] < last[2] and (
-                b.roles[t] == ROLE_CONSTANT) != (b.roles[u] == ROLE_CONSTANT):
-            raise BlobError("tensor '%s' overlaps the constant '%s'" % (
-                b.names[u if b.roles[u] != ROLE_CONSTANT else t],
-                b.names[t if b.roles[u] != ROLE_CONSTANT else u]))
-        if span[0] != last[0] or span[2] > last[2]:
-            last = span
+    # A sweep per arena by offset: the open spans are all constants or all not (else
+    # refused), so the one ending last is the one to compare with (no tuple per tensor).
+    order = list(range(len(b.names)))
+    order.sort(key=lambda t: b.offsets[t])
+    for arena in (FLOAT, INT32, INT8):
+        last, end = -1, 0
+        for t in order:
+            if min(b.dtypes[t], INT8) != arena or not b.sizes[t] or t in b.in_place:
+                continue
+            if b.offsets[t] < end and (b.roles[t] == ROLE_CONSTANT) != (
+                    b.roles[last] == ROLE_CONSTANT):
+                raise BlobError("tensor '%s' overlaps the constant '%s'" % (
+                    b.names[last if b.roles[t] == ROLE_CONSTANT else t],
+                    b.names[t if b.roles[t] == ROLE_CONSTANT else last]))
+            if b.offsets[t] + b.sizes[t] > end:
+                last, end = t, b.offsets[t] + b.sizes[t]
+    for t in range(len(b.names)):
         if b.dtypes[t] != INT32 or t in fed:
             continue
         for f in fed:
