@@ -260,22 +260,17 @@ def _check_fed_ints(b):
     # may a tensor share a constant's place (a kernel writing it would change the constant).
     fed = [t for t in range(len(b.names))
            if b.dtypes[t] == INT32 and ROLE_NAMES[b.roles[t]] in ("input", "label")]
-    # A sweep per arena by offset: the open spans are all constants or all not (else
-    # refused), so the one ending last is the one to compare with (no tuple per tensor).
-    order = list(range(len(b.names)))
-    order.sort(key=lambda t: b.offsets[t])
-    for arena in (FLOAT, INT32, INT8):
-        last, end = -1, 0
-        for t in order:
-            if min(b.dtypes[t], INT8) != arena or not b.sizes[t] or t in b.in_place:
-                continue
-            if b.offsets[t] < end and (b.roles[t] == ROLE_CONSTANT) != (
-                    b.roles[last] == ROLE_CONSTANT):
-                raise BlobError("tensor '%s' overlaps the constant '%s'" % (
-                    b.names[last if b.roles[t] == ROLE_CONSTANT else t],
-                    b.names[t if b.roles[t] == ROLE_CONSTANT else last]))
-            if b.offsets[t] + b.sizes[t] > end:
-                last, end = t, b.offsets[t] + b.sizes[t]
+    n = len(b.names)
+    for u in range(n):      # each constant against every tensor: no list, no tuple
+        if b.roles[u] != ROLE_CONSTANT or not b.sizes[u] or u in b.in_place:
+            continue
+        low, high, arena = b.offsets[u], b.offsets[u] + b.sizes[u], min(b.dtypes[u], INT8)
+        for t in range(n):
+            if (b.roles[t] != ROLE_CONSTANT and b.offsets[t] < high
+                    and low < b.offsets[t] + b.sizes[t] and min(b.dtypes[t], INT8) == arena
+                    and b.sizes[t] and t not in b.in_place):
+                raise BlobError("tensor '%s' overlaps the constant '%s'"
+                                % (b.names[t], b.names[u]))
     for t in range(len(b.names)):
         if b.dtypes[t] != INT32 or t in fed:
             continue
