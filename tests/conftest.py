@@ -66,3 +66,29 @@ def emulated_board_plan(tmp_path, artifacts, files, in_rom=()):
     plan.romfs_image.write_bytes(runtime.romfs_image(rt))
     plan.files = list(files)
     return plan
+
+
+def lenet_board_artifacts(tmp_path, optimizer, steps):
+    """(artifact directory, learning rate): the LeNet reference CNN exported by torch and
+    packed with `optimizer` (its reference learning rate), and data.npz of `steps` batches of
+    seeded inputs labelled by the argmax of their first ten values, for the emulated board."""
+    import numpy as np
+    import torch
+    from microtrain_host import generate_artifacts
+    from reference_models import lenet
+    ref = lenet()
+    onnx_path = tmp_path / "lenet.onnx"
+    torch.onnx.export(ref.module, torch.randn(ref.batch, *ref.inputs), str(onnx_path),
+                      input_names=["input"], output_names=["output"], dynamo=False,
+                      opset_version=17, training=torch.onnx.TrainingMode.TRAINING,
+                      do_constant_folding=False)
+    artifacts = tmp_path / "build"
+    lr = ref.lr[optimizer]
+    generate_artifacts(str(onnx_path), loss="CrossEntropyLoss", optimizer=optimizer,
+                       artifact_directory=str(artifacts), optimizer_options={"learning_rate": lr})
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((steps * ref.batch, *ref.inputs)).astype(np.float32)
+    y = (x.reshape(len(x), -1)[:, :10].argmax(1)).astype(np.int64)
+    np.savez(tmp_path / "data.npz", x_train=x, y_train=y, x_val=x[:ref.batch],
+             y_val=y[:ref.batch])
+    return artifacts, lr

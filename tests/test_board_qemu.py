@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, emulated_board_plan
+from conftest import ROOT, emulated_board_plan, lenet_board_artifacts
 from reference_models import lenet
 from torch_reference import relative_error, torch_train
 
@@ -86,21 +86,10 @@ def test_digits_mlp_trains_on_the_emulated_board_like_pytorch(firmware, tmp_path
 
 
 def test_lenet_trains_on_the_emulated_board_or_is_predicted_not_to(firmware, tmp_path):
-    ref = lenet()
-    onnx_path = tmp_path / "lenet.onnx"
-    torch.onnx.export(ref.module, torch.randn(ref.batch, *ref.inputs), str(onnx_path),
-                      input_names=["input"], output_names=["output"], dynamo=False,
-                      opset_version=17, training=torch.onnx.TrainingMode.TRAINING,
-                      do_constant_folding=False)
-    artifacts = tmp_path / "build"
-    lr = ref.lr["SGD"]
-    generate_artifacts(str(onnx_path), loss="CrossEntropyLoss", optimizer="SGD",
-                       artifact_directory=str(artifacts), optimizer_options={"learning_rate": lr})
-    rng = np.random.default_rng(3)
-    x = rng.standard_normal((STEPS * ref.batch, *ref.inputs)).astype(np.float32)
-    y = (x.reshape(len(x), -1)[:, :10].argmax(1)).astype(np.int64)
-    np.savez(tmp_path / "data.npz", x_train=x, y_train=y, x_val=x[:ref.batch],
-             y_val=y[:ref.batch])
+    artifacts, lr = lenet_board_artifacts(tmp_path, "SGD", STEPS)
+    ref = lenet()           # its weights are the checkpoint's (torch_model_from)
+    data = np.load(tmp_path / "data.npz")
+    x, y = data["x_train"], data["y_train"]
     plan = deploy.plan(artifacts, "qemu-mps2-an385", steps=STEPS)
     if not plan.fit.fits:
         with pytest.raises(deploy.DeployError, match="out of memory"):

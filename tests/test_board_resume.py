@@ -23,10 +23,8 @@ import subprocess
 
 import numpy as np
 import pytest
-import torch
 
-from conftest import ROOT
-from reference_models import lenet
+from conftest import ROOT, lenet_board_artifacts
 
 from microtrain_host import generate_artifacts
 from microtrain_host.tools import deploy
@@ -168,22 +166,7 @@ def digits_mlp(tmp_path, steps):
 
 
 def lenet_cnn(tmp_path, steps):
-    ref = lenet()
-    onnx_path = tmp_path / "lenet.onnx"
-    torch.onnx.export(ref.module, torch.randn(ref.batch, *ref.inputs), str(onnx_path),
-                      input_names=["input"], output_names=["output"], dynamo=False,
-                      opset_version=17, training=torch.onnx.TrainingMode.TRAINING,
-                      do_constant_folding=False)
-    artifacts = tmp_path / "build"
-    lr = ref.lr["AdamW"]
-    generate_artifacts(str(onnx_path), loss="CrossEntropyLoss", optimizer="AdamW",
-                       artifact_directory=str(artifacts), optimizer_options={"learning_rate": lr})
-    rng = np.random.default_rng(3)
-    x = rng.standard_normal((steps * ref.batch, *ref.inputs)).astype(np.float32)
-    y = (x.reshape(len(x), -1)[:, :10].argmax(1)).astype(np.int64)
-    np.savez(tmp_path / "data.npz", x_train=x, y_train=y, x_val=x[:ref.batch],
-             y_val=y[:ref.batch])
-    return artifacts, lr
+    return lenet_board_artifacts(tmp_path, "AdamW", steps)
 
 
 def losses_of(lines, tag):
