@@ -92,3 +92,17 @@ def lenet_board_artifacts(tmp_path, optimizer, steps):
     np.savez(tmp_path / "data.npz", x_train=x, y_train=y, x_val=x[:ref.batch],
              y_val=y[:ref.batch])
     return artifacts, lr
+
+
+@pytest.fixture(scope="session")
+def firmware():
+    """The emulated Cortex-M3's firmware ($MICROTRAIN_QEMU_FIRMWARE or the cached build).
+    Missing (or no qemu-system-arm): skip locally, fail when MICROTRAIN_REQUIRE_QEMU=1."""
+    path = pathlib.Path(os.environ.get("MICROTRAIN_QEMU_FIRMWARE")
+                        or ROOT / ".cache" / "qemu-board" / "firmware.elf")
+    if not path.exists() or shutil.which("qemu-system-arm") is None:
+        message = f"emulated board not built ({path}): run scripts/build_qemu_board.sh"
+        if os.environ.get("MICROTRAIN_REQUIRE_QEMU") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path

@@ -4,9 +4,7 @@ AdamW against PyTorch float32 step for step, the checkpoint saved on the board r
 the host, the fit check's prediction against the heap measured on the board, and the LeNet
 reference model. Needs the firmware of scripts/build_qemu_board.sh: skipped without it,
 failed when MICROTRAIN_REQUIRE_QEMU=1 (CI)."""
-import os
 import re
-import pathlib
 
 import numpy as np
 import pytest
@@ -23,18 +21,6 @@ from microtrain_host.tools import deploy
 
 DIGITS = ROOT / "examples" / "digits"
 STEPS = 20
-
-
-@pytest.fixture(scope="module")
-def firmware():
-    path = pathlib.Path(os.environ.get("MICROTRAIN_QEMU_FIRMWARE")
-                        or ROOT / ".cache" / "qemu-board" / "firmware.elf")
-    if not path.exists() or deploy.shutil.which("qemu-system-arm") is None:
-        message = f"emulated board not built ({path}): run scripts/build_qemu_board.sh"
-        if os.environ.get("MICROTRAIN_REQUIRE_QEMU") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
 
 
 def torch_model_from(module, checkpoint):

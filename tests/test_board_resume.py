@@ -17,7 +17,6 @@ heap after gc.collect() between phases; for the reload, also while the checkpoin
 into the arenas, when the old and the new state are both alive). Skipped without the
 firmware of scripts/build_qemu_board.sh; failed when MICROTRAIN_REQUIRE_QEMU=1."""
 import os
-import pathlib
 import re
 import subprocess
 
@@ -139,18 +138,6 @@ else:
     CheckpointState.save_checkpoint(state, "ckpt", include_optimizer_state=True)
     print("error: the save was not cut")
 """
-
-
-@pytest.fixture(scope="module")
-def firmware():
-    path = pathlib.Path(os.environ.get("MICROTRAIN_QEMU_FIRMWARE")
-                        or ROOT / ".cache" / "qemu-board" / "firmware.elf")
-    if not path.exists() or deploy.shutil.which("qemu-system-arm") is None:
-        message = f"emulated board not built ({path}): run scripts/build_qemu_board.sh"
-        if os.environ.get("MICROTRAIN_REQUIRE_QEMU") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
 
 
 def digits_mlp(tmp_path, steps):
