@@ -20,19 +20,10 @@ from array import array
 from microtrain import CheckpointState, InferenceSession, Module, Optimizer, MicrotrainError
 from microtrain.blob import FLOAT, INT8, INT32, UINT8, ROLE_OPTIMIZER_STATE, ROLE_PARAM
 from microtrain.crc32 import crc32
+from draws import Draws
 
 INTERESTING = (0, 1, 2, 0x7F, 0x80, 0xFF, 0x7FFF, 0x8000, 0xFFFF, 0x7FFFFFFF, 0x80000000,
                0xFFFFFFFF, 0x10000, 0x3FFFFFFF)
-
-
-class Draws:
-    # A 31-bit linear congruential generator: the same draws on every port (no `random`).
-    def __init__(self, seed):
-        self.state = (seed * 2654435761 + 12345) & 0x7FFFFFFF
-
-    def below(self, n):
-        self.state = (self.state * 1103515245 + 12345) & 0x7FFFFFFF
-        return (self.state >> 8) % n
 
 
 def crc_span(kind, data):

@@ -9,6 +9,7 @@ import os
 import sys
 from array import array
 from microtrain import (CheckpointState, InferenceSession, Module, Optimizer, MicrotrainError)
+from microtrain.files import exists
 
 D = sys.argv[1]
 
@@ -146,14 +147,6 @@ def saves_refused():
         victim = f.read()
     say("planted link not followed by the export", "ok" if victim == b"precious" else
         "OVERWRITTEN")
-
-
-def exists(path):
-    try:
-        os.stat(path)
-        return True
-    except OSError:
-        return False
 
 
 def changed_buffer_export():

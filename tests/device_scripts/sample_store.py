@@ -17,6 +17,7 @@ from array import array
 from microtrain import samples
 from microtrain.crc32 import crc32
 from microtrain.errors import MicrotrainError
+from draws import Draws
 
 try:
     import micropython
@@ -91,16 +92,6 @@ def heap(argv):
         micropython.heap_unlock()
     print("heap %d %d read %d" % (before, after, read))
     store.close()
-
-
-class Draws:
-    # A 31-bit linear congruential generator: the same draws on every port (no `random`).
-    def __init__(self, seed):
-        self.state = (seed * 2654435761 + 12345) & 0x7FFFFFFF
-
-    def below(self, n):
-        self.state = (self.state * 1103515245 + 12345) & 0x7FFFFFFF
-        return (self.state >> 8) % n
 
 
 KINDS = ("header", "state", "record", "flip", "truncate")
