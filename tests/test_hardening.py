@@ -350,7 +350,7 @@ def test_kernel_written_int_tensor_over_the_labels_is_refused():
         b.offsets.append(offset)
         b.sizes.append(size)
     with pytest.raises(BlobError, match=r"^int tensor 'mask' overlaps the fed tensor 'labels'$"):
-        blobfile_parser._check_fed_ints(b)
+        blobfile_parser._check_places(b)
 
 
 # -- pack time -------------------------------------------------------------------------

@@ -68,6 +68,11 @@ class Module:
         self._reset_pending = True  # ORT: the first train step overwrites the gradients
         self._gradients_ok = True   # False after a refused train call: no optimizer step
         self._kept, self._copy_f, self._copy_i = _kept_state(b)
+        # checks that state after each train call (imported only by blobs that have it)
+        self._kept_problem = None
+        if self._kept:
+            from microtrain.kernels.norm import kept_problem
+            self._kept_problem = kept_problem
         # the gradient buffers a train call leaves for the optimizer program
         self._grads = [(b.offsets[g], b.sizes[g]) for t, g, _ in b.parameters if g >= 0]
         self._forward_at = None     # optimizer step of the last train forward(), until backward
@@ -267,9 +272,8 @@ class Module:
                 self._refuse("a gradient is %r: beyond %g a float32 moment or update would "
                              "become infinite (lower the learning rate, scale the inputs)"
                              % (worst, _GRADIENT_LIMIT))
-            if self._kept:
-                from microtrain.kernels.norm import kept_problem
-                why = kept_problem(self.blob, self.F)
+            if self._kept_problem is not None:
+                why = self._kept_problem(self.blob, self.F)
                 if why:
                     self._refuse(why)
             self._gradients_ok = True

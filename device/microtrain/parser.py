@@ -250,10 +250,10 @@ def _read_tensors(r, root, b, keep_steps, in_file):
         b.sizes.append(size)
         if keep_steps:
             b.alias_of.append(r.scalar(t, _TENSOR_ALIAS_OF, "i", -1))
-    _check_fed_ints(b)
+    _check_places(b)
 
 
-def _check_fed_ints(b):
+def _check_places(b):
     # Labels and int inputs are checked when they are copied in (class indices in range);
     # the int tensors kernels write (dropout masks and generator states) must then never
     # share their place, or a mask could turn a label into an index outside its row. Nor
