@@ -330,6 +330,38 @@ def test_device_refuses_non_finite_state(tmp_path, value, where):
         CheckpointState.load_checkpoint(str(path))
 
 
+@pytest.mark.parametrize("source", ["path", "buffer"])
+@pytest.mark.parametrize("position", [0, 63, 64, 65, 199])
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_device_finds_a_non_finite_value_anywhere(tmp_path, value, position, source):
+    # the check reads 256 bytes (64 floats) at a time and judges each float by its
+    # exponent bits: every place in a chunk, across the chunk boundary and in the last,
+    # short chunk; from a file and from a buffer (a checkpoint in flash)
+    big = np.linspace(-3e38, 3e38, 200).astype(np.float32)   # finite, large, -0 free
+    big[position] = value
+    path = tmp_path / "checkpoint"
+    write_checkpoint(path, {"w": np.ones(2, np.float32)}, {"big": big})
+    with pytest.raises(DeviceCheckpointError, match=r"'big' holds -?%s at position %d \(" % (
+            "nan" if value != value else "inf", position)):
+        CheckpointState.load_checkpoint(str(path) if source == "path" else path.read_bytes())
+
+
+def test_device_loads_state_from_a_buffer_as_from_its_file(tmp_path):
+    # a checkpoint passed as a buffer (a frozen bytes object, a file in ROMFS) gives the
+    # same parameters and moments as its file: the values are copied out of the buffer
+    # into arrays of their type (a byte slice cannot be assigned to a float view)
+    trainable, frozen, momentums, _ = sample(finite=True)
+    path = tmp_path / "checkpoint"
+    write_checkpoint(path, trainable, frozen, optimizer_step=3, momentums=momentums)
+    from_file = CheckpointState.load_checkpoint(str(path))
+    from_buffer = CheckpointState.load_checkpoint(path.read_bytes())
+    for name in from_file.parameters:
+        assert bits(from_buffer.parameters[name].data) == bits(from_file.parameters[name].data)
+    for name in momentums:
+        assert [bits(m) for m in from_buffer.momentums[name]] == \
+            [bits(m) for m in from_file.momentums[name]]
+
+
 def test_device_loads_an_unobserved_range(tmp_path):
     # a QAT observer's [min, max] is [inf, -inf] until it has seen a batch: the one
     # parameter that may hold an infinity (never a NaN)

@@ -118,6 +118,28 @@ def test_resume_in_a_new_process_is_bit_identical(artifacts, optimizer, runtime,
     assert len(set(losses(whole))) > 1
 
 
+@pytest.mark.parametrize("optimizer", ["AdamW", "SGD-momentum"])
+@pytest.mark.parametrize("runtime", ["cpython", "micropython"])
+def test_resume_from_a_checkpoint_buffer_equals_its_file(artifacts, optimizer, runtime,
+                                                         tmp_path, request):
+    # a checkpoint with optimizer state handed over as a buffer (frozen bytes, a file in
+    # ROMFS) resumes exactly as from its file: parameters and moments streamed out of the
+    # buffer into the arenas
+    interpreter = request.getfixturevalue("micropython") if runtime == "micropython" \
+        else "cpython"
+    art, lr = artifacts[optimizer]
+    data = artifacts["data"]
+    mid = tmp_path / "mid"
+    run_device(interpreter, art.blob, art.checkpoint, data, 0, STEPS, lr_bits(lr), mid, 1)
+    from_file = run_device(interpreter, art.blob, mid, data, STEPS, STEPS, lr_bits(lr),
+                           tmp_path / "from_file", 1)
+    from_buffer = run_device(interpreter, art.blob, "buffer:%s" % mid, data, STEPS, STEPS,
+                             lr_bits(lr), tmp_path / "from_buffer", 1)
+    assert len(losses(from_file)) == STEPS
+    assert from_buffer == from_file
+    assert (tmp_path / "from_buffer").read_bytes() == (tmp_path / "from_file").read_bytes()
+
+
 def test_resume_needs_the_optimizer_state(artifacts, tmp_path):
     """Resuming AdamW without its moments and step gives a different trajectory (so the
     bit-identical comparison above can fail)."""

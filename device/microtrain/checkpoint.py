@@ -26,7 +26,6 @@
 #   into state.int_velocities (not state.momentums, which float optimizers bind). A
 #   checkpoint without them (written before they were saved, or without optimizer state)
 #   loads with the velocities zero, as a fresh run starts.
-import math
 import struct
 from array import array
 from microtrain.arenas import compact
@@ -258,7 +257,7 @@ class CheckpointState:
                     first, last = offset, offset + ref.nbytes // item
                     for start in range(first, last, step):
                         piece = view[start:min(start + step, last)]
-                        if f.readinto(piece) != len(piece) * item:
+                        if _read_piece(f, piece, item, ref.typecode) != len(piece) * item:
                             raise CheckpointError("checkpoint '%s' changed since it was "
                                                   "loaded" % source)
                         crc = crc32(piece, crc)
@@ -268,6 +267,19 @@ class CheckpointState:
             raise CheckpointError("cannot read checkpoint '%s': %s" % (source, reason(e)))
         if crc & 0xFFFFFFFF != self._crc:
             raise CheckpointError("checkpoint '%s' changed since it was loaded" % source)
+
+
+def _read_piece(f, piece, item, typecode):
+    # the file's next bytes into piece, a view of an arena (bytes, or elements of item
+    # bytes of typecode); the bytes read. A BufferFile copies by slice assignment, which
+    # takes bytes only into a byte view: elements come through an array made from the
+    # raw bytes.
+    if item == 1 or not isinstance(f, BufferFile):
+        return f.readinto(piece)
+    raw = f.read(len(piece) * item)
+    if len(raw) == len(piece) * item:
+        piece[:] = array(typecode, raw)
+    return len(raw)
 
 
 def _crc_through(f, chunk, crc, n):
@@ -289,7 +301,7 @@ def _read_tensor(r, t, nominal, what):
         raise CheckpointError("%s: a tensor has no name" % what)
     dims = tuple(r.scalars(t, _CK_TENSOR_DIMS, "q", "tensor dims"))
     dtype = r.scalar(t, _CK_TENSOR_DATA_TYPE, "i", 0)
-    pos, nbytes = r.vector(t, _CK_TENSOR_RAW_DATA, 1, "raw_data of '%s'" % name)
+    pos, nbytes = r.vector(t, _CK_TENSOR_RAW_DATA, 1, "raw_data of '%s'", name)
     if dtype not in _TENSOR_TYPES:
         raise CheckpointError("tensor '%s' has ONNX data type %d; only float (1), int8 (3), "
                               "int16 (5) and int32 (6) are supported" % (name, dtype))
@@ -338,27 +350,39 @@ def _frame(f, uri):
     return end, crc, stored is not None
 
 
-def _check_values(f, ref, what, uri, infinite_ok):
-    # every float of a tensor a number, and finite (but a QAT observer's range, which is
-    # [inf, -inf] until it has seen a batch): a NaN or infinite parameter or moment would
-    # train into NaN, or freeze a weight, without a word
-    if ref.typecode != "f":
+def _check_values(f, ref, chunk, uri, name, owner=None):
+    # every float of a tensor (parameter `name`, or moment `name` of parameter `owner`) a
+    # number, and finite (but a QAT observer's range, which is [inf, -inf] until it has seen
+    # a batch): a NaN or infinite parameter or moment would train into NaN, or freeze a
+    # weight, without a word. The floats are read as little-endian bytes through chunk, the
+    # parse's one bytearray, and judged by their exponent bits: no float is boxed and no
+    # slice made but the last, so checking allocates (nearly) nothing and the objects the
+    # state keeps lie together in the heap.
+    if ref is None or ref.typecode != "f":
         return
-    chunk = array("f", bytes(_CHUNK))
-    view = memoryview(chunk)
+    infinite_ok = (owner or name).endswith(_OBSERVER_RANGE)
     f.seek(ref.at)
     done = 0
-    count = ref.nbytes // 4
+    count = ref.nbytes
+    full = len(chunk)
     while done < count:
-        n = min(len(chunk), count - done)
-        if f.readinto(view[:n]) != 4 * n:
+        n = min(full, count - done)
+        if f.readinto(chunk if n == full else memoryview(chunk)[:n]) != n:
             raise OSError(5, "the file ended early")
-        for i in range(n):
-            v = chunk[i]
-            if v != v or not (infinite_ok or -math.inf < v < math.inf):
+        i = 3
+        while i < n:
+            # sign and exponent in bytes 3 and 2: the exponent all ones is an infinity
+            # (mantissa 0) or a NaN
+            if chunk[i] & 0x7F == 0x7F and chunk[i - 1] & 0x80 and not (
+                    infinite_ok and chunk[i - 1] & 0x7F == 0 and chunk[i - 2] == 0 and
+                    chunk[i - 3] == 0):
+                what = "parameter '%s'" % name if owner is None else \
+                    "%s of '%s'" % (name, owner)
+                v = struct.unpack("<f", chunk[i - 3:i + 1])[0]
                 raise CheckpointError("checkpoint '%s': %s holds %r at position %d (a "
                                       "parameter, moment or statistic must be finite)"
-                                      % (uri, what, v, done + i))
+                                      % (uri, what, v, (done + i) // 4))
+            i += 4
         done += n
 
 
@@ -374,9 +398,9 @@ def _parse(f, uri):
     if r.scalar(root, _CK_CHECKPOINT_CRC32_TRAILER, "B", 0) and not checked:
         raise CheckpointError("checkpoint '%s' is truncated or corrupt: its CRC-32 trailer is "
                               "missing" % uri)
+    chunk = bytearray(_CHUNK)   # _check_values reads every float through it
     state = CheckpointState()
     state._end, state._crc = end, crc
-    checks = []             # (Ref, what it is) of every tensor, for _check_values
     module = r.table(root, _CK_CHECKPOINT_MODULE_STATE, "module_state")
     if module is not None:
         state.is_nominal = bool(r.scalar(module, _CK_MODULE_STATE_IS_NOMINAL_STATE, "B", 0))
@@ -392,7 +416,7 @@ def _parse(f, uri):
                 p._state = state
                 state.parameters[name] = p
                 state.parameter_order.append(name)
-                checks.append((ref, "parameter '%s'" % name))
+                _check_values(f, ref, chunk, uri, name)
     groups = r.tables(root, _CK_CHECKPOINT_OPTIMIZER_GROUPS, "optimizer group")
     if len(groups) > 1:
         raise CheckpointError("%d optimizer groups; only one is supported" % len(groups))
@@ -405,7 +429,7 @@ def _parse(f, uri):
                                                "f", 0.0)  # the schema's default
         for ps in r.tables(group, _CK_OPTIMIZER_GROUP_OPTIMIZER_STATES,
                            "parameter optimizer state"):
-            _read_moments(r, ps, state, checks, uri)
+            _read_moments(r, ps, state, chunk, uri)
     bag = r.table(root, _CK_CHECKPOINT_PROPERTY_BAG, "property_bag")
     if bag is not None:
         for index, fmt, default in ((_CK_PROPERTY_BAG_INTS, "q", 0),
@@ -421,13 +445,10 @@ def _parse(f, uri):
             # (every property table is {name, value}: IntProperty's numbers serve all three)
             state.properties[r.string(p, _CK_INT_PROPERTY_NAME, "property name")] = \
                 r.string(p, _CK_INT_PROPERTY_VALUE, "property")
-    for ref, what in checks:
-        if ref is not None:
-            _check_values(f, ref, what, uri, what.endswith(_OBSERVER_RANGE + "'"))
     return state
 
 
-def _read_moments(r, ps, state, checks, uri):
+def _read_moments(r, ps, state, chunk, uri):
     pname = r.string(ps, _CK_PARAMETER_OPTIMIZER_STATE_PARAM_NAME, "param_name")
     moments = []
     velocity = None
@@ -440,7 +461,7 @@ def _read_moments(r, ps, state, checks, uri):
         else:
             raise CheckpointError("%s of '%s' is not a float tensor (nor an integer "
                                   "momentum0: int16 or int32)" % (n, pname))
-        checks.append((ref, "%s of '%s'" % (n, pname)))
+        _check_values(r.f, ref, chunk, uri, n, pname)
     moments.sort(key=_moment_order)
     p = state.parameters.get(pname)
     if p is None or not p.requires_grad or pname in state._momentums or \

@@ -12,6 +12,13 @@
 import struct
 
 
+# struct format (little-endian) and size of each scalar type a caller names: looked up, so
+# that a read builds no format string (a parse should leave little garbage among the objects
+# it keeps: see checkpoint.py)
+_FORMATS = {"B": ("<B", 1), "b": ("<b", 1), "H": ("<H", 2), "h": ("<h", 2), "I": ("<I", 4),
+            "i": ("<i", 4), "Q": ("<Q", 8), "q": ("<q", 8), "f": ("<f", 4), "d": ("<d", 8)}
+
+
 class Reader:
     def __init__(self, buf, error, start=0):
         self.buf = buf
@@ -23,36 +30,45 @@ class Reader:
     def fail(self, what):
         raise self.error(what)
 
-    def check(self, pos, nbytes, what):
+    def check(self, pos, nbytes, what, detail=None):
+        # what % detail names the part in the message: formatted only when it fails
         if pos < self.start or nbytes < 0 or pos + nbytes > self.size:
             self.fail("truncated or corrupt: %s at byte %d (+%d) is outside the %d-byte buffer"
-                      % (what, pos, nbytes, self.size))
+                      % (what if detail is None else what % detail, pos, nbytes, self.size))
 
-    def need(self, pos, nbytes, what):
+    def need(self, pos, nbytes, what, detail=None):
         # [pos, pos + nbytes) inside the buffer, and in self.buf from pos - self.base
-        self.check(pos, nbytes, what)
+        self.check(pos, nbytes, what, detail)
 
-    def unpack(self, fmt, pos, nbytes, what):
-        self.need(pos, nbytes, what)
+    def unpack(self, fmt, pos, nbytes, what, detail=None):
+        self.need(pos, nbytes, what, detail)
         return struct.unpack_from(fmt, self.buf, pos - self.base)
 
+    # u16, u32 and table_at read bytes by hand: no tuple per read
     def u16(self, pos):
-        return self.unpack("<H", pos, 2, "u16")[0]
+        self.need(pos, 2, "u16")
+        b, at = self.buf, pos - self.base
+        return b[at] | b[at + 1] << 8
 
     def u32(self, pos):
-        return self.unpack("<I", pos, 4, "u32")[0]
+        self.need(pos, 4, "u32")
+        b, at = self.buf, pos - self.base
+        return b[at] | b[at + 1] << 8 | b[at + 2] << 16 | b[at + 3] << 24
 
     def root(self):
         # u32 offset to the root table at the start of the (unprefixed) buffer.
         return self.table_at(self.start + self.u32(self.start), "root table")
 
     def table_at(self, pos, what):
-        vtable = pos - self.unpack("<i", pos, 4, what)[0]
+        self.need(pos, 4, what)
+        b, at = self.buf, pos - self.base
+        soffset = b[at] | b[at + 1] << 8 | b[at + 2] << 16 | ((b[at + 3] ^ 0x80) - 0x80) << 24
+        vtable = pos - soffset
         vsize = self.u16(vtable)
         tsize = self.u16(vtable + 2)
         if vsize < 4 or vsize & 1:
             self.fail("corrupt: %s vtable size %d" % (what, vsize))
-        self.check(vtable, vsize, what + " vtable")
+        self.check(vtable, vsize, "%s vtable", what)
         self.check(pos, tsize, what)
         return (pos, vtable, vsize, tsize)
 
@@ -73,7 +89,8 @@ class Reader:
         at = self.field(table, index)
         if not at:
             return default
-        return self.unpack("<" + fmt, at, struct.calcsize(fmt), "field %d" % index)[0]
+        fmt, size = _FORMATS[fmt]
+        return self.unpack(fmt, at, size, "field %d", index)[0]
 
     def _target(self, table, index):
         at = self.field(table, index)
@@ -85,18 +102,18 @@ class Reader:
         at = self._target(table, index)
         return self.table_at(at, what) if at else None
 
-    def vector(self, table, index, elem_size, what):
+    def vector(self, table, index, elem_size, what, detail=None):
         """(position of the first element, element count); (0, 0) when absent. Only
         checked to lie inside the buffer: its elements are not read."""
         at = self._target(table, index)
         if not at:
             return 0, 0
         count = self.u32(at)
-        self.check(at + 4, count * elem_size, what)
+        self.check(at + 4, count * elem_size, what, detail)
         return at + 4, count
 
     def scalars(self, table, index, fmt, what):
-        size = struct.calcsize(fmt)
+        size = _FORMATS[fmt][1]
         pos, count = self.vector(table, index, size, what)
         if not count:
             return ()
@@ -114,12 +131,13 @@ class Reader:
         pos, count = self.vector(table, index, 1, what)
         if not pos:
             return ""
-        self.need(pos, count + 1, what + " terminator")
+        self.need(pos, count + 1, "%s terminator", what)
         at = pos - self.base
         if self.buf[at + count] != 0:
             self.fail("corrupt: %s is not NUL-terminated" % what)
         try:
-            return str(bytes(self.buf[at:at + count]), "utf-8")
+            # decoded from a view: no copy of the bytes on the way
+            return str(memoryview(self.buf)[at:at + count], "utf-8")
         except Exception:
             self.fail("corrupt: %s is not UTF-8" % what)
 
@@ -135,8 +153,8 @@ class FileReader(Reader):
         self.base = -window - 1  # no bytes in the window yet
         self.valid = 0
 
-    def need(self, pos, nbytes, what):
-        self.check(pos, nbytes, what)
+    def need(self, pos, nbytes, what, detail=None):
+        self.check(pos, nbytes, what, detail)
         if pos < self.base or pos + nbytes > self.base + self.valid:
             if nbytes > len(self.buf):
                 self.buf = bytearray(nbytes)
@@ -146,4 +164,4 @@ class FileReader(Reader):
             self.base = pos
             if self.valid < nbytes:
                 self.fail("the file changed while it was being read (%s at byte %d)"
-                          % (what, pos))
+                          % (what if detail is None else what % detail, pos))

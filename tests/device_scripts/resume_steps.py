@@ -6,6 +6,8 @@
 # LR_BITS is the learning rate's float32 bit pattern in hex, so both interpreters use the
 # very same number. With FULL (a second checkpoint), CHECKPOINT is nominal: training and
 # eval must be refused until copy_buffer_to_parameters brings FULL's parameters in.
+# CHECKPOINT "buffer:PATH" loads PATH's bytes and passes them as a buffer (a checkpoint in
+# flash).
 # Prints "props ..." (what CHECKPOINT held; floats as float32 bits), "refused ..." lines,
 # one "loss XXXXXXXX" (float32 bits) per step, then "params XXXXXXXX" (CRC-32 of the
 # contiguous parameters) and "saved" or nothing.
@@ -47,6 +49,9 @@ def main(argv):
     start, steps = int(argv[4]), int(argv[5])
     lr = struct.unpack("<f", struct.pack("<I", int(argv[6], 16)))[0]
     out, with_state = argv[7], argv[8] == "1"
+    if checkpoint.startswith("buffer:"):
+        with open(checkpoint[7:], "rb") as f:
+            checkpoint = f.read()
     state = CheckpointState.load_checkpoint(checkpoint)
     show_properties(state)
     model = Module(blob, state)
