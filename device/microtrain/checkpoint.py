@@ -32,15 +32,10 @@ from microtrain.arenas import compact
 from microtrain.blob import is_buffer
 from microtrain.crc32 import crc32
 from microtrain.errors import CheckpointError
-# The file's facts (identifier, version, trailer, tensor types, reserved names) once, in the
-# writer's contract block; the field numbers below are const()s each module folds into its
-# own bytecode, so they cost nothing at run time.
-from microtrain.checkpoint_writer import (IDENTIFIER, RNG_PREFIX, TRAILER_MAGIC, VERSION,
-                                          _OBSERVER_RANGE, _TENSOR_TYPES, write_checkpoint)
 from microtrain.files import BufferFile, open_existing, path_of, reason
 from microtrain.flatbuf import FileReader
 
-# contract: checkpoint Checkpoint ModuleState Tensor ParameterOptimizerState OptimizerGroup PropertyBag IntProperty
+# contract: checkpoint Checkpoint ModuleState Tensor ParameterOptimizerState OptimizerGroup PropertyBag IntProperty; checkpoint_facts
 # (generated from host/microtrain_host/contract/ by `python -m microtrain_host.contract.generate`; do not edit)
 from microtrain.errors import const
 _CK_CHECKPOINT_VERSION = const(0)
@@ -67,6 +62,13 @@ _CK_PROPERTY_BAG_FLOATS = const(1)
 _CK_PROPERTY_BAG_STRINGS = const(2)
 _CK_INT_PROPERTY_NAME = const(0)
 _CK_INT_PROPERTY_VALUE = const(1)
+IDENTIFIER = b"ODTC"
+_OBSERVER_RANGE = ".observer_range"  # may hold inf (not observed yet)
+RNG_PREFIX = "microtrain.rng."  # int properties: generator states
+VERSION = const(2)
+TRAILER_MAGIC = b"MTCK"
+# ONNX data type -> (bytes per element, array typecode)
+_TENSOR_TYPES = {1: (4, "f"), 3: (1, "b"), 5: (2, "h"), 6: (4, "i")}
 # end of contract
 ONNX_FLOAT = 1
 ONNX_INT8 = 3              # integer training (kernels/inttrain.py): int8 weights ...
@@ -195,6 +197,9 @@ class CheckpointState:
                                   % type(state).__name__)
         path = path_of(checkpoint_uri, CheckpointError, "the checkpoint")
         state.materialize()
+        # the writer (and fbwriter) is imported when a run first saves: a run's load, where
+        # the heap is tightest (arenas, the parse), does not carry its ~1 KB of objects
+        from microtrain.checkpoint_writer import write_checkpoint
         write_checkpoint(state, path, include_optimizer_state)
 
     # -- tensor bytes in the source --------------------------------------------------------
@@ -283,13 +288,16 @@ def _read_piece(f, piece, item, typecode):
 
 
 def _crc_through(f, chunk, crc, n):
-    # the CRC-32 of the next n bytes of f, read through chunk
-    view = memoryview(chunk)
+    # the CRC-32 of the next n bytes of f, read through chunk (a whole chunk without a
+    # slice: only the last piece makes one)
     while n > 0:
-        got = f.readinto(view[:min(n, len(chunk))])
-        if not got:
-            raise OSError(5, "the file ended early")
-        crc = crc32(view[:got], crc)
+        piece = chunk if n >= len(chunk) else memoryview(chunk)[:n]
+        got = f.readinto(piece)
+        if got != len(piece):
+            if not got:
+                raise OSError(5, "the file ended early")
+            piece = memoryview(chunk)[:got]
+        crc = crc32(piece, crc)
         n -= got
     return crc
 
@@ -388,6 +396,10 @@ def _check_values(f, ref, chunk, uri, name, owner=None):
 
 def _parse(f, uri):
     end, crc, checked = _frame(f, uri)
+    # the CRC pass left garbage (a boxed CRC per chunk): collected now, the objects the
+    # state keeps start at the heap's lowest hole instead of above that garbage (a resumed
+    # run's state would otherwise lie spread over the hole its Module's arenas need)
+    compact()
     r = FileReader(f, end, CheckpointError)
     root = r.root()
     version = r.scalar(root, _CK_CHECKPOINT_VERSION, "i", 0)

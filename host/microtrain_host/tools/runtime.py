@@ -16,8 +16,9 @@ from ..contract.ops import BY_CODE
 from ..errors import MicrotrainHostError
 from .train import device_package_dir
 
-# What a training run imports first: the package (which imports the training API).
-ENTRY_MODULES = ("microtrain",)
+# What a training run imports: the package (which imports the training API) and the
+# checkpoint writer, which save_checkpoint imports when a run first saves.
+ENTRY_MODULES = ("microtrain", "microtrain.checkpoint_writer")
 # Imported by the package when present, not needed to train (microtrain/__init__.py guards
 # their imports): InferenceSession and the learning-rate schedulers.
 OPTIONAL_MODULES = ("microtrain.inference", "microtrain.lr_scheduler")
