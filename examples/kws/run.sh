@@ -20,7 +20,7 @@ runtime=${1:-int8}
 build=${BUILD_DIR:-$here/build}
 case "$runtime" in
     int8) python "$here/personalise.py" --build "$build" --config "int8 last" \
-              --runtime micropython --frozen --trim --flash --m32 --heap 66K --measure-heap ;;
+              --runtime micropython --frozen --trim --flash --m32 --heap 64K --measure-heap ;;
     micropython) python "$here/personalise.py" --build "$build" --runtime micropython \
                      --frozen --measure-heap ;;
     *) python "$here/personalise.py" --build "$build" ;;
