@@ -115,6 +115,7 @@ def cmd_inspect(args):
         print()
         print(_fit_text(boards.predict(os.path.dirname(os.path.abspath(args.blob)), board,
                                        args.runtime)))
+        print(_cost_text(args.blob, board))
     return 0
 
 
@@ -156,6 +157,12 @@ def _fit_text(fit):
         f"  needed           {_kb(fit.needed)}: {verdict}"])
 
 
+def _cost_text(blob, board):
+    """The estimated time of a step of the blob at the board's clock (tools/step_cost.py)."""
+    from .tools.step_cost import Estimate
+    return Estimate(blob, board).text()
+
+
 def cmd_deploy(args):
     from .tools import deploy
     if args.output:
@@ -169,6 +176,7 @@ def cmd_deploy(args):
     for name, size in sorted(plan.runtime_sizes.items()):
         print(f"  {name:34s} {size:7,d}")
     print(_fit_text(plan.fit))
+    print(_cost_text(plan.artifacts / "model.mtb", plan.board))
     if plan.resume is not None:
         print(f"resuming from {plan.resume}: optimizer step {plan.start_step}, the data from "
               f"its batch {plan.start_step} on")

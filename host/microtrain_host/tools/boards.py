@@ -26,9 +26,11 @@ from array import array
 from ..errors import MicrotrainHostError
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]
-PROFILE_KEYS = ("name", "title", "core", "fpu", "micropython", "mpy_version", "word_bytes",
-                "float", "sram", "heap", "heap_source", "flash", "mpy_arch", "native_emitters",
-                "filesystem", "rename_replaces", "romfs", "psram")
+# clock_hz: the core clock MicroPython's firmware for the board runs at (clock_source says
+# where the figure comes from); the time estimates of tools/step_cost.py divide by it
+PROFILE_KEYS = ("name", "title", "core", "clock_hz", "clock_source", "fpu", "micropython",
+                "mpy_version", "word_bytes", "float", "sram", "heap", "heap_source", "flash",
+                "mpy_arch", "native_emitters", "filesystem", "rename_replaces", "romfs", "psram")
 PLACEMENTS = ("files", "romfs", "frozen")
 
 # Heap bytes per .mpy byte at import, measured on the emulated board (MicroPython 1.25 qemu
@@ -63,6 +65,10 @@ def load_board(name):
     missing = [k for k in PROFILE_KEYS if k not in profile]
     if missing:
         raise BoardError(f"board profile {path} lacks {', '.join(missing)}")
+    clock = profile["clock_hz"]
+    if isinstance(clock, bool) or not isinstance(clock, int) or clock <= 0:
+        raise BoardError(f"board profile {path}: clock_hz must be a positive integer (Hz), "
+                         f"got {clock!r}")
     return profile
 
 

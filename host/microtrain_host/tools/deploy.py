@@ -287,16 +287,22 @@ class QemuBoard:
     at power-on when it exists, written back at exit and by cut(), which stops the CPU where
     it is, as a power cut does, and saves what the flash holds at that instant.
     rom: a ROMFS image written into the ROM partition at power-on (the rest of the flash
-    blank), as flashing it onto a board does."""
+    blank), as flashing it onto a board does.
+    icount: run with `-icount shift=0,align=off`: every emulated instruction takes exactly
+    1 ns of virtual time, so the board's 25 MHz FPGAIO counter (COUNTER_ADDRESS) counts
+    instructions, one tick per 40, the same on every run (bench/board_cost.py)."""
 
     FLASH_ADDRESS = 0x100000   # emulated_flash.ROM_ADDRESS
     FLASH_SIZE = 0x200000      # its ROM_SIZE + FS_SIZE
+    COUNTER_ADDRESS = 0x40028018   # MPS2 FPGAIO COUNTER: 25 MHz of virtual time
+    INSTRUCTIONS_PER_TICK = 40     # with icount shift=0: 1 ns per instruction, 40 ns per tick
 
-    def __init__(self, firmware=None, flash=None, rom=None):
+    def __init__(self, firmware=None, flash=None, rom=None, icount=False):
         self.firmware = pathlib.Path(firmware or os.environ.get("MICROTRAIN_QEMU_FIRMWARE")
                                      or QEMU_FIRMWARE)
         self.flash = pathlib.Path(flash) if flash is not None else None
         self.rom = pathlib.Path(rom) if rom is not None else None
+        self.icount = icount
         self.proc = None
         self.port = None
         self._log = []
@@ -326,8 +332,10 @@ class QemuBoard:
             if self.flash.exists():
                 monitor += ["-device", f"loader,file={self.flash},addr={self.FLASH_ADDRESS:#x},"
                                        f"force-raw=on"]
+        # align=off: the guest is not slowed down to keep virtual time with the host's clock
+        counted = ["-icount", "shift=0,align=off"] if self.icount else []
         self.proc = subprocess.Popen(
-            ["qemu-system-arm", "-machine", "mps2-an385", "-nographic", *monitor,
+            ["qemu-system-arm", "-machine", "mps2-an385", "-nographic", *monitor, *counted,
              "-semihosting", "-bios", "none", "-serial", "pty", "-kernel", str(self.firmware)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             text=True)

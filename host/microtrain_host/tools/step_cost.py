@@ -1,0 +1,165 @@
+"""What one step of a packed model costs on a board: the work it does, counted from the
+packed program's steps (op codes and int attributes, as the device runs them), and an
+estimate of its time at the board's clock.
+
+The estimate is MACs x instructions per MAC of the kernel family that does them, plus
+parameters x instructions per parameter of the optimizer's update, each counted on the
+emulated Cortex-M3 (qemu -icount shift=0: bench/board_cost.py), divided by the board's
+clock_hz: one instruction per cycle. Real Cortex-M3/M4 cores take about 1.1-1.5 cycles per
+instruction (loads, branches, soft float; shared/FACTS.md), and the other work of a step
+(activations, the loss, gradient sums) is not counted: a lower estimate. Other cores (Xtensa,
+a core with an FPU) run other instruction streams: for them it is an order of magnitude."""
+from microtrain import parser as device_blob_parser
+
+from ..contract.ops import BY_CODE
+from ..pipeline.pack import TRAINING_PROGRAMS
+
+# Instructions per multiply-accumulate of each kernel family, counted by
+# `python3 bench/board_cost.py` (its "per family" lines) on the emulated Cortex-M3
+# (MicroPython 1.25 qemu port, no FPU, float32; the viper int8 kernels compiled for armv7m),
+# 2026-11-27, on the shapes of bench/board_kernels.py: float kernels are bytecode over
+# array('f') (soft-float arithmetic and a boxed float per operation); the int8 ones viper
+# loops over bytes (depthwise: short 3x3 dot products, more loop overhead per MAC). Rerun the
+# bench after changing a kernel and update these.
+INSTRUCTIONS_PER_MAC = {
+    "float dense": 2150,
+    "float conv": 2257,
+    "int8 dense": 59.1,
+    "int8 conv": 27.2,
+    "int8 depthwise": 86.4,
+}
+# ... and per parameter element of one optimizer update (kernels/optim sgd, adamw over 1,024
+# parameters, by the same bench)
+INSTRUCTIONS_PER_UPDATE = {
+    "SGD": 3433,
+    "AdamW": 12478,
+}
+CYCLES_PER_INSTRUCTION = (1.1, 1.5)   # real Cortex-M3/M4 (shared/FACTS.md)
+
+
+def _taps(out, k, stride, dilation, pad, size):
+    # (output, kernel tap) pairs of one axis that fall inside the input: the conv kernels
+    # skip the taps on padding, so those are no MACs
+    return sum(1 for o in range(out) for t in range(k)
+               if 0 <= o * stride + t * dilation - pad < size)
+
+
+def _conv(i):
+    return (i["n_images"] * i["groups"] * i["cin_g"] * i["cout_g"]
+            * _taps(i["out_h"], i["k_h"], i["s_h"], i["d_h"], i["pad_t"], i["in_h"])
+            * _taps(i["out_w"], i["k_w"], i["s_w"], i["d_w"], i["pad_l"], i["in_w"]))
+
+
+def _conv3d(i):
+    return _conv(i) * _taps(i["out_d"], i["k_d"], i["s_d"], i["d_d"], i["pad_f"], i["in_d"])
+
+
+def _int8_conv(i):
+    # a depthwise conv (one input channel per group) runs its own loop
+    return ("int8 depthwise" if i["cin_g"] == 1 and i["groups"] > 1 else "int8 conv"), _conv(i)
+
+
+def _recurrent(gates, passes):
+    # per time step and sample: the gates of X.W and H.R; a gradient does them again for
+    # dX / dW and dH / dR (passes 2)
+    return lambda i: ("float dense", passes * gates * i["steps"] * i["batch"] * i["dirs"]
+                      * i["hidden"] * (i["n_in"] + i["hidden"]))
+
+
+def _mnk(kind):
+    return lambda i: (kind, i["m"] * i["k"] * i["n"])
+
+
+# op name -> ints by name -> (kernel family, MACs). The other ops do no MACs: elementwise
+# ops, pooling, the loss (linear in the tensor size) are not counted; the optimizer's
+# updates are, per parameter (UPDATES).
+MACS = {
+    "GEMM": _mnk("float dense"),
+    "GEMM_ACCUMULATE": _mnk("float dense"),
+    "BATCHED_GEMM": lambda i: ("float dense", i["d0"] * i["d1"] * i["d2"] * i["m"] * i["k"]
+                               * i["n"]),
+    # a transposed conv's ints are the mirrored conv's: the same products
+    **{name: lambda i: ("float conv", _conv(i))
+       for name in ("CONV", "CONV_GRAD_INPUT", "CONV_GRAD_WEIGHT", "CONV_TRANSPOSE")},
+    **{name: lambda i: ("float conv", _conv3d(i))
+       for name in ("CONV_3D", "CONV_3D_GRAD_INPUT", "CONV_3D_GRAD_WEIGHT")},
+    "GRU": _recurrent(3, 1), "GRU_GRAD": _recurrent(3, 2),
+    "LSTM": _recurrent(4, 1), "LSTM_GRAD": _recurrent(4, 2),
+    "QLINEAR_GEMM": _mnk("int8 dense"),
+    "QLINEAR_CONV": _int8_conv,
+    # integer training: its viper loops are int8 x int8 / int32 products as qlinear's
+    "INT_GEMM_LOGITS": _mnk("int8 dense"),
+    "INT_GEMM_UPDATE": _mnk("int8 dense"),
+    "INT_GEMM_GRAD_INPUT": _mnk("int8 dense"),
+    "INT_GEMM_UPDATE_MOMENTUM": _mnk("int8 dense"),
+    "INT_CONV1X1_UPDATE": lambda i: ("int8 conv", i["m"] * i["cin"] * i["cout"] * i["plane"]),
+    "INT_CONV_GRAD_INPUT": lambda i: _int8_conv(dict(i, n_images=i["m"])),
+    "INT_CONV_UPDATE": lambda i: _int8_conv(dict(i, n_images=i["m"])),
+}
+
+
+# optimizer update op name -> ints by name -> (optimizer, parameter elements it updates)
+UPDATES = {
+    "SGD": lambda i: ("SGD", i["n"]),
+    "SGD_GENERAL": lambda i: ("SGD", i["n"]),
+    "ADAMW": lambda i: ("AdamW", i["n"]),
+    "ADAMW_GENERAL": lambda i: ("AdamW", i["n"]),
+}
+
+
+class Work:
+    """What one step of a blob does that the estimate counts: MACs by kernel family and
+    parameter elements updated by optimizer, read off its programs' steps."""
+
+    def __init__(self, b, programs, what):
+        self.what = what
+        self.macs, self.updates = {}, {}
+        for name in programs:
+            for op, _, ints, _ in b.step_records.get(name, ()):
+                spec = BY_CODE.get(op)
+                for table, counts in ((MACS, self.macs), (UPDATES, self.updates)):
+                    if spec is not None and spec.name in table:
+                        kind, n = table[spec.name](dict(zip(spec.ints, ints)))
+                        counts[kind] = counts.get(kind, 0) + n
+
+    def instructions(self):
+        """Its instructions on the emulated M3 by the counted per-MAC and per-update costs."""
+        return (sum(n * INSTRUCTIONS_PER_MAC[family] for family, n in self.macs.items())
+                + sum(n * INSTRUCTIONS_PER_UPDATE[kind] for kind, n in self.updates.items()))
+
+
+def step_work(path):
+    """The Work of one step of the blob at path: a training step (its training programs
+    and the optimizer's) when it has one, else one inference."""
+    b = device_blob_parser.load(str(path), keep_steps=True)
+    training = [p for p in TRAINING_PROGRAMS if p in b.programs]
+    if training:
+        return Work(b, training + ["optimizer"], "training step")
+    return Work(b, [p for p in ("infer", "eval") if p in b.programs][:1], "inference")
+
+
+class Estimate:
+    def __init__(self, path, board):
+        self.board = board
+        self.work = step_work(path)
+        self.instructions = self.work.instructions()
+        self.ms = 1000.0 * self.instructions / board["clock_hz"]  # one instruction a cycle
+        self.ms_range = tuple(self.ms * c for c in CYCLES_PER_INSTRUCTION)
+
+    def text(self):
+        board, work = self.board, self.work
+        if not self.instructions:
+            return (f"estimated time per {work.what} on {board['name']}: its programs do no "
+                    f"multiply-accumulates and no optimizer update, nothing to estimate from")
+        parts = [f"{n:,} {family} MACs x {INSTRUCTIONS_PER_MAC[family]:g}"
+                 for family, n in sorted(work.macs.items())]
+        parts += [f"{n:,} parameters' {kind} updates x {INSTRUCTIONS_PER_UPDATE[kind]:g}"
+                  for kind, n in sorted(work.updates.items())]
+        return "\n".join([
+            f"estimated time per {work.what} on {board['name']} at {board['clock_hz'] / 1e6:g} "
+            f"MHz: {self.ms:,.1f} ms ({self.ms_range[0]:,.1f}-{self.ms_range[1]:,.1f} ms at "
+            f"{CYCLES_PER_INSTRUCTION[0]}-{CYCLES_PER_INSTRUCTION[1]} cycles per instruction)",
+            f"  an estimate, not a measurement: {self.instructions / 1e6:,.1f} M instructions, "
+            f"counted per unit on the emulated Cortex-M3 (bench/board_cost.py): "
+            f"{'; '.join(parts)}. Other work (activations, the loss) is not counted; other "
+            f"cores run other code"])
