@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine too: installs the package with its test and
-# deploy extras, builds (or reuses) the MicroPython Unix port and the emulated Cortex-M3
-# board (scripts/build_qemu_board.sh: installs qemu-system-arm and the ARM toolchain from
-# Debian when missing), then runs pytest with both required (a missing interpreter or
-# firmware fails instead of skipping). The flower extra (Flower's simulation engine) is
+# deploy extras, builds (or reuses) the MicroPython Unix port and the two emulated boards
+# (scripts/build_qemu_board.sh, the Cortex-M3: installs qemu-system-arm and the ARM toolchain
+# from Debian when missing; scripts/build_qemu_rv32.sh, the 32-bit RISC-V: qemu-system-misc
+# and the RISC-V toolchain), then runs pytest with all three required (a missing interpreter
+# or firmware fails instead of skipping). The flower extra (Flower's simulation engine) is
 # installed and required the same way: tests/test_flower.py fails rather than skips.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,6 +18,8 @@ fi
 export MICROTRAIN_REQUIRE_MICROPYTHON=1
 export MICROTRAIN_QEMU_FIRMWARE=$(bash scripts/build_qemu_board.sh)
 export MICROTRAIN_REQUIRE_QEMU=1
+export MICROTRAIN_QEMU_RV32_FIRMWARE=$(bash scripts/build_qemu_rv32.sh)
+export MICROTRAIN_REQUIRE_QEMU_RV32=1
 set +e
 python3 -m pytest "$@"
 status=$?

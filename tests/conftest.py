@@ -47,17 +47,17 @@ def run_micropython(binary, script, *args, heap="16M", timeout=600):
     return proc.stdout
 
 
-def emulated_board_plan(tmp_path, artifacts, files, in_rom=()):
-    """A deploy plan for the emulated Cortex-M3 (qemu-mps2-an385): the whole device package,
-    compiled by mpy-cross, in a ROMFS image (its bytecode runs from flash), plus the files
-    in_rom ([(local path, name in /rom)]); files ([(local path, name)]) copied to its
-    filesystem."""
+def emulated_board_plan(tmp_path, artifacts, files, in_rom=(), board="qemu-mps2-an385"):
+    """A deploy plan for an emulated board (the Cortex-M3 qemu-mps2-an385 unless `board`
+    names another): the whole device package, compiled by mpy-cross for its architecture, in
+    a ROMFS image (its bytecode runs from flash), plus the files in_rom ([(local path, name
+    in /rom)]); files ([(local path, name)]) copied to its filesystem."""
     from microtrain_host.tools import boards, deploy, runtime
     rt = tmp_path / "runtime"
     package = runtime.device_package_dir()
     sources = runtime.package_sources(sorted(str(p.relative_to(package))
                                              for p in (package / "microtrain").rglob("*.py")))
-    board = boards.load_board("qemu-mps2-an385")
+    board = boards.load_board(board)
     runtime.compile_runtime(sources, board["mpy_arch"], board["mpy_version"], rt)
     for local, name in in_rom:
         (rt / name).write_bytes(pathlib.Path(local).read_bytes())
@@ -94,15 +94,32 @@ def lenet_board_artifacts(tmp_path, optimizer, steps):
     return artifacts, lr
 
 
+def emulated_firmware(board, require):
+    """The firmware of emulated board `board` (its profile's qemu section: the environment
+    variable naming it, else the cached build). Missing (or no qemu binary for it): skip
+    locally, fail when the environment variable `require` is 1 (CI sets it)."""
+    from microtrain_host.tools import boards
+    qemu = boards.load_board(board)["qemu"]
+    path = pathlib.Path(os.environ.get(qemu["firmware_env"]) or ROOT / qemu["firmware"])
+    if not path.exists() or shutil.which(qemu["system"]) is None:
+        message = (f"emulated board {board} not built ({path}, {qemu['system']}): run "
+                   f"{qemu['build']}")
+        if os.environ.get(require) == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
 @pytest.fixture(scope="session")
 def firmware():
     """The emulated Cortex-M3's firmware ($MICROTRAIN_QEMU_FIRMWARE or the cached build).
     Missing (or no qemu-system-arm): skip locally, fail when MICROTRAIN_REQUIRE_QEMU=1."""
-    path = pathlib.Path(os.environ.get("MICROTRAIN_QEMU_FIRMWARE")
-                        or ROOT / ".cache" / "qemu-board" / "firmware.elf")
-    if not path.exists() or shutil.which("qemu-system-arm") is None:
-        message = f"emulated board not built ({path}): run scripts/build_qemu_board.sh"
-        if os.environ.get("MICROTRAIN_REQUIRE_QEMU") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
+    return emulated_firmware("qemu-mps2-an385", "MICROTRAIN_REQUIRE_QEMU")
+
+
+@pytest.fixture(scope="session")
+def rv32_firmware():
+    """The emulated RISC-V board's firmware (qemu-virt-rv32: $MICROTRAIN_QEMU_RV32_FIRMWARE
+    or the cached build of scripts/build_qemu_rv32.sh). Missing (or no qemu-system-riscv32):
+    skip locally, fail when MICROTRAIN_REQUIRE_QEMU_RV32=1."""
+    return emulated_firmware("qemu-virt-rv32", "MICROTRAIN_REQUIRE_QEMU_RV32")

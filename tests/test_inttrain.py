@@ -511,8 +511,9 @@ def board_firmware():
     return path
 
 
-def train_on_board_and_cpython(firmware, info, tmp_path, steps, board_script, timeout):
-    """`steps` integer train steps over tmp_path/data.bin under CPython and on the emulated
+def train_on_board_and_cpython(firmware, info, tmp_path, steps, board_script, timeout,
+                               board="qemu-mps2-an385"):
+    """`steps` integer train steps over tmp_path/data.bin under CPython and on an emulated
     board (board_script: BOARD_SCRIPT or a variant); the board's checkpoint must equal
     CPython's byte for byte. Returns the trained parameters' lines of CPython, of the board's
     viper kernels and of its pure-Python kernels."""
@@ -525,10 +526,10 @@ def train_on_board_and_cpython(firmware, info, tmp_path, steps, board_script, ti
     expected = [line for line in cpython.splitlines() if line.split()[0] in info["parameters"]]
     plan = emulated_board_plan(tmp_path, tmp_path, [
         (info["blob"], "int8_train.mtb"), (info["checkpoint"], "int8_train.ckpt"),
-        (tmp_path / "data.bin", "data.bin")])
+        (tmp_path / "data.bin", "data.bin")], board=board)
     path = tmp_path / "on_board.py"
     path.write_text(f"STEPS = {steps}\n" + board_script)
-    with deploy.QemuBoard(firmware) as qemu:
+    with deploy.QemuBoard(firmware, board=board) as qemu:
         proc = deploy.subprocess.run(deploy.mpremote_command(plan, qemu.port, path,
                                                               tmp_path / "board.ckpt"),
                                      capture_output=True, text=True, timeout=timeout)

@@ -1,6 +1,8 @@
-# The emulated board's flash. The MPS2-AN385 machine has 4 MB of RAM; the MicroPython image,
-# its 140 KB heap and the stack use well under 1 MB of it. This module turns a window of the
-# unused RAM into the two flash partitions a MicroPython 1.25 board has:
+# The emulated boards' flash. qemu's machines have more RAM than a microcontroller: the
+# MicroPython image, its 140 KB heap and the stack use well under 1 MB of the MPS2-AN385's
+# 4 MB (from address 0) and end below 0x80700000 on the RISC-V virt machine (128 MB from
+# 0x80000000). This module turns a 2 MB window of the unused RAM into the two flash
+# partitions a MicroPython 1.25 board has:
 #  * a ROM partition holding a ROMFS image, mounted at /rom: modules imported from it run
 #    their bytecode in place, as frozen modules do, instead of copying it into the heap;
 #  * a littlefs filesystem at "/" for data, blobs and checkpoints (rp2 and esp32 format their
@@ -13,24 +15,30 @@ import micropython
 import uctypes
 import vfs
 
-ROM_ADDRESS = 0x100000   # above the firmware image (build_qemu_board.sh checks _ebss < this)
+# The window's address per firmware build (sys.implementation._build): above the image,
+# which scripts/build_qemu_board.sh and build_qemu_rv32.sh check, and where
+# microtrain_host's QemuBoard loads a ROM image (the board profile's qemu "flash_address").
+WINDOWS = {"MPS2_AN385": 0x100000, "VIRT_RV32": 0x80800000}
+ROM_ADDRESS = WINDOWS[sys.implementation._build]
 ROM_SIZE = 0x40000       # 256 KB
 FS_ADDRESS = ROM_ADDRESS + ROM_SIZE
-FS_SIZE = 0x1C0000       # 1.75 MB, ending well below the stack at the top of RAM
+FS_SIZE = 0x1C0000       # 1.75 MB, ending well below the end of RAM (the ARM stack's top)
 BLOCK_SIZE = 512
 ROMFS_HEADER = b"\xd2\xcd\x31"
 
 
+# base and offset apart: the RISC-V window's addresses are past 2**30, no small ints, and
+# their sum would be a new big int per call
 @micropython.viper
-def _read(address: int, buf: ptr8, n: int):
-    src = ptr8(address)
+def _read(base: int, offset: int, buf: ptr8, n: int):
+    src = ptr8(base + offset)
     for i in range(n):
         buf[i] = src[i]
 
 
 @micropython.viper
-def _write(address: int, buf: ptr8, n: int):
-    dst = ptr8(address)
+def _write(base: int, offset: int, buf: ptr8, n: int):
+    dst = ptr8(base + offset)
     for i in range(n):
         dst[i] = buf[i]
 
@@ -46,10 +54,10 @@ class MemoryBlocks:
         self.blocks = size // block_size
 
     def readblocks(self, block, buf, offset=0):
-        _read(self.address + block * self.block_size + offset, buf, len(buf))
+        _read(self.address, block * self.block_size + offset, buf, len(buf))
 
     def writeblocks(self, block, buf, offset=0):
-        _write(self.address + block * self.block_size + offset, buf, len(buf))
+        _write(self.address, block * self.block_size + offset, buf, len(buf))
 
     def ioctl(self, op, arg):
         if op == 4:  # block count

