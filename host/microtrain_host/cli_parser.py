@@ -374,6 +374,16 @@ def build_parser():
                    help="with --int8-train: SGD momentum of the classifier (torch's rule; an "
                         "int16 velocity per weight, saved in checkpoints with the optimizer "
                         "state; default 0)")
+    p.add_argument("--int8-max-classes", type=int, metavar="N",
+                   help="with --int8-train: room for N classes in the classifier, fixed "
+                        "now so that classes added on the device (continual learning: "
+                        "microtrain.continual.Learner) need no new memory; the slots beyond "
+                        "the model's classes start unused (zero weights, a bias that marks "
+                        "them: no logit, never predicted, never updated)")
+    p.add_argument("--int8-keep-classes", type=int, metavar="K",
+                   help="with --int8-train: keep the first K of the model's classes in use "
+                        "(default all); 0 starts with every slot unused, a classifier the "
+                        "device fills class by class")
     p.add_argument("--int8-nearest", action="store_true",
                    help="with --int8-train: round weight steps half to even instead of "
                         "stochastically (steps below half a quantum are then lost)")

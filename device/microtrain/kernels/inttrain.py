@@ -59,6 +59,13 @@ LOGIT_LIMIT = 1 << 20    # |z| clamp: +-4096 in real units, far beyond any usefu
 VELOCITY_LIMIT = 32767   # |int16 velocity| of int_gemm_update_momentum, in 1/256 quanta
 MAX_K = 256
 GRAD_BITS = 4            # int_gemm_grad_input: extra bits of D for up to 16 classes
+# A class slot not in use (a classifier packed with room for more classes: continual.py):
+# its bias is UNUSED_BIAS, below every bias training reaches (+-BIAS_LIMIT), its weights
+# zero. Its logit is then UNUSED_LOGIT, below every clamped logit; the softmax gives it
+# probability 0 (unless it is the label: labels are checked before a step) and the update
+# leaves its row as it is.
+UNUSED_BIAS = -BIAS_LIMIT - 1
+UNUSED_LOGIT = -LOGIT_LIMIT - 1
 
 
 # -- forward: int32 logits -------------------------------------------------------------
@@ -70,6 +77,10 @@ def int_gemm_logits(F, I, args):
         xi = x + i * k
         for j in range(n):
             acc = I[bias + j]
+            if acc == UNUSED_BIAS:
+                I[z] = UNUSED_LOGIT
+                z += 1
+                continue
             pw = w + j * k
             for t in range(k):
                 acc += (((Q[xi + t] ^ flip) - flip) - x_zp) * (((Q[pw + t] ^ 128) - 128))
@@ -99,12 +110,14 @@ def int_gemm_logits_check(args, c):
 def int_softmax_ce(F, I, args):
     # loss[2i] = max - z[label], loss[2i + 1] = sum_j e_j (Q14, >= 2**14);
     # grad[i, j] = round(e_j * 2**14 / sum) - (2**14 if j == label), e_j = exp(-(max - z_j)
-    # / 2**8) in Q14 from the two-level table (e = hi[d >> 6] * lo[d & 63] >> 14).
+    # / 2**8) in Q14 from the two-level table (e = hi[d >> 6] * lo[d & 63] >> 14); e_j = 0
+    # for a class slot not in use (UNUSED_LOGIT) other than the label.
     z, g, loss, label, table, m, n = args
     lo_at = table + EXP_HI
     for i in range(m):
         zi = z + i * n
         gi = g + i * n
+        y = I[label + i]
         top = I[zi]
         for j in range(1, n):
             if I[zi + j] > top:
@@ -113,13 +126,13 @@ def int_softmax_ce(F, I, args):
         for j in range(n):
             d = top - I[zi + j]
             a = d >> 6
-            e = (I[table + a] * I[lo_at + (d & 63)]) >> 14 if a < EXP_HI else 0
+            e = (I[table + a] * I[lo_at + (d & 63)]) >> 14 if a < EXP_HI and (
+                I[zi + j] != UNUSED_LOGIT or j == y) else 0
             I[gi + j] = e
             total += e
         half = total >> 1
         for j in range(n):
             I[gi + j] = ((I[gi + j] << 14) + half) // total
-        y = I[label + i]
         I[gi + y] -= ONE
         I[loss + 2 * i] = top - I[zi + y]
         I[loss + 2 * i + 1] = total
@@ -201,6 +214,8 @@ def int_gemm_update(F, I, args):
     x_zp = I[rates]
     flip = 128 if x_signed else 0
     for j in range(n):
+        if I[bias + j] == UNUSED_BIAS:
+            continue
         r = rates + 1 + 4 * j
         m0 = I[r]
         shift = I[r + 1]
@@ -225,6 +240,8 @@ def int_gemm_update_momentum(F, I, args):
     x_zp = I[rates]
     flip = 128 if x_signed else 0
     for j in range(n):
+        if I[bias + j] == UNUSED_BIAS:
+            continue
         r = rates + 1 + 4 * j
         m0 = I[r]
         shift = I[r + 1] - 8 if I[r + 1] > 8 else 1

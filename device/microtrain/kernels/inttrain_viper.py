@@ -12,6 +12,8 @@ from microtrain.kernels.intsgd_viper import descend_bias, dither, update_step, u
 
 _LOGIT_LIMIT = const(1048576)   # kernels/inttrain.py LOGIT_LIMIT
 _BIAS_LIMIT = const(8388608)    # kernels/intsgd.py BIAS_LIMIT
+_UNUSED_BIAS = const(-8388609)  # kernels/inttrain.py UNUSED_BIAS, UNUSED_LOGIT: a class
+_UNUSED_LOGIT = const(-1048577)  # slot not in use
 _FINE_M0 = const(2)             # kernels/intsgd.py FINE_M0, FINE_SHIFT: 1 / 2**8
 _FINE_SHIFT = const(9)
 
@@ -45,7 +47,12 @@ def int_gemm_logits(F, I, args) -> int:
     for i in range(m):
         xi = x + i * k
         for j in range(n):
-            acc = int(I[bias + j]) + int(_dot(args[0], xi, w + j * k, k, x_zp + flip, flip))
+            acc = int(I[bias + j])
+            if acc == _UNUSED_BIAS:
+                r[z] = _UNUSED_LOGIT
+                z += 1
+                continue
+            acc += int(_dot(args[0], xi, w + j * k, k, x_zp + flip, flip))
             v = int(requant(acc, r[req + 1 + 2 * j], r[req + 2 + 2 * j]))
             if v > _LOGIT_LIMIT:
                 v = _LOGIT_LIMIT
@@ -94,6 +101,8 @@ def int_gemm_update(F, I, args) -> int:
     zp = int(I[rates]) + flip
     r = ptr32(I)
     for j in range(n):
+        if int(I[bias + j]) == _UNUSED_BIAS:
+            continue
         at = rates + 1 + 4 * j
         pw = w + j * k
         for t in range(k):
@@ -294,6 +303,8 @@ def int_gemm_update_momentum(F, I, args) -> int:
     n = int(args[11])
     mu = int(args[13])
     for j in range(n):
+        if int(I[bias + j]) == _UNUSED_BIAS:
+            continue
         at = rates + 1 + 4 * j
         shift = 1
         if r[at + 1] > 8:

@@ -35,6 +35,8 @@ ONE = 1 << PROB_BITS
 EXP_HI, EXP_LO = 48, 64
 LOGIT_LIMIT = 1 << 20
 BIAS_LIMIT = 1 << 23
+UNUSED_BIAS = -BIAS_LIMIT - 1     # a class slot not in use (its weights zero): no logit,
+UNUSED_LOGIT = -LOGIT_LIMIT - 1   # probability 0, no update (device kernels/inttrain.py)
 MAX_K = 256
 EXP_TABLE = "inttrain.exp_table"
 
@@ -211,7 +213,8 @@ def logits(xq, x_zp, w, bias, sx, sw):
     for j in range(w.shape[0]):
         m0, shift = requant_multiplier(_f32(_f32(_f32(sx) * _f32(sw[j])) * 2 ** LOGIT_BITS))
         out[:, j] = requant_values(acc[:, j], m0, shift)
-    return np.clip(out, -LOGIT_LIMIT, LOGIT_LIMIT)
+    return np.where(np.asarray(bias) == UNUSED_BIAS, UNUSED_LOGIT,
+                    np.clip(out, -LOGIT_LIMIT, LOGIT_LIMIT))
 
 
 def softmax_ce(z, labels):
@@ -220,11 +223,13 @@ def softmax_ce(z, labels):
     z = np.asarray(z, np.int64)
     d = z.max(axis=1, keepdims=True) - z
     a = d >> 6
-    e = np.where(a < EXP_HI, (table[np.minimum(a, EXP_HI - 1)] * table[EXP_HI + (d & 63)]) >> 14,
-                 0)
+    rows = np.arange(len(z))
+    counted = z != UNUSED_LOGIT
+    counted[rows, labels] = True
+    e = np.where((a < EXP_HI) & counted,
+                 (table[np.minimum(a, EXP_HI - 1)] * table[EXP_HI + (d & 63)]) >> 14, 0)
     total = e.sum(axis=1, keepdims=True)
     g = ((e << 14) + (total >> 1)) // total
-    rows = np.arange(len(z))
     g[rows, labels] -= ONE
     loss = np.stack([d[rows, labels], total[:, 0]], axis=1)
     return loss, g
@@ -245,7 +250,9 @@ def update(w, bias, xq, x_zp, g, sx, sw, lr):
     acc_b = g.astype(np.int64).sum(axis=0)
     w2, b2 = w.astype(np.int64).copy(), bias.astype(np.int64).copy()
     for j, (rw, rb) in enumerate(update_reals(sx, sw, m, lr)):
+        if bias[j] == UNUSED_BIAS:
+            continue
         w2[j] -= requant_values(acc_w[j], *requant_multiplier(rw))
         b2[j] -= requant_values(acc_b[j:j + 1], *requant_multiplier(rb))[0]
     return (np.clip(w2, -127, 127).astype(np.int8),
-            np.clip(b2, -BIAS_LIMIT, BIAS_LIMIT).astype(np.int32))
+            np.where(b2 == UNUSED_BIAS, b2, np.clip(b2, -BIAS_LIMIT, BIAS_LIMIT)).astype(np.int32))

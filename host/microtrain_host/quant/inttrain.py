@@ -33,6 +33,7 @@ from ..formats.checkpoint import write_checkpoint
 from ..formats.files import write_atomically
 from ..ir import INPUT, LABEL, PARAM
 from ..pipeline.lower import Lowering
+from ..ops.inttrain import UNUSED_BIAS
 from ..pipeline.plan import assign_offsets
 from .int8 import int8_graph
 
@@ -209,12 +210,39 @@ def _param_name(name, fallback):
     return name.removesuffix(".quantized") if name else fallback
 
 
+def _class_slots(gemm, w, bias, w_scales, max_classes, keep_classes):
+    """(W, bias, weight scales) of a classifier with room for classes added on the device
+    (continual learning, device continual.py): max_classes rows (default: the model's), of
+    which the first keep_classes (default: all the model's) are the model's own classes and
+    the rest unused slots - zero weights and the bias UNUSED_BIAS, which the kernels read as
+    "no class here" (no logit, probability 0, no update) until the device adds a class
+    there. An unused slot's weight scale is the largest of the model's (a class trained
+    from zero then has the range of the widest one)."""
+    n, k = w.shape
+    keep = n if keep_classes is None else int(keep_classes)
+    slots = n if max_classes is None else int(max_classes)
+    if not 0 <= keep <= n:
+        raise ArtifactError(f"keep_classes {keep} must lie in [0, {n}]: the classifier "
+                            f"'{gemm.name}' has {n} classes")
+    if not max(keep, 2) <= slots <= 1024:
+        raise ArtifactError(f"max_classes {slots} must lie in [{max(keep, 2)}, 1024] (at "
+                            f"least the {keep} classes kept, at least 2)")
+    rows = np.zeros((slots, k), np.int8)
+    rows[:keep] = w[:keep]
+    biases = np.full(slots, UNUSED_BIAS, np.int32)
+    biases[:keep] = bias[:keep]
+    scales = list(w_scales[:keep]) + [max(w_scales)] * (slots - keep)
+    return rows, biases, scales
+
+
 def int8_training_model(qdq_model, stochastic=True, train_conv=False, momentum=0.0,
-                        train_biases=False, train_depthwise=False):
+                        train_biases=False, train_depthwise=False, max_classes=None,
+                        keep_classes=None):
     """(train graph, eval graph, roles, quantization, parameters {name: array}, info).
     train_conv: also train the 1x1 convolution before the GlobalAveragePool (weights and
     bias) from the classifier's input gradient. train_biases / train_depthwise: the
-    integer backward through the convolutions (ops/intgrad.py, _sparse_nodes)."""
+    integer backward through the convolutions (ops/intgrad.py, _sparse_nodes).
+    max_classes / keep_classes: see _class_slots."""
     if not isinstance(qdq_model, onnx.ModelProto):
         qdq_model = onnx.load(os.fspath(qdq_model))
     fused = int8_graph(qdq_model)
@@ -236,6 +264,9 @@ def int8_training_model(qdq_model, stochastic=True, train_conv=False, momentum=0
     w_scales = [float(v) for v in attr(gemm, "w_scales")]
     if len(w_scales) == 1:
         w_scales *= n
+    if max_classes is not None or keep_classes is not None:
+        w, bias, w_scales = _class_slots(gemm, w, bias, w_scales, max_classes, keep_classes)
+        n = w.shape[0]
     x_name = quant.output[0]
     x_type = attr(quant, "y_type", TensorProto.UINT8)
     shape = [d.dim_value for d in g.input[0].type.tensor_type.shape.dim]
@@ -321,13 +352,14 @@ def int8_training_model(qdq_model, stochastic=True, train_conv=False, momentum=0
             "weight": w_name, "bias": b_name, "features": int(k),
             "feature_tensor": gemm.input[0],
             "feature_scale": float(attr(gemm, "x_scale")),
-            "weight_scales": w_scales, "parameters": list(params)}
+            "weight_scales": w_scales, "parameters": list(params),
+            "classes_in_use": int(np.count_nonzero(bias != UNUSED_BIAS))}
     return train, evaluate, roles, quantization, params, info
 
 
 def int8_training_artifacts(qdq_model, out_dir, learning_rate=0.01, stochastic=True,
                             train_conv=False, momentum=0.0, train_biases=False,
-                            train_depthwise=False):
+                            train_depthwise=False, max_classes=None, keep_classes=None):
     """Write int8_train.mtb, int8_train.ckpt and int8_train.json into out_dir (see the
     module docstring); returns the info dict (with the three paths). stochastic: round the
     weight steps stochastically (default; steps below half a quantum would otherwise be
@@ -344,13 +376,17 @@ def int8_training_artifacts(qdq_model, out_dir, learning_rate=0.01, stochastic=T
     convolutions train through kernels/intgrad.py (the last pointwise conv's weights when
     train_conv), every convolution the backward passes training its bias; the model is
     then a chain of convolutions (with their fused ReLU / Clip) into a GlobalAveragePool
-    and the classifier, as a DS-CNN. The classifier's momentum applies to it only."""
+    and the classifier, as a DS-CNN. The classifier's momentum applies to it only.
+    max_classes: the classifier's room for classes added on the device (continual
+    learning); keep_classes: how many of the model's classes stay in use (default all; 0:
+    every slot starts unused). See _class_slots."""
     if not 0.0 <= float(momentum) < 1.0:
         raise ArtifactError(f"momentum {momentum!r} must lie in [0, 1)")
     if not (0.0 < float(learning_rate) < 3e38):
         raise ArtifactError(f"learning rate {learning_rate!r} must be positive and finite")
     train, evaluate, roles, quantization, params, info = int8_training_model(
-        qdq_model, stochastic, train_conv, momentum, train_biases, train_depthwise)
+        qdq_model, stochastic, train_conv, momentum, train_biases, train_depthwise,
+        max_classes, keep_classes)
     lowering = Lowering(roles)
     lowering.quantization = quantization
     lowering.lower("train", train)
