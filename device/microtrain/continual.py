@@ -21,11 +21,11 @@
 from microtrain import files
 from microtrain.checkpoint import CheckpointState
 from microtrain.errors import CheckpointError, InputError
-from microtrain.fit import XorShift
 from microtrain.kernels import inttrain
+from microtrain.kernels.inttrain import UNUSED_BIAS, loss_value
 from microtrain.module import Module
 from microtrain.optimizer import Optimizer
-from microtrain.samples import SampleStore
+from microtrain.samples import SampleStore, shuffle
 
 CHECKPOINT = "checkpoint"       # the run's files in its directory
 SAMPLES = "samples"
@@ -97,10 +97,10 @@ class Learner:
         # the classes in use are the first rows; an unused one has UNUSED_BIAS and zeros
         I, Q = self.I, self.Q
         used = 0
-        while used < n and I[bias + used] != inttrain.UNUSED_BIAS:
+        while used < n and I[bias + used] != UNUSED_BIAS:
             used += 1
         for j in range(used, n):
-            if I[bias + j] != inttrain.UNUSED_BIAS or any(Q[w + j * k:w + (j + 1) * k]):
+            if I[bias + j] != UNUSED_BIAS or any(Q[w + j * k:w + (j + 1) * k]):
                 raise CheckpointError("class slot %d of the classifier is in use after an "
                                       "unused one (%d): the classes in use come first"
                                       % (j, used))
@@ -115,7 +115,8 @@ class Learner:
 
     def _head(self, steps, name):
         head = steps[self._start(steps, name):]
-        kernels = [getattr(inttrain, kernel) for kernel in _HEAD_KERNELS]
+        # (a runtime trimmed to the model keeps only the kernels its blob uses)
+        kernels = [getattr(inttrain, kernel, None) for kernel in _HEAD_KERNELS]
         for kernel, _ in head:
             if not [k for k in kernels if k is kernel]:
                 raise InputError("a Learner trains the classifier alone; this blob trains "
@@ -302,11 +303,7 @@ class Learner:
         order, pool = self._order, self._pool
         for i in range(count):
             order[i] = pool[i]
-        rng = XorShift((self.seed * 1000003 + self.stages_done * 8191 + epoch * 131071 + 1)
-                       & 0x3FFFFFFF)
-        for i in range(count - 1, 0, -1):
-            j = rng.below(i + 1)
-            order[i], order[j] = order[j], order[i]
+        shuffle(order, count, self.seed + 65537 * self.stages_done + 257 * epoch)
 
     def _step(self, step):
         # one training step of the classifier on the batch `step` of the epoch's order
@@ -323,7 +320,7 @@ class Learner:
         for kernel, args in self.train_steps:
             kernel(F, I, args)
         self.optimizer.step()
-        return inttrain.loss_value(I, self._loss_at, self.batch)
+        return loss_value(I, self._loss_at, self.batch)
 
     # -- using it ------------------------------------------------------------------------
     def predict(self, code):

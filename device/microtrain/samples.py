@@ -68,6 +68,26 @@ def seed_generator(seed):
     return s
 
 
+def _draw(s, n):
+    # The generator's state after a uniform draw in [0, n) (n <= _M - 1): the draw is
+    # (state - 1) % n. By rejection: exact, with no modulo bias.
+    limit = (_M - 1) - (_M - 1) % n
+    s = _step(s)
+    while s - 1 >= limit:
+        s = _step(s)
+    return s
+
+
+def shuffle(order, count, seed):
+    """Shuffle order[:count] in place (Fisher-Yates) with this module's generator started
+    from `seed`: the same order on every port for the same seed (continual.py's epochs)."""
+    s = seed_generator(seed)
+    for i in range(count - 1, 0, -1):
+        s = _draw(s, i + 1)
+        j = (s - 1) % (i + 1)
+        order[i], order[j] = order[j], order[i]
+
+
 def _put32(buf, at, v):
     buf[at] = v & 0xFF
     buf[at + 1] = (v >> 8) & 0xFF
@@ -422,14 +442,9 @@ class SampleStore:
         return -1  # not reached: the counts are those of the slots
 
     def _below(self, n):
-        # A uniform draw in [0, n) (n <= _M - 1), by rejection: exact, with no modulo bias.
-        s = self.generator
-        limit = (_M - 1) - (_M - 1) % n
-        while True:
-            s = _step(s)
-            if s - 1 < limit:
-                self.generator = s
-                return (s - 1) % n
+        # A uniform draw in [0, n) (n <= _M - 1)
+        self.generator = _draw(self.generator, n)
+        return (self.generator - 1) % n
 
     # -- reading ------------------------------------------------------------------------
 

@@ -99,12 +99,13 @@ def model_modules(blob_path):
     return wanted
 
 
-def runtime_modules(blob_path):
+def runtime_modules(blob_path, extra=()):
     """Relative paths (microtrain/....py) of the modules a training run of this blob imports:
     the package's module-level import closure, the kernel families it uses and the modules
-    only some models import (model_modules), with what those import."""
+    only some models import (model_modules), with what those import; extra: more modules
+    the run's program imports (e.g. "microtrain.continual"), with their imports."""
     wanted = (list(ENTRY_MODULES) + ["microtrain.kernels." + f for f in kernel_families(blob_path)]
-              + model_modules(blob_path))
+              + model_modules(blob_path) + list(extra))
     seen = set()
     while wanted:
         name = wanted.pop()
@@ -123,9 +124,9 @@ def package_sources(modules):
     return {m: (device_package_dir() / m).read_text() for m in modules}
 
 
-def minimal_sources(blob_path):
+def minimal_sources(blob_path, extra=()):
     """{relative path: source text} of the model's minimal runtime: the modules of
-    runtime_modules(), with opcodes.py cut to the op codes the blob uses and each kernel
+    runtime_modules() (extra: see there), with opcodes.py cut to the op codes the blob uses and each kernel
     family cut to the kernels those op codes name, their load-time checkers and whatever
     those reference. A blob needing another op is then refused at load ("unknown op code").
     Cut lines are blanked, not removed, so that a traceback on the board gives the line
@@ -135,7 +136,7 @@ def minimal_sources(blob_path):
     for op in used:
         family, function = BY_CODE[op].family, BY_CODE[op].kernel
         kernels.setdefault(family, set()).update((function, function + "_check"))
-    sources = package_sources(runtime_modules(blob_path) + _fast_paths(kernels))
+    sources = package_sources(runtime_modules(blob_path, extra) + _fast_paths(kernels))
     for text in sources.values():  # what one kernel family imports from another
         for node in ast.walk(ast.parse(text)):
             if (isinstance(node, ast.ImportFrom)
