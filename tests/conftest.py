@@ -123,3 +123,18 @@ def rv32_firmware():
     or the cached build of scripts/build_qemu_rv32.sh). Missing (or no qemu-system-riscv32):
     skip locally, fail when MICROTRAIN_REQUIRE_QEMU_RV32=1."""
     return emulated_firmware("qemu-virt-rv32", "MICROTRAIN_REQUIRE_QEMU_RV32")
+
+
+@pytest.fixture(scope="session")
+def digits_int8(tmp_path_factory):
+    """The digits MLP packed for QAT at batch 1, trained 2 epochs, exported as a QDQ model
+    (qdq.onnx): what the integer training blobs are made from."""
+    import microtrain_host as mh
+    from microtrain_host.tools.train import train
+    tmp = tmp_path_factory.mktemp("digits_inttrain")
+    digits = ROOT / "examples" / "digits"
+    mh.generate_artifacts(str(digits / "mlp.onnx"), artifact_directory=tmp, batch_size=1,
+                          quantization=True)
+    train(tmp, digits / "digits.npz", 2, 0.01, tmp / "trained")
+    mh.export_inference_model(tmp, tmp / "trained", tmp / "qdq.onnx", qdq=True)
+    return tmp

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 
-import microtrain_host as mh
 from conftest import DEVICE, ROOT, emulated_board_plan, run_micropython
 from inttrain_helpers import Layer
 from microtrain import CheckpointState, Module, Optimizer
@@ -26,7 +25,6 @@ from microtrain.kernels import inttrain as K
 from microtrain_host.ops import inttrain as host_ops
 from microtrain_host.formats.checkpoint import write_checkpoint
 from microtrain_host.quant.inttrain import int8_training_artifacts, quantize_input
-from microtrain_host.tools.train import train
 
 DIGITS = ROOT / "examples" / "digits"
 
@@ -137,16 +135,6 @@ def test_softmax_cross_entropy_gradient_equals_torch():
     print(f"integer softmax-CE gradient vs torch: within {worst * 2 ** 14:.2f} / 2**14, "
           f"loss within {worst_loss:.2e}")
     assert worst <= 4 / 2 ** 14 and worst_loss <= 2 ** -10
-
-
-@pytest.fixture(scope="module")
-def digits_int8(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("digits_inttrain")
-    mh.generate_artifacts(str(DIGITS / "mlp.onnx"), artifact_directory=tmp, batch_size=1,
-                          quantization=True)
-    train(tmp, DIGITS / "digits.npz", 2, 0.01, tmp / "trained")
-    mh.export_inference_model(tmp, tmp / "trained", tmp / "qdq.onnx", qdq=True)
-    return tmp
 
 
 def _accuracy(model, info, xs, ys):

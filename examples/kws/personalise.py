@@ -185,32 +185,36 @@ def write_data(directory, shots, held_out, limit=None, info=None):
     return counts
 
 
-def build_options(directory, flash, m32, trim):
+def build_options(directory, flash, m32, trim, extra=()):
     """build_micropython_frozen.sh's options for --flash, --m32 and --trim (which writes the
-    model's minimal runtime into directory/runtime)."""
+    model's minimal runtime into directory/runtime; extra: more device modules the run
+    imports, e.g. microtrain.continual)."""
     options = (["--m32"] if m32 else []) + (["--module", str(directory / "kws_blob.py")]
                                             if flash else [])
     if trim:
         import shutil
         from microtrain_host.tools import runtime
         shutil.rmtree(directory / "runtime", ignore_errors=True)
-        runtime.write_sources(runtime.minimal_sources(directory / "model.mtb"),
+        runtime.write_sources(runtime.minimal_sources(directory / "model.mtb", extra),
                               directory / "runtime")
         options += ["--device", str(directory / "runtime")]
     return options
 
 
-def run_device(directory, epochs, lr, runtime, frozen, heap, options=()):
-    args = [str(directory), str(epochs), repr(lr)] + (["flash"] if "--module" in options else [])
+def run_device(directory, epochs, lr, runtime, frozen, heap, options=(), script=DEVICE_SCRIPT,
+               mode=None):
+    """The device script's output (mode: continual_device.py's second argument)."""
+    args = ([str(directory)] + ([mode] if mode else []) + [str(epochs), repr(lr)]
+            + (["flash"] if "--module" in options else []))
     if runtime == "cpython":
-        proc = subprocess.run([sys.executable, str(DEVICE_SCRIPT), *args], capture_output=True,
+        proc = subprocess.run([sys.executable, str(script), *args], capture_output=True,
                               text=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "device")))
         if proc.returncode:
             sys.exit(proc.stderr)
         return proc.stdout
     import measure_heap as heap_tool
     code, out = heap_tool.run(heap_tool.interpreter(frozen, options), heap_tool.size(heap),
-                              DEVICE_SCRIPT, args, frozen, 7200)
+                              script, args, frozen, 7200)
     if code:
         sys.exit(out)
     return out
