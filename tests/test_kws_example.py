@@ -203,3 +203,32 @@ def test_int8_personalisation_runs_in_64k_as_a_board_holds_it(frozen, tmp_path):
     before, after = re.findall(r"accuracy \w+ (\d+)/", board)
     assert int(after) > 2 * int(before)
     assert 0 < int(re.search(r"peak heap (\d+)", board).group(1)) < 64 * 1024
+
+
+def test_continual_example_learns_keywords_stage_by_stage(frozen, tmp_path):
+    # Issue 25: examples/kws/continual_device.py on the frozen port, a few recordings: four
+    # stages of three keywords, their latent codes in the sample store (64 bytes + 12 of
+    # record each), replayed; the same program without replay forgets the earlier keywords
+    # outright (its classifier predicts only the newest ones); one stage of all is joint.
+    import continual
+    info = continual.pack(tmp_path, 0.02, calibration_steps=4)
+    assert info["classes"] == 12 and info["classes_in_use"] == 0
+    personalise.write_data(tmp_path, 3, 2, info=info)
+    runs = {}
+    for mode in continual.MODES:
+        code, out = measure_heap.run(measure_heap.interpreter(True), 256 * 1024,
+                                     continual.DEVICE_SCRIPT, [str(tmp_path), mode, "4", "0.02"],
+                                     True, 600)
+        assert code == 0, out
+        runs[mode] = continual.parse(out)
+        print(mode, out)
+    stages, peak = runs["replay"]
+    assert [s[0] for s in stages] == [3, 6, 9, 12]
+    assert [s[1] for s in stages] == [76 * 9, 76 * 18, 76 * 27, 76 * 36]
+    assert [len(s[2]) for s in stages] == [1, 2, 3, 4] and 0 < peak < 256 * 1024
+    forgot, _ = runs["noreplay"]
+    assert all(right == 0 for right, _ in forgot[-1][2][:3])      # the earlier nine keywords
+    assert continual.percent(stages[-1][2][:3]) > continual.percent(forgot[-1][2][:3])
+    joint, _ = runs["joint"]
+    assert len(joint) == 1 and joint[0][0] == 12
+    assert (tmp_path / "test_latents.bin").stat().st_size == 24 * 64

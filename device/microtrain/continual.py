@@ -239,16 +239,18 @@ class Learner:
                              % (label, self.classes - 1))
         return self.store.append(label, code)
 
-    def train(self, epochs, learning_rate, report=None):
+    def train(self, epochs, learning_rate, report=None, final_learning_rate=None):
         """Train the stage under way for `epochs` epochs over the store (or the stage's own
         samples, replay=False), batches in an order drawn from the seed, the stage and the
         epoch; save the checkpoint every `every` steps and when the stage is done (its
         progress then counts it). A resumed run continues from its last checkpoint.
-        report(epoch, step, steps per epoch, loss) after each step. Returns the stage's
-        number of steps."""
+        report(epoch, step, steps per epoch, loss) after each step. final_learning_rate:
+        the rate falls linearly epoch by epoch from learning_rate to this one in the last
+        epoch (None: constant). Returns the stage's number of steps."""
         if not self._open:
             raise InputError("no stage under way: begin_stage first")
-        self.optimizer.set_learning_rate(learning_rate)
+        if final_learning_rate is None:
+            final_learning_rate = learning_rate
         count = self._gather()
         per_epoch = count // self.batch
         if per_epoch == 0:
@@ -262,6 +264,9 @@ class Learner:
             epoch, step = done // per_epoch, done % per_epoch
             if step == 0 or self._order is None:
                 self._shuffle(count, epoch)
+                self.optimizer.set_learning_rate(
+                    learning_rate + (final_learning_rate - learning_rate) * epoch
+                    / (epochs - 1) if epochs > 1 else learning_rate)
             loss = self._step(step)
             done += 1
             self._steps = done

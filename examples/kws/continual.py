@@ -39,13 +39,13 @@ MODES = ("replay", "noreplay", "joint")
 CLASSES = 12
 
 
-def pack(directory, lr):
+def pack(directory, lr, calibration_steps=20):
     """The integer training blob of the calibrated int8 backbone, its classifier packed with
     room for 12 classes, none in use (model.mtb, checkpoint, kws_blob.py); returns the info
     of quant/inttrain.py."""
     import quantize
     from microtrain_host.quant.inttrain import int8_training_artifacts
-    qdq, _ = quantize.calibrate(directory / "backbone", steps=20)
+    qdq, _ = quantize.calibrate(directory / "backbone", steps=calibration_steps)
     info = int8_training_artifacts(qdq, directory / "int8", lr, max_classes=CLASSES,
                                    keep_classes=0)
     blob = pathlib.Path(info["blob"]).read_bytes()
