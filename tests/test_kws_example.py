@@ -209,7 +209,8 @@ def test_continual_example_learns_keywords_stage_by_stage(frozen, tmp_path):
     # Issue 25: examples/kws/continual_device.py on the frozen port, a few recordings: four
     # stages of three keywords, their latent codes in the sample store (64 bytes + 12 of
     # record each), replayed; the same program without replay forgets the earlier keywords
-    # outright (its classifier predicts only the newest ones); one stage of all is joint.
+    # outright (its classifier predicts only the newest ones); joint learns the keywords so
+    # far in one stage, at every stage.
     import continual
     info = continual.pack(tmp_path, 0.02, calibration_steps=4)
     assert info["classes"] == 12 and info["classes_in_use"] == 0
@@ -230,5 +231,7 @@ def test_continual_example_learns_keywords_stage_by_stage(frozen, tmp_path):
     assert all(right == 0 for right, _ in forgot[-1][2][:3])      # the earlier nine keywords
     assert continual.percent(stages[-1][2][:3]) > continual.percent(forgot[-1][2][:3])
     joint, _ = runs["joint"]
-    assert len(joint) == 1 and joint[0][0] == 12
+    assert [s[0] for s in joint] == [3, 6, 9, 12]
+    assert [s[1] for s in joint] == [76 * 9, 76 * 18, 76 * 27, 76 * 36]
+    assert joint[0] == stages[0]        # the first stage is the same run
     assert (tmp_path / "test_latents.bin").stat().st_size == 24 * 64
