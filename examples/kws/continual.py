@@ -108,6 +108,10 @@ def main():
                              "linearly to a tenth of it by the stage's last epoch (0.04)")
     parser.add_argument("--runtime", choices=("micropython", "cpython"), default="micropython")
     parser.add_argument("--heap", default="128K", help="MicroPython heap (128K)")
+    parser.add_argument("--measure-heap", action="store_true",
+                        help="MicroPython: first bisect the smallest heap the replay run needs "
+                             "(its four stages at one epoch each: the heap does not grow with "
+                             "the epochs)")
     parser.add_argument("--build", default=str(HERE / "build" / "continual"))
     args = parser.parse_args()
     directory = pathlib.Path(args.build)
@@ -124,6 +128,15 @@ def main():
     print(f"12 new keywords in 4 stages of 3, {shots // CLASSES} recordings each, "
           f"{held_out // CLASSES} held out each; {args.epochs} epochs per stage, integer SGD "
           f"lr {args.lr} falling to {args.lr / 10:g}; on {where}", flush=True)
+    if args.measure_heap and args.runtime == "micropython":
+        import measure_heap as heap_tool
+        needed, out = heap_tool.needed_heap(
+            DEVICE_SCRIPT, [str(directory), "replay", "1", repr(args.lr), "flash", "fresh"],
+            frozen=True, high=heap_tool.size(args.heap), options=options)
+        if needed is None:
+            sys.exit(f"the replay run does not fit in a {args.heap} heap:\n{out}")
+        print(f"the replay run needs a heap of {needed} bytes (bisected -X heapsize)",
+              flush=True)
     results = {}
     for mode in MODES:
         out = run(directory, mode, args.epochs, args.lr, args.runtime, args.heap, options)
@@ -150,8 +163,8 @@ def main():
     print(f"drop on the earlier keywords beyond joint training: replay "
           f"{beyond_joint(results['replay'][0], joint):+.1f} points, no replay "
           f"{beyond_joint(results['noreplay'][0], joint):+.1f} points")
-    print(f"sample store: {results['replay'][0][-1][1]} bytes of the 16,384-byte budget; "
-          f"peak heap {max(r[1] for r in results.values())} bytes")
+    print(f"the replay run: sample store {results['replay'][0][-1][1]} bytes of its "
+          f"16,384-byte budget, peak heap {results['replay'][1]} bytes")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 # Keep learning on the device (MicroPython or CPython): the int8 DS-CNN's classifier learns
 # new keywords stage after stage with microtrain.continual.Learner, as a board would.
-#   continual_device.py DIR MODE EPOCHS LR [flash]
+#   continual_device.py DIR MODE EPOCHS LR [flash] [fresh]
 # (each stage's learning rate falls linearly from LR to LR / 10 over its epochs)
 # DIR holds model.mtb and checkpoint (the integer training blob packed with room for 12
 # classes, all unused) and the data, quantized on the host as the blob's input wants it:
@@ -12,7 +12,8 @@
 # the staged run with replay took to get there; four runs). A run's checkpoint and sample
 # store go to DIR/run_MODE (run_joint1..4); a run cut off resumes there. The held-out
 # samples' latent codes are computed once into DIR/test_latents.bin.
-# flash: the blob is the bytes constant BLOB of the frozen module kws_blob (read in place).
+# flash: the blob is the bytes constant BLOB of the frozen module kws_blob (read in place);
+# fresh: start the runs over (their directories removed first) rather than resume them.
 # Prints per stage "stage S classes C store BYTES groups R/T ...", then "peak heap BYTES":
 # the largest live heap after a collection at each phase (MicroPython; CPython: -1).
 import gc
@@ -103,7 +104,18 @@ def learn(learner, directory, x, codes, plan, epochs, lr, first_stage=0):
     learner.close()
 
 
-def main(directory, mode, epochs, lr, flash):
+def remove(path):
+    # a run's directory and its files (a fresh start)
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return
+    for name in names:
+        os.remove(path + "/" + name)
+    os.rmdir(path)
+
+
+def main(directory, mode, epochs, lr, flash, fresh):
     from microtrain.continual import Learner
     probe()
     if flash:
@@ -121,6 +133,8 @@ def main(directory, mode, epochs, lr, flash):
         runs = [("run_" + mode, PLANS[mode], epochs)]
     x = codes = None
     for stage, (name, plan, stage_epochs) in enumerate(runs):
+        if fresh:
+            remove(directory + "/" + name)
         learner = Learner(blob, directory + "/checkpoint", directory + "/" + name,
                           every=16, budget_bytes=16384, policy="balanced",
                           replay=mode != "noreplay", seed=1)
@@ -136,4 +150,5 @@ def main(directory, mode, epochs, lr, flash):
     print("peak heap %d" % (peak if BASE is not None else -1))
 
 
-main(sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5:] == ["flash"])
+main(sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), "flash" in sys.argv[5:],
+     "fresh" in sys.argv[5:])
