@@ -15,7 +15,7 @@ import pytest
 
 from conftest import ROOT, emulated_board_plan
 from test_board_qemu import torch_model_from
-from test_inttrain import check_digits_int_training_on_board, digits_int8  # noqa: F401
+from test_inttrain import check_digits_int_training_on_board
 from torch_reference import relative_error, torch_train
 
 from microtrain_host import generate_artifacts

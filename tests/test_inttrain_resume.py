@@ -21,7 +21,7 @@ from microtrain.flatbuf import Reader
 from microtrain_host.formats.checkpoint import read_checkpoint
 from microtrain_host.quant.inttrain import int8_training_artifacts, quantize_input
 from microtrain_host.tools.inspect import describe
-from test_inttrain import DIGITS, digits_int8  # noqa: F401,F811  (a fixture)
+from test_inttrain import DIGITS
 
 SCRIPT = ROOT / "tests" / "device_scripts" / "inttrain_resume.py"
 

@@ -25,7 +25,7 @@ from microtrain.kernels import inttrain
 from microtrain.kernels.inttrain import UNUSED_BIAS, loss_value
 from microtrain.module import Module
 from microtrain.optimizer import Optimizer
-from microtrain.samples import SampleStore, shuffle
+from microtrain.samples import SampleStore, draw, seed_generator
 
 CHECKPOINT = "checkpoint"       # the run's files in its directory
 SAMPLES = "samples"
@@ -308,7 +308,12 @@ class Learner:
         order, pool = self._order, self._pool
         for i in range(count):
             order[i] = pool[i]
-        shuffle(order, count, self.seed + 65537 * self.stages_done + 257 * epoch)
+        # Fisher-Yates with the sample store's generator: the same order on every port
+        s = seed_generator(self.seed + 65537 * self.stages_done + 257 * epoch)
+        for i in range(count - 1, 0, -1):
+            s = draw(s, i + 1)
+            j = (s - 1) % (i + 1)
+            order[i], order[j] = order[j], order[i]
 
     def _step(self, step):
         # one training step of the classifier on the batch `step` of the epoch's order

@@ -68,24 +68,14 @@ def seed_generator(seed):
     return s
 
 
-def _draw(s, n):
-    # The generator's state after a uniform draw in [0, n) (n <= _M - 1): the draw is
-    # (state - 1) % n. By rejection: exact, with no modulo bias.
+def draw(s, n):
+    """The generator's state after a uniform draw in [0, n) (n <= _M - 1): the draw is
+    (state - 1) % n. By rejection: exact, with no modulo bias."""
     limit = (_M - 1) - (_M - 1) % n
     s = _step(s)
     while s - 1 >= limit:
         s = _step(s)
     return s
-
-
-def shuffle(order, count, seed):
-    """Shuffle order[:count] in place (Fisher-Yates) with this module's generator started
-    from `seed`: the same order on every port for the same seed (continual.py's epochs)."""
-    s = seed_generator(seed)
-    for i in range(count - 1, 0, -1):
-        s = _draw(s, i + 1)
-        j = (s - 1) % (i + 1)
-        order[i], order[j] = order[j], order[i]
 
 
 def _put32(buf, at, v):
@@ -443,7 +433,7 @@ class SampleStore:
 
     def _below(self, n):
         # A uniform draw in [0, n) (n <= _M - 1)
-        self.generator = _draw(self.generator, n)
+        self.generator = draw(self.generator, n)
         return (self.generator - 1) % n
 
     # -- reading ------------------------------------------------------------------------
