@@ -199,17 +199,25 @@ def test_the_learner_refuses_what_it_cannot_do(room, tmp_path, digits_int8):
     with pytest.raises(InputError, match="fewer than a batch"):
         learner.train(1, 0.01)
     learner.capture_latent(bytes(range(32)), 1)
+    with pytest.raises(InputError, match="epochs must be an int >= 1"):
+        learner.train(0, 0.01)
     learner.train(1, 0.01)
     assert learner.stages_done == 1
     with pytest.raises(InputError, match="exceed the classifier's room for 10"):
         learner.begin_stage(7)
     learner.close()
-    # a blob that trains more than the classifier
-    conv = int8_training_artifacts(digits_int8 / "qdq.onnx", tmp_path / "b", 0.05)
-    assert conv["classes_in_use"] == 10
-    full = Learner(conv["blob"], conv["checkpoint"], str(tmp_path / "full"))
+    # a blob without room: its classes all in use
+    plain = int8_training_artifacts(digits_int8 / "qdq.onnx", tmp_path / "b", 0.05)
+    assert plain["classes_in_use"] == 10
+    full = Learner(plain["blob"], plain["checkpoint"], str(tmp_path / "full"))
+    assert full.classes == 10
     with pytest.raises(InputError, match="room for 10 classes, all in use"):
         full.add_class()
+    # a program that trains a layer before the classifier (a step after the classifier's
+    # first that is none of its kernels: an integer backward into the layers before)
+    steps = full.module.blob.programs["train"].steps
+    with pytest.raises(InputError, match="trains layers before it too"):
+        full._head(steps + [(K.int_gemm_grad_input, ())], "train")
     full.close()
     # a crafted checkpoint: a slot in use after an unused one, a progress out of range
     state = CheckpointState.load_checkpoint(info["checkpoint"])
@@ -228,3 +236,26 @@ def test_the_learner_refuses_what_it_cannot_do(room, tmp_path, digits_int8):
     with pytest.raises(CheckpointError, match="continual.open = 7"):
         Learner(info["blob"], info["checkpoint"], str(tmp_path / "bad_run"))
     shutil.rmtree(tmp_path / "bad_run")
+
+
+def test_a_stage_resumed_with_fewer_epochs_than_it_did_ends(room, tmp_path):
+    _, info = room
+    learner = Learner(info["blob"], info["checkpoint"], str(tmp_path / "run"), every=1)
+    learner.begin_stage(2)
+    for i in range(4):
+        learner.capture_latent(bytes([i] * 32), i % 2)
+
+    def cut(epoch, step, per_epoch, loss):
+        if epoch == 1 and step == 1:
+            raise KeyboardInterrupt      # stands for a power cut after the step's save
+
+    with pytest.raises(KeyboardInterrupt):
+        learner.train(3, 0.05, report=cut)
+    learner.close()
+    resumed = Learner(info["blob"], info["checkpoint"], str(tmp_path / "run"), every=1)
+    assert resumed.stages_done == 0 and resumed.captured == 4
+    assert resumed.train(1, 0.05) == 4 and resumed.stages_done == 1
+    resumed.close()
+    again = Learner(info["blob"], info["checkpoint"], str(tmp_path / "run"))
+    assert again.stages_done == 1 and again.classes == 2 and again.captured == 0
+    again.close()

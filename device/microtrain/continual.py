@@ -249,6 +249,8 @@ class Learner:
         epoch (None: constant). Returns the stage's number of steps."""
         if not self._open:
             raise InputError("no stage under way: begin_stage first")
+        if not isinstance(epochs, int) or epochs < 1:
+            raise InputError("epochs must be an int >= 1, not %r" % (epochs,))
         if final_learning_rate is None:
             final_learning_rate = learning_rate
         count = self._gather()
@@ -271,15 +273,21 @@ class Learner:
             done += 1
             self._steps = done
             if done == total:
-                self.stages_done += 1
-                self._open = self._training = self._steps = self._first = self._added = 0
-                self._seen = 0
-                self.save()
+                self._end_stage()
             elif done % self.every == 0:
                 self.save()
             if report is not None:
                 report(epoch, step, per_epoch, loss)
+        if self._open:      # resumed with fewer epochs than it had done: the stage is over
+            self._end_stage()
         return total
+
+    def _end_stage(self):
+        # the stage counts as done from the checkpoint this saves on
+        self.stages_done += 1
+        self._open = self._training = self._steps = self._first = self._added = 0
+        self._seen = 0
+        self.save()
 
     def _gather(self):
         # the slots of the records the stage trains on, into the pool (once per train call:
