@@ -67,6 +67,17 @@ def open_existing(path):
             raise e
 
 
+def seek(f, at):
+    """f.seek(at) for a file read at scattered places. The littlefs of MicroPython 1.25
+    (littlefs 2.8; fixed in littlefs 2.10.1, its pull request 1058) answers a read after a
+    seek from a stale cache when the read before ended exactly at the end of a block and
+    `at` lies in the next block at an offset the cache covered: the bytes of the block
+    before, without an error. A seek to 0 first takes littlefs' flush path, which drops
+    that cache."""
+    f.seek(0)
+    return f.seek(at)
+
+
 def open_regular(path):
     # Only a regular file: a directory cannot be read, and a FIFO or a device would block
     # or never end.

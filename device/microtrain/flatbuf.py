@@ -10,6 +10,7 @@
 # element count. Every read is checked against the buffer length so that a truncated or
 # corrupt file raises the caller's error type with a reason instead of an IndexError.
 import struct
+from microtrain.files import seek
 
 
 # struct format (little-endian) and size of each scalar type a caller names: looked up, so
@@ -158,7 +159,7 @@ class FileReader(Reader):
         if pos < self.base or pos + nbytes > self.base + self.valid:
             if nbytes > len(self.buf):
                 self.buf = bytearray(nbytes)
-            self.f.seek(pos)
+            seek(self.f, pos)     # (not f.seek: littlefs, see files.seek)
             self.valid = self.f.readinto(memoryview(self.buf)[:min(len(self.buf),
                                                                    self.size - pos)]) or 0
             self.base = pos

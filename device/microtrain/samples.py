@@ -287,7 +287,7 @@ class SampleStore:
         # The record in `slot` into x (values) and self.seq; its label, or -1 when the slot
         # is empty, torn or corrupt (x then holds whatever was read).
         f, head, tail = self.f, self._head, self._tail
-        f.seek(DATA_START + slot * self.record_size)
+        files.seek(f, DATA_START + slot * self.record_size)   # (not f.seek: littlefs)
         if f.readinto(head) != 8 or f.readinto(x) != self.values_bytes \
                 or f.readinto(tail) != len(tail):
             return -1

@@ -295,14 +295,18 @@ class QemuBoard:
     blank), as flashing it onto a board does.
     icount: run with `-icount shift=0,align=off`: every emulated instruction takes exactly
     1 ns of virtual time, so the board's 25 MHz FPGAIO counter (COUNTER_ADDRESS) counts
-    instructions, one tick per 40, the same on every run (bench/board_cost.py)."""
+    instructions, one tick per 40, the same on every run (bench/board_cost.py).
+    serial: a terminal device the board's UART is attached to (the other side of a pty pair
+    the caller made with os.openpty()) instead of a pty of qemu's own, which qemu reads only
+    once it noticed a client on it (by a poll once a second: up to a second lost, on many
+    boots); with flash, wake() then gets the first input read at once."""
 
     FLASH_SIZE = 0x200000      # emulated_flash's ROM_SIZE + FS_SIZE
     COUNTER_ADDRESS = 0x40028018   # MPS2 FPGAIO COUNTER: 25 MHz of virtual time (the ARM board)
     INSTRUCTIONS_PER_TICK = 40     # with icount shift=0: 1 ns per instruction, 40 ns per tick
 
     def __init__(self, firmware=None, flash=None, rom=None, board="qemu-mps2-an385",
-                 icount=False):
+                 icount=False, serial=None):
         profile = boards.load_board(board)
         if "qemu" not in profile:
             raise DeployError(f"board {board} is not emulated: its profile has no qemu section")
@@ -314,6 +318,7 @@ class QemuBoard:
         self.flash = pathlib.Path(flash) if flash is not None else None
         self.rom = pathlib.Path(rom) if rom is not None else None
         self.icount = icount
+        self.serial = serial
         self.proc = None
         self.port = None
         self._log = []
@@ -348,9 +353,11 @@ class QemuBoard:
         counted = ["-icount", "shift=0,align=off"] if self.icount else []
         self.proc = subprocess.Popen(
             [system, "-machine", self.qemu["machine"], "-nographic", *monitor, *counted,
-             "-semihosting", "-bios", "none", "-serial", "pty", "-kernel", str(self.firmware)],
+             "-semihosting", "-bios", "none", "-serial", self.serial or "pty",
+             "-kernel", str(self.firmware)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             text=True)
+        self.port = self.serial
         deadline = time.monotonic() + 20
         while self.port is None and time.monotonic() < deadline:
             ready, _, _ = select.select([self.proc.stdout], [], [], 0.5)
@@ -367,6 +374,23 @@ class QemuBoard:
             raise DeployError(f"{system} did not report its serial pty:\n"
                               + "\n".join(self._log))
         return self
+
+    def wake(self):
+        """Have qemu watch the board's UART input again, once the board printed its prompt.
+        The emulated UART refuses input until the firmware turns its receiver on, and qemu
+        then stops watching the input until its main loop next wakes up: up to a second
+        later, when nothing else happens. A monitor command wakes it (needs flash)."""
+        import socket
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(self._monitor)
+            s.settimeout(10)
+            s.sendall(b"info status\n")
+            got = b""
+            while b"VM status" not in got:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                got += chunk
 
     def cut(self):
         """Power cut: stop the CPU now and keep the flash as it is at this instant (the
