@@ -32,7 +32,7 @@ from microtrain.arenas import compact
 from microtrain.blob import is_buffer
 from microtrain.crc32 import crc32
 from microtrain.errors import CheckpointError
-from microtrain.files import BufferFile, open_existing, path_of, reason
+from microtrain.files import BufferFile, open_existing, path_of, reason, seek
 from microtrain.flatbuf import FileReader
 
 # contract: checkpoint Checkpoint ModuleState Tensor ParameterOptimizerState OptimizerGroup PropertyBag IntProperty; checkpoint_facts
@@ -369,7 +369,7 @@ def _check_values(f, ref, chunk, uri, name, owner=None):
     if ref is None or ref.typecode != "f":
         return
     infinite_ok = (owner or name).endswith(_OBSERVER_RANGE)
-    f.seek(ref.at)
+    seek(f, ref.at)     # (not f.seek: littlefs, see files.seek)
     done = 0
     count = ref.nbytes
     full = len(chunk)

@@ -22,6 +22,7 @@ from microtrain import files
 from microtrain.checkpoint import CheckpointState
 from microtrain.errors import CheckpointError, InputError
 from microtrain.kernels import inttrain
+from microtrain.kernels.fixedpoint import f32
 from microtrain.kernels.inttrain import UNUSED_BIAS, loss_value
 from microtrain.module import Module
 from microtrain.optimizer import Optimizer
@@ -135,7 +136,7 @@ class Learner:
         total = 0
         for i in range(j):
             total += I[bias + i]
-        I[bias + j] = int(total / j) if j else 0
+        I[bias + j] = (2 * total + j) // (2 * j) if j else 0     # rounded, in integers
         self.classes = j + 1
         return j
 
@@ -266,9 +267,8 @@ class Learner:
             epoch, step = done // per_epoch, done % per_epoch
             if step == 0 or self._order is None:
                 self._shuffle(count, epoch)
-                self.optimizer.set_learning_rate(
-                    learning_rate + (final_learning_rate - learning_rate) * epoch
-                    / (epochs - 1) if epochs > 1 else learning_rate)
+                self.optimizer.set_learning_rate(self._rate(
+                    learning_rate, final_learning_rate, epoch, epochs))
             loss = self._step(step)
             done += 1
             self._steps = done
@@ -281,6 +281,16 @@ class Learner:
         if self._open:      # resumed with fewer epochs than it had done: the stage is over
             self._end_stage()
         return total
+
+    @staticmethod
+    def _rate(first, last, epoch, epochs):
+        # The epoch's learning rate, each operation rounded to float32 as a board computes
+        # it (CPython's doubles rounded once per operation give the same float32): the
+        # integer multipliers derived from it are then the same on every port.
+        if epochs == 1:
+            return f32(first)
+        first, last = f32(first), f32(last)
+        return f32(first + f32(f32(f32(last - first) * epoch) / (epochs - 1)))
 
     def _end_stage(self):
         # the stage counts as done from the checkpoint this saves on

@@ -9,7 +9,7 @@
 import os
 import struct
 from microtrain.blob import FLOAT, INT32, ITEM_BYTES, NO_TENSOR, describe, is_buffer
-from microtrain.files import BufferFile, write_atomically
+from microtrain.files import BufferFile, seek, write_atomically
 from microtrain.crc32 import crc32
 from microtrain.errors import BlobError, InputError, ParameterError
 
@@ -48,7 +48,7 @@ def export_inference_blob(module, path, output_names):
 
     src, end = _open_unchanged(module.uri, b.crc)
     with src:
-        src.seek(pos)
+        seek(src, pos)     # (not src.seek: littlefs, see files.seek)
 
         def write(out):
             out.write(struct.pack("<I", size))
@@ -61,9 +61,9 @@ def export_inference_blob(module, path, output_names):
                 kind = cuts[i + 1]
                 if kind != NO_TENSOR and kind & _COPY:
                     # bytes the training blob holds elsewhere: read them there, come back
-                    src.seek(end - (kind & 0x0FFFFFFF))
+                    seek(src, end - (kind & 0x0FFFFFFF))
                     crc = _copy(src, out, copied[i // 2], chunk, crc)
-                    src.seek(pos + at)
+                    seek(src, pos + at)
                 elif kind == NO_TENSOR:
                     # The output-id vector: the k chosen ids where the template had room for
                     # all of them; the unused words are never referenced.
