@@ -1,0 +1,221 @@
+// Native form of kernels/qlinear.py's int8 Gemm (qlinear_gemm), as a MicroPython dynamic
+// native module (an .mpy holding machine code; built by scripts/build_natmod.sh with
+// MicroPython 1.25's py/dynruntime.mk). kernels/fastpath.py puts it in place of the viper and
+// pure-Python kernel when the module imports; the pure-Python kernel stays the reference.
+//
+// The same bytes as the pure-Python kernel, integers only (1.25 cannot link float code into
+// an armv6m module):
+//   Y[i, j] = clamp(round_half_even((sum_k (X[i, k] - x_zp) * W[k, j] + bias[j]) * m0[j]
+//                                   / 2**shift[j]) + y_zp, lo, hi)
+// The sum over k is exact in 32 bits while k <= 32768 (|x - x_zp| <= 383, |w| <= 128); the
+// bias joins it in 64 bits, and the product by m0 (0 <= m0 <= 2**24) stays below 2**57, so
+// round half to even is done exactly on one 64-bit product. Arguments outside that domain
+// (k beyond 32768, a crafted multiplier, a zero point outside a byte's range) go to the
+// pure-Python kernel, which the module finds in its global _pure (set by fastpath.py, as for
+// the viper module).
+//
+// Nothing is allocated on the heap: the kernel runs under micropython.heap_lock().
+#include "py/dynruntime.h"
+
+#define M0_LIMIT (16777216)     // 2**24: the largest multiplier requant_pair derives
+#define K_LIMIT (32768)         // terms whose sum is exact in an int32 (see the top)
+
+// The geometry and arrays of one qlinear_gemm call (its args tuple: Q, y, x, w, bias, req,
+// m, k, n, sx_m, sx_k, sw_k, sw_n, x_signed, y_signed, W)
+typedef struct {
+    uint8_t *q;             // the byte arena
+    const int32_t *r;       // the int32 arena
+    const uint8_t *wb;      // the weights' buffer (the arena, or a blob in flash)
+    mp_int_t y, x, w, bias, req, m, k, n, sx_m, sx_k, sw_k, sw_n, x_signed;
+} gemm_t;
+
+// round_half_even(acc * m0 / 2**shift) + y_zp, clamped to [lo, hi]: fixedpoint.requant_wide
+// (shift below 1 taken as 1) for 0 <= m0 <= 2**24 and |acc| < 2**33
+static uint8_t requant_byte(int64_t acc, int32_t m0, int32_t shift, int32_t y_zp, int32_t lo,
+                            int32_t hi) {
+    if (shift < 1) {
+        shift = 1;
+    }
+    int64_t q = 0;
+    if (shift <= 62) {      // beyond: |acc * m0| < 2**57 <= 2**(shift - 1) rounds to 0
+        int64_t p = acc * m0;
+        q = p >> shift;     // arithmetic: floor, as Python's >>
+        uint64_t rem = (uint64_t)p & (((uint64_t)1 << shift) - 1);
+        uint64_t half = (uint64_t)1 << (shift - 1);
+        if (rem > half || (rem == half && (q & 1))) {
+            q += 1;
+        }
+    }
+    q += y_zp;
+    if (q < lo) {
+        q = lo;
+    } else if (q > hi) {
+        q = hi;
+    }
+    return (uint8_t)q;
+}
+
+// The output Y[i, j] from the sum over k (without the zero point's part: see dot4 below)
+static inline void store(const gemm_t *g, mp_int_t i, mp_int_t j, int32_t sum) {
+    const int32_t *r = g->r;
+    int64_t acc = sum;
+    if (g->bias >= 0) {
+        acc += r[g->bias + j];
+    }
+    g->q[g->y + i * g->n + j] = requant_byte(acc, r[g->req + 4 + 2 * j], r[g->req + 5 + 2 * j],
+                                             r[g->req + 1], r[g->req + 2], r[g->req + 3]);
+}
+
+// Four outputs of one row with unit strides along k (a transposed weight, as the packager
+// lowers torch's Linear): the input byte is loaded once for four weights. On ARM the loop
+// is qlinear_thumb.S's (Thumb-1 by hand: gcc spills the four sums there); elsewhere the
+// same loop in C. Each weight row is at a fixed distance from the moving input pointer.
+#ifdef MT_THUMB_KERNELS
+void mt_dot4_u8(const uint8_t *px, const uint8_t *pe, const int32_t *p, int32_t *acc);
+void mt_dot4_s8(const uint8_t *px, const uint8_t *pe, const int32_t *p, int32_t *acc);
+#endif
+
+static void dot4_unit(const uint8_t *px, const uint8_t *w0, mp_int_t sw_n, mp_int_t k,
+                      bool x_signed, int32_t x_zp, int32_t *acc) {
+    const uint8_t *pe = px + k;
+    int32_t d[5] = {w0 - px, w0 + sw_n - px, w0 + 2 * sw_n - px, w0 + 3 * sw_n - px, x_zp};
+    acc[0] = acc[1] = acc[2] = acc[3] = 0;
+#ifdef MT_THUMB_KERNELS
+    if (k & 1) {            // an odd k: its first term here, then pairs of terms in the loop
+#else
+    while (px != pe) {
+#endif
+        int32_t xv = (x_signed ? (int32_t)(int8_t)px[0] : (int32_t)px[0]) - x_zp;
+        acc[0] += xv * (int8_t)px[d[0]];
+        acc[1] += xv * (int8_t)px[d[1]];
+        acc[2] += xv * (int8_t)px[d[2]];
+        acc[3] += xv * (int8_t)px[d[3]];
+        px++;
+    }
+#ifdef MT_THUMB_KERNELS
+    if (px != pe) {
+        if (x_signed) {
+            mt_dot4_s8(px, pe, d, acc);
+        } else {
+            mt_dot4_u8(px, pe, d, acc);
+        }
+    }
+#endif
+}
+
+// Four outputs of one row at once (columns j .. j + 3), any strides: each input byte loaded
+// once for four weights. The input's value is (b ^ flip) - zpf with flip 0x80 for int8
+// inputs (then (b ^ 0x80) - 0x80 is the signed byte) and zpf = x_zp + flip.
+static void dot4(const gemm_t *g, mp_int_t i, mp_int_t j, uint32_t flip, int32_t zpf) {
+    const uint8_t *px = g->q + g->x + i * g->sx_m;
+    const uint8_t *pw = g->wb + g->w + j * g->sw_n;
+    int32_t a[4];
+    mp_int_t k = g->k;
+    if (g->sx_k == 1 && g->sw_k == 1) {
+        dot4_unit(px, pw, g->sw_n, k, flip != 0, zpf - (int32_t)flip, a);
+    } else {
+        const mp_int_t sx = g->sx_k, sw = g->sw_k, s1 = g->sw_n, s2 = s1 + s1, s3 = s2 + s1;
+        a[0] = a[1] = a[2] = a[3] = 0;
+        while (k-- > 0) {
+            int32_t xv = (int32_t)(*px ^ flip) - zpf;
+            a[0] += xv * (int8_t)pw[0];
+            a[1] += xv * (int8_t)pw[s1];
+            a[2] += xv * (int8_t)pw[s2];
+            a[3] += xv * (int8_t)pw[s3];
+            px += sx;
+            pw += sw;
+        }
+    }
+    store(g, i, j, a[0]);
+    store(g, i, j + 1, a[1]);
+    store(g, i, j + 2, a[2]);
+    store(g, i, j + 3, a[3]);
+}
+
+// One output (the last n % 4 columns)
+static void dot1(const gemm_t *g, mp_int_t i, mp_int_t j, uint32_t flip, int32_t zpf) {
+    const uint8_t *px = g->q + g->x + i * g->sx_m;
+    const uint8_t *pw = g->wb + g->w + j * g->sw_n;
+    const mp_int_t sx = g->sx_k, sw = g->sw_k;
+    int32_t a = 0;
+    for (mp_int_t c = g->k; c > 0; c--) {
+        a += ((int32_t)(*px ^ flip) - zpf) * (int8_t)*pw;
+        px += sx;
+        pw += sw;
+    }
+    store(g, i, j, a);
+}
+
+// Whether the machine-word path computes this call's bytes exactly (see the top)
+static bool in_domain(const gemm_t *g) {
+    const int32_t *r = g->r;
+    int32_t x_zp = r[g->req];
+    if (g->k > K_LIMIT || x_zp < -128 || x_zp > 255) {
+        return false;
+    }
+    for (mp_int_t j = 0; j < g->n; j++) {
+        int32_t m0 = r[g->req + 4 + 2 * j];
+        if (m0 < 0 || m0 > M0_LIMIT) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// The module's globals (kept alive by the module object), where fastpath.py sets _pure
+mp_obj_dict_t *module_globals;      // not static: mpy_ld cannot relocate static BSS
+
+// qlinear_gemm(F, I, args): kernels/qlinear.py's signature, so it replaces that kernel as is
+static mp_obj_t qlinear_gemm(size_t n_args, const mp_obj_t *in) {
+    size_t len;
+    mp_obj_t *a;
+    mp_obj_get_array(in[2], &len, &a);
+    if (len != 16) {
+        mp_raise_ValueError(MP_ERROR_TEXT("qlinear_gemm: 16 arguments expected"));
+    }
+    mp_buffer_info_t qb, rb, wb;
+    mp_get_buffer_raise(a[0], &qb, MP_BUFFER_WRITE);
+    mp_get_buffer_raise(in[1], &rb, MP_BUFFER_READ);
+    mp_get_buffer_raise(a[15], &wb, MP_BUFFER_READ);
+    gemm_t g;
+    g.q = qb.buf;
+    g.r = rb.buf;
+    g.wb = wb.buf;
+    mp_int_t *fields = &g.y;
+    for (size_t f = 0; f < 13; f++) {
+        fields[f] = mp_obj_get_int(a[f + 1]);      // y .. x_signed, in the args' order
+    }
+    if (!in_domain(&g)) {
+        // the module's own globals (mp_load_global here would read the caller's)
+        mp_obj_t pure = mp_obj_subscr(MP_OBJ_FROM_PTR(module_globals),
+                                      MP_OBJ_NEW_QSTR(MP_QSTR__pure), MP_OBJ_SENTINEL);
+        if (pure == mp_const_none) {
+            mp_raise_ValueError(MP_ERROR_TEXT("qlinear_gemm: arguments beyond the native "
+                                              "kernel and no pure-Python kernel set"));
+        }
+        mp_obj_t kernel = mp_obj_subscr(pure, MP_OBJ_NEW_QSTR(MP_QSTR_qlinear_gemm),
+                                        MP_OBJ_SENTINEL);
+        return mp_call_function_n_kw(kernel, 3, 0, in);
+    }
+    uint32_t flip = g.x_signed ? 0x80 : 0;
+    int32_t zpf = g.r[g.req] + (int32_t)flip;
+    mp_int_t n4 = g.n & ~(mp_int_t)3;
+    for (mp_int_t i = 0; i < g.m; i++) {
+        for (mp_int_t j = 0; j < n4; j += 4) {
+            dot4(&g, i, j, flip, zpf);
+        }
+        for (mp_int_t j = n4; j < g.n; j++) {
+            dot1(&g, i, j, flip, zpf);
+        }
+    }
+    return mp_const_none;
+}
+static MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(qlinear_gemm_obj, 3, 3, qlinear_gemm);
+
+mp_obj_t mpy_init(mp_obj_fun_bc_t *self, size_t n_args, size_t n_kw, mp_obj_t *args) {
+    MP_DYNRUNTIME_INIT_ENTRY
+    module_globals = self->context->module.globals;
+    mp_store_global(MP_QSTR_qlinear_gemm, MP_OBJ_FROM_PTR(&qlinear_gemm_obj));
+    mp_store_global(MP_QSTR__pure, mp_const_none);   // set by kernels/fastpath.py
+    MP_DYNRUNTIME_INIT_EXIT
+}

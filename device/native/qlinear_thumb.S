@@ -1,0 +1,96 @@
+@ The hot loop of qlinear_native.c's int8 Gemm for unit strides along k, in Thumb-1 (armv6m:
+@ runs on every ARM core). gcc cannot keep four sums, four weight distances and the zero
+@ point in registers there (Thumb-1 has eight low registers, and its inline asm gets at most
+@ one high one), so it spills the sums to the stack: ~7 instructions per multiply-accumulate.
+@ Written by hand: 4 per multiply-accumulate (unsigned inputs), 4.125 (signed).
+@
+@   void mt_dot4_u8(const uint8_t *px, const uint8_t *pe, const int32_t *p, int32_t *acc)
+@   void mt_dot4_s8(...)  the same for int8 inputs
+@
+@ acc[j] += sum over px <= x < pe of (*x - p[4]) * (int8)x[p[j]], j = 0 .. 3: px moves, the
+@ four weight rows lie at fixed distances p[0..3] from it (Thumb-1's ldrsb has only a
+@ register-offset form), p[4] is the input zero point. (pe - px) is even and above 0:
+@ two terms per turn of the loop.
+@
+@ Registers: r0 px, r1 input value, r2 product, r3-r6 distances, r7 zero point, r8-r11 sums,
+@ r12 pe.
+
+    .syntax unified
+    .cpu cortex-m0
+    .thumb
+    .text
+
+@ one term: the input byte (sign-extended when \signed), less the zero point, times the
+@ four weights, added to the four sums
+.macro term signed
+    ldrb r1, [r0, #0]
+    .if \signed
+    sxtb r1, r1
+    .endif
+    subs r1, r1, r7
+    ldrsb r2, [r0, r3]
+    muls r2, r1, r2
+    add r8, r2
+    ldrsb r2, [r0, r4]
+    muls r2, r1, r2
+    add r9, r2
+    ldrsb r2, [r0, r5]
+    muls r2, r1, r2
+    add r10, r2
+    ldrsb r2, [r0, r6]
+    muls r2, r1, r2
+    add r11, r2
+    adds r0, #1
+.endm
+
+.macro dot4 name, signed
+    .align 2
+    .global \name
+    .type \name, %function
+    .thumb_func
+\name:
+    push {r3-r7, lr}
+    mov r4, r8
+    mov r5, r9
+    mov r6, r10
+    mov r7, r11
+    push {r4-r7}
+    ldr r4, [r3, #0]
+    mov r8, r4
+    ldr r4, [r3, #4]
+    mov r9, r4
+    ldr r4, [r3, #8]
+    mov r10, r4
+    ldr r4, [r3, #12]
+    mov r11, r4
+    mov r12, r1
+    ldr r3, [r2, #0]
+    ldr r4, [r2, #4]
+    ldr r5, [r2, #8]
+    ldr r6, [r2, #12]
+    ldr r7, [r2, #16]
+1:
+    term \signed
+    term \signed
+    cmp r0, r12
+    bne 1b
+    ldr r3, [sp, #16]       @ acc (pushed first, below the four saved high registers)
+    mov r4, r8
+    str r4, [r3, #0]
+    mov r4, r9
+    str r4, [r3, #4]
+    mov r4, r10
+    str r4, [r3, #8]
+    mov r4, r11
+    str r4, [r3, #12]
+    pop {r4-r7}
+    mov r8, r4
+    mov r9, r5
+    mov r10, r6
+    mov r11, r7
+    pop {r3-r7, pc}
+    .size \name, . - \name
+.endm
+
+    dot4 mt_dot4_u8, 0
+    dot4 mt_dot4_s8, 1
