@@ -55,15 +55,69 @@ static uint8_t requant_byte(int64_t acc, int32_t m0, int32_t shift, int32_t y_zp
     return (uint8_t)q;
 }
 
-// The output Y[i, j] from the sum over k (without the zero point's part: see dot4 below)
+// round_half_even(a * m / 2**shift) for 0 <= a < 2**24, 0 <= m <= 2**24, 1 <= shift <= 62,
+// in 32-bit words (armv6m has no 32 x 32 -> 64 multiply: gcc's int64 product and shifts are
+// libgcc calls, four per output): the product in 16-bit limbs as hi * 2**32 + lo (< 2**48),
+// then t = floor(p / 2**(shift - 1)), whose low bit is the half and the bits below it the
+// sticky rest. Saturated at 2**25, far beyond any clamp bound.
+static int32_t requant_narrow(uint32_t a, uint32_t m, uint32_t shift) {
+    uint32_t al = a & 0xFFFF, ah = a >> 16, ml = m & 0xFFFF, mh = m >> 16;
+    uint32_t mid = ah * ml + al * mh;           // < 2**25
+    uint32_t add = mid << 16;
+    uint32_t lo = al * ml + add;
+    uint32_t hi = ah * mh + (mid >> 16) + (lo < add);
+    uint32_t u = shift - 1, t, sticky;
+    if (u == 0) {
+        if (hi) {
+            return 1 << 25;
+        }
+        t = lo;
+        sticky = 0;
+    } else if (u < 32) {
+        if (hi >> u) {
+            return 1 << 25;
+        }
+        t = (hi << (32 - u)) | (lo >> u);
+        sticky = lo & ((1u << u) - 1);
+    } else {
+        uint32_t v = u - 32;                    // <= 29
+        t = hi >> v;
+        sticky = lo | (hi & ((1u << v) - 1));
+    }
+    if (t >> 26) {
+        return 1 << 25;
+    }
+    uint32_t q = t >> 1;
+    if ((t & 1) && (sticky || (q & 1))) {
+        q += 1;
+    }
+    return (int32_t)q;
+}
+
+// The output Y[i, j] from the sum over k: |acc| < 2**24 (nearly always) in 32-bit words,
+// else on one exact 64-bit product (requant_byte)
 static inline void store(const gemm_t *g, mp_int_t i, mp_int_t j, int32_t sum) {
     const int32_t *r = g->r;
     int64_t acc = sum;
     if (g->bias >= 0) {
         acc += r[g->bias + j];
     }
-    g->q[g->y + i * g->n + j] = requant_byte(acc, r[g->req + 4 + 2 * j], r[g->req + 5 + 2 * j],
-                                             r[g->req + 1], r[g->req + 2], r[g->req + 3]);
+    int32_t m0 = r[g->req + 4 + 2 * j], shift = r[g->req + 5 + 2 * j];
+    int32_t y_zp = r[g->req + 1], lo = r[g->req + 2], hi = r[g->req + 3];
+    uint8_t *out = g->q + g->y + i * g->n + j;
+    if (acc > -M0_LIMIT && acc < M0_LIMIT && shift <= 62) {
+        int32_t a = (int32_t)acc;
+        int32_t q = requant_narrow(a < 0 ? -a : a, m0, shift < 1 ? 1 : shift);
+        q = (a < 0 ? -q : q) + y_zp;           // round half to even is odd-symmetric
+        if (q < lo) {
+            q = lo;
+        } else if (q > hi) {
+            q = hi;
+        }
+        *out = (uint8_t)q;
+    } else {
+        *out = requant_byte(acc, m0, shift, y_zp, lo, hi);
+    }
 }
 
 // Four outputs of one row with unit strides along k (a transposed weight, as the packager
@@ -149,8 +203,8 @@ static void dot1(const gemm_t *g, mp_int_t i, mp_int_t j, uint32_t flip, int32_t
 // Whether the machine-word path computes this call's bytes exactly (see the top)
 static bool in_domain(const gemm_t *g) {
     const int32_t *r = g->r;
-    int32_t x_zp = r[g->req];
-    if (g->k > K_LIMIT || x_zp < -128 || x_zp > 255) {
+    int32_t x_zp = r[g->req], y_zp = r[g->req + 1];
+    if (g->k > K_LIMIT || x_zp < -128 || x_zp > 255 || y_zp < -128 || y_zp > 255) {
         return false;
     }
     for (mp_int_t j = 0; j < g->n; j++) {
