@@ -1,10 +1,12 @@
-"""The native int8 Gemm (device/native: a MicroPython 1.25 dynamic native module built for
-armv6m by scripts/build_natmod.sh) on the emulated Cortex-M3: the module, placed in the
-runtime's ROMFS beside the kernels as microtrain/kernels/qlinear_native.mpy, gives the
-pure-Python kernel's bytes over random geometries (tests/device_scripts/qlinear_native.py),
-and kernels/fastpath.py puts it in place of the viper Gemm. Needs the firmware of
-scripts/build_qemu_board.sh (skipped without it, failed when MICROTRAIN_REQUIRE_QEMU=1);
-the module is built here (the script installs its toolchain when missing)."""
+"""The native int8 Gemm (device/native: a MicroPython 1.25 dynamic native module built by
+scripts/build_natmod.sh) on the emulated boards: the module, placed in the runtime's ROMFS
+beside the kernels as microtrain/kernels/qlinear_native.mpy, gives the pure-Python kernel's
+bytes over random geometries (tests/device_scripts/qlinear_native.py) on the Cortex-M3
+(armv6m build: the hand-written Thumb-1 loop) and on the RISC-V core (rv32imc build: the
+same loops in C), and kernels/fastpath.py puts it in place of the viper Gemm. Needs the
+boards' firmware (scripts/build_qemu_board.sh, build_qemu_rv32.sh: skipped without it,
+failed when MICROTRAIN_REQUIRE_QEMU / MICROTRAIN_REQUIRE_QEMU_RV32=1); the module is built
+here (the script installs its toolchain when missing)."""
 import subprocess
 
 import pytest
@@ -14,20 +16,27 @@ from conftest import ROOT, emulated_board_plan
 from microtrain_host.tools import deploy
 
 
-@pytest.fixture(scope="module")
-def armv6m_module():
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "build_natmod.sh"), "armv6m"],
+RV32 = "qemu-virt-rv32"
+
+
+def build_module(arch):
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "build_natmod.sh"), arch],
                           capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout.split()[-1]
 
 
-def run_on_board(firmware, tmp_path, module, script_text):
-    plan = emulated_board_plan(tmp_path, tmp_path, [],
+@pytest.fixture(scope="module")
+def armv6m_module():
+    return build_module("armv6m")
+
+
+def run_on_board(firmware, tmp_path, module, script_text, board="qemu-mps2-an385"):
+    plan = emulated_board_plan(tmp_path, tmp_path, [], board=board,
                                in_rom=[(module, "microtrain/kernels/qlinear_native.mpy")])
     script = tmp_path / "script.py"
     script.write_text(script_text)
-    with deploy.QemuBoard(firmware) as qemu:
+    with deploy.QemuBoard(firmware, board=board) as qemu:
         command = deploy.mpremote_command(plan, qemu.port, script, tmp_path / "unused")[:-4]
         proc = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -41,6 +50,16 @@ def test_native_int8_gemm_equals_pure_on_the_emulated_board(firmware, armv6m_mod
     words = out.split()
     assert words[-6:-2] == ["cases", "240", "different", "0"], out[-2000:]
     assert int(words[-1]) > 0, out[-2000:]     # the pure-Python fallback was exercised
+
+
+def test_native_int8_gemm_equals_pure_on_the_rv32_board(rv32_firmware, tmp_path):
+    out = run_on_board(rv32_firmware, tmp_path, build_module("rv32imc"),
+                       "import sys\nassert sys.implementation._build == 'VIRT_RV32'\n"
+                       "CASES = 240\n" + (ROOT / "tests" / "device_scripts" /
+                                          "qlinear_native.py").read_text(), board=RV32)
+    words = out.split()
+    assert words[-6:-2] == ["cases", "240", "different", "0"], out[-2000:]
+    assert int(words[-1]) > 0, out[-2000:]
 
 
 def test_fastpath_picks_the_native_gemm_when_it_imports(firmware, armv6m_module, tmp_path):
