@@ -127,6 +127,33 @@ static inline void store(const gemm_t *g, mp_int_t i, mp_int_t j, int32_t sum) {
 #ifdef MT_THUMB_KERNELS
 void mt_dot4_u8(const uint8_t *px, const uint8_t *pe, const int32_t *p, int32_t *acc);
 void mt_dot4_s8(const uint8_t *px, const uint8_t *pe, const int32_t *p, int32_t *acc);
+void mt_dot4_kn_u8(const uint8_t *px, const uint8_t *pe, const int32_t *p, int32_t *acc);
+void mt_dot4_kn_s8(const uint8_t *px, const uint8_t *pe, const int32_t *p, int32_t *acc);
+
+// Four outputs of one row for a weight W[k, n] (unit stride along n and along the input's
+// k): qlinear_thumb.S's second loop, after an odd k's first term. k >= 1.
+static void dot4_kn(const uint8_t *px, const uint8_t *pw, mp_int_t sw, mp_int_t k,
+                    bool x_signed, int32_t x_zp, int32_t *acc) {
+    const uint8_t *pe = px + k;
+    acc[0] = acc[1] = acc[2] = acc[3] = 0;
+    if (k & 1) {
+        int32_t xv = (x_signed ? (int32_t)(int8_t)px[0] : (int32_t)px[0]) - x_zp;
+        acc[0] = xv * (int8_t)pw[0];
+        acc[1] = xv * (int8_t)pw[1];
+        acc[2] = xv * (int8_t)pw[2];
+        acc[3] = xv * (int8_t)pw[3];
+        px++;
+        pw += sw;
+    }
+    if (px != pe) {
+        int32_t p[3] = {(int32_t)(intptr_t)pw, sw, x_zp};
+        if (x_signed) {
+            mt_dot4_kn_s8(px, pe, p, acc);
+        } else {
+            mt_dot4_kn_u8(px, pe, p, acc);
+        }
+    }
+}
 #endif
 
 static void dot4_unit(const uint8_t *px, const uint8_t *w0, mp_int_t sw_n, mp_int_t k,
@@ -167,6 +194,10 @@ static void dot4(const gemm_t *g, mp_int_t i, mp_int_t j, uint32_t flip, int32_t
     mp_int_t k = g->k;
     if (g->sx_k == 1 && g->sw_k == 1) {
         dot4_unit(px, pw, g->sw_n, k, flip != 0, zpf - (int32_t)flip, a);
+#ifdef MT_THUMB_KERNELS
+    } else if (g->sx_k == 1 && g->sw_n == 1 && k > 0) {
+        dot4_kn(px, pw, g->sw_k, k, flip != 0, zpf - (int32_t)flip, a);
+#endif
     } else {
         const mp_int_t sx = g->sx_k, sw = g->sw_k, s1 = g->sw_n, s2 = s1 + s1, s3 = s2 + s1;
         a[0] = a[1] = a[2] = a[3] = 0;

@@ -1,5 +1,5 @@
-@ The hot loop of qlinear_native.c's int8 Gemm for unit strides along k, in Thumb-1 (armv6m:
-@ runs on every ARM core). gcc cannot keep four sums, four weight distances and the zero
+@ The hot loops of qlinear_native.c's int8 Gemm, in Thumb-1 (armv6m: runs on every ARM core).
+@ First for a weight with unit stride along k (W[n, k], transposed, as torch's Linear). gcc cannot keep four sums, four weight distances and the zero
 @ point in registers there (Thumb-1 has eight low registers, and its inline asm gets at most
 @ one high one), so it spills the sums to the stack: ~7 instructions per multiply-accumulate.
 @ Written by hand: 4 per multiply-accumulate (unsigned inputs), 4.125 (signed).
@@ -94,3 +94,94 @@
 
     dot4 mt_dot4_u8, 0
     dot4 mt_dot4_s8, 1
+
+@ The same four sums for a weight W[k, n] (unit stride along n, sw along k; MatMul, Gemm
+@ without transB):
+@
+@   void mt_dot4_kn_u8(const uint8_t *px, const uint8_t *pe, const int32_t *p, int32_t *acc)
+@   void mt_dot4_kn_s8(...)  the same for int8 inputs
+@
+@ p = [w, sw, zp]: the four weights of a step are the bytes w[0..3], then w moves by sw.
+@ Weights 1-3 are register-offset ldrsb loads (offsets 1, 2, 3 held in r4, r6, r7); weight 0
+@ is ldrb + sxtb. 4.375 instructions per multiply-accumulate (unsigned inputs), 4.5
+@ (signed). (pe - px) is even and above 0.
+@
+@ Registers: r0 px, r1 input value, r2 product, r3 w, r4/r6/r7 the offsets 1/2/3, r5 zero
+@ point, r8-r11 sums, r12 pe, lr sw.
+
+.macro term_kn signed, at
+    ldrb r1, [r0, #\at]
+    .if \signed
+    sxtb r1, r1
+    .endif
+    subs r1, r1, r5
+    ldrb r2, [r3, #0]
+    sxtb r2, r2
+    muls r2, r1, r2
+    add r8, r2
+    ldrsb r2, [r3, r4]
+    muls r2, r1, r2
+    add r9, r2
+    ldrsb r2, [r3, r6]
+    muls r2, r1, r2
+    add r10, r2
+    ldrsb r2, [r3, r7]
+    muls r2, r1, r2
+    add r11, r2
+    add r3, lr
+.endm
+
+.macro dot4_kn name, signed
+    .align 2
+    .global \name
+    .type \name, %function
+    .thumb_func
+\name:
+    push {r3-r7, lr}
+    mov r4, r8
+    mov r5, r9
+    mov r6, r10
+    mov r7, r11
+    push {r4-r7}
+    ldr r4, [r3, #0]
+    mov r8, r4
+    ldr r4, [r3, #4]
+    mov r9, r4
+    ldr r4, [r3, #8]
+    mov r10, r4
+    ldr r4, [r3, #12]
+    mov r11, r4
+    mov r12, r1
+    ldr r3, [r2, #0]
+    ldr r4, [r2, #4]
+    mov lr, r4
+    ldr r5, [r2, #8]
+    movs r4, #1
+    movs r6, #2
+    movs r7, #3
+1:
+    term_kn \signed, 0
+    term_kn \signed, 1
+    adds r0, #2
+    cmp r0, r12
+    bne 1b
+    ldr r3, [sp, #16]       @ acc (pushed first, below the four saved high registers)
+    mov r4, r8
+    str r4, [r3, #0]
+    mov r4, r9
+    str r4, [r3, #4]
+    mov r4, r10
+    str r4, [r3, #8]
+    mov r4, r11
+    str r4, [r3, #12]
+    pop {r4-r7}
+    mov r8, r4
+    mov r9, r5
+    mov r10, r6
+    mov r11, r7
+    pop {r3-r7, pc}
+    .size \name, . - \name
+.endm
+
+    dot4_kn mt_dot4_kn_u8, 0
+    dot4_kn mt_dot4_kn_s8, 1
