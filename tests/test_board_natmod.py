@@ -1,12 +1,13 @@
-"""The native int8 Gemm (device/native: a MicroPython 1.25 dynamic native module built by
-scripts/build_natmod.sh) on the emulated boards: the module, placed in the runtime's ROMFS
-beside the kernels as microtrain/kernels/qlinear_native.mpy, gives the pure-Python kernel's
-bytes over random geometries (tests/device_scripts/qlinear_native.py) on the Cortex-M3
-(armv6m build: the hand-written Thumb-1 loop) and on the RISC-V core (rv32imc build: the
-same loops in C), and kernels/fastpath.py puts it in place of the viper Gemm. Needs the
-boards' firmware (scripts/build_qemu_board.sh, build_qemu_rv32.sh: skipped without it,
-failed when MICROTRAIN_REQUIRE_QEMU / MICROTRAIN_REQUIRE_QEMU_RV32=1); the module is built
-here (the script installs its toolchain when missing)."""
+"""The native int8 Gemm and Conv (device/native: a MicroPython 1.25 dynamic native module
+built by scripts/build_natmod.sh) on the emulated boards: the module, placed in the
+runtime's ROMFS beside the kernels as microtrain/kernels/qlinear_native.mpy, gives the
+pure-Python kernels' bytes over random geometries (tests/device_scripts/qlinear_native.py)
+on the Cortex-M3 (armv6m build: the hand-written Thumb-1 Gemm loops) and on the RISC-V
+core (rv32imc build: the same loops in C), and kernels/fastpath.py puts them in place of
+the viper ones. Needs the boards' firmware (scripts/build_qemu_board.sh,
+build_qemu_rv32.sh: skipped without it, failed when MICROTRAIN_REQUIRE_QEMU /
+MICROTRAIN_REQUIRE_QEMU_RV32=1); the module is built here (the script installs its
+toolchain when missing)."""
 import subprocess
 
 import pytest
@@ -44,34 +45,36 @@ def run_on_board(firmware, tmp_path, module, script_text, board="qemu-mps2-an385
 
 
 def test_native_int8_gemm_equals_pure_on_the_emulated_board(firmware, armv6m_module, tmp_path):
+    # 240 Gemm and 240 Conv cases
     out = run_on_board(firmware, tmp_path, armv6m_module,
-                       "CASES = 240\n" + (ROOT / "tests" / "device_scripts" /
+                       "CASES = 480\n" + (ROOT / "tests" / "device_scripts" /
                                           "qlinear_native.py").read_text())
     words = out.split()
-    assert words[-6:-2] == ["cases", "240", "different", "0"], out[-2000:]
+    assert words[-6:-2] == ["cases", "480", "different", "0"], out[-2000:]
     assert int(words[-1]) > 0, out[-2000:]     # the pure-Python fallback was exercised
 
 
 def test_native_int8_gemm_equals_pure_on_the_rv32_board(rv32_firmware, tmp_path):
     out = run_on_board(rv32_firmware, tmp_path, build_module("rv32imc"),
                        "import sys\nassert sys.implementation._build == 'VIRT_RV32'\n"
-                       "CASES = 240\n" + (ROOT / "tests" / "device_scripts" /
+                       "CASES = 480\n" + (ROOT / "tests" / "device_scripts" /
                                           "qlinear_native.py").read_text(), board=RV32)
     words = out.split()
-    assert words[-6:-2] == ["cases", "240", "different", "0"], out[-2000:]
+    assert words[-6:-2] == ["cases", "480", "different", "0"], out[-2000:]
     assert int(words[-1]) > 0, out[-2000:]
 
 
 def test_fastpath_picks_the_native_gemm_when_it_imports(firmware, armv6m_module, tmp_path):
-    """native > viper > pure: the Gemm is the module's, the other int8 kernels stay viper;
-    use_fast(False) puts the pure-Python kernels back."""
+    """native > viper > pure: the Gemm and Conv are the module's, the other int8 kernels
+    stay viper; use_fast(False) puts the pure-Python kernels back."""
     out = run_on_board(firmware, tmp_path, armv6m_module, """
 from microtrain.kernels import qlinear, qlinear_native, qlinear_viper
 print('gemm', qlinear.qlinear_gemm is qlinear_native.qlinear_gemm)
-print('conv', qlinear.qlinear_conv is qlinear_viper.qlinear_conv)
+print('conv', qlinear.qlinear_conv is qlinear_native.qlinear_conv)
+print('add', qlinear.qlinear_add is qlinear_viper.qlinear_add)
 print('fallback', qlinear_native._pure is qlinear._pure)
 qlinear.use_fast(False)
 print('pure', qlinear.qlinear_gemm is qlinear._pure['qlinear_gemm'])
 """)
-    assert "gemm True" in out and "conv True" in out, out[-2000:]
+    assert "gemm True" in out and "conv True" in out and "add True" in out, out[-2000:]
     assert "fallback True" in out and "pure True" in out, out[-2000:]

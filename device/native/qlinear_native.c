@@ -1,20 +1,21 @@
-// Native form of kernels/qlinear.py's int8 Gemm (qlinear_gemm), as a MicroPython dynamic
-// native module (an .mpy holding machine code; built by scripts/build_natmod.sh with
-// MicroPython 1.25's py/dynruntime.mk). kernels/fastpath.py puts it in place of the viper and
-// pure-Python kernel when the module imports; the pure-Python kernel stays the reference.
+// Native forms of kernels/qlinear.py's int8 Gemm and Conv (qlinear_gemm; qlinear_conv at the
+// end of this file) as a MicroPython dynamic native module (an .mpy holding machine code;
+// built by scripts/build_natmod.sh with MicroPython 1.25's py/dynruntime.mk).
+// kernels/fastpath.py puts them in place of the viper and pure-Python kernels when the
+// module imports; the pure-Python kernels stay the reference.
 //
-// The same bytes as the pure-Python kernel, integers only (1.25 cannot link float code into
-// an armv6m module):
+// The same bytes as the pure-Python kernels, integers only (1.25 cannot link float code
+// into an armv6m module):
 //   Y[i, j] = clamp(round_half_even((sum_k (X[i, k] - x_zp) * W[k, j] + bias[j]) * m0[j]
 //                                   / 2**shift[j]) + y_zp, lo, hi)
-// The sum over k is exact in 32 bits while k <= 32768 (|x - x_zp| <= 383, |w| <= 128); the
-// bias joins it in 64 bits, and the product by m0 (0 <= m0 <= 2**24) stays below 2**57, so
-// round half to even is done exactly on one 64-bit product. Arguments outside that domain
-// (k beyond 32768, a crafted multiplier, a zero point outside a byte's range) go to the
-// pure-Python kernel, which the module finds in its global _pure (set by fastpath.py, as for
-// the viper module).
+// The sum over k is exact in 32 bits while k <= 32768 (|x - x_zp| <= 383, |w| <= 128). The
+// requantization (out_byte) works in 32-bit limbs for |acc| < 2**24 and on one exact 64-bit
+// product beyond (m0 <= 2**24 keeps it below 2**57). Arguments outside that domain (k
+// beyond 32768, a crafted multiplier, a zero point outside a byte's range) go to the
+// pure-Python kernel, which the module finds in its global _pure (set by fastpath.py, as
+// for the viper module).
 //
-// Nothing is allocated on the heap: the kernel runs under micropython.heap_lock().
+// Nothing is allocated on the heap: the kernels run under micropython.heap_lock().
 #include "py/dynruntime.h"
 
 #define M0_LIMIT (16777216)     // 2**24: the largest multiplier requant_pair derives
@@ -94,17 +95,11 @@ static int32_t requant_narrow(uint32_t a, uint32_t m, uint32_t shift) {
     return (int32_t)q;
 }
 
-// The output Y[i, j] from the sum over k: |acc| < 2**24 (nearly always) in 32-bit words,
-// else on one exact 64-bit product (requant_byte)
-static inline void store(const gemm_t *g, mp_int_t i, mp_int_t j, int32_t sum) {
-    const int32_t *r = g->r;
-    int64_t acc = sum;
-    if (g->bias >= 0) {
-        acc += r[g->bias + j];
-    }
-    int32_t m0 = r[g->req + 4 + 2 * j], shift = r[g->req + 5 + 2 * j];
-    int32_t y_zp = r[g->req + 1], lo = r[g->req + 2], hi = r[g->req + 3];
-    uint8_t *out = g->q + g->y + i * g->n + j;
+// One output byte from its accumulator (the sum with the bias) and its channel's (m0,
+// shift), hdr the req tensor's header [x_zp, y_zp, lo, hi]: |acc| < 2**24 (nearly always)
+// in 32-bit words, else on one exact 64-bit product (requant_byte)
+static uint8_t out_byte(const int32_t *hdr, int64_t acc, int32_t m0, int32_t shift) {
+    int32_t y_zp = hdr[1], lo = hdr[2], hi = hdr[3];
     if (acc > -M0_LIMIT && acc < M0_LIMIT && shift <= 62) {
         int32_t a = (int32_t)acc;
         int32_t q = requant_narrow(a < 0 ? -a : a, m0, shift < 1 ? 1 : shift);
@@ -114,10 +109,20 @@ static inline void store(const gemm_t *g, mp_int_t i, mp_int_t j, int32_t sum) {
         } else if (q > hi) {
             q = hi;
         }
-        *out = (uint8_t)q;
-    } else {
-        *out = requant_byte(acc, m0, shift, y_zp, lo, hi);
+        return (uint8_t)q;
     }
+    return requant_byte(acc, m0, shift, y_zp, lo, hi);
+}
+
+// The output Y[i, j] from the sum over k
+static inline void store(const gemm_t *g, mp_int_t i, mp_int_t j, int32_t sum) {
+    const int32_t *r = g->r;
+    int64_t acc = sum;
+    if (g->bias >= 0) {
+        acc += r[g->bias + j];
+    }
+    g->q[g->y + i * g->n + j] = out_byte(r + g->req, acc, r[g->req + 4 + 2 * j],
+                                         r[g->req + 5 + 2 * j]);
 }
 
 // Four outputs of one row with unit strides along k (a transposed weight, as the packager
@@ -250,6 +255,19 @@ static bool in_domain(const gemm_t *g) {
 // The module's globals (kept alive by the module object), where fastpath.py sets _pure
 mp_obj_dict_t *module_globals;      // not static: mpy_ld cannot relocate static BSS
 
+// The pure-Python kernel `name` called on the call's arguments: _pure[name](F, I, args)
+static mp_obj_t pure_kernel(qstr name, const mp_obj_t *in) {
+    // the module's own globals (mp_load_global here would read the caller's)
+    mp_obj_t pure = mp_obj_subscr(MP_OBJ_FROM_PTR(module_globals),
+                                  MP_OBJ_NEW_QSTR(MP_QSTR__pure), MP_OBJ_SENTINEL);
+    if (pure == mp_const_none) {
+        mp_raise_ValueError(MP_ERROR_TEXT("arguments beyond the native kernel and no "
+                                          "pure-Python kernel set"));
+    }
+    return mp_call_function_n_kw(mp_obj_subscr(pure, MP_OBJ_NEW_QSTR(name), MP_OBJ_SENTINEL),
+                                 3, 0, in);
+}
+
 // qlinear_gemm(F, I, args): kernels/qlinear.py's signature, so it replaces that kernel as is
 static mp_obj_t qlinear_gemm(size_t n_args, const mp_obj_t *in) {
     size_t len;
@@ -271,16 +289,7 @@ static mp_obj_t qlinear_gemm(size_t n_args, const mp_obj_t *in) {
         fields[f] = mp_obj_get_int(a[f + 1]);      // y .. x_signed, in the args' order
     }
     if (!in_domain(&g)) {
-        // the module's own globals (mp_load_global here would read the caller's)
-        mp_obj_t pure = mp_obj_subscr(MP_OBJ_FROM_PTR(module_globals),
-                                      MP_OBJ_NEW_QSTR(MP_QSTR__pure), MP_OBJ_SENTINEL);
-        if (pure == mp_const_none) {
-            mp_raise_ValueError(MP_ERROR_TEXT("qlinear_gemm: arguments beyond the native "
-                                              "kernel and no pure-Python kernel set"));
-        }
-        mp_obj_t kernel = mp_obj_subscr(pure, MP_OBJ_NEW_QSTR(MP_QSTR_qlinear_gemm),
-                                        MP_OBJ_SENTINEL);
-        return mp_call_function_n_kw(kernel, 3, 0, in);
+        return pure_kernel(MP_QSTR_qlinear_gemm, in);
     }
     uint32_t flip = g.x_signed ? 0x80 : 0;
     int32_t zpf = g.r[g.req] + (int32_t)flip;
@@ -297,10 +306,118 @@ static mp_obj_t qlinear_gemm(size_t n_args, const mp_obj_t *in) {
 }
 static MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(qlinear_gemm_obj, 3, 3, qlinear_gemm);
 
+// -- Conv ------------------------------------------------------------------------------
+// qlinear_conv(F, I, args): kernels/qlinear.py's qlinear_conv, the same bytes. Per image and
+// output channel, an int32 plane of accumulators (the step's scratch tensor in I, which the
+// checker sizes out_h * out_w) starts at the bias; every (input channel, tap) with a nonzero
+// weight adds (x - x_zp) * w over the rectangle of outputs whose tap lies inside the image
+// (kernels/conv.py's clipping: padding reads nothing), as x * w - x_zp * w; then the plane
+// is requantized. Integers are exact in any order, so the order differs from the pure
+// kernel's and the bytes do not. Plain C for now (no hand-written loop yet).
+typedef struct {
+    mp_int_t y, x, w, bias, req, scratch, n_images, groups, cin_g, cout_g, in_h, in_w, out_h,
+             out_w, k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, x_signed;
+} conv_t;
+
+// the outputs o in [lo, hi) along one axis whose input o * s + off lies in [0, size)
+static void tap_range(mp_int_t off, mp_int_t s, mp_int_t size, mp_int_t out, mp_int_t *lo,
+                      mp_int_t *hi) {
+    *lo = off < 0 ? (-off + s - 1) / s : 0;
+    *hi = off > size - 1 ? 0 : (size - 1 - off) / s + 1;
+    if (*hi > out) {
+        *hi = out;
+    }
+}
+
+static mp_obj_t qlinear_conv(size_t n_args, const mp_obj_t *in) {
+    size_t len;
+    mp_obj_t *a;
+    mp_obj_get_array(in[2], &len, &a);
+    if (len != 26) {
+        mp_raise_ValueError(MP_ERROR_TEXT("qlinear_conv: 26 arguments expected"));
+    }
+    mp_buffer_info_t qb, rb, wb;
+    mp_get_buffer_raise(a[0], &qb, MP_BUFFER_WRITE);
+    mp_get_buffer_raise(in[1], &rb, MP_BUFFER_WRITE);     // the scratch plane is in I
+    mp_get_buffer_raise(a[25], &wb, MP_BUFFER_READ);
+    conv_t c;
+    mp_int_t *fields = &c.y;
+    for (size_t f = 0; f < 23; f++) {
+        fields[f] = mp_obj_get_int(a[f + 1]);      // y .. x_signed, in the args' order
+    }
+    uint8_t *q = qb.buf;
+    int32_t *r = rb.buf;
+    const uint8_t *wbuf = wb.buf;
+    const mp_int_t channels = c.groups * c.cout_g, taps = c.k_h * c.k_w;
+    const mp_int_t in_plane = c.in_h * c.in_w, out_plane = c.out_h * c.out_w;
+    // the domain of the int32 planes and of out_byte (see the top): else the pure kernel
+    bool inside = c.cin_g * taps <= 21000 && r[c.req] >= -128 && r[c.req] <= 255 &&
+                  r[c.req + 1] >= -128 && r[c.req + 1] <= 255;
+    for (mp_int_t mo = 0; inside && mo < channels; mo++) {
+        int32_t m0 = r[c.req + 4 + 2 * mo];
+        int32_t b = c.bias >= 0 ? r[c.bias + mo] : 0;
+        inside = m0 >= 0 && m0 <= M0_LIMIT && b > -(1 << 30) && b < (1 << 30);
+    }
+    if (!inside) {
+        return pure_kernel(MP_QSTR_qlinear_conv, in);
+    }
+    const uint32_t flip = c.x_signed ? 0x80 : 0;
+    const int32_t zpf = r[c.req] + (int32_t)flip;
+    int32_t *plane = r + c.scratch;
+    uint8_t *out = q + c.y;
+    for (mp_int_t img = 0; img < c.n_images; img++) {
+        const uint8_t *x_image = q + c.x + img * c.groups * c.cin_g * in_plane;
+        for (mp_int_t mo = 0; mo < channels; mo++) {
+            int32_t start = c.bias >= 0 ? r[c.bias + mo] : 0;
+            for (mp_int_t p = 0; p < out_plane; p++) {
+                plane[p] = start;
+            }
+            const uint8_t *x_group = x_image + (mo / c.cout_g) * c.cin_g * in_plane;
+            const uint8_t *w_m = wbuf + c.w + mo * c.cin_g * taps;
+            for (mp_int_t tap = 0; tap < taps; tap++) {
+                mp_int_t ky = tap / c.k_w, kx = tap - ky * c.k_w;
+                mp_int_t off_y = ky * c.d_h - c.pad_t, off_x = kx * c.d_w - c.pad_l;
+                mp_int_t oy0, oy1, ox0, ox1;
+                tap_range(off_y, c.s_h, c.in_h, c.out_h, &oy0, &oy1);
+                tap_range(off_x, c.s_w, c.in_w, c.out_w, &ox0, &ox1);
+                if (oy0 >= oy1 || ox0 >= ox1) {
+                    continue;
+                }
+                for (mp_int_t ci = 0; ci < c.cin_g; ci++) {
+                    int32_t wv = (int8_t)w_m[ci * taps + tap];
+                    if (wv == 0) {
+                        continue;
+                    }
+                    int32_t zw = zpf * wv;
+                    const uint8_t *x_c = x_group + ci * in_plane;
+                    for (mp_int_t oy = oy0; oy < oy1; oy++) {
+                        const uint8_t *px = x_c + (oy * c.s_h + off_y) * c.in_w
+                                            + ox0 * c.s_w + off_x;
+                        int32_t *pa = plane + oy * c.out_w + ox0;
+                        int32_t *pend = plane + oy * c.out_w + ox1;
+                        const mp_int_t sx = c.s_w;
+                        while (pa != pend) {
+                            *pa++ += (int32_t)(*px ^ flip) * wv - zw;
+                            px += sx;
+                        }
+                    }
+                }
+            }
+            const int32_t m0 = r[c.req + 4 + 2 * mo], shift = r[c.req + 5 + 2 * mo];
+            for (mp_int_t p = 0; p < out_plane; p++) {
+                *out++ = out_byte(r + c.req, plane[p], m0, shift);
+            }
+        }
+    }
+    return mp_const_none;
+}
+static MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(qlinear_conv_obj, 3, 3, qlinear_conv);
+
 mp_obj_t mpy_init(mp_obj_fun_bc_t *self, size_t n_args, size_t n_kw, mp_obj_t *args) {
     MP_DYNRUNTIME_INIT_ENTRY
     module_globals = self->context->module.globals;
     mp_store_global(MP_QSTR_qlinear_gemm, MP_OBJ_FROM_PTR(&qlinear_gemm_obj));
+    mp_store_global(MP_QSTR_qlinear_conv, MP_OBJ_FROM_PTR(&qlinear_conv_obj));
     mp_store_global(MP_QSTR__pure, mp_const_none);   // set by kernels/fastpath.py
     MP_DYNRUNTIME_INIT_EXIT
 }
