@@ -1,5 +1,5 @@
-"""Counted cost of the native int8 Gemm (device/native, a MicroPython dynamic native module
-built for armv6m by scripts/build_natmod.sh) against the viper Gemm, on the emulated
+"""Counted cost of the native int8 Gemm and Conv (device/native, a MicroPython dynamic native module
+built for armv6m by scripts/build_natmod.sh) against the viper ones, on the emulated
 Cortex-M3 under qemu -icount shift=0 (bench/board_cost.py's counting: FPGAIO ticks x 40 =
 instructions, deterministic), on the same arguments in the same run; and the heap the
 module's import takes (its machine code is loaded into RAM). Prints figures; asserts
@@ -29,23 +29,23 @@ def main():
         out = run_on_board(tmp, whole_package(),
                            {"microtrain/kernels/qlinear_native.mpy": module},
                            (BENCH / "board_native_kernels.py").read_text(), args.firmware)
-    print(f"native int8 Gemm (armv6m module, {pathlib.Path(module).stat().st_size:,d} bytes "
+    print(f"native int8 Gemm and Conv (armv6m module, {pathlib.Path(module).stat().st_size:,d} bytes "
           f"of .mpy) vs viper on the emulated Cortex-M3, instructions counted "
           f"(ticks x {PER_TICK})\n")
-    print(f"{'shape':28s} {'MACs':>7s} {'viper':>10s} {'per MAC':>8s} {'native':>9s} "
+    print(f"{'kernel, shape':33s} {'MACs':>7s} {'viper':>10s} {'per MAC':>8s} {'native':>9s} "
           f"{'per MAC':>8s} {'speed-up':>8s} same")
     for line in out.splitlines():
         if line.startswith("import "):
             heap = int(line.split()[1])
         elif line.startswith("fast "):
             picked = line
-        elif line.startswith("gemm "):
-            shape, macs, v, n, same = line[5:].split("|")
+        elif line.startswith(("gemm ", "conv ")):
+            shape, macs, v, n, same = line.split("|")
             macs, v, n = int(macs), int(v) * PER_TICK, int(n) * PER_TICK
-            print(f"{shape:28s} {macs:7,d} {v:10,d} {v / macs:8.2f} {n:9,d} {n / macs:8.2f} "
+            print(f"{shape:33s} {macs:7,d} {v:10,d} {v / macs:8.2f} {n:9,d} {n / macs:8.2f} "
                   f"{v / n:7.1f}x {same}")
     print(f"\nheap taken by importing the module (from the ROM filesystem): {heap:,d} bytes")
-    print(f"qlinear.FAST and the Gemm picked is the native one: {picked[5:]}")
+    print(f"qlinear.FAST, and the Gemm picked is the native one: {picked[5:]}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
-# Device side of bench/board_native.py: the native int8 Gemm (kernels/qlinear_native.mpy,
-# device/native) against the viper one on the emulated Cortex-M3 under qemu -icount
+# Device side of bench/board_native.py: the native int8 Gemm and Conv
+# (kernels/qlinear_native.mpy, device/native) against the viper ones on the emulated Cortex-M3 under qemu -icount
 # shift=0, on the same arguments. Prints the heap the module's import took ("import
-# BYTES"), then per shape "gemm SHAPE|MACS|VIPER TICKS|NATIVE TICKS" (one tick per 40
+# BYTES"), then per shape "KERNEL SHAPE|MACS|VIPER TICKS|NATIVE TICKS|SAME" (one tick per 40
 # instructions; each kernel once to warm up, then once counted) and whether the two wrote
 # the same bytes.
 import gc
@@ -45,9 +45,34 @@ def gemm(m, k, n, transposed, signed):
     print("gemm %s|%d|%d|%d|%s" % (shape, m * k * n, v, nt, bytes(Q) == bytes(Q2)))
 
 
+def conv2d(cin, cout, groups, h, w, k, name):
+    # bench/board_kernels.py's: stride 1, "same" padding, every tap inside counted
+    gc.collect()
+    pad = k // 2
+    geometry = (1, groups, cin // groups, cout // groups, h, w, h, w, k, k, 1, 1, 1, 1, pad, pad)
+    nx, nw, ny = cin * h * w, cout * (cin // groups) * k * k, cout * h * w
+    macs = 0
+    for oy in range(h):
+        for ox in range(w):
+            macs += sum(1 for dy in range(k) for dx in range(k)
+                        if 0 <= oy + dy - pad < h and 0 <= ox + dx - pad < w)
+    macs *= cout * (cin // groups)
+    Q = bytearray((i * 37) & 255 for i in range(nx + nw + ny))
+    Q2 = bytearray(Q)
+    I = array("i", [128, 0, 0, 255] + [12000000, 36] * cout + [0] * (h * w))
+    args = (Q, nx + nw, 0, nx, -1, 0, 4 + 2 * cout) + geometry + (0, 0, Q)
+    args2 = (Q2,) + args[1:25] + (Q2,)
+    v = count(lambda: viper.qlinear_conv(None, I, args))
+    nt = count(lambda: native.qlinear_conv(None, I, args2))
+    print("conv %s|%d|%d|%d|%s" % (name, macs, v, nt, bytes(Q) == bytes(Q2)))
+
+
 print("fast", qlinear.FAST, qlinear.qlinear_gemm is native.qlinear_gemm)
 for m, k, n in ((8, 64, 32), (1, 256, 32), (1, 64, 12)):
     for transposed in (1, 0):
         gemm(m, k, n, transposed, 0)
 gemm(8, 64, 32, 1, 1)
 gemm(1, 256, 32, 1, 1)
+conv2d(8, 8, 1, 12, 12, 3, "3x3 8->8 12x12")
+conv2d(32, 32, 1, 25, 5, 1, "1x1 32->32 25x5")
+conv2d(32, 32, 32, 25, 5, 3, "depthwise 3x3 32 25x5")

@@ -329,6 +329,51 @@ static void tap_range(mp_int_t off, mp_int_t s, mp_int_t size, mp_int_t out, mp_
     }
 }
 
+// The rectangle one (tap, input channel) adds to the accumulator plane: rows x cols
+// outputs, out_w the plane's row, in_step the input's row step (s_h * in_w), sx the input's
+// stride along x
+typedef struct {
+    mp_int_t rows, cols, out_w, in_step, sx;
+} rect_t;
+
+// acc += (x - x_zp) * w over a rectangle, as x * w - x_zp * w (zw); flip 0x80: int8 inputs.
+// Functions of their own, one per input kind and for unit strides along x (flip and sx
+// constants there), so that gcc keeps the row loop's pointers, weight and zw in registers:
+// with them as variables it reloaded three of them from the stack per multiply-accumulate.
+static inline __attribute__((always_inline)) void conv_rect(int32_t *pa, const uint8_t *px,
+                                                            const rect_t *r, int32_t wv,
+                                                            int32_t zw, uint32_t flip,
+                                                            mp_int_t sx) {
+    const mp_int_t cols = r->cols, out_w = r->out_w, in_step = r->in_step;
+    for (mp_int_t row = r->rows; row > 0; row--) {
+        int32_t *a = pa, *end = pa + cols;
+        const uint8_t *x = px;
+        while (a != end) {
+            *a++ += (int32_t)(*x ^ flip) * wv - zw;
+            x += sx;
+        }
+        pa += out_w;
+        px += in_step;
+    }
+}
+
+#ifdef MT_THUMB_KERNELS
+void mt_conv_rect_u8(int32_t *pa, const uint8_t *px, const int32_t *p);
+void mt_conv_rect_s8(int32_t *pa, const uint8_t *px, const int32_t *p);
+#endif
+
+#define CONV_RECT(name, flip, sx) \
+    __attribute__((noinline)) static void name(int32_t *pa, const uint8_t *px, const rect_t *r, \
+                                               int32_t wv, int32_t zw) { \
+        conv_rect(pa, px, r, wv, zw, flip, sx); \
+    }
+#ifndef MT_THUMB_KERNELS
+CONV_RECT(conv_rect_u8_unit, 0, 1)
+CONV_RECT(conv_rect_s8_unit, 0x80, 1)
+#endif
+CONV_RECT(conv_rect_u8, 0, r->sx)
+CONV_RECT(conv_rect_s8, 0x80, r->sx)
+
 static mp_obj_t qlinear_conv(size_t n_args, const mp_obj_t *in) {
     size_t len;
     mp_obj_t *a;
@@ -383,23 +428,31 @@ static mp_obj_t qlinear_conv(size_t n_args, const mp_obj_t *in) {
                 if (oy0 >= oy1 || ox0 >= ox1) {
                     continue;
                 }
+                rect_t rect = {oy1 - oy0, ox1 - ox0, c.out_w, c.s_h * c.in_w, c.s_w};
+                if (rect.cols == c.out_w && rect.in_step == rect.cols * c.s_w) {
+                    rect.cols *= rect.rows;     // whole rows back to back: one long row
+                    rect.rows = 1;
+                }
                 for (mp_int_t ci = 0; ci < c.cin_g; ci++) {
                     int32_t wv = (int8_t)w_m[ci * taps + tap];
                     if (wv == 0) {
                         continue;
                     }
+                    const uint8_t *px = x_group + ci * in_plane
+                                        + (oy0 * c.s_h + off_y) * c.in_w + ox0 * c.s_w + off_x;
+                    int32_t *pa = plane + oy0 * c.out_w + ox0;
                     int32_t zw = zpf * wv;
-                    const uint8_t *x_c = x_group + ci * in_plane;
-                    for (mp_int_t oy = oy0; oy < oy1; oy++) {
-                        const uint8_t *px = x_c + (oy * c.s_h + off_y) * c.in_w
-                                            + ox0 * c.s_w + off_x;
-                        int32_t *pa = plane + oy * c.out_w + ox0;
-                        int32_t *pend = plane + oy * c.out_w + ox1;
-                        const mp_int_t sx = c.s_w;
-                        while (pa != pend) {
-                            *pa++ += (int32_t)(*px ^ flip) * wv - zw;
-                            px += sx;
-                        }
+                    if (c.s_w == 1) {
+#ifdef MT_THUMB_KERNELS
+                        // qlinear_thumb.S's loop: int8 bytes sign-extended, so x_zp * w
+                        int32_t p[6] = {rect.rows, rect.cols, 4 * (c.out_w - rect.cols),
+                                        rect.in_step - rect.cols, wv, zw - (int32_t)flip * wv};
+                        (flip ? mt_conv_rect_s8 : mt_conv_rect_u8)(pa, px, p);
+#else
+                        (flip ? conv_rect_s8_unit : conv_rect_u8_unit)(pa, px, &rect, wv, zw);
+#endif
+                    } else {
+                        (flip ? conv_rect_s8 : conv_rect_u8)(pa, px, &rect, wv, zw);
                     }
                 }
             }

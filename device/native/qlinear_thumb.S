@@ -185,3 +185,92 @@
 
     dot4_kn mt_dot4_kn_u8, 0
     dot4_kn mt_dot4_kn_s8, 1
+
+@ qlinear_native.c's Conv: one (tap, input channel)'s rectangle of the int32 accumulator
+@ plane, for unit strides along x:
+@
+@   void mt_conv_rect_u8(int32_t *pa, const uint8_t *px, const int32_t *p)
+@   void mt_conv_rect_s8(...)  the same for int8 inputs
+@
+@ p = [rows, cols, skip_a, skip_b, w, zw]: per row, pa[c] += x[c] * w - zw for c < cols
+@ (x the byte, sign-extended for int8 inputs; zw = x_zp * w), then pa moves on by skip_a
+@ bytes and px by skip_b to the next row. rows, cols >= 1. Four outputs per turn: 7
+@ instructions per multiply-accumulate (unsigned inputs), 8 (signed); gcc's loop took 10.
+@
+@ Registers: r0 pa, r1 px, r2 product, r3 sum, r4 w, r5 zw, r6 columns left, r8 rows left,
+@ r9 skip_a, r10 skip_b, r11 cols.
+
+.macro rect_term signed, at
+    ldrb r2, [r1, #\at]
+    .if \signed
+    sxtb r2, r2
+    .endif
+    muls r2, r4, r2
+    subs r2, r2, r5
+    ldr r3, [r0, #(4 * \at)]
+    adds r3, r3, r2
+    str r3, [r0, #(4 * \at)]
+.endm
+
+.macro conv_rect name, signed
+    .align 2
+    .global \name
+    .type \name, %function
+    .thumb_func
+\name:
+    push {r4-r7, lr}
+    mov r4, r8
+    mov r5, r9
+    mov r6, r10
+    mov r7, r11
+    push {r4-r7}
+    ldr r3, [r2, #0]
+    mov r8, r3
+    ldr r3, [r2, #4]
+    mov r11, r3
+    ldr r3, [r2, #8]
+    mov r9, r3
+    ldr r3, [r2, #12]
+    mov r10, r3
+    ldr r4, [r2, #16]
+    ldr r5, [r2, #20]
+1:                          @ a row
+    mov r6, r11
+    subs r6, #4
+    blt 3f
+2:                          @ four outputs
+    rect_term \signed, 0
+    rect_term \signed, 1
+    rect_term \signed, 2
+    rect_term \signed, 3
+    adds r1, #4
+    adds r0, #16
+    subs r6, #4
+    bge 2b
+3:
+    adds r6, #4
+    beq 5f
+4:                          @ the last 1-3 outputs
+    rect_term \signed, 0
+    adds r1, #1
+    adds r0, #4
+    subs r6, #1
+    bne 4b
+5:
+    add r0, r9
+    add r1, r10
+    mov r3, r8
+    subs r3, #1
+    mov r8, r3
+    bne 1b
+    pop {r4-r7}
+    mov r8, r4
+    mov r9, r5
+    mov r10, r6
+    mov r11, r7
+    pop {r4-r7, pc}
+    .size \name, . - \name
+.endm
+
+    conv_rect mt_conv_rect_u8, 0
+    conv_rect mt_conv_rect_s8, 1
