@@ -5,7 +5,7 @@ instructions, deterministic), on the same arguments in the same run; and the hea
 module's import takes (its machine code is loaded into RAM). Prints figures; asserts
 nothing (tests/test_board_natmod.py checks the bytes).
 
-    python3 bench/board_native.py [--firmware ELF]
+    python3 bench/board_native.py [--arch armv6m|armv7m] [--firmware ELF]
 """
 import argparse
 import pathlib
@@ -22,14 +22,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--firmware", help="the emulated board's firmware (default: "
                                        "$MICROTRAIN_QEMU_FIRMWARE, then .cache/qemu-board)")
+    ap.add_argument("--arch", default="armv6m", choices=("armv6m", "armv7m"),
+                    help="the module's build (default armv6m: every ARM core)")
     args = ap.parse_args()
-    module = subprocess.run(["bash", str(ROOT / "scripts" / "build_natmod.sh"), "armv6m"],
+    module = subprocess.run(["bash", str(ROOT / "scripts" / "build_natmod.sh"), args.arch],
                             check=True, capture_output=True, text=True).stdout.split()[-1]
     with tempfile.TemporaryDirectory(prefix="board-native-") as tmp:
         out = run_on_board(tmp, whole_package(),
                            {"microtrain/kernels/qlinear_native.mpy": module},
                            (BENCH / "board_native_kernels.py").read_text(), args.firmware)
-    print(f"native int8 Gemm and Conv (armv6m module, {pathlib.Path(module).stat().st_size:,d} bytes "
+    print(f"native int8 Gemm and Conv ({args.arch} module, {pathlib.Path(module).stat().st_size:,d} bytes "
           f"of .mpy) vs viper on the emulated Cortex-M3, instructions counted "
           f"(ticks x {PER_TICK})\n")
     print(f"{'kernel, shape':33s} {'MACs':>7s} {'viper':>10s} {'per MAC':>8s} {'native':>9s} "

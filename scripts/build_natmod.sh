@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Build the native int8 kernels (device/native: C, plus Thumb-1 assembly on ARM) as a
 # MicroPython 1.25 dynamic native module for each architecture named (default armv6m, which
-# loads on every ARM core: RP2040, Cortex-M3/M4/M7, RP2350's ARM side), with the source
+# loads on every ARM core: RP2040, Cortex-M3/M4/M7, RP2350's ARM side; armv7m for
+# Cortex-M3 and later only, whose C gets Thumb-2's 32x32->64 multiplies), with the source
 # tree's py/dynruntime.mk and tools/mpy_ld.py (which need pyelftools and ar from PyPI).
 # Installs what it needs when missing: gcc-arm-none-eabi + libnewlib-arm-none-eabi (armv6m,
 # LINK_RUNTIME=1 links their libgcc and libm), gcc-riscv64-unknown-elf +
 # picolibc-riscv64-unknown-elf (rv32imc).
 #
-#   scripts/build_natmod.sh [armv6m] [rv32imc]   -> prints the path of each qlinear_native.mpy
+#   scripts/build_natmod.sh [armv6m] [armv7m] [rv32imc]   -> prints each qlinear_native.mpy
 #
 # Cached under .cache/natmod/<arch>/, keyed by the source tarball, device/native/* and this
 # script: change any of them and the next run rebuilds that architecture.
@@ -22,7 +23,7 @@ missing=()
 command -v make >/dev/null || missing+=(make)
 for arch in "$@"; do
     case "$arch" in
-        armv6m)
+        armv6m|armv7m)
             command -v arm-none-eabi-gcc >/dev/null || missing+=(gcc-arm-none-eabi)
             [ -e /usr/lib/arm-none-eabi/include/stdlib.h ] || missing+=(libnewlib-arm-none-eabi)
             ;;
@@ -31,7 +32,7 @@ for arch in "$@"; do
             [ -e /usr/lib/picolibc/riscv64-unknown-elf/picolibc.specs ] ||
                 missing+=(picolibc-riscv64-unknown-elf)
             ;;
-        *) echo "build_natmod: unknown architecture $arch (armv6m, rv32imc)" >&2; exit 2 ;;
+        *) echo "build_natmod: unknown architecture $arch (armv6m, armv7m, rv32imc)" >&2; exit 2 ;;
     esac
 done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -2,7 +2,7 @@
 built by scripts/build_natmod.sh) on the emulated boards: the module, placed in the
 runtime's ROMFS beside the kernels as microtrain/kernels/qlinear_native.mpy, gives the
 pure-Python kernels' bytes over random geometries (tests/device_scripts/qlinear_native.py)
-on the Cortex-M3 (armv6m build: the hand-written Thumb-1 Gemm loops) and on the RISC-V
+on the Cortex-M3 (armv6m and armv7m builds: the hand-written Thumb-1 loops) and on the RISC-V
 core (rv32imc build: the same loops in C), and kernels/fastpath.py puts them in place of
 the viper ones. Needs the boards' firmware (scripts/build_qemu_board.sh,
 build_qemu_rv32.sh: skipped without it, failed when MICROTRAIN_REQUIRE_QEMU /
@@ -44,9 +44,13 @@ def run_on_board(firmware, tmp_path, module, script_text, board="qemu-mps2-an385
     return proc.stdout
 
 
-def test_native_int8_gemm_equals_pure_on_the_emulated_board(firmware, armv6m_module, tmp_path):
-    # 240 Gemm and 240 Conv cases
-    out = run_on_board(firmware, tmp_path, armv6m_module,
+@pytest.mark.parametrize("arch", ["armv6m", "armv7m"])
+def test_native_int8_gemm_equals_pure_on_the_emulated_board(firmware, armv6m_module, arch,
+                                                            tmp_path):
+    # 240 Gemm and 240 Conv cases; armv6m runs on every ARM core, armv7m (Thumb-2 C around
+    # the same Thumb-1 loops) on Cortex-M3 and later
+    module = armv6m_module if arch == "armv6m" else build_module(arch)
+    out = run_on_board(firmware, tmp_path, module,
                        "CASES = 480\n" + (ROOT / "tests" / "device_scripts" /
                                           "qlinear_native.py").read_text())
     words = out.split()
