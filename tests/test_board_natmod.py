@@ -82,3 +82,52 @@ print('pure', qlinear.qlinear_gemm is qlinear._pure['qlinear_gemm'])
 """)
     assert "gemm True" in out and "conv True" in out and "add True" in out, out[-2000:]
     assert "fallback True" in out and "pure True" in out, out[-2000:]
+
+
+def test_int8_digits_inference_with_the_native_gemm_equals_cpython(firmware, armv6m_module,
+                                                                    tmp_path):
+    """A whole model on the native kernels: the digits MLP's int8 blob (the packager's
+    export of a quantization-aware blob) run on the emulated Cortex-M3 with the module in
+    ROMFS (fastpath picks it) gives CPython's pure-Python outputs bit for bit, and so does
+    the same board with the pure-Python kernels."""
+    import numpy as np
+
+    from microtrain import InferenceSession
+    from microtrain_host import generate_artifacts
+    from microtrain_host.cli import main
+    digits = ROOT / "examples" / "digits"
+    build = tmp_path / "build"
+    generate_artifacts(str(digits / "mlp.onnx"), artifact_directory=str(build), batch_size=2,
+                       optimizer="SGD", quantization=True)
+    assert main(["export", str(build), "--checkpoint", str(build / "checkpoint"), "--qdq",
+                 "-o", str(tmp_path / "qdq.onnx"),
+                 "--int8-blob", str(tmp_path / "int8.mtb")]) == 0
+    x = np.load(digits / "digits.npz")["x_val"][:2].astype("<f4")
+    cpython = np.array(InferenceSession(str(tmp_path / "int8.mtb")).run(x.reshape(-1)),
+                       np.float32)
+    plan = emulated_board_plan(
+        tmp_path, tmp_path, [(tmp_path / "x.f32", "x.f32")],
+        in_rom=[(armv6m_module, "microtrain/kernels/qlinear_native.mpy"),
+                (tmp_path / "int8.mtb", "int8.mtb")])
+    (tmp_path / "x.f32").write_bytes(x.tobytes())
+    script = tmp_path / "script.py"
+    script.write_text("""
+from array import array
+from binascii import hexlify
+from microtrain import InferenceSession
+from microtrain.kernels import qlinear, qlinear_native
+print('native', qlinear.qlinear_gemm is qlinear_native.qlinear_gemm)
+x = array('f', open('x.f32', 'rb').read())
+print('out', hexlify(bytes(InferenceSession('/rom/int8.mtb').run(x))).decode())
+qlinear.use_fast(False)
+print('pure', hexlify(bytes(InferenceSession('/rom/int8.mtb').run(x))).decode())
+""")
+    with deploy.QemuBoard(firmware) as qemu:
+        command = deploy.mpremote_command(plan, qemu.port, script, tmp_path / "unused")[:-4]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in proc.stdout.splitlines()
+             if " " in line}
+    assert proc.returncode == 0 and "pure" in lines, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert lines["native"].strip() == "True", proc.stdout[-2000:]
+    for kind in ("out", "pure"):
+        assert bytes.fromhex(lines[kind].strip()) == cpython.tobytes(), kind

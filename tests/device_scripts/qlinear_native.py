@@ -6,7 +6,8 @@
 # dilations, paddings, kernels larger than the image, depthwise. Both: negative and huge
 # biases, accumulators past 2**24, weights in the arena or in a bytes object of their own,
 # multipliers and shifts out of the derived range (the module hands those to the
-# pure-Python kernel). Gemm and Conv cases alternate.
+# pure-Python kernel), multipliers whose products often end exactly halfway (ties).
+# Gemm and Conv cases alternate; every eighth Gemm case is a tie case (tie_case).
 # Prints "cases N different M fallback F".
 import random
 from array import array
@@ -23,8 +24,13 @@ def req(channels, x_zp, y_zp, lo, hi):
     r = [x_zp, y_zp, lo, hi]
     crafted = False
     for _ in range(channels):
-        if random.randint(0, 6):
+        kind = random.randint(0, 6)
+        if kind > 1:
             r += [random.randint(1 << 23, 1 << 24), random.randint(14, 40)]
+        elif kind == 1:
+            # multipliers of few bits (1/2, 3/4, 5/8 ... times a power of two): many
+            # products end exactly halfway, where round half to even decides
+            r += [random.choice((1 << 23, 3 << 22, 5 << 21)), random.randint(18, 30)]
         else:   # as a crafted blob may hold them: m0 0 or beyond 2**24, shift 0 or past 62
             m0 = random.choice((0, 1 << 23, 1 << 24, (1 << 24) + 1))
             crafted = crafted or m0 > 1 << 24
@@ -59,6 +65,21 @@ def gemm_case():
     args = (Q, m * k + k * n, 0, w_at, 0 if random.randint(0, 3) else -1, n, m, k, n, k, 1,
             sw_k, sw_n, signed, 0, weights)
     return Q, I, args, crafted, pure_gemm, native.qlinear_gemm
+
+
+def tie_case():
+    # a Gemm whose every output is acc / 2**e, acc odd or a multiple of 2**(e - 1): many
+    # exact halves in the clamp range, where round half to even (not up, not away) decides
+    n = random.randint(1, 9)
+    Q = bytearray([random.randint(0, 255)] + [1] * n + [0] * n)     # x, W[k=1, n], Y
+    x_zp = Q[0] - 1                                                 # x - x_zp = 1
+    e = random.randint(1, 3)
+    r = [x_zp, random.randint(-20, 20), -128, 127]
+    for _ in range(n):
+        r += [1 << 23, 23 + e]
+    I = array("i", [random.randint(-300, 300) for _ in range(n)] + r)
+    args = (Q, 1 + n, 0, 1, 0, n, 1, 1, n, 1, 1, n, 1, 0, 0, Q)
+    return Q, I, args, False, pure_gemm, native.qlinear_gemm
 
 
 def conv_case():
@@ -107,7 +128,7 @@ except NameError:
     CASES = 480
 cases = different = fallback = 0
 while cases < CASES:
-    case = (gemm_case, conv_case)[cases % 2]()
+    case = (tie_case if cases % 16 == 0 else gemm_case, conv_case)[cases % 2]()
     if case is None:
         continue
     Q, I, args, crafted, pure_kernel, native_kernel = case
