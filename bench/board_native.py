@@ -31,7 +31,8 @@ def main():
         out = run_on_board(tmp, whole_package(),
                            {"microtrain/kernels/qlinear_native.mpy": module},
                            (BENCH / "board_native_kernels.py").read_text(), args.firmware)
-    print(f"native int8 Gemm and Conv ({args.arch} module, {pathlib.Path(module).stat().st_size:,d} bytes "
+    size = pathlib.Path(module).stat().st_size
+    print(f"native int8 Gemm and Conv ({args.arch} module, {size:,d} bytes "
           f"of .mpy) vs viper on the emulated Cortex-M3, instructions counted "
           f"(ticks x {PER_TICK})\n")
     print(f"{'kernel, shape':33s} {'MACs':>7s} {'viper':>10s} {'per MAC':>8s} {'native':>9s} "

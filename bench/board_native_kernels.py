@@ -1,9 +1,9 @@
 # Device side of bench/board_native.py: the native int8 Gemm and Conv
-# (kernels/qlinear_native.mpy, device/native) against the viper ones on the emulated Cortex-M3 under qemu -icount
-# shift=0, on the same arguments. Prints the heap the module's import took ("import
-# BYTES"), then per shape "KERNEL SHAPE|MACS|VIPER TICKS|NATIVE TICKS|SAME" (one tick per 40
-# instructions; each kernel once to warm up, then once counted) and whether the two wrote
-# the same bytes.
+# (kernels/qlinear_native.mpy, device/native) against the viper ones on the emulated
+# Cortex-M3 under qemu -icount shift=0, on the same arguments. Prints the heap the module's
+# import took ("import BYTES"), then per shape "KERNEL SHAPE|MACS|VIPER TICKS|NATIVE
+# TICKS|SAME" (one tick per 40 instructions; each kernel once to warm up, then once
+# counted; SAME: whether the two wrote the same bytes).
 import gc
 import microtrain.kernels     # noqa: F401  (the package, before the measured import)
 gc.collect()

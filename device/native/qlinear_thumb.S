@@ -1,7 +1,8 @@
-@ The hot loops of qlinear_native.c's int8 Gemm, in Thumb-1 (armv6m: runs on every ARM core).
-@ First for a weight with unit stride along k (W[n, k], transposed, as torch's Linear). gcc cannot keep four sums, four weight distances and the zero
-@ point in registers there (Thumb-1 has eight low registers, and its inline asm gets at most
-@ one high one), so it spills the sums to the stack: ~7 instructions per multiply-accumulate.
+@ The hot loops of qlinear_native.c's int8 Gemm and Conv, in Thumb-1 (armv6m: runs on every
+@ ARM core). First the Gemm for a weight with unit stride along k (W[n, k], transposed, as
+@ torch's Linear). gcc cannot keep four sums, four weight distances and the zero point in
+@ registers there (Thumb-1 has eight low registers, and its inline asm gets at most one
+@ high one), so it spills the sums to the stack: ~7 instructions per multiply-accumulate.
 @ Written by hand: 4 per multiply-accumulate (unsigned inputs), 4.125 (signed).
 @
 @   void mt_dot4_u8(const uint8_t *px, const uint8_t *pe, const int32_t *p, int32_t *acc)
