@@ -61,8 +61,7 @@ def run_on_board(tmp, sources, files, script, firmware, timeout=1800):
     path.write_text(script)
     with deploy.QemuBoard(firmware, rom=plan.romfs_image, icount=True) as qemu:
         # mpremote's whole chain but the fetch of a trained checkpoint
-        command = deploy.mpremote_command(plan, qemu.port, path, tmp / "unused",
-                                          rom_loaded=True)[:-4]
+        command = deploy.mpremote_command(plan, qemu.port, path, rom_loaded=True)
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0 or "Traceback" in proc.stdout:
         raise BoardRunFailed(proc.stdout + proc.stderr)

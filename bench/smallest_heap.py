@@ -99,8 +99,7 @@ def sweep(firmware, art, sizes, step, start):
             script = tmp / "run.py"
             script.write_text("FILLER, NX, NY, CHECKPOINT = %d, %d, %d, %r\n"
                               % (filler, sizes[0], sizes[1], checkpoint) + BOARD_SCRIPT)
-            cmd = deploy.mpremote_command(plan, qemu.port, script, "unused",
-                                          rom_loaded=True)[:-4]
+            cmd = deploy.mpremote_command(plan, qemu.port, script, rom_loaded=True)
             text = subprocess.run(cmd, capture_output=True, text=True, timeout=600).stdout
             lines = [line.split() for line in text.splitlines() if line.startswith("RESULT")]
             if not lines:

@@ -7,7 +7,8 @@
 #
 #   scripts/build_qemu_board.sh     -> prints the path of firmware.elf
 #
-# Cached under .cache/qemu-board/, keyed by the source tarball, boards/qemu/* and this script:
+# Cached under .cache/qemu-board/, keyed by the source tarball, boards/qemu/*, this script and
+# qemu_firmware_common.sh:
 # change any of them and the next run rebuilds.
 set -euo pipefail
 
@@ -21,27 +22,9 @@ command -v qemu-system-arm >/dev/null || missing+=(qemu-system-arm)
 command -v arm-none-eabi-gcc >/dev/null || missing+=(gcc-arm-none-eabi)
 [ -e /usr/lib/arm-none-eabi/include/stdlib.h ] || missing+=(libnewlib-arm-none-eabi)
 command -v make >/dev/null || missing+=(make)
-if [ ${#missing[@]} -gt 0 ]; then
-    echo "build_qemu_board: installing ${missing[*]}" >&2
-    apt-get update -qq >&2 && apt-get install -y -qq "${missing[@]}" >&2
-fi
-
-tarball=$(bash "$root/scripts/fetch_micropython_source.sh")
-key=$( (basename "$tarball"; sha256sum "$tarball" | cut -d' ' -f1;
-        cat "$0" "$board_files"/*) | sha256sum | cut -d' ' -f1)
-
-if [ -f "$firmware" ] && [ "$(cat "$cache/key" 2>/dev/null)" = "$key" ]; then
-    echo "$firmware"
-    exit 0
-fi
-
-rm -rf "$cache" && mkdir -p "$cache/tree"
-tar -xf "$tarball" -C "$cache/tree" --strip-components=1
-# Debian's tarball leaves out the micropython-lib submodule; the freezer insists on seeing it
-# although boards/qemu/manifest.py requires nothing from it.
-mkdir -p "$cache/tree/lib/micropython-lib"
-touch "$cache/tree/lib/micropython-lib/README.md"
-jobs=$(nproc 2>/dev/null || echo 2)
+source "$root/scripts/qemu_firmware_common.sh"
+install_missing build_qemu_board "${missing[@]}"
+prepare_tree "$0"
 echo "build_qemu_board: building the qemu MPS2_AN385 firmware (log: $cache/build.log)" >&2
 # MICROPY_VFS_LFS2: littlefs for the emulated flash; no_clock.h: littlefs wants a clock the
 # emulated board lacks; mps2.ld: room for the unwind table littlefs's 64-bit division needs.

@@ -10,7 +10,8 @@
 #   scripts/build_qemu_rv32.sh     -> prints the path of firmware.elf (and leaves the
 #                                     mpy-cross built from the same source beside it)
 #
-# Cached under .cache/qemu-rv32/, keyed by the source tarball, boards/qemu/* and this script:
+# Cached under .cache/qemu-rv32/, keyed by the source tarball, boards/qemu/*, this script and
+# qemu_firmware_common.sh:
 # change any of them and the next run rebuilds.
 set -euo pipefail
 
@@ -28,27 +29,9 @@ command -v riscv64-unknown-elf-gcc >/dev/null || missing+=(gcc-riscv64-unknown-e
 [ -e /usr/lib/picolibc/riscv64-unknown-elf/picolibc.specs ] ||
     missing+=(picolibc-riscv64-unknown-elf)
 command -v make >/dev/null || missing+=(make)
-if [ ${#missing[@]} -gt 0 ]; then
-    echo "build_qemu_rv32: installing ${missing[*]}" >&2
-    apt-get update -qq >&2 && apt-get install -y -qq "${missing[@]}" >&2
-fi
-
-tarball=$(bash "$root/scripts/fetch_micropython_source.sh")
-key=$( (basename "$tarball"; sha256sum "$tarball" | cut -d' ' -f1;
-        cat "$0" "$board_files"/*) | sha256sum | cut -d' ' -f1)
-
-if [ -f "$firmware" ] && [ "$(cat "$cache/key" 2>/dev/null)" = "$key" ]; then
-    echo "$firmware"
-    exit 0
-fi
-
-rm -rf "$cache" && mkdir -p "$cache/tree"
-tar -xf "$tarball" -C "$cache/tree" --strip-components=1
-# Debian's tarball leaves out the micropython-lib submodule; the freezer insists on seeing it
-# although boards/qemu/manifest.py requires nothing from it.
-mkdir -p "$cache/tree/lib/micropython-lib"
-touch "$cache/tree/lib/micropython-lib/README.md"
-jobs=$(nproc 2>/dev/null || echo 2)
+source "$root/scripts/qemu_firmware_common.sh"
+install_missing build_qemu_rv32 "${missing[@]}"
+prepare_tree "$0"
 # The version banner comes from `git describe`: not of the repository .cache/ lies in (it
 # would name microtrain's revision); without git, MicroPython's own (1.25.0).
 export GIT_CEILING_DIRECTORIES="$cache"

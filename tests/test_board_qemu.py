@@ -138,10 +138,12 @@ def test_viper_int8_kernels_equal_pure_on_the_emulated_board(firmware, tmp_path)
     script = tmp_path / "qlinear_fast.py"
     script.write_text("CASES = 240\n" + (ROOT / "tests" / "device_scripts" /
                                          "qlinear_fast.py").read_text())
-    command = deploy.mpremote_command(plan, "PORT", script, tmp_path / "unused")
-    assert command[-6:-3] == ["run", str(script), "+"], command   # no file to fetch back
+    # no file to fetch back: the command ends with the run (with one, it fetches `trained`)
+    assert deploy.mpremote_command(plan, "PORT", script)[-2:] == ["run", str(script)]
+    assert deploy.mpremote_command(plan, "PORT", script, tmp_path / "t")[-6:] == \
+        ["run", str(script), "+", "cp", ":trained", str(tmp_path / "t")]
     with deploy.QemuBoard(firmware) as qemu:
-        command = deploy.mpremote_command(plan, qemu.port, script, tmp_path / "unused")[:-4]
+        command = deploy.mpremote_command(plan, qemu.port, script)
         proc = deploy.subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stdout.split()[-4:] == ["cases", "240", "different", "0"], proc.stdout[-2000:]

@@ -167,8 +167,7 @@ def boot(firmware, plan, flash, script, cut=False):
     stop the board (a power cut) when it prints "cut". Returns its output lines."""
     lines = []
     with deploy.QemuBoard(firmware, flash=flash) as qemu:
-        command = deploy.mpremote_command(plan, qemu.port, script, "unused",
-                                          rom_loaded=True)[:-4]
+        command = deploy.mpremote_command(plan, qemu.port, script, rom_loaded=True)
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
         try:

@@ -15,11 +15,10 @@ import pytest
 
 from conftest import ROOT, emulated_board_plan
 from test_board_qemu import torch_model_from
-from test_inttrain import BOARD_SCRIPT, digits_int8, train_on_board_and_cpython  # noqa: F401
+from test_inttrain import check_digits_int_training_on_board, digits_int8  # noqa: F401
 from torch_reference import relative_error, torch_train
 
 from microtrain_host import generate_artifacts
-from microtrain_host.quant.inttrain import int8_training_artifacts, quantize_input
 from microtrain_host.tools import deploy
 
 RV32 = "qemu-virt-rv32"
@@ -77,7 +76,7 @@ def test_viper_int8_kernels_equal_pure_on_the_rv32_board(rv32_firmware, tmp_path
                       "CASES = 240\n" + (ROOT / "tests" / "device_scripts" /
                                          "qlinear_fast.py").read_text())
     with deploy.QemuBoard(rv32_firmware, board=RV32) as qemu:
-        command = deploy.mpremote_command(plan, qemu.port, script, tmp_path / "unused")[:-4]
+        command = deploy.mpremote_command(plan, qemu.port, script)
         proc = deploy.subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stdout.split()[-4:] == ["cases", "240", "different", "0"], proc.stdout[-2000:]
@@ -85,17 +84,8 @@ def test_viper_int8_kernels_equal_pure_on_the_rv32_board(rv32_firmware, tmp_path
 
 def test_int_training_on_the_rv32_board_equals_cpython(digits_int8, rv32_firmware,  # noqa: F811
                                                        tmp_path):
-    """The digits classifier trained in integers on the emulated RISC-V core, viper kernels
-    under heap_lock and pure-Python kernels: the same parameters and checkpoint, byte for
-    byte, as CPython (tests/test_inttrain.py's board run, on the second architecture)."""
-    info = int8_training_artifacts(digits_int8 / "qdq.onnx", tmp_path / "int", 0.05)
-    data = np.load(DIGITS / "digits.npz")
-    records = b"".join(quantize_input(x, info).tobytes() + np.int32(y).tobytes()
-                       for x, y in zip(data["x_train"][:40], data["y_train"][:40]))
-    (tmp_path / "data.bin").write_bytes(records)
-    expected, fast, pure = train_on_board_and_cpython(rv32_firmware, info, tmp_path, 30,
-                                                      BOARD_SCRIPT, 900, board=RV32)
-    assert len(expected) == 2 and fast == pure == expected
+    # tests/test_inttrain.py's board run, on the second architecture
+    check_digits_int_training_on_board(digits_int8, rv32_firmware, tmp_path, board=RV32)
 
 
 def test_a_missing_rv32_qemu_or_firmware_says_how_to_get_it(tmp_path, monkeypatch):

@@ -545,19 +545,24 @@ def train_on_board_and_cpython(firmware, info, tmp_path, steps, board_script, ti
     return expected, fast, pure
 
 
-def test_int_training_on_the_emulated_board_equals_cpython(digits_int8, tmp_path):
-    """The digits classifier trained in integers on the emulated Cortex-M3 (32-bit small ints,
-    float32 at load), viper kernels under heap_lock and pure-Python kernels: the same
-    parameters, byte for byte, as CPython."""
-    firmware = board_firmware()
+def check_digits_int_training_on_board(digits_int8, firmware, tmp_path,
+                                       board="qemu-mps2-an385"):
+    """The digits classifier trained in integers on an emulated board, viper kernels under
+    heap_lock and pure-Python kernels: the same parameters and checkpoint, byte for byte, as
+    CPython (40 samples, 30 steps)."""
     info = int8_training_artifacts(digits_int8 / "qdq.onnx", tmp_path / "int", 0.05)
     data = np.load(DIGITS / "digits.npz")
     records = b"".join(quantize_input(x, info).tobytes() + np.int32(y).tobytes()
                        for x, y in zip(data["x_train"][:40], data["y_train"][:40]))
     (tmp_path / "data.bin").write_bytes(records)
     expected, fast, pure = train_on_board_and_cpython(firmware, info, tmp_path, 30,
-                                                      BOARD_SCRIPT, 900)
+                                                      BOARD_SCRIPT, 900, board=board)
     assert len(expected) == 2 and fast == pure == expected
+
+
+def test_int_training_on_the_emulated_board_equals_cpython(digits_int8, tmp_path):
+    # on the emulated Cortex-M3: 32-bit small ints, float32 at load
+    check_digits_int_training_on_board(digits_int8, board_firmware(), tmp_path)
 
 
 def test_momentum_steps_follow_torch_sgd_momentum():

@@ -1,7 +1,8 @@
 # The viper int8 kernels against the pure-Python ones on random geometries and data
 # (signed and unsigned activations, negative and huge biases, accumulators past 2**24 that
 # take the exact slow path, multipliers and shifts out of the derived range, kernels of more
-# than 16 taps): Gemm, Conv, global and windowed average pooling, Add, lookup.
+# than 16 taps, multipliers whose products end exactly halfway): Gemm, Conv, global and
+# windowed average pooling, Add, lookup, and Gemms built so that most outputs are ties.
 # Prints "cases N different M".
 import random
 from array import array
@@ -16,8 +17,13 @@ pure_gemm, pure_conv = pure['qlinear_gemm'], pure['qlinear_conv']
 def req(channels, x_zp, y_zp, lo, hi):
     r = [x_zp, y_zp, lo, hi]
     for _ in range(channels):
-        if random.randint(0, 4):
+        kind = random.randint(0, 4)
+        if kind > 1:
             r += [random.randint(1 << 23, 1 << 24), random.randint(18, 40)]
+        elif kind == 1:
+            # a multiplier of two or three bits (1/2, 3/4, 5/8 of 2**24): a product then often
+            # ends exactly halfway between two integers, where only round half to even is right
+            r += [random.choice((1 << 23, 3 << 22, 5 << 21)), random.randint(18, 30)]
         else:   # as a crafted blob may hold them: m0 0 or beyond 2**24, shift 0 or past 62
             r += [random.choice((0, 1 << 23, (1 << 24) + 1)), random.choice((0, 62, 63, 70))]
     return r
@@ -85,6 +91,21 @@ def gemm_case():
     return Q, I, args, pure_gemm, fast.qlinear_gemm
 
 
+def tie_case():
+    # a Gemm whose every output is (bias + 1) / 2**e: x - x_zp = 1, k = 1, every weight 1,
+    # m0 = 2**23, shift 23 + e; biases of both signs give exact halves inside the clamp range
+    # at most positions, so a kernel that rounds them up, away from zero or to odd differs
+    n, e = random.randint(1, 9), random.randint(1, 3)
+    Q = bytearray([random.randint(0, 255)] + [1] * n + [0] * n)     # x, W[1, n], Y[1, n]
+    r = [Q[0] - 1, random.randint(-20, 20), -128, 127]
+    for _ in range(n):
+        r += [1 << 23, 23 + e]
+    I = array("i", [random.randint(-300, 300) for _ in range(n)] + r)
+    w_at, weights = weight_buffer(Q, 1, n)
+    args = (Q, 1 + n, 0, w_at, 0, n, 1, 1, n, 1, 1, n, 1, 0, 0, weights)
+    return Q, I, args, pure_gemm, fast.qlinear_gemm
+
+
 def pairs(count):
     r = []
     for _ in range(count):
@@ -146,8 +167,8 @@ try:
 except NameError:
     CASES = 600
 I = array("i", [0])
-MAKERS = (gemm_case, conv_case, pool_case, global_pool_case, add_case, lookup_case)
-NAMES = ("gemm", "conv", "average_pool", "global_average_pool", "add", "lookup")
+MAKERS = (gemm_case, conv_case, pool_case, global_pool_case, add_case, lookup_case, tie_case)
+NAMES = ("gemm", "conv", "average_pool", "global_average_pool", "add", "lookup", "gemm ties")
 cases = different = 0
 while cases < CASES:
     case = MAKERS[cases % len(MAKERS)]()

@@ -164,10 +164,11 @@ def training_script(plan, labels, lr, output, with_optimizer_state):
     return settings + TRAIN_SCRIPT.read_text()
 
 
-def mpremote_command(plan, port, script, fetched, rom_loaded=False):
-    """One mpremote invocation: setup, copies, run, fetch (mpremote resets only once).
-    rom_loaded: the runtime's ROMFS image is in the board's ROM partition already (the
-    emulated board, QemuBoard(rom=...)): not copied."""
+def mpremote_command(plan, port, script, fetched=None, rom_loaded=False):
+    """One mpremote invocation: setup, copies, run, then (fetched: a local path) fetch the
+    board's `trained` file there (mpremote resets only once). rom_loaded: the runtime's ROMFS
+    image is in the board's ROM partition already (the emulated board, QemuBoard(rom=...)):
+    not copied."""
     args = [sys.executable, "-m", "mpremote", "connect", port]
     setup = plan.board.get("setup")
     if setup:
@@ -189,7 +190,9 @@ def mpremote_command(plan, port, script, fetched, rom_loaded=False):
     args += ["soft-reset", "+"]
     if setup:
         args += ["exec", setup, "+"]
-    args += ["run", str(script), "+", "cp", ":trained", str(fetched)]
+    args += ["run", str(script)]
+    if fetched is not None:
+        args += ["+", "cp", ":trained", str(fetched)]
     return args
 
 

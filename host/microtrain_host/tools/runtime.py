@@ -15,8 +15,7 @@ from microtrain import parser as device_blob_parser
 
 from ..contract.ops import BY_CODE
 from ..errors import MicrotrainHostError
-from .boards import REPO_ROOT
-from .train import device_package_dir
+from .train import REPO_ROOT, device_package_dir
 
 # What a training run imports: the package (which imports the training API) and the
 # checkpoint writer, which save_checkpoint imports when a run first saves.
