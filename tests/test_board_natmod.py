@@ -38,7 +38,7 @@ def run_on_board(firmware, tmp_path, module, script_text, board="qemu-mps2-an385
     script = tmp_path / "script.py"
     script.write_text(script_text)
     with deploy.QemuBoard(firmware, board=board) as qemu:
-        command = deploy.mpremote_command(plan, qemu.port, script, tmp_path / "unused")[:-4]
+        command = deploy.mpremote_command(plan, qemu.port, script)
         proc = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return proc.stdout
@@ -123,7 +123,7 @@ qlinear.use_fast(False)
 print('pure', hexlify(bytes(InferenceSession('/rom/int8.mtb').run(x))).decode())
 """)
     with deploy.QemuBoard(firmware) as qemu:
-        command = deploy.mpremote_command(plan, qemu.port, script, tmp_path / "unused")[:-4]
+        command = deploy.mpremote_command(plan, qemu.port, script)
         proc = subprocess.run(command, capture_output=True, text=True, timeout=900)
     lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in proc.stdout.splitlines()
              if " " in line}
