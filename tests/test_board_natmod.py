@@ -8,19 +8,48 @@ the viper ones. Needs the boards' firmware (scripts/build_qemu_board.sh,
 build_qemu_rv32.sh: skipped without it, failed when MICROTRAIN_REQUIRE_QEMU /
 MICROTRAIN_REQUIRE_QEMU_RV32=1); the module is built here (the script installs its
 toolchain when missing)."""
+import os
+import shutil
 import subprocess
 
 import pytest
 
-from conftest import ROOT, emulated_board_plan
+from conftest import DEVICE, ROOT, emulated_board_plan
 
-from microtrain_host.tools import deploy
+from microtrain_host.tools import boards, deploy, runtime
 
 
 RV32 = "qemu-virt-rv32"
+# prepended to the board scripts: the heap the module's import takes (its machine code is
+# copied into RAM even from the ROM filesystem), what the fit check predicts
+# (boards.NATIVE_HEAP_PER_MPY_BYTE); the package is imported first, so it is not counted
+HEAP_PROBE = """
+import gc
+import microtrain.kernels
+gc.collect()
+_before = gc.mem_alloc()
+import microtrain.kernels.qlinear_native
+gc.collect()
+print('native heap', gc.mem_alloc() - _before)
+"""
+
+
+def check_native_heap(out, module):
+    """The fit check's figure for the module is an upper bound within 10 % of the board's."""
+    measured = int(out.split("native heap")[1].split()[0])
+    predicted = boards.native_heap({"m": module})
+    assert measured <= predicted <= 1.1 * measured, (measured, predicted)
+    return measured
 
 
 def build_module(arch):
+    """The module built from today's sources (scripts/build_natmod.sh, cached). Without the
+    architecture's cross compiler the test is skipped, unless the emulated boards are
+    required (MICROTRAIN_REQUIRE_QEMU=1, as scripts/test.sh sets): then the script installs
+    it from Debian, and a module that cannot be built fails the test."""
+    compiler = "riscv64-unknown-elf-gcc" if arch == "rv32imc" else "arm-none-eabi-gcc"
+    if shutil.which(compiler) is None and os.environ.get("MICROTRAIN_REQUIRE_QEMU") != "1":
+        pytest.skip(f"no {compiler}: scripts/build_natmod.sh {arch} installs it")
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "build_natmod.sh"), arch],
                           capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -51,21 +80,35 @@ def test_native_int8_gemm_equals_pure_on_the_emulated_board(firmware, armv6m_mod
     # the same Thumb-1 loops) on Cortex-M3 and later
     module = armv6m_module if arch == "armv6m" else build_module(arch)
     out = run_on_board(firmware, tmp_path, module,
-                       "CASES = 480\n" + (ROOT / "tests" / "device_scripts" /
-                                          "qlinear_native.py").read_text())
+                       HEAP_PROBE + "CASES = 480\n" + (ROOT / "tests" / "device_scripts" /
+                                                       "qlinear_native.py").read_text())
     words = out.split()
     assert words[-6:-2] == ["cases", "480", "different", "0"], out[-2000:]
     assert int(words[-1]) > 0, out[-2000:]     # the pure-Python fallback was exercised
+    print(f"{arch}: {check_native_heap(out, module):,d} B of heap at import")
+
+
+@pytest.mark.parametrize("arch", ["armv6m", "armv7m", "rv32imc"])
+def test_shipped_build_is_a_fresh_build_of_the_sources(arch):
+    """What deploy and mip ship (device/microtrain/kernels/native, build_natmod.sh --ship)
+    is byte for byte what the sources build to today (the build is reproducible: a fixed
+    hash seed, a relative build path)."""
+    shipped = DEVICE / "microtrain" / "kernels" / "native" / arch / "qlinear_native.mpy"
+    assert shipped.read_bytes() == open(build_module(arch), "rb").read(), \
+        f"stale: scripts/build_natmod.sh --ship {arch}"
 
 
 def test_native_int8_gemm_equals_pure_on_the_rv32_board(rv32_firmware, tmp_path):
-    out = run_on_board(rv32_firmware, tmp_path, build_module("rv32imc"),
+    module = build_module("rv32imc")
+    out = run_on_board(rv32_firmware, tmp_path, module,
                        "import sys\nassert sys.implementation._build == 'VIRT_RV32'\n"
-                       "CASES = 480\n" + (ROOT / "tests" / "device_scripts" /
-                                          "qlinear_native.py").read_text(), board=RV32)
+                       + HEAP_PROBE + "CASES = 480\n" + (ROOT / "tests" / "device_scripts" /
+                                                         "qlinear_native.py").read_text(),
+                       board=RV32)
     words = out.split()
     assert words[-6:-2] == ["cases", "480", "different", "0"], out[-2000:]
     assert int(words[-1]) > 0, out[-2000:]
+    print(f"rv32imc: {check_native_heap(out, module):,d} B of heap at import")
 
 
 def test_fastpath_picks_the_native_gemm_when_it_imports(firmware, armv6m_module, tmp_path):
@@ -84,12 +127,12 @@ print('pure', qlinear.qlinear_gemm is qlinear._pure['qlinear_gemm'])
     assert "fallback True" in out and "pure True" in out, out[-2000:]
 
 
-def test_int8_digits_inference_with_the_native_gemm_equals_cpython(firmware, armv6m_module,
-                                                                    tmp_path):
-    """A whole model on the native kernels: the digits MLP's int8 blob (the packager's
-    export of a quantization-aware blob) run on the emulated Cortex-M3 with the module in
-    ROMFS (fastpath picks it) gives CPython's pure-Python outputs bit for bit, and so does
-    the same board with the pure-Python kernels."""
+def test_int8_digits_inference_with_the_native_gemm_equals_cpython(firmware, tmp_path):
+    """A whole model on the native kernels as deploy ships them: the digits MLP's int8 blob
+    (the packager's export of a quantization-aware blob), its minimal runtime built by
+    deploy.write_runtime for the emulated Cortex-M3 (which carries the shipped build for
+    the board's mpy_arch) in ROMFS, gives CPython's pure-Python outputs bit for bit with the
+    native Gemm picked by fastpath, and so does the same board with the pure kernels."""
     import numpy as np
 
     from microtrain import InferenceSession
@@ -105,10 +148,19 @@ def test_int8_digits_inference_with_the_native_gemm_equals_cpython(firmware, arm
     x = np.load(digits / "digits.npz")["x_val"][:2].astype("<f4")
     cpython = np.array(InferenceSession(str(tmp_path / "int8.mtb")).run(x.reshape(-1)),
                        np.float32)
-    plan = emulated_board_plan(
-        tmp_path, tmp_path, [(tmp_path / "x.f32", "x.f32")],
-        in_rom=[(armv6m_module, "microtrain/kernels/qlinear_native.mpy"),
-                (tmp_path / "int8.mtb", "int8.mtb")])
+    blob = tmp_path / "int8.mtb"
+    board = boards.load_board("qemu-mps2-an385")
+    plan = deploy.Plan(board, "romfs", tmp_path, {}, None, None, None, None)
+    plan.native = boards.native_for(blob, board, "romfs")
+    assert plan.native == {runtime.NATIVE_MODULE: runtime.native_build(board["mpy_arch"])}
+    rt = deploy.write_runtime(plan, blob, tmp_path / "rt")
+    # an inference run: the session, which a training runtime leaves out, and the blob
+    runtime.compile_runtime(runtime.package_sources(["microtrain/inference.py"]),
+                            board["mpy_arch"], board["mpy_version"], rt)
+    (rt / "int8.mtb").write_bytes(blob.read_bytes())
+    plan.romfs_image = tmp_path / "microtrain.romfs"
+    plan.romfs_image.write_bytes(runtime.romfs_image(rt))
+    plan.files = [(tmp_path / "x.f32", "x.f32")]
     (tmp_path / "x.f32").write_bytes(x.tobytes())
     script = tmp_path / "script.py"
     script.write_text("""
