@@ -11,12 +11,14 @@ cycle; real Cortex-M3/M4 cores take ~1.1-1.5 cycles per instruction (shared/FACT
 other cores (Xtensa; an FPU) run other code: an estimate. Prints figures; asserts nothing.
 
     python3 bench/board_cost.py [--quick] [--steps N] [--no-kws] [--only NAME] [--firmware ELF]
-                                [--native ARCH]
+                                [--no-kernels] [--native ARCH] [--heap BYTES]
 
---quick (CI): the kernels and the digits MLP only. --native armv6m|armv7m: the steps with the
-native int8 module (device/native, scripts/build_natmod.sh) beside the kernels, as deploy
-ships it: kernels/fastpath.py picks its Gemm and Conv over the viper ones (checked: the run
-stops when the board's Gemm is not the module's).
+--quick (CI): the kernels and the digits MLP only. --heap BYTES: each run starts with only
+that much free heap (a filler takes the rest): whether a step fits a board of that heap.
+--native armv6m|armv7m: the steps with the native int8 module (device/native,
+scripts/build_natmod.sh) beside the kernels, as deploy ships it: kernels/fastpath.py picks
+its Gemm and Conv over the viper ones (checked: the run stops when the board's int8 Gemm or
+Conv is not the module's). --no-kernels: the steps only.
 """
 import argparse
 import pathlib
@@ -109,10 +111,16 @@ PICKED = ("\nfrom microtrain.kernels import qlinear, qlinear_native\n"
           "                 for k in ('qlinear_gemm', 'qlinear_conv') if hasattr(qlinear, k)])\n")
 
 
-def count_step(case, steps, firmware, native=None):
+# prepended with --heap: a filler that leaves the run HEAP bytes of free heap, as a board
+# with that heap would (the filler's own object header is the slack)
+FILLER = ("import gc\ngc.collect()\n"
+          "_filler = bytearray(max(0, gc.mem_free() - HEAP - 16))\n")
+
+
+def count_step(case, steps, firmware, native=None, heap=None):
     """(instructions per counted step, of which the optimizer update; means over the steps),
     and the heap the run keeps live after them. native: the native module's .mpy to put
-    beside the kernels."""
+    beside the kernels. heap: run with only this many bytes of free heap."""
     # the model's minimal runtime as deploy copies it, plus the loader of a blob given as a
     # buffer (board_step.py reads it in place from flash) and, for inference, the session
     sources = runtime.minimal_sources(case.blob)
@@ -123,7 +131,8 @@ def count_step(case, steps, firmware, native=None):
         files["microtrain/kernels/qlinear_native.mpy"] = native
         script += PICKED
     with tempfile.TemporaryDirectory(prefix="board-cost-") as tmp:
-        out = run_on_board(tmp, sources, files, f"STEPS = {steps}\n" + case.settings
+        prefix = f"HEAP = {heap}\n" + FILLER if heap else ""
+        out = run_on_board(tmp, sources, files, prefix + f"STEPS = {steps}\n" + case.settings
                            + script, firmware)
     picked = [line for line in out.splitlines() if line.startswith("native ")]
     if native and not (picked and "True" in picked[0] and "False" not in picked[0]):
@@ -220,6 +229,8 @@ def main():
                                        "$MICROTRAIN_QEMU_FIRMWARE, then .cache/qemu-board)")
     ap.add_argument("--no-kernels", action="store_true",
                     help="leave out the per-kernel table (the steps only)")
+    ap.add_argument("--heap", type=int, help="run each step with only this many bytes of "
+                                              "free heap (a board's heap; default: all)")
     ap.add_argument("--native", choices=("armv6m", "armv7m"),
                     help="count the steps with this build of the native int8 module")
     args = ap.parse_args()
@@ -259,7 +270,7 @@ def main():
         rows, failed = [], []
         for case in [c for c in cases if args.only is None or args.only in c.name]:
             try:
-                count, update, heap = count_step(case, steps, args.firmware, native)
+                count, update, heap = count_step(case, steps, args.firmware, native, args.heap)
             except BoardRunFailed as e:   # said below the table, the other cases still run
                 failed.append((case, e.last_line()))
                 continue

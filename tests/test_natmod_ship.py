@@ -130,3 +130,14 @@ def test_deploy_plan_and_dry_run_list_the_native_module(int8_artifacts, tmp_path
     assert "the native kernels' machine code" in out
     # the time estimate counts the frozen layer's Gemm at the native module's cost
     assert "native int8 dense MACs x 6.2" in out
+
+
+def test_inspect_board_counts_the_native_module(int8_artifacts, capsys):
+    blob = str(int8_artifacts / "model.mtb")
+    assert main(["inspect", blob, "--no-steps", "--board", "rp2040-pico"]) == 0
+    out = capsys.readouterr().out
+    assert "the native kernels' machine code (4," in out and "native int8 dense MACs" in out
+    # an ESP32 gets no build: neither counted nor estimated
+    assert main(["inspect", blob, "--no-steps", "--board", "esp32"]) == 0
+    out = capsys.readouterr().out
+    assert "native" not in out and "int8 dense MACs x 59.1" in out
