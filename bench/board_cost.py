@@ -11,8 +11,14 @@ cycle; real Cortex-M3/M4 cores take ~1.1-1.5 cycles per instruction (shared/FACT
 other cores (Xtensa; an FPU) run other code: an estimate. Prints figures; asserts nothing.
 
     python3 bench/board_cost.py [--quick] [--steps N] [--no-kws] [--only NAME] [--firmware ELF]
+                                [--no-kernels] [--native ARCH] [--heap BYTES]
 
---quick (CI): the kernels and the digits MLP only.
+--quick (CI): the kernels and the digits MLP only. --heap BYTES: each run starts with only
+that much free heap (a filler takes the rest): whether a step fits a board of that heap.
+--native armv6m|armv7m: the steps with the native int8 module (device/native,
+scripts/build_natmod.sh) beside the kernels, as deploy ships it: kernels/fastpath.py picks
+its Gemm and Conv over the viper ones (checked: the run stops when the board's int8 Gemm or
+Conv is not the module's). --no-kernels: the steps only.
 """
 import argparse
 import pathlib
@@ -98,17 +104,40 @@ def count_kernels(firmware):
     return rows
 
 
-def count_step(case, steps, firmware):
+# appended to the step script with --native: whether fastpath picked the module's kernels
+# (a trimmed runtime keeps only the int8 kernels its blob calls: Conv, Gemm or both)
+PICKED = ("\nfrom microtrain.kernels import qlinear, qlinear_native\n"
+          "print('native', [getattr(qlinear, k) is getattr(qlinear_native, k)\n"
+          "                 for k in ('qlinear_gemm', 'qlinear_conv') if hasattr(qlinear, k)])\n")
+
+
+# prepended with --heap: a filler that leaves the run HEAP bytes of free heap, as a board
+# with that heap would (the filler's own object header is the slack)
+FILLER = ("import gc\ngc.collect()\n"
+          "_filler = bytearray(max(0, gc.mem_free() - HEAP - 16))\n")
+
+
+def count_step(case, steps, firmware, native=None, heap=None):
     """(instructions per counted step, of which the optimizer update; means over the steps),
-    and the heap the run keeps live after them."""
+    and the heap the run keeps live after them. native: the native module's .mpy to put
+    beside the kernels. heap: run with only this many bytes of free heap."""
     # the model's minimal runtime as deploy copies it, plus the loader of a blob given as a
     # buffer (board_step.py reads it in place from flash) and, for inference, the session
     sources = runtime.minimal_sources(case.blob)
     sources.update(runtime.package_sources(
         ["microtrain/inplace.py"] + (["microtrain/inference.py"] if case.kind == "infer" else [])))
+    files, script = dict(case.files), (BENCH / "board_step.py").read_text()
+    if native:
+        files["microtrain/kernels/qlinear_native.mpy"] = native
+        script += PICKED
     with tempfile.TemporaryDirectory(prefix="board-cost-") as tmp:
-        out = run_on_board(tmp, sources, case.files, f"STEPS = {steps}\n" + case.settings
-                           + (BENCH / "board_step.py").read_text(), firmware)
+        prefix = f"HEAP = {heap}\n" + FILLER if heap else ""
+        out = run_on_board(tmp, sources, files, prefix + f"STEPS = {steps}\n" + case.settings
+                           + script, firmware)
+    picked = [line for line in out.splitlines() if line.startswith("native ")]
+    if native and not (picked and "True" in picked[0] and "False" not in picked[0]):
+        raise SystemExit(f"{case.name}: the board's int8 kernels are not the native module's:"
+                         f"\n{out}")
     ticks = [line.split()[1:] for line in out.splitlines() if line.startswith("ticks ")]
     heap = [int(line.split()[1]) for line in out.splitlines() if line.startswith("heap ")]
     if len(ticks) != steps or not heap:
@@ -198,27 +227,38 @@ def main():
     ap.add_argument("--only", help="count only the steps whose name contains this")
     ap.add_argument("--firmware", help="the emulated board's firmware (default: "
                                        "$MICROTRAIN_QEMU_FIRMWARE, then .cache/qemu-board)")
+    ap.add_argument("--no-kernels", action="store_true",
+                    help="leave out the per-kernel table (the steps only)")
+    ap.add_argument("--heap", type=int, help="run each step with only this many bytes of "
+                                              "free heap (a board's heap; default: all)")
+    ap.add_argument("--native", choices=("armv6m", "armv7m"),
+                    help="count the steps with this build of the native int8 module")
     args = ap.parse_args()
+    native = None
+    if args.native:
+        native = subprocess.run(["bash", str(ROOT / "scripts" / "build_natmod.sh"), args.native],
+                                check=True, capture_output=True, text=True).stdout.split()[-1]
     steps = args.steps
     started = time.monotonic()
     print(f"counted on the emulated Cortex-M3 (qemu-system-arm -machine mps2-an385 -icount "
           f"shift=0,align=off; FPGAIO counter x {PER_TICK} = instructions); steps: the mean "
           f"of {steps} after a warm-up step\n")
 
-    print(f"{'kernel family':16s} {'shape':26s} {'MACs':>9s} {'instructions':>13s} "
-          f"{'per MAC':>8s}  (optimizer updates: per parameter)")
-    families = {}
-    for family, shape, units, count in count_kernels(args.firmware):
-        print(f"{family:16s} {shape:26s} {units:9,d} {count:13,d} {count / units:8.1f}")
-        total = families.setdefault(family, [0, 0])
-        total[0] += units
-        total[1] += count
-    # a family's figure: all its counted instructions over all its MACs (parameters);
-    # step_cost holds these, rounded, from the run the README shows
-    print("\nper family (all shapes): counted now / step_cost's figure")
-    model = dict(step_cost.INSTRUCTIONS_PER_MAC, **step_cost.INSTRUCTIONS_PER_UPDATE)
-    for family, (units, count) in families.items():
-        print(f"  {family:16s} {count / units:8.1f} / {model[family]:g}")
+    if not args.no_kernels:
+        print(f"{'kernel family':16s} {'shape':26s} {'MACs':>9s} {'instructions':>13s} "
+              f"{'per MAC':>8s}  (optimizer updates: per parameter)")
+        families = {}
+        for family, shape, units, count in count_kernels(args.firmware):
+            print(f"{family:16s} {shape:26s} {units:9,d} {count:13,d} {count / units:8.1f}")
+            total = families.setdefault(family, [0, 0])
+            total[0] += units
+            total[1] += count
+        # a family's figure: all its counted instructions over all its MACs (parameters);
+        # step_cost holds these, rounded, from the run the README shows
+        print("\nper family (all shapes): counted now / step_cost's figure")
+        model = dict(step_cost.INSTRUCTIONS_PER_MAC, **step_cost.INSTRUCTIONS_PER_UPDATE)
+        for family, (units, count) in families.items():
+            print(f"  {family:16s} {count / units:8.1f} / {model[family]:g}")
 
     with tempfile.TemporaryDirectory(prefix="board-cost-cases-") as tmp:
         tmp = pathlib.Path(tmp)
@@ -230,11 +270,11 @@ def main():
         rows, failed = [], []
         for case in [c for c in cases if args.only is None or args.only in c.name]:
             try:
-                count, update, heap = count_step(case, steps, args.firmware)
+                count, update, heap = count_step(case, steps, args.firmware, native, args.heap)
             except BoardRunFailed as e:   # said below the table, the other cases still run
                 failed.append((case, e.last_line()))
                 continue
-            work = step_cost.step_work(case.blob)
+            work = step_cost.step_work(case.blob, native=bool(native))
             rows.append((case, count, update, heap, work))
 
     print(f"\n{'step':34s} {'instructions':>12s} {'update':>11s} {'MACs':>9s} {'per MAC':>8s} "

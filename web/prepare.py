@@ -52,8 +52,9 @@ def prepare(out, artifacts=None, model=DIGITS / "mlp.onnx", data=DIGITS / "digit
             shutil.copyfile(source / name, out / "artifacts" / name)
     blob = device_blob_parser.load(str(out / "artifacts" / "model.mtb"))
     write_device_data(str(out / "data"), blob, *load_data(data))
+    # kernels/native: machine code for boards; the WebAssembly port loads no native module
     shutil.copytree(ROOT / "device" / "microtrain", out / "device" / "microtrain",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "native"))
     shutil.copyfile(WEB / "trainer.py", out / "trainer.py")
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     manifest = {"files": files, "heap_bytes": HEAP_BYTES, "lr": LEARNING_RATE}

@@ -115,7 +115,9 @@ def cmd_inspect(args):
         print()
         print(_fit_text(boards.predict(os.path.dirname(os.path.abspath(args.blob)), board,
                                        args.runtime)))
-        print(_cost_text(args.blob, board))
+        native = boards.native_for(args.blob, board,
+                                   args.runtime or boards.default_placement(board))
+        print(_cost_text(args.blob, board, bool(native)))
     return 0
 
 
@@ -144,7 +146,9 @@ def _fit_text(fit):
         f"fit check on {board['name']} ({board['title']}; heap {_kb(board['heap'])}, "
         f"{board['heap_source']}; {board['word_bytes'] * 8}-bit, {board['float']} floats):",
         f"  runtime          {_kb(fit.runtime_mpy)} of .mpy, {where}",
-        f"  imported code    {_kb(fit.code)} of heap",
+        f"  imported code    {_kb(fit.code)} of heap"
+        + (f", of which {_kb(fit.native_code)} the native kernels' machine code "
+           f"({fit.native_mpy:,} B of .mpy, copied to RAM at import)" if fit.native_mpy else ""),
         f"  while training   {_kb(fit.train)} predicted peak of the live heap between "
         f"phases (arenas, blob, checkpoint, batch)",
         f"  while loading    {_kb(fit.load)} (inside Module: blob file or arenas + the "
@@ -157,10 +161,11 @@ def _fit_text(fit):
         f"  needed           {_kb(fit.needed)}: {verdict}"])
 
 
-def _cost_text(blob, board):
-    """The estimated time of a step of the blob at the board's clock (tools/step_cost.py)."""
+def _cost_text(blob, board, native=False):
+    """The estimated time of a step of the blob at the board's clock (tools/step_cost.py);
+    native: its runtime carries the native int8 kernels."""
     from .tools.step_cost import Estimate
-    return Estimate(blob, board).text()
+    return Estimate(blob, board, native).text()
 
 
 def cmd_deploy(args):
@@ -174,9 +179,11 @@ def cmd_deploy(args):
     print(f"minimal runtime: {len(plan.runtime_sizes)} modules, "
           f"{sum(plan.runtime_sizes.values()):,} B of .mpy")
     for name, size in sorted(plan.runtime_sizes.items()):
-        print(f"  {name:34s} {size:7,d}")
+        native = ("  (native kernels, machine code for "
+                  f"{plan.native[name].parent.name})" if name in plan.native else "")
+        print(f"  {name:34s} {size:7,d}{native}")
     print(_fit_text(plan.fit))
-    print(_cost_text(plan.artifacts / "model.mtb", plan.board))
+    print(_cost_text(plan.artifacts / "model.mtb", plan.board, bool(plan.native)))
     if plan.resume is not None:
         print(f"resuming from {plan.resume}: optimizer step {plan.start_step}, the data from "
               f"its batch {plan.start_step} on")

@@ -5,14 +5,17 @@
 # not carry this module.
 
 
-def use_fast(g, names, on, module):
+def use_fast(g, names, on, module, native=None):
     """Put the pure-Python kernels back into the family's globals g, then with `on` the
     viper ones of kernels/<module>.py. g["_pure"] is the family's {name: pure kernel},
     filled on the first call (at import, before any swap) with those of `names` that g
     defines: a trimmed runtime (tools/runtime.py) keeps only the kernels its model uses.
     The viper module gets that dict as its _pure, the fallback for arguments its machine
-    words cannot hold. Returns `on`, or False when the viper module cannot be imported
-    (CPython; a MicroPython without viper)."""
+    words cannot hold. Then, with `on`, the kernels the dynamic native module
+    kernels/<native>.mpy defines (device/native; machine code for the board's architecture)
+    replace those: native > viper > pure, kernel by kernel. The native module gets _pure too.
+    Returns `on`, or False when neither module can be imported (CPython; a MicroPython
+    without viper and without the native module)."""
     pure = g.get("_pure")
     if pure is None:
         pure = g["_pure"] = {}
@@ -21,12 +24,22 @@ def use_fast(g, names, on, module):
                 pure[name] = g[name]
     for name in pure:
         g[name] = pure[name]
-    if on:
+    if not on:
+        return on
+    found = False
+    for name_of, errors in ((module, (ImportError, SyntaxError)),
+                            # ValueError: an .mpy of another architecture or version
+                            (native, (ImportError, ValueError))):
+        if name_of is None:
+            continue
         try:
-            fast = __import__("microtrain.kernels." + module, None, None, ("_pure",))
-        except (ImportError, SyntaxError):
-            return False
+            fast = __import__("microtrain.kernels." + name_of, None, None, ("_pure",))
+        except errors:
+            continue
+        found = True
         fast._pure = pure
         for name in pure:
-            g[name] = getattr(fast, name)
-    return on
+            kernel = getattr(fast, name, None)
+            if kernel is not None:
+                g[name] = kernel
+    return found

@@ -485,16 +485,17 @@ def qlinear_lookup_check(args, c):
     c.holds(2, 256)
 
 
-# The viper fast paths (kernels/qlinear_viper.py, MicroPython with the viper emitter): the
-# same bytes, no allocation. use_fast(False) switches back to the pure-Python kernels (tests
-# compare the two).
+# The viper fast paths (kernels/qlinear_viper.py, MicroPython with the viper emitter), and
+# before them the native Gemm where kernels/qlinear_native.mpy (device/native, machine code
+# for the board's architecture) is installed: the same bytes, no allocation.
+# use_fast(False) switches back to the pure-Python kernels (tests compare them).
 _FAST_NAMES = ("qlinear_gemm", "qlinear_conv", "qlinear_add", "qlinear_average_pool",
                "qlinear_global_average_pool", "qlinear_lookup")
 
 
 def use_fast(on=True):
     from microtrain.kernels import fastpath
-    return fastpath.use_fast(globals(), _FAST_NAMES, on, "qlinear_viper")
+    return fastpath.use_fast(globals(), _FAST_NAMES, on, "qlinear_viper", "qlinear_native")
 
 
 FAST = use_fast()

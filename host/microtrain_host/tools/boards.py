@@ -39,6 +39,13 @@ PLACEMENTS = ("files", "romfs", "frozen")
 # 27,424 B from ROMFS. Frozen code was not measured; ROMFS keeps bytecode and constants in
 # flash as freezing does, so its figure is used (frozen qstrs are in flash too: an upper bound).
 CODE_HEAP_PER_MPY_BYTE = {"files": 1.472, "romfs": 0.633, "frozen": 0.633}
+# A native module's machine code is copied into the heap at import wherever the .mpy lies
+# (ROMFS too: MicroPython 1.25 relocates it in RAM). Measured on the emulated boards by
+# tests/test_board_natmod.py (heap after import less before, from ROMFS), which keeps this
+# an upper bound within 10 %: 4,653 B of .mpy (armv6m build) took 4,720 B of heap, 3,989 B
+# (armv7m) 4,048 B (1.014-1.015 heap bytes per .mpy byte: the code, its relocations
+# resolved, and the module's globals), on the emulated Cortex-M3.
+NATIVE_HEAP_PER_MPY_BYTE = 1.05
 
 
 class BoardError(MicrotrainHostError):
@@ -172,8 +179,10 @@ class FitReport:
                  resume=0, resume_load=0, reload=0):
         self.board = board
         self.placement = placement
-        self.runtime_mpy = runtime_mpy  # .mpy bytes of the minimal runtime
-        self.code = code                # heap taken by the imported runtime
+        self.runtime_mpy = runtime_mpy  # .mpy bytes of the minimal runtime's bytecode
+        self.code = code                # heap taken by the imported runtime (native included)
+        self.native_mpy = 0             # .mpy bytes of its native modules (machine code)
+        self.native_code = 0            # heap their import takes (part of code)
         self.load = load                # live while Module loads (code included)
         self.train = train              # live while training (code included)
         self.arena = arena              # the largest single block (the float arena)
@@ -186,11 +195,28 @@ class FitReport:
         self.fits = self.margin >= 0
 
 
-def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None):
+def native_for(blob_path, board, placement):
+    """{name: .mpy path} of the native kernels deploy ships with this blob's runtime to the
+    board (runtime.native_modules): none for a frozen runtime, whose package lives in the
+    firmware where an .mpy on the filesystem cannot join it."""
+    from .runtime import native_modules
+    if placement == "frozen":
+        return {}
+    return native_modules(blob_path, board["mpy_arch"])
+
+
+def native_heap(native):
+    """Heap bytes the native modules {name: .mpy path} take once imported."""
+    return sum(int(NATIVE_HEAP_PER_MPY_BYTE * pathlib.Path(path).stat().st_size)
+               for path in native.values())
+
+
+def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None, native=None):
     """FitReport for training the artifacts (a directory with model.mtb and checkpoint) on
-    the board. runtime_mpy: .mpy bytes of the minimal runtime (compiled if not given).
-    resume: the checkpoint a resumed run starts from (default: the packed checkpoint saved
-    again with optimizer state)."""
+    the board. runtime_mpy: .mpy bytes of the minimal runtime's bytecode (compiled if not
+    given). resume: the checkpoint a resumed run starts from (default: the packed checkpoint
+    saved again with optimizer state). native: the native modules the runtime carries
+    ({name: .mpy path}; default: what deploy ships, native_for)."""
     from microtrain import CheckpointState, Module, Optimizer
     placement = placement or default_placement(board)
     if placement not in PLACEMENTS:
@@ -205,7 +231,10 @@ def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None):
         runtime_mpy = sum(minimal_runtime_sizes(blob_path, board).values())
     word = board["word_bytes"]
     model = HeapModel(word)
-    code = int(CODE_HEAP_PER_MPY_BYTE[placement] * runtime_mpy)
+    if native is None:
+        native = native_for(blob_path, board, placement)
+    native_code = native_heap(native)
+    code = int(CODE_HEAP_PER_MPY_BYTE[placement] * runtime_mpy) + native_code
 
     state = CheckpointState.load_checkpoint(str(checkpoint_path))
     loaded_state = heap_bytes([state], word)
@@ -241,8 +270,11 @@ def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None):
         # the second state, and the stream's read buffer (CheckpointState.stream)
         reload = resume_heap + heap_bytes([again], word) + model.size(bytearray(256), ())
     resume_load = code + loaded_resumed + max(blob_file, arenas)
-    return FitReport(board, placement, runtime_mpy, code, load, train, model.size(module.F, ()),
-                     reserve, resume_heap, resume_load, reload)
+    fit = FitReport(board, placement, runtime_mpy, code, load, train, model.size(module.F, ()),
+                    reserve, resume_heap, resume_load, reload)
+    fit.native_mpy = sum(pathlib.Path(path).stat().st_size for path in native.values())
+    fit.native_code = native_code
+    return fit
 
 
 def minimal_runtime_sizes(blob_path, board):

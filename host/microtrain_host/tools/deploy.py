@@ -47,6 +47,7 @@ class Plan:
         self.frozen_manifest = None  # placement frozen: manifest.py of the trimmed runtime
         self.resume = None       # the checkpoint a resumed run starts from (--resume)
         self.start_step = 0      # its optimizer step: the steps the previous runs took
+        self.native = {}         # {name on the board: shipped .mpy} of the native kernels
 
 
 def plan(artifacts, board_name, steps=None, epochs=None, placement=None, resume=None):
@@ -67,10 +68,14 @@ def plan(artifacts, board_name, steps=None, epochs=None, placement=None, resume=
     with tempfile.TemporaryDirectory() as tmp:
         sizes = runtime.compile_runtime(runtime.minimal_sources(blob_path), board["mpy_arch"],
                                         board["mpy_version"], tmp)
-    fit = boards.predict(artifacts, board, placement, sum(sizes.values()), resume=resume)
+    native = boards.native_for(blob_path, board, placement)
+    fit = boards.predict(artifacts, board, placement, sum(sizes.values()), resume=resume,
+                         native=native)
+    sizes.update({name: pathlib.Path(path).stat().st_size for name, path in native.items()})
     if steps is None and epochs is None:
         epochs = 1
     p = Plan(board, placement, artifacts, sizes, fit, None, steps, epochs)
+    p.native = native
     if resume is not None:
         p.resume = pathlib.Path(resume)
         p.start_step = start_step
@@ -142,9 +147,7 @@ def prepare(plan, data, workdir):
         plan.frozen_manifest.write_text(runtime.freeze_manifest(plan.frozen_manifest.parent,
                                                                 sorted(sources)))
     else:
-        rt = workdir / "runtime"
-        runtime.compile_runtime(runtime.minimal_sources(blob_path), plan.board["mpy_arch"],
-                                plan.board["mpy_version"], rt)
+        rt = write_runtime(plan, blob_path, workdir / "runtime")
         if plan.placement == "romfs":
             plan.romfs_image = workdir / "microtrain.romfs"
             plan.romfs_image.write_bytes(runtime.romfs_image(rt))
@@ -152,6 +155,15 @@ def prepare(plan, data, workdir):
             files.insert(0, (rt / "microtrain", "microtrain"))
     plan.files = files
     return labels
+
+
+def write_runtime(plan, blob_path, directory):
+    """The blob's minimal runtime compiled for the plan's board into directory (.mpy files
+    under microtrain/), with the native kernels the plan ships (plan.native). Returns it."""
+    runtime.compile_runtime(runtime.minimal_sources(blob_path), plan.board["mpy_arch"],
+                            plan.board["mpy_version"], directory)
+    runtime.add_native_modules(plan.native, directory)
+    return pathlib.Path(directory)
 
 
 def training_script(plan, labels, lr, output, with_optimizer_state):

@@ -170,6 +170,52 @@ def _fast_paths(kernels):
     return sorted(set(added))
 
 
+# The native int8 kernels (device/native: a MicroPython 1.25 dynamic native module, machine
+# code) as scripts/build_natmod.sh --ship puts them in the device package, one build per
+# architecture, so that neither deploy nor mip needs a cross toolchain. Installed beside the
+# kernels as NATIVE_MODULE, kernels/fastpath.py picks its kernels over the viper ones.
+NATIVE_BUILDS = "microtrain/kernels/native"
+NATIVE_MODULE = "microtrain/kernels/qlinear_native.mpy"
+NATIVE_KERNELS = ("qlinear_gemm", "qlinear_conv")
+# A board's mpy_arch -> the build it takes. MicroPython loads an ARM module on its own and
+# every later ARM architecture (persistentcode.c's MPY_FEATURE_ARCH_TEST), so FPU boards
+# (armv7emsp) take the armv7m build; an architecture not named here (xtensawin: no
+# toolchain on Debian) gets none and runs the viper kernels.
+NATIVE_BUILD_FOR = {"armv6m": "armv6m", "armv7m": "armv7m", "armv7emsp": "armv7m",
+                    "rv32imc": "rv32imc"}
+
+
+def native_build(arch):
+    """The shipped native module for a board of mpy_arch `arch` (a path), or None."""
+    build = NATIVE_BUILD_FOR.get(arch)
+    if build is None:
+        return None
+    path = device_package_dir() / NATIVE_BUILDS / build / "qlinear_native.mpy"
+    return path if path.exists() else None
+
+
+def native_modules(blob_path, arch):
+    """{NATIVE_MODULE: path of the build} when the blob's programs call a kernel the native
+    module has and the board's architecture has a build; else {} (the viper kernels run)."""
+    build = native_build(arch)
+    if build is None or not any(BY_CODE[op].kernel in NATIVE_KERNELS
+                                for op in op_codes(blob_path)):
+        return {}
+    return {NATIVE_MODULE: build}
+
+
+def add_native_modules(modules, out_dir):
+    """Copy native_modules()' {name: path} into a compiled runtime's out_dir (compile_runtime)
+    and return {name: bytes}, as compile_runtime does for the .mpy it compiles."""
+    sizes = {}
+    for name, path in modules.items():
+        target = pathlib.Path(out_dir) / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(pathlib.Path(path).read_bytes())
+        sizes[name] = target.stat().st_size
+    return sizes
+
+
 def _blank(lines, node):
     """Blank the source lines of a top-level statement (decorators included)."""
     first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
@@ -352,12 +398,22 @@ def freeze_manifest(directory, modules):
     return "\n".join(lines) + "\n"
 
 
-def package_json():
-    """mip's package.json for the whole device package (device/package.json):
-    `mpremote mip install github:OWNER/REPO/device` installs it on a board. URLs are relative
-    to the package.json, so a fork works unchanged."""
+def package_json(arch=None):
+    """mip's package.json for the whole device package: `mpremote mip install
+    github:OWNER/REPO/device` installs device/package.json (Python only: any board, and the
+    reference). With arch, device/package-<arch>.json: the same plus that architecture's
+    native module (mip cannot choose a file by the board's architecture: one package file per
+    build, `mpremote mip install github:OWNER/REPO/device/package-armv6m.json`). URLs are
+    relative to the package.json, so a fork works unchanged."""
     import microtrain
     base = device_package_dir()
     files = sorted(str(p.relative_to(base)) for p in (base / "microtrain").rglob("*.py"))
-    return json.dumps({"urls": [[f, f] for f in files], "version": microtrain.__version__},
-                      indent=2) + "\n"
+    urls = [[f, f] for f in files]
+    if arch is not None:
+        urls.append([NATIVE_MODULE, f"{NATIVE_BUILDS}/{arch}/qlinear_native.mpy"])
+    return json.dumps({"urls": urls, "version": microtrain.__version__}, indent=2) + "\n"
+
+
+def native_package_archs():
+    """The architectures with a shipped native build, each with its device/package-<arch>.json."""
+    return sorted(set(NATIVE_BUILD_FOR.values()))

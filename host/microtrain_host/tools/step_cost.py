@@ -28,6 +28,16 @@ INSTRUCTIONS_PER_MAC = {
     "int8 conv": 27.2,
     "int8 depthwise": 86.4,
 }
+# The int8 Gemm and Conv of the native module (device/native) that deploy ships to boards
+# with a build for their architecture (tools/runtime.native_modules): all shapes of
+# `python3 bench/board_native.py` (armv6m build, the one every ARM core loads; the armv7m
+# build is 5-20 % faster), 2026-11-27. The integer training kernels stay viper.
+NATIVE_INSTRUCTIONS_PER_MAC = {
+    "int8 dense": 6.2,
+    "int8 conv": 11.0,
+    "int8 depthwise": 26.5,
+}
+NATIVE_OPS = ("QLINEAR_GEMM", "QLINEAR_CONV")
 # ... and per parameter element of one optimizer update (kernels/optim sgd, adamw over 1,024
 # parameters, by the same bench)
 INSTRUCTIONS_PER_UPDATE = {
@@ -111,7 +121,7 @@ class Work:
     """What one step of a blob does that the estimate counts: MACs by kernel family and
     parameter elements updated by optimizer, read off its programs' steps."""
 
-    def __init__(self, b, programs, what):
+    def __init__(self, b, programs, what, native=False):
         self.what = what
         self.macs, self.updates = {}, {}
         for name in programs:
@@ -120,28 +130,38 @@ class Work:
                 for table, counts in ((MACS, self.macs), (UPDATES, self.updates)):
                     if spec is not None and spec.name in table:
                         kind, n = table[spec.name](dict(zip(spec.ints, ints)))
+                        if native and spec.name in NATIVE_OPS:
+                            kind = "native " + kind
                         counts[kind] = counts.get(kind, 0) + n
 
     def instructions(self):
         """Its instructions on the emulated M3 by the counted per-MAC and per-update costs."""
-        return (sum(n * INSTRUCTIONS_PER_MAC[family] for family, n in self.macs.items())
+        return (sum(n * per_mac(family) for family, n in self.macs.items())
                 + sum(n * INSTRUCTIONS_PER_UPDATE[kind] for kind, n in self.updates.items()))
 
 
-def step_work(path):
+def per_mac(family):
+    """Instructions per MAC of a family ("native int8 dense": the native module's)."""
+    if family.startswith("native "):
+        return NATIVE_INSTRUCTIONS_PER_MAC[family[7:]]
+    return INSTRUCTIONS_PER_MAC[family]
+
+
+def step_work(path, native=False):
     """The Work of one step of the blob at path: a training step (its training programs
-    and the optimizer's) when it has one, else one inference."""
+    and the optimizer's) when it has one, else one inference. native: the runtime carries
+    the native int8 module (its Gemm and Conv counted at its cost)."""
     b = device_blob_parser.load(str(path), keep_steps=True)
     training = [p for p in TRAINING_PROGRAMS if p in b.programs]
     if training:
-        return Work(b, training + ["optimizer"], "training step")
-    return Work(b, [p for p in ("infer", "eval") if p in b.programs][:1], "inference")
+        return Work(b, training + ["optimizer"], "training step", native)
+    return Work(b, [p for p in ("infer", "eval") if p in b.programs][:1], "inference", native)
 
 
 class Estimate:
-    def __init__(self, path, board):
+    def __init__(self, path, board, native=False):
         self.board = board
-        self.work = step_work(path)
+        self.work = step_work(path, native)
         self.instructions = self.work.instructions()
         self.ms = 1000.0 * self.instructions / board["clock_hz"]  # one instruction a cycle
         self.ms_range = tuple(self.ms * c for c in CYCLES_PER_INSTRUCTION)
@@ -151,7 +171,7 @@ class Estimate:
         if not self.instructions:
             return (f"estimated time per {work.what} on {board['name']}: its programs do no "
                     f"multiply-accumulates and no optimizer update, nothing to estimate from")
-        parts = [f"{n:,} {family} MACs x {INSTRUCTIONS_PER_MAC[family]:g}"
+        parts = [f"{n:,} {family} MACs x {per_mac(family):g}"
                  for family, n in sorted(work.macs.items())]
         parts += [f"{n:,} parameters' {kind} updates x {INSTRUCTIONS_PER_UPDATE[kind]:g}"
                   for kind, n in sorted(work.updates.items())]

@@ -1,0 +1,476 @@
+// Native forms of kernels/qlinear.py's int8 Gemm and Conv (qlinear_gemm; qlinear_conv at the
+// end of this file) as a MicroPython dynamic native module (an .mpy holding machine code;
+// built by scripts/build_natmod.sh with MicroPython 1.25's py/dynruntime.mk).
+// kernels/fastpath.py puts them in place of the viper and pure-Python kernels when the
+// module imports; the pure-Python kernels stay the reference.
+//
+// The same bytes as the pure-Python kernels, integers only (1.25 cannot link float code
+// into an armv6m module):
+//   Y[i, j] = clamp(round_half_even((sum_k (X[i, k] - x_zp) * W[k, j] + bias[j]) * m0[j]
+//                                   / 2**shift[j]) + y_zp, lo, hi)
+// The sum over k is exact in 32 bits while k <= 32768 (|x - x_zp| <= 383, |w| <= 128). The
+// requantization (out_byte) works in 32-bit limbs for |acc| < 2**24 and on one exact 64-bit
+// product beyond (m0 <= 2**24 keeps it below 2**57). Arguments outside that domain (k
+// beyond 32768, a crafted multiplier, a zero point outside a byte's range) go to the
+// pure-Python kernel, which the module finds in its global _pure (set by fastpath.py, as
+// for the viper module).
+//
+// Nothing is allocated on the heap: the kernels run under micropython.heap_lock().
+#include "py/dynruntime.h"
+
+#define M0_LIMIT (16777216)     // 2**24: the largest multiplier requant_pair derives
+#define K_LIMIT (32768)         // terms whose sum is exact in an int32 (see the top)
+
+// The geometry and arrays of one qlinear_gemm call (its args tuple: Q, y, x, w, bias, req,
+// m, k, n, sx_m, sx_k, sw_k, sw_n, x_signed, y_signed, W)
+typedef struct {
+    uint8_t *q;             // the byte arena
+    const int32_t *r;       // the int32 arena
+    const uint8_t *wb;      // the weights' buffer (the arena, or a blob in flash)
+    mp_int_t y, x, w, bias, req, m, k, n, sx_m, sx_k, sw_k, sw_n, x_signed;
+} gemm_t;
+
+// round_half_even(acc * m0 / 2**shift) + y_zp, clamped to [lo, hi]: fixedpoint.requant_wide
+// (shift below 1 taken as 1) for 0 <= m0 <= 2**24 and |acc| < 2**33
+static uint8_t requant_byte(int64_t acc, int32_t m0, int32_t shift, int32_t y_zp, int32_t lo,
+                            int32_t hi) {
+    if (shift < 1) {
+        shift = 1;
+    }
+    int64_t q = 0;
+    if (shift <= 62) {      // beyond: |acc * m0| < 2**57 <= 2**(shift - 1) rounds to 0
+        int64_t p = acc * m0;
+        q = p >> shift;     // arithmetic: floor, as Python's >>
+        uint64_t rem = (uint64_t)p & (((uint64_t)1 << shift) - 1);
+        uint64_t half = (uint64_t)1 << (shift - 1);
+        if (rem > half || (rem == half && (q & 1))) {
+            q += 1;
+        }
+    }
+    q += y_zp;
+    if (q < lo) {
+        q = lo;
+    } else if (q > hi) {
+        q = hi;
+    }
+    return (uint8_t)q;
+}
+
+// round_half_even(a * m / 2**shift) for 0 <= a < 2**24, 0 <= m <= 2**24, 1 <= shift <= 62,
+// in 32-bit words (armv6m has no 32 x 32 -> 64 multiply: gcc's int64 product and shifts are
+// libgcc calls, four per output): the product in 16-bit limbs as hi * 2**32 + lo (< 2**48),
+// then t = floor(p / 2**(shift - 1)), whose low bit is the half and the bits below it the
+// sticky rest. Saturated at 2**25, far beyond any clamp bound.
+static int32_t requant_narrow(uint32_t a, uint32_t m, uint32_t shift) {
+    uint32_t al = a & 0xFFFF, ah = a >> 16, ml = m & 0xFFFF, mh = m >> 16;
+    uint32_t mid = ah * ml + al * mh;           // < 2**25
+    uint32_t add = mid << 16;
+    uint32_t lo = al * ml + add;
+    uint32_t hi = ah * mh + (mid >> 16) + (lo < add);
+    uint32_t u = shift - 1, t, sticky;
+    if (u == 0) {
+        if (hi) {
+            return 1 << 25;
+        }
+        t = lo;
+        sticky = 0;
+    } else if (u < 32) {
+        if (hi >> u) {
+            return 1 << 25;
+        }
+        t = (hi << (32 - u)) | (lo >> u);
+        sticky = lo & ((1u << u) - 1);
+    } else {
+        uint32_t v = u - 32;                    // <= 29
+        t = hi >> v;
+        sticky = lo | (hi & ((1u << v) - 1));
+    }
+    if (t >> 26) {
+        return 1 << 25;
+    }
+    uint32_t q = t >> 1;
+    if ((t & 1) && (sticky || (q & 1))) {
+        q += 1;
+    }
+    return (int32_t)q;
+}
+
+// One output byte from its accumulator (the sum with the bias) and its channel's (m0,
+// shift), hdr the req tensor's header [x_zp, y_zp, lo, hi]: |acc| < 2**24 (nearly always)
+// in 32-bit words, else on one exact 64-bit product (requant_byte)
+static uint8_t out_byte(const int32_t *hdr, int64_t acc, int32_t m0, int32_t shift) {
+    int32_t y_zp = hdr[1], lo = hdr[2], hi = hdr[3];
+    if (acc > -M0_LIMIT && acc < M0_LIMIT && shift <= 62) {
+        int32_t a = (int32_t)acc;
+        int32_t q = requant_narrow(a < 0 ? -a : a, m0, shift < 1 ? 1 : shift);
+        q = (a < 0 ? -q : q) + y_zp;           // round half to even is odd-symmetric
+        if (q < lo) {
+            q = lo;
+        } else if (q > hi) {
+            q = hi;
+        }
+        return (uint8_t)q;
+    }
+    return requant_byte(acc, m0, shift, y_zp, lo, hi);
+}
+
+// The output Y[i, j] from the sum over k
+static inline void store(const gemm_t *g, mp_int_t i, mp_int_t j, int32_t sum) {
+    const int32_t *r = g->r;
+    int64_t acc = sum;
+    if (g->bias >= 0) {
+        acc += r[g->bias + j];
+    }
+    g->q[g->y + i * g->n + j] = out_byte(r + g->req, acc, r[g->req + 4 + 2 * j],
+                                         r[g->req + 5 + 2 * j]);
+}
+
+// Four outputs of one row with unit strides along k (a transposed weight, as the packager
+// lowers torch's Linear): the input byte is loaded once for four weights. On ARM the loop
+// is qlinear_thumb.S's (Thumb-1 by hand: gcc spills the four sums there); elsewhere the
+// same loop in C. Each weight row is at a fixed distance from the moving input pointer.
+#ifdef MT_THUMB_KERNELS
+void mt_dot4_u8(const uint8_t *px, const uint8_t *pe, const int32_t *p, int32_t *acc);
+void mt_dot4_s8(const uint8_t *px, const uint8_t *pe, const int32_t *p, int32_t *acc);
+void mt_dot4_kn_u8(const uint8_t *px, const uint8_t *pe, const int32_t *p, int32_t *acc);
+void mt_dot4_kn_s8(const uint8_t *px, const uint8_t *pe, const int32_t *p, int32_t *acc);
+
+// Four outputs of one row for a weight W[k, n] (unit stride along n and along the input's
+// k): qlinear_thumb.S's second loop, after an odd k's first term. k >= 1.
+static void dot4_kn(const uint8_t *px, const uint8_t *pw, mp_int_t sw, mp_int_t k,
+                    bool x_signed, int32_t x_zp, int32_t *acc) {
+    const uint8_t *pe = px + k;
+    acc[0] = acc[1] = acc[2] = acc[3] = 0;
+    if (k & 1) {
+        int32_t xv = (x_signed ? (int32_t)(int8_t)px[0] : (int32_t)px[0]) - x_zp;
+        acc[0] = xv * (int8_t)pw[0];
+        acc[1] = xv * (int8_t)pw[1];
+        acc[2] = xv * (int8_t)pw[2];
+        acc[3] = xv * (int8_t)pw[3];
+        px++;
+        pw += sw;
+    }
+    if (px != pe) {
+        int32_t p[3] = {(int32_t)(intptr_t)pw, sw, x_zp};
+        if (x_signed) {
+            mt_dot4_kn_s8(px, pe, p, acc);
+        } else {
+            mt_dot4_kn_u8(px, pe, p, acc);
+        }
+    }
+}
+#endif
+
+static void dot4_unit(const uint8_t *px, const uint8_t *w0, mp_int_t sw_n, mp_int_t k,
+                      bool x_signed, int32_t x_zp, int32_t *acc) {
+    const uint8_t *pe = px + k;
+    int32_t d[5] = {w0 - px, w0 + sw_n - px, w0 + 2 * sw_n - px, w0 + 3 * sw_n - px, x_zp};
+    acc[0] = acc[1] = acc[2] = acc[3] = 0;
+#ifdef MT_THUMB_KERNELS
+    if (k & 1) {            // an odd k: its first term here, then pairs of terms in the loop
+#else
+    while (px != pe) {
+#endif
+        int32_t xv = (x_signed ? (int32_t)(int8_t)px[0] : (int32_t)px[0]) - x_zp;
+        acc[0] += xv * (int8_t)px[d[0]];
+        acc[1] += xv * (int8_t)px[d[1]];
+        acc[2] += xv * (int8_t)px[d[2]];
+        acc[3] += xv * (int8_t)px[d[3]];
+        px++;
+    }
+#ifdef MT_THUMB_KERNELS
+    if (px != pe) {
+        if (x_signed) {
+            mt_dot4_s8(px, pe, d, acc);
+        } else {
+            mt_dot4_u8(px, pe, d, acc);
+        }
+    }
+#endif
+}
+
+// Four outputs of one row at once (columns j .. j + 3), any strides: each input byte loaded
+// once for four weights. The input's value is (b ^ flip) - zpf with flip 0x80 for int8
+// inputs (then (b ^ 0x80) - 0x80 is the signed byte) and zpf = x_zp + flip.
+static void dot4(const gemm_t *g, mp_int_t i, mp_int_t j, uint32_t flip, int32_t zpf) {
+    const uint8_t *px = g->q + g->x + i * g->sx_m;
+    const uint8_t *pw = g->wb + g->w + j * g->sw_n;
+    int32_t a[4];
+    mp_int_t k = g->k;
+    if (g->sx_k == 1 && g->sw_k == 1) {
+        dot4_unit(px, pw, g->sw_n, k, flip != 0, zpf - (int32_t)flip, a);
+#ifdef MT_THUMB_KERNELS
+    } else if (g->sx_k == 1 && g->sw_n == 1 && k > 0) {
+        dot4_kn(px, pw, g->sw_k, k, flip != 0, zpf - (int32_t)flip, a);
+#endif
+    } else {
+        const mp_int_t sx = g->sx_k, sw = g->sw_k, s1 = g->sw_n, s2 = s1 + s1, s3 = s2 + s1;
+        a[0] = a[1] = a[2] = a[3] = 0;
+        while (k-- > 0) {
+            int32_t xv = (int32_t)(*px ^ flip) - zpf;
+            a[0] += xv * (int8_t)pw[0];
+            a[1] += xv * (int8_t)pw[s1];
+            a[2] += xv * (int8_t)pw[s2];
+            a[3] += xv * (int8_t)pw[s3];
+            px += sx;
+            pw += sw;
+        }
+    }
+    store(g, i, j, a[0]);
+    store(g, i, j + 1, a[1]);
+    store(g, i, j + 2, a[2]);
+    store(g, i, j + 3, a[3]);
+}
+
+// One output (the last n % 4 columns)
+static void dot1(const gemm_t *g, mp_int_t i, mp_int_t j, uint32_t flip, int32_t zpf) {
+    const uint8_t *px = g->q + g->x + i * g->sx_m;
+    const uint8_t *pw = g->wb + g->w + j * g->sw_n;
+    const mp_int_t sx = g->sx_k, sw = g->sw_k;
+    int32_t a = 0;
+    for (mp_int_t c = g->k; c > 0; c--) {
+        a += ((int32_t)(*px ^ flip) - zpf) * (int8_t)*pw;
+        px += sx;
+        pw += sw;
+    }
+    store(g, i, j, a);
+}
+
+// Whether the machine-word path computes this call's bytes exactly (see the top)
+static bool in_domain(const gemm_t *g) {
+    const int32_t *r = g->r;
+    int32_t x_zp = r[g->req], y_zp = r[g->req + 1];
+    if (g->k > K_LIMIT || x_zp < -128 || x_zp > 255 || y_zp < -128 || y_zp > 255) {
+        return false;
+    }
+    for (mp_int_t j = 0; j < g->n; j++) {
+        int32_t m0 = r[g->req + 4 + 2 * j];
+        if (m0 < 0 || m0 > M0_LIMIT) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// The module's globals (kept alive by the module object), where fastpath.py sets _pure
+mp_obj_dict_t *module_globals;      // not static: mpy_ld cannot relocate static BSS
+
+// The pure-Python kernel `name` called on the call's arguments: _pure[name](F, I, args)
+static mp_obj_t pure_kernel(qstr name, const mp_obj_t *in) {
+    // the module's own globals (mp_load_global here would read the caller's)
+    mp_obj_t pure = mp_obj_subscr(MP_OBJ_FROM_PTR(module_globals),
+                                  MP_OBJ_NEW_QSTR(MP_QSTR__pure), MP_OBJ_SENTINEL);
+    if (pure == mp_const_none) {
+        mp_raise_ValueError(MP_ERROR_TEXT("arguments beyond the native kernel and no "
+                                          "pure-Python kernel set"));
+    }
+    return mp_call_function_n_kw(mp_obj_subscr(pure, MP_OBJ_NEW_QSTR(name), MP_OBJ_SENTINEL),
+                                 3, 0, in);
+}
+
+// qlinear_gemm(F, I, args): kernels/qlinear.py's signature, so it replaces that kernel as is
+static mp_obj_t qlinear_gemm(size_t n_args, const mp_obj_t *in) {
+    size_t len;
+    mp_obj_t *a;
+    mp_obj_get_array(in[2], &len, &a);
+    if (len != 16) {
+        mp_raise_ValueError(MP_ERROR_TEXT("qlinear_gemm: 16 arguments expected"));
+    }
+    mp_buffer_info_t qb, rb, wb;
+    mp_get_buffer_raise(a[0], &qb, MP_BUFFER_WRITE);
+    mp_get_buffer_raise(in[1], &rb, MP_BUFFER_READ);
+    mp_get_buffer_raise(a[15], &wb, MP_BUFFER_READ);
+    gemm_t g;
+    g.q = qb.buf;
+    g.r = rb.buf;
+    g.wb = wb.buf;
+    mp_int_t *fields = &g.y;
+    for (size_t f = 0; f < 13; f++) {
+        fields[f] = mp_obj_get_int(a[f + 1]);      // y .. x_signed, in the args' order
+    }
+    if (!in_domain(&g)) {
+        return pure_kernel(MP_QSTR_qlinear_gemm, in);
+    }
+    uint32_t flip = g.x_signed ? 0x80 : 0;
+    int32_t zpf = g.r[g.req] + (int32_t)flip;
+    mp_int_t n4 = g.n & ~(mp_int_t)3;
+    for (mp_int_t i = 0; i < g.m; i++) {
+        for (mp_int_t j = 0; j < n4; j += 4) {
+            dot4(&g, i, j, flip, zpf);
+        }
+        for (mp_int_t j = n4; j < g.n; j++) {
+            dot1(&g, i, j, flip, zpf);
+        }
+    }
+    return mp_const_none;
+}
+static MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(qlinear_gemm_obj, 3, 3, qlinear_gemm);
+
+// -- Conv ------------------------------------------------------------------------------
+// qlinear_conv(F, I, args): kernels/qlinear.py's qlinear_conv, the same bytes. Per image and
+// output channel, an int32 plane of accumulators (the step's scratch tensor in I, which the
+// checker sizes out_h * out_w) starts at the bias; every (input channel, tap) with a nonzero
+// weight adds (x - x_zp) * w over the rectangle of outputs whose tap lies inside the image
+// (kernels/conv.py's clipping: padding reads nothing), as x * w - x_zp * w; then the plane
+// is requantized. Integers are exact in any order, so the order differs from the pure
+// kernel's and the bytes do not. Plain C for now (no hand-written loop yet).
+typedef struct {
+    mp_int_t y, x, w, bias, req, scratch, n_images, groups, cin_g, cout_g, in_h, in_w, out_h,
+             out_w, k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, x_signed;
+} conv_t;
+
+// the outputs o in [lo, hi) along one axis whose input o * s + off lies in [0, size)
+static void tap_range(mp_int_t off, mp_int_t s, mp_int_t size, mp_int_t out, mp_int_t *lo,
+                      mp_int_t *hi) {
+    *lo = off < 0 ? (-off + s - 1) / s : 0;
+    *hi = off > size - 1 ? 0 : (size - 1 - off) / s + 1;
+    if (*hi > out) {
+        *hi = out;
+    }
+}
+
+// The rectangle one (tap, input channel) adds to the accumulator plane: rows x cols
+// outputs, out_w the plane's row, in_step the input's row step (s_h * in_w), sx the input's
+// stride along x
+typedef struct {
+    mp_int_t rows, cols, out_w, in_step, sx;
+} rect_t;
+
+// acc += (x - x_zp) * w over a rectangle, as x * w - x_zp * w (zw); flip 0x80: int8 inputs.
+// Functions of their own, one per input kind and for unit strides along x (flip and sx
+// constants there), so that gcc keeps the row loop's pointers, weight and zw in registers:
+// with them as variables it reloaded three of them from the stack per multiply-accumulate.
+static inline __attribute__((always_inline)) void conv_rect(int32_t *pa, const uint8_t *px,
+                                                            const rect_t *r, int32_t wv,
+                                                            int32_t zw, uint32_t flip,
+                                                            mp_int_t sx) {
+    const mp_int_t cols = r->cols, out_w = r->out_w, in_step = r->in_step;
+    for (mp_int_t row = r->rows; row > 0; row--) {
+        int32_t *a = pa, *end = pa + cols;
+        const uint8_t *x = px;
+        while (a != end) {
+            *a++ += (int32_t)(*x ^ flip) * wv - zw;
+            x += sx;
+        }
+        pa += out_w;
+        px += in_step;
+    }
+}
+
+#ifdef MT_THUMB_KERNELS
+void mt_conv_rect_u8(int32_t *pa, const uint8_t *px, const int32_t *p);
+void mt_conv_rect_s8(int32_t *pa, const uint8_t *px, const int32_t *p);
+#endif
+
+#define CONV_RECT(name, flip, sx) \
+    __attribute__((noinline)) static void name(int32_t *pa, const uint8_t *px, const rect_t *r, \
+                                               int32_t wv, int32_t zw) { \
+        conv_rect(pa, px, r, wv, zw, flip, sx); \
+    }
+#ifndef MT_THUMB_KERNELS
+CONV_RECT(conv_rect_u8_unit, 0, 1)
+CONV_RECT(conv_rect_s8_unit, 0x80, 1)
+#endif
+CONV_RECT(conv_rect_u8, 0, r->sx)
+CONV_RECT(conv_rect_s8, 0x80, r->sx)
+
+static mp_obj_t qlinear_conv(size_t n_args, const mp_obj_t *in) {
+    size_t len;
+    mp_obj_t *a;
+    mp_obj_get_array(in[2], &len, &a);
+    if (len != 26) {
+        mp_raise_ValueError(MP_ERROR_TEXT("qlinear_conv: 26 arguments expected"));
+    }
+    mp_buffer_info_t qb, rb, wb;
+    mp_get_buffer_raise(a[0], &qb, MP_BUFFER_WRITE);
+    mp_get_buffer_raise(in[1], &rb, MP_BUFFER_WRITE);     // the scratch plane is in I
+    mp_get_buffer_raise(a[25], &wb, MP_BUFFER_READ);
+    conv_t c;
+    mp_int_t *fields = &c.y;
+    for (size_t f = 0; f < 23; f++) {
+        fields[f] = mp_obj_get_int(a[f + 1]);      // y .. x_signed, in the args' order
+    }
+    uint8_t *q = qb.buf;
+    int32_t *r = rb.buf;
+    const uint8_t *wbuf = wb.buf;
+    const mp_int_t channels = c.groups * c.cout_g, taps = c.k_h * c.k_w;
+    const mp_int_t in_plane = c.in_h * c.in_w, out_plane = c.out_h * c.out_w;
+    // the domain of the int32 planes and of out_byte (see the top): else the pure kernel
+    bool inside = c.cin_g * taps <= 21000 && r[c.req] >= -128 && r[c.req] <= 255 &&
+                  r[c.req + 1] >= -128 && r[c.req + 1] <= 255;
+    for (mp_int_t mo = 0; inside && mo < channels; mo++) {
+        int32_t m0 = r[c.req + 4 + 2 * mo];
+        int32_t b = c.bias >= 0 ? r[c.bias + mo] : 0;
+        inside = m0 >= 0 && m0 <= M0_LIMIT && b > -(1 << 30) && b < (1 << 30);
+    }
+    if (!inside) {
+        return pure_kernel(MP_QSTR_qlinear_conv, in);
+    }
+    const uint32_t flip = c.x_signed ? 0x80 : 0;
+    const int32_t zpf = r[c.req] + (int32_t)flip;
+    int32_t *plane = r + c.scratch;
+    uint8_t *out = q + c.y;
+    for (mp_int_t img = 0; img < c.n_images; img++) {
+        const uint8_t *x_image = q + c.x + img * c.groups * c.cin_g * in_plane;
+        for (mp_int_t mo = 0; mo < channels; mo++) {
+            int32_t start = c.bias >= 0 ? r[c.bias + mo] : 0;
+            for (mp_int_t p = 0; p < out_plane; p++) {
+                plane[p] = start;
+            }
+            const uint8_t *x_group = x_image + (mo / c.cout_g) * c.cin_g * in_plane;
+            const uint8_t *w_m = wbuf + c.w + mo * c.cin_g * taps;
+            for (mp_int_t tap = 0; tap < taps; tap++) {
+                mp_int_t ky = tap / c.k_w, kx = tap - ky * c.k_w;
+                mp_int_t off_y = ky * c.d_h - c.pad_t, off_x = kx * c.d_w - c.pad_l;
+                mp_int_t oy0, oy1, ox0, ox1;
+                tap_range(off_y, c.s_h, c.in_h, c.out_h, &oy0, &oy1);
+                tap_range(off_x, c.s_w, c.in_w, c.out_w, &ox0, &ox1);
+                if (oy0 >= oy1 || ox0 >= ox1) {
+                    continue;
+                }
+                rect_t rect = {oy1 - oy0, ox1 - ox0, c.out_w, c.s_h * c.in_w, c.s_w};
+                if (rect.cols == c.out_w && rect.in_step == rect.cols * c.s_w) {
+                    rect.cols *= rect.rows;     // whole rows back to back: one long row
+                    rect.rows = 1;
+                }
+                for (mp_int_t ci = 0; ci < c.cin_g; ci++) {
+                    int32_t wv = (int8_t)w_m[ci * taps + tap];
+                    if (wv == 0) {
+                        continue;
+                    }
+                    const uint8_t *px = x_group + ci * in_plane
+                                        + (oy0 * c.s_h + off_y) * c.in_w + ox0 * c.s_w + off_x;
+                    int32_t *pa = plane + oy0 * c.out_w + ox0;
+                    int32_t zw = zpf * wv;
+                    if (c.s_w == 1) {
+#ifdef MT_THUMB_KERNELS
+                        // qlinear_thumb.S's loop: int8 bytes sign-extended, so x_zp * w
+                        int32_t p[6] = {rect.rows, rect.cols, 4 * (c.out_w - rect.cols),
+                                        rect.in_step - rect.cols, wv, zw - (int32_t)flip * wv};
+                        (flip ? mt_conv_rect_s8 : mt_conv_rect_u8)(pa, px, p);
+#else
+                        (flip ? conv_rect_s8_unit : conv_rect_u8_unit)(pa, px, &rect, wv, zw);
+#endif
+                    } else {
+                        (flip ? conv_rect_s8 : conv_rect_u8)(pa, px, &rect, wv, zw);
+                    }
+                }
+            }
+            const int32_t m0 = r[c.req + 4 + 2 * mo], shift = r[c.req + 5 + 2 * mo];
+            for (mp_int_t p = 0; p < out_plane; p++) {
+                *out++ = out_byte(r + c.req, plane[p], m0, shift);
+            }
+        }
+    }
+    return mp_const_none;
+}
+static MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(qlinear_conv_obj, 3, 3, qlinear_conv);
+
+mp_obj_t mpy_init(mp_obj_fun_bc_t *self, size_t n_args, size_t n_kw, mp_obj_t *args) {
+    MP_DYNRUNTIME_INIT_ENTRY
+    module_globals = self->context->module.globals;
+    mp_store_global(MP_QSTR_qlinear_gemm, MP_OBJ_FROM_PTR(&qlinear_gemm_obj));
+    mp_store_global(MP_QSTR_qlinear_conv, MP_OBJ_FROM_PTR(&qlinear_conv_obj));
+    mp_store_global(MP_QSTR__pure, mp_const_none);   // set by kernels/fastpath.py
+    MP_DYNRUNTIME_INIT_EXIT
+}

@@ -1,0 +1,277 @@
+@ The hot loops of qlinear_native.c's int8 Gemm and Conv, in Thumb-1 (armv6m: runs on every
+@ ARM core). First the Gemm for a weight with unit stride along k (W[n, k], transposed, as
+@ torch's Linear). gcc cannot keep four sums, four weight distances and the zero point in
+@ registers there (Thumb-1 has eight low registers, and its inline asm gets at most one
+@ high one), so it spills the sums to the stack: ~7 instructions per multiply-accumulate.
+@ Written by hand: 4 per multiply-accumulate (unsigned inputs), 4.125 (signed).
+@
+@   void mt_dot4_u8(const uint8_t *px, const uint8_t *pe, const int32_t *p, int32_t *acc)
+@   void mt_dot4_s8(...)  the same for int8 inputs
+@
+@ acc[j] += sum over px <= x < pe of (*x - p[4]) * (int8)x[p[j]], j = 0 .. 3: px moves, the
+@ four weight rows lie at fixed distances p[0..3] from it (Thumb-1's ldrsb has only a
+@ register-offset form), p[4] is the input zero point. (pe - px) is even and above 0:
+@ two terms per turn of the loop.
+@
+@ Registers: r0 px, r1 input value, r2 product, r3-r6 distances, r7 zero point, r8-r11 sums,
+@ r12 pe.
+
+    .syntax unified
+    .cpu cortex-m0
+    .thumb
+    .text
+
+@ one term: the input byte (sign-extended when \signed), less the zero point, times the
+@ four weights, added to the four sums
+.macro term signed
+    ldrb r1, [r0, #0]
+    .if \signed
+    sxtb r1, r1
+    .endif
+    subs r1, r1, r7
+    ldrsb r2, [r0, r3]
+    muls r2, r1, r2
+    add r8, r2
+    ldrsb r2, [r0, r4]
+    muls r2, r1, r2
+    add r9, r2
+    ldrsb r2, [r0, r5]
+    muls r2, r1, r2
+    add r10, r2
+    ldrsb r2, [r0, r6]
+    muls r2, r1, r2
+    add r11, r2
+    adds r0, #1
+.endm
+
+.macro dot4 name, signed
+    .align 2
+    .global \name
+    .type \name, %function
+    .thumb_func
+\name:
+    push {r3-r7, lr}
+    mov r4, r8
+    mov r5, r9
+    mov r6, r10
+    mov r7, r11
+    push {r4-r7}
+    ldr r4, [r3, #0]
+    mov r8, r4
+    ldr r4, [r3, #4]
+    mov r9, r4
+    ldr r4, [r3, #8]
+    mov r10, r4
+    ldr r4, [r3, #12]
+    mov r11, r4
+    mov r12, r1
+    ldr r3, [r2, #0]
+    ldr r4, [r2, #4]
+    ldr r5, [r2, #8]
+    ldr r6, [r2, #12]
+    ldr r7, [r2, #16]
+1:
+    term \signed
+    term \signed
+    cmp r0, r12
+    bne 1b
+    ldr r3, [sp, #16]       @ acc (pushed first, below the four saved high registers)
+    mov r4, r8
+    str r4, [r3, #0]
+    mov r4, r9
+    str r4, [r3, #4]
+    mov r4, r10
+    str r4, [r3, #8]
+    mov r4, r11
+    str r4, [r3, #12]
+    pop {r4-r7}
+    mov r8, r4
+    mov r9, r5
+    mov r10, r6
+    mov r11, r7
+    pop {r3-r7, pc}
+    .size \name, . - \name
+.endm
+
+    dot4 mt_dot4_u8, 0
+    dot4 mt_dot4_s8, 1
+
+@ The same four sums for a weight W[k, n] (unit stride along n, sw along k; MatMul, Gemm
+@ without transB):
+@
+@   void mt_dot4_kn_u8(const uint8_t *px, const uint8_t *pe, const int32_t *p, int32_t *acc)
+@   void mt_dot4_kn_s8(...)  the same for int8 inputs
+@
+@ p = [w, sw, zp]: the four weights of a step are the bytes w[0..3], then w moves by sw.
+@ Weights 1-3 are register-offset ldrsb loads (offsets 1, 2, 3 held in r4, r6, r7); weight 0
+@ is ldrb + sxtb. 4.375 instructions per multiply-accumulate (unsigned inputs), 4.5
+@ (signed). (pe - px) is even and above 0.
+@
+@ Registers: r0 px, r1 input value, r2 product, r3 w, r4/r6/r7 the offsets 1/2/3, r5 zero
+@ point, r8-r11 sums, r12 pe, lr sw.
+
+.macro term_kn signed, at
+    ldrb r1, [r0, #\at]
+    .if \signed
+    sxtb r1, r1
+    .endif
+    subs r1, r1, r5
+    ldrb r2, [r3, #0]
+    sxtb r2, r2
+    muls r2, r1, r2
+    add r8, r2
+    ldrsb r2, [r3, r4]
+    muls r2, r1, r2
+    add r9, r2
+    ldrsb r2, [r3, r6]
+    muls r2, r1, r2
+    add r10, r2
+    ldrsb r2, [r3, r7]
+    muls r2, r1, r2
+    add r11, r2
+    add r3, lr
+.endm
+
+.macro dot4_kn name, signed
+    .align 2
+    .global \name
+    .type \name, %function
+    .thumb_func
+\name:
+    push {r3-r7, lr}
+    mov r4, r8
+    mov r5, r9
+    mov r6, r10
+    mov r7, r11
+    push {r4-r7}
+    ldr r4, [r3, #0]
+    mov r8, r4
+    ldr r4, [r3, #4]
+    mov r9, r4
+    ldr r4, [r3, #8]
+    mov r10, r4
+    ldr r4, [r3, #12]
+    mov r11, r4
+    mov r12, r1
+    ldr r3, [r2, #0]
+    ldr r4, [r2, #4]
+    mov lr, r4
+    ldr r5, [r2, #8]
+    movs r4, #1
+    movs r6, #2
+    movs r7, #3
+1:
+    term_kn \signed, 0
+    term_kn \signed, 1
+    adds r0, #2
+    cmp r0, r12
+    bne 1b
+    ldr r3, [sp, #16]       @ acc (pushed first, below the four saved high registers)
+    mov r4, r8
+    str r4, [r3, #0]
+    mov r4, r9
+    str r4, [r3, #4]
+    mov r4, r10
+    str r4, [r3, #8]
+    mov r4, r11
+    str r4, [r3, #12]
+    pop {r4-r7}
+    mov r8, r4
+    mov r9, r5
+    mov r10, r6
+    mov r11, r7
+    pop {r3-r7, pc}
+    .size \name, . - \name
+.endm
+
+    dot4_kn mt_dot4_kn_u8, 0
+    dot4_kn mt_dot4_kn_s8, 1
+
+@ qlinear_native.c's Conv: one (tap, input channel)'s rectangle of the int32 accumulator
+@ plane, for unit strides along x:
+@
+@   void mt_conv_rect_u8(int32_t *pa, const uint8_t *px, const int32_t *p)
+@   void mt_conv_rect_s8(...)  the same for int8 inputs
+@
+@ p = [rows, cols, skip_a, skip_b, w, zw]: per row, pa[c] += x[c] * w - zw for c < cols
+@ (x the byte, sign-extended for int8 inputs; zw = x_zp * w), then pa moves on by skip_a
+@ bytes and px by skip_b to the next row. rows, cols >= 1. Four outputs per turn: 7
+@ instructions per multiply-accumulate (unsigned inputs), 8 (signed); gcc's loop took 10.
+@
+@ Registers: r0 pa, r1 px, r2 product, r3 sum, r4 w, r5 zw, r6 columns left, r8 rows left,
+@ r9 skip_a, r10 skip_b, r11 cols.
+
+.macro rect_term signed, at
+    ldrb r2, [r1, #\at]
+    .if \signed
+    sxtb r2, r2
+    .endif
+    muls r2, r4, r2
+    subs r2, r2, r5
+    ldr r3, [r0, #(4 * \at)]
+    adds r3, r3, r2
+    str r3, [r0, #(4 * \at)]
+.endm
+
+.macro conv_rect name, signed
+    .align 2
+    .global \name
+    .type \name, %function
+    .thumb_func
+\name:
+    push {r4-r7, lr}
+    mov r4, r8
+    mov r5, r9
+    mov r6, r10
+    mov r7, r11
+    push {r4-r7}
+    ldr r3, [r2, #0]
+    mov r8, r3
+    ldr r3, [r2, #4]
+    mov r11, r3
+    ldr r3, [r2, #8]
+    mov r9, r3
+    ldr r3, [r2, #12]
+    mov r10, r3
+    ldr r4, [r2, #16]
+    ldr r5, [r2, #20]
+1:                          @ a row
+    mov r6, r11
+    subs r6, #4
+    blt 3f
+2:                          @ four outputs
+    rect_term \signed, 0
+    rect_term \signed, 1
+    rect_term \signed, 2
+    rect_term \signed, 3
+    adds r1, #4
+    adds r0, #16
+    subs r6, #4
+    bge 2b
+3:
+    adds r6, #4
+    beq 5f
+4:                          @ the last 1-3 outputs
+    rect_term \signed, 0
+    adds r1, #1
+    adds r0, #4
+    subs r6, #1
+    bne 4b
+5:
+    add r0, r9
+    add r1, r10
+    mov r3, r8
+    subs r3, #1
+    mov r8, r3
+    bne 1b
+    pop {r4-r7}
+    mov r8, r4
+    mov r9, r5
+    mov r10, r6
+    mov r11, r7
+    pop {r4-r7, pc}
+    .size \name, . - \name
+.endm
+
+    conv_rect mt_conv_rect_u8, 0
+    conv_rect mt_conv_rect_s8, 1

@@ -1,0 +1,143 @@
+# The native int8 Gemm and Conv (device/native, a dynamic native module) against the
+# pure-Python kernels on random geometries and data, as tests/device_scripts/qlinear_fast.py
+# checks the viper kernels. Gemm: unsigned and signed activations, both weight layouts
+# (W[n, k] and W[k, n], each with its hand-written Thumb-1 loop on ARM), odd and even k,
+# column counts that leave 0-3 columns past the blocks of four. Conv: groups, strides,
+# dilations, paddings, kernels larger than the image, depthwise. Both: negative and huge
+# biases, accumulators past 2**24, weights in the arena or in a bytes object of their own,
+# multipliers and shifts out of the derived range (the module hands those to the
+# pure-Python kernel), multipliers whose products often end exactly halfway (ties).
+# Gemm and Conv cases alternate; every eighth Gemm case is a tie case (tie_case).
+# Prints "cases N different M fallback F".
+import random
+from array import array
+from microtrain.kernels import qlinear
+from microtrain.kernels import qlinear_native as native
+
+random.seed(11)
+pure_gemm = qlinear._pure['qlinear_gemm']
+pure_conv = qlinear._pure['qlinear_conv']
+native._pure = qlinear._pure
+
+
+def req(channels, x_zp, y_zp, lo, hi):
+    r = [x_zp, y_zp, lo, hi]
+    crafted = False
+    for _ in range(channels):
+        kind = random.randint(0, 6)
+        if kind > 1:
+            r += [random.randint(1 << 23, 1 << 24), random.randint(14, 40)]
+        elif kind == 1:
+            # multipliers of few bits (1/2, 3/4, 5/8 ... times a power of two): many
+            # products end exactly halfway, where round half to even decides
+            r += [random.choice((1 << 23, 3 << 22, 5 << 21)), random.randint(18, 30)]
+        else:   # as a crafted blob may hold them: m0 0 or beyond 2**24, shift 0 or past 62
+            m0 = random.choice((0, 1 << 23, 1 << 24, (1 << 24) + 1))
+            crafted = crafted or m0 > 1 << 24
+            r += [m0, random.choice((0, 1, 62, 63, 70))]
+    return r, crafted
+
+
+def gemm_case():
+    m, n = random.randint(1, 4), random.randint(1, 9)
+    k = random.choice((1, 2, 3, 4, 5, 16, 33, 64, 127, 700))
+    Q = bytearray(random.getrandbits(8) for _ in range(m * k + k * n + m * n))
+    if k == 700 or random.randint(0, 5) == 0:
+        for i in range(m * k + k * n):
+            Q[i] = random.choice((0, 127, 128, 255))   # extreme values
+    lo, hi = (-128, 127) if random.randint(0, 1) else (0, 255)
+    if random.randint(0, 3) == 0:
+        b = [random.randint(-(1 << 29), 1 << 29) for _ in range(n)]    # huge biases
+    else:
+        b = [random.randint(-5000, 5000) for _ in range(n)]
+    signed = random.randint(0, 1)
+    x_zp = random.randint(-128, 127) if signed else random.randint(0, 255)
+    r, crafted = req(n, x_zp, random.randint(-20, 20), lo, hi)
+    I = array("i", b + r)
+    trans = random.randint(0, 1)
+    sw_k, sw_n = (1, k) if trans else (n, 1)
+    w_at, weights = m * k, Q
+    if random.randint(0, 1):
+        before = random.randint(0, 40)
+        w_at = before
+        weights = bytes(random.getrandbits(8) for _ in range(before)) + \
+            bytes(Q[m * k:m * k + k * n])
+    args = (Q, m * k + k * n, 0, w_at, 0 if random.randint(0, 3) else -1, n, m, k, n, k, 1,
+            sw_k, sw_n, signed, 0, weights)
+    return Q, I, args, crafted, pure_gemm, native.qlinear_gemm
+
+
+def tie_case():
+    # a Gemm whose every output is acc / 2**e, acc odd or a multiple of 2**(e - 1): many
+    # exact halves in the clamp range, where round half to even (not up, not away) decides
+    n = random.randint(1, 9)
+    Q = bytearray([random.randint(0, 255)] + [1] * n + [0] * n)     # x, W[k=1, n], Y
+    x_zp = Q[0] - 1                                                 # x - x_zp = 1
+    e = random.randint(1, 3)
+    r = [x_zp, random.randint(-20, 20), -128, 127]
+    for _ in range(n):
+        r += [1 << 23, 23 + e]
+    I = array("i", [random.randint(-300, 300) for _ in range(n)] + r)
+    args = (Q, 1 + n, 0, 1, 0, n, 1, 1, n, 1, 1, n, 1, 0, 0, Q)
+    return Q, I, args, False, pure_gemm, native.qlinear_gemm
+
+
+def conv_case():
+    groups = random.choice((1, 1, 2, 3))
+    cin, cout = groups * random.randint(1, 3), groups * random.randint(1, 3)
+    if random.randint(0, 5) == 0:            # depthwise
+        groups = cin = cout = random.randint(1, 6)
+    H, W = random.randint(1, 9), random.randint(1, 9)
+    kh, kw = random.randint(1, min(4, H + 2)), random.randint(1, min(4, W + 2))
+    sh, sw, dh, dw = random.randint(1, 2), random.randint(1, 2), random.randint(1, 2), \
+        random.randint(1, 2)
+    pt, pl = random.randint(0, 2), random.randint(0, 2)
+    OH = (H + 2 * pt - (kh - 1) * dh - 1) // sh + 1
+    OW = (W + 2 * pl - (kw - 1) * dw - 1) // sw + 1
+    if OH < 1 or OW < 1:
+        return None
+    n = random.randint(1, 2)
+    nx, nw, ny = n * cin * H * W, cout * (cin // groups) * kh * kw, n * cout * OH * OW
+    Q = bytearray(random.getrandbits(8) for _ in range(nx + nw + ny))
+    if random.randint(0, 5) == 0:
+        for i in range(nx + nw):
+            Q[i] = random.choice((0, 127, 128, 255))
+    signed = random.randint(0, 1)
+    x_zp = random.randint(-128, 127) if signed else random.randint(0, 255)
+    lo, hi = (-128, 127) if random.randint(0, 1) else (0, 255)
+    if random.randint(0, 3) == 0:
+        b = [random.randint(-(1 << 29), 1 << 29) for _ in range(cout)]
+    else:
+        b = [random.randint(-5000, 5000) for _ in range(cout)]
+    r, crafted = req(cout, x_zp, random.randint(-20, 20), lo, hi)
+    I = array("i", b + r + [0] * (OH * OW))
+    w_at, weights = nx, Q
+    if random.randint(0, 1):
+        before = random.randint(0, 40)
+        w_at = before
+        weights = bytes(random.getrandbits(8) for _ in range(before)) + bytes(Q[nx:nx + nw])
+    args = (Q, nx + nw, 0, w_at, 0 if random.randint(0, 3) else -1, cout, cout + 4 + 2 * cout,
+            n, groups, cin // groups, cout // groups, H, W, OH, OW, kh, kw, sh, sw, dh, dw, pt,
+            pl, signed, 0, weights)
+    return Q, I, args, crafted, pure_conv, native.qlinear_conv
+
+
+try:
+    CASES                  # tests/test_board_natmod.py sets it
+except NameError:
+    CASES = 480
+cases = different = fallback = 0
+while cases < CASES:
+    case = (tie_case if cases % 16 == 0 else gemm_case, conv_case)[cases % 2]()
+    if case is None:
+        continue
+    Q, I, args, crafted, pure_kernel, native_kernel = case
+    Q2 = bytearray(Q)
+    pure_kernel(None, I, args)
+    native_kernel(None, I, (Q2,) + args[1:])
+    cases += 1
+    fallback += crafted
+    if bytes(Q) != bytes(Q2):
+        different += 1
+        print("different:", ("gemm", "conv")[(cases - 1) % 2], args[1:-1])
+print("cases", cases, "different", different, "fallback", fallback)

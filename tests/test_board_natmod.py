@@ -1,0 +1,187 @@
+"""The native int8 Gemm and Conv (device/native: a MicroPython 1.25 dynamic native module
+built by scripts/build_natmod.sh) on the emulated boards: the module, placed in the
+runtime's ROMFS beside the kernels as microtrain/kernels/qlinear_native.mpy, gives the
+pure-Python kernels' bytes over random geometries (tests/device_scripts/qlinear_native.py)
+on the Cortex-M3 (armv6m and armv7m builds: the hand-written Thumb-1 loops) and on the RISC-V
+core (rv32imc build: the same loops in C), and kernels/fastpath.py puts them in place of
+the viper ones. Needs the boards' firmware (scripts/build_qemu_board.sh,
+build_qemu_rv32.sh: skipped without it, failed when MICROTRAIN_REQUIRE_QEMU /
+MICROTRAIN_REQUIRE_QEMU_RV32=1); the module is built here (the script installs its
+toolchain when missing)."""
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import DEVICE, ROOT, emulated_board_plan
+
+from microtrain_host.tools import boards, deploy, runtime
+
+
+RV32 = "qemu-virt-rv32"
+# prepended to the board scripts: the heap the module's import takes (its machine code is
+# copied into RAM even from the ROM filesystem), what the fit check predicts
+# (boards.NATIVE_HEAP_PER_MPY_BYTE); the package is imported first, so it is not counted
+HEAP_PROBE = """
+import gc
+import microtrain.kernels
+gc.collect()
+_before = gc.mem_alloc()
+import microtrain.kernels.qlinear_native
+gc.collect()
+print('native heap', gc.mem_alloc() - _before)
+"""
+
+
+def check_native_heap(out, module):
+    """The fit check's figure for the module is an upper bound within 10 % of the board's."""
+    measured = int(out.split("native heap")[1].split()[0])
+    predicted = boards.native_heap({"m": module})
+    assert measured <= predicted <= 1.1 * measured, (measured, predicted)
+    return measured
+
+
+def build_module(arch):
+    """The module built from today's sources (scripts/build_natmod.sh, cached). Without the
+    architecture's cross compiler the test is skipped, unless an emulated board is
+    required (MICROTRAIN_REQUIRE_QEMU[_RV32]=1, as scripts/test.sh sets): then the script installs
+    it from Debian, and a module that cannot be built fails the test."""
+    compiler = "riscv64-unknown-elf-gcc" if arch == "rv32imc" else "arm-none-eabi-gcc"
+    required = {os.environ.get("MICROTRAIN_REQUIRE_QEMU"),
+                os.environ.get("MICROTRAIN_REQUIRE_QEMU_RV32")} & {"1"}
+    if shutil.which(compiler) is None and not required:
+        pytest.skip(f"no {compiler}: scripts/build_natmod.sh {arch} installs it")
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "build_natmod.sh"), arch],
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.split()[-1]
+
+
+@pytest.fixture(scope="module")
+def armv6m_module():
+    return build_module("armv6m")
+
+
+def run_on_board(firmware, tmp_path, module, script_text, board="qemu-mps2-an385"):
+    plan = emulated_board_plan(tmp_path, tmp_path, [], board=board,
+                               in_rom=[(module, "microtrain/kernels/qlinear_native.mpy")])
+    script = tmp_path / "script.py"
+    script.write_text(script_text)
+    with deploy.QemuBoard(firmware, board=board) as qemu:
+        command = deploy.mpremote_command(plan, qemu.port, script)
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc.stdout
+
+
+@pytest.mark.parametrize("arch", ["armv6m", "armv7m"])
+def test_native_int8_gemm_equals_pure_on_the_emulated_board(firmware, armv6m_module, arch,
+                                                            tmp_path):
+    # 240 Gemm and 240 Conv cases; armv6m runs on every ARM core, armv7m (Thumb-2 C around
+    # the same Thumb-1 loops) on Cortex-M3 and later
+    module = armv6m_module if arch == "armv6m" else build_module(arch)
+    out = run_on_board(firmware, tmp_path, module,
+                       HEAP_PROBE + "CASES = 480\n" + (ROOT / "tests" / "device_scripts" /
+                                                       "qlinear_native.py").read_text())
+    words = out.split()
+    assert words[-6:-2] == ["cases", "480", "different", "0"], out[-2000:]
+    assert int(words[-1]) > 0, out[-2000:]     # the pure-Python fallback was exercised
+    print(f"{arch}: {check_native_heap(out, module):,d} B of heap at import")
+
+
+@pytest.mark.parametrize("arch", ["armv6m", "armv7m", "rv32imc"])
+def test_shipped_build_is_a_fresh_build_of_the_sources(arch):
+    """What deploy and mip ship (device/microtrain/kernels/native, build_natmod.sh --ship)
+    is byte for byte what the sources build to today (the build is reproducible: a fixed
+    hash seed, a relative build path)."""
+    shipped = DEVICE / "microtrain" / "kernels" / "native" / arch / "qlinear_native.mpy"
+    assert shipped.read_bytes() == open(build_module(arch), "rb").read(), \
+        f"stale: scripts/build_natmod.sh --ship {arch}"
+
+
+def test_native_int8_gemm_equals_pure_on_the_rv32_board(rv32_firmware, tmp_path):
+    module = build_module("rv32imc")
+    out = run_on_board(rv32_firmware, tmp_path, module,
+                       "import sys\nassert sys.implementation._build == 'VIRT_RV32'\n"
+                       + HEAP_PROBE + "CASES = 480\n" + (ROOT / "tests" / "device_scripts" /
+                                                         "qlinear_native.py").read_text(),
+                       board=RV32)
+    words = out.split()
+    assert words[-6:-2] == ["cases", "480", "different", "0"], out[-2000:]
+    assert int(words[-1]) > 0, out[-2000:]
+    print(f"rv32imc: {check_native_heap(out, module):,d} B of heap at import")
+
+
+def test_fastpath_picks_the_native_gemm_when_it_imports(firmware, armv6m_module, tmp_path):
+    """native > viper > pure: the Gemm and Conv are the module's, the other int8 kernels
+    stay viper; use_fast(False) puts the pure-Python kernels back."""
+    out = run_on_board(firmware, tmp_path, armv6m_module, """
+from microtrain.kernels import qlinear, qlinear_native, qlinear_viper
+print('gemm', qlinear.qlinear_gemm is qlinear_native.qlinear_gemm)
+print('conv', qlinear.qlinear_conv is qlinear_native.qlinear_conv)
+print('add', qlinear.qlinear_add is qlinear_viper.qlinear_add)
+print('fallback', qlinear_native._pure is qlinear._pure)
+qlinear.use_fast(False)
+print('pure', qlinear.qlinear_gemm is qlinear._pure['qlinear_gemm'])
+""")
+    assert "gemm True" in out and "conv True" in out and "add True" in out, out[-2000:]
+    assert "fallback True" in out and "pure True" in out, out[-2000:]
+
+
+def test_int8_digits_inference_with_the_native_gemm_equals_cpython(firmware, tmp_path):
+    """A whole model on the native kernels as deploy ships them: the digits MLP's int8 blob
+    (the packager's export of a quantization-aware blob), its minimal runtime built by
+    deploy.write_runtime for the emulated Cortex-M3 (which carries the shipped build for
+    the board's mpy_arch) in ROMFS, gives CPython's pure-Python outputs bit for bit with the
+    native Gemm picked by fastpath, and so does the same board with the pure kernels."""
+    import numpy as np
+
+    from microtrain import InferenceSession
+    from microtrain_host import generate_artifacts
+    from microtrain_host.cli import main
+    digits = ROOT / "examples" / "digits"
+    build = tmp_path / "build"
+    generate_artifacts(str(digits / "mlp.onnx"), artifact_directory=str(build), batch_size=2,
+                       optimizer="SGD", quantization=True)
+    assert main(["export", str(build), "--checkpoint", str(build / "checkpoint"), "--qdq",
+                 "-o", str(tmp_path / "qdq.onnx"),
+                 "--int8-blob", str(tmp_path / "int8.mtb")]) == 0
+    x = np.load(digits / "digits.npz")["x_val"][:2].astype("<f4")
+    cpython = np.array(InferenceSession(str(tmp_path / "int8.mtb")).run(x.reshape(-1)),
+                       np.float32)
+    blob = tmp_path / "int8.mtb"
+    board = boards.load_board("qemu-mps2-an385")
+    plan = deploy.Plan(board, "romfs", tmp_path, {}, None, None, None, None)
+    plan.native = boards.native_for(blob, board, "romfs")
+    assert plan.native == {runtime.NATIVE_MODULE: runtime.native_build(board["mpy_arch"])}
+    rt = deploy.write_runtime(plan, blob, tmp_path / "rt")
+    # an inference run: the session, which a training runtime leaves out, and the blob
+    runtime.compile_runtime(runtime.package_sources(["microtrain/inference.py"]),
+                            board["mpy_arch"], board["mpy_version"], rt)
+    (rt / "int8.mtb").write_bytes(blob.read_bytes())
+    plan.romfs_image = tmp_path / "microtrain.romfs"
+    plan.romfs_image.write_bytes(runtime.romfs_image(rt))
+    plan.files = [(tmp_path / "x.f32", "x.f32")]
+    (tmp_path / "x.f32").write_bytes(x.tobytes())
+    script = tmp_path / "script.py"
+    script.write_text("""
+from array import array
+from binascii import hexlify
+from microtrain import InferenceSession
+from microtrain.kernels import qlinear, qlinear_native
+print('native', qlinear.qlinear_gemm is qlinear_native.qlinear_gemm)
+x = array('f', open('x.f32', 'rb').read())
+print('out', hexlify(bytes(InferenceSession('/rom/int8.mtb').run(x))).decode())
+qlinear.use_fast(False)
+print('pure', hexlify(bytes(InferenceSession('/rom/int8.mtb').run(x))).decode())
+""")
+    with deploy.QemuBoard(firmware) as qemu:
+        command = deploy.mpremote_command(plan, qemu.port, script)
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in proc.stdout.splitlines()
+             if " " in line}
+    assert proc.returncode == 0 and "pure" in lines, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert lines["native"].strip() == "True", proc.stdout[-2000:]
+    for kind in ("out", "pure"):
+        assert bytes.fromhex(lines[kind].strip()) == cpython.tobytes(), kind

@@ -1,0 +1,143 @@
+"""The native int8 kernels as users get them (host side; the boards: test_board_natmod.py):
+the builds shipped in the device package (scripts/build_natmod.sh --ship) are those of
+today's sources and of the architecture their directory names; the minimal runtime of a
+blob whose kernels have a native form carries the board's build, and a board without one
+gets none; `deploy --dry-run` lists it with its bytes; the fit check counts its heap; mip's
+package-<arch>.json files list it."""
+import hashlib
+import json
+import shutil
+
+import pytest
+
+from conftest import DEVICE, ROOT
+from microtrain_host.cli import main
+from microtrain_host.tools import boards, deploy, runtime
+
+NATIVE = DEVICE / "microtrain" / "kernels" / "native"
+# the .mpy header's third byte: the architecture << 2 | the sub-version (3 for v6.3);
+# py/persistentcode.h's MP_NATIVE_ARCH_* numbers
+ARCH_NUMBER = {"armv6m": 4, "armv7m": 5, "armv7emsp": 7, "xtensawin": 10, "rv32imc": 11}
+
+
+def test_shipped_builds_are_of_todays_sources_and_their_architecture():
+    native = ROOT / "device" / "native"
+    sources = ([native / "Makefile"] + sorted(native.glob("*.c")) + sorted(native.glob("*.S")))
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()
+    assert (NATIVE / "SOURCES.sha256").read_text().split() == [digest], \
+        "device/native changed: run scripts/build_natmod.sh --ship armv6m armv7m rv32imc"
+    assert runtime.native_package_archs() == ["armv6m", "armv7m", "rv32imc"]
+    for arch in runtime.native_package_archs():
+        head = (NATIVE / arch / "qlinear_native.mpy").read_bytes()[:3]
+        assert head == bytes([ord("M"), 6, ARCH_NUMBER[arch] << 2 | 3]), arch
+
+
+def test_every_board_architecture_gets_a_build_it_loads_or_none():
+    for name in boards.board_names():
+        arch = boards.load_board(name)["mpy_arch"]
+        build = runtime.native_build(arch)
+        if arch == "xtensawin":
+            assert build is None
+            continue
+        # MicroPython 1.25 loads an ARM module of its own or an earlier ARM architecture
+        # (MPY_FEATURE_ARCH_TEST), another architecture's only when it is the same
+        loaded = build.read_bytes()[2] >> 2
+        if arch.startswith("arm"):
+            assert ARCH_NUMBER["armv6m"] <= loaded <= ARCH_NUMBER[arch], name
+        else:
+            assert loaded == ARCH_NUMBER[arch], name
+
+
+@pytest.mark.parametrize("arch", ["armv6m", "armv7m", "rv32imc"])
+def test_mip_package_of_each_architecture_lists_its_build(arch):
+    text = (DEVICE / f"package-{arch}.json").read_text()
+    assert json.loads(text) == json.loads(runtime.package_json(arch)), \
+        "stale: regenerate device/package-*.json with runtime.package_json(arch)"
+    urls = dict(json.loads(text)["urls"])
+    pure = dict(json.loads((DEVICE / "package.json").read_text())["urls"])
+    assert set(urls) - set(pure) == {"microtrain/kernels/qlinear_native.mpy"}
+    # mip resolves the URLs against the package file's directory
+    assert (DEVICE / urls["microtrain/kernels/qlinear_native.mpy"]).read_bytes() == \
+        (NATIVE / arch / "qlinear_native.mpy").read_bytes()
+    assert all((DEVICE / url).exists() for url in urls.values())
+
+
+@pytest.fixture(scope="module")
+def int8_artifacts(tmp_path_factory):
+    """The digits MLP's integer training artifacts (classifier trained, the first layer a
+    frozen int8 Gemm) as deploy takes them: model.mtb and checkpoint."""
+    from microtrain_host import export_inference_model, generate_artifacts
+    from microtrain_host.quant.inttrain import int8_training_artifacts
+    tmp = tmp_path_factory.mktemp("natmod_ship")
+    digits = ROOT / "examples" / "digits"
+    generate_artifacts(str(digits / "mlp.onnx"), artifact_directory=str(tmp / "qat"),
+                       batch_size=1, quantization=True)
+    export_inference_model(tmp / "qat", tmp / "qat" / "checkpoint", tmp / "qdq.onnx", qdq=True)
+    info = int8_training_artifacts(tmp / "qdq.onnx", tmp / "int", 0.05)
+    art = tmp / "art"
+    art.mkdir()
+    shutil.copy(info["blob"], art / "model.mtb")
+    shutil.copy(tmp / "int" / "int8_train.ckpt", art / "checkpoint")
+    return art
+
+
+def test_runtime_of_an_int8_blob_carries_the_boards_build(int8_artifacts):
+    blob = int8_artifacts / "model.mtb"
+    assert "qlinear_gemm" in {runtime.BY_CODE[op].kernel for op in runtime.op_codes(blob)}
+    rp2040 = boards.load_board("rp2040-pico")
+    assert boards.native_for(blob, rp2040, "romfs") == {
+        "microtrain/kernels/qlinear_native.mpy": NATIVE / "armv6m" / "qlinear_native.mpy"}
+    assert boards.native_for(blob, boards.load_board("pyboard"), "files") == {
+        "microtrain/kernels/qlinear_native.mpy": NATIVE / "armv7m" / "qlinear_native.mpy"}
+    # no build for the ESP32's Xtensa, and none with a frozen runtime: no error, viper runs
+    assert boards.native_for(blob, boards.load_board("esp32"), "files") == {}
+    assert boards.native_for(blob, rp2040, "frozen") == {}
+
+
+def test_a_float_blob_gets_no_native_module(tmp_path):
+    assert main(["pack", str(ROOT / "examples" / "digits" / "mlp.onnx"), "-o",
+                 str(tmp_path), "--batch-size", "2"]) == 0
+    assert runtime.native_modules(tmp_path / "model.mtb", "armv6m") == {}
+
+
+def test_fit_check_counts_the_native_modules_heap(int8_artifacts):
+    rp2040 = boards.load_board("rp2040-pico")
+    with_native = boards.predict(int8_artifacts, rp2040, "romfs")
+    without = boards.predict(int8_artifacts, rp2040, "romfs", native={})
+    size = (NATIVE / "armv6m" / "qlinear_native.mpy").stat().st_size
+    assert with_native.native_mpy == size
+    assert with_native.native_code == int(boards.NATIVE_HEAP_PER_MPY_BYTE * size)
+    for phase in ("code", "train", "load", "resume", "reload", "needed"):
+        assert getattr(with_native, phase) - getattr(without, phase) == \
+            with_native.native_code, phase
+
+
+def test_deploy_plan_and_dry_run_list_the_native_module(int8_artifacts, tmp_path, capsys):
+    plan = deploy.plan(int8_artifacts, "rp2040-pico")
+    size = (NATIVE / "armv6m" / "qlinear_native.mpy").stat().st_size
+    assert plan.runtime_sizes["microtrain/kernels/qlinear_native.mpy"] == size
+    rt = deploy.write_runtime(plan, int8_artifacts / "model.mtb", tmp_path / "rt")
+    assert (rt / "microtrain" / "kernels" / "qlinear_native.mpy").read_bytes() == \
+        (NATIVE / "armv6m" / "qlinear_native.mpy").read_bytes()
+    assert (rt / "microtrain" / "kernels" / "qlinear_viper.mpy").exists()
+    assert "microtrain/kernels/qlinear_native.mpy" not in \
+        deploy.plan(int8_artifacts, "esp32").runtime_sizes
+    assert main(["deploy", str(int8_artifacts), "--board", "rp2040-pico", "--dry-run", "--data",
+          str(ROOT / "examples" / "digits" / "digits.npz")]) == 0
+    out = capsys.readouterr().out
+    assert (f"microtrain/kernels/qlinear_native.mpy {size:7,d}  (native kernels, machine "
+            f"code for armv6m)") in out
+    assert "the native kernels' machine code" in out
+    # the time estimate counts the frozen layer's Gemm at the native module's cost
+    assert "native int8 dense MACs x 6.2" in out
+
+
+def test_inspect_board_counts_the_native_module(int8_artifacts, capsys):
+    blob = str(int8_artifacts / "model.mtb")
+    assert main(["inspect", blob, "--no-steps", "--board", "rp2040-pico"]) == 0
+    out = capsys.readouterr().out
+    assert "the native kernels' machine code (4," in out and "native int8 dense MACs" in out
+    # an ESP32 gets no build: neither counted nor estimated
+    assert main(["inspect", blob, "--no-steps", "--board", "esp32"]) == 0
+    out = capsys.readouterr().out
+    assert "native" not in out and "int8 dense MACs x 59.1" in out
