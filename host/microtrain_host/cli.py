@@ -305,10 +305,12 @@ def cmd_export(args):
                                        max_classes=args.int8_max_classes,
                                        keep_classes=args.int8_keep_classes)
         others = len(info["parameters"]) - 2
+        in_use = ("" if info["classes_in_use"] == info["classes"]
+                  else " (%d classes in use)" % info["classes_in_use"])
         print(f"integer training blob {info['blob']} ({os.path.getsize(info['blob'])} bytes), "
               f"checkpoint {info['checkpoint']}: classifier {info['weight']} "
               f"[{info['classes']}, {info['features']}]"
-              f"{'' if info['classes_in_use'] == info['classes'] else ' (%d classes in use)' % info['classes_in_use']}"
+              f"{in_use}"
               f"{f' and {others} more tensors' if others else ''} trained in "
               f"integers ({', '.join(info['parameters'])}); inputs "
               f"quantized with scale {info['input_scale']:g}, zero point "

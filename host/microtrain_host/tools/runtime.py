@@ -126,9 +126,9 @@ def package_sources(modules):
 
 def minimal_sources(blob_path, extra=()):
     """{relative path: source text} of the model's minimal runtime: the modules of
-    runtime_modules() (extra: see there), with opcodes.py cut to the op codes the blob uses and each kernel
-    family cut to the kernels those op codes name, their load-time checkers and whatever
-    those reference. A blob needing another op is then refused at load ("unknown op code").
+    runtime_modules() (extra: see there), with opcodes.py cut to the op codes the blob uses
+    and each kernel family cut to the kernels those op codes name, their load-time checkers
+    and whatever those reference. A blob needing another op is then refused at load ("unknown op code").
     Cut lines are blanked, not removed, so that a traceback on the board gives the line
     numbers of the repository's source."""
     used = op_codes(blob_path)
