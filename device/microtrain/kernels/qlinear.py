@@ -486,9 +486,8 @@ def qlinear_lookup_check(args, c):
 
 
 # The viper fast paths (kernels/qlinear_viper.py, MicroPython with the viper emitter), and
-# before them the native Gemm where kernels/qlinear_native.mpy (device/native, machine code
-# for the board's architecture) is installed: the same bytes, no allocation.
-# use_fast(False) switches back to the pure-Python kernels (tests compare them).
+# before them the native Gemm and Conv where kernels/qlinear_native.mpy (device/native) is
+# installed: the same bytes, no allocation. use_fast(False): the pure-Python kernels.
 _FAST_NAMES = ("qlinear_gemm", "qlinear_conv", "qlinear_add", "qlinear_average_pool",
                "qlinear_global_average_pool", "qlinear_lookup")
 
