@@ -259,3 +259,21 @@ def test_a_stage_resumed_with_fewer_epochs_than_it_did_ends(room, tmp_path):
     again = Learner(info["blob"], info["checkpoint"], str(tmp_path / "run"))
     assert again.stages_done == 1 and again.classes == 2 and again.captured == 0
     again.close()
+
+
+def test_train_and_deploy_refuse_an_integer_training_blob_in_words(room, tmp_path):
+    # they feed float32 samples; the blob takes quantized bytes: refused before anything is
+    # written (the device would refuse the first step)
+    _, info = room
+    (tmp_path / "art").mkdir()
+    shutil.copy(info["blob"], tmp_path / "art" / "model.mtb")
+    shutil.copy(info["checkpoint"], tmp_path / "art" / "checkpoint")
+    data = str(DIGITS / "digits.npz")
+    for command in (["train", str(tmp_path / "art"), "--data", data, "--epochs", "1"],
+                    ["deploy", str(tmp_path / "art"), "--board", "rp2040-pico", "--dry-run",
+                     "--data", data]):
+        out = subprocess.run([sys.executable, "-m", "microtrain_host.cli", *command],
+                             capture_output=True, text=True)
+        assert out.returncode == 2, out.stderr
+        assert "integer training blob: its input 'input.quantized' takes uint8" in out.stderr
+        assert "Traceback" not in out.stderr and "x_train.f32" not in out.stdout

@@ -20,7 +20,7 @@ import time
 
 from ..errors import MicrotrainHostError
 from . import boards, runtime
-from .train import device_error, load_data, write_device_data
+from .train import device_error, load_data, refuse_quantized_input, write_device_data
 
 TRAIN_SCRIPT = boards.REPO_ROOT / "boards" / "train_on_board.py"
 
@@ -64,6 +64,9 @@ def plan(artifacts, board_name, steps=None, epochs=None, placement=None, resume=
         raise DeployError(f"board {board_name} has no ROMFS partition: use --runtime files or "
                           f"frozen")
     blob_path = pathlib.Path(artifacts) / "model.mtb"
+    from microtrain import parser as device_blob_parser
+    refuse_quantized_input(device_blob_parser.load(str(blob_path)), DeployError,
+                           "`microtrain deploy`")
     start_step = check_resume(artifacts, resume) if resume is not None else 0
     with tempfile.TemporaryDirectory() as tmp:
         sizes = runtime.compile_runtime(runtime.minimal_sources(blob_path), board["mpy_arch"],

@@ -115,6 +115,20 @@ def _read_array(data, path, name):
     return array
 
 
+def refuse_quantized_input(blob, error=TrainError, what="`microtrain train`"):
+    """An integer training blob (export --int8-train) takes its input as int8 / uint8
+    values, quantized with the scale and zero point of its int8_train.json; the loops of
+    `microtrain train` and `deploy` feed float32 samples: refused here, in words, rather
+    than on the device at the first step."""
+    x_id = blob.programs["train"].inputs[0] if "train" in blob.programs else None
+    if x_id is not None and blob.dtypes[x_id] in (2, 3):    # INT8, UINT8
+        raise error(f"this is an integer training blob: its input '{blob.names[x_id]}' takes "
+                    f"{'int8' if blob.dtypes[x_id] == 2 else 'uint8'} values, which {what} "
+                    f"does not quantize from float samples yet; train it with the device API "
+                    f"on inputs quantized as its int8_train.json says (README, \"Integer "
+                    f"training on the device\"), or with microtrain.continual.Learner")
+
+
 def check_data(blob, x, y, x_val, y_val, source="the data"):
     """Raise TrainError when the arrays do not fit the blob's train program: the number of
     values per sample of inputs and labels, at least one batch in each set, class-index
@@ -122,6 +136,7 @@ def check_data(blob, x, y, x_val, y_val, source="the data"):
     if "train" not in blob.programs:
         raise TrainError("this model computes its loss outside the graph (packed with loss "
                          "none): train it with Module.forward and Module.backward")
+    refuse_quantized_input(blob)
     if len(blob.programs["train"].inputs) != 2:
         raise TrainError("`microtrain train` feeds one input and one label tensor; this model's "
                          "train program takes %d inputs (use the device API directly)"
