@@ -112,24 +112,28 @@ def test_fit_check_counts_the_native_modules_heap(int8_artifacts):
             with_native.native_code, phase
 
 
-def test_deploy_plan_and_dry_run_list_the_native_module(int8_artifacts, tmp_path, capsys):
-    plan = deploy.plan(int8_artifacts, "rp2040-pico")
+def test_the_runtime_builder_ships_the_native_module(int8_artifacts, tmp_path, capsys):
+    # what deploy and the fit check carry to a board for a blob with int8 Gemm / Conv steps
+    blob = int8_artifacts / "model.mtb"
+    pico = boards.load_board("rp2040-pico")
+    native = boards.native_for(blob, pico, "files")
     size = (NATIVE / "armv6m" / "qlinear_native.mpy").stat().st_size
-    assert plan.runtime_sizes["microtrain/kernels/qlinear_native.mpy"] == size
-    rt = deploy.write_runtime(plan, int8_artifacts / "model.mtb", tmp_path / "rt")
+    assert native == {"microtrain/kernels/qlinear_native.mpy":
+                      NATIVE / "armv6m" / "qlinear_native.mpy"}
+    plan = deploy.Plan(pico, "files", int8_artifacts, {}, None, None, None, 1)
+    plan.native = native
+    rt = deploy.write_runtime(plan, blob, tmp_path / "rt")
     assert (rt / "microtrain" / "kernels" / "qlinear_native.mpy").read_bytes() == \
         (NATIVE / "armv6m" / "qlinear_native.mpy").read_bytes()
     assert (rt / "microtrain" / "kernels" / "qlinear_viper.mpy").exists()
-    assert "microtrain/kernels/qlinear_native.mpy" not in \
-        deploy.plan(int8_artifacts, "esp32").runtime_sizes
-    assert main(["deploy", str(int8_artifacts), "--board", "rp2040-pico", "--dry-run", "--data",
-          str(ROOT / "examples" / "digits" / "digits.npz")]) == 0
-    out = capsys.readouterr().out
-    assert (f"microtrain/kernels/qlinear_native.mpy {size:7,d}  (native kernels, machine "
-            f"code for armv6m)") in out
-    assert "the native kernels' machine code" in out
-    # the time estimate counts the frozen layer's Gemm at the native module's cost
-    assert "native int8 dense MACs x 6.2" in out
+    assert boards.native_for(blob, boards.load_board("esp32"), "files") == {}
+    assert boards.native_for(blob, pico, "frozen") == {}
+    assert boards.native_heap(native) == int(boards.NATIVE_HEAP_PER_MPY_BYTE * size)
+    # `microtrain deploy` itself refuses this blob in words: its input is quantized and
+    # deploy feeds float32 samples (the board would refuse the first step)
+    assert main(["deploy", str(int8_artifacts), "--board", "rp2040-pico", "--dry-run",
+                 "--data", str(ROOT / "examples" / "digits" / "digits.npz")]) == 2
+    assert "integer training blob" in capsys.readouterr().err
 
 
 def test_inspect_board_counts_the_native_module(int8_artifacts, capsys):
