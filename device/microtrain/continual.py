@@ -86,11 +86,11 @@ class Learner:
     def _find_classifier(self):
         b = self.module.blob
         self.train_steps = self._head(b.programs["train"].steps, "train")
-        self.eval_prefix = b.programs["eval"].steps
-        self.eval_prefix = self.eval_prefix[:self._start(self.eval_prefix, "eval")]
+        steps = b.programs["eval"].steps
+        self.eval_prefix = steps[:self._start(steps, "eval")]
         _, z, x, w, bias, req, m, k, n, signed = self.train_steps[0][1]
         self.batch, self.features, self.capacity = m, k, n
-        self._z, self._x, self._w, self._bias = z, x, w, bias
+        self._z, self._x, self._bias = z, x, bias
         self._logits = self.train_steps[0]
         self._label_at = self.train_steps[1][1][3]
         self._loss_at = self.train_steps[1][1][2]
