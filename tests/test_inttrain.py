@@ -677,3 +677,39 @@ def test_set_learning_rate_rewrites_the_integer_multipliers(digits_int8, tmp_pat
     assert state.optimizer_step == 1          # Optimizer.step counts; the update is done
     with pytest.raises(ParameterError):
         opt.set_learning_rate(float("nan"))
+
+
+@pytest.mark.parametrize("trained", [{"train_conv": True}, {"momentum": 0.5},
+                                     {"train_biases": True, "train_depthwise": True}])
+def test_room_for_classes_trains_as_the_plain_classifier(ds_cnn_int8, tmp_path, trained):
+    # Every integer configuration packed with unused class slots (--int8-max-classes) loads
+    # and trains on the device runtime, every trained tensor bit for bit as without the slots
+    # (the same stochastic-rounding draws: unused rows draw none), the slots untouched.
+    tmp, _ = ds_cnn_int8
+    data = (tmp / "data.bin").read_bytes()
+    runs = []
+    for room in ({}, {"max_classes": 15}):
+        info = int8_training_artifacts(tmp / "qdq.onnx", tmp_path / str(len(room)), 0.05,
+                                       **trained, **room)
+        state = CheckpointState.load_checkpoint(info["checkpoint"])
+        model = Module(info["blob"], state)
+        opt = Optimizer(info["blob"], model)
+        x_id, y_id = model._train.inputs       # data.bin: batches of inputs, then labels
+        n, m = model.blob.sizes[x_id], model.blob.sizes[y_id]
+        kind = np.int8 if model.blob.dtypes[x_id] == 2 else np.uint8
+        for at in range(0, len(data), n + 4 * m):
+            model(np.frombuffer(data[at:at + n], kind).tolist(),
+                  list(struct.unpack("<%di" % m, data[at + n:at + n + 4 * m])))
+            opt.step()
+        runs.append({name: np.array(p.data, np.int64) for name, p in state.parameters.items()})
+    plain, padded = runs
+    classes = len(plain[info["bias"]])
+    assert classes < 15 and set(plain) == set(padded)
+    for name in plain:
+        if name in (info["weight"], info["bias"]):
+            rows = padded[name].reshape(15, -1)
+            assert np.array_equal(rows[:classes].reshape(-1), plain[name]), name
+            unused = rows[classes:]
+            assert (unused == (K.UNUSED_BIAS if name == info["bias"] else 0)).all()
+        else:
+            assert np.array_equal(padded[name], plain[name]), name
