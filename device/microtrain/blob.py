@@ -78,7 +78,7 @@ class Blob:
         self.integer_parameters = False  # int8 / int32 parameters trained in integers: the
                                          # train / eval loss is then int32 (kernels/inttrain.py)
         self.int_rates = []     # the inttrain update steps' multipliers (set_learning_rate)
-        self.int_derived = {}   # inttrain's derived tensors computed so far -> their size
+        self.int_derived = {}   # derived int tensors computed so far -> their size (or head)
         self.int_units = {}     # inttrain: gradient tensor -> its real unit (at load)
         self.in_place = set()   # int8 constants the kernels read where the blob is (the
                                 # weights of int8 Gemm / Conv: no arena space); their offsets

@@ -99,6 +99,61 @@ def weight_scales(c, w, channels, broadcast=False):
     return sw
 
 
+# -- at load: requantization tensors (int8 layers' checkers) -------------------------------
+def derive_requant(c, k, zps, reals):
+    # A derived requantization tensor (argument k): its given header (zero points of tensor
+    # arguments zps, clamp bounds) and the (m0, shift) of each real multiplier, which
+    # Blob.derive puts into the int arena.
+    values = requant_head(c, k, zps)
+    if values is None:
+        return
+    for v in pairs_of(reals):
+        values.append(v)
+    c.blob.derive(c.tensors[k], bytes(values))
+
+
+def requant_head(c, k, zps):
+    # The given header of derived req tensor k: the zero points of tensor arguments zps (in
+    # that order), then the output's clamp bounds. None: the same step of another program
+    # (train and eval share their frozen layers) derived it already.
+    tid = c.tensors[k]
+    done = c.blob.int_derived
+    if tid in done and tid not in c.blob.derived:
+        if done[tid] != len(zps) + 2:
+            c.fail("requantization tensor is shared by steps of other kinds")
+        return None
+    head = c.blob.derived.pop(tid, ())
+    if len(head) != len(zps) + 2:
+        c.fail("requantization tensor has %d given values, expected %d"
+               % (len(head), len(zps) + 2))
+    header_check(c, head, zps)
+    done[tid] = len(head)
+    return array("i", head)
+
+
+def header_check(c, values, zps):
+    # each zero point in the range of its tensor's type, the bounds each a byte's value
+    for i in range(len(zps)):
+        zero_point_check(c, zps[i], values[i])
+    for i in range(len(zps), len(zps) + 2):
+        c.within(values[i], -128, 255, "clamp bound")
+
+
+def given_requant(c, k, zps):
+    # A req tensor stored whole (not derived): the kernels trust its values, so they are
+    # checked here as requant_pair would have made them (the viper and pure kernels agree
+    # only for m0 in [0, 2**24] and shift in [1, 62]). Only a constant: any other tensor's
+    # values could change after this check.
+    c.role(k, "constant")
+    data = c.blob.constant_data(c.tensors[k])
+    if data is not None:
+        values = array("i", data)
+        header_check(c, values, zps)
+        for i in range(len(zps) + 2, len(values) - 1, 2):
+            c.within(values[i], 0, 16777216, "requantization multiplier")
+            c.within(values[i + 1], 1, 62, "requantization shift")
+
+
 # -- in steps: requantization --------------------------------------------------------------
 def requant_wide(acc, m0, shift):
     # round_half_even(acc * m0 / 2**shift): exact with Python integers (64-bit small ints

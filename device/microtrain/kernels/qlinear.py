@@ -19,7 +19,8 @@
 #
 # Int32 tensor `req` of a layer with C output channels: [x_zp, y_zp, lo, hi, then (m0,
 # shift) for each channel]. A blob stores the first four; the (m0, shift) pairs are derived
-# here at load from the scales of the step's tensors (`_derive`, called by the checkers), so
+# here at load from the scales of the step's tensors (fixedpoint.derive_requant, called by
+# the checkers), so
 # the blob holds each scale once and the device never trusts a multiplier it did not
 # compute. (Blobs that store the whole tensor are read as they are.)
 #
@@ -32,7 +33,8 @@
 import math
 from array import array
 from microtrain.blob import ROLE_NAMES
-from microtrain.kernels.fixedpoint import (f32, pairs_of, quantization, requant, scale_check,
+from microtrain.kernels.fixedpoint import (derive_requant, f32, given_requant,
+                                          quantization, requant, requant_head, scale_check,
                                           weight_scales, zero_point_check)
 
 
@@ -41,58 +43,14 @@ def _scale(c, k):
     return quantization(c, k)[0]
 
 
-def _derive(c, k, zps, reals):
-    # A derived req tensor (argument k): its given header (zero points of tensor arguments
-    # zps, clamp bounds) and the (m0, shift) of each real multiplier, which Blob.derive puts
-    # into the int arena.
-    values = _head(c, k, zps)
-    for v in pairs_of(reals):
-        values.append(v)
-    c.blob.derive(c.tensors[k], bytes(values))
-
-
-def _head(c, k, zps):
-    # The given header of derived req tensor k: the zero points of tensor arguments zps (in
-    # that order), then the output's clamp bounds
-    head = c.blob.derived.pop(c.tensors[k], ())
-    if len(head) != len(zps) + 2:
-        c.fail("requantization tensor has %d given values, expected %d"
-               % (len(head), len(zps) + 2))
-    _header_check(c, head, zps)
-    return array("i", head)
-
-
-def _header_check(c, values, zps):
-    # each zero point in the range of its tensor's type, the bounds each a byte's value
-    for i in range(len(zps)):
-        zero_point_check(c, zps[i], values[i])
-    for i in range(len(zps), len(zps) + 2):
-        c.within(values[i], -128, 255, "clamp bound")
-
-
-def _given(c, k, zps):
-    # A req tensor stored whole (not derived): the kernels trust its values, so they are
-    # checked here as requant_pair would have made them (the viper and pure kernels agree
-    # only for m0 in [0, 2**24] and shift in [1, 62]). Only a constant: any other tensor's
-    # values could change after this check.
-    c.role(k, "constant")
-    data = c.blob.constant_data(c.tensors[k])
-    if data is not None:
-        values = array("i", data)
-        _header_check(c, values, zps)
-        for i in range(len(zps) + 2, len(values) - 1, 2):
-            c.within(values[i], 0, 16777216, "requantization multiplier")
-            c.within(values[i + 1], 1, 62, "requantization shift")
-
-
 def _derive_channels(c, k, x, w, y, channels):
     # real[c] = float32(float32(x_scale * w_scale[c]) / y_scale), onnxruntime's order
     if c.tensors[k] not in c.blob.derived:
-        return _given(c, k, (x, y))
+        return given_requant(c, k, (x, y))
     sx = _scale(c, x)[0]
     sw = weight_scales(c, w, channels, True)
     sy = _scale(c, y)[0]
-    _derive(c, k, (x, y), (f32(f32(sx * sw[i]) / sy) for i in range(channels)))
+    derive_requant(c, k, (x, y), (f32(f32(sx * sw[i]) / sy) for i in range(channels)))
 
 
 def _store(Q, i, acc, m0, shift, y_zp, lo, hi):
@@ -315,9 +273,9 @@ def qlinear_global_average_pool_check(args, c):
     c.holds(1, planes * count)
     c.holds(2, 6)
     if c.tensors[2] in c.blob.derived:
-        _derive(c, 2, (1, 0), [f32(_scale(c, 1)[0] / f32(_scale(c, 0)[0] * count))])
+        derive_requant(c, 2, (1, 0), [f32(_scale(c, 1)[0] / f32(_scale(c, 0)[0] * count))])
     else:
-        _given(c, 2, (1, 0))
+        given_requant(c, 2, (1, 0))
 
 
 def qlinear_average_pool(F, I, args):
@@ -372,7 +330,7 @@ def qlinear_average_pool_check(args, c):
     c.holds(2, 4 + 2 * kH * kW)
     sx = _scale(c, 1)[0]
     sy = _scale(c, 0)[0]
-    _derive(c, 2, (1, 0), [f32(sx / f32(sy * n)) for n in range(1, kH * kW + 1)])
+    derive_requant(c, 2, (1, 0), [f32(sx / f32(sy * n)) for n in range(1, kH * kW + 1)])
 
 
 def qlinear_add(F, I, args):
@@ -434,7 +392,9 @@ def qlinear_add_check(args, c):
     rb = f32(_scale(c, 2)[0] / sy)
     if not (0.0 < ra < 3.4e38 and 0.0 < rb < 3.4e38):
         c.fail("scale ratios %r, %r are not positive and finite" % (ra, rb))
-    values = _head(c, 3, (1, 2, 0))
+    values = requant_head(c, 3, (1, 2, 0))
+    if values is None:
+        return
     for v in add_multipliers(ra, rb):
         values.append(v)
     c.blob.derive(c.tensors[3], bytes(values))
