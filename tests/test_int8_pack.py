@@ -30,7 +30,8 @@ def pack(model, out, data, *options):
     if data is not None:
         argv += ["--calibrate", str(data)]
     assert main(argv + [str(o) for o in options]) == 0
-    return json.loads((out / "int8.json").read_text())
+    info, = out.glob("*int8.json")      # one file, with --prefix's prefix
+    return json.loads(info.read_text())
 
 
 def output_scale(qdq_path):
@@ -282,3 +283,19 @@ def test_calibrate_needs_int8(tmp_path, capsys):
     assert main(["pack", str(DIGITS / "mlp.onnx"), "-o", str(tmp_path), "--calibrate",
                  str(DIGITS / "digits.npz")]) == 2
     assert "--calibrate is for the integer training blob: add --int8" in capsys.readouterr().err
+
+
+def test_prefix_names_every_file_and_update_in_backward_changes_nothing(digits, tmp_path):
+    # the integer update always runs in the backward pass: --update-in-backward is taken
+    # and writes the same blob
+    x, y = digits
+    plain = pack(DIGITS / "mlp.onnx", tmp_path / "plain", DIGITS / "digits.npz",
+                 "--batch-size", 2)
+    info = pack(DIGITS / "mlp.onnx", tmp_path / "p", DIGITS / "digits.npz", "--batch-size", 2,
+                "--prefix", "kws_", "--update-in-backward")
+    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == [
+        "kws_checkpoint", "kws_int8.json", "kws_model.mtb", "kws_model_qdq.onnx"]
+    assert (tmp_path / "p" / "kws_model.mtb").read_bytes() == \
+        (tmp_path / "plain" / "model.mtb").read_bytes()
+    assert info["blob"] == str(tmp_path / "p" / "kws_model.mtb") != plain["blob"]
+    train_steps(info, x, y, steps=2)
