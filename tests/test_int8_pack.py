@@ -222,6 +222,33 @@ def test_ds_cnn_one_command(ds_cnn, tmp_path, choice, batch):
     assert losses[-1] < losses[0], losses
 
 
+def test_ds_cnn_sparse_batch_1_on_micropython_equals_cpython(ds_cnn, micropython, tmp_path):
+    # the sparse configuration at batch 1 (BatchNorm folded) trains on the MicroPython Unix
+    # port, its steps under heap_lock() with the viper kernels, to the bytes of CPython's
+    # pure-Python kernels
+    import subprocess
+    from conftest import DEVICE, run_micropython
+    tmp, x, y, _ = ds_cnn
+    info = pack(tmp / "ds.onnx", tmp_path / "int8", tmp / "data.npz", "--batch-size", 1,
+                "--lr", 0.05, "--train-biases", "--train-last", 3)
+    records = b"".join(quantize_input(x[i:i + 1], info).tobytes()
+                       + np.asarray(y[i:i + 1], "<i4").tobytes() for i in range(3))
+    (tmp_path / "data.bin").write_bytes(records)
+    script = ROOT / "tests" / "device_scripts" / "inttrain_steps.py"
+    args = [info["blob"], info["checkpoint"], tmp_path / "data.bin", 3]
+    fast = run_micropython(micropython, script, *args, "fast", tmp_path / "mp.ckpt")
+    cpython = subprocess.run([sys.executable, str(script), *map(str, args), "pure",
+                              str(tmp_path / "cp.ckpt")], capture_output=True, text=True,
+                             env={"PYTHONPATH": str(DEVICE)}, check=True).stdout
+    assert fast.startswith("locked True viper True"), fast
+    assert fast.split("\n", 1)[1] == cpython.split("\n", 1)[1]
+    assert (tmp_path / "mp.ckpt").read_bytes() == (tmp_path / "cp.ckpt").read_bytes()
+    start = CheckpointState.load_checkpoint(info["checkpoint"]).parameters
+    end = CheckpointState.load_checkpoint(str(tmp_path / "mp.ckpt")).parameters
+    assert sorted(end) == sorted(info["parameters"])
+    assert any(list(start[n].data) != list(end[n].data) for n in start)     # it trained
+
+
 def test_ds_cnn_momentum(ds_cnn, tmp_path):
     tmp, x, y, _ = ds_cnn
     info = pack(tmp / "ds.onnx", tmp_path, tmp / "data.npz", "--batch-size", 2, "--optimizer",
@@ -299,3 +326,21 @@ def test_prefix_names_every_file_and_update_in_backward_changes_nothing(digits, 
         (tmp_path / "plain" / "model.mtb").read_bytes()
     assert info["blob"] == str(tmp_path / "p" / "kws_model.mtb") != plain["blob"]
     train_steps(info, x, y, steps=2)
+
+
+def test_calibration_without_onnxruntime_uses_the_reference_evaluator(digits, tmp_path,
+                                                                      monkeypatch):
+    # onnxruntime is an optional extra: without it onnx's reference evaluator runs the float
+    # graph, and the ranges (so the scales) are the same up to float32 summation order
+    x, _ = digits
+    np.savez(tmp_path / "few.npz", x=x[:40])
+    with_ort = pack(DIGITS / "mlp.onnx", tmp_path / "ort", tmp_path / "few.npz",
+                    "--batch-size", 8)
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)     # import fails
+    without = pack(DIGITS / "mlp.onnx", tmp_path / "ref", tmp_path / "few.npz",
+                   "--batch-size", 8)
+    assert without["samples_key"] == "x" and without["samples"] == 40
+    for key in ("input_scale", "feature_scale"):
+        assert without[key] == pytest.approx(with_ort[key], rel=1e-5)
+    assert without["input_zero_point"] == with_ort["input_zero_point"]
+    assert without["weight_scales"] == with_ort["weight_scales"]
