@@ -193,7 +193,10 @@ def build_options(directory, flash, m32, trim, extra=()):
                                             if flash else [])
     if trim:
         import shutil
+        from microtrain import parser
         from microtrain_host.tools import runtime
+        if parser.load(str(directory / "model.mtb")).integer_parameters:
+            extra = tuple(extra) + ("microtrain.latent",)   # personalise_device's cache
         shutil.rmtree(directory / "runtime", ignore_errors=True)
         runtime.write_sources(runtime.minimal_sources(directory / "model.mtb", extra),
                               directory / "runtime")

@@ -9,7 +9,9 @@
 # already quantized. One sample is in RAM at a time. Prints the held-out accuracy before training, one
 # "epoch K mean-loss" line per epoch, the accuracy after, then "peak heap BYTES": the largest
 # live heap seen after a collection at each phase (MicroPython; CPython prints -1), relative
-# to the heap in use before `import microtrain`. Saves DIR/personalised_checkpoint.
+# to the heap in use before `import microtrain`. Saves DIR/personalised_checkpoint. An
+# integer blob whose classifier alone trains uses a latent cache (DIR/latent.cache): the
+# frozen backbone runs once per sample, the later epochs train the classifier alone.
 import gc
 import sys
 from array import array
@@ -50,6 +52,22 @@ def accuracy(model, x, y, directory, classes):
     return right, total
 
 
+def latent_cache(model, directory, epochs):
+    # An integer blob whose classifier alone trains keeps its backbone's features of each
+    # training sample in a file (microtrain.latent): epochs after the first run only the
+    # classifier. None for any other blob, or a single epoch.
+    if epochs < 2 or not model.blob.integer_parameters:
+        return None
+    import os
+    from microtrain.errors import InputError
+    from microtrain.latent import LatentCache
+    samples = os.stat(directory + "/x_train." + SUFFIX)[6] // XBYTES
+    try:
+        return LatentCache(model, samples, directory + "/latent.cache")
+    except InputError:          # the blob trains more than its classifier
+        return None
+
+
 def main(directory, epochs, lr, flash):
     global SUFFIX, XBYTES
     from microtrain import CheckpointState, Module, Optimizer
@@ -72,22 +90,31 @@ def main(directory, epochs, lr, flash):
         SUFFIX, XBYTES = "q8", b.sizes[x_id]
         x = array("b" if b.dtypes[x_id] == 2 else "B", bytes(XBYTES))
     y = array("i", bytes(4 * b.sizes[y_id]))
+    cache = latent_cache(model, directory, epochs)
     probe()
     right, total = accuracy(model, x, y, directory, b.num_classes)
     print("accuracy before %d/%d" % (right, total))
     for epoch in range(epochs):
         model.train()
         loss, steps = 0.0, 0
-        with open(directory + "/x_train." + SUFFIX, "rb") as fx, \
-                open(directory + "/y_train.i32", "rb") as fy:
-            while fx.readinto(x) == XBYTES and fy.readinto(y) == 4 * len(y):
-                loss += model(x, y)
+        if cache is not None and epoch > 0:     # the backbone's features of every sample
+            for slot in range(cache.batches):   # are in the cache: the classifier alone
+                loss += cache.step(slot, None, None)
                 opt.step()
-                model.lazy_reset_grad()
                 steps += 1
-                if steps == 1:
-                    probe()
+        else:
+            with open(directory + "/x_train." + SUFFIX, "rb") as fx, \
+                    open(directory + "/y_train.i32", "rb") as fy:
+                while fx.readinto(x) == XBYTES and fy.readinto(y) == 4 * len(y):
+                    loss += model(x, y) if cache is None else cache.step(steps, x, y)
+                    opt.step()
+                    model.lazy_reset_grad()
+                    steps += 1
+                    if steps == 1:
+                        probe()
         print("epoch %d %r" % (epoch + 1, loss / steps))
+    if cache is not None:
+        cache.close()
     right, total = accuracy(model, x, y, directory, b.num_classes)
     print("accuracy after %d/%d" % (right, total))
     CheckpointState.save_checkpoint(state, directory + "/personalised_checkpoint")

@@ -1,0 +1,130 @@
+"""Issue 22 scope 5, the latent cache (device latent.py): a classifier-only integer training
+run keeps the frozen backbone's int8 features of each batch the first time it trains it,
+and later epochs run only the classifier's steps on them. The parameters end bit for bit as
+without the cache (CPython and the MicroPython Unix port; the cache in RAM and in a file),
+and the work of 6 epochs of the KWS DS-CNN's personalisation, counted in MACs off the
+packed steps, is within 1.3x of one epoch of forward passes."""
+import numpy as np
+import pytest
+
+from conftest import ROOT, run_micropython
+from microtrain import CheckpointState, Module
+from microtrain import parser as device_blob_parser
+from microtrain.errors import InputError
+from microtrain.latent import LatentCache
+from microtrain_host.contract.ops import BY_CODE
+from microtrain_host.int8pack import pack_int8
+from microtrain_host.quant.inttrain import quantize_input
+from microtrain_host.tools.step_cost import MACS
+
+DIGITS = ROOT / "examples" / "digits"
+KWS = ROOT / "examples" / "kws" / "ds_cnn_kws.onnx"
+SCRIPT = ROOT / "tests" / "device_scripts" / "latent_cache.py"
+
+
+def _records(info, x, y, batches):
+    m = info["batch_size"]
+    return b"".join(quantize_input(x[i * m:(i + 1) * m], info).tobytes()
+                    + np.asarray(y[i * m:(i + 1) * m], "<i4").tobytes()
+                    for i in range(batches))
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("latent_digits")
+    info = pack_int8(DIGITS / "mlp.onnx", tmp / "int8", calibration=DIGITS / "digits.npz",
+                     batch_size=8, learning_rate=0.05)
+    data = np.load(DIGITS / "digits.npz")
+    return tmp, info, data["x_train"], data["y_train"]
+
+
+def _run(info, x, y, batches, epochs, mode, tmp):
+    state = CheckpointState.load_checkpoint(info["checkpoint"])
+    model = Module(info["blob"], state)
+    m = info["batch_size"]
+    cache = None if mode == "plain" else LatentCache(
+        model, batches, str(tmp / "cache.bin") if mode == "file" else None)
+    losses = []
+    for epoch in range(epochs):
+        for s in range(batches):
+            xs = quantize_input(x[s * m:(s + 1) * m], info).reshape(-1).tolist()
+            ys = [int(v) for v in y[s * m:(s + 1) * m]]
+            losses.append(model(xs, ys) if cache is None else
+                          cache.step(s, xs if epoch == 0 else None, ys))
+    CheckpointState.save_checkpoint(state, str(tmp / mode))
+    return losses, (tmp / mode).read_bytes()
+
+
+def test_cached_training_equals_uncached_on_cpython(digits, tmp_path):
+    tmp, info, x, y = digits
+    plain = _run(info, x, y, 6, 4, "plain", tmp_path)
+    assert plain == _run(info, x, y, 6, 4, "ram", tmp_path)
+    assert plain == _run(info, x, y, 6, 4, "file", tmp_path)
+    assert plain[0][-6:] != plain[0][:6]          # it trained
+
+
+def test_cached_training_equals_uncached_on_micropython(digits, micropython, tmp_path):
+    tmp, info, x, y = digits
+    (tmp_path / "data.bin").write_bytes(_records(info, x, y, 5))
+    outs = {mode: run_micropython(micropython, SCRIPT, info["blob"], info["checkpoint"],
+                                  tmp_path / "data.bin", 5, 4, mode, tmp_path / mode)
+            for mode in ("plain", "ram", "file")}
+    epochs = lambda out: [line for line in out.splitlines() if line.startswith("epoch")]  # noqa: E731
+    assert epochs(outs["plain"]) == epochs(outs["ram"]) == epochs(outs["file"])
+    assert "cache bytes %d" % (5 * (8 * info["features"] + 2 * 8)) in outs["ram"]
+    assert ((tmp_path / "plain").read_bytes() == (tmp_path / "ram").read_bytes()
+            == (tmp_path / "file").read_bytes())
+
+
+def test_a_blob_that_trains_more_than_its_classifier_is_refused(digits, tmp_path):
+    tmp, info, x, y = digits
+    deeper = pack_int8(DIGITS / "mlp.onnx", tmp_path / "int8", calibration=DIGITS /
+                       "digits.npz", batch_size=8, learning_rate=0.05, train_last=2)
+    model = Module(deeper["blob"], CheckpointState.load_checkpoint(deeper["checkpoint"]))
+    with pytest.raises(InputError, match="classifier alone trains"):
+        LatentCache(model, 4)
+    model = Module(info["blob"], CheckpointState.load_checkpoint(info["checkpoint"]))
+    cache = LatentCache(model, 2)
+    with pytest.raises(InputError, match="never trained with its input"):
+        cache.step(1, None, [0] * 8)
+    with pytest.raises(InputError, match="outside the cache's 2 batches"):
+        cache.step(2, None, [0] * 8)
+
+
+def _macs(records):
+    total = 0
+    for op, _, ints, _ in records:
+        spec = BY_CODE.get(op)
+        if spec is not None and spec.name in MACS:
+            total += MACS[spec.name](dict(zip(spec.ints, ints)))[1]
+    return total
+
+
+def test_kws_personalisation_work_with_the_cache(micropython, tmp_path):
+    """The KWS DS-CNN (MLPerf Tiny size, batch 1) personalised in integers, classifier only:
+    6 epochs with the cache against one epoch of forward passes, in MACs; and the cached run
+    on MicroPython equals the uncached one."""
+    x = np.random.default_rng(2).standard_normal((6, 1, 49, 10)).astype(np.float32)
+    np.savez(tmp_path / "data.npz", x_train=x)
+    info = pack_int8(KWS, tmp_path / "int8", calibration=tmp_path / "data.npz", batch_size=1,
+                     learning_rate=0.05)
+    b = device_blob_parser.load(info["blob"], keep_steps=True)
+    train = b.step_records["train"]
+    start = [op for op, *_ in train].index(242)           # INT_GEMM_LOGITS
+    prefix, suffix = _macs(train[:start]), _macs(train[start:])
+    forward = _macs(b.step_records["eval"])
+    samples, epochs = 4, 6
+    ratio = (samples * (prefix + suffix) + (epochs - 1) * samples * suffix) / (samples * forward)
+    uncached = epochs * samples * (prefix + suffix) / (samples * forward)
+    print(f"KWS int8 last, {epochs} epochs: {ratio:.3f}x the MACs of one epoch of forward "
+          f"passes with the latent cache ({uncached:.2f}x without); per sample: backbone "
+          f"{prefix:,} MACs, classifier step {suffix:,}")
+    assert ratio <= 1.3 and prefix > 100 * suffix
+    (tmp_path / "data.bin").write_bytes(_records(info, x, np.arange(6) % info["classes"],
+                                                 samples))
+    outs = {mode: run_micropython(micropython, SCRIPT, info["blob"], info["checkpoint"],
+                                  tmp_path / "data.bin", samples, epochs, mode,
+                                  tmp_path / mode)
+            for mode in ("plain", "file")}
+    assert outs["plain"].splitlines()[:epochs] == outs["file"].splitlines()[:epochs]
+    assert (tmp_path / "plain").read_bytes() == (tmp_path / "file").read_bytes()
