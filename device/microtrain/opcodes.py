@@ -109,6 +109,8 @@ _ROWS = (
     "\n171 recurrent gru_grad ?????fffff?f?? 14 0"  # GRU_GRAD
     "\n172 recurrent lstm f??ffff???? 14 0"  # LSTM
     "\n173 recurrent lstm_grad ???????fffff???f??? 14 0"  # LSTM_GRAD
+    "\n190 intloss int_mse iiibi 3 0"  # INT_MSE
+    "\n191 intloss int_bce_logits iiiii 2 0"  # INT_BCE_LOGITS
     "\n200 quant fake_quant ffff 5 0"  # FAKE_QUANT
     "\n201 quant fake_quant_grad fffff 5 0"  # FAKE_QUANT_GRAD
     "\n202 quant abs_max_scale ff 3 2"  # ABS_MAX_SCALE
@@ -169,6 +171,8 @@ def kernel_module(family):
         from microtrain.kernels import group_norm as module
     elif family == "intgrad":
         from microtrain.kernels import intgrad as module
+    elif family == "intloss":
+        from microtrain.kernels import intloss as module
     elif family == "inttrain":
         from microtrain.kernels import inttrain as module
     elif family == "layout":

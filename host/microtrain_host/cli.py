@@ -270,6 +270,25 @@ def cmd_export(args):
         if value is not None and not args.int8_train:
             raise ArtifactError(f"{flag} needs --int8-train (it shapes the integer "
                                 f"training blob's classifier)")
+    loss = "cross_entropy"
+    if args.int8_train:
+        # the integer blob trains with the QAT pack's loss (its blob records it), refused
+        # here, before any file is written, when it has no integer form
+        from microtrain import parser as device_blob_parser
+        from .quant.inttrain import LOSS_OF_BLOB, check_loss
+        blob = os.path.join(args.artifacts, args.prefix + "model.mtb")
+        recorded = device_blob_parser.load(blob).loss
+        loss = LOSS_OF_BLOB.get(recorded, recorded)
+        check_loss(loss, {"--int8-train-conv": args.int8_train_conv,
+                          "--int8-train-biases": args.int8_train_biases,
+                          "--int8-train-depthwise": args.int8_train_depthwise,
+                          "--int8-max-classes": args.int8_max_classes is not None,
+                          "--int8-keep-classes": args.int8_keep_classes is not None})
+        if args.int8_target_is_input and loss != "mse":
+            raise ArtifactError(f"--int8-target-is-input needs the mse loss; {blob} was "
+                                f"packed with {loss}")
+    elif args.int8_target_is_input:
+        raise ArtifactError("--int8-target-is-input needs --int8-train")
     if args.int8_max_classes is not None and not 2 <= args.int8_max_classes <= 1024:
         raise ArtifactError(f"--int8-max-classes {args.int8_max_classes}: give 2 to 1024")
     if args.int8_keep_classes is not None and args.int8_keep_classes < 0:
@@ -303,12 +322,13 @@ def cmd_export(args):
                                        train_biases=args.int8_train_biases,
                                        train_depthwise=args.int8_train_depthwise,
                                        max_classes=args.int8_max_classes,
-                                       keep_classes=args.int8_keep_classes)
+                                       keep_classes=args.int8_keep_classes, loss=loss,
+                                       target="input" if args.int8_target_is_input else None)
         others = len(info["parameters"]) - 2
         in_use = ("" if info["classes_in_use"] == info["classes"]
                   else " (%d classes in use)" % info["classes_in_use"])
         print(f"integer training blob {info['blob']} ({os.path.getsize(info['blob'])} bytes), "
-              f"checkpoint {info['checkpoint']}: classifier {info['weight']} "
+              f"checkpoint {info['checkpoint']}, loss {loss}: last Gemm {info['weight']} "
               f"[{info['classes']}, {info['features']}]"
               f"{in_use}"
               f"{f' and {others} more tensors' if others else ''} trained in "

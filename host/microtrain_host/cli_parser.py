@@ -384,6 +384,13 @@ def build_parser():
                    help="with --int8-train: keep the first K of the model's classes in use "
                         "(default all); 0 starts with every slot unused, a classifier the "
                         "device fills class by class")
+    p.add_argument("--int8-target-is-input", action="store_true",
+                   help="with --int8-train of a model packed with --loss mse: the target is "
+                        "the model's own quantized input (an autoencoder), so the device is "
+                        "called model(x) (without it, model(x, target), the target quantized "
+                        "with the output's scale and zero point). The loss is the QAT "
+                        "pack's: cross_entropy, mse and bce_with_logits train in integers, "
+                        "any other is refused")
     p.add_argument("--int8-nearest", action="store_true",
                    help="with --int8-train: round weight steps half to even instead of "
                         "stochastically (steps below half a quantum are then lost)")
