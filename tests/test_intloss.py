@@ -8,8 +8,10 @@ runtime (loss falls; the anomaly AUC against the same float32 fine-tune of the l
 the MicroPython Unix port under heap_lock gives CPython's bytes); losses with no integer form
 refused at pack time, by name."""
 import json
+import struct
 import subprocess
 import sys
+import zlib
 from array import array
 
 import numpy as np
@@ -322,6 +324,160 @@ def _float_finetune_auc(qdq, info, train, normal, anomalous):
     """The AUC after the float32 SGD fine-tune of the last Gemm (torch, float32, the same
     50 batches and lr, mean-squared error on the input) on the dequantized features the QDQ
     model feeds it (onnxruntime), from the same dequantized starting weights."""
+    W, B, features = _float_head(qdq, info)
+    opt = torch.optim.SGD([W, B], lr=info["learning_rate"])
+    for s in range(50):
+        at = (s * 4) % 200
+        x = train[at:at + 4]
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(features(x) @ W.T + B, torch.tensor(x)).backward()
+        opt.step()
+    with torch.no_grad():
+        def score(data):
+            return (((features(data) @ W.T + B).numpy() - data) ** 2).mean(axis=1)
+        return _auc(score(normal), score(anomalous))
+
+
+def test_autoencoder_target_quantized_as_the_output(autoencoder, tmp_path):
+    # without --int8-target-is-input: model(x, target), the target quantized with the
+    # output's scale and zero point (quantize_target); the loss falls over 50 steps
+    tmp, basis = autoencoder
+    assert _export(tmp, tmp_path, "--int8-lr", "1.0").returncode == 0
+    info = json.loads((tmp_path / "int8" / "int8_train.json").read_text())
+    assert info["target"] == "target" and info["target_type"] in ("int8", "uint8")
+    model, _, _ = _int_model(info)
+    rng = np.random.default_rng(2)
+    # a shifted machine, within the output's int8 range
+    train = _normal_data(rng, 200, basis) * 0.5 + rng.standard_normal(32).astype(np.float32) * 0.4
+    losses = [model(quantize_input(x, info).reshape(-1), quantize_target(x, info).reshape(-1))
+              for x in (train[s * 4 % 200:s * 4 % 200 + 4] for s in range(50))]
+    print(f"autoencoder, target as the output: loss {np.mean(losses[:10]):.4f} -> "
+          f"{np.mean(losses[-10:]):.4f}")
+    assert np.mean(losses[-10:]) < 0.8 * np.mean(losses[:10])
+
+
+def test_bce_with_logits_classifier_trains_in_integers(tmp_path, micropython):
+    # a binary classifier (16 -> 16 -> 1, BatchNorm1d + ReLU) packed for QAT with
+    # BCEWithLogitsLoss, exported with --int8-train: its last Gemm trains in integers on the
+    # device (model(x, t), t in Q14); accuracy on held-out data against the same float32
+    # fine-tune of the last layer
+    torch.manual_seed(1)
+    rng = np.random.default_rng(3)
+    teacher = rng.standard_normal(16)
+    xs = rng.standard_normal((600, 16)).astype(np.float32)
+    ts = (xs @ teacher > 0).astype(np.float32)[:, None]
+    qat = tmp_path / "qat"
+    _qat_pack(_blocks([16, 16, 1]), qat, 4, "BCEWithLogitsLoss", xs[:200], ts[:200], 50, 0.1)
+    out = _export(qat, tmp_path, "--int8-lr", "0.1")
+    assert out.returncode == 0, out.stderr
+    assert "loss bce_with_logits" in out.stdout
+    info = json.loads((tmp_path / "int8" / "int8_train.json").read_text())
+    assert info["loss"] == "bce_with_logits" and info["target_type"] == "q14"
+    b = device_blob_parser.load(info["blob"], keep_steps=True)
+    assert b.loss == "int_bce_with_logits"
+    assert [op for op, *_ in b.step_records["train"]][-3:] == [242, 191, 244]
+    model, _, _ = _int_model(info)
+    # the device's task moved: a higher threshold than the pack's (the last layer's job)
+    ts = (xs @ teacher > 2.0).astype(np.float32)[:, None]
+    train, held = (xs[200:400], ts[200:400]), (xs[400:], ts[400:])
+
+    def accuracy():
+        model.eval()
+        right = 0
+        for i in range(0, len(held[0]), 4):
+            _, z = model(quantize_input(held[0][i:i + 4], info).reshape(-1),
+                         quantize_target(held[1][i:i + 4], info).reshape(-1))
+            right += int(((np.array(z) > 0) == (held[1][i:i + 4, 0] > 0.5)).sum())
+        model.train()
+        return right / len(held[0])
+
+    start = accuracy()
+    losses = []
+    for s in range(50):
+        at = s * 4 % 200
+        losses.append(model(quantize_input(train[0][at:at + 4], info).reshape(-1),
+                            quantize_target(train[1][at:at + 4], info).reshape(-1)))
+    int_accuracy = accuracy()
+    float_accuracy = _float_finetune_accuracy(tmp_path / "q.onnx", info, train, held)
+    print(f"BCE classifier, integer: loss {np.mean(losses[:10]):.4f} -> "
+          f"{np.mean(losses[-10:]):.4f}; held-out accuracy {start:.3f} -> {int_accuracy:.3f}, "
+          f"float32 fine-tune of the last layer {float_accuracy:.3f}")
+    assert np.mean(losses[-10:]) < 0.9 * np.mean(losses[:10])
+    assert int_accuracy >= float_accuracy - 0.02
+
+    # MicroPython under heap_lock (viper, then pure) gives CPython's bytes
+    data = tmp_path / "data.bin"
+    data.write_bytes(b"".join(quantize_input(train[0][i:i + 4], info).tobytes() +
+                              quantize_target(train[1][i:i + 4], info).astype("<i4").tobytes()
+                              for i in range(0, 40, 4)))
+    runs = [subprocess.run([sys.executable, str(STEPS_SCRIPT), info["blob"],
+                            info["checkpoint"], str(data), "6", "pure"], capture_output=True,
+                           text=True, env={"PYTHONPATH": str(DEVICE)}, check=True).stdout]
+    for mode in ("fast", "pure"):
+        runs.append(run_micropython(micropython, STEPS_SCRIPT, info["blob"], info["checkpoint"],
+                                    data, 6, mode))
+    assert "locked True" in runs[1]
+    strip = [[line for line in r.splitlines() if not line.startswith("locked")] for r in runs]
+    assert strip[0] == strip[1] == strip[2] and len(strip[0]) == 3
+
+
+def _float_finetune_accuracy(qdq, info, train, held):
+    """Held-out accuracy after the float32 SGD fine-tune (BCEWithLogitsLoss) of the last
+    Gemm on the QDQ model's features, the same 50 batches and lr."""
+    W, B, features = _float_head(qdq, info)
+    opt = torch.optim.SGD([W, B], lr=info["learning_rate"])
+    for s in range(50):
+        at = s * 4 % 200
+        opt.zero_grad()
+        torch.nn.BCEWithLogitsLoss()(features(train[0][at:at + 4]) @ W.T + B,
+                                     torch.tensor(train[1][at:at + 4])).backward()
+        opt.step()
+    with torch.no_grad():
+        z = (features(held[0]) @ W.T + B).numpy()
+    return float(((z > 0) == (held[1] > 0.5)).mean())
+
+
+def test_losses_without_an_integer_form_are_refused_by_name(tmp_path):
+    # an L1 model: `export --int8-train` refuses it naming the loss, in one line, before
+    # writing anything; the API too; mse with the classifier-only options refused
+    torch.manual_seed(2)
+    rng = np.random.default_rng(4)
+    xs = rng.standard_normal((40, 8)).astype(np.float32)
+    qat = tmp_path / "qat"
+    _qat_pack(_blocks([8, 8, 4]), qat, 4, "L1Loss", xs, xs[:, :4], 4)
+    out = _export(qat, tmp_path)
+    assert out.returncode != 0 and "'l1'" in out.stderr and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert not (tmp_path / "int8").exists() and not (tmp_path / "q.onnx").exists()
+    from microtrain_host.errors import ArtifactError
+    import microtrain_host as mh
+    mh.export_inference_model(qat, qat / "trained", tmp_path / "l1.onnx", qdq=True)
+    with pytest.raises(ArtifactError, match="'l1'"):
+        int8_training_artifacts(tmp_path / "l1.onnx", tmp_path / "x", loss="l1")
+    with pytest.raises(ArtifactError, match="'huber'"):
+        int8_training_artifacts(tmp_path / "l1.onnx", tmp_path / "x", loss="huber")
+    for option in ({"train_biases": True}, {"train_conv": True}, {"max_classes": 8}):
+        with pytest.raises(ArtifactError, match="'mse'.*" + next(iter(option))):
+            int8_training_artifacts(tmp_path / "l1.onnx", tmp_path / "x", loss="mse", **option)
+    with pytest.raises(ArtifactError, match="target"):
+        int8_training_artifacts(tmp_path / "l1.onnx", tmp_path / "x", loss="bce_with_logits",
+                                target="input")
+    # the blob's loss name must be its loss step's: a crafted one is refused at load
+    info = int8_training_artifacts(tmp_path / "l1.onnx", tmp_path / "ok", loss="mse")
+    raw = bytearray(open(info["blob"], "rb").read())
+    at = raw.find(b"int_mean_squared_error")
+    raw[at:at + 22] = b"int_bce_with_logits\0\0\0"
+    size = struct.unpack_from("<I", raw, 0)[0]          # the CRC-32 after the blob, redone
+    raw[4 + size:] = struct.pack("<I", zlib.crc32(bytes(raw[4:4 + size])) & 0xFFFFFFFF)
+    bad = tmp_path / "bad.mtb"
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(BlobError, match="loss"):
+        Module(str(bad), CheckpointState.load_checkpoint(info["checkpoint"]))
+
+
+def _float_head(qdq, info):
+    """(W, B) float32 leaf tensors of the last Gemm dequantized from the integer checkpoint,
+    and features(x): the QDQ model's input to that Gemm (onnxruntime)."""
     import onnx
     import onnxruntime as ort
     sw = np.array(info["weight_scales"], np.float32)
@@ -340,16 +496,4 @@ def _float_finetune_auc(qdq, info, train, normal, anomalous):
     def features(x):     # the QDQ model runs at the pack's batch size (4)
         return torch.tensor(np.concatenate([session.run(None, {name: x[i:i + 4]})[0].reshape(
             4, -1) for i in range(0, len(x), 4)]))
-    W = torch.tensor(w, requires_grad=True)
-    B = torch.tensor(b, requires_grad=True)
-    opt = torch.optim.SGD([W, B], lr=info["learning_rate"])
-    for s in range(50):
-        at = (s * 4) % 200
-        x = train[at:at + 4]
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(features(x) @ W.T + B, torch.tensor(x)).backward()
-        opt.step()
-    with torch.no_grad():
-        def score(data):
-            return (((features(data) @ W.T + B).numpy() - data) ** 2).mean(axis=1)
-        return _auc(score(normal), score(anomalous))
+    return torch.tensor(w, requires_grad=True), torch.tensor(b, requires_grad=True), features
