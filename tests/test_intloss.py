@@ -27,8 +27,8 @@ from microtrain.kernels import inttrain as K
 from microtrain.kernels.fixedpoint import f32, requant_pair
 from microtrain_host.ops import intloss as host_loss
 from microtrain_host.ops.inttrain import exp_table
-from microtrain_host.quant.inttrain import (int8_training_artifacts, quantize_input,
-                                            quantize_target)
+from microtrain_host.quant.intloss import quantize_target
+from microtrain_host.quant.inttrain import int8_training_artifacts, quantize_input
 
 STEPS_SCRIPT = ROOT / "tests" / "device_scripts" / "intloss_steps.py"
 
@@ -254,7 +254,7 @@ def test_autoencoder_mse_exports_and_trains_in_integers(autoencoder, tmp_path, m
     assert out.returncode == 0, out.stderr
     assert "loss mse" in out.stdout
     info = json.loads((tmp_path / "int8" / "int8_train.json").read_text())
-    assert info["loss"] == "mse" and info["target"] == info["input"] and "labels" not in info
+    assert info["loss"] == "mse" and info["target"] == info["input"] and info["labels"] is None
     b = device_blob_parser.load(info["blob"], keep_steps=True)
     assert b.loss == "int_mean_squared_error" and len(b.programs["train"].inputs) == 1
     assert [op for op, *_ in b.step_records["train"]][-3:] == [242, 190, 244]

@@ -270,23 +270,9 @@ def cmd_export(args):
         if value is not None and not args.int8_train:
             raise ArtifactError(f"{flag} needs --int8-train (it shapes the integer "
                                 f"training blob's classifier)")
-    loss = "cross_entropy"
-    if args.int8_train:
-        # the integer blob trains with the QAT pack's loss (its blob records it), refused
-        # here, before any file is written, when it has no integer form
-        from microtrain import parser as device_blob_parser
-        from .quant.inttrain import LOSS_OF_BLOB, check_loss
-        blob = os.path.join(args.artifacts, args.prefix + "model.mtb")
-        recorded = device_blob_parser.load(blob).loss
-        loss = LOSS_OF_BLOB.get(recorded, recorded)
-        check_loss(loss, {"--int8-train-conv": args.int8_train_conv,
-                          "--int8-train-biases": args.int8_train_biases,
-                          "--int8-train-depthwise": args.int8_train_depthwise,
-                          "--int8-max-classes": args.int8_max_classes is not None,
-                          "--int8-keep-classes": args.int8_keep_classes is not None})
-        if args.int8_target_is_input and loss != "mse":
-            raise ArtifactError(f"--int8-target-is-input needs the mse loss; {blob} was "
-                                f"packed with {loss}")
+    if args.int8_train:     # the QAT pack's loss, refused before any file is written
+        from .quant.intloss import pack_loss
+        loss = pack_loss(os.path.join(args.artifacts, args.prefix + "model.mtb"), args)
     elif args.int8_target_is_input:
         raise ArtifactError("--int8-target-is-input needs --int8-train")
     if args.int8_max_classes is not None and not 2 <= args.int8_max_classes <= 1024:

@@ -344,10 +344,10 @@ def build_parser():
                         "its outputs equal onnxruntime's on the QDQ model)")
     p.add_argument("--int8-train", metavar="DIR",
                    help="with --qdq: also write into DIR the integer training blob of the "
-                        "QDQ model (int8_train.mtb: frozen int8 layers, the classifier Gemm "
-                        "trained in integers with QAS-scaled SGD, every step integer-only), "
-                        "its checkpoint int8_train.ckpt (int8 weight, int32 bias) and "
-                        "int8_train.json (input scale / zero point to quantize inputs with)")
+                        "QDQ model (int8_train.mtb: frozen int8 layers, the last Gemm trained "
+                        "in integers with QAS-scaled SGD and the pack's loss: cross_entropy, "
+                        "mse or bce_with_logits), int8_train.ckpt and int8_train.json (input "
+                        "and target scale / zero point)")
     p.add_argument("--int8-lr", type=positive_float, default=0.01, metavar="LR",
                    help="with --int8-train: the blob's learning rate (default 0.01; "
                         "Optimizer.set_learning_rate changes it on the device)")
@@ -384,13 +384,8 @@ def build_parser():
                    help="with --int8-train: keep the first K of the model's classes in use "
                         "(default all); 0 starts with every slot unused, a classifier the "
                         "device fills class by class")
-    p.add_argument("--int8-target-is-input", action="store_true",
-                   help="with --int8-train of a model packed with --loss mse: the target is "
-                        "the model's own quantized input (an autoencoder), so the device is "
-                        "called model(x) (without it, model(x, target), the target quantized "
-                        "with the output's scale and zero point). The loss is the QAT "
-                        "pack's: cross_entropy, mse and bce_with_logits train in integers, "
-                        "any other is refused")
+    p.add_argument("--int8-target-is-input", action="store_true", help="with --int8-train, "
+                   "loss mse: the model's input is its target (autoencoders: model(x))")
     p.add_argument("--int8-nearest", action="store_true",
                    help="with --int8-train: round weight steps half to even instead of "
                         "stochastically (steps below half a quantum are then lost)")

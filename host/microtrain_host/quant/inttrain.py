@@ -36,35 +36,13 @@ from ..pipeline.lower import Lowering
 from ..ops.inttrain import UNUSED_BIAS
 from ..pipeline.plan import assign_offsets
 from .int8 import int8_graph
+from .intloss import INTEGER_LOSSES, check_loss
 
 BLOB, CHECKPOINT, INFO = "int8_train.mtb", "int8_train.ckpt", "int8_train.json"
 LOGITS, LOSS, GRAD = "inttrain.logits", "inttrain.loss", "inttrain.grad"
 FEATURE_GRAD = "inttrain.feature_grad"
 LABELS = "labels"
 TARGET = "target"
-# the losses with an integer form: `microtrain pack --loss` names (cli_parser.LOSS_NAMES) ->
-# (the training op, the blob's loss name, loss ints per sample)
-INTEGER_LOSSES = {
-    "cross_entropy": ("IntSoftmaxCrossEntropy", "int_softmax_cross_entropy", 2),
-    "mse": ("IntMeanSquaredError", "int_mean_squared_error", 2),
-    "bce_with_logits": ("IntBCEWithLogits", "int_bce_with_logits", 4)}
-# the float pack's loss (LossType names, as a blob records them) -> those names
-LOSS_OF_BLOB = {"CrossEntropyLoss": "cross_entropy", "MSELoss": "mse",
-                "BCEWithLogitsLoss": "bce_with_logits", "L1Loss": "l1", "": "none"}
-
-
-def check_loss(loss, others):
-    """Refuse a loss with no integer form, or one other than the cross-entropy with the
-    options that only the classifier's softmax has (others: {option: given})."""
-    if loss not in INTEGER_LOSSES:
-        raise ArtifactError(f"integer training has no integer form of the loss '{loss}'; "
-                            f"it trains with {', '.join(INTEGER_LOSSES)}")
-    given = [name for name, value in others.items() if value]
-    if loss != "cross_entropy" and given:
-        raise ArtifactError(f"integer training with the loss '{loss}' trains the last Gemm "
-                            f"only: {', '.join(given)} need(s) the cross_entropy loss")
-
-
 def _classifier(fused):
     """(Quantize node of the input, the last QLinearGemm, its Dequantize) of a fused graph
     whose single output is the dequantized classifier output."""
@@ -390,23 +368,20 @@ def int8_training_model(qdq_model, stochastic=True, train_conv=False, momentum=0
     info = {"input": x_name, "input_scale": float(attr(quant, "scale")),
             "input_zero_point": int(attr(quant, "zero_point", 0)),
             "input_type": "int8" if x_type == TensorProto.INT8 else "uint8",
-            "input_shape": shape, "labels": LABELS, "classes": int(n), "batch_size": batch,
+            "input_shape": shape, "labels": label if loss == "cross_entropy" else None,
+            "classes": int(n), "batch_size": batch,
             "weight": w_name, "bias": b_name, "features": int(k),
             "feature_tensor": gemm.input[0],
             "feature_scale": float(attr(gemm, "x_scale")),
             "weight_scales": w_scales, "parameters": list(params),
             "classes_in_use": int(np.count_nonzero(bias != UNUSED_BIAS)),
-            "loss": loss, "target": label or x_name,
-            "target_type": ("q14" if loss == "bce_with_logits" else
-                            "int8" if label_type == TensorProto.INT8 else "uint8"
-                            if loss == "mse" else "class index")}
-    if loss == "mse":
+            "loss": loss, "target": label or x_name, "target_type": {
+                "cross_entropy": "class index", "bce_with_logits": "q14"}.get(loss)}
+    if loss == "mse":       # quantized as the target tensor (the output, or the input)
         scales, zps, _ = quantization[label or x_name]
-        info.update(target_scale=float(scales[0]), target_zero_point=int(zps[0]))
-        if label is None:
-            info["target_type"] = info["input_type"]
-    if loss != "cross_entropy":
-        del info["labels"]
+        info.update(target_scale=float(scales[0]), target_zero_point=int(zps[0]),
+                    target_type="int8" if (label_type if label else x_type) ==
+                    TensorProto.INT8 else "uint8")
     return train, evaluate, roles, quantization, params, info
 
 
@@ -479,13 +454,3 @@ def quantize_input(x, info):
     q = np.rint(np.asarray(x, np.float32) / np.float32(info["input_scale"]))
     return np.clip(q + info["input_zero_point"], lo, hi).astype(dtype)
 
-
-def quantize_target(t, info):
-    """The integers the device is fed as the target for float target t: mse, quantized as
-    the output (QuantizeLinear with the info's target scale and zero point); bce_with_logits,
-    probabilities in Q14 (round(t * 2**14))."""
-    if info["loss"] == "bce_with_logits":
-        return np.rint(np.clip(np.asarray(t, np.float64), 0, 1) * 16384).astype(np.int32)
-    return quantize_input(t, {"input_type": info["target_type"],
-                              "input_scale": info["target_scale"],
-                              "input_zero_point": info["target_zero_point"]})
