@@ -245,6 +245,8 @@ def autoencoder(tmp_path_factory):
     basis = rng.standard_normal((4, 32)) * 0.6
     xs = _normal_data(rng, 400, basis)
     _qat_pack(_blocks([32, 16, 8, 16, 32]), tmp, 4, "MSELoss", xs, xs, 300, 0.1)
+    import microtrain_host as mh
+    mh.export_inference_model(tmp, tmp / "trained", tmp / "qdq.onnx", qdq=True)
     return tmp, basis
 
 
@@ -497,3 +499,25 @@ def _float_head(qdq, info):
         return torch.tensor(np.concatenate([session.run(None, {name: x[i:i + 4]})[0].reshape(
             4, -1) for i in range(0, len(x), 4)]))
     return torch.tensor(w, requires_grad=True), torch.tensor(b, requires_grad=True), features
+
+
+def test_bce_on_the_emulated_board_equals_cpython(autoencoder, tmp_path):
+    # On the emulated Cortex-M3 (32-bit small ints: an int beyond 2**30 would allocate, and
+    # the train steps run under heap_lock): BCE with logits on the autoencoder's 32 outputs
+    # (its products come closest to 2**30: P (1 + e) < 2**30 - 2**13) trains to CPython's
+    # parameters and checkpoint, byte for byte, with the viper and the pure-Python kernels.
+    # (The mse loss ints' bound is checked above at 2048 outputs; one board run: ~1 min.)
+    from test_inttrain import BOARD_SCRIPT, board_firmware, train_on_board_and_cpython
+    firmware = board_firmware()
+    tmp, basis = autoencoder
+    rng = np.random.default_rng(6)
+    info = int8_training_artifacts(tmp / "qdq.onnx", tmp_path / "int", 1.0,
+                                   loss="bce_with_logits")
+    x = _normal_data(rng, 40, basis) * 2
+    t = (x > 0).astype(np.float32)
+    (tmp_path / "data.bin").write_bytes(b"".join(
+        quantize_input(x[i:i + 4], info).tobytes() + quantize_target(t[i:i + 4], info).tobytes()
+        for i in range(0, 40, 4)))
+    expected, fast, pure = train_on_board_and_cpython(firmware, info, tmp_path, 12, BOARD_SCRIPT,
+                                                      900)
+    assert len(expected) == 2 and fast == pure == expected
