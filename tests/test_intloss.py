@@ -340,6 +340,26 @@ def _float_finetune_auc(qdq, info, train, normal, anomalous):
         return _auc(score(normal), score(anomalous))
 
 
+def test_mlperf_ad_shape_exports_with_its_mse_loss(tmp_path):
+    # the case: the AD autoencoder at full size (640 -> 128 x4 -> 8 -> 128 x4 -> 640,
+    # BatchNorm1d + ReLU; batch 2), `export --qdq --int8-train` keeps its MSE loss (it was
+    # turned into a 640-class softmax classifier) and the device trains its last Gemm
+    torch.manual_seed(0)
+    xs = np.random.default_rng(7).standard_normal((8, 640)).astype(np.float32)
+    qat = tmp_path / "qat"
+    _qat_pack(_blocks([640] + [128] * 4 + [8] + [128] * 4 + [640]), qat, 2, "MSELoss", xs, xs,
+              3, 0.01)
+    out = _export(qat, tmp_path, "--int8-target-is-input", "--int8-lr", "0.1")
+    assert out.returncode == 0 and "loss mse" in out.stdout, out.stderr
+    info = json.loads((tmp_path / "int8" / "int8_train.json").read_text())
+    assert info["loss"] == "mse" and info["classes"] == 640 and info["features"] == 128
+    model, _, state = _int_model(info)
+    before = bytes(state.parameters[info["weight"]].data)
+    losses = [model(quantize_input(xs[i:i + 2], info).reshape(-1)) for i in range(0, 8, 2)]
+    assert all(0.5 < v < 2.0 for v in losses)         # inputs N(0, 1): an MSE near 1
+    assert bytes(state.parameters[info["weight"]].data) != before
+
+
 def test_autoencoder_target_quantized_as_the_output(autoencoder, tmp_path):
     # without --int8-target-is-input: model(x, target), the target quantized with the
     # output's scale and zero point (quantize_target); the loss falls over 50 steps
