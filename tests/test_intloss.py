@@ -541,3 +541,28 @@ def test_bce_on_the_emulated_board_equals_cpython(autoencoder, tmp_path):
     expected, fast, pure = train_on_board_and_cpython(firmware, info, tmp_path, 12, BOARD_SCRIPT,
                                                       900)
     assert len(expected) == 2 and fast == pure == expected
+
+
+@pytest.mark.parametrize("loss,options", [
+    ("mse", {}), ("mse", {"momentum": 0.9}), ("mse", {"stochastic": False, "target": "input"}),
+    ("mse", {"momentum": 0.5, "target": "input"}), ("bce_with_logits", {"momentum": 0.9}),
+    ("bce_with_logits", {"stochastic": False})])
+def test_every_accepted_configuration_loads_and_trains(autoencoder, tmp_path, loss, options):
+    # the host never writes what the device refuses: each option the integer losses accept
+    # (momentum: int16 velocities, round to nearest, the input as target) loads and trains 2
+    # steps on the device runtime, its eval program too
+    tmp, basis = autoencoder
+    info = int8_training_artifacts(tmp / "qdq.onnx", tmp_path, 0.5, loss=loss, **options)
+    model, opt, state = _int_model(info)
+    x = _normal_data(np.random.default_rng(8), 4, basis)
+    inputs = [quantize_input(x, info).reshape(-1)]
+    if options.get("target") != "input":
+        inputs.append(quantize_target(x if loss == "mse" else x > 0, info).reshape(-1))
+    before = {name: bytes(p.data) for name, p in state.parameters.items()}
+    losses = [model(*inputs) for _ in range(2)]
+    opt.step()
+    assert all(np.isfinite(losses)) and losses[1] < losses[0]
+    assert all(bytes(p.data) != before[name] for name, p in state.parameters.items())
+    model.eval()
+    loss_value, z = model(*inputs)
+    assert np.isfinite(loss_value) and len(z) == 4 * 32

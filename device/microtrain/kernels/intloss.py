@@ -28,6 +28,7 @@
 #                   (hi, lo, k, P)
 import math
 from microtrain.kernels.fixedpoint import f32, pairs_of, quantization, requant
+from microtrain.kernels.intsgd import derive_once
 from microtrain.kernels.inttrain import EXP_HI, ONE, exp_table_check
 
 GRAD_LIMIT = 1 << 14     # |g| of int_mse: keeps the update's accumulators below 2**24
@@ -76,14 +77,9 @@ def int_mse_check(args, c):
     scales, zps, _ = quantization(c, 3)
     if len(scales) != 1:
         c.fail("the target needs one scale (per tensor)")
-    derive_target(c, 4, zps[0], f32(scales[0] * 256))
+    # [t_zp, m0, shift]: the target into z's fixed point, derived once
+    derive_once(c, 4, [zps[0]] + pairs_of([f32(scales[0] * 256)]))
     _record(c, m, n, f32(m * n / 128.0), "int_mean_squared_error")
-
-
-def derive_target(c, k, zp, real):
-    # int_mse's [t_zp, m0, shift] (the target into z's fixed point), derived once
-    from microtrain.kernels.intsgd import derive_once
-    derive_once(c, k, [zp] + pairs_of([real]))
 
 
 def _record(c, m, n, count, loss):
