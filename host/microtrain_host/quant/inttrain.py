@@ -18,7 +18,9 @@ its batch size is the artifacts' batch size), fuses it as pack_inference_model d
                       classes, parameter names, learning rate
 The device trains it with the usual API: Module(blob, CheckpointState.load_checkpoint(
 ckpt)), Optimizer(blob, module) (set_learning_rate rewrites the integer multipliers), and
-model(x_int8, labels) per step (kernels/inttrain.py)."""
+model(x_int8, labels) per step (kernels/inttrain.py). With loss="mse" or "bce_with_logits"
+(quant/intloss.py, kernels/intloss.py) the last Gemm trains against a target in place of
+the labels: model(x_int8, target), or model(x_int8) when the input is its own target."""
 import json
 import os
 
@@ -43,6 +45,8 @@ LOGITS, LOSS, GRAD = "inttrain.logits", "inttrain.loss", "inttrain.grad"
 FEATURE_GRAD = "inttrain.feature_grad"
 LABELS = "labels"
 TARGET = "target"
+
+
 def _classifier(fused):
     """(Quantize node of the input, the last QLinearGemm, its Dequantize) of a fused graph
     whose single output is the dequantized classifier output."""
@@ -453,4 +457,3 @@ def quantize_input(x, info):
     lo, hi = (-128, 127) if dtype == np.int8 else (0, 255)
     q = np.rint(np.asarray(x, np.float32) / np.float32(info["input_scale"]))
     return np.clip(q + info["input_zero_point"], lo, hi).astype(dtype)
-
