@@ -76,12 +76,19 @@ def _bind_velocity(module, name, targets):
 
 
 def integer_loss(module, program):
-    # kernels/inttrain.py int_softmax_ce's loss ints -> the mean cross-entropy; with more
-    # outputs (eval: the int32 logits, LOGIT_BITS fractional bits) their views too
-    from microtrain.kernels.inttrain import loss_value
+    # kernels/inttrain.py int_softmax_ce's loss ints -> the mean cross-entropy (or
+    # kernels/intloss.py's -> the mean squared error, the binary cross-entropy, by the
+    # blob's loss name); with more outputs (eval: the int32 logits, LOGIT_BITS fractional
+    # bits) their views too
     b = module.blob
     t = program.outputs[0]
-    loss = loss_value(module.I, b.offsets[t], b.sizes[t] // 2)
+    if b.loss == "int_softmax_cross_entropy":
+        from microtrain.kernels.inttrain import loss_value
+        loss = loss_value(module.I, b.offsets[t], b.sizes[t] // 2)
+    else:
+        from microtrain.kernels.intloss import LOSSES
+        value, per_sample = LOSSES[b.loss]
+        loss = value(module.I, b.offsets[t], b.sizes[t] // per_sample, b.int_units[t])
     if module._training:
         module._reset_pending = False
     if len(program.outputs) == 1:

@@ -113,6 +113,8 @@ _ROWS = (
     "\n191 intflow int_add_grad ikib 4 0"  # INT_ADD_GRAD
     "\n192 intflow int_max_pool_grad iib 12 0"  # INT_MAX_POOL_GRAD
     "\n193 intflow int_average_pool_grad iii 15 0"  # INT_AVERAGE_POOL_GRAD
+    "\n194 intloss int_mse iiibi 3 0"  # INT_MSE
+    "\n195 intloss int_bce_logits iiiii 2 0"  # INT_BCE_LOGITS
     "\n200 quant fake_quant ffff 5 0"  # FAKE_QUANT
     "\n201 quant fake_quant_grad fffff 5 0"  # FAKE_QUANT_GRAD
     "\n202 quant abs_max_scale ff 3 2"  # ABS_MAX_SCALE
@@ -175,6 +177,8 @@ def kernel_module(family):
         from microtrain.kernels import intflow as module
     elif family == "intgrad":
         from microtrain.kernels import intgrad as module
+    elif family == "intloss":
+        from microtrain.kernels import intloss as module
     elif family == "inttrain":
         from microtrain.kernels import inttrain as module
     elif family == "layout":

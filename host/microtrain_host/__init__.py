@@ -14,6 +14,7 @@ from .pipeline.losses import LossType
 from .pipeline.optimizers import OptimType
 from .pipeline.sparse import sparse_update
 from .quant.int8 import pack_inference_model
+from .quant.intloss import quantize_target
 from .quant.inttrain import int8_training_artifacts, quantize_input
 from .tools.fedavg import fedavg
 
@@ -21,5 +22,6 @@ __version__ = "0.1.0"
 __all__ = ["generate_artifacts", "Artifacts", "LossType", "OptimType", "ArtifactError",
            "CheckpointError", "DynamicShapeError", "MicrotrainHostError",
            "UnsupportedOpError", "export_inference_model", "fedavg", "sparse_update",
-           "int8_training_artifacts", "quantize_input", "pack_inference_model",
+           "int8_training_artifacts", "quantize_input", "quantize_target",
+           "pack_inference_model",
            "read_checkpoint", "write_checkpoint"]

@@ -271,15 +271,8 @@ def cmd_export(args):
         raise ArtifactError("--int8-blob needs --qdq (it is packed from the QDQ model)")
     if args.int8_train and not args.qdq:
         raise ArtifactError("--int8-train needs --qdq (it is built from the QDQ model)")
-    for flag, value in (("--int8-max-classes", args.int8_max_classes),
-                        ("--int8-keep-classes", args.int8_keep_classes)):
-        if value is not None and not args.int8_train:
-            raise ArtifactError(f"{flag} needs --int8-train (it shapes the integer "
-                                f"training blob's classifier)")
-    if args.int8_max_classes is not None and not 2 <= args.int8_max_classes <= 1024:
-        raise ArtifactError(f"--int8-max-classes {args.int8_max_classes}: give 2 to 1024")
-    if args.int8_keep_classes is not None and args.int8_keep_classes < 0:
-        raise ArtifactError(f"--int8-keep-classes {args.int8_keep_classes}: give 0 or more")
+    from .cli_int8 import int8_export_loss
+    loss = int8_export_loss(args)       # refused before any file is written
     _check_output_file("-o/--output", args.output)
     if args.int8_blob:
         _check_output_file("--int8-blob", args.int8_blob)
@@ -309,12 +302,13 @@ def cmd_export(args):
                                        train_biases=args.int8_train_biases,
                                        train_depthwise=args.int8_train_depthwise,
                                        max_classes=args.int8_max_classes,
-                                       keep_classes=args.int8_keep_classes)
+                                       keep_classes=args.int8_keep_classes, loss=loss,
+                                       target="input" if args.int8_target_is_input else None)
         others = len(info["parameters"]) - 2
         in_use = ("" if info["classes_in_use"] == info["classes"]
                   else " (%d classes in use)" % info["classes_in_use"])
         print(f"integer training blob {info['blob']} ({os.path.getsize(info['blob'])} bytes), "
-              f"checkpoint {info['checkpoint']}: classifier {info['weight']} "
+              f"checkpoint {info['checkpoint']}, loss {loss}: last Gemm {info['weight']} "
               f"[{info['classes']}, {info['features']}]"
               f"{in_use}"
               f"{f' and {others} more tensors' if others else ''} trained in "

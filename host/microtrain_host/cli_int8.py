@@ -97,3 +97,23 @@ def int8_pack_text(args, info):
                  f"scale {info['input_scale']:g}, zero point {info['input_zero_point']} "
                  f"(in the blob and in {os.path.basename(info['info'])})")
     return "\n".join(lines)
+
+
+def int8_export_loss(args):
+    """export's --int8-* options checked, and the loss the integer training blob trains with
+    (the QAT pack's: quant/intloss.pack_loss), or None without --int8-train."""
+    from .errors import ArtifactError
+    for flag, value in (("--int8-max-classes", args.int8_max_classes),
+                        ("--int8-keep-classes", args.int8_keep_classes),
+                        ("--int8-target-is-input", args.int8_target_is_input or None)):
+        if value is not None and not args.int8_train:
+            raise ArtifactError(f"{flag} needs --int8-train (it shapes the integer "
+                                f"training blob)")
+    if args.int8_max_classes is not None and not 2 <= args.int8_max_classes <= 1024:
+        raise ArtifactError(f"--int8-max-classes {args.int8_max_classes}: give 2 to 1024")
+    if args.int8_keep_classes is not None and args.int8_keep_classes < 0:
+        raise ArtifactError(f"--int8-keep-classes {args.int8_keep_classes}: give 0 or more")
+    if not args.int8_train:
+        return None
+    from .quant.intloss import pack_loss
+    return pack_loss(os.path.join(args.artifacts, args.prefix + "model.mtb"), args)

@@ -346,10 +346,10 @@ def build_parser():
                         "its outputs equal onnxruntime's on the QDQ model)")
     p.add_argument("--int8-train", metavar="DIR",
                    help="with --qdq: also write into DIR the integer training blob of the "
-                        "QDQ model (int8_train.mtb: frozen int8 layers, the classifier Gemm "
-                        "trained in integers with QAS-scaled SGD, every step integer-only), "
-                        "its checkpoint int8_train.ckpt (int8 weight, int32 bias) and "
-                        "int8_train.json (input scale / zero point to quantize inputs with)")
+                        "QDQ model (int8_train.mtb: frozen int8 layers, the last Gemm trained "
+                        "in integers with QAS-scaled SGD and the pack's loss: cross_entropy, "
+                        "mse or bce_with_logits), int8_train.ckpt and int8_train.json (input "
+                        "and target scale / zero point)")
     p.add_argument("--int8-lr", type=positive_float, default=0.01, metavar="LR",
                    help="with --int8-train: the blob's learning rate (default 0.01; "
                         "Optimizer.set_learning_rate changes it on the device)")
@@ -373,9 +373,8 @@ def build_parser():
                         "Sparse update of a DS-CNN: --int8-train-biases "
                         "--int8-train-depthwise")
     p.add_argument("--int8-momentum", type=momentum_below_one, default=0.0, metavar="MU",
-                   help="with --int8-train: SGD momentum of the classifier (torch's rule; an "
-                        "int16 velocity per weight, saved in checkpoints with the optimizer "
-                        "state; default 0)")
+                   help="with --int8-train: SGD momentum of the classifier (torch's rule; "
+                        "int16 velocities, saved with the optimizer state; default 0)")
     p.add_argument("--int8-max-classes", type=int, metavar="N",
                    help="with --int8-train: room for N classes in the classifier, fixed "
                         "now so that classes added on the device (continual learning: "
@@ -384,11 +383,12 @@ def build_parser():
                         "them: no logit, never predicted, never updated)")
     p.add_argument("--int8-keep-classes", type=int, metavar="K",
                    help="with --int8-train: keep the first K of the model's classes in use "
-                        "(default all); 0 starts with every slot unused, a classifier the "
-                        "device fills class by class")
+                        "(default all); 0: every slot unused, the device fills them")
+    p.add_argument("--int8-target-is-input", action="store_true", help="with --int8-train, "
+                   "loss mse: the model's input is its target (autoencoders: model(x))")
     p.add_argument("--int8-nearest", action="store_true",
-                   help="with --int8-train: round weight steps half to even instead of "
-                        "stochastically (steps below half a quantum are then lost)")
+                   help="with --int8-train: round weight steps half to even, not "
+                        "stochastically (steps below half a quantum are lost)")
 
     p = sub.add_parser("train", help="train on the host with the device runtime",
                        description="Train packed artifacts with the device runtime, under "

@@ -147,14 +147,21 @@ def int_softmax_ce_check(args, c):
     c.holds(2, 2 * m)
     c.holds(3, m)
     c.role(3, "label")
-    c.holds(4, EXP_HI + EXP_LO)
-    c.role(4, "constant")
+    if c.blob.loss != "int_softmax_cross_entropy":     # Module reads the loss by this name
+        c.fail("the blob's loss is %r, not int_softmax_cross_entropy" % c.blob.loss)
     c.blob.num_classes = c.blob.num_classes or n
     if c.blob.num_classes != n:
         c.fail("%d classes, the blob's labels have %d" % (n, c.blob.num_classes))
-    # the table: both halves start at 1.0 and never increase, entries in [0, 1.0]; checked
-    # on its constant bytes (the arena is filled after the checks)
-    raw = c.blob.constant_data(c.tensors[4])
+    exp_table_check(c, 4)
+
+
+def exp_table_check(c, k):
+    # the exp table (tensor argument k; kernels/intloss.py's sigmoid reads it too): both
+    # halves start at 1.0 and never increase, entries in [0, 1.0]; checked on its constant
+    # bytes (the arena is filled after the checks)
+    c.holds(k, EXP_HI + EXP_LO)
+    c.role(k, "constant")
+    raw = c.blob.constant_data(c.tensors[k])
     if raw is None:
         c.fail("the exp table is not a constant with data")
     from array import array
@@ -312,7 +319,9 @@ def int_gemm_update_check(args, c):
     generator_check(c, 5)
     c.within(x_signed, 0, 1, "signed flag")
     sx, x_zp, sw = layer_scales(c, 2, 0, n)
-    derive_rates(c, 4, _update_rates, (x_zp, sx, sw, m))
+    # the count the gradient's mean divides by: the batch (softmax cross-entropy), or what
+    # an intloss step writing it recorded (dL/dy = g / (2**14 * count))
+    derive_rates(c, 4, _update_rates, (x_zp, sx, sw, c.blob.int_units.get(c.tensors[3], m)))
 
 
 def set_learning_rate(b, I, lr):

@@ -27,7 +27,8 @@ exist, and that every step the host lowers carries the counts named here.
 Code ranges by family: dense 1-9, elementwise 10-29 and 130-137, activation 30-49 (40 is
 reduce), 128-129, 138-139 and 240-241, loss 50-59, optim 60-69, conv 70-79, pool 80-89, norm 90-99,
 layout 100-119, smooth 120-127, group_norm 140-149, gather 150-159, resize 160-169, recurrent 170-189,
-quant 200-219, qlinear 220-239, inttrain 242-247, intgrad 248-255, intflow 190-199."""
+quant 200-219, qlinear 220-239, inttrain 242-247, intgrad 248-255, intflow 190-193, intloss
+194-199."""
 import dataclasses
 
 KINDS = "f?ikbw"
@@ -250,6 +251,9 @@ OPS = table("""
 172 LSTM       y:f y_h:? y_c:? saved:f x:f w:f r:f b:? h0:? c0:? p:?  ints $RECURRENT
 173 LSTM_GRAD  dx:? dw:? dr:? db:? dh0:? dc0:? dp:? dh:f saved:f x:f w:f r:f h0:? c0:? p:?
                y:f dy:? dy_h:? dy_c:?  ints $RECURRENT
+[intloss]
+194 INT_MSE         z:i g:i loss:i target:b req:i  ints m n t_signed
+195 INT_BCE_LOGITS  z:i g:i loss:i target:i table:i  ints m n
 [quant]
 200 FAKE_QUANT       y:f x:f s:f z:f  ints outer channels inner qmin qmax
 201 FAKE_QUANT_GRAD  dx:f dy:f x:f s:f z:f  ints outer channels inner qmin qmax
@@ -333,6 +337,7 @@ FAMILY_NOTES = {
     "recurrent": "GRU and LSTM with backward through time",
     "quant": "fake quantization for QAT, observers, weight scales; the int8 export of a QAT blob",
     "qlinear": "int8 inference kernels (viper fast paths in qlinear_viper.py)",
+    "intloss": "integer mean squared error and binary cross-entropy with logits of the last Gemm (beside inttrain's softmax cross-entropy)",
     "inttrain": "integer training of an int8 classifier and the 1x1 conv before it (viper: inttrain_viper.py)",
     "intgrad": "integer backward through frozen int8 convolutions: the sparse update (viper: intgrad_viper.py)",
     "intflow": "integer gradients through residual Adds, pools and tensors read twice (the sparse update beyond a chain of convolutions)",

@@ -112,13 +112,18 @@ def lower_int_softmax_ce(ctx, node):
                                  f"{m} samples")
     loss = _int_tensor(ctx, node.output[0], (m, 2))
     grad = _int_tensor(ctx, node.output[1], (m, n))
+    ctx.step(op.INT_SOFTMAX_CE, [zid, grad, loss, label, exp_table_tensor(ctx)], [m, n])
+
+
+def exp_table_tensor(ctx):
+    """The exp table constant (once per blob; ops/intloss.py's sigmoid reads it too)."""
     if EXP_TABLE in ctx.persistent:
         table = ctx.local[EXP_TABLE] = ctx.persistent[EXP_TABLE]
     else:
         table = ctx.add(Tensor(EXP_TABLE, INT32, CONSTANT, (EXP_HI + EXP_LO,),
                                data=exp_table().astype("<i4").tobytes()))
         ctx.persistent[EXP_TABLE] = ctx.local[EXP_TABLE] = table
-    ctx.step(op.INT_SOFTMAX_CE, [zid, grad, loss, label, table], [m, n])
+    return table
 
 
 @lowering("IntGemmUpdate")

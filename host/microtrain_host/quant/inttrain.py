@@ -18,7 +18,9 @@ its batch size is the artifacts' batch size), fuses it as pack_inference_model d
                       classes, parameter names, learning rate
 The device trains it with the usual API: Module(blob, CheckpointState.load_checkpoint(
 ckpt)), Optimizer(blob, module) (set_learning_rate rewrites the integer multipliers), and
-model(x_int8, labels) per step (kernels/inttrain.py)."""
+model(x_int8, labels) per step (kernels/inttrain.py). With loss="mse" or "bce_with_logits"
+(quant/intloss.py, kernels/intloss.py) the last Gemm trains against a target in place of
+the labels: model(x_int8, target), or model(x_int8) when the input is its own target."""
 import json
 import os
 
@@ -37,11 +39,13 @@ from ..ops.inttrain import UNUSED_BIAS
 from ..pipeline.plan import assign_offsets
 from .int8 import int8_graph
 from .intbackward import Graph, backward_nodes
+from .intloss import INTEGER_LOSSES, check_loss
 
 BLOB, CHECKPOINT, INFO = "int8_train.mtb", "int8_train.ckpt", "int8_train.json"
 LOGITS, LOSS, GRAD = "inttrain.logits", "inttrain.loss", "inttrain.grad"
 FEATURE_GRAD = "inttrain.feature_grad"
 LABELS = "labels"
+TARGET = "target"
 
 
 def _classifier(fused):
@@ -155,12 +159,22 @@ def _class_slots(gemm, w, bias, w_scales, max_classes, keep_classes):
 
 def int8_training_model(qdq_model, stochastic=True, train_conv=False, momentum=0.0,
                         train_biases=False, train_depthwise=False, max_classes=None,
-                        keep_classes=None, train_last=None):
+                        keep_classes=None, loss="cross_entropy", target=None,
+                        train_last=None):
     """(train graph, eval graph, roles, quantization, parameters {name: array}, info).
+    loss: a name of INTEGER_LOSSES; target (mse): None, a target input quantized with the
+    output's scale and zero point, or "input": the model's own quantized input is the
+    target (an autoencoder: the device is called model(x)).
     train_conv: also train the 1x1 convolution before the GlobalAveragePool (weights and
     bias) from the classifier's input gradient. train_biases / train_depthwise / train_last:
     the integer backward (quant/intbackward.py). max_classes / keep_classes: see
     _class_slots."""
+    check_loss(loss, {"train_conv": train_conv, "train_biases": train_biases,
+                      "train_depthwise": train_depthwise, "max_classes": max_classes is not None,
+                      "keep_classes": keep_classes is not None,
+                      "train_last": (train_last or 1) > 1})
+    if target not in (None, "input") or (target and loss != "mse"):
+        raise ArtifactError(f"target {target!r}: give None or 'input' (the mse loss only)")
     if not isinstance(qdq_model, onnx.ModelProto):
         qdq_model = onnx.load(os.fspath(qdq_model))
     fused = int8_graph(qdq_model)
@@ -191,13 +205,23 @@ def int8_training_model(qdq_model, stochastic=True, train_conv=False, momentum=0
     batch = shape[0]
     frozen = [nd for nd in g.node if nd is not quant and nd is not gemm and nd is not deq]
     taken = {gemm.input[1]} | set(gemm.input[2:3])
-    inputs = [helper.make_tensor_value_info(x_name, x_type, shape),
-              helper.make_tensor_value_info(LABELS, TensorProto.INT32, [batch]),
-              helper.make_tensor_value_info(w_name, TensorProto.INT8, [n, k]),
-              helper.make_tensor_value_info(b_name, TensorProto.INT32, [n])]
-    params = {w_name: w, b_name: bias}
     quantization = {x_name: ([attr(quant, "scale")], [attr(quant, "zero_point", 0)], 0),
                     w_name: (w_scales, [0] * n, 0)}
+    op_type, _, per_sample = INTEGER_LOSSES[loss]
+    label, label_type, label_shape = LABELS, TensorProto.INT32, [batch]
+    if loss == "bce_with_logits":
+        label, label_shape = TARGET, [batch, n]         # probabilities in Q14
+    elif loss == "mse" and target == "input":
+        label = None
+    elif loss == "mse":
+        label, label_shape = TARGET, [batch, n]
+        label_type = attr(gemm, "y_type", TensorProto.UINT8)
+        quantization[TARGET] = ([attr(gemm, "y_scale")], [attr(gemm, "y_zero_point", 0)], 0)
+    inputs = [helper.make_tensor_value_info(x_name, x_type, shape)] + (
+        [helper.make_tensor_value_info(label, label_type, label_shape)] if label else []) + [
+        helper.make_tensor_value_info(w_name, TensorProto.INT8, [n, k]),
+        helper.make_tensor_value_info(b_name, TensorProto.INT32, [n])]
+    params = {w_name: w, b_name: bias}
     conv_nodes = []
     masks = {}
     extra = []
@@ -250,13 +274,13 @@ def int8_training_model(qdq_model, stochastic=True, train_conv=False, momentum=0
     infos = [v for v in g.value_info if v.name not in {i.name for i in inputs}]
     logits = helper.make_node("IntGemmLogits", [gemm.input[0], w_name, b_name], [LOGITS],
                               name=gemm.name + ".logits", domain=DOMAIN)
-    loss = helper.make_node("IntSoftmaxCrossEntropy", [LOGITS, LABELS], [LOSS, GRAD],
-                            name=gemm.name + ".loss", domain=DOMAIN)
+    loss_node = helper.make_node(op_type, [LOGITS, label or x_name], [LOSS, GRAD],
+                                 name=gemm.name + ".loss", domain=DOMAIN)
     step = helper.make_node("IntGemmUpdate", [w_name, b_name, gemm.input[0], GRAD],
                             [w_name + ".updated", b_name + ".updated"],
                             name=gemm.name + ".update", domain=DOMAIN,
                             stochastic=int(bool(stochastic)), momentum=float(momentum))
-    out_loss = helper.make_tensor_value_info(LOSS, TensorProto.INT32, [batch, 2])
+    out_loss = helper.make_tensor_value_info(LOSS, TensorProto.INT32, [batch, per_sample])
     out_logits = helper.make_tensor_value_info(LOGITS, TensorProto.INT32, [batch, n])
     opsets = list(fused.opset_import)
 
@@ -269,27 +293,37 @@ def int8_training_model(qdq_model, stochastic=True, train_conv=False, momentum=0
     # comes last
     # (the sparse update's clamp masks right after their convolutions)
     forward = [nd for n in frozen for nd in ([n, masks[n.name]] if n.name in masks else [n])]
-    train = model("train", [logits, loss] + conv_nodes[:1] + [step] + conv_nodes[1:],
+    train = model("train", [logits, loss_node] + conv_nodes[:1] + [step] + conv_nodes[1:],
                   [out_loss], forward)
-    evaluate = model("eval", [logits, loss], [out_loss, out_logits])
-    roles = {x_name: INPUT, LABELS: LABEL}
+    evaluate = model("eval", [logits, loss_node], [out_loss, out_logits])
+    roles = {x_name: INPUT}
+    if label:
+        roles[label] = LABEL
     roles.update({name: PARAM for name in params})
     info = {"input": x_name, "input_scale": float(attr(quant, "scale")),
             "input_zero_point": int(attr(quant, "zero_point", 0)),
             "input_type": "int8" if x_type == TensorProto.INT8 else "uint8",
-            "input_shape": shape, "labels": LABELS, "classes": int(n), "batch_size": batch,
+            "input_shape": shape, "labels": label if loss == "cross_entropy" else None,
+            "classes": int(n), "batch_size": batch,
             "weight": w_name, "bias": b_name, "features": int(k),
             "feature_tensor": gemm.input[0],
             "feature_scale": float(attr(gemm, "x_scale")),
             "weight_scales": w_scales, "parameters": list(params),
-            "classes_in_use": int(np.count_nonzero(bias != UNUSED_BIAS))}
+            "classes_in_use": int(np.count_nonzero(bias != UNUSED_BIAS)),
+            "loss": loss, "target": label or x_name, "target_type": {
+                "cross_entropy": "class index", "bce_with_logits": "q14"}.get(loss)}
+    if loss == "mse":       # quantized as the target tensor (the output, or the input)
+        scales, zps, _ = quantization[label or x_name]
+        info.update(target_scale=float(scales[0]), target_zero_point=int(zps[0]),
+                    target_type="int8" if (label_type if label else x_type) ==
+                    TensorProto.INT8 else "uint8")
     return train, evaluate, roles, quantization, params, info
 
 
 def int8_training_artifacts(qdq_model, out_dir, learning_rate=0.01, stochastic=True,
                             train_conv=False, momentum=0.0, train_biases=False,
                             train_depthwise=False, max_classes=None, keep_classes=None,
-                            train_last=None):
+                            loss="cross_entropy", target=None, train_last=None):
     """Write int8_train.mtb, int8_train.ckpt and int8_train.json into out_dir (see the
     module docstring); returns the info dict (with the three paths). stochastic: round the
     weight steps stochastically (default; steps below half a quantum would otherwise be
@@ -308,21 +342,27 @@ def int8_training_artifacts(qdq_model, out_dir, learning_rate=0.01, stochastic=T
     classifier's momentum applies to it only.
     max_classes: the classifier's room for classes added on the device (continual
     learning); keep_classes: how many of the model's classes stay in use (default all; 0:
-    every slot starts unused). See _class_slots."""
+    every slot starts unused). See _class_slots.
+    loss: "cross_entropy" (the classifier), "mse" or "bce_with_logits" (ops/intloss.py: the
+    last Gemm only; the device is called model(x, target), target the output's size: mse
+    int8 / uint8 quantized with the output's scale and zero point (quantize_target), bce
+    int32 probabilities in Q14; mse with target="input": model(x), the input its own
+    target, an autoencoder's); any other loss is refused, named."""
     if not 0.0 <= float(momentum) < 1.0:
         raise ArtifactError(f"momentum {momentum!r} must lie in [0, 1)")
     if not (0.0 < float(learning_rate) < 3e38):
         raise ArtifactError(f"learning rate {learning_rate!r} must be positive and finite")
     train, evaluate, roles, quantization, params, info = int8_training_model(
         qdq_model, stochastic, train_conv, momentum, train_biases, train_depthwise,
-        max_classes, keep_classes, train_last)
+        max_classes, keep_classes, loss, target, train_last)
     lowering = Lowering(roles)
     lowering.quantization = quantization
     lowering.lower("train", train)
     lowering.lower("eval", evaluate)
     parameters = [(lowering.persistent[name], -1, (), False) for name in params]
-    data = serialize(lowering, parameters, assign_offsets(lowering), "int_softmax_cross_entropy",
-                     info["classes"], "SGD", {"learning_rate": float(learning_rate)})
+    data = serialize(lowering, parameters, assign_offsets(lowering), INTEGER_LOSSES[loss][1],
+                     info["classes"] if loss == "cross_entropy" else 0, "SGD",
+                     {"learning_rate": float(learning_rate)})
     out = os.fspath(out_dir)
     os.makedirs(out, exist_ok=True)
     paths = {key: os.path.join(out, name) for key, name in
