@@ -157,7 +157,7 @@ def _fit_text(fit):
         f"(loaded first, then Module, Optimizer); {_kb(fit.resume_load)} inside Module",
         f"  reloading        {_kb(fit.reload)} (Module.load_checkpoint into the training "
         f"model's arenas)",
-        f"  largest block    {_kb(fit.arena)} (the float arena, one contiguous block)",
+        f"  largest block    {_kb(fit.arena)} (the largest arena, one contiguous block)",
         f"  needed           {_kb(fit.needed)}: {verdict}"])
 
 
@@ -170,6 +170,7 @@ def _cost_text(blob, board, native=False):
 
 def cmd_deploy(args):
     from .tools import deploy
+    from .tools.train import artifact_files
     if args.output:
         _check_output_file("--output", args.output, create_parent=True)
     plan = deploy.plan(args.artifacts, args.board, steps=args.steps, epochs=args.epochs,
@@ -183,7 +184,7 @@ def cmd_deploy(args):
                   f"{plan.native[name].parent.name})" if name in plan.native else "")
         print(f"  {name:34s} {size:7,d}{native}")
     print(_fit_text(plan.fit))
-    print(_cost_text(plan.artifacts / "model.mtb", plan.board, bool(plan.native)))
+    print(_cost_text(artifact_files(plan.artifacts)[0], plan.board, bool(plan.native)))
     if plan.resume is not None:
         print(f"resuming from {plan.resume}: optimizer step {plan.start_step}, the data from "
               f"its batch {plan.start_step} on")
@@ -243,7 +244,8 @@ def cmd_deploy(args):
 
 def _batch(artifacts):
     from microtrain import parser as device_blob_parser
-    b = device_blob_parser.load(os.path.join(artifacts, "model.mtb"))
+    from .tools.train import artifact_files
+    b = device_blob_parser.load(str(artifact_files(artifacts)[0]))
     return b.shapes[b.programs["train"].inputs[0]][0]
 
 
