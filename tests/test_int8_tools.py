@@ -10,7 +10,6 @@ import re
 import shutil
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
