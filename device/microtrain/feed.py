@@ -47,9 +47,12 @@ def copy_inputs(b, F, I, program, inputs, classes):
                     I[off + i] = v      # an int only: array('i') refuses 1.5
             elif b.dtypes[tid] != FLOAT:
                 # an int8 / uint8 input (integer training): ints as they are, floats
-                # quantized with its scale (feedq.py; a float blob never imports it)
-                from microtrain.feedq import copy_quantized
-                copy_quantized(b, tid, values, off, n)
+                # quantized with its scale (feedq.py; a float blob never imports it). The
+                # function is kept: an import statement per call allocates on MicroPython.
+                if not _QUANTIZED:
+                    from microtrain.feedq import copy_quantized
+                    _QUANTIZED.append(copy_quantized)
+                _QUANTIZED[0](b, tid, values, off, n)
             else:
                 top = _FLOAT_MAX
                 for i in range(n):
@@ -89,4 +92,5 @@ def _shown(v):
 
 
 _FLOAT_MAX = 3.4028234663852886e38
+_QUANTIZED = []     # feedq.copy_quantized, once an int8 / uint8 input needed it
 _INT32_SPAN = 0x80000000

@@ -9,6 +9,7 @@ from microtrain.blob import INT8
 from microtrain.errors import InputError
 
 _F32 = array("f", [0.0])    # rounds a value to float32 (a board's floats already are)
+_DOUBLE = 1.0 + 2.0 ** -30 != 1.0   # floats are doubles (CPython, the Unix port)
 
 
 def copy_quantized(b, tid, values, off, n):
@@ -42,18 +43,23 @@ def _quantize_floats(b, tid, values, off, n, low):
     Q = b.Q
     f32 = _F32
     for i in range(n):
+        v = values[i]
         try:
-            f32[0] = values[i]      # the value as float32, as the host's numpy has it
+            if _DOUBLE:
+                # the value as float32, as the host's numpy has it, then float32 / float32
+                # correctly rounded to float32 (a double quotient of two float32s rounded to
+                # float32 is that number): CPython and the Unix port give a board's bytes
+                f32[0] = v
+                f32[0] = f32[0] / scale
+                q = f32[0]
+            else:
+                q = v / scale   # floats are float32 here: no rounding dance, fewer boxes
         except (TypeError, ValueError, OverflowError):
             raise InputError("value %r at position %d of '%s' is not a number"
-                             % (values[i], i, b.names[tid]))
-        # float32 / float32, correctly rounded to float32 (a double's quotient rounded to
-        # float32 is the same number: CPython and the Unix port give a board's result)
-        f32[0] = f32[0] / scale
-        q = f32[0]
+                             % (v, i, b.names[tid]))
         if q != q:
             raise InputError("value %r at position %d of '%s' is not a number"
-                             % (values[i], i, b.names[tid]))
+                             % (v, i, b.names[tid]))
         # saturated before rounding (inf, 1e30: no big int), then after the zero point
         if q > 512.0:
             q = 512.0
