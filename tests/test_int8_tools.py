@@ -215,6 +215,45 @@ def test_float_inputs_through_the_module_api_equal_quantized_ints(digits_dirs, t
         assert got[2:] == want[2:] and float(got[1]) == pytest.approx(float(want[1]), rel=1e-12)
 
 
+INT8_SCRIPT = """
+import sys
+from array import array
+from binascii import hexlify
+from microtrain.feedq import copy_quantized
+
+
+class Blob:     # what copy_quantized reads of a parsed blob with one int8 input
+    pass
+
+
+values = array('f', [float(v) for v in open(sys.argv[1]).read().split()])
+for zero_point in (-3, 0, 7):
+    b = Blob()
+    b.dtypes, b.names, b.Q = [2], ['x'], bytearray(len(values))
+    b.input_quant = {0: (array('f', [float(sys.argv[2])]), (zero_point,))}
+    copy_quantized(b, 0, values, 0, len(values))
+    print(hexlify(b.Q).decode())
+"""
+
+
+def test_float_inputs_of_an_int8_input_equal_onnxruntime(tmp_path, micropython):
+    # the blobs above take uint8; an int8 input with zero points of both signs, through
+    # the device's quantizer on CPython and on the Unix port, against onnxruntime
+    values = hard_values(0.25, 0, np.int8, 600)
+    (tmp_path / "x.txt").write_text(" ".join(repr(float(v)) for v in values))
+    (tmp_path / "int8.py").write_text(INT8_SCRIPT)
+    expected = [ort_quantize(values, 0.25, z, np.int8).tobytes().hex() for z in (-3, 0, 7)]
+    out = run_micropython(micropython, tmp_path / "int8.py", tmp_path / "x.txt", 0.25)
+    assert out.split() == expected
+    import subprocess
+    import sys
+    from conftest import DEVICE
+    cpython = subprocess.run([sys.executable, str(tmp_path / "int8.py"), str(tmp_path / "x.txt"),
+                              "0.25"], capture_output=True, text=True, check=True,
+                             env={"PYTHONPATH": str(DEVICE)}).stdout
+    assert cpython.split() == expected
+
+
 def test_float_inputs_of_a_blob_without_a_scale_or_not_numbers_are_refused(digits_dirs):
     std, _, _ = digits_dirs
     model = Module(str(std / "model.mtb"), CheckpointState.load_checkpoint(str(std / "checkpoint")))
@@ -241,6 +280,7 @@ def test_deploy_dry_run_plans_quantized_data(digits_dirs, capsys):
         assert sizes["x_train.u8"] == "1,280" and "x_train.f32" not in out   # 20 x 64 bytes
         assert sizes["y_train.i32"] == "80" and sizes["checkpoint"] and sizes["model.mtb"]
         assert "microtrain/feedq.mpy" in out and "fits, margin" in out
+        assert "inputs quantized on the host for the blob's uint8 input" in out
         assert "dry run: nothing copied" in out
 
 

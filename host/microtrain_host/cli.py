@@ -170,7 +170,6 @@ def _cost_text(blob, board, native=False):
 
 def cmd_deploy(args):
     from .tools import deploy
-    from .tools.train import artifact_files
     if args.output:
         _check_output_file("--output", args.output, create_parent=True)
     plan = deploy.plan(args.artifacts, args.board, steps=args.steps, epochs=args.epochs,
@@ -184,7 +183,7 @@ def cmd_deploy(args):
                   f"{plan.native[name].parent.name})" if name in plan.native else "")
         print(f"  {name:34s} {size:7,d}{native}")
     print(_fit_text(plan.fit))
-    print(_cost_text(artifact_files(plan.artifacts)[0], plan.board, bool(plan.native)))
+    print(_cost_text(plan.blob_path, plan.board, bool(plan.native)))
     if plan.resume is not None:
         print(f"resuming from {plan.resume}: optimizer step {plan.start_step}, the data from "
               f"its batch {plan.start_step} on")
@@ -194,6 +193,8 @@ def cmd_deploy(args):
         with tempfile.TemporaryDirectory() as tmp:
             deploy.prepare(plan, data, tmp)
             print(f"would copy ({plan.samples} training samples from {data}):")
+            for note in deploy.dry_run_notes(plan):   # an integer training blob's
+                print(note)
             if plan.romfs_image is not None:
                 print(f"  {'microtrain.romfs':34s} {plan.romfs_image.stat().st_size:7,d}  "
                       f"(ROMFS image of the runtime)")
@@ -218,7 +219,7 @@ def cmd_deploy(args):
         # On a terminal a bar over the steps; elsewhere one line per step, as always.
         if kind == "step" and bar.enabled:
             total = plan.start_step + (plan.steps or plan.epochs * (plan.samples
-                                                                     // _batch(args.artifacts)))
+                                                                     // _batch(plan.blob_path)))
             bar.update("training on the board", value[0], total, f"loss {value[1]:.6f}")
             return
         bar.clear()
@@ -242,10 +243,9 @@ def cmd_deploy(args):
     return 0
 
 
-def _batch(artifacts):
+def _batch(blob_path):
     from microtrain import parser as device_blob_parser
-    from .tools.train import artifact_files
-    b = device_blob_parser.load(str(artifact_files(artifacts)[0]))
+    b = device_blob_parser.load(str(blob_path))
     return b.shapes[b.programs["train"].inputs[0]][0]
 
 

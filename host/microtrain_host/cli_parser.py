@@ -12,6 +12,8 @@ import sys
 LOSS_NAMES = {"cross_entropy": "CrossEntropyLoss", "mse": "MSELoss",
               "bce_with_logits": "BCEWithLogitsLoss", "l1": "L1Loss", "none": None}
 OPTIMIZER_NAMES = {"adamw": "AdamW", "sgd": "SGD", "none": None}
+ARTIFACTS_HELP = ("directory written by `microtrain pack` (model.mtb, checkpoint) or export "
+                  "--int8-train (int8_train.mtb, .ckpt; samples quantized for its int8 input)")
 
 
 class Parser(argparse.ArgumentParser):
@@ -267,10 +269,7 @@ def build_parser():
                                    "toolchain from Debian); deploy starts qemu itself.",
                        epilog="example: microtrain deploy examples/digits/build --board "
                               "qemu-mps2-an385 --steps 20")
-    p.add_argument("artifacts", help="artifact directory written by `microtrain pack` "
-                   "(model.mtb, checkpoint), or an integer training directory (export "
-                   "--int8-train: int8_train.mtb, int8_train.ckpt; float samples are "
-                   "quantized for its int8 input)")
+    p.add_argument("artifacts", help=ARTIFACTS_HELP)
     p.add_argument("--board", required=True, metavar="NAME",
                    help="board profile (boards/NAME.json), e.g. rp2040-pico, esp32, pyboard, "
                         "qemu-mps2-an385, qemu-virt-rv32")
@@ -395,10 +394,7 @@ def build_parser():
                        description="Train packed artifacts with the device runtime, under "
                                    "CPython or the MicroPython Unix port; prints per-epoch loss "
                                    "and validation accuracy, writes the trained checkpoint.")
-    p.add_argument("artifacts", help="artifact directory written by `microtrain pack` "
-                   "(model.mtb, checkpoint), or an integer training directory (export "
-                   "--int8-train: int8_train.mtb, int8_train.ckpt; float samples are "
-                   "quantized for its int8 input)")
+    p.add_argument("artifacts", help=ARTIFACTS_HELP)
     p.add_argument("--data", required=True,
                    help=".npz with x_train, y_train, x_val, y_val (or x, y: 20%% held out)")
     p.add_argument("--epochs", type=positive_int, default=5, help="default 5")

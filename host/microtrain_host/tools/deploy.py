@@ -48,6 +48,7 @@ class Plan:
         self.resume = None       # the checkpoint a resumed run starts from (--resume)
         self.start_step = 0      # its optimizer step: the steps the previous runs took
         self.native = {}         # {name on the board: shipped .mpy} of the native kernels
+        self.blob_path = self.artifacts / "model.mtb"   # the blob (plan(): artifact_files)
         self.blob_in_rom = False  # the blob goes into the ROMFS image with the runtime
         self.inputs = "f32"      # the training inputs' file type, by prepare(): f32, or
                                  # i8 / u8 (an integer training blob's quantized samples)
@@ -80,6 +81,7 @@ def plan(artifacts, board_name, steps=None, epochs=None, placement=None, resume=
         epochs = 1
     p = Plan(board, placement, artifacts, sizes, fit, None, steps, epochs)
     p.native = native
+    p.blob_path = blob_path
     p.blob_in_rom = in_rom
     if resume is not None:
         p.resume = pathlib.Path(resume)
@@ -168,6 +170,24 @@ def prepare(plan, data, workdir):
             files.insert(0, (rt / "microtrain", "microtrain"))
     plan.files = files
     return labels
+
+
+def dry_run_notes(plan):
+    """What a dry run says besides the files, after prepare(): how an integer training
+    blob's samples were quantized, and that its blob goes into the ROMFS image."""
+    notes = []
+    if plan.inputs != "f32":
+        from microtrain import parser as device_blob_parser
+        from .train import input_quantization
+        scale, zero_point, dtype = input_quantization(
+            device_blob_parser.load(str(plan.blob_path)), DeployError)
+        notes.append(f"  (inputs quantized on the host for the blob's {dtype.__name__} input: "
+                     f"x / {float(scale)!r} rounded half to even + {zero_point}, saturated; "
+                     f"x_train.{plan.inputs} holds one byte per value)")
+    if plan.blob_in_rom:
+        notes.append("  (model.mtb goes into the ROMFS image with the runtime: its int8 "
+                     "weights stay in flash)")
+    return notes
 
 
 def write_runtime(plan, blob_path, directory):
