@@ -313,6 +313,25 @@ def test_integer_training_on_the_emulated_board_equals_cpython(digits_dirs, firm
     assert abs(plan.fit.train - result.peak) <= 0.10 * result.peak, (plan.fit.train, result.peak)
 
 
+def test_the_one_commands_directory_trains_deploys_and_inspects(tmp_path, capsys):
+    # `pack --int8` writes model.mtb / checkpoint (and int8.json, model_qdq.onnx): train,
+    # deploy --dry-run and inspect --board take the directory as any other
+    out = tmp_path / "build"
+    assert main(["pack", str(DIGITS / "mlp.onnx"), "-o", str(out), "--int8", "--calibrate",
+                 str(DIGITS / "digits.npz"), "--batch-size", "1"]) == 0
+    capsys.readouterr()
+    records = train(out, DIGITS / "digits.npz", 2, 0.01, tmp_path / "trained")
+    assert records[-1][1] < records[0][1] and records[-1][3] > records[0][3], records
+    assert main(["deploy", str(out), "--board", "qemu-mps2-an385", "--steps", "3", "--data",
+                 str(DIGITS / "digits.npz"), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "x_train.u8" in text and "192" in text and "model.mtb goes into the ROMFS" in text
+    assert main(["inspect", str(out / "model.mtb"), "--no-steps", "--board", "rp2040-pico"]) == 0
+    text = capsys.readouterr().out
+    assert "trainable, in integers" in text and "fits, margin" in text
+    assert not re.search(r"\s-\d", text[text.index("memory ("):text.index("blob bytes")])
+
+
 # -- inspect and the fit check --------------------------------------------------------------
 def _figure(text, label):
     return int(re.search(rf"^  {label}\s+(-?\d+)", text, re.M).group(1))

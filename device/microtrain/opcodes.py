@@ -109,6 +109,10 @@ _ROWS = (
     "\n171 recurrent gru_grad ?????fffff?f?? 14 0"  # GRU_GRAD
     "\n172 recurrent lstm f??ffff???? 14 0"  # LSTM
     "\n173 recurrent lstm_grad ???????fffff???f??? 14 0"  # LSTM_GRAD
+    "\n190 intflow int_grad_sum iiii 1 0"  # INT_GRAD_SUM
+    "\n191 intflow int_add_grad ikib 4 0"  # INT_ADD_GRAD
+    "\n192 intflow int_max_pool_grad iib 12 0"  # INT_MAX_POOL_GRAD
+    "\n193 intflow int_average_pool_grad iii 15 0"  # INT_AVERAGE_POOL_GRAD
     "\n200 quant fake_quant ffff 5 0"  # FAKE_QUANT
     "\n201 quant fake_quant_grad fffff 5 0"  # FAKE_QUANT_GRAD
     "\n202 quant abs_max_scale ff 3 2"  # ABS_MAX_SCALE
@@ -167,6 +171,8 @@ def kernel_module(family):
         from microtrain.kernels import gather as module
     elif family == "group_norm":
         from microtrain.kernels import group_norm as module
+    elif family == "intflow":
+        from microtrain.kernels import intflow as module
     elif family == "intgrad":
         from microtrain.kernels import intgrad as module
     elif family == "inttrain":

@@ -3,6 +3,7 @@ prints or exits."""
 import os
 import sys
 
+from .cli_int8 import int8_pack_options, int8_pack_text
 from .cli_parser import LOSS_NAMES, OPTIMIZER_NAMES, build_parser
 from .errors import MicrotrainHostError
 
@@ -42,6 +43,11 @@ def cmd_pack(args):
     from .tools.inspect import describe
     from .pipeline.upgrade import TARGET_OPSET
     from .tools.progress import Bar
+    int8 = int8_pack_options(args)
+    if int8 is not None:  # the integer training blob (int8pack.py)
+        from .int8pack import pack_int8
+        print(int8_pack_text(args, pack_int8(args.model, args.output, **int8)))
+        return 0
     bar = Bar()
     options = {}
     if args.lr is not None:
@@ -63,7 +69,7 @@ def cmd_pack(args):
         raise ArtifactError("--quantize and --keep-float choose layers for --qat; add --qat")
     result = generate_artifacts(
         args.model, requires_grad=requires_grad, frozen_params=frozen,
-        loss=LOSS_NAMES[args.loss], optimizer=OPTIMIZER_NAMES[args.optimizer],
+        loss=LOSS_NAMES[args.loss], optimizer=OPTIMIZER_NAMES[args.optimizer or "adamw"],
         artifact_directory=args.output, prefix=args.prefix,
         nominal_checkpoint=args.nominal_checkpoint, batch_size=args.batch_size,
         loss_input_names=_names(args.loss_inputs),

@@ -12,8 +12,6 @@ import sys
 LOSS_NAMES = {"cross_entropy": "CrossEntropyLoss", "mse": "MSELoss",
               "bce_with_logits": "BCEWithLogitsLoss", "l1": "L1Loss", "none": None}
 OPTIMIZER_NAMES = {"adamw": "AdamW", "sgd": "SGD", "none": None}
-ARTIFACTS_HELP = ("directory written by `microtrain pack` (model.mtb, checkpoint) or export "
-                  "--int8-train (int8_train.mtb, .ckpt; samples quantized for its int8 input)")
 
 
 class Parser(argparse.ArgumentParser):
@@ -87,6 +85,7 @@ def heap_size(text):
 
 
 def build_parser():
+    from .cli_int8 import ARTIFACTS_HELP, add_int8_arguments
     parser = Parser(
         prog="microtrain",
         description="Train neural networks on microcontrollers: pack an ONNX model into "
@@ -126,12 +125,12 @@ def build_parser():
                         "naming several computes the loss outside the graph even when the "
                         "first is a scalar: Module.forward(x) returns each, "
                         "Module.backward(d_loss/d_output, ...) takes one gradient per name")
-    p.add_argument("--optimizer", choices=sorted(OPTIMIZER_NAMES), default="adamw",
-                   help="optimizer (default: adamw with ORT's defaults)")
+    p.add_argument("--optimizer", choices=sorted(OPTIMIZER_NAMES),
+                   help="optimizer (default: adamw with ORT's defaults; sgd with --int8)")
     p.add_argument("--batch-size", type=positive_int,
                    help="fixes the dynamic batch dimension (a positive integer)")
     p.add_argument("--lr", type=non_negative_float,
-                   help="initial learning rate stored in the blob (default 0.001)")
+                   help="initial learning rate in the blob (default 0.001; 0.01 with --int8)")
     p.add_argument("--weight-decay", type=non_negative_float,
                    help="weight decay (default 0): AdamW's decoupled decay (ORT), or SGD's "
                         "weight_decay * param added to the gradient (torch.optim.SGD)")
@@ -202,6 +201,7 @@ def build_parser():
     q.add_argument("--keep-float", metavar="NAMES",
                    help="comma-separated node or weight names that stay float, e.g. the first "
                         "conv or the classifier")
+    add_int8_arguments(p)
 
     p = sub.add_parser("inspect", help="describe a packed blob, or an ONNX model's training "
                                        "choices",

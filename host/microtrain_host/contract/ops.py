@@ -27,7 +27,7 @@ exist, and that every step the host lowers carries the counts named here.
 Code ranges by family: dense 1-9, elementwise 10-29 and 130-137, activation 30-49 (40 is
 reduce), 128-129, 138-139 and 240-241, loss 50-59, optim 60-69, conv 70-79, pool 80-89, norm 90-99,
 layout 100-119, smooth 120-127, group_norm 140-149, gather 150-159, resize 160-169, recurrent 170-189,
-quant 200-219, qlinear 220-239, inttrain 242-247, intgrad 248-255."""
+quant 200-219, qlinear 220-239, inttrain 242-247, intgrad 248-255, intflow 190-199."""
 import dataclasses
 
 KINDS = "f?ikbw"
@@ -293,6 +293,11 @@ OPS = table("""
                          ints m groups cin_g cout_g in_h in_w out_h out_w k_h k_w s_h s_w d_h d_w
                          pad_t pad_l x_signed
 252 INT_CLAMP_MASK       mask:b y:b req:i  ints count y_signed
+[intflow]
+190 INT_GRAD_SUM           g:i a:i b:i ratio:i  ints count
+191 INT_ADD_GRAD           ga:i gb:k g:i y:b  ints count lo hi y_signed
+192 INT_MAX_POOL_GRAD      gx:i g:i x:b  ints $POOL signed
+193 INT_AVERAGE_POOL_GRAD  gx:i g:i factors:i  ints $POOL ch0 ch1 cw0 cw1
 """, SHARED_INTS)
 
 BY_NAME = {o.name: o for o in OPS}
@@ -330,5 +335,6 @@ FAMILY_NOTES = {
     "qlinear": "int8 inference kernels (viper fast paths in qlinear_viper.py)",
     "inttrain": "integer training of an int8 classifier and the 1x1 conv before it (viper: inttrain_viper.py)",
     "intgrad": "integer backward through frozen int8 convolutions: the sparse update (viper: intgrad_viper.py)",
+    "intflow": "integer gradients through residual Adds, pools and tensors read twice (the sparse update beyond a chain of convolutions)",
 }
 assert set(FAMILY_NOTES) == set(FAMILIES), "every family needs its line in FAMILY_NOTES"

@@ -43,6 +43,12 @@ def _grad_tensor(ctx, name, count):
 def _geometry(ctx, node, wid, xid):
     w = ctx.tensors[wid]
     x_shape = ctx.tensors[xid].shape
+    if len(x_shape) == 2 and len(w.shape) == 2:
+        # a hidden Gemm (weight [n, k], quant/intbackward.py): a 1x1 convolution of a 1x1 plane
+        if x_shape[1] != w.shape[1]:
+            raise UnsupportedOpError(f"{ctx.where(node)}: input {list(x_shape)} and weight "
+                                     f"{list(w.shape)} do not match")
+        return [x_shape[0], 1, x_shape[1], w.shape[0]] + [1] * 10 + [0, 0]
     attrs = conv_attributes(node, x_shape, w.shape, ctx.where(node))
     return device_geometry(attrs, x_shape, w.shape)
 

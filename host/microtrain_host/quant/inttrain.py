@@ -36,6 +36,7 @@ from ..pipeline.lower import Lowering
 from ..ops.inttrain import UNUSED_BIAS
 from ..pipeline.plan import assign_offsets
 from .int8 import int8_graph
+from .intbackward import Graph, backward_nodes
 
 BLOB, CHECKPOINT, INFO = "int8_train.mtb", "int8_train.ckpt", "int8_train.json"
 LOGITS, LOSS, GRAD = "inttrain.logits", "inttrain.loss", "inttrain.grad"
@@ -101,109 +102,19 @@ def _last_conv(fused, gemm):
     return conv
 
 
-def _conv_chain(fused, gemm):
-    """The QLinearConv nodes from the network's input to the GlobalAveragePool feeding the
-    classifier, in order (each read only by the next), or an UnsupportedOpError naming the
-    node that breaks the chain (the integer backward handles convolutions with their fused
-    ReLU / Clip and the GlobalAveragePool only)."""
-    producers, readers, node = _behind_views(fused, gemm)
-    if node is None or node.op_type != "QLinearGlobalAveragePool":
-        raise UnsupportedOpError("integer sparse update: the classifier's input must be a "
-                                 "GlobalAveragePool of a convolution's output")
-    chain = []
-    node = producers.get(node.input[0])
-    while node is not None and node.op_type == "QLinearConv":
-        if len(readers.get(node.output[0], [])) != 1:
-            raise UnsupportedOpError(f"integer sparse update: the output of node "
-                                     f"'{node.name}' is read by more than one node")
-        chain.insert(0, node)
-        node = producers.get(node.input[0])
-    if not chain:
-        raise UnsupportedOpError("integer sparse update: no convolution before the "
-                                 "GlobalAveragePool")
-    if node is not None and node.op_type != "Quantize":
-        raise UnsupportedOpError(f"integer sparse update: node '{node.name}' "
-                                 f"({node.op_type}) before the convolutions has no integer "
-                                 f"backward (convolutions, their ReLU / Clip and the "
-                                 f"GlobalAveragePool have)")
-    return chain
-
-
-def _sparse_nodes(fused, gemm, frozen, inits, params, quantization, inputs, taken,
-                  train_biases, train_weights, train_depthwise, stochastic):
-    """The integer backward of the sparse update (MIT's: biases everywhere, weights of the
-    last block): from the classifier input's gradient through the GlobalAveragePool and
-    the convolutions, down to the first one (train_biases) or to the last block's
-    depthwise conv. Every convolution it passes trains its bias; the last one (pointwise)
-    its weights with train_weights, the one before it (depthwise) with train_depthwise.
-    Returns (the frozen nodes with the trained convolutions reading their parameters, the
-    backward nodes, {conv node name: its IntClampMask node}, which the train graph runs
-    right after the conv); fills params, quantization, inputs and taken."""
-    chain = _conv_chain(fused, gemm)
+def _trained_weights(graph, train_conv, train_depthwise, train_last):
+    """The layers (before the classifier) whose int8 weights train: the last train_last - 1
+    of them, or the last one (train_conv), or the last two, a depthwise conv and its
+    pointwise one (train_depthwise)."""
+    if train_last:
+        return graph.last_layers(train_last - 1)
     if train_depthwise:
-        train_weights = True
-        if len(chain) < 2 or attr(chain[-2], "group", 1) == 1:
+        layers = graph.layers
+        if len(layers) < 2 or attr(layers[-2], "group", 1) == 1:
             raise UnsupportedOpError("integer training of the last depthwise convolution: "
                                      "the convolution before the last one is not grouped")
-    low = 0 if train_biases else len(chain) - (2 if train_depthwise else 1)
-    weights = {len(chain) - 1} if train_weights else set()
-    if train_depthwise:
-        weights.add(len(chain) - 2)
-    replaced = {}
-    masks = {}
-    nodes = []
-    grad = "intgrad.grad.%d" % (len(chain) - 1)
-    nodes.append(helper.make_node("IntPoolGrad", [FEATURE_GRAD, chain[-1].output[0]], [grad],
-                                  name=gemm.name + ".pool_grad", domain=DOMAIN))
-    for index in range(len(chain) - 1, low - 1, -1):
-        conv = chain[index]
-        w = inits[conv.input[1]]
-        channels = w.shape[0]
-        if len(conv.input) < 3 or not conv.input[2]:
-            raise UnsupportedOpError(f"integer sparse update: node '{conv.name}' has no bias")
-        b_name = _param_name(conv.input[2], conv.name + ".bias")
-        params[b_name] = inits[conv.input[2]].astype(np.int32)
-        inputs.append(helper.make_tensor_value_info(b_name, TensorProto.INT32, [channels]))
-        taken.add(conv.input[2])
-        w_name = conv.input[1]
-        if index in weights:
-            w_name = _param_name(conv.input[1], conv.name + ".weight")
-            params[w_name] = w
-            scales = [float(v) for v in attr(conv, "w_scales")]
-            quantization[w_name] = (scales * channels if len(scales) == 1 else scales,
-                                    [0] * channels, 0)
-            inputs.append(helper.make_tensor_value_info(w_name, TensorProto.INT8,
-                                                        list(w.shape)))
-            taken.add(conv.input[1])
-        trained = helper.make_node(conv.op_type, [conv.input[0], w_name, b_name],
-                                   list(conv.output), name=conv.name, domain=conv.domain)
-        trained.attribute.extend(conv.attribute)
-        replaced[id(conv)] = trained
-        masked = grad + ".masked"
-        masks[conv.name] = helper.make_node("IntClampMask", [conv.output[0], conv.input[0]],
-                                            [conv.output[0] + ".mask"],
-                                            name=conv.name + ".mask", domain=DOMAIN,
-                                            conv=conv.name)
-        nodes.append(helper.make_node(
-            "IntClampBiasGrad", [grad, conv.output[0], conv.output[0] + ".mask", b_name,
-                                 w_name],
-            [masked, b_name + ".updated"], name=conv.name + ".bias_grad", domain=DOMAIN,
-            conv=conv.name, stochastic=int(bool(stochastic))))
-        geometry = [a for a in conv.attribute if a.name in
-                    ("kernel_shape", "strides", "pads", "dilations", "group")]
-        if index > low:
-            grad = "intgrad.grad.%d" % (index - 1)
-            node = helper.make_node("IntConvGradInput", [masked, w_name, conv.input[0]],
-                                    [grad], name=conv.name + ".grad_input", domain=DOMAIN)
-            node.attribute.extend(geometry)
-            nodes.append(node)
-        if index in weights:
-            node = helper.make_node("IntConvUpdate", [w_name, conv.input[0], masked],
-                                    [w_name + ".updated"], name=conv.name + ".update",
-                                    domain=DOMAIN, stochastic=int(bool(stochastic)))
-            node.attribute.extend(geometry)
-            nodes.append(node)
-    return [replaced.get(id(n), n) for n in frozen], nodes, masks
+        return graph.last_layers(2)
+    return graph.last_layers(1) if train_conv else []
 
 
 def _param_name(name, fallback):
@@ -237,12 +148,12 @@ def _class_slots(gemm, w, bias, w_scales, max_classes, keep_classes):
 
 def int8_training_model(qdq_model, stochastic=True, train_conv=False, momentum=0.0,
                         train_biases=False, train_depthwise=False, max_classes=None,
-                        keep_classes=None):
+                        keep_classes=None, train_last=None):
     """(train graph, eval graph, roles, quantization, parameters {name: array}, info).
     train_conv: also train the 1x1 convolution before the GlobalAveragePool (weights and
-    bias) from the classifier's input gradient. train_biases / train_depthwise: the
-    integer backward through the convolutions (ops/intgrad.py, _sparse_nodes).
-    max_classes / keep_classes: see _class_slots."""
+    bias) from the classifier's input gradient. train_biases / train_depthwise / train_last:
+    the integer backward (quant/intbackward.py). max_classes / keep_classes: see
+    _class_slots."""
     if not isinstance(qdq_model, onnx.ModelProto):
         qdq_model = onnx.load(os.fspath(qdq_model))
     fused = int8_graph(qdq_model)
@@ -282,10 +193,16 @@ def int8_training_model(qdq_model, stochastic=True, train_conv=False, momentum=0
                     w_name: (w_scales, [0] * n, 0)}
     conv_nodes = []
     masks = {}
-    if train_biases or train_depthwise:
-        frozen, sparse, masks = _sparse_nodes(fused, gemm, frozen, inits, params, quantization,
-                                       inputs, taken, train_biases, train_conv,
-                                       train_depthwise, stochastic)
+    extra = []
+    if train_biases or train_depthwise or (train_last or 1) > 1:
+        constants = {}
+        graph = Graph(fused, gemm)
+        replaced, sparse, masks = backward_nodes(
+            graph, FEATURE_GRAD, _trained_weights(graph, train_conv, train_depthwise,
+                                                  train_last),
+            train_biases, stochastic, inits, params, quantization, inputs, taken, constants)
+        frozen = [replaced.get(id(nd), nd) for nd in frozen]
+        extra = [numpy_helper.from_array(v, k) for k, v in constants.items()]
         conv_nodes = [helper.make_node("IntGemmGradInput", [GRAD, w_name], [FEATURE_GRAD],
                                        name=gemm.name + ".grad_input", domain=DOMAIN)] + sparse
     elif train_conv:
@@ -317,7 +234,7 @@ def int8_training_model(qdq_model, stochastic=True, train_conv=False, momentum=0
                              [w2_name + ".updated", b2_name + ".updated"],
                              name=conv.name + ".update", domain=DOMAIN, conv=conv.name,
                              stochastic=int(bool(stochastic)))]
-    keep = [i for i in g.initializer if i.name not in taken]
+    keep = [i for i in g.initializer if i.name not in taken] + extra
     infos = [v for v in g.value_info if v.name not in {i.name for i in inputs}]
     logits = helper.make_node("IntGemmLogits", [gemm.input[0], w_name, b_name], [LOGITS],
                               name=gemm.name + ".logits", domain=DOMAIN)
@@ -359,7 +276,8 @@ def int8_training_model(qdq_model, stochastic=True, train_conv=False, momentum=0
 
 def int8_training_artifacts(qdq_model, out_dir, learning_rate=0.01, stochastic=True,
                             train_conv=False, momentum=0.0, train_biases=False,
-                            train_depthwise=False, max_classes=None, keep_classes=None):
+                            train_depthwise=False, max_classes=None, keep_classes=None,
+                            train_last=None):
     """Write int8_train.mtb, int8_train.ckpt and int8_train.json into out_dir (see the
     module docstring); returns the info dict (with the three paths). stochastic: round the
     weight steps stochastically (default; steps below half a quantum would otherwise be
@@ -369,14 +287,13 @@ def int8_training_artifacts(qdq_model, out_dir, learning_rate=0.01, stochastic=T
     int16 velocity per weight (2 bytes) and an int32 one per bias, kept in the arenas; the
     device saves them with the optimizer state (momentum0 of the parameter, ONNX INT16 /
     INT32; device checkpoint.py), the checkpoint written here has none (zero velocities).
-    train_biases: also train the int32 bias of every convolution (the integer backward
-    through the frozen int8 convolutions, their ReLU and the GlobalAveragePool:
-    ops/intgrad.py); train_depthwise: also train the int8 weights of the last block's
-    depthwise convolution (and so its pointwise one: train_conv). With either, the
-    convolutions train through kernels/intgrad.py (the last pointwise conv's weights when
-    train_conv), every convolution the backward passes training its bias; the model is
-    then a chain of convolutions (with their fused ReLU / Clip) into a GlobalAveragePool
-    and the classifier, as a DS-CNN. The classifier's momentum applies to it only.
+    train_biases: also train the int32 bias of every layer (convolution or hidden Gemm:
+    the integer backward of quant/intbackward.py through the frozen int8 layers, their
+    ReLU / Clip, residual Adds, pools and views); train_last N: also train the weights of
+    the N - 1 layers before the classifier; train_depthwise: the weights of the last
+    block's depthwise convolution and its pointwise one. Every layer the backward passes
+    trains its bias; the last pointwise conv's weights train with train_conv. The
+    classifier's momentum applies to it only.
     max_classes: the classifier's room for classes added on the device (continual
     learning); keep_classes: how many of the model's classes stay in use (default all; 0:
     every slot starts unused). See _class_slots."""
@@ -386,7 +303,7 @@ def int8_training_artifacts(qdq_model, out_dir, learning_rate=0.01, stochastic=T
         raise ArtifactError(f"learning rate {learning_rate!r} must be positive and finite")
     train, evaluate, roles, quantization, params, info = int8_training_model(
         qdq_model, stochastic, train_conv, momentum, train_biases, train_depthwise,
-        max_classes, keep_classes)
+        max_classes, keep_classes, train_last)
     lowering = Lowering(roles)
     lowering.quantization = quantization
     lowering.lower("train", train)

@@ -1,0 +1,190 @@
+# Integer gradients through the rest of an int8 network (issue 22): residual Adds, pools, and
+# tensors read by two layers, so that the sparse update's backward (kernels/intgrad.py) reaches
+# every layer of a ResNet, a LeNet or an MLP, not only a chain of convolutions.
+#
+# Gradient tensors as intgrad.py's: [e, then mantissas], real = mantissa * unit * 2**e,
+# |mantissa| < 2**MANT_BITS, the unit fixed at load (blob.int_units: each checker records the
+# unit of what its step writes), e chosen by the step that writes it. Steps are integer only
+# and allocate nothing (they run under micropython.heap_lock()).
+#
+#   int_grad_sum           G = A + B: the two gradients of a tensor two layers read (a
+#                          residual block's input feeds its body and its shortcut). The
+#                          one of the smaller unit is brought to the larger unit by a
+#                          derived multiplier (its unit over the other's, shifted by the
+#                          exponents' difference), both rounded to a common exponent that
+#                          keeps every term below 2**17 (products below 2**24: exact limbs),
+#                          the sum renormalized to MANT_BITS.
+#   int_add_grad           GA = GB = G where the Add's output lies strictly inside its clamp
+#                          (lo < y < hi: its fused ReLU, or the int8 range), else 0 - the
+#                          gradient of each input of y = a + b; GB optional (a branch that
+#                          needs no gradient gets none)
+#   int_max_pool_grad      G_x = 0, then G_x[p] += G[q] for the first maximum p of each
+#                          window q (qlinear_max_pool's windows and comparison)
+#   int_average_pool_grad  G_x = 0, then G_x[p] += G[q] * 2**8 / count(q) over the elements
+#                          p each window q counts (qlinear_average_pool's windows, so counts
+#                          that vary at a padded edge are right); unit_x = unit / 2**8
+# A pool's requantization clamp is taken as straight-through (an int8 pool of an int8 tensor
+# saturates only where its input did).
+from microtrain.kernels.fixedpoint import f32, pairs_of, requant, round_shift
+from microtrain.kernels.intgrad import _normalize, _unit
+from microtrain.kernels.intsgd import derive_once
+
+POOL_FRACTION = 8        # int_average_pool_grad's extra bits: 1 / count in 2**-8 steps
+
+
+# -- a tensor read twice: the sum of its gradients ---------------------------------------
+def int_grad_sum(F, I, args):
+    g, a, b, ratio, count = args
+    if I[ratio]:        # B has the larger unit: it is the reference
+        a, b = b, a
+    m0 = I[ratio + 1]
+    s = I[ratio + 2] - (I[b] - I[a])     # B's mantissa in A's unit * 2**e_A: * m0 / 2**s
+    up = 20 - s if s < 20 else 0         # then every term is below 2**17: 4 bits finer
+    for i in range(1, count + 1):        # than the sum's normalized mantissas
+        va = I[a + i]
+        if up:      # |va| < 2**13: shifted 15 or more places it rounds to 0
+            va = round_shift(va, up) if up < 15 else 0
+        vb = requant(I[b + i], m0, s + up) if s + up <= 62 else 0
+        I[g + i] = va + vb
+    I[g] = I[a] + up + _normalize(I, g, count)
+
+
+def int_grad_sum_check(args, c):
+    count, = c.ints
+    c.positive(count)
+    c.holds(0, 1 + count)
+    c.holds(1, 1 + count)
+    c.holds(2, 1 + count)
+    c.holds(3, 3)
+    ua = _unit(c, 1)
+    ub = _unit(c, 2)
+    swap = 1 if ub > ua else 0
+    small, large = (ua, ub) if swap else (ub, ua)
+    derive_once(c, 3, [swap] + pairs_of([f32(small / large)], False))
+    c.blob.int_units[c.tensors[0]] = large
+
+
+# -- a residual Add ----------------------------------------------------------------------
+def int_add_grad(F, I, args):
+    Q, ga, gb, g, y, count, lo, hi, y_signed = args
+    fy = 128 if y_signed else 0
+    I[ga] = I[g]
+    if gb >= 0:
+        I[gb] = I[g]
+    for i in range(count):
+        v = (Q[y + i] ^ fy) - fy
+        t = I[g + 1 + i] if lo < v < hi else 0
+        I[ga + 1 + i] = t
+        if gb >= 0:
+            I[gb + 1 + i] = t
+
+
+def int_add_grad_check(args, c):
+    count, lo, hi, y_signed = c.ints
+    c.positive(count)
+    c.within(y_signed, 0, 1, "signed flag")
+    c.within(lo, -128, 255, "clamp bound")
+    c.within(hi, -128, 255, "clamp bound")
+    c.holds(0, 1 + count)
+    c.holds(2, 1 + count)
+    c.holds(3, count)
+    unit = _unit(c, 2)
+    c.blob.int_units[c.tensors[0]] = unit
+    if c.present(1):
+        c.holds(1, 1 + count)
+        c.apart(1, 0)
+        c.blob.int_units[c.tensors[1]] = unit
+
+
+# -- pools -------------------------------------------------------------------------------
+def int_max_pool_grad(F, I, args):
+    Q, gx, g, x, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, signed = args
+    flip = 128 if signed else 0
+    for i in range(gx + 1, gx + 1 + planes * H * W):
+        I[i] = 0
+    q = g + 1
+    for p in range(planes):
+        base = x + p * H * W
+        for oh in range(OH):
+            h0 = oh * sH - pT
+            for ow in range(OW):
+                w0 = ow * sW - pL
+                best = -1
+                at = -1
+                for h in range(h0 if h0 > 0 else 0, min(h0 + kH, H)):
+                    for i in range(base + h * W + (w0 if w0 > 0 else 0),
+                                   base + h * W + min(w0 + kW, W)):
+                        v = Q[i] ^ flip
+                        if v > best:
+                            best = v
+                            at = i
+                if at >= 0:
+                    I[gx + 1 + at - x] += I[q]
+                q += 1
+    I[gx] = I[g] + _normalize(I, gx, planes * H * W)
+
+
+def int_max_pool_grad_check(args, c):
+    planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, signed = c.ints
+    _pool_check(c, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL)
+    c.within(signed, 0, 1, "signed flag")
+    c.holds(2, planes * H * W)
+    # each element sums at most the windows that reach it: below 2**(MANT_BITS + 10)
+    c.within(((kH + sH - 1) // sH) * ((kW + sW - 1) // sW), 1, 1024, "windows per element")
+    c.blob.int_units[c.tensors[0]] = _unit(c, 1)
+
+
+def int_average_pool_grad(F, I, args):
+    (gx, g, factors, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, ch0, ch1, cw0,
+     cw1) = args
+    for i in range(gx + 1, gx + 1 + planes * H * W):
+        I[i] = 0
+    q = g + 1
+    for p in range(planes):
+        base = gx + 1 + p * H * W
+        for oh in range(OH):
+            h0 = oh * sH - pT
+            h1 = h0 + kH
+            rows = (h1 if h1 < ch1 else ch1) - (h0 if h0 > ch0 else ch0)
+            r0 = h0 if h0 > 0 else 0
+            r1 = h1 if h1 < H else H
+            for ow in range(OW):
+                w0 = ow * sW - pL
+                w1 = w0 + kW
+                count = rows * ((w1 if w1 < cw1 else cw1) - (w0 if w0 > cw0 else cw0))
+                v = I[q]
+                q += 1
+                if count < 1 or v == 0:     # (a window of padding only: its output is 0)
+                    continue
+                share = requant(v, I[factors + 2 * count - 2], I[factors + 2 * count - 1])
+                c0 = base + (w0 if w0 > 0 else 0)
+                c1 = base + (w1 if w1 < W else W)
+                for h in range(r0, r1):
+                    for i in range(c0 + h * W, c1 + h * W):
+                        I[i] += share
+    I[gx] = I[g] + _normalize(I, gx, planes * H * W)
+
+
+def int_average_pool_grad_check(args, c):
+    planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, ch0, ch1, cw0, cw1 = c.ints
+    _pool_check(c, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL)
+    c.within(ch0, -pT, 0, "first counted row")
+    c.within(cw0, -pL, 0, "first counted column")
+    c.within(ch1, H, H + kH, "counted rows")
+    c.within(cw1, W, W + kW, "counted columns")
+    c.within(((kH + sH - 1) // sH) * ((kW + sW - 1) // sW), 1, 64, "windows per element")
+    c.holds(2, 2 * kH * kW)
+    # 2**8 / count for counts 1 .. kH * kW: a share below 2**(MANT_BITS + 8)
+    derive_once(c, 2, pairs_of(f32((1 << POOL_FRACTION) / n) for n in range(1, kH * kW + 1)))
+    c.blob.int_units[c.tensors[0]] = f32(_unit(c, 1) / (1 << POOL_FRACTION))
+
+
+def _pool_check(c, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL):
+    c.positive(planes, H, W, OH, OW, kH, kW, sH, sW)
+    c.within(pT, 0, kH - 1, "top padding")
+    c.within(pL, 0, kW - 1, "left padding")
+    c.within((OH - 1) * sH - pT, 0, H - 1, "windows")     # every window starts in the image
+    c.within((OW - 1) * sW - pL, 0, W - 1, "windows")
+    c.holds(0, 1 + planes * H * W)
+    c.holds(1, 1 + planes * OH * OW)
+    c.apart(0, 1)

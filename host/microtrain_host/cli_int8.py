@@ -1,0 +1,102 @@
+"""`microtrain pack --int8`: its options and help (added to the pack parser by cli_parser.py)
+and the float pack options it refuses, by name, before any work (int8pack.py does the
+packing; cli.py prints)."""
+import os
+
+# `train` and `deploy` take an integer training directory as any other (tools/train.py
+# artifact_files)
+ARTIFACTS_HELP = ("directory written by `microtrain pack` (model.mtb, checkpoint) or export "
+                  "--int8-train (int8_train.mtb, .ckpt; samples quantized for its int8 input)")
+# pack options the integer path has no form of yet, with what to say instead
+FLOAT_ONLY = {
+    "requires_grad": "--requires-grad",
+    "frozen": "--frozen",
+    "loss_inputs": "--loss-inputs",
+    "weight_decay": "--weight-decay",
+    "dampening": "--dampening",
+    "nesterov": "--nesterov",
+    "l1_penalty": "--l1-penalty",
+    "l2_penalty": "--l2-penalty",
+    "clip_grad_norm": "--clip-grad-norm",
+    "recompute": "--recompute",
+    "nominal_checkpoint": "--nominal-checkpoint",
+    "qat": "--qat",
+    "quantize": "--quantize",
+    "keep_float": "--keep-float",
+}
+
+
+def add_int8_arguments(parser):
+    g = parser.add_argument_group(
+        "integer training",
+        "--int8 packs a float model for training in integers on the device: the activation "
+        "ranges calibrated on samples (or taken from a QAT-trained checkpoint), int8 "
+        "weights per output channel (BatchNormalization folded into the convolution "
+        "before it, at any --batch-size), every train step integer-only. Writes model.mtb, "
+        "checkpoint, int8.json (the input's scale and zero point: the blob takes int8 / "
+        "uint8 inputs) and model_qdq.onnx (the int8 model for onnxruntime). Integer "
+        "training is SGD (--lr, default 0.01; --momentum) of the classifier; --train-last "
+        "2 adds the 1x1 convolution before the GlobalAveragePool, --train-last 3 the "
+        "depthwise one before it too; --train-biases trains every convolution's bias. "
+        "Example: microtrain pack model.onnx -o build --int8 --calibrate data.npz "
+        "--batch-size 1 --train-biases --train-last 3")
+    g.add_argument("--int8", action="store_true",
+                   help="write the integer training blob (needs --calibrate or "
+                        "--qat-checkpoint)")
+    g.add_argument("--calibrate", metavar="NPZ",
+                   help="with --int8: an .npz whose x_train (or x) samples, [N, *input "
+                        "shape] or flattened [N, values], set each quantized activation's "
+                        "range (its min and max over all samples, the float model in "
+                        "inference form)")
+    g.add_argument("--qat-checkpoint", metavar="CKPT",
+                   help="with --int8, instead of --calibrate: a checkpoint of `pack --qat` "
+                        "artifacts of this model, trained: its observer ranges and weights")
+
+
+def int8_pack_options(args):
+    """pack_int8's keyword arguments from the pack arguments, or an ArtifactError naming the
+    option the integer path cannot take."""
+    from .errors import ArtifactError
+    if not args.int8:
+        for flag, value in (("--calibrate", args.calibrate),
+                            ("--qat-checkpoint", args.qat_checkpoint)):
+            if value is not None:
+                raise ArtifactError(f"{flag} is for the integer training blob: add --int8")
+        return None
+    for name, flag in FLOAT_ONLY.items():
+        if getattr(args, name) not in (None, False):
+            raise ArtifactError(f"{flag} is not supported with --int8: integer training is "
+                                f"SGD (--lr, --momentum) of the layers --train-biases / "
+                                f"--train-last choose, with the softmax cross-entropy loss")
+    if args.optimizer not in (None, "sgd"):
+        raise ArtifactError(f"--optimizer {args.optimizer}: integer training (--int8) steps "
+                            f"with SGD only (give --optimizer sgd, or leave it out)")
+    if args.loss != "cross_entropy":
+        raise ArtifactError(f"--loss {args.loss}: integer training (--int8) has the softmax "
+                            f"cross-entropy loss only")
+    if args.momentum is not None and not args.momentum < 1:
+        raise ArtifactError(f"--momentum {args.momentum:g}: integer SGD momentum must lie "
+                            f"in [0, 1)")
+    if args.lr == 0:
+        raise ArtifactError("--lr 0: integer training needs a positive learning rate")
+    return dict(calibration=args.calibrate, qat_checkpoint=args.qat_checkpoint,
+                batch_size=args.batch_size, train_biases=args.train_biases,
+                train_last=args.train_last, learning_rate=args.lr,
+                momentum=args.momentum or 0.0, activation_dtype=args.activation_dtype,
+                prefix=args.prefix)
+
+
+def int8_pack_text(args, info):
+    """What `pack --int8` prints: the files, what trains, the input quantization."""
+    lines = [f"packed {args.model} -> {args.output}/ (integer training blob; activation "
+             + (f"ranges calibrated on {info['samples']} samples of {info['samples_key']})"
+                if "samples" in info else f"ranges of {info['qat_checkpoint']})")]
+    for key in ("blob", "checkpoint", "info", "qdq_model"):
+        lines.append(f"  {os.path.basename(info[key]):24s} {os.path.getsize(info[key]):8d} "
+                     f"bytes")
+    lines.append(f"trained in integers (SGD, lr {info['learning_rate']:g}, momentum "
+                 f"{info['momentum']:g}): {', '.join(info['parameters'])}")
+    lines.append(f"input '{info['input']}' {info['input_shape']}: {info['input_type']}, "
+                 f"scale {info['input_scale']:g}, zero point {info['input_zero_point']} "
+                 f"(in the blob and in {os.path.basename(info['info'])})")
+    return "\n".join(lines)

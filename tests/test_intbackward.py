@@ -1,0 +1,294 @@
+"""Issue 22, integer training beyond a chain of convolutions (quant/intbackward.py,
+kernels/intflow.py): one integer step of the biases of every layer and the weights of the
+last ones, through residual Adds (a strided shortcut conv; a tensor read by two layers),
+padded average pools that do not count their padding, max pools, Flatten heads, hidden Gemms
+and 1-D convolutions, against torch float64 autograd on the dequantized model: the fused
+int8 graph replayed node by node, each tensor carrying the device's forward value and the
+float op's gradient through its clamp (the straight-through estimator of QAT). Then the
+same blobs on MicroPython under heap_lock equal CPython, and what cannot be trained in
+integers is refused at pack time naming the node."""
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import numpy_helper
+from torch import nn
+
+from conftest import DEVICE, ROOT, run_micropython
+from microtrain import CheckpointState, Module
+from microtrain import blob as device_blob
+from microtrain import parser as device_blob_parser
+from microtrain.feed import copy_inputs
+from microtrain_host.errors import UnsupportedOpError
+from microtrain_host.graph import attr
+from microtrain_host.quant.int8 import int8_graph
+from microtrain_host.quant.inttrain import int8_training_artifacts, quantize_input
+from reference_models import ReferenceModel, lenet, mobilenet_v2_block, resnet_block
+
+F = torch.nn.functional
+INT_GEMM_LOGITS, INT_SOFTMAX_CE = 242, 243
+
+
+class Conv1dNet(nn.Module):
+    # an IMU-style 1-D conv net: Conv1d + ReLU, MaxPool1d, Conv1d + ReLU, Flatten, Gemm
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv1d(3, 6, 5, padding=2), nn.ReLU(), nn.MaxPool1d(2),
+                                  nn.Conv1d(6, 8, 3, stride=2, padding=1), nn.ReLU())
+        self.head = nn.Linear(8 * 4, 4)
+
+    def forward(self, x):
+        return self.head(self.body(x).flatten(1))
+
+
+def conv1d_net():
+    torch.manual_seed(4)
+    return ReferenceModel("conv1d_net", Conv1dNet(), (3, 16), "CrossEntropyLoss", 4,
+                          {"SGD": 0.05})
+
+
+def mlp():
+    torch.manual_seed(5)
+    module = nn.Sequential(nn.Linear(20, 24), nn.ReLU(), nn.Linear(24, 16), nn.ReLU(),
+                           nn.Linear(16, 5))
+    return ReferenceModel("mlp", module, (20,), "CrossEntropyLoss", 4, {"SGD": 0.05})
+
+
+MODELS = {"resnet_block": resnet_block, "lenet": lenet, "conv1d_net": conv1d_net, "mlp": mlp}
+CONFIGS = {"biases": dict(train_biases=True), "last3": dict(train_last=3),
+           "biases_last2": dict(train_biases=True, train_last=2)}
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def qdq(request, tmp_path_factory):
+    from torch_reference import qat_qdq_model
+    tmp = tmp_path_factory.mktemp(request.param)
+    xs, ys = qat_qdq_model(MODELS[request.param](), tmp, 8)
+    return request.param, tmp, xs, ys
+
+
+def _bytes(model, tid):
+    signed = model.blob.dtypes[tid] == device_blob.INT8
+    return np.frombuffer(bytes(model.output(tid)), np.int8 if signed else np.uint8
+                         ).astype(np.int64)
+
+
+def _forward(model, info, x, y):
+    """Run the train program's steps by hand up to the classifier, keeping every byte
+    tensor a step writes (the planner reuses their space later); returns {tensor name:
+    int values} and the trained parameters' values before the step."""
+    b = model.blob
+    program = model._train
+    copy_inputs(b, model.F, model.I, program, (x, y), b.num_classes)
+    records = device_blob_parser.load(info["blob"], keep_steps=True).step_records["train"]
+    values = {info["input"]: _bytes(model, b.tensor_id(info["input"]))}
+    before = {}
+    for name in info["parameters"]:
+        tid = b.tensor_id(name)
+        before[name] = (_bytes(model, tid) if b.dtypes[tid] == device_blob.INT8 else
+                        np.array(model.output(tid), np.int64))
+    for (kernel, args), (op, tensors, ints, _) in zip(program.steps, records):
+        kernel(model.F, model.I, args)
+        if 220 <= op <= 228:
+            values[b.names[tensors[0]]] = _bytes(model, tensors[0])
+        if op == INT_SOFTMAX_CE:
+            values["inttrain.grad"] = np.array(model.output(tensors[1]), np.int64)
+            break
+    return values, before
+
+
+def torch_step(fused, quant_of, values, before, info, y, lr, loss):
+    """{parameter name: expected step in quanta} of torch float64 SGD on the dequantized
+    model, replayed over the fused graph: of the classifier's cross-entropy, or (loss
+    "device") of the logits times the device's own loss gradient (the integer softmax's
+    p - onehot, whose logits are fixed point with 8 fractional bits: this isolates the
+    backward from that rounding)."""
+    inits = {i.name: numpy_helper.to_array(i) for i in fused.graph.initializer}
+    m = info["batch_size"]
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in list(fused.graph.value_info) + list(fused.graph.input)}
+    vals, leaves = {}, {}
+
+    def deq(name):
+        s, z = quant_of(name)
+        shape = shapes.get(name, [m, -1])
+        return torch.tensor((values[name] - z) * s).reshape([m] + list(shape[1:]))
+
+    def straight(node, z, masked=True):
+        name = node.output[0]
+        y_q = values[name].reshape(z.shape)
+        keep = np.ones(z.shape) if not masked else (
+            (y_q > attr(node, "lo", 0)) & (y_q < attr(node, "hi", 255))).astype(np.float64)
+        vals[name] = deq(name).reshape(z.shape) + (z - z.detach()) * torch.tensor(keep)
+
+    gemm = None
+    for n in fused.graph.node:
+        op = n.op_type
+        if op == "Quantize":
+            vals[n.output[0]] = deq(n.output[0])
+        elif op in ("QLinearConv", "QLinearGemm") and n.output[0] not in values:
+            gemm = n                                  # the classifier
+        elif op in ("QLinearConv", "QLinearGemm"):
+            x = vals[n.input[0]]
+            sx = quant_of(n.input[0])[0]
+            sw = np.array(attr(n, "w_scales"), np.float64)
+            w = inits[n.input[1]].astype(np.float64)
+            if op == "QLinearGemm" and not attr(n, "transB", 0):
+                w = w.T
+            wname, bname = n.input[1].removesuffix(".quantized"), n.input[2].removesuffix(
+                ".quantized")
+            if wname in before:
+                w = before[wname].reshape(w.shape).astype(np.float64)
+            b = before[bname] if bname in before else inits[n.input[2]]
+            sw = sw if sw.size > 1 else np.full(w.shape[0], sw[0])
+            W = torch.tensor(w * sw.reshape([-1] + [1] * (w.ndim - 1)), requires_grad=True)
+            B = torch.tensor(b * sx * sw, requires_grad=True)
+            leaves[bname] = (B, sx * sw)
+            leaves[wname] = (W, sw.reshape([-1] + [1] * (w.ndim - 1)))
+            if op == "QLinearGemm":
+                z = x.reshape(m, -1) @ W.T + B
+            else:
+                conv = F.conv1d if x.dim() == 3 else F.conv2d
+                pads = list(attr(n, "pads", [0] * (2 * (x.dim() - 2))))
+                rank = x.dim() - 2
+                if pads[:rank] != pads[rank:]:      # asymmetric: pad explicitly
+                    x = F.pad(x, sum(([pads[rank + i], pads[i]] for i in
+                                      reversed(range(rank))), []))
+                    pads = [0] * (2 * rank)
+                z = conv(x, W, B, list(attr(n, "strides", [1] * rank)), pads[:rank],
+                         list(attr(n, "dilations", [1] * rank)), attr(n, "group", 1))
+            straight(n, z)
+        elif op == "QLinearAdd":
+            straight(n, vals[n.input[0]] + vals[n.input[1]])
+        elif op in ("QLinearMaxPool", "QLinearAveragePool"):
+            x = vals[n.input[0]]
+            rank = x.dim() - 2
+            kernel = list(attr(n, "kernel_shape"))
+            strides = list(attr(n, "strides", [1] * rank))
+            pads = list(attr(n, "pads", [0] * (2 * rank)))[:rank]
+            ceil = bool(attr(n, "ceil_mode", 0))
+            if op == "QLinearMaxPool":
+                pool = F.max_pool1d if rank == 1 else F.max_pool2d
+                z = pool(x, kernel, strides, pads, ceil_mode=ceil)
+            else:
+                pool = F.avg_pool1d if rank == 1 else F.avg_pool2d
+                z = pool(x, kernel, strides, pads, ceil_mode=ceil,
+                         count_include_pad=bool(attr(n, "count_include_pad", 0)))
+            straight(n, z, masked=False)
+        elif op == "QLinearGlobalAveragePool":
+            x = vals[n.input[0]]
+            straight(n, x.mean(dim=tuple(range(2, x.dim())), keepdim=True), masked=False)
+        elif op in ("Flatten", "Reshape", "Squeeze", "Unsqueeze"):
+            values.setdefault(n.output[0], values[n.input[0]])      # a view: the same bytes
+            vals[n.output[0]] = vals[n.input[0]].reshape(m, -1) if op == "Flatten" else \
+                vals[n.input[0]].reshape([m] + shapes[n.output[0]][1:])
+    feature = gemm.input[0]
+    prev = vals[feature].reshape(m, -1)
+    sf, zf = quant_of(feature)
+    feat = torch.tensor((values[feature].reshape(m, -1) - zf) * sf) + prev - prev.detach()
+    swc = np.array(info["weight_scales"], np.float64)
+    Wc = torch.tensor(before[info["weight"]].reshape(len(swc), -1) * swc[:, None])
+    Bc = torch.tensor(before[info["bias"]] * sf * swc)
+    if loss == "device":
+        g = torch.tensor(values["inttrain.grad"].reshape(m, -1) / 16384.0 / m)
+        ((feat @ Wc.T + Bc) * g).sum().backward()
+    else:
+        F.cross_entropy(feat @ Wc.T + Bc, torch.tensor(y)).backward()
+    return {name: lr * leaf.grad.numpy() / unit for name, (leaf, unit) in leaves.items()
+            if name in before and leaf.grad is not None}
+
+
+# how far beyond half a quantum a step may be, in parts of its layer's largest step: the
+# integer backward alone (13-bit mantissas, measured at most 9.9e-4), and with the integer
+# softmax's fixed-point logits (measured at most 4.7e-3; its p - onehot carries their 2**-9
+# rounding, which a step that sums classes of opposite signs shows relatively larger)
+TOLERANCE = {"device": 2 ** -9, "cross_entropy": 1e-2}
+
+
+@pytest.mark.parametrize("loss", list(TOLERANCE))
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_integer_backward_equals_torch_float64(qdq, config, loss, tmp_path):
+    name, tmp, xs, ys = qdq
+    lr = 4.0        # steps of several quanta
+    info = int8_training_artifacts(tmp / "qdq.onnx", tmp_path, lr, stochastic=False,
+                                   **CONFIGS[config])
+    fused = int8_graph(onnx.load(tmp / "qdq.onnx"))
+    b = device_blob_parser.load(info["blob"])
+
+    def quant_of(tensor):
+        scales, zps, _ = b.quant[b.tensor_id(tensor)]
+        return scales[0], zps[0]
+
+    rng = np.random.default_rng(3)
+    worst = 0.0
+    checked = set()
+    for trial in range(2):
+        model = Module(info["blob"], CheckpointState.load_checkpoint(info["checkpoint"]))
+        x = quantize_input(xs[trial] + rng.standard_normal(xs[trial].shape).astype(np.float32)
+                           * 0.1, info).reshape(-1).tolist()
+        y = [int(v) for v in ys[trial]]
+        values, before = _forward(model, info, x, y)
+        expected = torch_step(fused, quant_of, values, before, info, y, lr, loss)
+        model = Module(info["blob"], CheckpointState.load_checkpoint(info["checkpoint"]))
+        model(x, y)
+        for param, step in expected.items():
+            tid = model.blob.tensor_id(param)
+            weight = model.blob.dtypes[tid] == device_blob.INT8
+            after = _bytes(model, tid) if weight else np.array(model.output(tid), np.int64)
+            got = (before[param] - after).reshape(step.shape)
+            # (an int8 weight stops at +-127: those elements are left out)
+            free = np.abs(before[param].reshape(step.shape) - np.round(step)) <= (
+                127 if weight else 1 << 23)
+            err = np.abs(got - step)[free]
+            largest = float(np.abs(step).max())
+            worst = max(worst, float((err.max() - 0.5) / largest) if largest else 0.0)
+            # half a quantum of rounding plus 1e-3 of the layer's largest step
+            assert np.all(err <= 0.5 + TOLERANCE[loss] * largest + 1e-9), (
+                param, err.max(), largest)
+            if largest > 1:
+                checked.add(param)
+    trained = set(info["parameters"]) - {info["weight"], info["bias"]}
+    assert checked == trained, (sorted(trained - checked), sorted(checked))
+    print(f"{name} {config} ({loss} gradient): {len(trained)} parameters vs torch float64, "
+          f"beyond half a quantum at most {worst:.1e} of the layer's largest step")
+
+
+@pytest.mark.parametrize("config", ["biases_last2"])
+def test_integer_backward_micropython_heap_lock_equals_cpython(qdq, config, micropython,
+                                                                tmp_path):
+    name, tmp, xs, ys = qdq
+    info = int8_training_artifacts(tmp / "qdq.onnx", tmp_path / "int", 0.5, **CONFIGS[config])
+    rng = np.random.default_rng(6)
+    (tmp_path / "data.bin").write_bytes(b"".join(
+        quantize_input(x + rng.standard_normal(x.shape).astype(np.float32) * 0.1,
+                       info).tobytes() + np.asarray(y, "<i4").tobytes()
+        for x, y in zip(xs[:3], ys[:3])))
+    args = [info["blob"], info["checkpoint"], tmp_path / "data.bin", 4]
+    script = ROOT / "tests" / "device_scripts" / "inttrain_steps.py"
+    fast = run_micropython(micropython, script, *args, "fast", tmp_path / "f.ckpt")
+    pure = run_micropython(micropython, script, *args, "pure", tmp_path / "p.ckpt")
+    cpython = subprocess.run([sys.executable, str(script), *map(str, args), "pure",
+                              str(tmp_path / "c.ckpt")], capture_output=True, text=True,
+                             env={"PYTHONPATH": str(DEVICE)}, check=True).stdout
+    assert fast.startswith("locked True"), fast
+    body = lambda out: out.split("\n", 1)[1]                      # noqa: E731
+    assert body(fast) == body(pure) == body(cpython)
+    assert ((tmp_path / "f.ckpt").read_bytes() == (tmp_path / "p.ckpt").read_bytes()
+            == (tmp_path / "c.ckpt").read_bytes())
+
+
+def test_what_has_no_integer_backward_is_refused_naming_the_node(tmp_path):
+    from torch_reference import qat_qdq_model
+    qat_qdq_model(mobilenet_v2_block(), tmp_path, 2)      # a float ReduceMean before the head
+    for kwargs in (dict(train_biases=True), dict(train_last=2)):
+        with pytest.raises(UnsupportedOpError, match="node '.*ReduceMean.*' .* no integer "
+                                                     "backward"):
+            int8_training_artifacts(tmp_path / "qdq.onnx", tmp_path / "int", 0.05, **kwargs)
+    # its classifier alone trains
+    info = int8_training_artifacts(tmp_path / "qdq.onnx", tmp_path / "int", 0.05)
+    assert info["parameters"] == [info["weight"], info["bias"]]
+    with pytest.raises(UnsupportedOpError, match="last 9 layers: the model has"):
+        int8_training_artifacts(tmp_path / "qdq.onnx", tmp_path / "int", 0.05, train_last=9)
