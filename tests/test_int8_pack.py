@@ -16,7 +16,6 @@ import torch
 from conftest import ROOT
 from microtrain import CheckpointState, Module, Optimizer
 from microtrain_host.cli import main
-from microtrain_host.int8pack import INTEGER_CHOICES
 from microtrain_host.ops.inttrain import LOGIT_BITS
 from microtrain_host.quant.inttrain import quantize_input
 
@@ -192,14 +191,10 @@ def ds_cnn(tmp_path_factory):
     return tmp, x, y, logits
 
 
-# every choice int8_training_choice maps, (train_biases, train_last) as in INTEGER_CHOICES,
-# each at a batch size of its own: batch 1 with BatchNorm (folded at export) included
+# (train_biases, train_last) choices, each at a batch size of its own: batch 1 with
+# BatchNorm (folded at export) included
 CHOICES = [((False, 1), 4), ((False, 2), 2), ((False, 3), 1), ((True, 1), 1), ((True, 2), 2),
            ((True, 3), 1)]
-
-
-def test_every_integer_choice_is_tested():
-    assert {choice for choice, _ in CHOICES} == set(INTEGER_CHOICES)
 
 
 @pytest.mark.parametrize("choice,batch", CHOICES)
@@ -253,7 +248,7 @@ def test_ds_cnn_momentum(ds_cnn, tmp_path):
     tmp, x, y, _ = ds_cnn
     info = pack(tmp / "ds.onnx", tmp_path, tmp / "data.npz", "--batch-size", 2, "--optimizer",
                 "sgd", "--momentum", 0.9, "--lr", 0.05, "--train-biases", "--train-last", 3)
-    assert info["momentum"] == 0.9 and info["train_depthwise"] and info["train_biases"]
+    assert info["momentum"] == 0.9 and info["train_last"] == 3 and info["train_biases"]
     losses = train_steps(info, x, y, steps=3)
     assert losses[-1] < losses[0], losses
 
@@ -282,8 +277,8 @@ REFUSED = [
     (["--calibrate", "{bad}/nokey.npz"], "has no array x_train or x (it has ['samples'])"),
     (["--calibrate", "{bad}/shape.npz"], "takes samples of shape [N, 64]"),
     (["--calibrate", "{bad}/missing.npz"], "does not exist"),
-    (["--calibrate", "{digits}", "--train-biases"], "GlobalAveragePool"),
-    (["--calibrate", "{digits}", "--train-last", "5"], "does not support --train-last 5 yet"),
+    (["--calibrate", "{digits}", "--train-last", "5"], "the last 5 layers: the model has"),
+    (["--calibrate", "{digits}", "--train-last", "0"], "trains at least the classifier"),
     (["--calibrate", "{digits}", "--optimizer", "adamw"], "SGD only"),
     (["--calibrate", "{digits}", "--requires-grad", "3.weight"],
      "--requires-grad is not supported with --int8"),

@@ -36,8 +36,9 @@ def add_int8_arguments(parser):
         "checkpoint, int8.json (the input's scale and zero point: the blob takes int8 / "
         "uint8 inputs) and model_qdq.onnx (the int8 model for onnxruntime). Integer "
         "training is SGD (--lr, default 0.01; --momentum) of the classifier; --train-last "
-        "2 adds the 1x1 convolution before the GlobalAveragePool, --train-last 3 the "
-        "depthwise one before it too; --train-biases trains every convolution's bias. "
+        "N adds the weights of the N - 1 layers before it, --train-biases every layer's "
+        "bias (the backward runs in integers through convolutions, Gemms, residual Adds, "
+        "pools and Flatten; every layer it passes trains its bias). "
         "Example: microtrain pack model.onnx -o build --int8 --calibrate data.npz "
         "--batch-size 1 --train-biases --train-last 3")
     g.add_argument("--int8", action="store_true",

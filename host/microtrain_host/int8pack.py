@@ -16,8 +16,8 @@ The route, every stage an existing one:
      stored under the names of every pack: model.mtb, checkpoint, and int8.json (the input
      quantization and what trains), plus model_qdq.onnx (the int8 model, for onnxruntime).
 
-What trains is the float path's choice (--train-biases, --train-last N) mapped onto what the
-integer backward can do today: int8_training_choice, one table."""
+What trains is the float path's choice (--train-biases, --train-last N), mapped by
+int8_training_choice."""
 import json
 import os
 import tempfile
@@ -39,33 +39,20 @@ BLOB, CHECKPOINT, INFO, QDQ_MODEL = "model.mtb", "checkpoint", "int8.json", "mod
 SAMPLE_KEYS = ("x_train", "x")
 DEFAULT_LEARNING_RATE = 0.01
 
-# (train_biases, train_last) -> int8_training_artifacts keywords. A layer is a node with
-# weights, counted from the output as --train-last counts them: 1 the classifier, 2 also the
-# 1x1 convolution before the GlobalAveragePool, 3 also the depthwise convolution before
-# that (the whole last block of a DS-CNN). With --train-biases every convolution's bias
-# trains too. The classifier always trains.
-INTEGER_CHOICES = {
-    (False, 1): {},
-    (False, 2): {"train_conv": True},
-    (False, 3): {"train_depthwise": True},
-    (True, 1): {"train_biases": True},
-    (True, 2): {"train_biases": True, "train_conv": True},
-    (True, 3): {"train_biases": True, "train_depthwise": True},
-}
-
-
 def int8_training_choice(train_biases=False, train_last=None):
-    """The int8_training_artifacts keywords of a sparse-update choice (INTEGER_CHOICES), or an
-    ArtifactError saying what integer training supports."""
-    key = (bool(train_biases), 1 if train_last is None else int(train_last))
-    if key not in INTEGER_CHOICES:
-        lasts = sorted({last for _, last in INTEGER_CHOICES})
-        raise ArtifactError(
-            f"integer training (--int8) does not support --train-last {key[1]} yet: it trains "
-            f"the last {lasts[0]} to {lasts[-1]} layers (1: the classifier, 2: also the 1x1 "
-            f"convolution before the GlobalAveragePool, 3: also the depthwise one before "
-            f"it), with or without --train-biases")
-    return dict(INTEGER_CHOICES[key])
+    """The int8_training_artifacts keywords of the float path's choice: --train-last N (a
+    layer is a node with weights, counted from the output as for a float pack: 1 the
+    classifier alone, N also the weights of the N - 1 layers before it) and --train-biases
+    (the bias of every layer). Every layer the integer backward passes trains its bias too
+    (quant/intbackward.py)."""
+    last = 1 if train_last is None else int(train_last)
+    if last < 1:
+        raise ArtifactError(f"--train-last {last}: integer training (--int8) trains at least "
+                            f"the classifier (--train-last 1)")
+    choice = {"train_biases": True} if train_biases else {}
+    if last > 1:
+        choice["train_last"] = last
+    return choice
 
 
 def pack_int8(model, output, *, calibration=None, qat_checkpoint=None, batch_size=None,

@@ -321,6 +321,8 @@ def int8_training_artifacts(qdq_model, out_dir, learning_rate=0.01, stochastic=T
         info = dict(info, learning_rate=float(learning_rate), stochastic=bool(stochastic),
                     momentum=float(momentum), train_conv=bool(train_conv or train_depthwise),
                     train_biases=bool(train_biases), train_depthwise=bool(train_depthwise),
+                    train_last=int(train_last or (3 if train_depthwise else
+                                                  2 if train_conv else 1)),
                     **paths)
         write_atomically(paths["info"], json.dumps(info, indent=1).encode())
     except OSError as e:
