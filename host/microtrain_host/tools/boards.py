@@ -257,7 +257,13 @@ def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None, nat
     # while Module loads: the state as read (its own arrays), the blob's bytes or the arenas
     # (loader.load_into_arenas reads the file into a buffer the size of the arenas, parses it,
     # drops it and allocates the arenas in its place)
-    load = code + loaded_state + max(blob_file, arenas)
+    transient = max(blob_file, arenas)
+    if in_rom:
+        # inplace.load_buffer allocates the arenas first and parses the blob beside them:
+        # the blob as parsed (its quantization tables still there) adds to them
+        from microtrain import parser as device_blob_parser
+        transient = arenas + heap_bytes([device_blob_parser.load(source)], word)
+    load = code + loaded_state + transient
     # train_on_board.py frees a block this large just before Module loads; the reader's
     # small objects may land in the same hole: 2 KiB of slack for them
     reserve = max(blob_file, arenas) + 2048
@@ -277,7 +283,7 @@ def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None, nat
         again = CheckpointState.load_checkpoint(str(resume))
         # the second state, and the stream's read buffer (CheckpointState.stream)
         reload = resume_heap + heap_bytes([again], word) + model.size(bytearray(256), ())
-    resume_load = code + loaded_resumed + max(blob_file, arenas)
+    resume_load = code + loaded_resumed + transient
     largest = max(model.size(a, ()) for a in (module.F, module.I, module.blob.Q)
                   if a is not None)
     fit = FitReport(board, placement, runtime_mpy, code, load, train, largest, reserve,
