@@ -142,6 +142,11 @@ def calibrated_ranges(eval_model, values, owners, x, key="x"):
         raise ArtifactError(f"integer training needs a model with one input; it has "
                             f"{len(graph.input)}")
     x_info = graph.input[0]
+    if x_info.type.tensor_type.elem_type != TensorProto.FLOAT:
+        raise ArtifactError(f"integer training quantizes a float input; the model's input "
+                            f"'{x_info.name}' is "
+                            f"{TensorProto.DataType.Name(x_info.type.tensor_type.elem_type)} "
+                            f"(token ids: an embedding has no int8 kernel)")
     shape = [d.dim_value for d in x_info.type.tensor_type.shape.dim]
     per_sample = int(np.prod(shape[1:]))
     if x.shape[1:] != tuple(shape[1:]) and int(np.prod(x.shape[1:])) != per_sample:

@@ -158,6 +158,9 @@ def lower_int_gemm_grad_input(ctx, node):
     if tuple(ctx.tensors[g].shape) != (m, n) or len(w.scale) != n:
         raise UnsupportedOpError(f"{ctx.where(node)}: gradient {list(ctx.tensors[g].shape)} "
                                  f"and weight {[n, k]} do not match")
+    if n > 511:         # (kernels/inttrain.py int_gemm_grad_input_check)
+        raise UnsupportedOpError(f"{ctx.where(node)}: {n} classes; the integer backward "
+                                 f"below a classifier takes at most 511")
     d = _int_tensor(ctx, node.output[0], (m, k))
     factors = _derived(ctx, f"{node.input[1]}.input_factors", 2 * n)
     ctx.step(op.INT_GEMM_GRAD_INPUT, [d, g, wid, factors], [m, k, n])

@@ -60,9 +60,12 @@ def _classifier(fused):
             f"Gemm (found {deq.op_type if deq is not None else 'no node'}); the classifier "
             f"must be a quantized Gemm")
     quant = [n for n in g.node if n.op_type == "Quantize" and n.input[0] == g.input[0].name]
-    if len(quant) != 1 or any(g.input[0].name in n.input for n in g.node if n is not quant[0]):
-        raise UnsupportedOpError("integer training: the input must be read only by its "
-                                 "QuantizeLinear (the device is fed quantized inputs)")
+    others = [n for n in g.node if g.input[0].name in n.input and n not in quant[:1]]
+    if len(quant) != 1 or others:
+        where = f": node '{others[0].name}' ({others[0].op_type}) reads it" if others else ""
+        raise UnsupportedOpError(f"integer training: the input '{g.input[0].name}' must be "
+                                 f"read only by its QuantizeLinear (the device is fed "
+                                 f"quantized inputs){where}")
     if attr(gemm, "transA", 0) or attr(gemm, "alpha", 1.0) != 1.0:
         raise UnsupportedOpError(f"QLinearGemm node '{gemm.name}': transA / alpha")
     return quant[0], gemm, deq
@@ -111,8 +114,12 @@ def _trained_weights(graph, train_conv, train_depthwise, train_last):
     if train_depthwise:
         layers = graph.layers
         if len(layers) < 2 or attr(layers[-2], "group", 1) == 1:
-            raise UnsupportedOpError("integer training of the last depthwise convolution: "
-                                     "the convolution before the last one is not grouped")
+            raise UnsupportedOpError(
+                "integer training of the last depthwise convolution: " +
+                (f"node '{layers[-2].name}' ({layers[-2].op_type}) before the last layer is "
+                 f"not grouped" if len(layers) >= 2 else "the model has one layer before "
+                 "the classifier") + " (--train-last 3 trains the last two layers of any "
+                "kind)")
         return graph.last_layers(2)
     return graph.last_layers(1) if train_conv else []
 
@@ -194,6 +201,11 @@ def int8_training_model(qdq_model, stochastic=True, train_conv=False, momentum=0
     conv_nodes = []
     masks = {}
     extra = []
+    if train_conv and not (train_biases or train_depthwise or train_last):
+        try:        # a 1x1 conv into the GlobalAveragePool: one fused update step
+            _last_conv(fused, gemm)
+        except UnsupportedOpError:
+            train_last = 2          # any other last layer: the general backward
     if train_biases or train_depthwise or (train_last or 1) > 1:
         constants = {}
         graph = Graph(fused, gemm)
