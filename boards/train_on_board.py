@@ -1,7 +1,10 @@
 # Training script `microtrain deploy` runs on the board (mpremote run). deploy prepends the
-# settings: STEPS (0: whole epochs), EPOCHS, LR (None: the blob's), LABELS ("i32" or "f32"),
-# OUTPUT (the checkpoint to save), WITH_OPTIMIZER_STATE, RESERVE (bytes). Data streams from
-# x_train.f32 and y_<LABELS> files, one batch in RAM. Prints one "step N LOSS" line per step,
+# settings: STEPS (0: whole epochs), EPOCHS, LR (None: the blob's), INPUTS ("f32", or "i8" /
+# "u8": an integer training blob's samples, quantized on the host), LABELS ("i32" or "f32"),
+# OUTPUT (the checkpoint to save), WITH_OPTIMIZER_STATE, RESERVE (bytes), BLOB (the blob's
+# path: "model.mtb", or "/rom/model.mtb" in the ROMFS image, then opened as a buffer so
+# that its int8 weights stay in flash). Data streams from x_train.<INPUTS> and
+# y_train.<LABELS> files, one batch in RAM. Prints one "step N LOSS" line per step,
 # N counted from the checkpoint's optimizer step (a resumed run continues the numbering)
 # and "heap PHASE BYTES" after each phase (live heap after gc.collect(), relative to before
 # the import), then "peak BYTES"; an out-of-memory error names the phase and the bytes.
@@ -51,22 +54,24 @@ def run():
     # Collect every 4 KB allocated while Module loads: the garbage its reader makes then keeps
     # reusing the small holes instead of marching into the one kept for the arenas.
     gc.threshold(4096)
-    model = Module("model.mtb", state)
+    blob = memoryview(open(BLOB, "rb")) if BLOB.startswith("/rom/") else BLOB
+    model = Module(blob, state)
     gc.threshold(-1)
     probe("module")
-    opt = Optimizer("model.mtb", model)
+    opt = Optimizer(blob, model)
     if LR is not None:
         opt.set_learning_rate(LR)
     b = model.blob
     x_id, y_id = b.programs["train"].inputs
-    x = array("f", bytes(4 * b.sizes[x_id]))
+    item = 4 if INPUTS == "f32" else 1
+    x = array({"f32": "f", "i8": "b", "u8": "B"}[INPUTS], bytes(item * b.sizes[x_id]))
     y = array("i" if LABELS == "i32" else "f", bytes(4 * b.sizes[y_id]))
     probe("optimizer")
     model.train()
     first = step = opt.step_count
     for epoch in range(EPOCHS):
-        with open("x_train.f32", "rb") as fx, open("y_train." + LABELS, "rb") as fy:
-            while fx.readinto(x) == 4 * len(x) and fy.readinto(y) == 4 * len(y):
+        with open("x_train." + INPUTS, "rb") as fx, open("y_train." + LABELS, "rb") as fy:
+            while fx.readinto(x) == item * len(x) and fy.readinto(y) == 4 * len(y):
                 loss = model(x, y)
                 opt.step()
                 model.lazy_reset_grad()
@@ -78,7 +83,7 @@ def run():
         if step - first == STEPS:
             break
     if step == first:
-        raise ValueError("x_train.f32 holds less than one batch")
+        raise ValueError("x_train.%s holds less than one batch" % INPUTS)
     CheckpointState.save_checkpoint(state, OUTPUT, include_optimizer_state=WITH_OPTIMIZER_STATE)
     probe("save")
 

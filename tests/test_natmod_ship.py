@@ -129,11 +129,12 @@ def test_the_runtime_builder_ships_the_native_module(int8_artifacts, tmp_path, c
     assert boards.native_for(blob, boards.load_board("esp32"), "files") == {}
     assert boards.native_for(blob, pico, "frozen") == {}
     assert boards.native_heap(native) == int(boards.NATIVE_HEAP_PER_MPY_BYTE * size)
-    # `microtrain deploy` itself refuses this blob in words: its input is quantized and
-    # deploy feeds float32 samples (the board would refuse the first step)
+    # `microtrain deploy` ships it with the native module, and the samples quantized for
+    # its uint8 input (tests/test_int8_tools.py checks the bytes)
     assert main(["deploy", str(int8_artifacts), "--board", "rp2040-pico", "--dry-run",
-                 "--data", str(ROOT / "examples" / "digits" / "digits.npz")]) == 2
-    assert "integer training blob" in capsys.readouterr().err
+                 "--data", str(ROOT / "examples" / "digits" / "digits.npz")]) == 0
+    out = capsys.readouterr().out
+    assert "qlinear_native.mpy" in out and "x_train.u8" in out and "x_train.f32" not in out
 
 
 def test_inspect_board_counts_the_native_module(int8_artifacts, capsys):

@@ -1,7 +1,7 @@
 # Feeding a program's inputs: one flat sequence per input copied into the arenas, checked
-# on the way (lengths, class labels, the range of int8 inputs). Module and InferenceSession
+# on the way (lengths, class labels; int8 inputs: feedq.py). Module and InferenceSession
 # call it before each run.
-from microtrain.blob import FLOAT, INT8, INT32, ROLE_LABEL
+from microtrain.blob import FLOAT, INT32, ROLE_LABEL
 from microtrain.errors import InputError
 
 
@@ -46,17 +46,13 @@ def copy_inputs(b, F, I, program, inputs, classes):
                             % (_shown(v), i, b.names[tid]))
                     I[off + i] = v      # an int only: array('i') refuses 1.5
             elif b.dtypes[tid] != FLOAT:
-                # an int8 / uint8 input (already quantized: integer training) into the byte
-                # arena
-                Q = b.Q
-                low = -128 if b.dtypes[tid] == INT8 else 0
-                for i in range(n):
-                    v = values[i]
-                    if not low <= v <= low + 255:
-                        raise InputError("value %r at position %d of '%s' is outside the %s "
-                                         "range" % (v, i, b.names[tid],
-                                                    "int8" if low else "uint8"))
-                    Q[off + i] = v & 255
+                # an int8 / uint8 input (integer training): ints as they are, floats
+                # quantized with its scale (feedq.py; a float blob never imports it). The
+                # function is kept: an import statement per call allocates on MicroPython.
+                if not _QUANTIZED:
+                    from microtrain.feedq import copy_quantized
+                    _QUANTIZED.append(copy_quantized)
+                _QUANTIZED[0](b, tid, values, off, n)
             else:
                 top = _FLOAT_MAX
                 for i in range(n):
@@ -96,4 +92,5 @@ def _shown(v):
 
 
 _FLOAT_MAX = 3.4028234663852886e38
+_QUANTIZED = []     # feedq.copy_quantized, once an int8 / uint8 input needed it
 _INT32_SPAN = 0x80000000

@@ -4,7 +4,8 @@
 #
 #   micropython -m microtrain.fit ARTIFACT_DIR DATA_DIR EPOCHS LR OUT_CHECKPOINT [SEED]
 # DATA_DIR holds x_train.f32, y_train.{i32|f32}, x_val.f32, y_val.{i32|f32} (raw
-# little-endian). Progress goes to stdout as lines "@step ..." and "@epoch ...".
+# little-endian); an integer training blob's int8 / uint8 input takes x_*.i8 / x_*.u8
+# instead (quantized on the host). Progress goes to stdout as lines "@step ..." and "@epoch ...".
 import sys
 from array import array
 from microtrain.checkpoint import CheckpointState
@@ -12,12 +13,17 @@ from microtrain.module import Module
 from microtrain.optimizer import Optimizer
 
 _INT32 = 1
+# by the input's dtype (blob.py: FLOAT, INT32, INT8, UINT8): the inputs' file extension and
+# array typecode
+X_FILES = ("f32", "i32", "i8", "u8")
+_TYPECODES = "fibB"
 
 
 def _read(path, typecode):
     import os
-    n = os.stat(path)[6] // 4
-    data = array(typecode, bytes(4 * n))
+    item = 1 if typecode in "bB" else 4
+    n = os.stat(path)[6] // item
+    data = array(typecode, bytes(item * n))
     with open(path, "rb") as f:
         f.readinto(data)
     return data
@@ -38,7 +44,8 @@ class Batches:
         if len(y) != self.count * self.y_size:
             raise ValueError("%d samples of x but %d labels/targets" % (self.count,
                                                                         len(y) // self.y_size))
-        self.xb = array("f", bytes(4 * self.batch * self.x_size))
+        code = _TYPECODES[b.dtypes[x_id]]
+        self.xb = array(code, bytes((1 if code in "bB" else 4) * self.batch * self.x_size))
         self.yb = array("i" if self.y_int else "f", bytes(4 * self.batch * self.y_size))
         self.order = array("i", range(self.count))
         self.full_batches = self.count // self.batch
@@ -80,7 +87,8 @@ def _correct(module, batches, outputs):
     # Cross-entropy: argmax == label. BCE: (logit > 0) == (target > 0.5). Else: None.
     loss = module.blob.loss
     yb = batches.yb
-    if loss == "CrossEntropyLoss":
+    if loss == "CrossEntropyLoss" or loss == "int_softmax_cross_entropy":
+        # (an integer training blob's logits are int32 fixed point: the same argmax)
         classes = len(outputs) // batches.batch
         hits = 0
         for k in range(batches.batch):
@@ -152,8 +160,12 @@ def load(artifacts, data, lr, max_arena_bytes=None):
     optimizer.set_learning_rate(lr)
     y_type = "i" if module.blob.dtypes[module.blob.programs["train"].inputs[1]] == _INT32 else "f"
     ext = ".i32" if y_type == "i" else ".f32"
-    train = Batches(module, _read(data + "/x_train.f32", "f"), _read(data + "/y_train" + ext, y_type))
-    val = Batches(module, _read(data + "/x_val.f32", "f"), _read(data + "/y_val" + ext, y_type))
+    x_dtype = module.blob.dtypes[module.blob.programs["train"].inputs[0]]
+    x_ext, x_type = "." + X_FILES[x_dtype], _TYPECODES[x_dtype]
+    train = Batches(module, _read(data + "/x_train" + x_ext, x_type),
+                    _read(data + "/y_train" + ext, y_type))
+    val = Batches(module, _read(data + "/x_val" + x_ext, x_type),
+                  _read(data + "/y_val" + ext, y_type))
     return state, module, optimizer, train, val
 
 

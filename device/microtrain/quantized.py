@@ -2,7 +2,7 @@
 # .derived, .in_place), read at load by the parser; a float blob never imports this module.
 import struct
 from array import array
-from microtrain.blob import INT8, INT32, ITEM_BYTES, ROLE_CONSTANT, UINT8
+from microtrain.blob import INT8, INT32, ITEM_BYTES, ROLE_CONSTANT, ROLE_INPUT, UINT8
 from microtrain.errors import BlobError
 
 # contract: blob Tensor
@@ -63,4 +63,10 @@ def read_quantized(r, t, b, name, dtype, role, offset, size, in_file):
             raise BlobError("tensor '%s': %d scales and %d zero points for a tensor of "
                             "dtype %d" % (name, len(scales), len(zero_points), dtype))
         b.quant[tid] = (scales, zero_points, r.scalar(t, _TENSOR_AXIS, "i", 0))
+        if role == ROLE_INPUT:
+            # kept past load (the loaders drop b.quant): an int8 / uint8 input then takes
+            # float values too, quantized on the way in (feedq.py)
+            kept = getattr(b, "input_quant", None) or {}
+            kept[tid] = (scales, zero_points)
+            b.input_quant = kept
     return offset

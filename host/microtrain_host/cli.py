@@ -163,7 +163,7 @@ def _fit_text(fit):
         f"(loaded first, then Module, Optimizer); {_kb(fit.resume_load)} inside Module",
         f"  reloading        {_kb(fit.reload)} (Module.load_checkpoint into the training "
         f"model's arenas)",
-        f"  largest block    {_kb(fit.arena)} (the float arena, one contiguous block)",
+        f"  largest block    {_kb(fit.arena)} (the largest arena, one contiguous block)",
         f"  needed           {_kb(fit.needed)}: {verdict}"])
 
 
@@ -189,7 +189,7 @@ def cmd_deploy(args):
                   f"{plan.native[name].parent.name})" if name in plan.native else "")
         print(f"  {name:34s} {size:7,d}{native}")
     print(_fit_text(plan.fit))
-    print(_cost_text(plan.artifacts / "model.mtb", plan.board, bool(plan.native)))
+    print(_cost_text(plan.blob_path, plan.board, bool(plan.native)))
     if plan.resume is not None:
         print(f"resuming from {plan.resume}: optimizer step {plan.start_step}, the data from "
               f"its batch {plan.start_step} on")
@@ -199,6 +199,8 @@ def cmd_deploy(args):
         with tempfile.TemporaryDirectory() as tmp:
             deploy.prepare(plan, data, tmp)
             print(f"would copy ({plan.samples} training samples from {data}):")
+            for note in deploy.dry_run_notes(plan):   # an integer training blob's
+                print(note)
             if plan.romfs_image is not None:
                 print(f"  {'microtrain.romfs':34s} {plan.romfs_image.stat().st_size:7,d}  "
                       f"(ROMFS image of the runtime)")
@@ -223,7 +225,7 @@ def cmd_deploy(args):
         # On a terminal a bar over the steps; elsewhere one line per step, as always.
         if kind == "step" and bar.enabled:
             total = plan.start_step + (plan.steps or plan.epochs * (plan.samples
-                                                                     // _batch(args.artifacts)))
+                                                                     // _batch(plan.blob_path)))
             bar.update("training on the board", value[0], total, f"loss {value[1]:.6f}")
             return
         bar.clear()
@@ -247,9 +249,9 @@ def cmd_deploy(args):
     return 0
 
 
-def _batch(artifacts):
+def _batch(blob_path):
     from microtrain import parser as device_blob_parser
-    b = device_blob_parser.load(os.path.join(artifacts, "model.mtb"))
+    b = device_blob_parser.load(str(blob_path))
     return b.shapes[b.programs["train"].inputs[0]][0]
 
 

@@ -3,6 +3,10 @@ and the float pack options it refuses, by name, before any work (int8pack.py doe
 packing; cli.py prints)."""
 import os
 
+# `train` and `deploy` take an integer training directory as any other (tools/train.py
+# artifact_files)
+ARTIFACTS_HELP = ("directory written by `microtrain pack` (model.mtb, checkpoint) or export "
+                  "--int8-train (int8_train.mtb, .ckpt; samples quantized for its int8 input)")
 # pack options the integer path has no form of yet, with what to say instead
 FLOAT_ONLY = {
     "requires_grad": "--requires-grad",

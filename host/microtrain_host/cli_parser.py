@@ -85,7 +85,7 @@ def heap_size(text):
 
 
 def build_parser():
-    from .cli_int8 import add_int8_arguments
+    from .cli_int8 import ARTIFACTS_HELP, add_int8_arguments
     parser = Parser(
         prog="microtrain",
         description="Train neural networks on microcontrollers: pack an ONNX model into "
@@ -269,7 +269,7 @@ def build_parser():
                                    "toolchain from Debian); deploy starts qemu itself.",
                        epilog="example: microtrain deploy examples/digits/build --board "
                               "qemu-mps2-an385 --steps 20")
-    p.add_argument("artifacts", help="artifact directory written by `microtrain pack`")
+    p.add_argument("artifacts", help=ARTIFACTS_HELP)
     p.add_argument("--board", required=True, metavar="NAME",
                    help="board profile (boards/NAME.json), e.g. rp2040-pico, esp32, pyboard, "
                         "qemu-mps2-an385, qemu-virt-rv32")
@@ -394,7 +394,7 @@ def build_parser():
                        description="Train packed artifacts with the device runtime, under "
                                    "CPython or the MicroPython Unix port; prints per-epoch loss "
                                    "and validation accuracy, writes the trained checkpoint.")
-    p.add_argument("artifacts", help="artifact directory written by `microtrain pack`")
+    p.add_argument("artifacts", help=ARTIFACTS_HELP)
     p.add_argument("--data", required=True,
                    help=".npz with x_train, y_train, x_val, y_val (or x, y: 20%% held out)")
     p.add_argument("--epochs", type=positive_int, default=5, help="default 5")

@@ -23,6 +23,8 @@ import os
 import pathlib
 from array import array
 
+from microtrain.blob import ITEM_BYTES
+
 from ..errors import MicrotrainHostError
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -185,7 +187,7 @@ class FitReport:
         self.native_code = 0            # heap their import takes (part of code)
         self.load = load                # live while Module loads (code included)
         self.train = train              # live while training (code included)
-        self.arena = arena              # the largest single block (the float arena)
+        self.arena = arena              # the largest single block (the largest arena)
         self.reserve = reserve          # the hole to keep for Module's first allocations
         self.resume = resume            # live while a resumed run trains (code included)
         self.resume_load = resume_load  # live while Module loads in a resumed run
@@ -221,12 +223,8 @@ def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None, nat
     placement = placement or default_placement(board)
     if placement not in PLACEMENTS:
         raise BoardError(f"unknown runtime placement '{placement}': one of {', '.join(PLACEMENTS)}")
-    artifacts = pathlib.Path(artifacts)
-    blob_path, checkpoint_path = artifacts / "model.mtb", artifacts / "checkpoint"
-    for path in (blob_path, checkpoint_path):
-        if not path.exists():
-            raise BoardError(f"{path} not found: pack the model first (microtrain pack ... -o "
-                             f"{artifacts})")
+    from .train import artifact_files
+    blob_path, checkpoint_path = artifact_files(artifacts, BoardError)
     if runtime_mpy is None:
         runtime_mpy = sum(minimal_runtime_sizes(blob_path, board).values())
     word = board["word_bytes"]
@@ -236,20 +234,36 @@ def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None, nat
     native_code = native_heap(native)
     code = int(CODE_HEAP_PER_MPY_BYTE[placement] * runtime_mpy) + native_code
 
+    # the blob as the board's training script loads it: a file read into the heap, or (in
+    # the ROMFS image, blob_in_rom) a buffer in flash whose int8 weights stay there
+    in_rom = blob_in_rom(blob_path, placement)
+    source = memoryview(blob_path.read_bytes()) if in_rom else str(blob_path)
     state = CheckpointState.load_checkpoint(str(checkpoint_path))
     loaded_state = heap_bytes([state], word)
-    module = Module(str(blob_path), state)
-    optimizer = Optimizer(str(blob_path), module)
-    # the training script's batch buffers: one input and one label array
-    batch = sum(model.size(array("f", bytes(4 * module.blob.sizes[t])), ())
-                for t in module.blob.programs["train"].inputs) if "train" in module.blob.programs else 0
+    module = Module(source, state)
+    optimizer = Optimizer(source, module)
+    # the training script's batch buffers: one input and one label array, each of its
+    # dtype's bytes (an integer training blob's input: one byte per value)
+    b = module.blob
+    batch = sum(model.size(array("f" if ITEM_BYTES[b.dtypes[t]] == 4 else "b",
+                                 bytes(ITEM_BYTES[b.dtypes[t]] * b.sizes[t])), ())
+                for t in b.programs["train"].inputs) if "train" in b.programs else 0
     train = code + heap_bytes([state, module, optimizer], word) + batch
-    blob_file = model.size(blob_path.read_bytes(), ())
-    arenas = model.size(module.F, ()) + model.size(module.I, ())
+    # the file's bytes while Module parses it (none for a blob in flash); the arenas: float,
+    # int and byte arena, and a file's buffer of int8 weights read in place
+    blob_file = 0 if in_rom else model.size(blob_path.read_bytes(), ())
+    arenas = sum(model.size(a, ()) for a in (module.F, module.I, b.Q,
+                                              None if in_rom else b.weights) if a is not None)
     # while Module loads: the state as read (its own arrays), the blob's bytes or the arenas
     # (loader.load_into_arenas reads the file into a buffer the size of the arenas, parses it,
     # drops it and allocates the arenas in its place)
-    load = code + loaded_state + max(blob_file, arenas)
+    transient = max(blob_file, arenas)
+    if in_rom:
+        # inplace.load_buffer allocates the arenas first and parses the blob beside them:
+        # the blob as parsed (its quantization tables still there) adds to them
+        from microtrain import parser as device_blob_parser
+        transient = arenas + heap_bytes([device_blob_parser.load(source)], word)
+    load = code + loaded_state + transient
     # train_on_board.py frees a block this large just before Module loads; the reader's
     # small objects may land in the same hole: 2 KiB of slack for them
     reserve = max(blob_file, arenas) + 2048
@@ -263,18 +277,30 @@ def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None, nat
             CheckpointState.save_checkpoint(state, resume, include_optimizer_state=True)
         resumed = CheckpointState.load_checkpoint(str(resume))
         loaded_resumed = heap_bytes([resumed], word)
-        module = Module(str(blob_path), resumed)
-        optimizer = Optimizer(str(blob_path), module)
+        module = Module(source, resumed)
+        optimizer = Optimizer(source, module)
         resume_heap = code + heap_bytes([resumed, module, optimizer], word) + batch
         again = CheckpointState.load_checkpoint(str(resume))
         # the second state, and the stream's read buffer (CheckpointState.stream)
         reload = resume_heap + heap_bytes([again], word) + model.size(bytearray(256), ())
-    resume_load = code + loaded_resumed + max(blob_file, arenas)
-    fit = FitReport(board, placement, runtime_mpy, code, load, train, model.size(module.F, ()),
-                    reserve, resume_heap, resume_load, reload)
+    resume_load = code + loaded_resumed + transient
+    largest = max(model.size(a, ()) for a in (module.F, module.I, module.blob.Q)
+                  if a is not None)
+    fit = FitReport(board, placement, runtime_mpy, code, load, train, largest, reserve,
+                    resume_heap, resume_load, reload)
     fit.native_mpy = sum(pathlib.Path(path).stat().st_size for path in native.values())
     fit.native_code = native_code
     return fit
+
+
+def blob_in_rom(blob_path, placement):
+    """True when deploy puts the blob into the ROMFS image beside the runtime (placement
+    romfs) and the board opens it there as a buffer: a blob with int8 weights read in place
+    (an int8 or integer training blob), which then stay in flash instead of taking heap."""
+    if placement != "romfs":
+        return False
+    from microtrain import parser as device_blob_parser
+    return bool(device_blob_parser.load(str(blob_path)).in_place)
 
 
 def minimal_runtime_sizes(blob_path, board):

@@ -20,7 +20,7 @@ import time
 
 from ..errors import MicrotrainHostError
 from . import boards, runtime
-from .train import device_error, load_data, refuse_quantized_input, write_device_data
+from .train import artifact_files, device_error, load_data, write_device_data
 
 TRAIN_SCRIPT = boards.REPO_ROOT / "boards" / "train_on_board.py"
 
@@ -48,6 +48,10 @@ class Plan:
         self.resume = None       # the checkpoint a resumed run starts from (--resume)
         self.start_step = 0      # its optimizer step: the steps the previous runs took
         self.native = {}         # {name on the board: shipped .mpy} of the native kernels
+        self.blob_path = self.artifacts / "model.mtb"   # the blob (plan(): artifact_files)
+        self.blob_in_rom = False  # the blob goes into the ROMFS image with the runtime
+        self.inputs = "f32"      # the training inputs' file type, by prepare(): f32, or
+                                 # i8 / u8 (an integer training blob's quantized samples)
 
 
 def plan(artifacts, board_name, steps=None, epochs=None, placement=None, resume=None):
@@ -63,10 +67,7 @@ def plan(artifacts, board_name, steps=None, epochs=None, placement=None, resume=
     if placement == "romfs" and not board["romfs"]:
         raise DeployError(f"board {board_name} has no ROMFS partition: use --runtime files or "
                           f"frozen")
-    blob_path = pathlib.Path(artifacts) / "model.mtb"
-    from microtrain import parser as device_blob_parser
-    refuse_quantized_input(device_blob_parser.load(str(blob_path)), DeployError,
-                           "`microtrain deploy`")
+    blob_path, _ = artifact_files(artifacts, DeployError)
     start_step = check_resume(artifacts, resume) if resume is not None else 0
     with tempfile.TemporaryDirectory() as tmp:
         sizes = runtime.compile_runtime(runtime.minimal_sources(blob_path), board["mpy_arch"],
@@ -74,11 +75,14 @@ def plan(artifacts, board_name, steps=None, epochs=None, placement=None, resume=
     native = boards.native_for(blob_path, board, placement)
     fit = boards.predict(artifacts, board, placement, sum(sizes.values()), resume=resume,
                          native=native)
+    in_rom = boards.blob_in_rom(blob_path, placement)
     sizes.update({name: pathlib.Path(path).stat().st_size for name, path in native.items()})
     if steps is None and epochs is None:
         epochs = 1
     p = Plan(board, placement, artifacts, sizes, fit, None, steps, epochs)
     p.native = native
+    p.blob_path = blob_path
+    p.blob_in_rom = in_rom
     if resume is not None:
         p.resume = pathlib.Path(resume)
         p.start_step = start_step
@@ -95,7 +99,7 @@ def check_resume(artifacts, resume):
         raise DeployError(f"--resume '{resume}' does not exist")
     if not path.is_file():
         raise DeployError(f"--resume '{resume}' is not a file; give a checkpoint")
-    blob = str(pathlib.Path(artifacts) / "model.mtb")
+    blob = str(artifact_files(artifacts, DeployError)[0])
     try:
         state = CheckpointState.load_checkpoint(str(path))
         if not state.has_optimizer_state:
@@ -112,7 +116,7 @@ def prepare(plan, data, workdir):
     """Write the board's files into workdir: runtime, data, script. Fills plan.files."""
     from microtrain import parser as device_blob_parser
     workdir = pathlib.Path(workdir)
-    blob_path = plan.artifacts / "model.mtb"
+    blob_path, checkpoint_path = artifact_files(plan.artifacts, DeployError)
     b = device_blob_parser.load(str(blob_path))
     if "train" not in b.programs:
         raise DeployError("this model computes its loss outside the graph (packed with --loss "
@@ -135,12 +139,16 @@ def prepare(plan, data, workdir):
     if count > len(x):
         raise DeployError(f"--steps {plan.steps} needs {count} training samples (batch "
                           f"{batch}); {data} has {len(x)}")
-    write_device_data(workdir, b, x[:count], y[:count], x_val, y_val, source=f"'{data}'")
+    # an integer training blob's int8 / uint8 input: the samples quantized on the host
+    # (x_train.i8 / .u8, one byte per value)
+    inputs = write_device_data(workdir, b, x[:count], y[:count], x_val, y_val,
+                               source=f"'{data}'")
     plan.samples = count
+    plan.inputs = inputs
     labels = "i32" if (workdir / "y_train.i32").exists() else "f32"
-    files = [(plan.artifacts / "model.mtb", "model.mtb"),
-             (plan.resume or plan.artifacts / "checkpoint", "checkpoint"),
-             (workdir / "x_train.f32", "x_train.f32"),
+    files = [(blob_path, "model.mtb"),
+             (plan.resume or checkpoint_path, "checkpoint"),
+             (workdir / f"x_train.{inputs}", f"x_train.{inputs}"),
              (workdir / f"y_train.{labels}", f"y_train.{labels}")]
     if plan.placement == "frozen":
         # the trimmed sources and a manifest.py to build them into the firmware
@@ -151,6 +159,10 @@ def prepare(plan, data, workdir):
                                                                 sorted(sources)))
     else:
         rt = write_runtime(plan, blob_path, workdir / "runtime")
+        if plan.blob_in_rom:
+            # its int8 weights read where the blob is, in flash (boards.blob_in_rom)
+            shutil.copyfile(blob_path, rt / "model.mtb")
+            files.remove((blob_path, "model.mtb"))
         if plan.placement == "romfs":
             plan.romfs_image = workdir / "microtrain.romfs"
             plan.romfs_image.write_bytes(runtime.romfs_image(rt))
@@ -158,6 +170,24 @@ def prepare(plan, data, workdir):
             files.insert(0, (rt / "microtrain", "microtrain"))
     plan.files = files
     return labels
+
+
+def dry_run_notes(plan):
+    """What a dry run says besides the files, after prepare(): how an integer training
+    blob's samples were quantized, and that its blob goes into the ROMFS image."""
+    notes = []
+    if plan.inputs != "f32":
+        from microtrain import parser as device_blob_parser
+        from .train import input_quantization
+        scale, zero_point, dtype = input_quantization(
+            device_blob_parser.load(str(plan.blob_path)), DeployError)
+        notes.append(f"  (inputs quantized on the host for the blob's {dtype.__name__} input: "
+                     f"x / {float(scale)!r} rounded half to even + {zero_point}, saturated; "
+                     f"x_train.{plan.inputs} holds one byte per value)")
+    if plan.blob_in_rom:
+        notes.append("  (model.mtb goes into the ROMFS image with the runtime: its int8 "
+                     "weights stay in flash)")
+    return notes
 
 
 def write_runtime(plan, blob_path, directory):
@@ -173,7 +203,9 @@ def training_script(plan, labels, lr, output, with_optimizer_state):
     # with --steps the data files hold exactly that many batches: one pass
     epochs = 1 if plan.steps is not None else plan.epochs
     settings = (f"STEPS = {plan.steps or 0}\nEPOCHS = {epochs}\n"
-                f"LR = {lr!r}\nLABELS = {labels!r}\nOUTPUT = {output!r}\n"
+                f"LR = {lr!r}\nINPUTS = {plan.inputs!r}\nLABELS = {labels!r}\n"
+                f"OUTPUT = {output!r}\n"
+                f"BLOB = {'/rom/model.mtb' if plan.blob_in_rom else 'model.mtb'!r}\n"
                 f"WITH_OPTIMIZER_STATE = {bool(with_optimizer_state)}\n"
                 f"RESERVE = {plan.fit.reserve}\n")
     return settings + TRAIN_SCRIPT.read_text()

@@ -9,7 +9,7 @@ from .. import opcodes
 from ..contract.ops import name_of
 from ..pipeline.pack import TRAINING_PROGRAMS
 from ..pipeline.upgrade import TARGET_OPSET
-from .memory_plan import persistent_parts, render, step_label, timelines
+from .memory_plan import integer_parts, persistent_parts, render, step_label, timelines
 
 ROLE_ORDER = ("input", "label", "param", "grad", "optimizer_state", "constant", "control",
               "activation")
@@ -52,23 +52,20 @@ def describe(path, steps=True, plan=False, scales=False, checkpoint=None):
     lines.append(f"  lower bound      {b.lower_bound:8d}  ({_kib(b.lower_bound)})  persistent + "
                  f"peak of live temporaries")
     lines.append(f"  int32 arena      {b.int_arena:8d}  ({_kib(b.int_arena)})")
-    if b.byte_arena:
-        int8 = [t for t in range(len(b.names)) if b.dtypes[t] in (device_blob.INT8,
-                                                                   device_blob.UINT8)]
-        weights = sum(b.sizes[t] for t in int8
-                      if device_blob.ROLE_NAMES[b.roles[t]] == "constant")
-        lines.append(f"  int8 arena       {b.byte_arena:8d}  ({b.byte_arena / 1024:.1f} KiB) bytes: "
-                     f"{weights} int8 weights ({weights / 1024:.1f} KiB; {4 * weights / 1024:.1f} "
-                     f"KiB as float32), {b.byte_arena - weights} bytes of int8 activations")
-        total = 4 * (b.float_arena + b.int_arena) + b.byte_arena
-        lines.append(f"  all arenas       {total:8d}  bytes ({total / 1024:.1f} KiB); the same "
-                     f"layers in float32 would hold {4 * weights - weights} more bytes of "
-                     f"weights alone")
+    integer = integer_parts(b) if b.int_arena or b.byte_arena else {}
+    if b.byte_arena or b.in_place:
+        lines += _byte_arena_lines(b, integer)
     parts = persistent_parts(b)
-    lines.append("  persistent part, by what it holds:")
+    if any(parts.values()) or not any(integer.values()):
+        lines.append("  persistent part, by what it holds:")
     for part, elements in parts.items():
         if elements:
             lines.append(f"    {part:22s} {elements:8d}  ({_kib(elements)})")
+    if any(integer.values()):
+        lines.append("  persistent part of the int32 and int8 arenas, by what it holds (bytes):")
+        for part, nbytes in integer.items():
+            if nbytes:
+                lines.append(f"    {part:22s} {nbytes:8d}  ({nbytes / 1024:.1f} KiB)")
     found = timelines(b)
     for timeline in found:
         if timeline.peak:
@@ -103,6 +100,9 @@ def describe(path, steps=True, plan=False, scales=False, checkpoint=None):
     lines.append("parameters:")
     for tensor, grad, state in b.parameters:
         kind = "trainable" if grad >= 0 else "frozen (no gradient buffer)"
+        if grad < 0 and b.dtypes[tensor] != device_blob.FLOAT:
+            kind = (f"trainable, in integers ({('int8', 'int32')[b.dtypes[tensor] == 1]}; "
+                    f"updated by the train program's steps, no gradient buffer)")
         if tensor in b.updated_in_backward:
             kind = "trainable, updated in the backward pass (no gradient buffer)"
         extra = f", grad {b.names[grad]}" if grad >= 0 else ""
@@ -138,6 +138,38 @@ def describe(path, steps=True, plan=False, scales=False, checkpoint=None):
             lines.append("")
             lines.append(render(b, timeline))
     return "\n".join(lines)
+
+
+def _byte_arena_lines(b, integer):
+    """The int8 / uint8 arena in bytes (its persistent part and the int8 activations), the
+    int8 weights read in place (outside the arenas) and every arena together, as the device
+    loader allocates them (loader.load_into_arenas, inplace.load_buffer)."""
+    persistent = sum(integer.values()) - 4 * _int32_persistent(b)
+    activations = b.byte_arena - persistent
+    read_in_place = sum(b.sizes[t] for t in b.in_place)
+    lines = [f"  int8 arena       {b.byte_arena:8d}  bytes ({b.byte_arena / 1024:.1f} KiB): "
+             f"{persistent} persistent (int8 parameters, inputs, constants), "
+             f"{activations} of int8 activations"]
+    if read_in_place:
+        lines.append(f"  int8 weights     {read_in_place:8d}  bytes ({read_in_place / 1024:.1f} KiB) "
+                     f"read in place: a buffer beside the arenas when the blob is a file, "
+                     f"none when it is in flash (ROMFS); {4 * read_in_place / 1024:.1f} KiB as "
+                     f"float32")
+    total = 4 * (b.float_arena + b.int_arena) + b.byte_arena
+    lines.append(f"  all arenas       {total:8d}  bytes ({total / 1024:.1f} KiB)"
+                 + (f"; {total + read_in_place} with the weights' buffer of a blob file"
+                    if read_in_place else ""))
+    return lines
+
+
+def _int32_persistent(b):
+    # int32 elements of the persistent part (integer_parts counts them with the int8 bytes)
+    seen = set()
+    for t in range(len(b.names)):
+        if (b.dtypes[t] == device_blob.INT32 and b.roles[t] != device_blob.ROLE_ACTIVATION
+                and t not in b.in_place):
+            seen.add((b.offsets[t], b.sizes[t]))
+    return sum(size for _, size in seen)
 
 
 def _quantization(b, values=None):

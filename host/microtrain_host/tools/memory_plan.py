@@ -70,6 +70,32 @@ def persistent_parts(b):
     return parts
 
 
+def integer_parts(b):
+    """{part: bytes} of the persistent part of the int32 and int8 / uint8 arenas (an int8
+    or integer training blob), as persistent_parts; the int8 weights the kernels read in
+    place (b.in_place) lie outside the arenas and are not counted."""
+    parts = {"trainable parameters": 0, "frozen parameters": 0, "optimizer state": 0,
+             "inputs and labels": 0, "constants and controls": 0}
+    trainable = {t for t, g, _ in b.parameters if b.is_trainable(t, g)}
+    role_part = {"param": None, "grad": "optimizer state", "optimizer_state": "optimizer state",
+                 "input": "inputs and labels", "label": "inputs and labels",
+                 "constant": "constants and controls", "control": "constants and controls"}
+    seen = set()
+    for tid in range(len(b.names)):
+        role = device_blob.ROLE_NAMES[b.roles[tid]]
+        dtype = b.dtypes[tid]
+        if role == "activation" or dtype == device_blob.FLOAT or tid in b.in_place:
+            continue
+        key = (dtype == device_blob.INT32, b.offsets[tid], b.sizes[tid])
+        if key in seen:            # an alias of a tensor already counted
+            continue
+        seen.add(key)
+        part = role_part[role] or ("trainable parameters" if tid in trainable
+                                   else "frozen parameters")
+        parts[part] += device_blob.ITEM_BYTES[dtype] * b.sizes[tid]
+    return parts
+
+
 def timelines(b):
     """The blob's programs as planned timelines (needs a blob loaded with keep_steps)."""
     found = []

@@ -83,13 +83,16 @@ def kernel_families(blob_path):
 def model_modules(blob_path):
     """The device modules a training run imports only for some models (lazily, so that a
     float model's runtime does not carry them), those this blob needs: the fields of
-    quantized tensors, an int8 blob given as a buffer in flash, integer parameters, random
+    quantized tensors, an int8 blob given as a buffer in flash, int8 / uint8 inputs (fed
+    as ints or quantized from floats), integer parameters, random
     generators, a loss computed outside the graph."""
     b = device_blob_parser.load(str(blob_path))
     names = set(b.names)
     wanted = []
     if b.quant or b.in_place or any(b.dtypes[t] > 1 for t in range(len(b.names))):
         wanted += ["microtrain.quantized", "microtrain.inplace"]
+    if any(b.dtypes[t] > 1 and b.roles[t] == 0 for t in range(len(b.names))):
+        wanted.append("microtrain.feedq")     # an int8 / uint8 input (ROLE_INPUT 0)
     if b.integer_parameters:
         wanted.append("microtrain.intparams")
     if any(n.endswith((".random_state", ".dither")) for n in names):

@@ -115,18 +115,48 @@ def _read_array(data, path, name):
     return array
 
 
-def refuse_quantized_input(blob, error=TrainError, what="`microtrain train`"):
-    """An integer training blob (export --int8-train) takes its input as int8 / uint8
-    values, quantized with the scale and zero point of its int8_train.json; the loops of
-    `microtrain train` and `deploy` feed float32 samples: refused here, in words, rather
-    than on the device at the first step."""
-    x_id = blob.programs["train"].inputs[0] if "train" in blob.programs else None
-    if x_id is not None and blob.dtypes[x_id] in (2, 3):    # INT8, UINT8
-        raise error(f"this is an integer training blob: its input '{blob.names[x_id]}' takes "
-                    f"{'int8' if blob.dtypes[x_id] == 2 else 'uint8'} values, which {what} "
-                    f"does not quantize from float samples yet; train it with the device API "
-                    f"on inputs quantized as its int8_train.json says (README, \"Integer "
-                    f"training on the device\"), or with microtrain.continual.Learner")
+# The file names of a packed directory: every pack's, and the integer training blob's of
+# `export --int8-train` (accepted as they are, sent to a board under the standard names).
+ARTIFACT_NAMES = (("model.mtb", "checkpoint"), ("int8_train.mtb", "int8_train.ckpt"))
+
+
+def artifact_files(artifacts, error=TrainError):
+    """(blob path, checkpoint path) of the packed directory `artifacts`: model.mtb and
+    checkpoint, or int8_train.mtb and int8_train.ckpt (export --int8-train)."""
+    artifacts = pathlib.Path(artifacts)
+    for blob, checkpoint in ARTIFACT_NAMES:
+        if (artifacts / blob).is_file() and (artifacts / checkpoint).is_file():
+            return artifacts / blob, artifacts / checkpoint
+    raise error(f"'{artifacts}' holds no packed model: model.mtb and checkpoint (microtrain "
+                f"pack ... -o {artifacts}), or int8_train.mtb and int8_train.ckpt (microtrain "
+                f"export ... --int8-train {artifacts})")
+
+
+def input_quantization(blob, error=TrainError):
+    """(scale as float32, zero point, numpy dtype) of the train program's int8 / uint8 input
+    (an integer training blob), read from the blob (blob: the device parser's, not loaded
+    into arenas, so that its quantization table is whole); None for a float input."""
+    x_id = blob.programs["train"].inputs[0]
+    if blob.dtypes[x_id] not in (2, 3):     # INT8, UINT8
+        return None
+    quant = blob.quant.get(x_id)
+    if quant is None or len(quant[0]) != 1:
+        raise error(f"input '{blob.names[x_id]}' takes "
+                    f"{'int8' if blob.dtypes[x_id] == 2 else 'uint8'} values but the blob "
+                    f"has {'no' if quant is None else 'a per-channel'} quantization scale for "
+                    f"it: the float samples cannot be quantized")
+    return (np.float32(quant[0][0]), int(quant[1][0]),
+            np.int8 if blob.dtypes[x_id] == 2 else np.uint8)
+
+
+def quantize(xs, quantization):
+    """Float samples as the int8 / uint8 values the blob takes, as onnxruntime's
+    QuantizeLinear computes them: x / scale in float32, rounded half to even, plus the zero
+    point, saturated to the type's range."""
+    scale, zero_point, dtype = quantization
+    info = np.iinfo(dtype)
+    q = np.rint(np.asarray(xs, np.float32) / scale).astype(np.float64) + zero_point
+    return np.clip(q, info.min, info.max).astype(dtype)
 
 
 def check_data(blob, x, y, x_val, y_val, source="the data"):
@@ -136,7 +166,6 @@ def check_data(blob, x, y, x_val, y_val, source="the data"):
     if "train" not in blob.programs:
         raise TrainError("this model computes its loss outside the graph (packed with loss "
                          "none): train it with Module.forward and Module.backward")
-    refuse_quantized_input(blob)
     if len(blob.programs["train"].inputs) != 2:
         raise TrainError("`microtrain train` feeds one input and one label tensor; this model's "
                          "train program takes %d inputs (use the device API directly)"
@@ -167,17 +196,26 @@ def check_data(blob, x, y, x_val, y_val, source="the data"):
 
 
 def write_device_data(directory, blob, x, y, x_val, y_val, source="the data"):
-    """Write the raw files microtrain.fit reads, after checking them (check_data)."""
+    """Write the raw files microtrain.fit reads, after checking them (check_data):
+    x_{train,val}.f32, or for an integer training blob's int8 / uint8 input the samples
+    quantized with its scale and zero point (quantize) as x_*.i8 / x_*.u8; labels
+    y_*.i32 (class indices) or y_*.f32. Returns the inputs' extension."""
     check_data(blob, x, y, x_val, y_val, source)
     y_int = blob.dtypes[blob.programs["train"].inputs[1]] == 1
+    quantization = input_quantization(blob)
+    x_ext = "f32" if quantization is None else ("i8" if quantization[2] == np.int8 else "u8")
     for name, xs, ys in (("train", x, y), ("val", x_val, y_val)):
         xs = np.asarray(xs, np.float32).reshape(len(xs), -1)
         ys = np.asarray(ys).reshape(len(ys), -1)
-        xs.astype("<f4").tofile(os.path.join(directory, f"x_{name}.f32"))
+        if quantization is None:
+            xs.astype("<f4").tofile(os.path.join(directory, f"x_{name}.f32"))
+        else:
+            quantize(xs, quantization).tofile(os.path.join(directory, f"x_{name}.{x_ext}"))
         if y_int:
             ys.astype("<i4").tofile(os.path.join(directory, f"y_{name}.i32"))
         else:
             ys.astype("<f4").tofile(os.path.join(directory, f"y_{name}.f32"))
+    return x_ext
 
 
 def train(artifact_dir, data_path, epochs, learning_rate, output, runtime="cpython", seed=1,
@@ -190,9 +228,8 @@ def train(artifact_dir, data_path, epochs, learning_rate, output, runtime="cpyth
     check_training_arguments(epochs, learning_rate, seed)
     if runtime not in ("cpython", "micropython"):
         raise TrainError(f"unknown runtime '{runtime}': cpython or micropython")
-    artifact_dir = str(artifact_dir)
-    blob_path = os.path.join(artifact_dir, "model.mtb")
-    blob = device_blob_parser.load(blob_path)
+    blob_path, checkpoint_path = artifact_files(artifact_dir)
+    blob = device_blob_parser.load(str(blob_path))
     x, y, x_val, y_val = load_data(data_path)
     records = []
 
@@ -204,6 +241,15 @@ def train(artifact_dir, data_path, epochs, learning_rate, output, runtime="cpyth
 
     with tempfile.TemporaryDirectory(prefix="microtrain-data-") as data_dir:
         write_device_data(data_dir, blob, x, y, x_val, y_val, source=f"'{data_path}'")
+        artifact_dir = str(pathlib.Path(blob_path).parent)
+        if blob_path.name != "model.mtb":
+            # microtrain.fit reads ARTIFACTS/model.mtb and ARTIFACTS/checkpoint: links to
+            # the files under those names
+            artifact_dir = os.path.join(data_dir, "artifacts")
+            os.mkdir(artifact_dir)
+            os.symlink(os.path.abspath(blob_path), os.path.join(artifact_dir, "model.mtb"))
+            os.symlink(os.path.abspath(checkpoint_path),
+                       os.path.join(artifact_dir, "checkpoint"))
         if runtime == "cpython":
             device_fit.run(artifact_dir, data_dir, epochs, float(learning_rate), str(output),
                            collect, seed, max_arena_bytes)
