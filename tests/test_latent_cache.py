@@ -120,6 +120,9 @@ def test_kws_personalisation_work_with_the_cache(micropython, tmp_path):
           f"passes with the latent cache ({uncached:.2f}x without); per sample: backbone "
           f"{prefix:,} MACs, classifier step {suffix:,}")
     assert ratio <= 1.3 and prefix > 100 * suffix
+    from microtrain_host.tools.inspect import describe
+    assert f"latent cache     {64 + 2:8d}  bytes per training batch" in describe(
+        info["blob"], steps=False)
     (tmp_path / "data.bin").write_bytes(_records(info, x, np.arange(6) % info["classes"],
                                                  samples))
     outs = {mode: run_micropython(micropython, SCRIPT, info["blob"], info["checkpoint"],
