@@ -282,7 +282,10 @@ REFUSED = [
     (["--calibrate", "{digits}", "--optimizer", "adamw"], "SGD only"),
     (["--calibrate", "{digits}", "--requires-grad", "3.weight"],
      "--requires-grad is not supported with --int8"),
-    (["--calibrate", "{digits}", "--loss", "mse"], "softmax cross-entropy loss only"),
+    (["--calibrate", "{digits}", "--loss", "l1"], "no integer form of the loss 'l1'"),
+    (["--calibrate", "{digits}", "--loss", "mse", "--train-biases"],
+     "the loss 'mse' trains the last Gemm only"),
+    (["--calibrate", "{digits}", "--target-is-input"], "--target-is-input needs --loss mse"),
     (["--calibrate", "{digits}", "--momentum", "1.5"], "must lie in [0, 1)"),
     (["--calibrate", "{digits}", "--qat-checkpoint", "{bad}/x"], "not both"),
     (["--qat-checkpoint", "{digits}"], "digits.npz': not a training checkpoint"),
@@ -339,3 +342,27 @@ def test_calibration_without_onnxruntime_uses_the_reference_evaluator(digits, tm
         assert without[key] == pytest.approx(with_ort[key], rel=1e-5)
     assert without["input_zero_point"] == with_ort["input_zero_point"]
     assert without["weight_scales"] == with_ort["weight_scales"]
+
+
+def test_autoencoder_one_command_mse_on_its_own_input(tmp_path):
+    # The MLPerf Tiny anomaly-detection autoencoder (640 -> 128 x4 -> 8 -> 128 x4 -> 640,
+    # BatchNorm1d + ReLU): `pack --int8 --loss mse --target-is-input`, its last Gemm trained
+    # in integers on reconstructing its input (model(x)); the loss falls on a batch.
+    import torch
+    from mlperf_tiny import ad_autoencoder
+    from torch_reference import export
+    ref = ad_autoencoder()
+    onnx.save(export(ref.module, torch.zeros((ref.batch,) + ref.inputs)), tmp_path / "ad.onnx")
+    x = np.random.default_rng(4).standard_normal((32, 640)).astype(np.float32)
+    np.savez(tmp_path / "data.npz", x_train=x)
+    info = pack(tmp_path / "ad.onnx", tmp_path / "int8", tmp_path / "data.npz", "--batch-size",
+                ref.batch, "--loss", "mse", "--target-is-input", "--lr", 0.5)
+    assert info["loss"] == "mse" and info["target"] == info["input"] and info["classes"] == 640
+    model = Module(info["blob"], CheckpointState.load_checkpoint(info["checkpoint"]))
+    opt = Optimizer(info["blob"], model)
+    xq = quantize_input(x[:ref.batch], info).reshape(-1).tolist()
+    losses = []
+    for _ in range(6):
+        losses.append(model(xq))
+        opt.step()
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0], losses

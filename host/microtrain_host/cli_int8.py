@@ -49,6 +49,9 @@ def add_int8_arguments(parser):
                         "shape] or flattened [N, values], set each quantized activation's "
                         "range (its min and max over all samples, the float model in "
                         "inference form)")
+    g.add_argument("--target-is-input", action="store_true",
+                   help="with --int8 --loss mse: the model's input is its target (an "
+                        "autoencoder; the device is called model(x))")
     g.add_argument("--qat-checkpoint", metavar="CKPT",
                    help="with --int8, instead of --calibrate: a checkpoint of `pack --qat` "
                         "artifacts of this model, trained: its observer ranges and weights")
@@ -60,7 +63,8 @@ def int8_pack_options(args):
     from .errors import ArtifactError
     if not args.int8:
         for flag, value in (("--calibrate", args.calibrate),
-                            ("--qat-checkpoint", args.qat_checkpoint)):
+                            ("--qat-checkpoint", args.qat_checkpoint),
+                            ("--target-is-input", args.target_is_input or None)):
             if value is not None:
                 raise ArtifactError(f"{flag} is for the integer training blob: add --int8")
         return None
@@ -68,13 +72,12 @@ def int8_pack_options(args):
         if getattr(args, name) not in (None, False):
             raise ArtifactError(f"{flag} is not supported with --int8: integer training is "
                                 f"SGD (--lr, --momentum) of the layers --train-biases / "
-                                f"--train-last choose, with the softmax cross-entropy loss")
+                                f"--train-last choose")
     if args.optimizer not in (None, "sgd"):
         raise ArtifactError(f"--optimizer {args.optimizer}: integer training (--int8) steps "
                             f"with SGD only (give --optimizer sgd, or leave it out)")
-    if args.loss != "cross_entropy":
-        raise ArtifactError(f"--loss {args.loss}: integer training (--int8) has the softmax "
-                            f"cross-entropy loss only")
+    if args.target_is_input and args.loss != "mse":
+        raise ArtifactError("--target-is-input needs --loss mse (an autoencoder)")
     if args.momentum is not None and not args.momentum < 1:
         raise ArtifactError(f"--momentum {args.momentum:g}: integer SGD momentum must lie "
                             f"in [0, 1)")
@@ -84,7 +87,8 @@ def int8_pack_options(args):
                 batch_size=args.batch_size, train_biases=args.train_biases,
                 train_last=args.train_last, learning_rate=args.lr,
                 momentum=args.momentum or 0.0, activation_dtype=args.activation_dtype,
-                prefix=args.prefix)
+                prefix=args.prefix, loss=args.loss,
+                target="input" if args.target_is_input else None)
 
 
 def int8_pack_text(args, info):

@@ -38,6 +38,9 @@ from .quant.quantize import RANGE_SUFFIX, quantization_metadata
 BLOB, CHECKPOINT, INFO, QDQ_MODEL = "model.mtb", "checkpoint", "int8.json", "model_qdq.onnx"
 SAMPLE_KEYS = ("x_train", "x")
 DEFAULT_LEARNING_RATE = 0.01
+# the integer losses' float forms, which the QAT pack the calibration runs on is built with
+FLOAT_LOSS = {"cross_entropy": "CrossEntropyLoss", "mse": "MSELoss",
+              "bce_with_logits": "BCEWithLogitsLoss"}
 
 def int8_training_choice(train_biases=False, train_last=None):
     """The int8_training_artifacts keywords of the float path's choice: --train-last N (a
@@ -57,14 +60,18 @@ def int8_training_choice(train_biases=False, train_last=None):
 
 def pack_int8(model, output, *, calibration=None, qat_checkpoint=None, batch_size=None,
               train_biases=False, train_last=None, learning_rate=None, momentum=0.0,
-              activation_dtype="uint8", prefix=""):
+              activation_dtype="uint8", prefix="", loss="cross_entropy", target=None):
     """Write {prefix}model.mtb, checkpoint, int8.json and model_qdq.onnx into `output` (see
     the module docstring). model: float ONNX model (path or ModelProto). calibration: .npz
     path whose x_train (or x) samples set the activation ranges; qat_checkpoint instead: a
     checkpoint of `pack --qat` artifacts of the same model whose observer ranges and weights
     are used. batch_size fixes the blob's batch (as for a float pack). learning_rate
-    (default 0.01) and momentum: the integer SGD's. Returns the info dict written to
-    int8.json (with the paths written)."""
+    (default 0.01) and momentum: the integer SGD's. loss: cross_entropy, mse or
+    bce_with_logits (quant/intloss.py; the last two train the last Gemm only), target:
+    "input" for an mse autoencoder trained on its own input. Returns the info dict written
+    to int8.json (with the paths written)."""
+    from .quant.intloss import check_loss
+    check_loss(loss, {"--train-biases": train_biases, "--train-last": (train_last or 1) > 1})
     if (calibration is None) == (qat_checkpoint is None):
         raise ArtifactError("--int8 needs the activation ranges from one source: calibration "
                             "samples (--calibrate data.npz) or a quantization-aware trained "
@@ -76,7 +83,7 @@ def pack_int8(model, output, *, calibration=None, qat_checkpoint=None, batch_siz
     samples = _calibration_samples(calibration) if calibration is not None else None
     with tempfile.TemporaryDirectory() as work:
         qat = generate_artifacts(model, artifact_directory=work, batch_size=batch_size,
-                                 optimizer="SGD",
+                                 optimizer="SGD", loss=FLOAT_LOSS[loss],
                                  quantization={"activation_dtype": activation_dtype})
         eval_model = onnx.load(qat.eval_model)
         state = read_checkpoint(qat.checkpoint)
@@ -91,7 +98,8 @@ def pack_int8(model, output, *, calibration=None, qat_checkpoint=None, batch_siz
             source = {"qat_checkpoint": os.fspath(qat_checkpoint)}
         qdq = qdq_model(inference_model(eval_model, None, values), eval_model)
         onnx.checker.check_model(qdq, full_check=True)
-        info = int8_training_artifacts(qdq, work, lr, momentum=momentum, **choice)
+        info = int8_training_artifacts(qdq, work, lr, momentum=momentum, loss=loss,
+                                       target=target, **choice)
         files = {BLOB: info["blob"], CHECKPOINT: info["checkpoint"]}
         data = {name: open(path, "rb").read() for name, path in files.items()}
     os.makedirs(output, exist_ok=True)
