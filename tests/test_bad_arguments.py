@@ -214,7 +214,7 @@ CASES = [
      "--output '{build}' is a directory; give the path of the file to write"),
     (["train", B, *D, "--output", "{missing}/ckpt"],
      "--output '{missing}/ckpt': directory '{missing}' does not exist"),
-    (["train", "{missing}", *D], "BlobError: cannot read blob '{missing}/model.mtb'"),
+    (["train", "{missing}", *D], "'{missing}' holds no packed model: model.mtb and checkpoint"),
     # deploy
     (["deploy", B, "--board", "qemu-mps2-an385", *D, "--steps", "0"],
      "argument --steps: must be a positive integer, got 0"),
