@@ -15,6 +15,7 @@ _TOP = const(8192)              # kernels/intgrad.py 2**MANT_BITS
 _HALF_TOP = const(4096)
 _LIMB = const(16777216)         # 2**24
 _SATURATED = const(536870912)   # 2**29
+_MAX_SUM = const(511)           # kernels/intgrad.py MAX_SUM
 
 
 @micropython.viper
@@ -233,9 +234,27 @@ def int_conv_grad_input(F, I, args) -> int:
 
 
 @micropython.viper
+def _fold_sum(total: int, part: int) -> int:
+    # kernels/intgrad.py _fold_sum: the running sum acc * 32 + t with a chunk's sum added
+    acc = total >> 5
+    t = total & 31
+    part = int(round_shift(part, t))
+    while part >= _SATURATED or part <= 0 - _SATURATED:
+        part = int(round_shift(part, 1))
+        acc = int(round_shift(acc, 1))
+        t += 1
+    acc += part
+    while acc >= _LIMB or acc <= 0 - _LIMB:
+        acc = int(round_shift(acc, 1))
+        t += 1
+    return acc * 32 + t
+
+
+@micropython.viper
 def _weight_sum(args, I, mo: int, c: int, ky: int, kx: int, zp: int, fx: int) -> int:
-    # sum over the batch and the outputs of G[mo] * (X - x_zp) for one weight of
-    # int_conv_update (zp includes the flip)
+    # kernels/intgrad.py _weight_sum: sum over the batch and the outputs of G[mo] * (X -
+    # x_zp) for one weight of int_conv_update (zp includes the flip), folded every _MAX_SUM
+    # positions of the rows inside the image
     q = ptr8(args[0])
     x = int(args[2])
     g = int(args[3])
@@ -257,7 +276,9 @@ def _weight_sum(args, I, mo: int, c: int, ky: int, kx: int, zp: int, fx: int) ->
     in_plane = in_h * in_w
     out_plane = out_h * out_w
     first = (mo // cout_g) * cin_g
-    acc = 0
+    total = 0
+    part = 0
+    done = 0
     for n in range(m):
         pg = g + 1 + (n * channels + mo) * out_plane
         px = x + (n * groups * cin_g + first + c) * in_plane
@@ -267,15 +288,26 @@ def _weight_sum(args, I, mo: int, c: int, ky: int, kx: int, zp: int, fx: int) ->
                 pg += out_w
                 continue
             row = px + iy * in_w
-            for ox in range(out_w):
-                v = int(I[pg])
-                pg += 1
-                if v == 0:
-                    continue
-                ix = ox * s_w - pad_l + kx * d_w
-                if ix >= 0 and ix < in_w:
-                    acc += v * ((int(q[row + ix]) ^ fx) - zp)
-    return acc
+            ox = 0
+            while ox < out_w:
+                end = ox + _MAX_SUM - done
+                if end > out_w:
+                    end = out_w
+                done += end - ox
+                for o in range(ox, end):
+                    v = int(I[pg])
+                    pg += 1
+                    if v == 0:
+                        continue
+                    ix = o * s_w - pad_l + kx * d_w
+                    if ix >= 0 and ix < in_w:
+                        part += v * ((int(q[row + ix]) ^ fx) - zp)
+                ox = end
+                if done == _MAX_SUM:
+                    total = int(_fold_sum(total, part))
+                    part = 0
+                    done = 0
+    return int(_fold_sum(total, part))
 
 
 @micropython.viper
@@ -300,7 +332,8 @@ def int_conv_update(F, I, args) -> int:
         for c in range(cin_g):
             for ky in range(k_h):
                 for kx in range(k_w):
-                    acc = int(_weight_sum(args, I, mo, c, ky, kx, zp, fx))
+                    total = int(_weight_sum(args, I, mo, c, ky, kx, zp, fx))
                     descend_weight(args[0], w + ((mo * cin_g + c) * k_h + ky) * k_w + kx,
-                                   int(_gstep(I, acc, m0, shift, e, random)))
+                                   int(_gstep(I, total >> 5, m0, shift, e + (total & 31),
+                                              random)))
     return 0
