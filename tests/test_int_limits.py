@@ -246,11 +246,13 @@ def _sample_scales(snap, classifier, quant, info, y, lr):
     return {tid: float(v.max()) for tid, v in sums.items()}
 
 
-def _sparse_against_torch(info, xs, ys, lr, trials=2):
+def _sparse_against_torch(info, xs, ys, lr, per_layer=0.0, trials=2):
     """One integer step per trial against torch float64 on the dequantized model: every
-    trained bias and weight within half a quantum + 2**-9 of the layer's largest step (its
-    samples' steps in absolute value: _sample_scales). Returns (layers, worst error beyond
-    half a quantum relative to that, {bias id: largest step} in the layers' order)."""
+    trained bias and weight within half a quantum + tol of the layer's largest step (its
+    samples' steps in absolute value: _sample_scales), tol = TOL + per_layer * the number
+    of convolutions between the layer and the loss (each rounds the gradient to 13-bit
+    mantissas once more). Returns (layers, the worst error beyond half a quantum relative to
+    that step, {bias id: largest step} in the layers' order)."""
     state = CheckpointState.load_checkpoint(info["checkpoint"])
     model = Module(info["blob"], state)
     b = model.blob
@@ -263,13 +265,14 @@ def _sparse_against_torch(info, xs, ys, lr, trials=2):
         snap, classifier = _forward_record(model, info, x, y)
         db, dw = torch_sparse_step(snap, classifier, quant, info, y, lr)
         scale = _sample_scales(snap, classifier, quant, info, y, lr)
-        for _, _, _, w, bias, _, _, wid, bid, _ in snap:
+        for index, (_, _, _, w, bias, _, _, wid, bid, _) in enumerate(snap):
+            tol = TOL + per_layer * (len(snap) - 1 - index)
             got = bias - np.array(model.output(bid), np.int64)
             err = np.abs(got - db[bid])
             top = scale[bid]
             steps[bid] = max(steps.get(bid, 0.0), float(np.abs(db[bid]).max()))
             relative = max(relative, float((err.max() - 0.5) / max(top, 1e-12)))
-            assert np.all(err <= 0.5 + TOL * top + 1e-9), (b.names[bid], err.max(), top)
+            assert np.all(err <= 0.5 + tol * top + 1e-9), (b.names[bid], err.max(), top)
             if b.names[wid] in info["parameters"]:
                 after = _signed_bytes(model.output(wid), True)
                 got = (w - after).reshape(dw[wid].shape)
@@ -278,7 +281,7 @@ def _sparse_against_torch(info, xs, ys, lr, trials=2):
                 err = np.abs(got - dw[wid])[free]
                 relative = max(relative, float((err.max() - 0.5) / top))
                 assert np.abs(dw[wid]).max() > 1, b.names[wid]
-                assert np.all(err <= 0.5 + TOL * top + 1e-9), (b.names[wid], err.max(), top)
+                assert np.all(err <= 0.5 + tol * top + 1e-9), (b.names[wid], err.max(), top)
     return len(snap), relative, steps
 
 
@@ -345,19 +348,20 @@ def test_chunked_sum_equals_one_sum_below_the_chunk(small_cnn_qdq):
 # -- 3. a deep backward: MobileNetV1's 14 depthwise separable blocks, cut down ----------------
 def mobilenet_like(blocks):
     """A stem and `blocks` depthwise separable blocks (3x3 depthwise + 1x1 pointwise, each
-    with ReLU6), the 2nd, 4th, 6th and 12th strided as MobileNetV1's: 1 + 2 * blocks
-    convolutions on a 32x32 input, 4 to 8 channels, then GlobalAveragePool and the
-    classifier."""
+    with ReLU6), the 2nd, 4th and 6th strided: 1 + 2 * blocks convolutions from a 32x32
+    input down to 2x2, 8 channels, then GlobalAveragePool and the classifier. He
+    initialization and small positive biases keep the activations alive through every
+    layer (PyTorch's default initialization shrinks them layer by layer to the zero point,
+    where every ReLU's gradient is 0)."""
     torch.manual_seed(23)
-    layers = [nn.Conv2d(1, 4, 3, stride=2, padding=1), nn.ReLU6()]
-    channels = 4
+    layers = [nn.Conv2d(1, 8, 3, stride=2, padding=1), nn.ReLU6()]
     for i in range(blocks):
-        wider = 8 if i >= 5 else 4
-        layers += [nn.Conv2d(channels, channels, 3, stride=2 if i in (1, 3, 5, 11) else 1,
-                             padding=1, groups=channels), nn.ReLU6(),
-                   nn.Conv2d(channels, wider, 1), nn.ReLU6()]
-        channels = wider
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, 4)]
+        layers += [nn.Conv2d(8, 8, 3, stride=2 if i in (1, 3, 5) else 1, padding=1,
+                             groups=8), nn.ReLU6(), nn.Conv2d(8, 8, 1), nn.ReLU6()]
+    for conv in layers[::2]:
+        nn.init.kaiming_normal_(conv.weight, nonlinearity="relu")
+        nn.init.constant_(conv.bias, 0.05)
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4)]
     return ReferenceModel(f"mobilenet_{blocks}", nn.Sequential(*layers), (1, 32, 32),
                           "CrossEntropyLoss", 2, {"SGD": 0.05})
 
@@ -366,18 +370,21 @@ def mobilenet_like(blocks):
 def test_deep_backward_equals_torch(micropython, tmp_path, blocks):
     from torch_reference import qat_qdq_model
     xs, ys = qat_qdq_model(mobilenet_like(blocks), tmp_path, 4)
-    lr = 64.0
+    lr = 16.0          # the last block's weight steps of several quanta
     info = int8_training_artifacts(tmp_path / "qdq.onnx", tmp_path / "int", lr,
                                    stochastic=False, **SPARSE)
     model = Module(info["blob"], CheckpointState.load_checkpoint(info["checkpoint"]))
     assert max(model.blob.int_unit_exps.values()) >= 64       # the unit renormalized
-    layers, relative, steps = _sparse_against_torch(info, xs, ys, lr)
+    # 13-bit gradient mantissas through up to 40 layers: 2**-9 of the largest step (as for
+    # the 5-layer DS-CNN and the 3-layer CNN above) + 2**-11 per layer above (measured: at
+    # most 1e-2 after 39 layers, 3.4e-3 after 27)
+    layers, relative, steps = _sparse_against_torch(info, xs, ys, lr, 2 ** -11)
     assert layers == 1 + 2 * blocks
     # the first convolution's bias moves: the gradient reached it through every layer
     first = next(iter(steps))
     assert steps[first] > 0.5, steps
     print(f"{layers} convolutions: sparse update vs torch float64 within half a quantum + "
-          f"{relative:.2e} of the largest step; the first bias' largest step "
+          f"{relative:.2e} of the layer's largest step; the first bias' largest step "
           f"{steps[first]:.2f} quanta")
     if blocks == 14:
         info = int8_training_artifacts(tmp_path / "qdq.onnx", tmp_path / "st", lr, **SPARSE)

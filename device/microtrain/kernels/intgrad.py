@@ -45,7 +45,8 @@
 # power of two (_fold_sum: the batch-8 8x8 CNN's 512 positions, MobileNet's 48x48 planes);
 # input-gradient sums stay below 2**30 for up to 1024 channels x taps terms, a bias' for
 # m * P <= 65408 positions (checked); every kernel only adds and multiplies such ints.
-from microtrain.kernels.fixedpoint import f32, pairs_of, quantization, requant, round_shift
+import math
+from microtrain.kernels.fixedpoint import f32, quantization, requant, requant_pair, round_shift
 from microtrain.kernels.intsgd import (derive_rates, descend_bias, descend_weight,
                                       generator_check, layer_scales, update_step)
 
@@ -85,9 +86,9 @@ def _normalize(I, g, count):
 
 def _step(I, acc, m0, shift, e, random):
     # update_step of acc * 2**e: round(acc * m0 / 2**shift * 2**e), half to even or
-    # stochastic with random >= 0. The rates' shifts are not limited to 62 (pairs_of
-    # uncapped: the units fixed at load shrink layer by layer while the exponents grow, a
-    # step's rate can be 2**-90), so the exponent is subtracted and the shift clamped here.
+    # stochastic with random >= 0. The rates' shifts are not limited to 62 (_scaled_pair:
+    # the units fixed at load shrink layer by layer while the exponents grow, a step's rate
+    # can be 2**-200), so the exponent is subtracted and the shift clamped here.
     if acc == 0 or m0 == 0:     # (a zero rate: learning rate 0, whatever the exponent)
         return 0
     shift -= e
@@ -191,10 +192,24 @@ def _bias_rates(params, lr):
     # the (m0, shift) of the bias step (E added to its shift: the unit is unit / 2**E),
     # then of the fold
     unit, sx, sw, m, exp = params
-    values = pairs_of((r for pair in bias_reals(unit, sx, sw, m, lr) for r in pair), False)
-    for i in range(1, len(values), 4):
-        values[i] += exp
+    values = []
+    for step, fold in bias_reals(unit, sx, sw, m, lr):
+        values += _scaled_pair(step, exp)
+        values += requant_pair(fold, False)
     return values
+
+
+def _scaled_pair(real, exp):
+    # requant_pair(real / 2**exp, capped=False), the power of two applied to the shift (the
+    # quotient itself may be below float32's range): (m0, shift), real / 2**exp == m0 /
+    # 2**shift; (0, 1) for 0; (2**24, 1) for a quotient beyond 2**23 (always saturates)
+    if not 0.0 < real < 3.4e38:
+        return 0, 1
+    mantissa, exponent = math.frexp(real)
+    shift = 24 - exponent + exp
+    if shift < 1:
+        return 16777216, 1
+    return int(mantissa * 16777216.0), shift
 
 
 def int_clamp_bias_grad_check(args, c):
@@ -406,9 +421,9 @@ def _weight_rates(params, lr):
     # (m0, shift) of the weight step per channel (E added to the shifts: the unit is
     # unit / 2**E)
     unit, sx, sw, m, x_zp, exp = params
-    values = [x_zp] + pairs_of(weight_reals(unit, sx, sw, m, lr), False)
-    for i in range(2, len(values), 2):
-        values[i] += exp
+    values = [x_zp]
+    for real in weight_reals(unit, sx, sw, m, lr):
+        values += _scaled_pair(real, exp)
     return values
 
 
