@@ -345,6 +345,37 @@ def test_chunked_sum_equals_one_sum_below_the_chunk(small_cnn_qdq):
         assert abs(got - exact) <= int(np.abs(parts).sum()) * 2.0 ** -22
 
 
+def test_sums_of_many_chunks_viper_equal_pure_and_the_exact_sum(micropython):
+    # tests/device_scripts/int_sums.py: a bias over 2 x 40000 positions (2 chunks of
+    # MAX_BIAS_SUM) and 1x1 conv weights over 4 x 64 x 64 positions (33 chunks of MAX_SUM),
+    # under heap_lock: the viper and pure kernels and CPython take the same steps, the exact
+    # sums' steps rounded (numpy int64 here)
+    script = ROOT / "tests" / "device_scripts" / "int_sums.py"
+    fast = run_micropython(micropython, script, "fast")
+    pure = run_micropython(micropython, script, "pure")
+    cpython = subprocess.run([sys.executable, str(script), "pure"], capture_output=True,
+                             text=True, env={"PYTHONPATH": str(DEVICE)}, check=True).stdout
+    assert fast.endswith("viper True\n") and pure.endswith("viper False\n"), fast + pure
+    assert fast.split("viper")[0] == pure.split("viper")[0] == cpython.split("viper")[0]
+    lines = dict(line.split(" ", 1) for line in cpython.strip().split("\n"))
+    mantissa = lambda i: ((i * 7919) % 12000) - 4000                  # noqa: E731
+    count = 2 * 2 * 40000
+    g = np.array([mantissa(i) for i in range(count)], np.int64)
+    mask = np.array([(i * 37) & 255 | 1 for i in range((count + 7) >> 3)], np.int64)
+    g = (g * ((mask[np.arange(count) >> 3] >> (np.arange(count) & 7)) & 1)).reshape(2, 2, -1)
+    exact = [-g[:, c].sum() * (9000000 + c) / 2.0 ** 33 for c in range(2)]
+    got = [int(v) for v in lines["bias"].split()]
+    assert np.all(np.abs(np.array(got) - exact) <= 0.5 + 1e-6 * np.abs(exact)), (got, exact)
+    x = np.array([(i * 13 + i // 100) & 255 for i in range(4 * 2 * 64 * 64)],
+                 np.int64).reshape(4, 2, -1) - 100
+    g = np.array([mantissa(i) >> 4 for i in range(4 * 2 * 64 * 64)], np.int64).reshape(4, 2, -1)
+    exact = [-(g[:, c] * x[:, t]).sum() * (12000000 - c) / 2.0 ** 44
+             for c in range(2) for t in range(2)]
+    got = [int(v) for v in lines["weights"].split()]
+    assert np.all(np.abs(np.array(got) - exact) <= 0.5 + 1e-6 * np.abs(exact)), (got, exact)
+    assert min(np.abs(exact)) > 30        # real steps, no clamp
+
+
 # -- 3. a deep backward: MobileNetV1's 14 depthwise separable blocks, cut down ----------------
 def mobilenet_like(blocks):
     """A stem and `blocks` depthwise separable blocks (3x3 depthwise + 1x1 pointwise, each

@@ -43,8 +43,9 @@
 # each) stays below 2**30, so a weight's gradient over any batch x positions is summed in
 # chunks of 511 positions, each folded into a running sum kept below 2**24 with its own
 # power of two (_fold_sum: the batch-8 8x8 CNN's 512 positions, MobileNet's 48x48 planes);
-# input-gradient sums stay below 2**30 for up to 1024 channels x taps terms, a bias' for
-# m * P <= 65408 positions (checked); every kernel only adds and multiplies such ints.
+# a bias' likewise, image by image (P <= MAX_BIAS_SUM = 65535 positions checked; the same
+# integers as one sum while the sum stays below 2**24); input-gradient sums stay below 2**30 for up to 1024 channels x taps terms
+# (checked); every kernel only adds and multiplies such ints.
 import math
 from microtrain.kernels.fixedpoint import f32, quantization, requant, requant_pair, round_shift
 from microtrain.kernels.intsgd import (derive_rates, descend_bias, descend_weight,
@@ -55,6 +56,7 @@ _TOP = 1 << MANT_BITS
 _LIMB = 1 << 24
 _HALF_SMALL = 1 << 29
 MAX_SUM = 511            # m * P of one sum of mantissas times bytes
+MAX_BIAS_SUM = 65535     # positions of one sum of mantissas (a bias'): below 2**29
 UNIT_FLOOR = 2.0 ** -60  # a gradient unit below it is renormalized (x 2**UNIT_STEP)
 UNIT_STEP = 64
 
@@ -160,8 +162,9 @@ def int_clamp_bias_grad(F, I, args):
     e = I[g]
     for c in range(channels):
         r = rates + 4 * c
-        acc = 0
+        total = 0       # the sum of the images' sums so far (_fold_sum: packed)
         for i in range(m):
+            acc = 0     # ... this image's: up to MAX_BIAS_SUM positions (< 2**29)
             at = (i * channels + c) * plane
             pg = g + 1 + at
             for p in range(at, at + plane):
@@ -170,7 +173,9 @@ def int_clamp_bias_grad(F, I, args):
                 else:
                     I[pg] = 0
                 pg += 1
-        descend_bias(I, bias + c, _step(I, acc, I[r], I[r + 1], e, random))
+            total = _fold_sum(total, acc)
+        descend_bias(I, bias + c, _step(I, total >> 5, I[r], I[r + 1], e + (total & 31),
+                                        random))
         m0 = I[r + 2]
         shift = I[r + 3] if I[r + 3] < 62 else 62      # a scale ratio below 2**-38: 0
         for i in range(m):
@@ -215,7 +220,7 @@ def _scaled_pair(real, exp):
 def int_clamp_bias_grad_check(args, c):
     m, channels, plane = c.ints
     c.positive(m, channels, plane)
-    c.within(m * plane, 1, MAX_SUM * 128, "positions")       # acc < 2**29
+    c.within(plane, 1, MAX_BIAS_SUM, "positions per image")      # a sum < 2**29
     c.holds(0, 1 + m * channels * plane)
     c.holds(1, (m * channels * plane + 7) >> 3)
     c.holds(2, channels)
@@ -367,21 +372,14 @@ def _weight_sum(Q, I, args, mo, c, ky, kx, zp, fx):
                 pg += out_w
                 continue
             row = px + iy * in_w
-            ox = 0
-            while ox < out_w:
-                end = ox + MAX_SUM - done
-                if end > out_w:
-                    end = out_w
-                done += end - ox
-                for o in range(ox, end):
-                    v = I[pg]
-                    pg += 1
-                    if v == 0:
-                        continue
-                    ix = o * s_w - pad_l + kx * d_w
+            for ox in range(out_w):
+                v = I[pg]
+                pg += 1
+                if v != 0:
+                    ix = ox * s_w - pad_l + kx * d_w
                     if 0 <= ix < in_w:
                         part += v * (((Q[row + ix] ^ fx) - fx) - zp)
-                ox = end
+                done += 1
                 if done == MAX_SUM:
                     total = _fold_sum(total, part)
                     part = 0

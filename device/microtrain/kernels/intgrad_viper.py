@@ -107,26 +107,24 @@ def int_clamp_mask(F, I, args) -> int:
 
 
 @micropython.viper
-def _masked(args, I, c: int) -> int:
-    # one channel of int_clamp_bias_grad: G zeroed where the mask bit is 0, the sum of the
-    # rest
+def _masked(args, I, c: int, i: int) -> int:
+    # channel c of image i in int_clamp_bias_grad: G zeroed where the mask bit is 0, the sum
+    # of the rest
     q = ptr8(args[0])
     r = ptr32(I)
     g = int(args[1])
     mask = int(args[2])
-    m = int(args[7])
     channels = int(args[8])
     plane = int(args[9])
     acc = 0
-    for i in range(m):
-        at = (i * channels + c) * plane
-        pg = g + 1 + at
-        for p in range(at, at + plane):
-            if (int(q[mask + (p >> 3)]) >> (p & 7)) & 1:
-                acc += int(I[pg])
-            else:
-                r[pg] = 0
-            pg += 1
+    at = (i * channels + c) * plane
+    pg = g + 1 + at
+    for p in range(at, at + plane):
+        if (int(q[mask + (p >> 3)]) >> (p & 7)) & 1:
+            acc += int(I[pg])
+        else:
+            r[pg] = 0
+        pg += 1
     return acc
 
 
@@ -150,12 +148,16 @@ def int_clamp_bias_grad(F, I, args) -> int:
     bias = int(args[3])
     rates = int(args[4])
     random = int(args[5])
+    m = int(args[7])
     channels = int(args[8])
     e = int(I[g])
     for c in range(channels):
         at = rates + 4 * c
-        acc = int(_masked(args, I, c))
-        descend_bias(I, bias + c, int(_gstep(I, acc, int(I[at]), int(I[at + 1]), e, random)))
+        total = 0      # kernels/intgrad.py int_clamp_bias_grad: folded image by image
+        for i in range(m):
+            total = int(_fold_sum(total, int(_masked(args, I, c, i))))
+        descend_bias(I, bias + c, int(_gstep(I, total >> 5, int(I[at]), int(I[at + 1]),
+                                             e + (total & 31), random)))
         shift = int(I[at + 3])
         if shift > 62:
             shift = 62
@@ -288,21 +290,14 @@ def _weight_sum(args, I, mo: int, c: int, ky: int, kx: int, zp: int, fx: int) ->
                 pg += out_w
                 continue
             row = px + iy * in_w
-            ox = 0
-            while ox < out_w:
-                end = ox + _MAX_SUM - done
-                if end > out_w:
-                    end = out_w
-                done += end - ox
-                for o in range(ox, end):
-                    v = int(I[pg])
-                    pg += 1
-                    if v == 0:
-                        continue
-                    ix = o * s_w - pad_l + kx * d_w
+            for ox in range(out_w):
+                v = int(I[pg])
+                pg += 1
+                if v != 0:
+                    ix = ox * s_w - pad_l + kx * d_w
                     if ix >= 0 and ix < in_w:
                         part += v * ((int(q[row + ix]) ^ fx) - zp)
-                ox = end
+                done += 1
                 if done == _MAX_SUM:
                     total = int(_fold_sum(total, part))
                     part = 0
