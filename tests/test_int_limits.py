@@ -289,10 +289,13 @@ def _sparse_against_torch(info, xs, ys, lr, per_layer=0.0, trials=2):
 def small_cnn():
     torch.manual_seed(22)
     module = nn.Sequential(
-        nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(),
-        nn.Conv2d(4, 4, 3, padding=1, groups=4), nn.ReLU(),
-        nn.Conv2d(4, 8, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-        nn.Linear(8, 3))
+        nn.Conv2d(1, 2, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(2, 2, 3, padding=1, groups=2), nn.ReLU(),
+        nn.Conv2d(2, 4, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        nn.Linear(4, 3))      # small enough for the emulated board's heap at batch 8
+    for conv in module[:6:2]:
+        nn.init.kaiming_normal_(conv.weight, nonlinearity="relu")
+        nn.init.constant_(conv.bias, 0.05)
     return ReferenceModel("small_cnn", module, (1, 8, 8), "CrossEntropyLoss", 8, {"SGD": 0.05})
 
 
@@ -306,7 +309,7 @@ def small_cnn_qdq(tmp_path_factory):
 
 def test_batch_8_sparse_update_equals_torch(small_cnn_qdq, micropython, tmp_path):
     tmp, xs, ys = small_cnn_qdq
-    lr = 4.0
+    lr = 16.0          # weight steps of several quanta
     info = int8_training_artifacts(tmp / "qdq.onnx", tmp_path / "int", lr, stochastic=False,
                                    **SPARSE)
     # 8 samples x 64 positions per weight of the depthwise conv: two chunks of sums
@@ -321,6 +324,25 @@ def test_batch_8_sparse_update_equals_torch(small_cnn_qdq, micropython, tmp_path
     moved = _viper_pure_cpython(micropython, info, _data(tmp_path, info, xs, ys, 2), 3,
                                 tmp_path)
     assert all(moved.values()) and len(moved) == 7
+
+
+def test_batch_8_sparse_update_on_the_emulated_board_equals_cpython(small_cnn_qdq, tmp_path):
+    """The chunked sums on the emulated Cortex-M3 (32-bit small ints and machine words,
+    float32 at load): viper kernels under heap_lock and pure-Python kernels give CPython's
+    parameters byte for byte."""
+    from test_inttrain import BOARD_SCRIPT, board_firmware, train_on_board_and_cpython
+    firmware = board_firmware()
+    tmp, xs, ys = small_cnn_qdq
+    info = int8_training_artifacts(tmp / "qdq.onnx", tmp_path / "int", 0.5, **SPARSE)
+    _data(tmp_path, info, xs, ys, 2)
+    board_script = BOARD_SCRIPT.replace(
+        "from microtrain.kernels import inttrain, qlinear",
+        "from microtrain.kernels import intgrad, inttrain, qlinear").replace(
+        "print('viper', inttrain.FAST)", "print('viper', inttrain.FAST and intgrad.FAST)").replace(
+        "inttrain.use_fast(False)", "inttrain.use_fast(False)\nintgrad.use_fast(False)")
+    expected, fast, pure = train_on_board_and_cpython(firmware, info, tmp_path, 2,
+                                                      board_script, 1800)
+    assert len(expected) == 7 and fast == pure == expected
 
 
 def test_chunked_sum_equals_one_sum_below_the_chunk(small_cnn_qdq):
