@@ -226,6 +226,44 @@ def test_flatten_head_trains_and_equals_torch(flatten_head, micropython, tmp_pat
     assert moved == {info["weight"]: True, info["bias"]: True}
 
 
+class WideHead(nn.Module):
+    """conv -> ReLU -> Flatten -> Gemm with channels x side x side classifier inputs."""
+
+    def __init__(self, channels, side):
+        super().__init__()
+        self.conv = nn.Conv2d(1, channels, 3, padding=1)
+        self.classifier = nn.Linear(channels * side * side, 3)
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(torch.relu(self.conv(x)), 1))
+
+
+def test_pack_at_the_limit_trains_beyond_it_is_refused(tmp_path):
+    # 4 x 32 x 32 = MAX_K inputs: packed, loaded and trained by the device runtime; 5 x 29 x
+    # 29 = 4205: refused at pack time, naming the node and the limit
+    from microtrain_host.errors import UnsupportedOpError
+    from torch_reference import qat_qdq_model
+    torch.manual_seed(24)
+    ref = ReferenceModel("wide", WideHead(4, 32), (1, 32, 32), "CrossEntropyLoss", 2,
+                         {"SGD": 0.05})
+    xs, ys = qat_qdq_model(ref, tmp_path / "at", 2)
+    info = int8_training_artifacts(tmp_path / "at" / "qdq.onnx", tmp_path / "int", 0.5)
+    assert info["features"] == 4096
+    state = CheckpointState.load_checkpoint(info["checkpoint"])
+    start = {n: bytes(p.data) for n, p in state.parameters.items()}
+    model = Module(info["blob"], state)
+    for x, y in zip(xs, ys):
+        model(quantize_input(x, info).reshape(-1).tolist(), [int(v) for v in y])
+    assert all(bytes(p.data) != start[n] for n, p in state.parameters.items())
+    torch.manual_seed(24)
+    ref = ReferenceModel("wider", WideHead(5, 29), (1, 29, 29), "CrossEntropyLoss", 2,
+                         {"SGD": 0.05})
+    qat_qdq_model(ref, tmp_path / "beyond", 1)
+    with pytest.raises(UnsupportedOpError, match=r"4205 inputs per output; integer training "
+                                                 r"takes at most 4096"):
+        int8_training_artifacts(tmp_path / "beyond" / "qdq.onnx", tmp_path / "no", 0.5)
+
+
 # -- the sparse update's oracle --------------------------------------------------------------
 def _sample_scales(snap, classifier, quant, info, y, lr):
     """{tensor id: the layer's largest step with every sample's contribution counted in
