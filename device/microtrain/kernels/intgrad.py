@@ -44,8 +44,9 @@
 # chunks of 511 positions, each folded into a running sum kept below 2**24 with its own
 # power of two (_fold_sum: the batch-8 8x8 CNN's 512 positions, MobileNet's 48x48 planes);
 # a bias' likewise, image by image (P <= MAX_BIAS_SUM = 65535 positions checked; the same
-# integers as one sum while the sum stays below 2**24); input-gradient sums stay below 2**30 for up to 1024 channels x taps terms
-# (checked); every kernel only adds and multiplies such ints.
+# integers as one sum while the sum stays below 2**24); input-gradient sums stay below 2**30
+# for up to 1024 channels x taps terms (checked); every kernel only adds and multiplies such
+# ints.
 import math
 from microtrain.kernels.fixedpoint import f32, quantization, requant, requant_pair, round_shift
 from microtrain.kernels.intsgd import (derive_rates, descend_bias, descend_weight,
@@ -336,6 +337,7 @@ def _fold_sum(total, part):
     # < 2**30, in units of 1) added: part rounded to the total's units, both halved while
     # |part| >= 2**29 (so that acc + part < 2**30), then the sum halved while >= 2**24 (each
     # halving round_shift(., 1), half to even: exactly _step's halving for a single chunk).
+    # t < 32 while the real sum is below 2**55 (2**34 positions of a weight's terms).
     acc = total >> 5
     t = total & 31
     part = round_shift(part, t)
@@ -360,6 +362,7 @@ def _weight_sum(Q, I, args, mo, c, ky, kx, zp, fx):
     out_plane = out_h * out_w
     channels = groups * cout_g
     first = (mo // cout_g) * cin_g
+    chunk = MAX_SUM
     total = 0
     part = 0
     done = 0
@@ -380,7 +383,7 @@ def _weight_sum(Q, I, args, mo, c, ky, kx, zp, fx):
                     if 0 <= ix < in_w:
                         part += v * (((Q[row + ix] ^ fx) - fx) - zp)
                 done += 1
-                if done == MAX_SUM:
+                if done == chunk:
                     total = _fold_sum(total, part)
                     part = 0
                     done = 0
