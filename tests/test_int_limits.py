@@ -226,6 +226,22 @@ def test_flatten_head_trains_and_equals_torch(flatten_head, micropython, tmp_pat
     assert moved == {info["weight"]: True, info["bias"]: True}
 
 
+def test_imu_1d_conv_flatten_head_of_928_inputs_trains(micropython, tmp_path):
+    # issue 22's refused net: Conv1d -> ReLU -> Flatten -> Gemm, 16 x 58 = 928 inputs; 3
+    # integer steps under heap_lock, viper == pure == CPython, both parameters moved
+    from torch_reference import qat_qdq_model
+    torch.manual_seed(3)
+    module = nn.Sequential(nn.Conv1d(6, 16, 5), nn.ReLU(), nn.Flatten(),
+                           nn.Linear(16 * 58, 4))
+    ref = ReferenceModel("imu", module, (6, 62), "CrossEntropyLoss", 4, {"SGD": 0.05})
+    xs, ys = qat_qdq_model(ref, tmp_path / "qat", 3)
+    info = int8_training_artifacts(tmp_path / "qat" / "qdq.onnx", tmp_path / "int", 0.05)
+    assert info["features"] == 928
+    moved = _viper_pure_cpython(micropython, info, _data(tmp_path, info, xs, ys, 3), 3,
+                                tmp_path)
+    assert moved == {info["weight"]: True, info["bias"]: True}
+
+
 class WideHead(nn.Module):
     """conv -> ReLU -> Flatten -> Gemm with channels x side x side classifier inputs."""
 
