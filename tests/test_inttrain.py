@@ -294,7 +294,7 @@ def test_crafted_blobs_checkpoints_and_inputs_are_refused(digits_int8, tmp_path)
             (logits_at, 2, lambda v: [v[0], v[1] * 4, v[2], v[3]], "int_gemm_logits"),
             (logits_at, 2, lambda v: [v[0], v[1], v[2] + 1, v[3]], "int_gemm_logits"),
             (logits_at, 2, lambda v: [v[0] + 5, v[1], v[2], v[3]], "int_gemm_logits"),
-            (logits_at, 2, lambda v: [v[0], 300, v[2], v[3]], "inputs per output"),
+            (logits_at, 2, lambda v: [v[0], 5000, v[2], v[3]], "inputs per output"),
             (logits_at, 2, lambda v: [v[0], v[1], v[2], 7], "signed flag"),
             # the update's weight: the input; its generator state: the rates
             (update_at, 1, lambda t: [t[2]] + t[1:], "int_gemm_update"),

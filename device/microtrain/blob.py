@@ -80,6 +80,8 @@ class Blob:
         self.int_rates = []     # the inttrain update steps' multipliers (set_learning_rate)
         self.int_derived = {}   # derived int tensors computed so far -> their size (or head)
         self.int_units = {}     # inttrain: gradient tensor -> its real unit (at load)
+        self.int_unit_exps = {}  # intgrad: gradient tensor -> E when its real unit is
+                                 # int_units[t] / 2**E (a deep backward's: E absent = 0)
         self.in_place = set()   # int8 constants the kernels read where the blob is (the
                                 # weights of int8 Gemm / Conv: no arena space); their offsets
                                 # index self.weights

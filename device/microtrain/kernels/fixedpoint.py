@@ -11,7 +11,7 @@
 # micropython.heap_lock()): requant(acc, m0, shift) = round_half_even(acc * m0 / 2**shift),
 # exactly, and round_shift(v, e) = round_half_even(v / 2**e). 32-bit boards: small ints end at 2**30, so requant splits the product into 12-bit
 # limbs there (requant_narrow, as the viper fast paths do) and no kernel allocates a big int
-# unless an accumulator or a bias reaches 2**24 (a bias beyond 2**30 is itself a big int
+# unless an accumulator reaches ACC_LIMIT = 2**29 (a bias beyond 2**30 is itself a big int
 # when read). Its viper forms are in kernels/fixedpoint_viper.py, integer for integer the
 # same.
 import math
@@ -21,6 +21,7 @@ from array import array
 from microtrain.blob import INT8
 
 _F32 = array("f", [0.0])
+ACC_LIMIT = 1 << 29     # |accumulator| of requant's exact limbs on 32-bit ports
 _INF = float("inf")
 
 
@@ -171,25 +172,28 @@ def requant_wide(acc, m0, shift):
 
 def requant_narrow(acc, m0, shift):
     # The same integer with 12-bit limbs, every intermediate below 2**30 (32-bit boards),
-    # for |acc| < 2**24 and 0 <= m0 <= 2**24 (else the exact formula).
-    if not (-16777216 < acc < 16777216 and 0 <= m0 <= 16777216):
+    # for |acc| < ACC_LIMIT = 2**29 and 0 <= m0 <= 2**24 (else the exact formula): acc as
+    # a2 * 2**24 + a1 * 2**12 + a0 (a2 < 2**5), the product as high * 2**24 + low, high <
+    # 33 * 2**24. A result of 2**29 or more comes back as 2**29 (far beyond any clamp).
+    if not (-ACC_LIMIT < acc < ACC_LIMIT and 0 <= m0 <= 16777216):
         return requant_wide(acc, m0, shift)
     if shift < 1:
         shift = 1
     negative = acc < 0
     a = -acc if negative else acc
-    a1 = a >> 12
+    a2 = a >> 24
+    a1 = (a >> 12) & 0xFFF
     a0 = a & 0xFFF
     m1 = m0 >> 12
     ml = m0 & 0xFFF
     mid = a1 * ml + a0 * m1
     t = a0 * ml + ((mid & 0xFFF) << 12)
     low = t & 0xFFFFFF
-    high = a1 * m1 + (mid >> 12) + (t >> 24)      # product = high * 2**24 + low
+    high = a1 * m1 + (mid >> 12) + (t >> 24) + a2 * m0    # product = high * 2**24 + low
     if shift >= 24:
         s2 = shift - 24
-        if s2 > 25:
-            return 0                               # product < 2**49 <= 2**(shift - 1)
+        if s2 > 29:
+            return 0                               # product < 2**53 <= 2**(shift - 1)
         q = high >> s2
         if s2 == 0:
             rem, half, tail = low, 0x800000, 0

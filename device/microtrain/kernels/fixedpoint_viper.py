@@ -21,6 +21,7 @@ import micropython
 from micropython import const
 
 _LIMIT = const(16777216)        # 2**24: |acc| and m0 below it keep every limb product < 2**25
+_ACC_LIMIT = const(536870912)   # 2**29: fixedpoint.ACC_LIMIT, requant's exact limbs' |acc|
 
 WIDE = 0                # set by fixedpoint.py: 1 where the machine word (and a small int)
                         # has 64 bits, so that acc * m0 fits one word
@@ -31,14 +32,15 @@ requant_exact = None    # set by fixedpoint.py: its requant_saturated, for an ac
 @micropython.viper
 def requant(acc: int, m0: int, shift: int) -> int:
     # fixedpoint.requant: round_half_even(acc * m0 / 2**shift), shift clamped to >= 1. One
-    # product on 64-bit ports (|acc * m0| < 2**48); else 12-bit limbs.
+    # product on 64-bit ports (|acc * m0| < 2**53); else 12-bit limbs (requant_narrow's:
+    # |acc| < 2**29, a result of 2**29 or more saturated there).
     if shift < 1:
         shift = 1
-    if acc <= 0 - _LIMIT or acc >= _LIMIT or m0 < 0 or m0 > _LIMIT:
+    if acc <= 0 - _ACC_LIMIT or acc >= _ACC_LIMIT or m0 < 0 or m0 > _LIMIT:
         return int(requant_exact(acc, m0, shift))
     if int(WIDE):
         if shift > 62:
-            return 0       # |acc * m0| < 2**48 < 2**(shift - 1); a shift of 64 would wrap
+            return 0       # |acc * m0| < 2**53 < 2**(shift - 1); a shift of 64 would wrap
         p = acc * m0
         q = p >> shift
         rem = p - (q << shift)
@@ -53,18 +55,19 @@ def requant(acc: int, m0: int, shift: int) -> int:
     if acc < 0:
         negative = 1
         a = 0 - acc
-    a1 = a >> 12
+    a2 = a >> 24
+    a1 = (a >> 12) & 0xFFF
     a0 = a & 0xFFF
     m1 = m0 >> 12
     ml = m0 & 0xFFF
     mid = a1 * ml + a0 * m1
     t = a0 * ml + ((mid & 0xFFF) << 12)
     low = t & 0xFFFFFF
-    high = a1 * m1 + (mid >> 12) + (t >> 24)      # product = high * 2**24 + low
+    high = a1 * m1 + (mid >> 12) + (t >> 24) + a2 * m0    # product = high * 2**24 + low
     if shift >= 24:
         s2 = shift - 24
-        if s2 > 25:
-            return 0                               # product < 2**49 <= 2**(shift - 1)
+        if s2 > 29:
+            return 0                               # product < 2**53 <= 2**(shift - 1)
         q = high >> s2
         if s2 == 0:
             rem = low

@@ -25,8 +25,10 @@
 #                          that vary at a padded edge are right); unit_x = unit / 2**8
 # A pool's requantization clamp is taken as straight-through (an int8 pool of an int8 tensor
 # saturates only where its input did).
+import math
+
 from microtrain.kernels.fixedpoint import f32, pairs_of, requant, round_shift
-from microtrain.kernels.intgrad import _normalize, _unit
+from microtrain.kernels.intgrad import _normalize, _record_unit, _unit
 from microtrain.kernels.intsgd import derive_once
 
 POOL_FRACTION = 8        # int_average_pool_grad's extra bits: 1 / count in 2**-8 steps
@@ -56,12 +58,18 @@ def int_grad_sum_check(args, c):
     c.holds(1, 1 + count)
     c.holds(2, 1 + count)
     c.holds(3, 3)
-    ua = _unit(c, 1)
-    ub = _unit(c, 2)
-    swap = 1 if ub > ua else 0
-    small, large = (ua, ub) if swap else (ub, ua)
-    derive_once(c, 3, [swap] + pairs_of([f32(small / large)], False))
-    c.blob.int_units[c.tensors[0]] = large
+    # units u / 2**E (intgrad._unit): compared by their binary exponents, the ratio of the
+    # smaller to the larger as a float32 mantissa ratio in (0.5, 2) and the exponents'
+    # difference, which goes into the pair's shift (not capped: the kernel clamps)
+    ua, ea = _unit(c, 1)
+    ub, eb = _unit(c, 2)
+    ma, xa = math.frexp(ua)
+    mb, xb = math.frexp(ub)
+    swap = 1 if (xb - eb, mb) > (xa - ea, ma) else 0
+    small, large = ((ma, xa - ea), (mb, xb - eb)) if swap else ((mb, xb - eb), (ma, xa - ea))
+    m0, shift = pairs_of([f32(small[0] / large[0])], False)
+    derive_once(c, 3, [swap, m0, shift + large[1] - small[1]])
+    _record_unit(c, 0, *_unit(c, 2 if swap else 1))
 
 
 # -- a residual Add ----------------------------------------------------------------------
@@ -89,11 +97,11 @@ def int_add_grad_check(args, c):
     c.holds(2, 1 + count)
     c.holds(3, count)
     unit = _unit(c, 2)
-    c.blob.int_units[c.tensors[0]] = unit
+    _record_unit(c, 0, *unit)
     if c.present(1):
         c.holds(1, 1 + count)
         c.apart(1, 0)
-        c.blob.int_units[c.tensors[1]] = unit
+        _record_unit(c, 1, *unit)
 
 
 # -- pools -------------------------------------------------------------------------------
@@ -131,7 +139,7 @@ def int_max_pool_grad_check(args, c):
     c.holds(2, planes * H * W)
     # each element sums at most the windows that reach it: below 2**(MANT_BITS + 10)
     c.within(((kH + sH - 1) // sH) * ((kW + sW - 1) // sW), 1, 1024, "windows per element")
-    c.blob.int_units[c.tensors[0]] = _unit(c, 1)
+    _record_unit(c, 0, *_unit(c, 1))
 
 
 def int_average_pool_grad(F, I, args):
@@ -176,7 +184,8 @@ def int_average_pool_grad_check(args, c):
     c.holds(2, 2 * kH * kW)
     # 2**8 / count for counts 1 .. kH * kW: a share below 2**(MANT_BITS + 8)
     derive_once(c, 2, pairs_of(f32((1 << POOL_FRACTION) / n) for n in range(1, kH * kW + 1)))
-    c.blob.int_units[c.tensors[0]] = f32(_unit(c, 1) / (1 << POOL_FRACTION))
+    unit, exp = _unit(c, 1)
+    _record_unit(c, 0, f32(unit / (1 << POOL_FRACTION)), exp)
 
 
 def _pool_check(c, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL):

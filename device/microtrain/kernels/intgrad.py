@@ -26,6 +26,12 @@
 # of what it reads and the scales) and e the exponent the step that wrote it chose (block
 # floating point: the gradients' range shrinks or grows layer by layer, a fixed unit would
 # lose it within a few layers; one int per tensor, integer only).
+# The unit shrinks by max(s_w) per layer (1.1e-32 after MobileNetV1's 28 convolutions,
+# below float32's range soon after), so it is kept as a float32 u' and an integer E, u =
+# u' / 2**E (blob.int_unit_exps; E = 0 until u' would fall below UNIT_FLOOR = 2**-60, then
+# u' is multiplied by 2**64, exactly, and E grows by 64): the rates are computed from u'
+# and E is added to their shifts (which are not capped at 62: _step subtracts e first).
+# A net of any depth thus trains; shallow ones (E = 0) see the same integers as before.
 #
 # Steps: real step = acc * m0 / 2**shift * 2**e, rounded half to even or stochastically
 # (random >= 0: 8 bits of fraction and the xorshift16 generator) by kernels/intsgd.py's
@@ -33,17 +39,27 @@
 # requantization limbs' exact range on 32-bit ports: a double rounding, below 2**-14 of a
 # quantum for the steps here). Weights clamped to [-127, 127], biases to +-BIAS_LIMIT.
 #
-# 32-bit ports: with MANT_BITS = 13, sums of m * P mantissas times bytes (< 2**21 each) stay
-# below 2**30 for m * P <= 511 (checked), input-gradient sums below 2**30 for up to 1024
-# channels x taps terms; every kernel only adds and multiplies such ints.
-from microtrain.kernels.fixedpoint import f32, pairs_of, quantization, requant, round_shift
+# 32-bit ports: with MANT_BITS = 13, a sum of MAX_SUM = 511 mantissas times bytes (< 2**21
+# each) stays below 2**30, so a weight's gradient over any batch x positions is summed in
+# chunks of 511 positions, each folded into a running sum kept below 2**24 with its own
+# power of two (_fold_sum: the batch-8 8x8 CNN's 512 positions, MobileNet's 48x48 planes);
+# a bias' likewise, image by image (P <= MAX_BIAS_SUM = 65535 positions checked; the same
+# integers as one sum while the sum stays below 2**24); input-gradient sums stay below 2**30
+# for up to 1024 channels x taps terms (checked); every kernel only adds and multiplies such
+# ints.
+import math
+from microtrain.kernels.fixedpoint import f32, quantization, requant, requant_pair, round_shift
 from microtrain.kernels.intsgd import (derive_rates, descend_bias, descend_weight,
                                       generator_check, layer_scales, update_step)
 
 MANT_BITS = 13
 _TOP = 1 << MANT_BITS
 _LIMB = 1 << 24
+_HALF_SMALL = 1 << 29
 MAX_SUM = 511            # m * P of one sum of mantissas times bytes
+MAX_BIAS_SUM = 65535     # positions of one sum of mantissas (a bias'): below 2**29
+UNIT_FLOOR = 2.0 ** -60  # a gradient unit below it is renormalized (x 2**UNIT_STEP)
+UNIT_STEP = 64
 
 
 def _normalize(I, g, count):
@@ -73,9 +89,9 @@ def _normalize(I, g, count):
 
 def _step(I, acc, m0, shift, e, random):
     # update_step of acc * 2**e: round(acc * m0 / 2**shift * 2**e), half to even or
-    # stochastic with random >= 0. The rates' shifts are not limited to 62 (pairs_of
-    # uncapped: the units fixed at load shrink layer by layer while the exponents grow, a
-    # step's rate can be 2**-90), so the exponent is subtracted and the shift clamped here.
+    # stochastic with random >= 0. The rates' shifts are not limited to 62 (_scaled_pair:
+    # the units fixed at load shrink layer by layer while the exponents grow, a step's rate
+    # can be 2**-200), so the exponent is subtracted and the shift clamped here.
     if acc == 0 or m0 == 0:     # (a zero rate: learning rate 0, whatever the exponent)
         return 0
     shift -= e
@@ -106,8 +122,8 @@ def int_pool_grad_check(args, c):
     c.positive(m, channels, plane)
     c.holds(0, 1 + m * channels * plane)
     c.holds(1, m * channels)
-    unit = _unit(c, 1)
-    c.blob.int_units[c.tensors[0]] = f32(unit / plane)
+    unit, exp = _unit(c, 1)
+    _record_unit(c, 0, f32(unit / plane), exp)
 
 
 # -- a convolution's clamp: mask, bias step, weight scale folded -----------------------
@@ -147,8 +163,9 @@ def int_clamp_bias_grad(F, I, args):
     e = I[g]
     for c in range(channels):
         r = rates + 4 * c
-        acc = 0
+        total = 0       # the sum of the images' sums so far (_fold_sum: packed)
         for i in range(m):
+            acc = 0     # ... this image's: up to MAX_BIAS_SUM positions (< 2**29)
             at = (i * channels + c) * plane
             pg = g + 1 + at
             for p in range(at, at + plane):
@@ -157,7 +174,9 @@ def int_clamp_bias_grad(F, I, args):
                 else:
                     I[pg] = 0
                 pg += 1
-        descend_bias(I, bias + c, _step(I, acc, I[r], I[r + 1], e, random))
+            total = _fold_sum(total, acc)
+        descend_bias(I, bias + c, _step(I, total >> 5, I[r], I[r + 1], e + (total & 31),
+                                        random))
         m0 = I[r + 2]
         shift = I[r + 3] if I[r + 3] < 62 else 62      # a scale ratio below 2**-38: 0
         for i in range(m):
@@ -176,28 +195,46 @@ def bias_reals(unit, sx, sw, m, lr):
 
 def _bias_rates(params, lr):
     # int_clamp_bias_grad's rates at learning rate lr (intsgd.derive_rates): per channel
-    # the (m0, shift) of the bias step, then of the fold
-    unit, sx, sw, m = params
-    return pairs_of((r for pair in bias_reals(unit, sx, sw, m, lr) for r in pair), False)
+    # the (m0, shift) of the bias step (E added to its shift: the unit is unit / 2**E),
+    # then of the fold
+    unit, sx, sw, m, exp = params
+    values = []
+    for step, fold in bias_reals(unit, sx, sw, m, lr):
+        values += _scaled_pair(step, exp)
+        values += requant_pair(fold, False)
+    return values
+
+
+def _scaled_pair(real, exp):
+    # requant_pair(real / 2**exp, capped=False), the power of two applied to the shift (the
+    # quotient itself may be below float32's range): (m0, shift), real / 2**exp == m0 /
+    # 2**shift; (0, 1) for 0; (2**24, 1) for a quotient beyond 2**23 (always saturates)
+    if not 0.0 < real < 3.4e38:
+        return 0, 1
+    mantissa, exponent = math.frexp(real)
+    shift = 24 - exponent + exp
+    if shift < 1:
+        return 16777216, 1
+    return int(mantissa * 16777216.0), shift
 
 
 def int_clamp_bias_grad_check(args, c):
     m, channels, plane = c.ints
     c.positive(m, channels, plane)
-    c.within(m * plane, 1, MAX_SUM * 128, "positions")       # acc < 2**29
+    c.within(plane, 1, MAX_BIAS_SUM, "positions per image")      # a sum < 2**29
     c.holds(0, 1 + m * channels * plane)
     c.holds(1, (m * channels * plane + 7) >> 3)
     c.holds(2, channels)
     c.role(2, "param")
     c.holds(3, 4 * channels)
     generator_check(c, 4)
-    unit = _unit(c, 0)
+    unit, exp = _unit(c, 0)
     sx, _, sw = layer_scales(c, 1, 5, channels, True)
     for s in sw:    # bias_reals divides by each bias quantum: none may underflow to 0
         if not f32(sx * s) > 0.0:
             c.fail("the bias quantum (input scale %r x weight scale %r) underflows float32"
                    % (sx, s))
-    derive_rates(c, 3, _bias_rates, (unit, sx, sw, m))
+    derive_rates(c, 3, _bias_rates, (unit, sx, sw, m, exp))
     # G now holds G * s_w[c] / max(s_w): what the input gradient and the weight update read
 
 
@@ -242,11 +279,28 @@ def int_conv_grad_input(F, I, args):
 
 
 def _unit(c, k):
-    # the real unit of gradient tensor argument k, which an earlier step recorded
-    unit = c.blob.int_units.get(c.tensors[k])
+    # (u', E): the real unit u' / 2**E of gradient tensor argument k, which an earlier step
+    # recorded
+    tid = c.tensors[k]
+    unit = c.blob.int_units.get(tid)
     if unit is None:
         c.fail("no step before this one gives its gradient tensor's unit")
-    return unit
+    return unit, c.blob.int_unit_exps.get(tid, 0)
+
+
+def _record_unit(c, k, unit, exp):
+    # the unit unit / 2**exp of the gradient tensor argument k the step writes, unit
+    # renormalized above UNIT_FLOOR (exact: a power of two times a normal float32)
+    if not unit >= 1.2e-38:    # a normal float32 (NaN fails too)
+        c.fail("the gradient's unit underflows float32 (%r): a weight or activation scale "
+               "is out of range" % unit)
+    while unit < UNIT_FLOOR:
+        unit = f32(unit * 18446744073709551616.0)     # 2**UNIT_STEP
+        exp += UNIT_STEP
+    tid = c.tensors[k]
+    c.blob.int_units[tid] = unit
+    if exp:
+        c.blob.int_unit_exps[tid] = exp
 
 
 def _geometry_check(c):
@@ -271,53 +325,88 @@ def int_conv_grad_input_check(args, c):
     c.holds(0, 1 + m * groups * cin_g * in_h * in_w)
     c.holds(1, 1 + m * groups * cout_g * out_h * out_w)
     c.holds(2, groups * cout_g * cin_g * k_h * k_w)
-    unit = _unit(c, 1)
+    unit, exp = _unit(c, 1)
     sw = quantization(c, 2)[0]
-    unit = f32(max(sw) * unit)
-    if not unit > 1e-30:
-        c.fail("the gradient's unit underflows float32 (%r): too many layers" % unit)
-    c.blob.int_units[c.tensors[0]] = unit
+    _record_unit(c, 0, f32(max(sw) * unit), exp)
 
 
 # -- a convolution's weight update ---------------------------------------------------------
-def int_conv_update(F, I, args):
-    # W[mo, c, ky, kx] -= step(sum over the batch and outputs of G[mo, oy, ox] *
-    # (X[c, iy, ix] - x_zp)), the taps inside the image (padding contributes 0)
-    (Q, w, x, g, rates, random, m, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w,
-     s_h, s_w, d_h, d_w, pad_t, pad_l, x_signed) = args
-    fx = 128 if x_signed else 0
-    x_zp = I[rates]
-    e = I[g]
+def _fold_sum(total, part):
+    # The running sum of a weight's gradient, packed as acc * 32 + t (|acc| < 2**24, real sum
+    # acc * 2**t: one small int, no tuple, nothing allocated), with a chunk's sum part (|part|
+    # < 2**30, in units of 1) added: part rounded to the total's units, both halved while
+    # |part| >= 2**29 (so that acc + part < 2**30), then the sum halved while >= 2**24 (each
+    # halving round_shift(., 1), half to even: exactly _step's halving for a single chunk).
+    # t < 32 while the real sum is below 2**55 (2**34 positions of a weight's terms).
+    acc = total >> 5
+    t = total & 31
+    part = round_shift(part, t)
+    while part >= _HALF_SMALL or part <= -_HALF_SMALL:
+        part = round_shift(part, 1)
+        acc = round_shift(acc, 1)
+        t += 1
+    acc += part
+    while acc >= _LIMB or acc <= -_LIMB:
+        acc = round_shift(acc, 1)
+        t += 1
+    return acc * 32 + t
+
+
+def _weight_sum(Q, I, args, mo, c, ky, kx, zp, fx):
+    # sum over the batch and the outputs of G[mo, oy, ox] * (X[c, iy, ix] - x_zp) for one
+    # weight, the taps inside the image (padding contributes 0), folded (_fold_sum, packed)
+    # every MAX_SUM positions of the rows inside the image (no partial sum reaches 2**30)
+    (_, _, x, g, _, _, m, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, _, _,
+     s_h, s_w, d_h, d_w, pad_t, pad_l, _) = args
     in_plane = in_h * in_w
     out_plane = out_h * out_w
     channels = groups * cout_g
-    for mo in range(channels):
+    first = (mo // cout_g) * cin_g
+    chunk = MAX_SUM
+    total = 0
+    part = 0
+    done = 0
+    for n in range(m):
+        pg = g + 1 + (n * channels + mo) * out_plane
+        px = x + (n * groups * cin_g + first + c) * in_plane
+        for oy in range(out_h):
+            iy = oy * s_h - pad_t + ky * d_h
+            if iy < 0 or iy >= in_h:
+                pg += out_w
+                continue
+            row = px + iy * in_w
+            for ox in range(out_w):
+                v = I[pg]
+                pg += 1
+                if v != 0:
+                    ix = ox * s_w - pad_l + kx * d_w
+                    if 0 <= ix < in_w:
+                        part += v * (((Q[row + ix] ^ fx) - fx) - zp)
+                done += 1
+                if done == chunk:
+                    total = _fold_sum(total, part)
+                    part = 0
+                    done = 0
+    return _fold_sum(total, part)
+
+
+def int_conv_update(F, I, args):
+    # W[mo, c, ky, kx] -= step(sum over the batch and outputs of G[mo, oy, ox] *
+    # (X[c, iy, ix] - x_zp)) (_weight_sum: any batch x positions)
+    (Q, w, _, g, rates, random, _, groups, cin_g, cout_g, _, _, _, _, k_h, k_w, _, _, _, _, _,
+     _, x_signed) = args
+    fx = 128 if x_signed else 0
+    x_zp = I[rates]
+    e = I[g]
+    for mo in range(groups * cout_g):
         m0 = I[rates + 1 + 2 * mo]
         shift = I[rates + 2 + 2 * mo]
-        first = (mo // cout_g) * cin_g
         for c in range(cin_g):
             for ky in range(k_h):
                 for kx in range(k_w):
-                    acc = 0
-                    for n in range(m):
-                        pg = g + 1 + (n * channels + mo) * out_plane
-                        px = x + (n * groups * cin_g + first + c) * in_plane
-                        for oy in range(out_h):
-                            iy = oy * s_h - pad_t + ky * d_h
-                            if iy < 0 or iy >= in_h:
-                                pg += out_w
-                                continue
-                            row = px + iy * in_w
-                            for ox in range(out_w):
-                                v = I[pg]
-                                pg += 1
-                                if v == 0:
-                                    continue
-                                ix = ox * s_w - pad_l + kx * d_w
-                                if 0 <= ix < in_w:
-                                    acc += v * (((Q[row + ix] ^ fx) - fx) - x_zp)
+                    total = _weight_sum(Q, I, args, mo, c, ky, kx, x_zp, fx)
                     descend_weight(Q, w + ((mo * cin_g + c) * k_h + ky) * k_w + kx,
-                                   _step(I, acc, m0, shift, e, random))
+                                   _step(I, total >> 5, m0, shift, e + (total & 31), random))
 
 
 def weight_reals(unit, sx, sw, m, lr):
@@ -330,15 +419,18 @@ def weight_reals(unit, sx, sw, m, lr):
 
 def _weight_rates(params, lr):
     # int_conv_update's rates at learning rate lr (intsgd.derive_rates): x_zp, then the
-    # (m0, shift) of the weight step per channel
-    unit, sx, sw, m, x_zp = params
-    return [x_zp] + pairs_of(weight_reals(unit, sx, sw, m, lr), False)
+    # (m0, shift) of the weight step per channel (E added to the shifts: the unit is
+    # unit / 2**E)
+    unit, sx, sw, m, x_zp, exp = params
+    values = [x_zp]
+    for real in weight_reals(unit, sx, sw, m, lr):
+        values += _scaled_pair(real, exp)
+    return values
 
 
 def int_conv_update_check(args, c):
     m, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w = _geometry_check(c)
     x_signed = c.ints[-1]      # after the geometry
-    c.within(m * out_h * out_w, 1, MAX_SUM, "positions per weight")
     channels = groups * cout_g
     c.holds(0, channels * cin_g * k_h * k_w)
     c.role(0, "param")
@@ -347,9 +439,9 @@ def int_conv_update_check(args, c):
     c.holds(3, 1 + 2 * channels)
     generator_check(c, 4)
     c.within(x_signed, 0, 1, "signed flag")
-    unit = _unit(c, 2)
+    unit, exp = _unit(c, 2)
     sx, x_zp, sw = layer_scales(c, 1, 0, channels, True)
-    derive_rates(c, 3, _weight_rates, (unit, sx, sw, m, x_zp))
+    derive_rates(c, 3, _weight_rates, (unit, sx, sw, m, x_zp, exp))
 
 
 # The viper fast paths (kernels/intgrad_viper.py, MicroPython with the viper emitter): the

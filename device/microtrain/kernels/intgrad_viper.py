@@ -15,6 +15,7 @@ _TOP = const(8192)              # kernels/intgrad.py 2**MANT_BITS
 _HALF_TOP = const(4096)
 _LIMB = const(16777216)         # 2**24
 _SATURATED = const(536870912)   # 2**29
+_MAX_SUM = const(511)           # kernels/intgrad.py MAX_SUM
 
 
 @micropython.viper
@@ -106,26 +107,24 @@ def int_clamp_mask(F, I, args) -> int:
 
 
 @micropython.viper
-def _masked(args, I, c: int) -> int:
-    # one channel of int_clamp_bias_grad: G zeroed where the mask bit is 0, the sum of the
-    # rest
+def _masked(args, I, c: int, i: int) -> int:
+    # channel c of image i in int_clamp_bias_grad: G zeroed where the mask bit is 0, the sum
+    # of the rest
     q = ptr8(args[0])
     r = ptr32(I)
     g = int(args[1])
     mask = int(args[2])
-    m = int(args[7])
     channels = int(args[8])
     plane = int(args[9])
     acc = 0
-    for i in range(m):
-        at = (i * channels + c) * plane
-        pg = g + 1 + at
-        for p in range(at, at + plane):
-            if (int(q[mask + (p >> 3)]) >> (p & 7)) & 1:
-                acc += int(I[pg])
-            else:
-                r[pg] = 0
-            pg += 1
+    at = (i * channels + c) * plane
+    pg = g + 1 + at
+    for p in range(at, at + plane):
+        if (int(q[mask + (p >> 3)]) >> (p & 7)) & 1:
+            acc += int(I[pg])
+        else:
+            r[pg] = 0
+        pg += 1
     return acc
 
 
@@ -149,12 +148,16 @@ def int_clamp_bias_grad(F, I, args) -> int:
     bias = int(args[3])
     rates = int(args[4])
     random = int(args[5])
+    m = int(args[7])
     channels = int(args[8])
     e = int(I[g])
     for c in range(channels):
         at = rates + 4 * c
-        acc = int(_masked(args, I, c))
-        descend_bias(I, bias + c, int(_gstep(I, acc, int(I[at]), int(I[at + 1]), e, random)))
+        total = 0      # kernels/intgrad.py int_clamp_bias_grad: folded image by image
+        for i in range(m):
+            total = int(_fold_sum(total, int(_masked(args, I, c, i))))
+        descend_bias(I, bias + c, int(_gstep(I, total >> 5, int(I[at]), int(I[at + 1]),
+                                             e + (total & 31), random)))
         shift = int(I[at + 3])
         if shift > 62:
             shift = 62
@@ -233,9 +236,27 @@ def int_conv_grad_input(F, I, args) -> int:
 
 
 @micropython.viper
+def _fold_sum(total: int, part: int) -> int:
+    # kernels/intgrad.py _fold_sum: the running sum acc * 32 + t with a chunk's sum added
+    acc = total >> 5
+    t = total & 31
+    part = int(round_shift(part, t))
+    while part >= _SATURATED or part <= 0 - _SATURATED:
+        part = int(round_shift(part, 1))
+        acc = int(round_shift(acc, 1))
+        t += 1
+    acc += part
+    while acc >= _LIMB or acc <= 0 - _LIMB:
+        acc = int(round_shift(acc, 1))
+        t += 1
+    return acc * 32 + t
+
+
+@micropython.viper
 def _weight_sum(args, I, mo: int, c: int, ky: int, kx: int, zp: int, fx: int) -> int:
-    # sum over the batch and the outputs of G[mo] * (X - x_zp) for one weight of
-    # int_conv_update (zp includes the flip)
+    # kernels/intgrad.py _weight_sum: sum over the batch and the outputs of G[mo] * (X -
+    # x_zp) for one weight of int_conv_update (zp includes the flip), folded every _MAX_SUM
+    # positions of the rows inside the image
     q = ptr8(args[0])
     x = int(args[2])
     g = int(args[3])
@@ -257,7 +278,9 @@ def _weight_sum(args, I, mo: int, c: int, ky: int, kx: int, zp: int, fx: int) ->
     in_plane = in_h * in_w
     out_plane = out_h * out_w
     first = (mo // cout_g) * cin_g
-    acc = 0
+    total = 0
+    part = 0
+    done = 0
     for n in range(m):
         pg = g + 1 + (n * channels + mo) * out_plane
         px = x + (n * groups * cin_g + first + c) * in_plane
@@ -270,12 +293,16 @@ def _weight_sum(args, I, mo: int, c: int, ky: int, kx: int, zp: int, fx: int) ->
             for ox in range(out_w):
                 v = int(I[pg])
                 pg += 1
-                if v == 0:
-                    continue
-                ix = ox * s_w - pad_l + kx * d_w
-                if ix >= 0 and ix < in_w:
-                    acc += v * ((int(q[row + ix]) ^ fx) - zp)
-    return acc
+                if v != 0:
+                    ix = ox * s_w - pad_l + kx * d_w
+                    if ix >= 0 and ix < in_w:
+                        part += v * ((int(q[row + ix]) ^ fx) - zp)
+                done += 1
+                if done == _MAX_SUM:
+                    total = int(_fold_sum(total, part))
+                    part = 0
+                    done = 0
+    return int(_fold_sum(total, part))
 
 
 @micropython.viper
@@ -300,7 +327,8 @@ def int_conv_update(F, I, args) -> int:
         for c in range(cin_g):
             for ky in range(k_h):
                 for kx in range(k_w):
-                    acc = int(_weight_sum(args, I, mo, c, ky, kx, zp, fx))
+                    total = int(_weight_sum(args, I, mo, c, ky, kx, zp, fx))
                     descend_weight(args[0], w + ((mo * cin_g + c) * k_h + ky) * k_w + kx,
-                                   int(_gstep(I, acc, m0, shift, e, random)))
+                                   int(_gstep(I, total >> 5, m0, shift, e + (total & 31),
+                                              random)))
     return 0

@@ -19,7 +19,7 @@
 from array import array
 from microtrain.kernels.fixedpoint import quantization, requant, weight_scales
 
-BIAS_LIMIT = 1 << 23    # |trained int32 bias| clamp: keeps |acc| < 2**24 for k <= 256 inputs
+BIAS_LIMIT = 1 << 23    # |trained int32 bias| clamp: keeps |acc| < 2**28 for k <= 4096 inputs
 WEIGHT_LIMIT = 127      # |trained int8 weight| clamp (zero point 0, the scales fixed)
 # update_step's (m0, shift) for a step already counted in 1/256 quanta (a momentum
 # velocity): 1 / 2**8 written as 2 / 2**9, exact, so that the step keeps the 8 bits of

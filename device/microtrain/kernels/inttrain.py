@@ -41,8 +41,10 @@
 #
 # 32-bit boards: small ints end at 2**30. Products stay below 2**28 (table entries and
 # probabilities are Q14); requantization uses kernels/fixedpoint.py's 12-bit limbs, exact
-# for |acc| < 2**24, which holds for k <= 256 inputs and batches of up to 4 (a larger batch
-# is still exact but allocates big ints on 32-bit ports).
+# for |acc| < 2**29 (ACC_LIMIT): a logit's accumulator is below k * 255 * 127 + 2**23 <
+# 2**28 for up to MAX_K = 4096 inputs (a Flatten head's), a weight's gradient sum below
+# m * 2**22, so batches of up to 127 (a larger batch is still exact but allocates big ints
+# on 32-bit ports).
 import math
 from microtrain.kernels.fixedpoint import (f32, pairs_of, quantization, requant, round_shift,
                                           weight_scales)
@@ -57,7 +59,7 @@ EXP_HI = 48          # exp(-a / 4) for a < 48 (exp(-12) * 2**14 < 0.5: the rest 
 EXP_LO = 64          # exp(-b / 256) for b < 64
 LOGIT_LIMIT = 1 << 20    # |z| clamp: +-4096 in real units, far beyond any useful logit
 VELOCITY_LIMIT = 32767   # |int16 velocity| of int_gemm_update_momentum, in 1/256 quanta
-MAX_K = 256
+MAX_K = 4096             # inputs per output: |logit accumulator| < 2**28
 GRAD_BITS = 4            # int_gemm_grad_input: extra bits of D for up to 16 classes
 # A class slot not in use (a classifier packed with room for more classes: continual.py):
 # its bias is UNUSED_BIAS, below every bias training reaches (+-BIAS_LIMIT), its weights

@@ -37,7 +37,7 @@ LOGIT_LIMIT = 1 << 20
 BIAS_LIMIT = 1 << 23
 UNUSED_BIAS = -BIAS_LIMIT - 1     # a class slot not in use (its weights zero): no logit,
 UNUSED_LOGIT = -LOGIT_LIMIT - 1   # probability 0, no update (device kernels/inttrain.py)
-MAX_K = 256
+MAX_K = 4096      # inputs per output (device kernels/inttrain.py: accumulators below 2**28)
 EXP_TABLE = "inttrain.exp_table"
 
 
@@ -87,7 +87,8 @@ def _layer(ctx, node, w_name, b_name, x_name):
                                  f"match the weight's {[n, k]}")
     if k > MAX_K:
         raise UnsupportedOpError(f"{ctx.where(node)}: {k} inputs per output; integer training "
-                                 f"takes at most {MAX_K} (accumulators below 2**24)")
+                                 f"takes at most {MAX_K} (accumulators below 2**28, exact in "
+                                 f"the 32-bit ports' requantization)")
     if len(w.scale) != n or ctx.tensors[bid].size != n:
         raise UnsupportedOpError(f"{ctx.where(node)}: W needs one scale and B one value per "
                                  f"output channel ({n})")
