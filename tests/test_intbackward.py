@@ -7,9 +7,6 @@ int8 graph replayed node by node, each tensor carrying the device's forward valu
 float op's gradient through its clamp (the straight-through estimator of QAT). Then the
 same blobs on MicroPython under heap_lock equal CPython, and what cannot be trained in
 integers is refused at pack time naming the node."""
-import subprocess
-import sys
-
 import numpy as np
 import onnx
 import pytest
@@ -17,7 +14,6 @@ import torch
 from onnx import numpy_helper
 from torch import nn
 
-from conftest import DEVICE, ROOT, run_micropython
 from microtrain import CheckpointState, Module
 from microtrain import blob as device_blob
 from microtrain import parser as device_blob_parser
@@ -27,6 +23,7 @@ from microtrain_host.graph import attr
 from microtrain_host.quant.int8 import int8_graph
 from microtrain_host.quant.inttrain import int8_training_artifacts, quantize_input
 from reference_models import ReferenceModel, lenet, mobilenet_v2_block, resnet_block
+from test_int_limits import _viper_pure_cpython
 
 F = torch.nn.functional
 INT_GEMM_LOGITS, INT_SOFTMAX_CE = 242, 243
@@ -266,18 +263,8 @@ def test_integer_backward_micropython_heap_lock_equals_cpython(qdq, config, micr
         quantize_input(x + rng.standard_normal(x.shape).astype(np.float32) * 0.1,
                        info).tobytes() + np.asarray(y, "<i4").tobytes()
         for x, y in zip(xs[:3], ys[:3])))
-    args = [info["blob"], info["checkpoint"], tmp_path / "data.bin", 4]
-    script = ROOT / "tests" / "device_scripts" / "inttrain_steps.py"
-    fast = run_micropython(micropython, script, *args, "fast", tmp_path / "f.ckpt")
-    pure = run_micropython(micropython, script, *args, "pure", tmp_path / "p.ckpt")
-    cpython = subprocess.run([sys.executable, str(script), *map(str, args), "pure",
-                              str(tmp_path / "c.ckpt")], capture_output=True, text=True,
-                             env={"PYTHONPATH": str(DEVICE)}, check=True).stdout
-    assert fast.startswith("locked True"), fast
-    body = lambda out: out.split("\n", 1)[1]                      # noqa: E731
-    assert body(fast) == body(pure) == body(cpython)
-    assert ((tmp_path / "f.ckpt").read_bytes() == (tmp_path / "p.ckpt").read_bytes()
-            == (tmp_path / "c.ckpt").read_bytes())
+    moved = _viper_pure_cpython(micropython, info, tmp_path / "data.bin", 4, tmp_path)
+    assert all(moved.values()), moved
 
 
 def test_what_has_no_integer_backward_is_refused_naming_the_node(tmp_path):
