@@ -85,9 +85,10 @@ def backward_nodes(graph, feature_grad, weights, all_biases, stochastic, inits, 
     _head_gradient(graph, feature_grad, head, grads, nodes)
     replaced, masks = {}, {}
     for n in reversed(graph.nodes):
-        outs = [o for o in n.output if grads.get(o)]
-        if not outs:
+        if not any(grads.get(o) for o in n.output):
             continue
+        if len(n.output) != 1:
+            _refuse(n, "has several outputs: no integer backward")
         g = _gathered(graph, n.output[0], grads, nodes)
         if n.op_type in LAYERS:
             _layer(graph, n, g, needs, weights, stochastic, inits, params, quantization,
@@ -105,6 +106,8 @@ def backward_nodes(graph, feature_grad, weights, all_biases, stochastic, inits, 
             for i, name in zip(wanted, names):
                 grads.setdefault(i, []).append(name)
         elif n.op_type in POOL_GRADS and needs.get(n.input[0], False):
+            if n.output[0] not in graph.shapes:
+                _refuse(n, "has no known output shape")
             name = _contribution(graph, n.input[0], n)
             node = helper.make_node(POOL_GRADS[n.op_type], [g, n.input[0]], [name],
                                     name=n.name + ".grad", domain=DOMAIN,
@@ -133,7 +136,7 @@ def _head_gradient(graph, feature_grad, head, grads, nodes):
         node = graph.producers.get(t)
     pooled = node is not None and node.op_type == "QLinearGlobalAveragePool"
     target = node.input[0] if pooled else head
-    name = _grad_name(graph, target)
+    name = _contribution(graph, target, node if pooled else graph.gemm)
     nodes.append(helper.make_node("IntPoolGrad", [feature_grad, target], [name],
                                   name=graph.gemm.name + ".pool_grad", domain=DOMAIN))
     grads[target] = [name]
