@@ -37,11 +37,6 @@ class LatentCache:
                 break
         if start < 0 or not b.integer_parameters:
             raise InputError("a latent cache needs an integer training blob (pack --int8)")
-        args = steps[start][1]
-        self.m, self.k = args[6], args[7]
-        self._x = args[2]
-        label_args = steps[start + 1][1]        # int_softmax_ce: its labels
-        self._labels = label_args[3]
         # (a model's minimal runtime carries only the kernels its blob uses)
         head = [getattr(inttrain, name, None) for name in (
             "int_gemm_logits", "int_softmax_ce", "int_gemm_update", "int_gemm_update_momentum")]
@@ -49,6 +44,12 @@ class LatentCache:
             if kernel not in head:
                 raise InputError("a latent cache needs a blob whose classifier alone trains "
                                  "(packed without --train-last / --train-biases)")
+        if start + 1 >= len(steps) or steps[start + 1][0] is not head[1]:
+            raise InputError("a latent cache needs a softmax cross-entropy classifier")
+        args = steps[start][1]
+        self.m, self.k = args[6], args[7]
+        self._x = args[2]
+        self._labels = steps[start + 1][1][3]   # int_softmax_ce: its labels
         self.module = module
         self.prefix = steps[:start]
         self.suffix = steps[start:]
@@ -92,7 +93,8 @@ class LatentCache:
 
     # (byte loops, not slices: a step allocates nothing)
     def _keep(self, slot):
-        Q, I, m, x = self.module.blob.Q, self.module.I, self.m, self._x
+        Q, I = self.module.blob.Q, self.module.I    # (pairs: no tuple is made)
+        m, x = self.m, self._x
         size = m * self.k
         if self._file is None:
             codes, at = self._codes, slot * size
@@ -112,7 +114,8 @@ class LatentCache:
         self._file.write(row)
 
     def _restore(self, slot):
-        Q, I, m, x = self.module.blob.Q, self.module.I, self.m, self._x
+        Q, I = self.module.blob.Q, self.module.I
+        m, x = self.m, self._x
         size = m * self.k
         if self._file is None:
             codes, at = self._codes, slot * size

@@ -58,6 +58,7 @@ def int_grad_sum_check(args, c):
     c.holds(1, 1 + count)
     c.holds(2, 1 + count)
     c.holds(3, 3)
+    c.apart(0, 3)       # the sum written while its multiplier is read
     # units u / 2**E (intgrad._unit): compared by their binary exponents, the ratio of the
     # smaller to the larger as a float32 mantissa ratio in (0.5, 2) and the exponents'
     # difference, which goes into the pair's shift (not capped: the kernel clamps)
@@ -182,6 +183,7 @@ def int_average_pool_grad_check(args, c):
     c.within(cw1, W, W + kW, "counted columns")
     c.within(((kH + sH - 1) // sH) * ((kW + sW - 1) // sW), 1, 64, "windows per element")
     c.holds(2, 2 * kH * kW)
+    c.apart(0, 2)
     # 2**8 / count for counts 1 .. kH * kW: a share below 2**(MANT_BITS + 8)
     derive_once(c, 2, pairs_of(f32((1 << POOL_FRACTION) / n) for n in range(1, kH * kW + 1)))
     unit, exp = _unit(c, 1)

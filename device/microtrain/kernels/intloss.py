@@ -31,7 +31,7 @@ from microtrain.kernels.fixedpoint import f32, pairs_of, quantization, requant
 from microtrain.kernels.intsgd import derive_once
 from microtrain.kernels.inttrain import EXP_HI, ONE, exp_table_check
 
-GRAD_LIMIT = 1 << 14     # |g| of int_mse: keeps the update's accumulators below 2**24
+GRAD_LIMIT = 1 << 14     # |g| of int_mse: the update's sums stay below m * 2**22 (m <= 127)
 MAX_OUTPUTS = 2048       # outputs per sample (the loss ints' hi stays below 2**30)
 _LOSS_D = 1 << 18        # |d| clamp in int_mse's loss
 _LOSS_Z = 1 << 15        # |z| clamp in int_bce_logits' loss
@@ -74,6 +74,8 @@ def int_mse_check(args, c):
     c.holds(2, 2 * m)
     c.holds(3, m * n)
     c.holds(4, 3)
+    c.apart(1, 4)        # g and the loss written while the target's multiplier is read
+    c.apart(2, 4)
     scales, zps, _ = quantization(c, 3)
     if len(scales) != 1:
         c.fail("the target needs one scale (per tensor)")

@@ -43,8 +43,7 @@
 # probabilities are Q14); requantization uses kernels/fixedpoint.py's 12-bit limbs, exact
 # for |acc| < 2**29 (ACC_LIMIT): a logit's accumulator is below k * 255 * 127 + 2**23 <
 # 2**28 for up to MAX_K = 4096 inputs (a Flatten head's), a weight's gradient sum below
-# m * 2**22, so batches of up to 127 (a larger batch is still exact but allocates big ints
-# on 32-bit ports).
+# m * 2**22: batches of up to 127 (checked), no big int on 32-bit ports.
 import math
 from microtrain.kernels.fixedpoint import (f32, pairs_of, quantization, requant, round_shift,
                                           weight_scales)
@@ -310,6 +309,7 @@ def _update_rates(params, lr):
 def int_gemm_update_check(args, c):
     m, k, n, x_signed = c.ints[:4]     # (int_gemm_update_momentum's: and mu)
     c.positive(m, k, n)
+    c.within(m, 1, 127, "batch")        # sums of m * 2**14 * 255 below 2**29
     c.within(k, 1, MAX_K, "inputs per output")
     c.holds(0, n * k)
     c.role(0, "param")

@@ -37,6 +37,7 @@ LOGIT_LIMIT = 1 << 20
 BIAS_LIMIT = 1 << 23
 UNUSED_BIAS = -BIAS_LIMIT - 1     # a class slot not in use (its weights zero): no logit,
 UNUSED_LOGIT = -LOGIT_LIMIT - 1   # probability 0, no update (device kernels/inttrain.py)
+MAX_BATCH = 127     # (kernels/inttrain.py: m * 2**14 * 255 per update sum)
 MAX_K = 4096      # inputs per output (device kernels/inttrain.py: accumulators below 2**28)
 EXP_TABLE = "inttrain.exp_table"
 
@@ -92,6 +93,10 @@ def _layer(ctx, node, w_name, b_name, x_name):
     if len(w.scale) != n or ctx.tensors[bid].size != n:
         raise UnsupportedOpError(f"{ctx.where(node)}: W needs one scale and B one value per "
                                  f"output channel ({n})")
+    if x.shape[0] > MAX_BATCH:
+        raise UnsupportedOpError(f"{ctx.where(node)}: batch {x.shape[0]}; integer training "
+                                 f"takes at most {MAX_BATCH} samples a step (the update's "
+                                 f"sums below 2**29 on 32-bit ports)")
     return xid, x, wid, bid, x.shape[0], k, n
 
 
