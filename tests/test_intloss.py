@@ -30,7 +30,23 @@ from microtrain_host.ops.inttrain import exp_table
 from microtrain_host.quant.intloss import quantize_target
 from microtrain_host.quant.inttrain import int8_training_artifacts, quantize_input
 
-STEPS_SCRIPT = ROOT / "tests" / "device_scripts" / "intloss_steps.py"
+STEPS_SCRIPT = ROOT / "tests" / "device_scripts" / "inttrain_steps.py"
+
+
+def _cpython_viper_pure(micropython, info, data):
+    # 6 integer steps on CPython, on MicroPython under heap_lock (viper) and with the pure
+    # kernels: the same parameters and loss ints
+    out = str(data) + ".ckpt"
+    runs = [subprocess.run([sys.executable, str(STEPS_SCRIPT), info["blob"],
+                            info["checkpoint"], str(data), "6", "pure", out],
+                           capture_output=True, text=True, env={"PYTHONPATH": str(DEVICE)},
+                           check=True).stdout]
+    for mode in ("fast", "pure"):
+        runs.append(run_micropython(micropython, STEPS_SCRIPT, info["blob"], info["checkpoint"],
+                                    data, 6, mode, out))
+    assert "locked True" in runs[1]
+    strip = [[line for line in r.splitlines() if not line.startswith("locked")] for r in runs]
+    assert strip[0] == strip[1] == strip[2] and len(strip[0]) == 3
 
 
 class Head:
@@ -311,15 +327,7 @@ def test_autoencoder_mse_exports_and_trains_in_integers(autoencoder, tmp_path, m
     data = tmp_path / "data.bin"
     data.write_bytes(b"".join(quantize_input(train[i:i + 4], info).tobytes()
                               for i in range(0, 40, 4)))
-    runs = [subprocess.run([sys.executable, str(STEPS_SCRIPT), info["blob"],
-                            info["checkpoint"], str(data), "6", "pure"], capture_output=True,
-                           text=True, env={"PYTHONPATH": str(DEVICE)}, check=True).stdout]
-    for mode in ("fast", "pure"):
-        runs.append(run_micropython(micropython, STEPS_SCRIPT, info["blob"], info["checkpoint"],
-                                    data, 6, mode))
-    assert "locked True" in runs[1]
-    strip = [[line for line in r.splitlines() if not line.startswith("locked")] for r in runs]
-    assert strip[0] == strip[1] == strip[2] and len(strip[0]) == 3
+    _cpython_viper_pure(micropython, info, data)
 
 
 def _float_finetune_auc(qdq, info, train, normal, anomalous):
@@ -432,15 +440,7 @@ def test_bce_with_logits_classifier_trains_in_integers(tmp_path, micropython):
     data.write_bytes(b"".join(quantize_input(train[0][i:i + 4], info).tobytes() +
                               quantize_target(train[1][i:i + 4], info).astype("<i4").tobytes()
                               for i in range(0, 40, 4)))
-    runs = [subprocess.run([sys.executable, str(STEPS_SCRIPT), info["blob"],
-                            info["checkpoint"], str(data), "6", "pure"], capture_output=True,
-                           text=True, env={"PYTHONPATH": str(DEVICE)}, check=True).stdout]
-    for mode in ("fast", "pure"):
-        runs.append(run_micropython(micropython, STEPS_SCRIPT, info["blob"], info["checkpoint"],
-                                    data, 6, mode))
-    assert "locked True" in runs[1]
-    strip = [[line for line in r.splitlines() if not line.startswith("locked")] for r in runs]
-    assert strip[0] == strip[1] == strip[2] and len(strip[0]) == 3
+    _cpython_viper_pure(micropython, info, data)
 
 
 def _float_finetune_accuracy(qdq, info, train, held):

@@ -5,7 +5,9 @@
 #   inttrain_steps.py BLOB CKPT DATA STEPS fast|pure OUT_CKPT [buffer]
 # buffer: the blob given to the Module as bytes (as a blob in flash: its int8 weights read
 # in place) rather than as a path.
-# DATA: records of the quantized input bytes then the int32 labels.
+# DATA: records of each train input's values in the program's input order (int8 / uint8: a
+# byte each, int32: four, little endian): the quantized input, then the labels or target if
+# the program takes one.
 import sys
 from array import array
 try:
@@ -13,6 +15,7 @@ try:
 except ImportError:
     micropython = None
 from microtrain import CheckpointState, Module
+from microtrain.blob import INT32, INT8
 from microtrain.feed import copy_inputs
 from microtrain.kernels import intgrad, inttrain, qlinear
 
@@ -32,20 +35,22 @@ if source is not sys.argv[1]:
     assert model.blob.weights is not None and len(model.blob.weights) == len(source)
 b = model.blob
 program = model._train
-xin, lab = program.inputs
-nx, nl = b.sizes[xin], b.sizes[lab]
-code = "b" if b.dtypes[xin] == 2 else "B"
+codes = ["i" if b.dtypes[t] == INT32 else "b" if b.dtypes[t] == INT8 else "B"
+         for t in program.inputs]
+widths = [b.sizes[t] * (4 if code == "i" else 1) for t, code in zip(program.inputs, codes)]
 with open(sys.argv[3], "rb") as f:
     data = f.read()
-record = nx + 4 * nl
+record = sum(widths)
 steps = int(sys.argv[4])
 F, I = model.F, model.I
 lock = micropython is not None and mode == "fast"
 for s in range(steps):
     at = (s % (len(data) // record)) * record
-    x = array(code, data[at:at + nx])
-    labels = array("i", data[at + nx:at + record])
-    copy_inputs(b, F, I, program, (x, labels), b.num_classes)
+    inputs = []
+    for code, width in zip(codes, widths):
+        inputs.append(array(code, data[at:at + width]))
+        at += width
+    copy_inputs(b, F, I, program, inputs, b.num_classes)
     if lock:
         micropython.heap_lock()
     try:
