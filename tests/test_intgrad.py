@@ -133,7 +133,7 @@ def test_sparse_update_equals_torch_float64(ds_cnn_qdq, tmp_path):
             relative = max(relative, float((err.max() - 0.5) / np.abs(db[bid]).max()))
             biggest_b = max(biggest_b, float(np.abs(db[bid]).max()))
             # within half a quantum of rounding plus 2**-9 of the largest step of the layer
-            # (13-bit gradient mantissas through up to 9 layers)
+            # (the integer softmax's logits; 16-bit gradient mantissas through 9 layers)
             assert np.all(err <= 0.5 + np.abs(db[bid]).max() * 2 ** -9 + 1e-9), \
                 (b.names[bid], err.max(), np.abs(db[bid]).max())
             count += bias.size

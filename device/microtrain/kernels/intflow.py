@@ -3,7 +3,7 @@
 # every layer of a ResNet, a LeNet or an MLP, not only a chain of convolutions.
 #
 # Gradient tensors as intgrad.py's: [e, then mantissas], real = mantissa * unit * 2**e,
-# |mantissa| < 2**MANT_BITS, the unit fixed at load (blob.int_units: each checker records the
+# |mantissa| <= 2**MANT_BITS, the unit fixed at load (blob.int_units: each checker records the
 # unit of what its step writes), e chosen by the step that writes it. Steps are integer only
 # and allocate nothing (they run under micropython.heap_lock()).
 #
@@ -12,8 +12,8 @@
 #                          one of the smaller unit is brought to the larger unit by a
 #                          derived multiplier (its unit over the other's, shifted by the
 #                          exponents' difference), both rounded to a common exponent that
-#                          keeps every term below 2**17 (products below 2**24: exact limbs),
-#                          the sum renormalized to MANT_BITS.
+#                          keeps every term within 2**(MANT_BITS + 4), the sum renormalized
+#                          to MANT_BITS.
 #   int_add_grad           GA = GB = G where the Add's output lies strictly inside its clamp
 #                          (lo < y < hi: its fused ReLU, or the int8 range), else 0 - the
 #                          gradient of each input of y = a + b; GB optional (a branch that
@@ -28,10 +28,13 @@
 import math
 
 from microtrain.kernels.fixedpoint import f32, pairs_of, requant, round_shift
-from microtrain.kernels.intgrad import _normalize, _record_unit, _unit
+from microtrain.kernels.intgrad import MANT_BITS, _normalize, _record_unit, _unit
 from microtrain.kernels.intsgd import derive_once
 
 POOL_FRACTION = 8        # int_average_pool_grad's extra bits: 1 / count in 2**-8 steps
+# the windows an element of int_average_pool_grad's output sums, each share at most
+# 2**(MANT_BITS + POOL_FRACTION): below 2**30
+MAX_AVERAGE_WINDOWS = (1 << (30 - MANT_BITS - POOL_FRACTION)) - 1
 
 
 # -- a tensor read twice: the sum of its gradients ---------------------------------------
@@ -41,11 +44,11 @@ def int_grad_sum(F, I, args):
         a, b = b, a
     m0 = I[ratio + 1]
     s = I[ratio + 2] - (I[b] - I[a])     # B's mantissa in A's unit * 2**e_A: * m0 / 2**s
-    up = 20 - s if s < 20 else 0         # then every term is below 2**17: 4 bits finer
-    for i in range(1, count + 1):        # than the sum's normalized mantissas
-        va = I[a + i]
-        if up:      # |va| < 2**13: shifted 15 or more places it rounds to 0
-            va = round_shift(va, up) if up < 15 else 0
+    up = 20 - s if s < 20 else 0         # then every term is within 2**(MANT_BITS + 4)
+    for i in range(1, count + 1):        # (m0 < 2**24): 4 bits finer than the sum's
+        va = I[a + i]                    # normalized mantissas
+        if up:      # |va| <= 2**MANT_BITS: shifted MANT_BITS + 2 or more places it is 0
+            va = round_shift(va, up) if up < MANT_BITS + 2 else 0
         vb = requant(I[b + i], m0, s + up) if s + up <= 62 else 0
         I[g + i] = va + vb
     I[g] = I[a] + up + _normalize(I, g, count)
@@ -138,7 +141,7 @@ def int_max_pool_grad_check(args, c):
     _pool_check(c, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL)
     c.within(signed, 0, 1, "signed flag")
     c.holds(2, planes * H * W)
-    # each element sums at most the windows that reach it: below 2**(MANT_BITS + 10)
+    # each element sums at most the windows that reach it: within 2**(MANT_BITS + 10)
     c.within(((kH + sH - 1) // sH) * ((kW + sW - 1) // sW), 1, 1024, "windows per element")
     _record_unit(c, 0, *_unit(c, 1))
 
@@ -181,10 +184,11 @@ def int_average_pool_grad_check(args, c):
     c.within(cw0, -pL, 0, "first counted column")
     c.within(ch1, H, H + kH, "counted rows")
     c.within(cw1, W, W + kW, "counted columns")
-    c.within(((kH + sH - 1) // sH) * ((kW + sW - 1) // sW), 1, 64, "windows per element")
+    c.within(((kH + sH - 1) // sH) * ((kW + sW - 1) // sW), 1, MAX_AVERAGE_WINDOWS,
+             "windows per element")
     c.holds(2, 2 * kH * kW)
     c.apart(0, 2)
-    # 2**8 / count for counts 1 .. kH * kW: a share below 2**(MANT_BITS + 8)
+    # 2**8 / count for counts 1 .. kH * kW: a share within 2**(MANT_BITS + 8)
     derive_once(c, 2, pairs_of(f32((1 << POOL_FRACTION) / n) for n in range(1, kH * kW + 1)))
     unit, exp = _unit(c, 1)
     _record_unit(c, 0, f32(unit / (1 << POOL_FRACTION)), exp)

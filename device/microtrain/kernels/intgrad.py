@@ -39,32 +39,39 @@
 # requantization limbs' exact range on 32-bit ports: a double rounding, below 2**-14 of a
 # quantum for the steps here). Weights clamped to [-127, 127], biases to +-BIAS_LIMIT.
 #
-# 32-bit ports: with MANT_BITS = 13, a sum of MAX_SUM = 511 mantissas times bytes (< 2**21
-# each) stays below 2**30, so a weight's gradient over any batch x positions is summed in
-# chunks of 511 positions, each folded into a running sum kept below 2**24 with its own
-# power of two (_fold_sum: the batch-8 8x8 CNN's 512 positions, MobileNet's 48x48 planes);
-# a bias' likewise, image by image (P <= MAX_BIAS_SUM = 65535 positions checked; the same
-# integers as one sum while the sum stays below 2**24); input-gradient sums stay below 2**30
-# for up to 1024 channels x taps terms (checked); every kernel only adds and multiplies such
-# ints.
+# 32-bit ports: small ints end at 2**30, and every sum stays below it. Mantissas are
+# normalized to |m| <= 2**MANT_BITS = 2**16 (16 bits: the relative rounding of one layer,
+# 2**-17, through MobileNetV1's 28 layers stays below 10**-3 of a layer's largest step,
+# where 13 bits gave 3.4e-3). A weight's gradient over any batch x positions is summed in
+# chunks of MAX_SUM = 63 products (each below 2**24: a mantissa times x - x_zp), each chunk
+# folded into a running sum kept below 2**24 with its own power of two (_fold_sum); a bias'
+# likewise, in chunks of MAX_BIAS_SUM = 8191 positions (below 2**29). An input gradient
+# element sums cout_g * taps products of a mantissa and a weight (|w| <= 128): with more
+# than 127 terms the mantissas are first rounded to fewer bits (_pre_shift: 14 bits for 256
+# terms, 13 for 576, 11 for 2304, 10 for MAX_TERMS = 4096,
+# the limit checked), so every sum stays below 2**30; every
+# kernel only adds and multiplies such ints.
 import math
 from microtrain.kernels.fixedpoint import f32, quantization, requant, requant_pair, round_shift
 from microtrain.kernels.intsgd import (derive_rates, descend_bias, descend_weight,
                                       generator_check, layer_scales, update_step)
 
-MANT_BITS = 13
+MANT_BITS = 16
 _TOP = 1 << MANT_BITS
 _LIMB = 1 << 24
 _HALF_SMALL = 1 << 29
-MAX_SUM = 511            # m * P of one sum of mantissas times bytes
-MAX_BIAS_SUM = 65535     # positions of one sum of mantissas (a bias'): below 2**29
+MAX_SUM = (1 << (22 - MANT_BITS)) - 1         # 63: products of mantissas and bytes per sum
+MAX_BIAS_SUM = (1 << (29 - MANT_BITS)) - 1    # 8191: mantissas per sum (a bias')
+FULL_TERMS = 1 << (23 - MANT_BITS)            # 128: an input gradient's terms at full width
+MAX_TERMS = 4096                              # an input gradient's terms (checked)
 UNIT_FLOOR = 2.0 ** -60  # a gradient unit below it is renormalized (x 2**UNIT_STEP)
 UNIT_STEP = 64
 
 
 def _normalize(I, g, count):
-    # the shift e making every |I[g + 1 + i]| < 2**MANT_BITS with as many bits as fit
-    # (negative: shifted up, exact), applied (rounded half to even) and returned
+    # the shift e making every |I[g + 1 + i]| <= 2**MANT_BITS with as many bits as fit
+    # (negative: shifted up, exact), applied (rounded half to even: a value just below
+    # 2**(MANT_BITS + e) may round up to 2**MANT_BITS) and returned
     top = 0
     for i in range(g + 1, g + 1 + count):
         v = I[i]
@@ -163,18 +170,14 @@ def int_clamp_bias_grad(F, I, args):
     e = I[g]
     for c in range(channels):
         r = rates + 4 * c
-        total = 0       # the sum of the images' sums so far (_fold_sum: packed)
+        total = 0       # the sum of the chunks' sums so far (_fold_sum: packed)
         for i in range(m):
-            acc = 0     # ... this image's: up to MAX_BIAS_SUM positions (< 2**29)
-            at = (i * channels + c) * plane
-            pg = g + 1 + at
-            for p in range(at, at + plane):
-                if (Q[mask + (p >> 3)] >> (p & 7)) & 1:
-                    acc += I[pg]
-                else:
-                    I[pg] = 0
-                pg += 1
-            total = _fold_sum(total, acc)
+            start = (i * channels + c) * plane
+            stop = start + plane
+            while start < stop:     # (a range with a step would allocate)
+                end = start + MAX_BIAS_SUM if start + MAX_BIAS_SUM < stop else stop
+                total = _fold_sum(total, _masked_sum(Q, I, g, mask, start, end))
+                start = end
         descend_bias(I, bias + c, _step(I, total >> 5, I[r], I[r + 1], e + (total & 31),
                                         random))
         m0 = I[r + 2]
@@ -183,6 +186,20 @@ def int_clamp_bias_grad(F, I, args):
             pg = g + 1 + (i * channels + c) * plane
             for p in range(pg, pg + plane):
                 I[p] = requant(I[p], m0, shift)
+
+
+def _masked_sum(Q, I, g, mask, start, end):
+    # G[p] zeroed where the clamp mask's bit p is 0, for p in [start, end); the sum of the
+    # rest (at most MAX_BIAS_SUM mantissas: below 2**29)
+    acc = 0
+    pg = g + 1 + start
+    for p in range(start, end):
+        if (Q[mask + (p >> 3)] >> (p & 7)) & 1:
+            acc += I[pg]
+        else:
+            I[pg] = 0
+        pg += 1
+    return acc
 
 
 def bias_reals(unit, sx, sw, m, lr):
@@ -221,7 +238,6 @@ def _scaled_pair(real, exp):
 def int_clamp_bias_grad_check(args, c):
     m, channels, plane = c.ints
     c.positive(m, channels, plane)
-    c.within(plane, 1, MAX_BIAS_SUM, "positions per image")      # a sum < 2**29
     c.holds(0, 1 + m * channels * plane)
     c.holds(1, (m * channels * plane + 7) >> 3)
     c.holds(2, channels)
@@ -248,6 +264,7 @@ def int_conv_grad_input(F, I, args):
     out_plane = out_h * out_w
     taps = k_h * k_w
     channels = groups * cout_g
+    pre = _pre_shift(cout_g * taps)
     for i in range(gx + 1, gx + 1 + m * groups * cin_g * in_plane):
         I[i] = 0
     for n in range(m):
@@ -260,6 +277,8 @@ def int_conv_grad_input(F, I, args):
                 for ox in range(out_w):
                     v = I[pg]
                     pg += 1
+                    if pre:
+                        v = round_shift(v, pre)
                     if v == 0:
                         continue
                     for c in range(cin_g):
@@ -275,7 +294,16 @@ def int_conv_grad_input(F, I, args):
                                     continue
                                 I[x_c + iy * in_w + ix] += v * ((W[w_c + ky * k_w + kx] ^ 128)
                                                                 - 128)
-    I[gx] = I[g] + _normalize(I, gx, m * groups * cin_g * in_plane)
+    I[gx] = I[g] + pre + _normalize(I, gx, m * groups * cin_g * in_plane)
+
+
+def _pre_shift(terms):
+    # the bits an input gradient's mantissas lose first so that `terms` products with a
+    # weight (each at most 2**(MANT_BITS - pre) * 128) sum below 2**30: 0 up to 127 terms
+    pre = 0
+    while terms >= FULL_TERMS << pre:
+        pre += 1
+    return pre
 
 
 def _unit(c, k):
@@ -320,8 +348,8 @@ def _geometry_check(c):
 
 def int_conv_grad_input_check(args, c):
     m, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w = _geometry_check(c)
-    # each input element sums at most cout_g * taps terms below 2**(MANT_BITS + 7)
-    c.within(cout_g * k_h * k_w, 1, 1024, "terms per input gradient")
+    # each input element sums cout_g * taps terms (_pre_shift keeps the sum below 2**30)
+    c.within(cout_g * k_h * k_w, 1, MAX_TERMS, "terms per input gradient")
     c.holds(0, 1 + m * groups * cin_g * in_h * in_w)
     c.holds(1, 1 + m * groups * cout_g * out_h * out_w)
     c.holds(2, groups * cout_g * cin_g * k_h * k_w)

@@ -11,11 +11,13 @@ from micropython import const
 from microtrain.kernels.fixedpoint_viper import requant, round_shift
 from microtrain.kernels.intsgd_viper import descend_bias, descend_weight, update_step
 
-_TOP = const(8192)              # kernels/intgrad.py 2**MANT_BITS
-_HALF_TOP = const(4096)
+_TOP = const(65536)             # kernels/intgrad.py 2**MANT_BITS
+_HALF_TOP = const(32768)
 _LIMB = const(16777216)         # 2**24
 _SATURATED = const(536870912)   # 2**29
-_MAX_SUM = const(511)           # kernels/intgrad.py MAX_SUM
+_MAX_SUM = const(63)            # kernels/intgrad.py MAX_SUM
+_MAX_BIAS_SUM = const(8191)     # kernels/intgrad.py MAX_BIAS_SUM
+_FULL_TERMS = const(128)        # kernels/intgrad.py FULL_TERMS
 
 
 @micropython.viper
@@ -107,19 +109,16 @@ def int_clamp_mask(F, I, args) -> int:
 
 
 @micropython.viper
-def _masked(args, I, c: int, i: int) -> int:
-    # channel c of image i in int_clamp_bias_grad: G zeroed where the mask bit is 0, the sum
-    # of the rest
+def _masked(args, I, start: int, end: int) -> int:
+    # kernels/intgrad.py _masked_sum: G zeroed in [start, end) where the mask bit is 0, the
+    # sum of the rest
     q = ptr8(args[0])
     r = ptr32(I)
     g = int(args[1])
     mask = int(args[2])
-    channels = int(args[8])
-    plane = int(args[9])
     acc = 0
-    at = (i * channels + c) * plane
-    pg = g + 1 + at
-    for p in range(at, at + plane):
+    pg = g + 1 + start
+    for p in range(start, end):
         if (int(q[mask + (p >> 3)]) >> (p & 7)) & 1:
             acc += int(I[pg])
         else:
@@ -150,12 +149,20 @@ def int_clamp_bias_grad(F, I, args) -> int:
     random = int(args[5])
     m = int(args[7])
     channels = int(args[8])
+    plane = int(args[9])
     e = int(I[g])
     for c in range(channels):
         at = rates + 4 * c
-        total = 0      # kernels/intgrad.py int_clamp_bias_grad: folded image by image
+        total = 0      # kernels/intgrad.py int_clamp_bias_grad: folded chunk by chunk
         for i in range(m):
-            total = int(_fold_sum(total, int(_masked(args, I, c, i))))
+            start = (i * channels + c) * plane
+            stop = start + plane
+            while start < stop:
+                end = start + _MAX_BIAS_SUM
+                if end > stop:
+                    end = stop
+                total = int(_fold_sum(total, int(_masked(args, I, start, end))))
+                start = end
         descend_bias(I, bias + c, int(_gstep(I, total >> 5, int(I[at]), int(I[at + 1]),
                                              e + (total & 31), random)))
         shift = int(I[at + 3])
@@ -191,6 +198,7 @@ def _scatter(args, I, n: int, mo: int) -> int:
     in_plane = in_h * in_w
     taps = k_h * k_w
     channels = groups * cout_g
+    pre = int(_pre_shift(cout_g * taps))
     x_group = gx + 1 + n * groups * cin_g * in_plane + (mo // cout_g) * cin_g * in_plane
     pg = g + 1 + (n * channels + mo) * out_h * out_w
     w_m = w + mo * cin_g * taps
@@ -198,6 +206,8 @@ def _scatter(args, I, n: int, mo: int) -> int:
         for ox in range(out_w):
             v = int(I[pg])
             pg += 1
+            if pre:
+                v = int(round_shift(v, pre))
             if v == 0:
                 continue
             for c in range(cin_g):
@@ -231,8 +241,18 @@ def int_conv_grad_input(F, I, args) -> int:
     for n in range(m):
         for mo in range(groups * cout_g):
             _scatter(args, I, n, mo)
-    r[gx] = int(I[g]) + int(_normalize(I, gx, count))
+    pre = int(_pre_shift(cout_g * int(args[12]) * int(args[13])))
+    r[gx] = int(I[g]) + pre + int(_normalize(I, gx, count))
     return 0
+
+
+@micropython.viper
+def _pre_shift(terms: int) -> int:
+    # kernels/intgrad.py _pre_shift
+    pre = 0
+    while terms >= (_FULL_TERMS << pre):
+        pre += 1
+    return pre
 
 
 @micropython.viper

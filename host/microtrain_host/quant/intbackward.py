@@ -22,6 +22,9 @@ from ..graph import DOMAIN, attr
 LAYERS = ("QLinearConv", "QLinearGemm")
 VIEWS = ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity")
 POOL_GRADS = {"QLinearMaxPool": "IntMaxPoolGrad", "QLinearAveragePool": "IntAveragePoolGrad"}
+# the products an element of a layer's input gradient sums (outputs per group x taps) that
+# the device's int_conv_grad_input takes (kernels/intgrad.py MAX_TERMS)
+MAX_TERMS = 4096
 
 
 class Graph:
@@ -215,6 +218,11 @@ def _layer(graph, n, g, needs, weights, stochastic, inits, params, quantization,
                 ("kernel_shape", "strides", "pads", "dilations", "group")]
     x = n.input[0]
     if needs.get(x, False):
+        terms = channels // attr(n, "group", 1) * int(np.prod(attr(n, "kernel_shape", [1])))
+        if terms > MAX_TERMS:
+            _refuse(n, f"sums {terms} products per element of its input's gradient (outputs "
+                       f"per group x kernel taps); the integer backward takes at most "
+                       f"{MAX_TERMS}")
         name = _contribution(graph, x, n)
         node = helper.make_node("IntConvGradInput", [masked, w_name, x], [name],
                                 name=n.name + ".grad_input", domain=DOMAIN)
