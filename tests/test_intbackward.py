@@ -48,9 +48,11 @@ def conv1d_net():
 
 
 def mlp():
+    # (the hidden layer of 160 outputs: its input gradient sums 160 products, beyond the 127
+    # taken at full width - kernels/intgrad.py _pre_shift)
     torch.manual_seed(5)
-    module = nn.Sequential(nn.Linear(20, 24), nn.ReLU(), nn.Linear(24, 16), nn.ReLU(),
-                           nn.Linear(16, 5))
+    module = nn.Sequential(nn.Linear(20, 24), nn.ReLU(), nn.Linear(24, 160), nn.ReLU(),
+                           nn.Linear(160, 5))
     return ReferenceModel("mlp", module, (20,), "CrossEntropyLoss", 4, {"SGD": 0.05})
 
 
@@ -280,3 +282,25 @@ def test_what_has_no_integer_backward_is_refused_naming_the_node(tmp_path):
     assert info["parameters"] == [info["weight"], info["bias"]]
     with pytest.raises(UnsupportedOpError, match="last 9 layers: the model has"):
         int8_training_artifacts(tmp_path / "qdq.onnx", tmp_path / "int", 0.05, train_last=9)
+
+
+def test_an_input_gradient_of_too_many_products_is_refused_naming_the_node(tmp_path):
+    # 512 outputs x 3x3 taps = 4608 products per element of the input's gradient: beyond
+    # int_conv_grad_input's 4096, refused at pack time (the device would refuse the blob)
+    from torch_reference import qat_qdq_model
+    torch.manual_seed(9)
+    module = nn.Sequential(nn.Conv2d(1, 2, 1), nn.ReLU(), nn.Conv2d(2, 512, 3, padding=1),
+                           nn.ReLU(), nn.Conv2d(512, 4, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                           nn.Flatten(), nn.Linear(4, 3))
+    xs, ys = qat_qdq_model(ReferenceModel("wide", module, (1, 4, 4), "CrossEntropyLoss", 2,
+                                          {"SGD": 0.05}), tmp_path, 2)
+    with pytest.raises(UnsupportedOpError, match=r"node '.*' \(QLinearConv\) sums 4608 "
+                                                 r"products .* at most 4096"):
+        int8_training_artifacts(tmp_path / "qdq.onnx", tmp_path / "int", 0.05,
+                                train_biases=True)
+    # the classifier and the last two layers train (no gradient through that input)
+    info = int8_training_artifacts(tmp_path / "qdq.onnx", tmp_path / "int", 0.05,
+                                   train_last=3)
+    model = Module(info["blob"], CheckpointState.load_checkpoint(info["checkpoint"]))
+    loss = model(quantize_input(xs[0], info).reshape(-1).tolist(), [int(v) for v in ys[0]])
+    assert len(info["parameters"]) == 6 and np.isfinite(float(loss))
