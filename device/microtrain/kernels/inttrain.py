@@ -60,6 +60,7 @@ LOGIT_LIMIT = 1 << 20    # |z| clamp: +-4096 in real units, far beyond any usefu
 VELOCITY_LIMIT = 32767   # |int16 velocity| of int_gemm_update_momentum, in 1/256 quanta
 MAX_K = 4096             # inputs per output: |logit accumulator| < 2**28
 GRAD_BITS = 4            # int_gemm_grad_input: extra bits of D for up to 16 classes
+MAX_GRAD_OUTPUTS = 2048  # int_gemm_grad_input's outputs (kernels/intloss.py MAX_OUTPUTS)
 # A class slot not in use (a classifier packed with room for more classes: continual.py):
 # its bias is UNUSED_BIAS, below every bias training reaches (+-BIAS_LIMIT), its weights
 # zero. Its logit is then UNUSED_LOGIT, below every clamped logit; the softmax gives it
@@ -341,7 +342,9 @@ def set_learning_rate(b, I, lr):
 def int_gemm_grad_input(F, I, args):
     # D[i, c] = sum_j round(g[i, j] * 2**x * s_w[j] / s_wmax) * W[j, c]: the gradient of the
     # classifier's input (real: D * s_wmax / 2**(14 + x)), before the classifier's update;
-    # x = GRAD_BITS extra bits for up to 16 classes, else 0 (|D| < 2**30 either way).
+    # x extra bits (int_gemm_grad_input_check: up to GRAD_BITS, as many as keep n * 2**x
+    # <= 511; negative beyond 511 outputs, -1 up to 1022 ... -3 up to MAX_GRAD_OUTPUTS: the
+    # AD autoencoder's 640): |g| <= 2**14 and |W| <= 128, so |D| < n * 2**(21 + x) <= 2**30.
     Q, d, g, w, factors, m, k, n = args
     for i in range(m):
         gi = g + i * n
@@ -358,7 +361,7 @@ def int_gemm_grad_input(F, I, args):
 def int_gemm_grad_input_check(args, c):
     m, k, n = c.ints
     c.positive(m, k, n)
-    c.within(n, 1, 511, "classes")
+    c.within(n, 1, MAX_GRAD_OUTPUTS, "outputs")
     c.holds(0, m * k)
     c.holds(1, m * n)
     c.holds(2, n * k)
@@ -368,9 +371,21 @@ def int_gemm_grad_input_check(args, c):
     top = 0.0
     for v in sw:
         top = v if v > top else top
-    extra = 1 << GRAD_BITS if n <= 16 else 1
+    # a loss of kernels/intloss.py records the count its mean divides by for g; the
+    # cross-entropy's (none recorded) is the batch m
+    count = c.blob.int_units.get(c.tensors[1])
+    extra = 1 << GRAD_BITS if n <= 16 or count is not None else 1
+    # as many extra bits as keep n * extra <= 511 (the cross-entropy: GRAD_BITS up to 16
+    # classes, none beyond, as its blobs always trained); fewer than none beyond 511
+    while n * extra > 511:      # (floats: exact powers of two)
+        extra /= 2
     derive_once(c, 3, pairs_of(f32(f32(v / top) * extra) for v in sw))
-    c.blob.int_units[c.tensors[0]] = f32(top / (ONE * extra))      # D's real unit
+    unit = f32(top / (ONE * extra))
+    # D's real unit per sample (the steps after it divide by the batch m): a loss whose
+    # mean divides by another count scales it by m / count
+    if count is not None:
+        unit = f32(f32(unit * m) / count)
+    c.blob.int_units[c.tensors[0]] = unit
 
 
 def _mantissa(I, d, c, m, k, limit):
