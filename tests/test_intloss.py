@@ -461,7 +461,7 @@ def _float_finetune_accuracy(qdq, info, train, held):
 
 def test_losses_without_an_integer_form_are_refused_by_name(tmp_path):
     # an L1 model: `export --int8-train` refuses it naming the loss, in one line, before
-    # writing anything; the API too; mse with the classifier-only options refused
+    # writing anything; the API too; mse with the cross-entropy's own options refused
     torch.manual_seed(2)
     rng = np.random.default_rng(4)
     xs = rng.standard_normal((40, 8)).astype(np.float32)
@@ -478,7 +478,7 @@ def test_losses_without_an_integer_form_are_refused_by_name(tmp_path):
         int8_training_artifacts(tmp_path / "l1.onnx", tmp_path / "x", loss="l1")
     with pytest.raises(ArtifactError, match="'huber'"):
         int8_training_artifacts(tmp_path / "l1.onnx", tmp_path / "x", loss="huber")
-    for option in ({"train_biases": True}, {"train_conv": True}, {"max_classes": 8}):
+    for option in ({"train_conv": True}, {"train_depthwise": True}, {"max_classes": 8}):
         with pytest.raises(ArtifactError, match="'mse'.*" + next(iter(option))):
             int8_training_artifacts(tmp_path / "l1.onnx", tmp_path / "x", loss="mse", **option)
     with pytest.raises(ArtifactError, match="target"):

@@ -22,9 +22,11 @@ from microtrain_host.quant.intloss import quantize_target
 from microtrain_host.quant.inttrain import int8_training_artifacts, quantize_input
 from test_int_limits import _viper_pure_cpython
 from test_intbackward import _bytes, _forward, torch_step
-from test_intloss import _blocks, _normal_data, _qat_pack, autoencoder  # noqa: F401
+import test_intloss
+from test_intloss import _blocks, _normal_data, _qat_pack
 
 F = torch.nn.functional
+autoencoder = test_intloss.autoencoder    # its fixture: the 32 -> 16 -> 8 -> 16 -> 32 net
 CONFIGS = {"biases": dict(train_biases=True), "last2": dict(train_last=2),
            "biases_last3": dict(train_biases=True, train_last=3)}
 # how far beyond half a quantum a step may be, in parts of its layer's largest step
