@@ -546,10 +546,12 @@ def test_bce_on_the_emulated_board_equals_cpython(autoencoder, tmp_path):
 @pytest.mark.parametrize("loss,options", [
     ("mse", {}), ("mse", {"momentum": 0.9}), ("mse", {"stochastic": False, "target": "input"}),
     ("mse", {"momentum": 0.5, "target": "input"}), ("bce_with_logits", {"momentum": 0.9}),
-    ("bce_with_logits", {"stochastic": False})])
+    ("bce_with_logits", {"stochastic": False}), ("mse", {"train_biases": True, "train_last": 3}),
+    ("bce_with_logits", {"train_last": 2, "momentum": 0.9})])
 def test_every_accepted_configuration_loads_and_trains(autoencoder, tmp_path, loss, options):
     # the host never writes what the device refuses: each option the integer losses accept
-    # (momentum: int16 velocities, round to nearest, the input as target) loads and trains 2
+    # (momentum: int16 velocities, round to nearest, the input as target, the backward into
+    # the layers before the last Gemm with a separate target) loads and trains 2
     # steps on the device runtime, its eval program too
     tmp, basis = autoencoder
     info = int8_training_artifacts(tmp / "qdq.onnx", tmp_path, 0.5, loss=loss, **options)
