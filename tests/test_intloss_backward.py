@@ -7,7 +7,9 @@ every layer and the last N layers train. One integer step of a Gemm autoencoder 
 model (tests/test_intbackward.py's oracle); the same blobs on MicroPython under heap_lock
 (viper and pure kernels) equal CPython; the MLPerf Tiny AD autoencoder (640 outputs: the
 input gradient's sums over them kept below 2**30) packs with its sparse update and trains on
-MicroPython, its loss falling."""
+MicroPython, its loss falling; the export route (`--int8-train-biases`) takes an MSE pack."""
+import json
+
 import numpy as np
 import onnx
 import pytest
@@ -23,7 +25,7 @@ from microtrain_host.quant.inttrain import int8_training_artifacts, quantize_inp
 from test_int_limits import _viper_pure_cpython
 from test_intbackward import _bytes, _forward, torch_step
 import test_intloss
-from test_intloss import _blocks, _normal_data, _qat_pack
+from test_intloss import _blocks, _export, _normal_data, _qat_pack
 
 F = torch.nn.functional
 autoencoder = test_intloss.autoencoder    # its fixture: the 32 -> 16 -> 8 -> 16 -> 32 net
@@ -252,3 +254,21 @@ def test_ad_autoencoder_sparse_update_trains_on_micropython(ad_sparse, micropyth
           f"{start:.4f} -> {end:.4f}")
     assert np.isfinite(end) and end < start
     assert len(moved) == len(first)
+
+
+def test_export_int8_train_biases_with_mse(autoencoder, tmp_path):
+    # the export route: `export --qdq --int8-train --int8-train-biases` of the MSE QAT pack
+    # (no longer refused) writes a blob that loads and trains, every bias moving
+    tmp, basis = autoencoder
+    out = _export(tmp, tmp_path, "--int8-target-is-input", "--int8-train-biases",
+                  "--int8-lr", "0.5")
+    assert out.returncode == 0, out.stderr
+    info = json.loads((tmp_path / "int8" / "int8_train.json").read_text())
+    assert info["train_biases"] and len(info["parameters"]) == 2 + 3
+    state = CheckpointState.load_checkpoint(info["checkpoint"])
+    model = Module(info["blob"], state)
+    before = {name: bytes(p.data) for name, p in state.parameters.items()}
+    x = quantize_input(_normal_data(np.random.default_rng(2), 4, basis), info).reshape(-1)
+    losses = [model(x.tolist()) for _ in range(2)]
+    assert np.all(np.isfinite(losses)) and losses[1] < losses[0], losses
+    assert all(bytes(p.data) != before[name] for name, p in state.parameters.items())
