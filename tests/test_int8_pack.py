@@ -283,8 +283,6 @@ REFUSED = [
     (["--calibrate", "{digits}", "--requires-grad", "3.weight"],
      "--requires-grad is not supported with --int8"),
     (["--calibrate", "{digits}", "--loss", "l1"], "no integer form of the loss 'l1'"),
-    (["--calibrate", "{digits}", "--loss", "mse", "--train-biases"],
-     "the loss 'mse' trains the last Gemm only"),
     (["--calibrate", "{digits}", "--target-is-input"], "--target-is-input needs --loss mse"),
     (["--calibrate", "{digits}", "--momentum", "1.5"], "must lie in [0, 1)"),
     (["--calibrate", "{digits}", "--qat-checkpoint", "{bad}/x"], "not both"),

@@ -27,6 +27,7 @@ from test_int_limits import _viper_pure_cpython
 
 F = torch.nn.functional
 INT_GEMM_LOGITS, INT_SOFTMAX_CE = 242, 243
+LOSS_STEPS = (INT_SOFTMAX_CE, 194, 195)    # and kernels/intloss.py's INT_MSE, INT_BCE_LOGITS
 
 
 class Conv1dNet(nn.Module):
@@ -76,12 +77,12 @@ def _bytes(model, tid):
 
 
 def _forward(model, info, x, y):
-    """Run the train program's steps by hand up to the classifier, keeping every byte
-    tensor a step writes (the planner reuses their space later); returns {tensor name:
+    """Run the train program's steps by hand up to the loss (y None: a program whose only
+    input is x), keeping every byte tensor a step writes (the planner reuses their space later); returns {tensor name:
     int values} and the trained parameters' values before the step."""
     b = model.blob
     program = model._train
-    copy_inputs(b, model.F, model.I, program, (x, y), b.num_classes)
+    copy_inputs(b, model.F, model.I, program, (x,) if y is None else (x, y), b.num_classes)
     records = device_blob_parser.load(info["blob"], keep_steps=True).step_records["train"]
     values = {info["input"]: _bytes(model, b.tensor_id(info["input"]))}
     before = {}
@@ -93,7 +94,7 @@ def _forward(model, info, x, y):
         kernel(model.F, model.I, args)
         if 220 <= op <= 228:
             values[b.names[tensors[0]]] = _bytes(model, tensors[0])
-        if op == INT_SOFTMAX_CE:
+        if op in LOSS_STEPS:
             values["inttrain.grad"] = np.array(model.output(tensors[1]), np.int64)
             break
     return values, before

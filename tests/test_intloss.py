@@ -461,7 +461,7 @@ def _float_finetune_accuracy(qdq, info, train, held):
 
 def test_losses_without_an_integer_form_are_refused_by_name(tmp_path):
     # an L1 model: `export --int8-train` refuses it naming the loss, in one line, before
-    # writing anything; the API too; mse with the classifier-only options refused
+    # writing anything; the API too; mse with the cross-entropy's own options refused
     torch.manual_seed(2)
     rng = np.random.default_rng(4)
     xs = rng.standard_normal((40, 8)).astype(np.float32)
@@ -478,7 +478,7 @@ def test_losses_without_an_integer_form_are_refused_by_name(tmp_path):
         int8_training_artifacts(tmp_path / "l1.onnx", tmp_path / "x", loss="l1")
     with pytest.raises(ArtifactError, match="'huber'"):
         int8_training_artifacts(tmp_path / "l1.onnx", tmp_path / "x", loss="huber")
-    for option in ({"train_biases": True}, {"train_conv": True}, {"max_classes": 8}):
+    for option in ({"train_conv": True}, {"train_depthwise": True}, {"max_classes": 8}):
         with pytest.raises(ArtifactError, match="'mse'.*" + next(iter(option))):
             int8_training_artifacts(tmp_path / "l1.onnx", tmp_path / "x", loss="mse", **option)
     with pytest.raises(ArtifactError, match="target"):
@@ -546,10 +546,12 @@ def test_bce_on_the_emulated_board_equals_cpython(autoencoder, tmp_path):
 @pytest.mark.parametrize("loss,options", [
     ("mse", {}), ("mse", {"momentum": 0.9}), ("mse", {"stochastic": False, "target": "input"}),
     ("mse", {"momentum": 0.5, "target": "input"}), ("bce_with_logits", {"momentum": 0.9}),
-    ("bce_with_logits", {"stochastic": False})])
+    ("bce_with_logits", {"stochastic": False}), ("mse", {"train_biases": True, "train_last": 3}),
+    ("bce_with_logits", {"train_last": 2, "momentum": 0.9})])
 def test_every_accepted_configuration_loads_and_trains(autoencoder, tmp_path, loss, options):
     # the host never writes what the device refuses: each option the integer losses accept
-    # (momentum: int16 velocities, round to nearest, the input as target) loads and trains 2
+    # (momentum: int16 velocities, round to nearest, the input as target, the backward into
+    # the layers before the last Gemm with a separate target) loads and trains 2
     # steps on the device runtime, its eval program too
     tmp, basis = autoencoder
     info = int8_training_artifacts(tmp / "qdq.onnx", tmp_path, 0.5, loss=loss, **options)

@@ -38,7 +38,10 @@ def add_int8_arguments(parser):
         "training is SGD (--lr, default 0.01; --momentum) of the classifier; --train-last "
         "N adds the weights of the N - 1 layers before it, --train-biases every layer's "
         "bias (the backward runs in integers through convolutions, Gemms, residual Adds, "
-        "pools and Flatten; every layer it passes trains its bias). "
+        "pools and Flatten; every layer it passes trains its bias). The loss: --loss "
+        "cross_entropy (class labels), mse (a target quantized as the output, or the input "
+        "with --target-is-input: autoencoders) or bce_with_logits (target probabilities), "
+        "each with --train-biases and --train-last. "
         "Example: microtrain pack model.onnx -o build --int8 --calibrate data.npz "
         "--batch-size 1 --train-biases --train-last 3")
     g.add_argument("--int8", action="store_true",

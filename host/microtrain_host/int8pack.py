@@ -67,7 +67,7 @@ def pack_int8(model, output, *, calibration=None, qat_checkpoint=None, batch_siz
     checkpoint of `pack --qat` artifacts of the same model whose observer ranges and weights
     are used. batch_size fixes the blob's batch (as for a float pack). learning_rate
     (default 0.01) and momentum: the integer SGD's. loss: cross_entropy, mse or
-    bce_with_logits (quant/intloss.py; the last two train the last Gemm only), target:
+    bce_with_logits (quant/intloss.py; each with train_biases / train_last), target:
     "input" for an mse autoencoder trained on its own input. Returns the info dict written
     to int8.json (with the paths written)."""
     from .quant.intloss import check_loss

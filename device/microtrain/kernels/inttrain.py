@@ -1,8 +1,7 @@
 # Integer training of an int8 classifier (and the 1x1 conv before its pooling; issue 11):
-# every step integer only, so a
-# whole train step runs under micropython.heap_lock() (floats are heap objects on the Unix
-# port; on boards they are not needed either). Floats appear only at load and when the
-# learning rate changes (set_learning_rate), never inside a step.
+# every step integer only, so a whole train step runs under micropython.heap_lock() (floats
+# are heap objects on the Unix port; on boards they are not needed either). Floats appear
+# only at load and when the learning rate changes (set_learning_rate), never inside a step.
 #
 #   int_gemm_logits      z = requant(bias + sum_k (x - x_zp) * W[j, k]) per output j: int32
 #                        logits in fixed point, LOGIT_BITS fractional bits (no clamp to int8:
@@ -22,8 +21,7 @@
 #                        quantum would be lost: digits head 90.3 % vs 84.7 % round-to-
 #                        nearest), else round half to even of acc * m0 / 2**shift
 #                        (intsgd.update_step, exact); W clamped to [-127, 127] (the
-#                        int8 weight range, zero point 0, scales fixed), bias to
-#                        +-BIAS_LIMIT.
+#                        int8 weight range, zero point 0, scales fixed), bias to +-BIAS_LIMIT.
 #   int_gemm_update_momentum   the same with SGD momentum (int16 velocities)
 #   int_gemm_grad_input, int_conv1x1_update   the 1x1 convolution (and its ReLU) before a
 #                        GlobalAveragePool feeding the classifier, trained from the
@@ -341,7 +339,7 @@ def set_learning_rate(b, I, lr):
 def int_gemm_grad_input(F, I, args):
     # D[i, c] = sum_j round(g[i, j] * 2**x * s_w[j] / s_wmax) * W[j, c]: the gradient of the
     # classifier's input (real: D * s_wmax / 2**(14 + x)), before the classifier's update;
-    # x = GRAD_BITS extra bits for up to 16 classes, else 0 (|D| < 2**30 either way).
+    # x extra bits, chosen at load so that |D| < n * 2**14 * 128 * 2**x <= 2**30 (below).
     Q, d, g, w, factors, m, k, n = args
     for i in range(m):
         gi = g + i * n
@@ -358,19 +356,21 @@ def int_gemm_grad_input(F, I, args):
 def int_gemm_grad_input_check(args, c):
     m, k, n = c.ints
     c.positive(m, k, n)
-    c.within(n, 1, 511, "classes")
+    c.within(n, 1, 2048, "outputs")     # (kernels/intloss.py MAX_OUTPUTS)
     c.holds(0, m * k)
     c.holds(1, m * n)
     c.holds(2, n * k)
     c.holds(3, 2 * n)
     c.apart(0, 1, 3)     # D written while g and the factors are read (|D| < 2**30 needs them)
     sw = weight_scales(c, 2, n)
-    top = 0.0
-    for v in sw:
-        top = v if v > top else top
-    extra = 1 << GRAD_BITS if n <= 16 else 1
+    top = max(sw)
+    count = c.blob.int_units.get(c.tensors[1])     # of kernels/intloss.py's mean; CE's: m
+    extra = 1 << GRAD_BITS if n <= 16 or count else 1     # (CE: as its blobs always trained)
+    while n * extra > 511:      # extra bits while n * 2**x <= 511; beyond, fewer than none
+        extra /= 2
     derive_once(c, 3, pairs_of(f32(f32(v / top) * extra) for v in sw))
-    c.blob.int_units[c.tensors[0]] = f32(top / (ONE * extra))      # D's real unit
+    unit = f32(top / (ONE * extra))     # D's real unit per sample (later steps divide by m)
+    c.blob.int_units[c.tensors[0]] = unit if count is None else f32(f32(unit * m) / count)
 
 
 def _mantissa(I, d, c, m, k, limit):

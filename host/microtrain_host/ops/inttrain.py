@@ -39,6 +39,8 @@ UNUSED_BIAS = -BIAS_LIMIT - 1     # a class slot not in use (its weights zero): 
 UNUSED_LOGIT = -LOGIT_LIMIT - 1   # probability 0, no update (device kernels/inttrain.py)
 MAX_BATCH = 127     # (kernels/inttrain.py: m * 2**14 * 255 per update sum)
 MAX_K = 4096      # inputs per output (device kernels/inttrain.py: accumulators below 2**28)
+MAX_GRAD_OUTPUTS = 2048   # outputs of IntGemmGradInput (device kernels/inttrain.py: fewer
+                          # bits of D beyond 511, so that its sums stay below 2**30)
 EXP_TABLE = "inttrain.exp_table"
 
 
@@ -169,9 +171,9 @@ def lower_int_gemm_grad_input(ctx, node):
     if tuple(ctx.tensors[g].shape) != (m, n) or len(w.scale) != n:
         raise UnsupportedOpError(f"{ctx.where(node)}: gradient {list(ctx.tensors[g].shape)} "
                                  f"and weight {[n, k]} do not match")
-    if n > 511:         # (kernels/inttrain.py int_gemm_grad_input_check)
-        raise UnsupportedOpError(f"{ctx.where(node)}: {n} classes; the integer backward "
-                                 f"below a classifier takes at most 511")
+    if n > MAX_GRAD_OUTPUTS:        # (kernels/inttrain.py int_gemm_grad_input_check)
+        raise UnsupportedOpError(f"{ctx.where(node)}: {n} outputs; the integer backward "
+                                 f"below the last Gemm takes at most {MAX_GRAD_OUTPUTS}")
     d = _int_tensor(ctx, node.output[0], (m, k))
     factors = _derived(ctx, f"{node.input[1]}.input_factors", 2 * n)
     ctx.step(op.INT_GEMM_GRAD_INPUT, [d, g, wid, factors], [m, k, n])

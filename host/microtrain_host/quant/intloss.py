@@ -30,18 +30,27 @@ def pack_loss(blob, args):
     return loss
 
 
+# the options every integer loss takes (the integer backward below the last Gemm, fed its
+# input's gradient as the cross-entropy's: ops/inttrain.py IntGemmGradInput); the others
+# (the 1x1 convolution's and the last block's fused updates, class slots) are the
+# cross-entropy's
+ANY_LOSS = ("train_biases", "train_last")
+
+
 def check_loss(loss, others):
     """Refuse a loss with no integer form, or one other than the cross-entropy with the
     options that only the classifier's softmax has (others: {option: given})."""
     if loss not in INTEGER_LOSSES:
         raise ArtifactError(f"integer training has no integer form of the loss '{loss}'; "
                             f"it trains with {', '.join(INTEGER_LOSSES)}")
-    given = [name for name, value in others.items() if value and "target" not in name]
+    given = [name for name, value in others.items() if value and "target" not in name and
+             not any(option in name.replace("-", "_") for option in ANY_LOSS)]
     if others.get("--int8-target-is-input") and loss != "mse":
         raise ArtifactError(f"--int8-target-is-input needs the mse loss, not '{loss}'")
     if loss != "cross_entropy" and given:
-        raise ArtifactError(f"integer training with the loss '{loss}' trains the last Gemm "
-                            f"only: {', '.join(given)} need(s) the cross_entropy loss")
+        raise ArtifactError(f"integer training with the loss '{loss}' trains the last Gemm, "
+                            f"the biases and the last layers only: {', '.join(given)} "
+                            f"need(s) the cross_entropy loss")
 
 
 def quantize_target(t, info):

@@ -19,8 +19,9 @@ its batch size is the artifacts' batch size), fuses it as pack_inference_model d
 The device trains it with the usual API: Module(blob, CheckpointState.load_checkpoint(
 ckpt)), Optimizer(blob, module) (set_learning_rate rewrites the integer multipliers), and
 model(x_int8, labels) per step (kernels/inttrain.py). With loss="mse" or "bce_with_logits"
-(quant/intloss.py, kernels/intloss.py) the last Gemm trains against a target in place of
-the labels: model(x_int8, target), or model(x_int8) when the input is its own target."""
+(quant/intloss.py, kernels/intloss.py) the last Gemm (with train_biases / train_last, the
+layers before it too) trains against a target in place of the labels: model(x_int8, target),
+or model(x_int8) when the input is its own target."""
 import json
 import os
 
@@ -344,7 +345,8 @@ def int8_training_artifacts(qdq_model, out_dir, learning_rate=0.01, stochastic=T
     learning); keep_classes: how many of the model's classes stay in use (default all; 0:
     every slot starts unused). See _class_slots.
     loss: "cross_entropy" (the classifier), "mse" or "bce_with_logits" (ops/intloss.py: the
-    last Gemm only; the device is called model(x, target), target the output's size: mse
+    last Gemm, with train_biases / train_last the layers before it too; not train_conv,
+    train_depthwise nor the class slots; the device is called model(x, target), target the output's size: mse
     int8 / uint8 quantized with the output's scale and zero point (quantize_target), bce
     int32 probabilities in Q14; mse with target="input": model(x), the input its own
     target, an autoencoder's); any other loss is refused, named."""
