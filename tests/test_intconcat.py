@@ -135,7 +135,31 @@ def fire_net_1d():
 
 
 MODELS = {"fire_net": fire_net, "fire_net_1d": fire_net_1d}
-CONFIGS = {"classifier": {}, "last3": dict(train_last=3), "biases": dict(train_biases=True)}
+CONFIGS = {"classifier": {}, "last3": dict(train_last=3), "biases": dict(train_biases=True),
+           "biases_saturating": dict(train_biases=True)}
+
+
+def _model(tmp, config):
+    """The QDQ model of a config: for "..._saturating" the Concat's output scale halved, so
+    that its inputs' larger values saturate there (their gradient masked)."""
+    if not config.endswith("_saturating"):
+        return tmp / "qdq.onnx"
+    model = onnx.load(tmp / "qdq.onnx")
+    concat = next(n for n in model.graph.node if n.op_type == "Concat")
+    quantize = next(n for n in model.graph.node if n.input[:1] == concat.output[:1])
+    scale = next(i for i in model.graph.initializer if i.name == quantize.input[1])
+    scale.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(scale) * np.float32(0.5),
+                                           scale.name))
+    onnx.save(model, tmp / "saturating.onnx")
+    return tmp / "saturating.onnx"
+
+
+def _saturated(fused, values, quant_of):
+    # how many inputs' values the Concat saturates (what the masks drop)
+    concat = next(n for n in fused.graph.node if n.op_type == "QLinearConcat")
+    sy, zy = quant_of(concat.output[0])
+    return sum(int(np.sum((np.rint((values[i] - quant_of(i)[1]) * quant_of(i)[0] / sy) + zy)
+                          > 255)) for i in concat.input)
 
 
 @pytest.fixture(scope="module", params=list(MODELS))
@@ -163,9 +187,9 @@ def test_fire_net_int8_forward_equals_onnxruntime(qdq, tmp_path):
 def test_integer_step_through_concat_equals_torch_float64(qdq, config, tmp_path):
     name, tmp, xs, ys = qdq
     lr = 4.0        # steps of several quanta
-    info = int8_training_artifacts(tmp / "qdq.onnx", tmp_path, lr, stochastic=False,
+    info = int8_training_artifacts(_model(tmp, config), tmp_path, lr, stochastic=False,
                                    **CONFIGS[config])
-    fused = int8_graph(onnx.load(tmp / "qdq.onnx"))
+    fused = int8_graph(onnx.load(_model(tmp, config)))
     b = device_blob_parser.load(info["blob"])
     ops = [op for op, *_ in device_blob_parser.load(info["blob"], keep_steps=True)
            .step_records["train"]]
@@ -176,13 +200,14 @@ def test_integer_step_through_concat_equals_torch_float64(qdq, config, tmp_path)
         return scales[0], zps[0]
 
     rng = np.random.default_rng(3)
-    checked, worst = set(), 0.0
+    checked, worst, saturated = set(), 0.0, 0
     for trial in range(2):
         model = Module(info["blob"], CheckpointState.load_checkpoint(info["checkpoint"]))
         x = quantize_input(xs[trial] + rng.standard_normal(xs[trial].shape).astype(np.float32)
                            * 0.1, info).reshape(-1).tolist()
         y = [int(v) for v in ys[trial]]
         values, before = _forward(model, info, x, y)
+        saturated += _saturated(fused, values, quant_of)
         expected = torch_step(fused, quant_of, values, before, info, y, lr, "device")
         # the classifier: its own float64 step on its int8 input (the Concat's way)
         sf, zf = quant_of(info["feature_tensor"])
@@ -210,8 +235,10 @@ def test_integer_step_through_concat_equals_torch_float64(qdq, config, tmp_path)
             if largest > 1:
                 checked.add(param)
     assert checked == set(info["parameters"]), (sorted(set(info["parameters"]) - checked))
+    assert (saturated > 0) == config.endswith("_saturating"), saturated
     print(f"{name} {config}: {len(checked)} parameters vs torch float64, beyond half a "
-          f"quantum at most {worst:.1e} of the layer's largest step")
+          f"quantum at most {worst:.1e} of the layer's largest step; {saturated} values "
+          f"saturated by the Concat")
 
 
 @pytest.mark.parametrize("config", ["last3", "biases"])
@@ -262,3 +289,34 @@ def test_a_tensor_concatenated_with_itself_is_refused_naming_the_node(tmp_path):
                                 train_biases=True)
     # its forward is fine: the classifier alone trains
     int8_training_artifacts(tmp_path / "self.onnx", tmp_path / "int", 0.05)
+
+
+def test_device_export_of_a_qat_blob_with_concat_equals_the_host_int8_blob(tmp_path):
+    # quant/qat_export.py: the device computes a requantization head per Concat input
+    import microtrain_host as mh
+    from microtrain import Optimizer
+    from microtrain_host.cli import main
+    from test_quant_export import reference_case
+    model, batch, _, lr, xs, ys, inputs = reference_case(fire_net, 4)
+    mh.generate_artifacts(model, artifact_directory=tmp_path, batch_size=batch, optimizer="SGD",
+                          quantization=True)
+    state = CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
+    module = Module(str(tmp_path / "model.mtb"), state)
+    opt = Optimizer(str(tmp_path / "model.mtb"), module)
+    opt.set_learning_rate(lr)
+    for x, y in zip(xs, ys):
+        module(x.reshape(-1), [int(v) for v in y])
+        opt.step()
+        module.lazy_reset_grad()
+    CheckpointState.save_checkpoint(state, str(tmp_path / "trained"))
+    module.export_model_for_inferencing(str(tmp_path / "device_int8.mtb"), ["output"])
+    assert main(["export", str(tmp_path), "--checkpoint", str(tmp_path / "trained"), "--qdq",
+                 "-o", str(tmp_path / "qdq.onnx"), "--int8-blob",
+                 str(tmp_path / "host_int8.mtb")]) == 0
+    device = (tmp_path / "device_int8.mtb").read_bytes()
+    assert device == (tmp_path / "host_int8.mtb").read_bytes()
+    ops = [op for op, *_ in device_blob_parser.load(str(tmp_path / "device_int8.mtb"),
+                                                    keep_steps=True).step_records["infer"]]
+    assert ops.count(196) == 2 and 221 in ops
+    worst, _ = compare(tmp_path / "qdq.onnx", tmp_path / "device_int8.mtb", inputs)
+    assert worst <= 1.0 + 1e-6, worst
