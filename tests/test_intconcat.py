@@ -105,20 +105,22 @@ def test_int8_concat_equals_onnxruntime_and_the_numpy_mirror(shape, axis, tmp_pa
 # -- a fire module and its 1-D twin ---------------------------------------------------------
 class FireNet(nn.Module):
     # conv -> (1x1 conv, 3x3 conv) side by side -> Concat on channels -> 1x1 conv ->
-    # GlobalAveragePool -> Linear; `rank` 2 (images) or 1 (sequences)
-    def __init__(self, rank, left, right):
+    # GlobalAveragePool -> Linear; `rank` 2 (images) or 1 (sequences); axis 2: the two
+    # branches' rows one above the other instead (left == right channels)
+    def __init__(self, rank, left, right, axis=1):
         super().__init__()
         conv = nn.Conv2d if rank == 2 else nn.Conv1d
+        self.axis = axis
         self.stem = nn.Sequential(conv(2, 6, 3, padding=1), nn.ReLU())
         self.expand1 = nn.Sequential(conv(6, left, 1), nn.ReLU())
         self.expand3 = nn.Sequential(conv(6, right, 3, padding=1), nn.ReLU())
-        self.mix = nn.Sequential(conv(left + right, 8, 1), nn.ReLU())
+        self.mix = nn.Sequential(conv(left + right if axis == 1 else left, 8, 1), nn.ReLU())
         self.pool = nn.AdaptiveAvgPool2d(1) if rank == 2 else nn.AdaptiveAvgPool1d(1)
         self.head = nn.Linear(8, 4)
 
     def forward(self, x):
         h = self.stem(x)
-        h = torch.cat([self.expand1(h), self.expand3(h)], 1)
+        h = torch.cat([self.expand1(h), self.expand3(h)], self.axis)
         return self.head(self.pool(self.mix(h)).flatten(1))
 
 
@@ -134,7 +136,13 @@ def fire_net_1d():
                           {"SGD": 0.05})
 
 
-MODELS = {"fire_net": fire_net, "fire_net_1d": fire_net_1d}
+def fire_net_rows():
+    torch.manual_seed(23)
+    return ReferenceModel("fire_net_rows", FireNet(2, 4, 4, axis=2), (2, 5, 6),
+                          "CrossEntropyLoss", 4, {"SGD": 0.05})
+
+
+MODELS = {"fire_net": fire_net, "fire_net_1d": fire_net_1d, "fire_net_rows": fire_net_rows}
 CONFIGS = {"classifier": {}, "last3": dict(train_last=3), "biases": dict(train_biases=True),
            "biases_saturating": dict(train_biases=True)}
 
