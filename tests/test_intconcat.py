@@ -331,3 +331,17 @@ def test_device_export_of_a_qat_blob_with_concat_equals_the_host_int8_blob(tmp_p
     assert ops.count(196) == 2 and 221 in ops
     worst, _ = compare(tmp_path / "qdq.onnx", tmp_path / "device_int8.mtb", inputs)
     assert worst <= 1.0 + 1e-6, worst
+
+
+def test_a_concat_step_outside_its_output_is_refused_at_load(tmp_path, monkeypatch):
+    # a crafted step (its input's runs placed past the output's: offset = stride) is
+    # refused by the checker when the blob loads, naming the step and the value
+    from microtrain.errors import BlobError
+    from microtrain_host.ops import qlinear
+    geometry = qlinear.concat_geometry
+    monkeypatch.setattr(qlinear, "concat_geometry",
+                        lambda *a: geometry(*a)[:3] + (geometry(*a)[2],))
+    onnx.save(_qdq_concat_model((2, 4, 3, 5), 1), tmp_path / "qdq.onnx")
+    pack_inference_model(tmp_path / "qdq.onnx", tmp_path / "int8.mtb")
+    with pytest.raises(BlobError, match="qlinear_concat.*offset"):
+        InferenceSession(str(tmp_path / "int8.mtb"))
