@@ -31,8 +31,9 @@ from test_quant_int8 import compare
 # -- the forward, on hand-made QDQ models ---------------------------------------------------
 def _qdq_concat_model(shape, axis):
     """X -> three quantized tensors -> Concat(axis) -> QuantizeLinear -> DequantizeLinear:
-    A uint8 of its own scale (wider than the output's), B int8 (a slice of Relu(X) along the axis: another size
-    there), C with the output's own scale and zero point (copied as it is)."""
+    A uint8 of its own scale (wider than the output's), B int8 (a slice of Relu(X) along
+    the axis: another size there), C with the output's own scale and zero point (copied
+    as it is)."""
     f = np.float32
     inits, nodes = [], []
 

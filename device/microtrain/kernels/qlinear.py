@@ -1,5 +1,5 @@
-# int8 inference kernels: the quantized forms of Gemm, Conv, Add, average pooling (global
-# and windowed), max pooling and Relu / Clip, as onnxruntime's QGemm / QLinearConv /
+# int8 inference kernels: the quantized forms of Gemm, Conv, Add, Concat, average pooling
+# (global and windowed), max pooling and Relu / Clip, as onnxruntime's QGemm / QLinearConv /
 # QLinearAdd / QLinearGlobalAveragePool / QLinearAveragePool compute them, plus
 # QuantizeLinear and DequantizeLinear between the float and the byte arena.
 #

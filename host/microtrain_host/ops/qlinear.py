@@ -354,8 +354,12 @@ def lower_qlinear_concat(ctx, node):
     shape = ctx.shape(node.output[0])
     axis = concat_axis(node, len(shape), ctx.where(node))
     y_zp, lo, hi = attr(node, "y_zero_point", 0), attr(node, "lo", 0), attr(node, "hi", 255)
+    zero_points = list(attr(node, "x_zero_points", []))
+    if len(zero_points) != len(node.input):
+        raise UnsupportedOpError(f"{ctx.where(node)}: {len(zero_points)} x_zero_points for "
+                                 f"{len(node.input)} inputs")
     start = 0
-    for k, (x, x_zp) in enumerate(zip(node.input, attr(node, "x_zero_points"))):
+    for k, (x, x_zp) in enumerate(zip(node.input, zero_points)):
         x_shape = ctx.shape(x)
         geometry = concat_geometry(x_shape, shape, axis, start, ctx.where(node))
         req = _derived_requant(ctx, node, [x_zp, y_zp, lo, hi], 6, f":{k}")

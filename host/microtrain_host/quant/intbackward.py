@@ -1,8 +1,9 @@
 """The integer backward of a fused int8 graph (issue 22): which layers train, and the nodes
 that carry the classifier input's gradient back to them through any graph of the ops with
 int8 kernels - convolutions (1-D, 2-D, depthwise, grouped) and hidden Gemms with their fused
-ReLU / Clip, residual Adds, Concats (along any axis), max and average pools, GlobalAveragePool before the classifier,
-Flatten / Reshape views, tensors read by several layers.
+ReLU / Clip, residual Adds, Concats (along any axis), max and average pools,
+GlobalAveragePool before the classifier, Flatten / Reshape views, tensors read by several
+layers.
 
 A layer is a QLinearConv or a hidden QLinearGemm. Every layer the gradient passes trains its
 int32 bias (ops/intgrad.py IntClampBiasGrad masks the gradient by the layer's clamp, steps
