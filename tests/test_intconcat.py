@@ -253,10 +253,11 @@ def test_integer_step_through_concat_equals_torch_float64(qdq, config, tmp_path)
           f"saturated by the Concat")
 
 
-@pytest.mark.parametrize("config", ["last3", "biases"])
+@pytest.mark.parametrize("config", ["last3", "biases_saturating"])
 def test_concat_steps_micropython_heap_lock_equal_cpython(qdq, config, micropython, tmp_path):
     name, tmp, xs, ys = qdq
-    info = int8_training_artifacts(tmp / "qdq.onnx", tmp_path / "int", 0.5, **CONFIGS[config])
+    info = int8_training_artifacts(_model(tmp, config), tmp_path / "int", 0.5,
+                                   **CONFIGS[config])
     rng = np.random.default_rng(6)
     (tmp_path / "data.bin").write_bytes(b"".join(
         quantize_input(x + rng.standard_normal(x.shape).astype(np.float32) * 0.1,
