@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from onnx import numpy_helper
+from onnx import TensorProto, numpy_helper
 from torch import nn
 
 from microtrain import CheckpointState, Module
@@ -28,6 +28,7 @@ from test_int_limits import _viper_pure_cpython
 F = torch.nn.functional
 INT_GEMM_LOGITS, INT_SOFTMAX_CE = 242, 243
 LOSS_STEPS = (INT_SOFTMAX_CE, 194, 195)    # and kernels/intloss.py's INT_MSE, INT_BCE_LOGITS
+QLINEAR_CONCAT = 196
 
 
 class Conv1dNet(nn.Module):
@@ -92,7 +93,7 @@ def _forward(model, info, x, y):
                         np.array(model.output(tid), np.int64))
     for (kernel, args), (op, tensors, ints, _) in zip(program.steps, records):
         kernel(model.F, model.I, args)
-        if 220 <= op <= 228:
+        if 220 <= op <= 228 or op == QLINEAR_CONCAT:
             values[b.names[tensors[0]]] = _bytes(model, tensors[0])
         if op in LOSS_STEPS:
             values["inttrain.grad"] = np.array(model.output(tensors[1]), np.int64)
@@ -163,6 +164,21 @@ def torch_step(fused, quant_of, values, before, info, y, lr, loss):
             straight(n, z)
         elif op == "QLinearAdd":
             straight(n, vals[n.input[0]] + vals[n.input[1]])
+        elif op == "QLinearConcat":
+            # each input fake-quantized to the output's scale: PyTorch's straight-through
+            # mask, the requantized value (float64) inside the output type's range
+            sy, zy = quant_of(n.output[0])
+            qmin, qmax = (-128, 127) if attr(n, "y_type", TensorProto.UINT8) == \
+                TensorProto.INT8 else (0, 255)
+            parts = []
+            for i in n.input:
+                sx, zx = quant_of(i)
+                q = np.rint((values[i] - zx) * sx / sy) + zy
+                keep = torch.tensor(((q >= qmin) & (q <= qmax)).reshape(vals[i].shape)
+                                    .astype(np.float64))
+                parts.append(vals[i].detach() + (vals[i] - vals[i].detach()) * keep)
+            straight(n, torch.cat(parts, attr(n, "axis") % vals[n.input[0]].dim()),
+                     masked=False)
         elif op in ("QLinearMaxPool", "QLinearAveragePool"):
             x = vals[n.input[0]]
             rank = x.dim() - 2

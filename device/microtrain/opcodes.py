@@ -115,6 +115,8 @@ _ROWS = (
     "\n193 intflow int_average_pool_grad iii 15 0"  # INT_AVERAGE_POOL_GRAD
     "\n194 intloss int_mse iiibi 3 0"  # INT_MSE
     "\n195 intloss int_bce_logits iiiii 2 0"  # INT_BCE_LOGITS
+    "\n196 qlinear qlinear_concat bbi 6 0"  # QLINEAR_CONCAT
+    "\n197 intflow int_concat_grad iibbi 5 0"  # INT_CONCAT_GRAD
     "\n200 quant fake_quant ffff 5 0"  # FAKE_QUANT
     "\n201 quant fake_quant_grad fffff 5 0"  # FAKE_QUANT_GRAD
     "\n202 quant abs_max_scale ff 3 2"  # ABS_MAX_SCALE

@@ -18,6 +18,12 @@
 #                          (lo < y < hi: its fused ReLU, or the int8 range), else 0 - the
 #                          gradient of each input of y = a + b; GB optional (a branch that
 #                          needs no gradient gets none)
+#   int_concat_grad        G_x = X's part of G (the Concat's `blocks` runs of `size` at
+#                          `offset`, `stride` apart: qlinear_concat's geometry), 0 where X's
+#                          requantization to Y saturated: X outside [keep_lo, keep_hi], the
+#                          bytes whose requantized value lies in Y's range (derived at load
+#                          with the forward's multiplier; all of them for a plain copy), then
+#                          renormalized
 #   int_max_pool_grad      G_x = 0, then G_x[p] += G[q] for the first maximum p of each
 #                          window q (qlinear_max_pool's windows and comparison)
 #   int_average_pool_grad  G_x = 0, then G_x[p] += G[q] * 2**8 / count(q) over the elements
@@ -27,7 +33,9 @@
 # saturates only where its input did).
 import math
 
-from microtrain.kernels.fixedpoint import f32, pairs_of, requant, round_shift
+from microtrain.blob import INT8
+from microtrain.kernels.fixedpoint import (f32, pairs_of, quantization, requant,
+                                          requant_pair, round_shift)
 from microtrain.kernels.intgrad import MANT_BITS, _normalize, _record_unit, _unit
 from microtrain.kernels.intsgd import derive_once
 
@@ -106,6 +114,47 @@ def int_add_grad_check(args, c):
         c.holds(1, 1 + count)
         c.apart(1, 0)
         _record_unit(c, 1, *unit)
+
+
+# -- a Concat ----------------------------------------------------------------------------
+def int_concat_grad(F, I, args):
+    Q, gx, g, x, y, keep, blocks, size, stride, offset, x_signed = args
+    flip = 128 if x_signed else 0
+    lo = I[keep]
+    hi = I[keep + 1]
+    out = gx + 1
+    for b in range(blocks):
+        at = g + 1 + offset + b * stride
+        for i in range(x + b * size, x + (b + 1) * size):
+            v = (Q[i] ^ flip) - flip
+            I[out] = I[at] if lo <= v <= hi else 0
+            out += 1
+            at += 1
+    I[gx] = I[g] + _normalize(I, gx, blocks * size)
+
+
+def int_concat_grad_check(args, c):
+    blocks, size, stride, offset, x_signed = c.ints
+    c.positive(blocks, size, stride)
+    c.within(offset, 0, stride - size, "offset")
+    c.within(x_signed, 0, 1, "signed flag")
+    c.holds(0, 1 + blocks * size)
+    c.holds(1, 1 + blocks * stride)
+    c.holds(2, blocks * size)
+    c.holds(3, blocks * stride)
+    c.holds(4, 2)
+    c.apart(0, 1)
+    # the X bytes qlinear_concat does not saturate: its requantization (the same
+    # multiplier, the same rounding) of each byte X can hold, kept where inside Y's range
+    sx, zx = quantization(c, 2)[:2]
+    sy, zy = quantization(c, 3)[:2]
+    m0, shift = requant_pair(f32(sx[0] / sy[0]))
+    first = -128 if x_signed else 0
+    y_lo, y_hi = (-128, 127) if c.blob.dtypes[c.tensors[3]] == INT8 else (0, 255)
+    kept = [v for v in range(first, first + 256)
+            if y_lo <= requant(v - zx[0], m0, shift) + zy[0] <= y_hi]
+    derive_once(c, 4, [kept[0], kept[-1]] if kept else [1, 0])
+    _record_unit(c, 0, *_unit(c, 1))
 
 
 # -- pools -------------------------------------------------------------------------------

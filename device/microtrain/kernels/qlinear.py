@@ -1,5 +1,5 @@
-# int8 inference kernels: the quantized forms of Gemm, Conv, Add, average pooling (global
-# and windowed), max pooling and Relu / Clip, as onnxruntime's QGemm / QLinearConv /
+# int8 inference kernels: the quantized forms of Gemm, Conv, Add, Concat, average pooling
+# (global and windowed), max pooling and Relu / Clip, as onnxruntime's QGemm / QLinearConv /
 # QLinearAdd / QLinearGlobalAveragePool / QLinearAveragePool compute them, plus
 # QuantizeLinear and DequantizeLinear between the float and the byte arena.
 #
@@ -443,6 +443,43 @@ def qlinear_lookup_check(args, c):
     c.positive(n)
     c.each_holds(2, n)
     c.holds(2, 256)
+
+
+def qlinear_concat(F, I, args):
+    # One input X of a Concat into its place in Y: `blocks` runs of `size` bytes (X's part of
+    # each slice before the axis), Y's runs `stride` apart from `offset`. Requantized to
+    # Y's scale and zero point as qlinear_gemm requantizes (req = [x_zp, y_zp, lo, hi, m0,
+    # shift], real = float32(x_scale / y_scale)), or copied where X has Y's parameters (the
+    # multiplier 1 is m0 = 2**23, shift 23: the same bytes, sooner).
+    Q, y, x, req, blocks, size, stride, offset, x_signed, y_signed = args
+    x_zp = I[req]
+    y_zp = I[req + 1]
+    lo = I[req + 2]
+    hi = I[req + 3]
+    m0 = I[req + 4]
+    shift = I[req + 5]
+    copy = m0 == 8388608 and shift == 23 and x_zp == y_zp and x_signed == y_signed
+    flip = 128 if x_signed else 0
+    for b in range(blocks):
+        out = y + offset + b * stride
+        if copy:
+            for i in range(x + b * size, x + (b + 1) * size):
+                Q[out] = Q[i]
+                out += 1
+            continue
+        for i in range(x + b * size, x + (b + 1) * size):
+            _store(Q, out, ((Q[i] ^ flip) - flip) - x_zp, m0, shift, y_zp, lo, hi)
+            out += 1
+
+
+def qlinear_concat_check(args, c):
+    blocks, size, stride, offset, x_signed, y_signed = c.ints
+    c.positive(blocks, size, stride)
+    c.within(offset, 0, stride - size, "offset")
+    c.holds(0, blocks * stride)
+    c.holds(1, blocks * size)
+    c.holds(2, 6)
+    derive_requant(c, 2, (1, 0), [f32(_scale(c, 1)[0] / _scale(c, 0)[0])])
 
 
 # The viper fast paths (kernels/qlinear_viper.py, MicroPython with the viper emitter), and

@@ -27,8 +27,8 @@ exist, and that every step the host lowers carries the counts named here.
 Code ranges by family: dense 1-9, elementwise 10-29 and 130-137, activation 30-49 (40 is
 reduce), 128-129, 138-139 and 240-241, loss 50-59, optim 60-69, conv 70-79, pool 80-89, norm 90-99,
 layout 100-119, smooth 120-127, group_norm 140-149, gather 150-159, resize 160-169, recurrent 170-189,
-quant 200-219, qlinear 220-239, inttrain 242-247, intgrad 248-255, intflow 190-193, intloss
-194-199."""
+quant 200-219, qlinear 220-239 and 196, inttrain 242-247, intgrad 248-255, intflow 190-193
+and 197, intloss 194-195."""
 import dataclasses
 
 KINDS = "f?ikbw"
@@ -278,6 +278,7 @@ OPS = table("""
 226 QLINEAR_AVERAGE_POOL         y:b x:b req:i  ints $POOL ch0 ch1 cw0 cw1 x_signed y_signed
 227 QLINEAR_ADD                  y:b a:b b:b req:i  ints n a_signed b_signed y_signed
 228 QLINEAR_LOOKUP               y:b x:b table:b  ints n
+196 QLINEAR_CONCAT               y:b x:b req:i  ints blocks size stride offset x_signed y_signed
 [inttrain]
 242 INT_GEMM_LOGITS           z:i x:b w:b bias:i req:i  ints m k n x_signed
 243 INT_SOFTMAX_CE            z:i g:i loss:i label:i table:i  ints m n
@@ -302,6 +303,7 @@ OPS = table("""
 191 INT_ADD_GRAD           ga:i gb:k g:i y:b  ints count lo hi y_signed
 192 INT_MAX_POOL_GRAD      gx:i g:i x:b  ints $POOL signed
 193 INT_AVERAGE_POOL_GRAD  gx:i g:i factors:i  ints $POOL ch0 ch1 cw0 cw1
+197 INT_CONCAT_GRAD        gx:i g:i x:b y:b keep:i  ints blocks size stride offset x_signed
 """, SHARED_INTS)
 
 BY_NAME = {o.name: o for o in OPS}
@@ -340,6 +342,6 @@ FAMILY_NOTES = {
     "intloss": "integer mean squared error and binary cross-entropy with logits of the last Gemm (beside inttrain's softmax cross-entropy)",
     "inttrain": "integer training of an int8 classifier and the 1x1 conv before it (viper: inttrain_viper.py)",
     "intgrad": "integer backward through frozen int8 convolutions: the sparse update (viper: intgrad_viper.py)",
-    "intflow": "integer gradients through residual Adds, pools and tensors read twice (the sparse update beyond a chain of convolutions)",
+    "intflow": "integer gradients through residual Adds, Concats, pools and tensors read twice (the sparse update beyond a chain of convolutions)",
 }
 assert set(FAMILY_NOTES) == set(FAMILIES), "every family needs its line in FAMILY_NOTES"

@@ -8,7 +8,10 @@ the graphs that use them, with ops/intgrad.py's convolution steps.
                                    Y lies inside the clamp (attributes lo, hi), else 0
   IntMaxPoolGrad(G, X) -> GX       MaxPool's backward (the pool's attributes copied on the
                                    node; X its int8 input, the output's maxima found again)
-  IntAveragePoolGrad(G, X) -> GX   AveragePool's backward (X for the shape only)"""
+  IntAveragePoolGrad(G, X) -> GX   AveragePool's backward (X for the shape only)
+  IntConcatGrad(G, X, Y) -> GX     a QLinearConcat's input X: its part of G (attributes axis
+                                   and start, where X begins along it), 0 where X's
+                                   requantization to Y saturated"""
 from onnx import helper
 
 from .. import opcodes as op
@@ -19,6 +22,7 @@ from ..registry import lowering
 from .intgrad import _grad_tensor
 from .inttrain import _byte, _derived
 from .pool import pool_kernel_ints
+from .qlinear import concat_geometry
 
 
 def _gradient(ctx, name, node):
@@ -84,3 +88,19 @@ def lower_int_average_pool_grad(ctx, node):
     k_h, k_w = ints[5], ints[6]
     factors = _derived(ctx, f"{node.name}.factors", 2 * k_h * k_w)
     ctx.step(op.INT_AVERAGE_POOL_GRAD, [gx, g, factors], ints)
+
+
+@lowering("IntConcatGrad")
+def lower_int_concat_grad(ctx, node):
+    g, count = _gradient(ctx, node.input[0], node)
+    xid, x = _byte(ctx, node.input[1], node)
+    yid, y = _byte(ctx, node.input[2], node)
+    if y.size != count:
+        raise UnsupportedOpError(f"{ctx.where(node)}: a gradient of {count} values for an "
+                                 f"output of {y.size}")
+    geometry = concat_geometry(x.shape, y.shape, attr(node, "axis"), attr(node, "start"),
+                               ctx.where(node))
+    gx = _grad_tensor(ctx, node.output[0], x.size)
+    keep = _derived(ctx, f"{node.name}.keep", 2)
+    ctx.step(op.INT_CONCAT_GRAD, [gx, g, xid, yid, keep],
+             list(geometry) + [int(x.dtype == INT8)])

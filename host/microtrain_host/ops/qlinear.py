@@ -12,6 +12,8 @@ integer requantization parameters. Device kernels: kernels/qlinear.py.
   QLinearAdd(A, B) -> Y         a_scale, a_zero_point, b_scale, b_zero_point, ...
   QLinearMaxPool(T) -> Y        the scale and zero point stay
   QLinearLookup(T) -> Y         a standalone Relu / Clip: `table` (256 bytes, by X's byte)
+  QLinearConcat(T1, T2, ...) -> Y   Concat (axis); each input requantized to Y's scale and
+                                zero point (x_scales, x_zero_points), one step per input
 
 Every quantized op carries x_scale, x_zero_point, y_scale, y_zero_point, the output type
 (y_type, ONNX's enum), the clamp bounds lo / hi in the output's quantized domain (a fused
@@ -127,11 +129,12 @@ def _signed(ctx, name):
     return int(ctx.tensors[ctx.t(name)].dtype == INT8)
 
 
-def _derived_requant(ctx, node, head, size):
+def _derived_requant(ctx, node, head, size, part=""):
     """A requantization tensor of `size` int32 whose blob data is only `head` (zero points,
     clamp bounds): the device derives the multipliers from the tensors' scales at load.
-    It has no name in the blob (nothing looks it up; inspect shows the step using it)."""
-    key = f"{node.name}.requant"
+    It has no name in the blob (nothing looks it up; inspect shows the step using it).
+    part: which of a node's requantizations (a Concat has one per input)."""
+    key = f"{node.name}{part}.requant"
     data = np.asarray(head, "<i4").tobytes()
     if key in ctx.persistent:     # the same node in the train and the eval graph
         tid = ctx.persistent[key]
@@ -321,3 +324,62 @@ def lower_qlinear_lookup(ctx, node):
     tid = _constant(ctx, f"{node.name}.table", DEVICE_TYPES[elem],
                     table.astype(np.uint8 if elem == TensorProto.UINT8 else np.int8))
     ctx.step(op.QLINEAR_LOOKUP, [y, ctx.t(x), tid], [ctx.tensors[y].size])
+
+
+def concat_geometry(x_shape, y_shape, axis, start, where):
+    """(blocks, size, stride, offset) of input X of a Concat into Y along axis, X's part
+    beginning at index `start` of that axis: Y is `blocks` slices of `stride` elements
+    (everything from the axis on), X's part of each `size` elements at `offset`."""
+    rank = len(y_shape)
+    if len(x_shape) != rank or not 0 <= axis < rank or any(
+            a != b for i, (a, b) in enumerate(zip(x_shape, y_shape)) if i != axis) or \
+            start + x_shape[axis] > y_shape[axis]:
+        raise UnsupportedOpError(f"{where}: input of shape {list(x_shape)} does not fit "
+                                 f"output {list(y_shape)} at {start} along axis {axis}")
+    inner = int(np.prod(y_shape[axis + 1:], dtype=np.int64))
+    blocks = int(np.prod(y_shape[:axis], dtype=np.int64))
+    return blocks, x_shape[axis] * inner, y_shape[axis] * inner, start * inner
+
+
+def concat_axis(node, rank, where):
+    axis = attr(node, "axis", 0)
+    if not -rank <= axis < rank:
+        raise UnsupportedOpError(f"{where}: axis {axis} of a rank-{rank} output")
+    return axis % rank
+
+
+@lowering("QLinearConcat")
+def lower_qlinear_concat(ctx, node):
+    y = _output(ctx, node)
+    shape = ctx.shape(node.output[0])
+    axis = concat_axis(node, len(shape), ctx.where(node))
+    y_zp, lo, hi = attr(node, "y_zero_point", 0), attr(node, "lo", 0), attr(node, "hi", 255)
+    zero_points = list(attr(node, "x_zero_points", []))
+    if len(zero_points) != len(node.input):
+        raise UnsupportedOpError(f"{ctx.where(node)}: {len(zero_points)} x_zero_points for "
+                                 f"{len(node.input)} inputs")
+    start = 0
+    for k, (x, x_zp) in enumerate(zip(node.input, zero_points)):
+        x_shape = ctx.shape(x)
+        geometry = concat_geometry(x_shape, shape, axis, start, ctx.where(node))
+        req = _derived_requant(ctx, node, [x_zp, y_zp, lo, hi], 6, f":{k}")
+        ctx.step(op.QLINEAR_CONCAT, [y, ctx.t(x), req],
+                 list(geometry) + [_signed(ctx, x), int(ctx.tensors[y].dtype == INT8)])
+        start += x_shape[axis]
+    if start != shape[axis]:
+        raise UnsupportedOpError(f"{ctx.where(node)}: inputs of {start} along axis {axis} "
+                                 f"for an output of {shape[axis]}")
+
+
+def concat_values(inputs, y_scale, y_zero_point, y_type, axis):
+    """numpy mirror of kernels/qlinear.py qlinear_concat: the int values of Y for inputs
+    [(int values, scale, zero point), ...], each requantized by float32(x_scale / y_scale)
+    as the kernel does (rounded half to even, saturated to Y's type)."""
+    f = np.float32
+    lo, hi = (-128, 127) if y_type == TensorProto.INT8 else (0, 255)
+    parts = []
+    for q, scale, zero_point in inputs:
+        m0, shift = requant_multiplier(float(f(f(scale) / f(y_scale))))
+        acc = np.asarray(q, np.int64) - int(zero_point)
+        parts.append(np.clip(requant_values(acc, m0, shift) + int(y_zero_point), lo, hi))
+    return np.concatenate(parts, axis)

@@ -10,6 +10,8 @@ quantizer) into ai.microtrain int8 ops (ops/qlinear.py):
   * DequantizeLinear(A), DequantizeLinear(B) -> Add -> [Relu | Clip] -> QuantizeLinear, A
     and B of one shape: QLinearAdd (onnxruntime's QLinearAdd; the residual connections of
     ResNet and MobileNetV2 blocks);
+  * DequantizeLinear of every input -> Concat -> QuantizeLinear: QLinearConcat, each input
+    requantized to the output's scale and zero point (copied where it has them);
   * DequantizeLinear -> Relu / Clip -> QuantizeLinear where no producer takes them in:
     QLinearLookup, a 256-entry table computed as onnxruntime computes the float chain
     (dequantize, Relu / Clip, quantize);
@@ -38,8 +40,8 @@ from ..pipeline.plan import assign_offsets
 FUSED_OPS = ("Conv", "Gemm", "MatMul")
 VIEW_OPS = ("Flatten", "Reshape", "Squeeze", "Unsqueeze")
 CLAMP_OPS = ("Relu", "Clip")
-INT8_OPS = FUSED_OPS + ("GlobalAveragePool", "AveragePool", "MaxPool", "Add") + VIEW_OPS \
-    + CLAMP_OPS
+INT8_OPS = FUSED_OPS + ("GlobalAveragePool", "AveragePool", "MaxPool", "Add", "Concat") \
+    + VIEW_OPS + CLAMP_OPS
 
 
 def _scalar(values, name):
@@ -185,7 +187,7 @@ def int8_graph(model, float_weights=(), training=False, structural=False):
         fused = None
         x_in = n.input[0] if n.input else None
         if x_in in dq_source and n.op_type in INT8_OPS and (
-                n.op_type != "Add" or n.input[1] in dq_source) and (
+                n.op_type not in ("Add", "Concat") or all(i in dq_source for i in n.input)) and (
                 n.op_type not in CLAMP_OPS or constant_clip(n)):
             chain, end = [], n.output[0]
             while n.op_type in FUSED_OPS + ("Add",) and single(end) is not None and \
@@ -251,6 +253,19 @@ def int8_graph(model, float_weights=(), training=False, structural=False):
                     b_scale=float(b_params[0][0]), b_zero_point=int(b_params[1][0]),
                     y_scale=float(y_params[0][0]), y_zero_point=int(y_params[1][0]),
                     y_type=y_params[2], lo=lo, hi=hi, **extra_attrs)
+            elif n.op_type == "Concat":
+                ins = [dq_source[i][1] for i in n.input]
+                if structural:
+                    extra_attrs["q_scales"] = [producers[i].input[1] for i in n.input] + [
+                        q.input[1]]
+                lo, hi = bounds(y_params, [])
+                made = helper.make_node(
+                    "QLinearConcat", [dq_source[i][0] for i in n.input], [y_t], name=n.name,
+                    domain=DOMAIN, axis=attr(n, "axis", 0),
+                    x_scales=[float(p[0][0]) for p in ins],
+                    x_zero_points=[int(p[1][0]) for p in ins], y_scale=float(y_params[0][0]),
+                    y_zero_point=int(y_params[1][0]), y_type=y_params[2], lo=lo, hi=hi,
+                    **extra_attrs)
             elif n.op_type in CLAMP_OPS:
                 made = helper.make_node("QLinearLookup", [x_t], [y_t], name=n.name,
                                         domain=DOMAIN, y_type=y_params[2],

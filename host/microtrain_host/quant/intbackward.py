@@ -1,8 +1,9 @@
 """The integer backward of a fused int8 graph (issue 22): which layers train, and the nodes
 that carry the classifier input's gradient back to them through any graph of the ops with
 int8 kernels - convolutions (1-D, 2-D, depthwise, grouped) and hidden Gemms with their fused
-ReLU / Clip, residual Adds, max and average pools, GlobalAveragePool before the classifier,
-Flatten / Reshape views, tensors read by several layers.
+ReLU / Clip, residual Adds, Concats (along any axis), max and average pools,
+GlobalAveragePool before the classifier, Flatten / Reshape views, tensors read by several
+layers.
 
 A layer is a QLinearConv or a hidden QLinearGemm. Every layer the gradient passes trains its
 int32 bias (ops/intgrad.py IntClampBiasGrad masks the gradient by the layer's clamp, steps
@@ -108,6 +109,8 @@ def backward_nodes(graph, feature_grad, weights, all_biases, stochastic, inits, 
                                           lo=attr(n, "lo", 0), hi=attr(n, "hi", 255)))
             for i, name in zip(wanted, names):
                 grads.setdefault(i, []).append(name)
+        elif n.op_type == "QLinearConcat":
+            _concat(graph, n, g, needs, grads, nodes)
         elif n.op_type in POOL_GRADS and needs.get(n.input[0], False):
             if n.output[0] not in graph.shapes:
                 _refuse(n, "has no known output shape")
@@ -127,6 +130,26 @@ def backward_nodes(graph, feature_grad, weights, all_biases, stochastic, inits, 
             _refuse(n, "has no integer backward, and a trained layer lies behind it (train "
                        "only the layers after it)")
     return replaced, nodes, masks
+
+
+def _concat(graph, n, g, needs, grads, nodes):
+    # each input that needs a gradient gets its part of G, masked where its requantization
+    # to the output saturated (ops/intflow.py IntConcatGrad)
+    wanted = [i for i in n.input if needs.get(i, False)]
+    if len(set(wanted)) != len(wanted):
+        _refuse(n, "concatenates a tensor with itself (no integer backward)")
+    rank = len(graph.shapes.get(n.output[0], ()))
+    if not rank or not all(i in graph.shapes for i in n.input):
+        _refuse(n, "has no known input or output shape")
+    axis, start = attr(n, "axis", 0) % rank, 0
+    for i in n.input:
+        if i in wanted:
+            name = _contribution(graph, i, n)
+            nodes.append(helper.make_node("IntConcatGrad", [g, i, n.output[0]], [name],
+                                          name=f"{n.name}.grad.{i}", domain=DOMAIN,
+                                          axis=axis, start=start))
+            grads.setdefault(i, []).append(name)
+        start += graph.shapes[i][axis]
 
 
 def _head_gradient(graph, feature_grad, head, grads, nodes):

@@ -126,18 +126,22 @@ def export_graph(eval_model, fused, layers, observers):
             outputs.append(d["bias_q"])
     zero_points = {scale: node.output[1] for scale, node in observers.items()}
     for node in fused.graph.node:
-        if node.op_type not in HEADED:
+        if node.op_type not in HEADED + ("QLinearConcat",):
             continue
         scales = [v.decode() if isinstance(v, bytes) else v for v in attr(node, "q_scales")]
         qmin, qmax = QUANT_RANGES[attr(node, "y_type", TensorProto.UINT8)]
-        header = node.name + ".header"
-        nodes.append(helper.make_node(
-            "RequantHeader", [zero_points[s] for s in scales] + [scales[-1]], [header],
-            name=header, domain=DOMAIN, qmin=qmin, qmax=qmax,
-            **{k: attr(node, k) for k in ("clamp_min", "clamp_max")
-               if attr(node, k, None) is not None}))
-        info(header, TensorProto.INT32, (len(scales) + 2,))
-        outputs.append(header)
+        # a Concat: one header per input ([x_zp, y_zp, lo, hi], ops/qlinear.py)
+        parts = [(node.name, scales)] if node.op_type in HEADED else [
+            (f"{node.name}:{k}", [s, scales[-1]]) for k, s in enumerate(scales[:-1])]
+        for part, used_scales in parts:
+            header = part + ".header"
+            nodes.append(helper.make_node(
+                "RequantHeader", [zero_points[s] for s in used_scales] + [scales[-1]],
+                [header], name=header, domain=DOMAIN, qmin=qmin, qmax=qmax,
+                **{k: attr(node, k) for k in ("clamp_min", "clamp_max")
+                   if attr(node, k, None) is not None}))
+            info(header, TensorProto.INT32, (len(used_scales) + 2,))
+            outputs.append(header)
     graph = helper.make_graph(nodes, EXPORT_PROGRAM, [inputs[n] for n in sorted(used)],
                               [infos[o] for o in outputs],
                               value_info=[v for k, v in infos.items() if k not in outputs])

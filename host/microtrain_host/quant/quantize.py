@@ -9,10 +9,11 @@ What gets quantized (QuantizationConfig):
   * activations, asymmetric per tensor (uint8 by default, what onnxruntime's CPU QDQ kernels
     prefer; int8 as an option): the input of every quantized op, the output of every
     quantized op after the BatchNormalization / Relu / Clip chain that follows it (where an
-    int8 kernel writes it), the output of average pooling and of Add whose inputs are
-    quantized. MaxPool of a quantized tensor gets a QDQ pair with its input's scale and zero
-    point (max commutes with rounding, so training is unchanged; onnxruntime needs the pair
-    to run MaxPool in int8); so does a Flatten / Reshape view of a quantized tensor read by a
+    int8 kernel writes it), the output of average pooling, of Add and of Concat whose
+    inputs are quantized (a Concat's own range: its inputs are requantized to it). MaxPool
+    of a quantized tensor gets a QDQ pair with its input's scale and zero point (max
+    commutes with rounding, so training is unchanged; onnxruntime needs the pair to run
+    MaxPool in int8); so does a Flatten / Reshape view of a quantized tensor read by a
     quantized op. Ranges are tracked by a moving average of min/max
     (MinMaxObserver, PyTorch's MovingAverageMinMaxObserver, momentum 0.01), kept in a
     frozen parameter `<tensor>.observer_range` = [min, max] (so the checkpoint saves and
@@ -38,7 +39,7 @@ QUANTIZED_OPS = ("Conv", "Gemm", "MatMul")
 OUTPUT_CHAIN = ("BatchNormalization", "Relu", "Clip")
 VIEW_OPS = ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity")
 SHARED_RANGE_OPS = ("MaxPool", "GlobalMaxPool")
-OWN_RANGE_OPS = ("AveragePool", "GlobalAveragePool", "Add")
+OWN_RANGE_OPS = ("AveragePool", "GlobalAveragePool", "Add", "Concat")
 ACTIVATION_TYPES = {"uint8": TensorProto.UINT8, "int8": TensorProto.INT8}
 RANGE_SUFFIX = facts.OBSERVER_RANGE_SUFFIX
 METADATA_KEY = "quantization"
@@ -164,9 +165,11 @@ def quantize_model(model, shapes, config):
                 observed[node.input[0]] = observed[x]
                 order.append(node.input[0])
         elif node.op_type in SHARED_RANGE_OPS + OWN_RANGE_OPS:
-            ins = [source(i) for i in node.input[:2 if node.op_type == "Add" else 1]]
+            ins = [source(i) for i in (node.input if node.op_type == "Concat" else
+                                       node.input[:2 if node.op_type == "Add" else 1])]
             if all(i in observed for i in ins):
-                out = node.output[0] if node.op_type in SHARED_RANGE_OPS else \
+                # (no int8 Concat takes in a Relu / Clip after it)
+                out = node.output[0] if node.op_type in SHARED_RANGE_OPS + ("Concat",) else \
                     chain_end(node.output[0])
                 if out not in observed:
                     observed[out] = observed[ins[0]] if node.op_type in SHARED_RANGE_OPS else out
