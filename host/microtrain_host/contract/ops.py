@@ -302,6 +302,8 @@ OPS = table("""
 191 INT_ADD_GRAD           ga:i gb:k g:i y:b  ints count lo hi y_signed
 192 INT_MAX_POOL_GRAD      gx:i g:i x:b  ints $POOL signed
 193 INT_AVERAGE_POOL_GRAD  gx:i g:i factors:i  ints $POOL ch0 ch1 cw0 cw1
+[intlookup]
+210 INT_LOOKUP_GRAD  gx:i g:i x:b slopes:i  ints count  floats slope_unit
 """, SHARED_INTS)
 
 BY_NAME = {o.name: o for o in OPS}
@@ -341,5 +343,6 @@ FAMILY_NOTES = {
     "inttrain": "integer training of an int8 classifier and the 1x1 conv before it (viper: inttrain_viper.py)",
     "intgrad": "integer backward through frozen int8 convolutions: the sparse update (viper: intgrad_viper.py)",
     "intflow": "integer gradients through residual Adds, pools and tensors read twice (the sparse update beyond a chain of convolutions)",
+    "intlookup": "the integer backward of lookup-table activations (QLinearLookup): a fixed-point slope per input byte",
 }
 assert set(FAMILY_NOTES) == set(FAMILIES), "every family needs its line in FAMILY_NOTES"

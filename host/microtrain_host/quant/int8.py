@@ -252,11 +252,20 @@ def int8_graph(model, float_weights=(), training=False, structural=False):
                     y_scale=float(y_params[0][0]), y_zero_point=int(y_params[1][0]),
                     y_type=y_params[2], lo=lo, hi=hi, **extra_attrs)
             elif n.op_type in CLAMP_OPS:
+                # the activation and X's quantization recorded for the integer backward
+                # (ops/intlookup.py: its slope per byte); the blob reads only the table
+                cmin, cmax = clip_range(n)
                 made = helper.make_node("QLinearLookup", [x_t], [y_t], name=n.name,
                                         domain=DOMAIN, y_type=y_params[2],
                                         y_scale=float(y_params[0][0]),
                                         y_zero_point=int(y_params[1][0]),
-                                        table=lookup_table(x_params, n, y_params))
+                                        table=lookup_table(x_params, n, y_params),
+                                        activation=n.op_type, x_type=x_params[2],
+                                        x_scale=float(x_params[0][0]),
+                                        x_zero_point=int(x_params[1][0]),
+                                        **{k: float(v) for k, v in (("clamp_min", cmin),
+                                                                    ("clamp_max", cmax))
+                                           if v is not None})
             elif same and n.op_type == "MaxPool":
                 made = helper.make_node("QLinearMaxPool", [x_t], [y_t], name=n.name,
                                         domain=DOMAIN, **{a.name: helper.get_attribute_value(a)

@@ -2,7 +2,8 @@
 that carry the classifier input's gradient back to them through any graph of the ops with
 int8 kernels - convolutions (1-D, 2-D, depthwise, grouped) and hidden Gemms with their fused
 ReLU / Clip, residual Adds, max and average pools, GlobalAveragePool before the classifier,
-Flatten / Reshape views, tensors read by several layers.
+Flatten / Reshape views, tensors read by several layers, lookup-table activations (a Relu /
+Clip the int8 conversion could not fuse: QLinearLookup, ops/intlookup.py).
 
 A layer is a QLinearConv or a hidden QLinearGemm. Every layer the gradient passes trains its
 int32 bias (ops/intgrad.py IntClampBiasGrad masks the gradient by the layer's clamp, steps
@@ -18,6 +19,7 @@ from onnx import TensorProto, helper
 
 from ..errors import UnsupportedOpError
 from ..graph import DOMAIN, attr
+from ..ops.intlookup import lookup_slopes
 
 LAYERS = ("QLinearConv", "QLinearGemm")
 VIEWS = ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity")
@@ -116,6 +118,14 @@ def backward_nodes(graph, feature_grad, weights, all_biases, stochastic, inits, 
                 "kernel_shape", "strides", "pads", "auto_pad", "ceil_mode",
                 "count_include_pad", "dilations"))
             nodes.append(node)
+            grads.setdefault(n.input[0], []).append(name)
+        elif n.op_type == "QLinearLookup" and needs.get(n.input[0], False):
+            # a Relu / Clip the conversion could not fuse: the gradient times the
+            # activation's slope at each input byte (ops/intlookup.py)
+            name = _contribution(graph, n.input[0], n)
+            nodes.append(helper.make_node("IntLookupGrad", [g, n.input[0]], [name],
+                                          name=n.name + ".grad", domain=DOMAIN,
+                                          slopes=[float(v) for v in lookup_slopes(n)]))
             grads.setdefault(n.input[0], []).append(name)
         elif any(needs.get(i, False) for i in n.input):
             source = graph.producers.get(n.input[0]) if n.op_type == "Quantize" else None

@@ -1,0 +1,115 @@
+"""The integer backward of lookup-table activations (issue 22; device kernel:
+kernels/intlookup.py). quant/intbackward.py builds the node, quant/int8.py the forward's
+QLinearLookup, which records the activation it tabulates (attribute `activation`, the op
+type, with `clamp_min` / `clamp_max` of a Clip) and its input's quantization (`x_scale`,
+`x_zero_point`, `x_type`), so that the slopes are computed here from the activation itself.
+
+  IntLookupGrad(G, X) -> GX   GX = G times the activation's slope at X's dequantized value
+                              (attribute `slopes`: 256 floats by X's raw byte, lookup_slopes)
+
+The slope of byte b is the float activation's derivative at x_b = s_x * (q_b - z_x), times
+the output quantizer's straight-through gradient (1 where the unclipped quantized output
+round(f(x_b) / s_y) + z_y lies inside the output type's range, else 0: QAT's fake
+quantization). A Relu's derivative is 1 for x > 0, a Clip's for min < x < max (strictly, as
+torch's relu and hardtanh)."""
+import numpy as np
+from onnx import TensorProto
+
+from .. import opcodes as op
+from ..errors import UnsupportedOpError
+from ..graph import attr
+from ..ir import INT32
+from ..registry import lowering
+from .intflow import _gradient
+from .intgrad import _grad_tensor
+from .inttrain import _byte
+from .qlinear import _constant
+
+SLOPE_BITS = 15         # kernels/intlookup.py: |slope| <= 2**15, products below 2**28
+
+
+def _clamp_slope(node, x):
+    lo = attr(node, "clamp_min", None)
+    hi = attr(node, "clamp_max", None)
+    if attr(node, "activation") == "Relu":
+        lo, hi = 0.0, None
+    inside = np.ones(x.shape, bool)
+    if lo is not None:
+        inside &= x > np.float32(lo)
+    if hi is not None:
+        inside &= x < np.float32(hi)
+    return inside.astype(np.float64)
+
+
+# activation -> its derivative at the dequantized input bytes x (float32)
+DERIVATIVES = {"Relu": _clamp_slope, "Clip": _clamp_slope}
+
+
+def lookup_slopes(node):
+    """The 256 slopes (by X's raw byte) of a QLinearLookup node (see the module docstring),
+    or an UnsupportedOpError when the node does not say which activation it tabulates."""
+    kind = attr(node, "activation", None)
+    if kind is None or attr(node, "x_scale", None) is None:
+        raise UnsupportedOpError(f"integer training: node '{node.name}' (QLinearLookup) does "
+                                 f"not say which activation it tabulates (no integer "
+                                 f"backward)")
+    if isinstance(kind, bytes):
+        kind = kind.decode()
+    if kind not in DERIVATIVES:
+        raise UnsupportedOpError(f"integer training: node '{node.name}' (QLinearLookup of "
+                                 f"{kind}) has no integer backward")
+    f = np.float32
+    byte = np.arange(256)
+    q = byte - 256 * (byte > 127) if attr(node, "x_type", TensorProto.UINT8) == \
+        TensorProto.INT8 else byte
+    x = ((q - attr(node, "x_zero_point", 0)).astype(f) * f(attr(node, "x_scale"))).astype(f)
+    # the output quantizer's straight-through gradient, from the unclipped value the table
+    # was rounded from (a Relu / Clip: x clamped; its saturation decides)
+    y_type = attr(node, "y_type", TensorProto.UINT8)
+    qmin, qmax = (0, 255) if y_type == TensorProto.UINT8 else (-128, 127)
+    y = _float_activation(node, kind, x)
+    u = np.rint((y / f(attr(node, "y_scale"))).astype(f)) + attr(node, "y_zero_point", 0)
+    inside = ((u >= qmin) & (u <= qmax)).astype(np.float64)
+    return DERIVATIVES[kind](node, x) * inside
+
+
+def _float_activation(node, kind, x):
+    if kind in ("Relu", "Clip"):
+        lo = 0.0 if kind == "Relu" else attr(node, "clamp_min", None)
+        hi = None if kind == "Relu" else attr(node, "clamp_max", None)
+        y = x if lo is None else np.maximum(x, np.float32(lo))
+        return y if hi is None else np.minimum(y, np.float32(hi))
+    raise UnsupportedOpError(f"QLinearLookup node '{node.name}': activation {kind}")
+
+
+def fixed_point_slopes(slopes):
+    """(int32 slopes, slope_unit): slopes = ints * slope_unit, |ints| <= 2**SLOPE_BITS (the
+    largest slope at 2**SLOPE_BITS; all zero: unit 1)."""
+    slopes = np.asarray(slopes, np.float64)
+    top = float(np.abs(slopes).max())
+    if top == 0.0:
+        return np.zeros(256, np.int32), 1.0
+    unit = float(np.float32(top / (1 << SLOPE_BITS)))
+    ints = np.clip(np.rint(slopes / unit), -(1 << SLOPE_BITS), 1 << SLOPE_BITS)
+    return ints.astype(np.int32), unit
+
+
+def lookup_grad_reference(g, x_bytes, slopes):
+    """numpy mirror of the real gradient: g (real) times the slope of each input byte."""
+    return np.asarray(g, np.float64) * np.asarray(slopes)[np.asarray(x_bytes) & 255]
+
+
+@lowering("IntLookupGrad")
+def lower_int_lookup_grad(ctx, node):
+    g, count = _gradient(ctx, node.input[0], node)
+    xid, x = _byte(ctx, node.input[1], node)
+    if x.size != count:
+        raise UnsupportedOpError(f"{ctx.where(node)}: a gradient of {count} values for an "
+                                 f"input of {x.size}")
+    slopes = attr(node, "slopes", None)
+    if slopes is None or len(slopes) != 256:
+        raise UnsupportedOpError(f"{ctx.where(node)}: needs its 256 slopes")
+    ints, unit = fixed_point_slopes(slopes)
+    table = _constant(ctx, f"{node.name}.slopes", INT32, ints)
+    gx = _grad_tensor(ctx, node.output[0], count)
+    ctx.step(op.INT_LOOKUP_GRAD, [gx, g, xid, table], [count], [unit])
