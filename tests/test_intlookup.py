@@ -13,10 +13,14 @@ import torch
 from torch import nn
 
 import test_intbackward as oracle
+from microtrain import CheckpointState, Module
 from microtrain_host.errors import UnsupportedOpError
+from microtrain_host.int8pack import pack_int8
 from microtrain_host.ops.intlookup import fixed_point_slopes, lookup_slopes
 from microtrain_host.quant.int8 import int8_graph
+from microtrain_host.quant.inttrain import quantize_input
 from reference_models import ReferenceModel
+from test_int8_pack import pack
 
 
 def conv_net(activation):
@@ -81,3 +85,94 @@ def test_a_lookup_without_its_activation_is_refused_naming_the_node():
                                  table=list(range(256)), activation="Softsign", x_scale=0.1)
     with pytest.raises(UnsupportedOpError, match="node 'act2' .*Softsign.* no integer backward"):
         lookup_slopes(node)
+
+
+# -- named parameter sets (--requires-grad / --frozen with --int8) -------------------------
+# conv_net's parameters: 0 (conv), 3 (conv after the lookup), 7 (the classifier); a named set
+# whose gradient passes layer 3 without training its bias (IntClampGrad: masked and folded)
+NAMED = {"named": dict(requires_grad=["0.bias", "3.weight", "7.weight", "7.bias"]),
+         "frozen": dict(frozen_params=["3.bias", "0.weight"])}
+
+
+@pytest.mark.parametrize("config", list(NAMED))
+def test_named_set_backward_equals_torch_float64(qdq, config, monkeypatch, tmp_path):
+    monkeypatch.setitem(oracle.CONFIGS, config, NAMED[config])
+    oracle.test_integer_backward_equals_torch_float64(qdq, config, "device", tmp_path)
+
+
+def test_named_set_micropython_heap_lock_equals_cpython(qdq, micropython, monkeypatch,
+                                                        tmp_path):
+    monkeypatch.setitem(oracle.CONFIGS, "named", NAMED["named"])
+    oracle.test_integer_backward_micropython_heap_lock_equals_cpython(
+        qdq, "named", micropython, tmp_path)
+
+
+class BatchNormNet(nn.Module):
+    # conv (no bias) + BatchNorm + ReLU, max pool, ReLU6 (a lookup), conv + ReLU, GAP, Linear
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+            nn.MaxPool2d(2), nn.ReLU6(), nn.Conv2d(4, 6, 3, padding=1), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.classifier = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.classifier(self.features(x))
+
+
+@pytest.fixture(scope="module")
+def batch_norm_net(tmp_path_factory):
+    from torch_reference import export
+    tmp = tmp_path_factory.mktemp("named_pack")
+    torch.manual_seed(9)
+    net = BatchNormNet().eval()
+    onnx.save(export(net, torch.zeros(2, 1, 8, 8)), tmp / "net.onnx")
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((16, 1, 8, 8)).astype(np.float32)
+    np.savez(tmp / "data.npz", x_train=x)
+    return tmp, x, rng.integers(0, 3, 16)
+
+
+# the folded BatchNormalization's bias is named for the convolution ("features.0.bias")
+PACKED = {"requires_grad": ["--requires-grad", "features.0.bias,classifier.weight,"
+                            "classifier.bias"],
+          "frozen": ["--frozen", "features.5.bias"],
+          "last2_frozen": ["--train-last", "2", "--frozen", "features.5.bias"],
+          "classifier_only": ["--requires-grad", "classifier.weight,classifier.bias"]}
+TRAINED = {"requires_grad": {"features.0.bias", "classifier.weight", "classifier.bias"},
+           "frozen": {"features.0.weight", "features.0.bias", "features.5.weight",
+                      "classifier.weight", "classifier.bias"},
+           "last2_frozen": {"features.5.weight", "classifier.weight", "classifier.bias"},
+           "classifier_only": {"classifier.weight", "classifier.bias"}}
+
+
+@pytest.mark.parametrize("config", list(PACKED))
+def test_pack_int8_named_sets_train_exactly_those_on_the_device(batch_norm_net, config,
+                                                                 tmp_path):
+    tmp, x, y = batch_norm_net
+    info = pack(tmp / "net.onnx", tmp_path / "out", tmp / "data.npz", "--batch-size", 2,
+                "--lr", 0.5, *PACKED[config])
+    assert set(info["parameters"]) == TRAINED[config]
+    state = CheckpointState.load_checkpoint(info["checkpoint"])
+    start = {name: bytes(p.data) for name, p in state.parameters.items()}
+    model = Module(info["blob"], state)      # two integer steps (updates fused: in place)
+    xq = quantize_input(x[:2], info).reshape(-1).tolist()
+    losses = [model(xq, [int(v) for v in y[:2]]) for _ in range(2)]
+    assert all(np.isfinite(losses)), losses
+    moved = {name for name, p in state.parameters.items() if bytes(p.data) != start[name]}
+    assert moved == TRAINED[config], (moved, config)
+
+
+def test_named_sets_refused_naming_what_to_change(batch_norm_net, tmp_path):
+    tmp, _, _ = batch_norm_net
+    for kwargs, message in (
+            (dict(frozen=["classifier.bias"]), "always trains the classifier: classifier.bias "
+                                               "must train"),
+            (dict(requires_grad=["features.1.weight"]), "features.1.weight name.s. no "
+                                                        "parameter.*features.0.bias"),
+            (dict(requires_grad=["features.0.bias"], train_biases=True), "give one or the")):
+        with pytest.raises(Exception, match=message):
+            pack_int8(tmp / "net.onnx", tmp_path / "out", calibration=tmp / "data.npz",
+                      batch_size=2, **kwargs)
+        assert not (tmp_path / "out").exists()

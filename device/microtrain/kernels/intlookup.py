@@ -8,11 +8,16 @@
 #                     unit u_G * slope_unit. The host writes |slopes| <= 2**SLOPE_BITS (a
 #                     Relu / Clip: 0 outside the clamp, 2**SLOPE_BITS inside), so each
 #                     product stays below 2**28: small ints on 32-bit ports.
+#   int_clamp_grad    a layer the gradient passes whose bias does not train (a named
+#                     parameter set, --requires-grad / --frozen): intgrad.py's
+#                     int_clamp_bias_grad without the bias step - G *= mask, then
+#                     G[c] *= s_w[c] / max(s_w), in place
 #
 # Gradient tensors as kernels/intgrad.py's: [e, then mantissas], real = mantissa * u * 2**e.
 # Integer only, nothing allocated: runs under micropython.heap_lock().
-from microtrain.kernels.fixedpoint import f32
+from microtrain.kernels.fixedpoint import f32, requant, requant_pair
 from microtrain.kernels.intgrad import _normalize, _record_unit, _unit
+from microtrain.kernels.intsgd import derive_once, layer_scales
 
 SLOPE_BITS = 15
 
@@ -47,3 +52,37 @@ def int_lookup_grad_check(args, c):
     c.within(slope_unit, 1e-30, 1e30, "slope unit")
     unit, exp = _unit(c, 1)
     _record_unit(c, 0, f32(unit * slope_unit), exp)
+
+
+def int_clamp_grad(F, I, args):
+    # (the weight w gives its scales to the checker only: its buffer W is not read here)
+    Q, g, mask, folds, w, m, channels, plane, W = args
+    for c in range(channels):
+        m0 = I[folds + 2 * c]
+        shift = I[folds + 2 * c + 1]
+        for i in range(m):
+            at = (i * channels + c) * plane
+            pg = g + 1 + at
+            for p in range(at, at + plane):
+                if (Q[mask + (p >> 3)] >> (p & 7)) & 1:
+                    I[pg] = requant(I[pg], m0, shift)
+                else:
+                    I[pg] = 0
+                pg += 1
+
+
+def int_clamp_grad_check(args, c):
+    m, channels, plane = c.ints
+    c.positive(m, channels, plane)
+    c.holds(0, 1 + m * channels * plane)
+    c.holds(1, (m * channels * plane + 7) >> 3)
+    c.holds(2, 2 * channels)
+    c.apart(0, 2)
+    _unit(c, 0)     # (the gradient's unit is unchanged: the fold keeps max(s_w)'s channel)
+    sw = layer_scales(c, 1, 3, channels, True)[2]
+    top = max(sw)
+    folds = []
+    for s in sw:    # int_clamp_bias_grad's fold: s_w[c] / max(s_w), a shift capped at 62
+        m0, shift = requant_pair(f32(s / top), False)
+        folds += [m0, shift if shift < 62 else 62]
+    derive_once(c, 2, folds)

@@ -6,6 +6,10 @@ type, with `clamp_min` / `clamp_max` of a Clip) and its input's quantization (`x
 
   IntLookupGrad(G, X) -> GX   GX = G times the activation's slope at X's dequantized value
                               (attribute `slopes`: 256 floats by X's raw byte, lookup_slopes)
+  IntClampGrad(G, Y, M, W) -> G'
+                              ops/intgrad.py's IntClampBiasGrad without the bias step, for a
+                              layer the gradient passes whose bias does not train (a named
+                              parameter set): G masked by M, then scaled by s_w[c] / max(s_w)
 
 The slope of byte b is the float activation's derivative at x_b = s_x * (q_b - z_x), times
 the output quantizer's straight-through gradient (1 where the unclipped quantized output
@@ -22,7 +26,7 @@ from ..ir import INT32
 from ..registry import lowering
 from .intflow import _gradient
 from .intgrad import _grad_tensor
-from .inttrain import _byte
+from .inttrain import _byte, _derived
 from .qlinear import _constant
 
 SLOPE_BITS = 15         # kernels/intlookup.py: |slope| <= 2**15, products below 2**28
@@ -113,3 +117,21 @@ def lower_int_lookup_grad(ctx, node):
     table = _constant(ctx, f"{node.name}.slopes", INT32, ints)
     gx = _grad_tensor(ctx, node.output[0], count)
     ctx.step(op.INT_LOOKUP_GRAD, [gx, g, xid, table], [count], [unit])
+
+
+@lowering("IntClampGrad")
+def lower_int_clamp_grad(ctx, node):
+    g_name, y_name, mask_name, w_name = node.input
+    g = ctx.t(g_name)
+    y = ctx.tensors[ctx.t(y_name)]
+    mask, _ = _byte(ctx, mask_name, node)
+    wid, w = _byte(ctx, w_name, node)
+    m, channels = y.shape[:2]
+    plane = int(np.prod(y.shape[2:], dtype=np.int64))
+    if ctx.tensors[g].size != 1 + y.size or w.shape[0] != channels or \
+            ctx.tensors[mask].size * 8 < y.size:
+        raise UnsupportedOpError(f"{ctx.where(node)}: G must be the gradient of Y "
+                                 f"{list(y.shape)}, M its mask, W {channels} channels")
+    folds = _derived(ctx, f"{node.name}.folds", 2 * channels)
+    ctx.step(op.INT_CLAMP_GRAD, [g, mask, folds, wid], [m, channels, plane])
+    ctx.alias_in_place(node.output[0], g_name)
