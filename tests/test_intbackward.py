@@ -58,6 +58,11 @@ def mlp():
 LOOKUP_ACTIVATIONS = {
     "Relu": lambda x, n: F.relu(x),
     "Clip": lambda x, n: F.hardtanh(x, attr(n, "clamp_min", -1e30), attr(n, "clamp_max", 1e30)),
+    "Sigmoid": lambda x, n: torch.sigmoid(x),
+    "Tanh": lambda x, n: torch.tanh(x),
+    "LeakyRelu": lambda x, n: F.leaky_relu(x, attr(n, "alpha")),
+    "HardSigmoid": lambda x, n: F.hardtanh(attr(n, "alpha") * x + attr(n, "beta"), 0.0, 1.0),
+    "HardSwish": lambda x, n: F.hardswish(x),
 }
 MODELS = {"resnet_block": resnet_block, "lenet": lenet, "conv1d_net": conv1d_net, "mlp": mlp}
 CONFIGS = {"biases": dict(train_biases=True), "last3": dict(train_last=3),

@@ -23,34 +23,49 @@ from reference_models import ReferenceModel
 from test_int8_pack import pack
 
 
-def conv_net(activation):
-    # conv -> max pool -> activation (nothing to fuse it into) -> conv + ReLU -> GAP -> Linear
+def conv_net(activation, pool=False):
+    # conv -> [max pool] -> activation (not fused into the conv: a Relu / Clip needs the pool
+    # between) -> conv + ReLU -> GAP -> Linear
     torch.manual_seed(7)
-    module = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.MaxPool2d(2), activation,
-                           nn.Conv2d(4, 6, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                           nn.Flatten(), nn.Linear(6, 3))
+    module = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.MaxPool2d(2) if pool else
+                           nn.Identity(), activation, nn.Conv2d(4, 6, 3, padding=1), nn.ReLU(),
+                           nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 3))
     return ReferenceModel("conv_net", module, (1, 8, 8), "CrossEntropyLoss", 4, {"SGD": 0.05})
 
 
 def gemm_stack(activation):
-    # Linear -> Flatten (a view) -> activation -> Linear + ReLU -> Linear
+    # Linear -> activation -> Linear + ReLU -> Linear
     torch.manual_seed(8)
-    module = nn.Sequential(nn.Linear(12, 16), nn.Flatten(), activation, nn.Linear(16, 10),
-                           nn.ReLU(), nn.Linear(10, 4))
+    module = nn.Sequential(nn.Linear(12, 16), activation, nn.Linear(16, 10), nn.ReLU(),
+                           nn.Linear(10, 4))
     return ReferenceModel("gemm_stack", module, (12,), "CrossEntropyLoss", 4, {"SGD": 0.05})
 
 
-NETS = {"conv_relu6": lambda: conv_net(nn.ReLU6()), "conv_relu": lambda: conv_net(nn.ReLU())}
+SMOOTH = {"sigmoid": nn.Sigmoid, "tanh": nn.Tanh, "leaky_relu": lambda: nn.LeakyReLU(0.1),
+          "hard_sigmoid": nn.Hardsigmoid, "hard_swish": nn.Hardswish}
+NETS = {"conv_relu6": lambda: conv_net(nn.ReLU6(), pool=True),
+        "conv_relu": lambda: conv_net(nn.ReLU(), pool=True),
+        **{f"conv_{k}": (lambda make: lambda: conv_net(make()))(v) for k, v in SMOOTH.items()},
+        **{f"gemm_{k}": (lambda make: lambda: gemm_stack(make()))(v) for k, v in SMOOTH.items()}}
+
+
+def _qdq(name, tmp_path_factory):
+    from torch_reference import qat_qdq_model
+    tmp = tmp_path_factory.mktemp(name)
+    xs, ys = qat_qdq_model(NETS[name](), tmp, 8)
+    fused = int8_graph(onnx.load(tmp / "qdq.onnx"))
+    assert "QLinearLookup" in [n.op_type for n in fused.graph.node], name
+    return name, tmp, xs, ys
 
 
 @pytest.fixture(scope="module", params=list(NETS))
 def qdq(request, tmp_path_factory):
-    from torch_reference import qat_qdq_model
-    tmp = tmp_path_factory.mktemp(request.param)
-    xs, ys = qat_qdq_model(NETS[request.param](), tmp, 8)
-    fused = int8_graph(onnx.load(tmp / "qdq.onnx"))
-    assert "QLinearLookup" in [n.op_type for n in fused.graph.node], request.param
-    return request.param, tmp, xs, ys
+    return _qdq(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def relu6(tmp_path_factory):
+    return _qdq("conv_relu6", tmp_path_factory)
 
 
 @pytest.mark.parametrize("loss", list(oracle.TOLERANCE))
@@ -64,16 +79,61 @@ def test_lookup_backward_micropython_heap_lock_equals_cpython(qdq, micropython, 
         qdq, "biases_last2", micropython, tmp_path)
 
 
-def test_relu_and_clip_slopes_are_the_clamp_mask(qdq):
-    # a Relu / Clip passes the gradient unchanged inside the clamp and the output range,
-    # nothing outside: slopes 0 or 1, in fixed point 0 or 2**15 with the unit 2**-15
-    _, tmp, _, _ = qdq
+def _onnxruntime_table(node):
+    # Y's byte for each byte of X by onnxruntime: DequantizeLinear -> the activation ->
+    # QuantizeLinear, of the node's scales and zero points
+    import onnxruntime
+    from onnx import TensorProto, helper
+    from microtrain_host.graph import attr
+    kind = attr(node, "activation")
+    kind = kind.decode() if isinstance(kind, bytes) else kind
+    x_type, y_type = attr(node, "x_type"), attr(node, "y_type")
+    np_type = {TensorProto.UINT8: np.uint8, TensorProto.INT8: np.int8}
+    inits = [onnx.numpy_helper.from_array(np.array(v, t), n) for n, v, t in (
+        ("sx", attr(node, "x_scale"), np.float32), ("zx", attr(node, "x_zero_point"),
+                                                     np_type[x_type]),
+        ("sy", attr(node, "y_scale"), np.float32), ("zy", attr(node, "y_zero_point"),
+                                                     np_type[y_type]))]
+    extra = [n for n in ("clamp_min", "clamp_max") if attr(node, n, None) is not None]
+    inits += [onnx.numpy_helper.from_array(np.array(attr(node, n), np.float32), n)
+              for n in extra]
+    kwargs = {k: attr(node, k) for k in ("alpha", "beta") if kind in (
+        "LeakyRelu", "HardSigmoid") and (k == "alpha" or kind == "HardSigmoid")}
+    act_inputs = ["x"] + ((["clamp_min"] if "clamp_min" in extra else [""]) +
+                          (["clamp_max"] if "clamp_max" in extra else [])
+                          if kind == "Clip" else [])
+    graph = helper.make_graph(
+        [helper.make_node("DequantizeLinear", ["q", "sx", "zx"], ["x"]),
+         helper.make_node(kind, act_inputs, ["y"], **kwargs),
+         helper.make_node("QuantizeLinear", ["y", "sy", "zy"], ["out"])], "lookup",
+        [helper.make_tensor_value_info("q", x_type, [256])],
+        [helper.make_tensor_value_info("out", y_type, [256])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options,
+                                           providers=["CPUExecutionProvider"])
+    q = np.arange(256).astype(np.uint8).view(np_type[x_type])
+    return session.run(None, {"q": q})[0].astype(np.int64)
+
+
+def test_lookup_tables_equal_onnxruntime_and_slopes_fit_fixed_point(qdq):
+    # the forward: each table byte as onnxruntime's DequantizeLinear -> op -> QuantizeLinear;
+    # the backward's slopes in fixed point within half a step of 2**-15 of the largest
+    from microtrain_host.graph import attr
+    name, tmp, _, _ = qdq
     fused = int8_graph(onnx.load(tmp / "qdq.onnx"))
     for node in (n for n in fused.graph.node if n.op_type == "QLinearLookup"):
+        table = np.array(attr(node, "table"), np.int64)
+        assert np.array_equal(table, _onnxruntime_table(node)), name
         slopes = lookup_slopes(node)
-        assert set(np.unique(slopes)) <= {0.0, 1.0} and 0 < slopes.sum() < 256
         ints, unit = fixed_point_slopes(slopes)
-        assert unit == 2.0 ** -15 and set(np.unique(ints)) <= {0, 1 << 15}
+        assert np.abs(ints * unit - slopes).max() <= unit / 2 * (1 + 1e-6)
+        if name in ("conv_relu", "conv_relu6"):
+            # a Relu / Clip passes the gradient unchanged inside the clamp and the output
+            # range, nothing outside: slopes 0 or 1, in fixed point 0 or 2**15
+            assert set(np.unique(slopes)) <= {0.0, 1.0}
+            assert unit == 2.0 ** -15 and set(np.unique(ints)) <= {0, 1 << 15}
 
 
 def test_a_lookup_without_its_activation_is_refused_naming_the_node():
@@ -95,16 +155,16 @@ NAMED = {"named": dict(requires_grad=["0.bias", "3.weight", "7.weight", "7.bias"
 
 
 @pytest.mark.parametrize("config", list(NAMED))
-def test_named_set_backward_equals_torch_float64(qdq, config, monkeypatch, tmp_path):
+def test_named_set_backward_equals_torch_float64(relu6, config, monkeypatch, tmp_path):
     monkeypatch.setitem(oracle.CONFIGS, config, NAMED[config])
-    oracle.test_integer_backward_equals_torch_float64(qdq, config, "device", tmp_path)
+    oracle.test_integer_backward_equals_torch_float64(relu6, config, "device", tmp_path)
 
 
-def test_named_set_micropython_heap_lock_equals_cpython(qdq, micropython, monkeypatch,
+def test_named_set_micropython_heap_lock_equals_cpython(relu6, micropython, monkeypatch,
                                                         tmp_path):
     monkeypatch.setitem(oracle.CONFIGS, "named", NAMED["named"])
     oracle.test_integer_backward_micropython_heap_lock_equals_cpython(
-        qdq, "named", micropython, tmp_path)
+        relu6, "named", micropython, tmp_path)
 
 
 class BatchNormNet(nn.Module):

@@ -45,8 +45,61 @@ def _clamp_slope(node, x):
     return inside.astype(np.float64)
 
 
-# activation -> its derivative at the dequantized input bytes x (float32)
-DERIVATIVES = {"Relu": _clamp_slope, "Clip": _clamp_slope}
+def _hard_sigmoid_slope(node, x):
+    # alpha where 0 < alpha * x + beta < 1 (strictly: torch's hardtanh of the line)
+    alpha, beta = lookup_alpha_beta(node)
+    z = np.float32(alpha) * x + np.float32(beta)
+    return np.where((z > 0) & (z < 1), alpha, 0.0)
+
+
+def _hard_swish_slope(node, x):
+    # torch's hardswish backward: 0 below -3, x / 3 + 1/2 up to 3 (both ends included), 1
+    x = x.astype(np.float64)
+    return np.where(x < -3, 0.0, np.where(x <= 3, x / 3 + 0.5, 1.0))
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
+
+
+# activation -> its derivative at the dequantized input bytes x (float32), in float64
+DERIVATIVES = {
+    "Relu": _clamp_slope, "Clip": _clamp_slope,
+    "Sigmoid": lambda node, x: _sigmoid(x) * (1.0 - _sigmoid(x)),
+    "Tanh": lambda node, x: 1.0 - np.tanh(x.astype(np.float64)) ** 2,
+    "LeakyRelu": lambda node, x: np.where(x > 0, 1.0, lookup_alpha_beta(node)[0]),
+    "HardSigmoid": _hard_sigmoid_slope, "HardSwish": _hard_swish_slope}
+# the activations a QLinearLookup tabulates besides Relu / Clip (quant/int8.py)
+SMOOTH_LOOKUPS = ("Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish")
+DEFAULTS = {"LeakyRelu": (0.01, 0.0), "HardSigmoid": (0.2, 0.5),
+            "HardSwish": (1.0 / 6.0, 0.5)}
+
+
+def lookup_alpha_beta(node):
+    """(alpha, beta) of a LeakyRelu / HardSigmoid / HardSwish node (ONNX's defaults; the
+    QLinearLookup carries them as attributes of the same names)."""
+    kind = attr(node, "activation", node.op_type)
+    kind = kind.decode() if isinstance(kind, bytes) else kind
+    alpha, beta = DEFAULTS.get(kind, (0.0, 0.0))
+    if kind == "HardSwish":     # (no attributes in ONNX)
+        return alpha, beta
+    return float(attr(node, "alpha", alpha)), float(attr(node, "beta", beta))
+
+
+def smooth_activation(kind, node, x):
+    """The float32 value of activation `kind` (one of SMOOTH_LOOKUPS; `node` gives alpha /
+    beta) at the float32 values x: the function correctly rounded to float32 (Sigmoid,
+    Tanh), or the float32 arithmetic of its ONNX definition."""
+    f = np.float32
+    if kind == "Sigmoid":
+        return _sigmoid(x).astype(f)
+    if kind == "Tanh":
+        return np.tanh(x.astype(np.float64)).astype(f)
+    alpha, beta = lookup_alpha_beta(node)
+    if kind == "LeakyRelu":
+        return np.where(x >= 0, x, (f(alpha) * x).astype(f)).astype(f)
+    line = np.clip((f(alpha) * x + f(beta)).astype(f), f(0), f(1)).astype(f)
+    return line if kind == "HardSigmoid" else (x * line).astype(f)
 
 
 def lookup_slopes(node):
@@ -83,7 +136,7 @@ def _float_activation(node, kind, x):
         hi = None if kind == "Relu" else attr(node, "clamp_max", None)
         y = x if lo is None else np.maximum(x, np.float32(lo))
         return y if hi is None else np.minimum(y, np.float32(hi))
-    raise UnsupportedOpError(f"QLinearLookup node '{node.name}': activation {kind}")
+    return smooth_activation(kind, node, x)
 
 
 def fixed_point_slopes(slopes):
