@@ -15,7 +15,10 @@ The slope of byte b is the float activation's derivative at x_b = s_x * (q_b - z
 the output quantizer's straight-through gradient (1 where the unclipped quantized output
 round(f(x_b) / s_y) + z_y lies inside the output type's range, else 0: QAT's fake
 quantization). A Relu's derivative is 1 for x > 0, a Clip's for min < x < max (strictly, as
-torch's relu and hardtanh)."""
+torch's relu and hardtanh); Sigmoid, Tanh, LeakyRelu (1 for x > 0, else alpha), HardSigmoid
+(alpha inside 0 < alpha x + beta < 1) and HardSwish (torch's: x / 3 + 1/2 on [-3, 3]) as
+torch computes them. The forward tables of the last five: smooth_activation, which
+quant/int8.py's lookup_table uses."""
 import numpy as np
 from onnx import TensorProto
 
