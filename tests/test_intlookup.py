@@ -216,11 +216,13 @@ PACKED = {"requires_grad": ["--requires-grad", "features.0.bias,classifier.weigh
                             "classifier.bias"],
           "frozen": ["--frozen", "features.5.bias"],
           "last2_frozen": ["--train-last", "2", "--frozen", "features.5.bias"],
+          "biases_frozen": ["--train-biases", "--frozen", "features.0.bias"],
           "classifier_only": ["--requires-grad", "classifier.weight,classifier.bias"]}
 TRAINED = {"requires_grad": {"features.0.bias", "classifier.weight", "classifier.bias"},
            "frozen": {"features.0.weight", "features.0.bias", "features.5.weight",
                       "classifier.weight", "classifier.bias"},
            "last2_frozen": {"features.5.weight", "classifier.weight", "classifier.bias"},
+           "biases_frozen": {"features.5.bias", "classifier.weight", "classifier.bias"},
            "classifier_only": {"classifier.weight", "classifier.bias"}}
 
 
@@ -248,7 +250,9 @@ def test_named_sets_refused_naming_what_to_change(batch_norm_net, tmp_path):
                                                "must train"),
             (dict(requires_grad=["features.1.weight"]), "features.1.weight name.s. no "
                                                         "parameter.*features.0.bias"),
-            (dict(requires_grad=["features.0.bias"], train_biases=True), "give one or the")):
+            (dict(requires_grad=["features.0.bias"], train_biases=True), "give one or the"),
+            (dict(frozen=["features.0.bias"], loss="mse"), "the loss 'mse' trains the last "
+                                                           "Gemm only: --requires-grad")):
         with pytest.raises(Exception, match=message):
             pack_int8(tmp / "net.onnx", tmp_path / "out", calibration=tmp / "data.npz",
                       batch_size=2, **kwargs)
