@@ -103,7 +103,6 @@ def _onnxruntime_table(node):
     from onnx import TensorProto, helper
     from microtrain_host.graph import attr
     kind = attr(node, "activation")
-    kind = kind.decode() if isinstance(kind, bytes) else kind
     x_type, y_type = attr(node, "x_type"), attr(node, "y_type")
     np_type = {TensorProto.UINT8: np.uint8, TensorProto.INT8: np.int8}
     inits = [onnx.numpy_helper.from_array(np.array(v, t), n) for n, v, t in (

@@ -82,7 +82,6 @@ def lookup_alpha_beta(node):
     """(alpha, beta) of a LeakyRelu / HardSigmoid / HardSwish node (ONNX's defaults; the
     QLinearLookup carries them as attributes of the same names)."""
     kind = attr(node, "activation", node.op_type)
-    kind = kind.decode() if isinstance(kind, bytes) else kind
     alpha, beta = DEFAULTS.get(kind, (0.0, 0.0))
     if kind == "HardSwish":     # (no attributes in ONNX)
         return alpha, beta
@@ -113,8 +112,6 @@ def lookup_slopes(node):
         raise UnsupportedOpError(f"integer training: node '{node.name}' (QLinearLookup) does "
                                  f"not say which activation it tabulates (no integer "
                                  f"backward)")
-    if isinstance(kind, bytes):
-        kind = kind.decode()
     if kind not in DERIVATIVES:
         raise UnsupportedOpError(f"integer training: node '{node.name}' (QLinearLookup of "
                                  f"{kind}) has no integer backward")
