@@ -256,3 +256,13 @@ def test_named_sets_refused_naming_what_to_change(batch_norm_net, tmp_path):
             pack_int8(tmp / "net.onnx", tmp_path / "out", calibration=tmp / "data.npz",
                       batch_size=2, **kwargs)
         assert not (tmp_path / "out").exists()
+
+
+def test_a_qat_blob_with_a_smooth_activation_keeps_its_device_export(tmp_path_factory):
+    # the device's int8 export (quant/qat_export.py) has no lookup tables: its template
+    # keeps a Sigmoid between int8 layers float, as before the host tabulated it
+    from microtrain_host.quant.qat_export import skeleton
+    _, tmp, _, _ = _qdq("conv_sigmoid", tmp_path_factory)
+    parts = skeleton(onnx.load(tmp / "eval_model.onnx"))
+    assert parts is not None
+    assert "Sigmoid" in [n.op_type for n in parts[1].graph.node]

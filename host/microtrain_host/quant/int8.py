@@ -256,7 +256,9 @@ def int8_graph(model, float_weights=(), training=False, structural=False):
                     b_scale=float(b_params[0][0]), b_zero_point=int(b_params[1][0]),
                     y_scale=float(y_params[0][0]), y_zero_point=int(y_params[1][0]),
                     y_type=y_params[2], lo=lo, hi=hi, **extra_attrs)
-            elif n.op_type in CLAMP_OPS + SMOOTH_LOOKUPS:
+            elif n.op_type in CLAMP_OPS + (() if structural else SMOOTH_LOOKUPS):
+                # (structural: the template of a device export, which has no lookup
+                # tables - quant/qat_export.py - keeps the smooth ones float, as before)
                 # the activation and X's quantization recorded for the integer backward
                 # (ops/intlookup.py: its slope per byte); the blob reads only the table
                 cmin, cmax = clip_range(n) if n.op_type in CLAMP_OPS else (None, None)
