@@ -58,6 +58,16 @@ def mlp():
     return ReferenceModel("mlp", module, (20,), "CrossEntropyLoss", 4, {"SGD": 0.05})
 
 
+# a QLinearLookup's activation in torch (tests/test_intlookup.py)
+LOOKUP_ACTIVATIONS = {
+    "Relu": lambda x, n: F.relu(x),
+    "Clip": lambda x, n: F.hardtanh(x, attr(n, "clamp_min", -1e30), attr(n, "clamp_max", 1e30)),
+    "Sigmoid": lambda x, n: torch.sigmoid(x),
+    "Tanh": lambda x, n: torch.tanh(x),
+    "LeakyRelu": lambda x, n: F.leaky_relu(x, attr(n, "alpha")),
+    "HardSigmoid": lambda x, n: F.hardtanh(attr(n, "alpha") * x + attr(n, "beta"), 0.0, 1.0),
+    "HardSwish": lambda x, n: F.hardswish(x),
+}
 MODELS = {"resnet_block": resnet_block, "lenet": lenet, "conv1d_net": conv1d_net, "mlp": mlp}
 CONFIGS = {"biases": dict(train_biases=True), "last3": dict(train_last=3),
            "biases_last2": dict(train_biases=True, train_last=2)}
@@ -179,6 +189,13 @@ def torch_step(fused, quant_of, values, before, info, y, lr, loss):
                 parts.append(vals[i].detach() + (vals[i] - vals[i].detach()) * keep)
             straight(n, torch.cat(parts, attr(n, "axis") % vals[n.input[0]].dim()),
                      masked=False)
+        elif op == "QLinearLookup":       # the float activation, then the output's fake
+            z = LOOKUP_ACTIVATIONS[attr(n, "activation")](vals[n.input[0]], n)    # quantizer
+            qmin, qmax = (-128, 127) if attr(n, "y_type", 2) == onnx.TensorProto.INT8 else (
+                0, 255)
+            u = np.rint(z.detach().numpy() / attr(n, "y_scale")) + attr(n, "y_zero_point", 0)
+            keep = torch.tensor(((u >= qmin) & (u <= qmax)).astype(np.float64))
+            vals[n.output[0]] = deq(n.output[0]).reshape(z.shape) + (z - z.detach()) * keep
         elif op in ("QLinearMaxPool", "QLinearAveragePool"):
             x = vals[n.input[0]]
             rank = x.dim() - 2

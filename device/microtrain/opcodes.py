@@ -127,6 +127,8 @@ _ROWS = (
     "\n207 quant quantize_bias ifff 1 0"  # QUANTIZE_BIAS
     "\n208 quant requant_header if?ff 4 2"  # REQUANT_HEADER
     "\n209 quant zero_point_int if 0 0"  # ZERO_POINT_INT
+    "\n210 intlookup int_lookup_grad iibi 1 1"  # INT_LOOKUP_GRAD
+    "\n211 intlookup int_clamp_grad ibiw 3 0"  # INT_CLAMP_GRAD
     "\n220 qlinear quantize_linear bff 3 0"  # QUANTIZE_LINEAR
     "\n221 qlinear dequantize_linear fbf 2 0"  # DEQUANTIZE_LINEAR
     "\n222 qlinear qlinear_gemm bbwki 9 0"  # QLINEAR_GEMM
@@ -179,6 +181,8 @@ def kernel_module(family):
         from microtrain.kernels import intflow as module
     elif family == "intgrad":
         from microtrain.kernels import intgrad as module
+    elif family == "intlookup":
+        from microtrain.kernels import intlookup as module
     elif family == "intloss":
         from microtrain.kernels import intloss as module
     elif family == "inttrain":

@@ -9,8 +9,6 @@ ARTIFACTS_HELP = ("directory written by `microtrain pack` (model.mtb, checkpoint
                   "--int8-train (int8_train.mtb, .ckpt; samples quantized for its int8 input)")
 # pack options the integer path has no form of yet, with what to say instead
 FLOAT_ONLY = {
-    "requires_grad": "--requires-grad",
-    "frozen": "--frozen",
     "loss_inputs": "--loss-inputs",
     "weight_decay": "--weight-decay",
     "dampening": "--dampening",
@@ -38,7 +36,11 @@ def add_int8_arguments(parser):
         "training is SGD (--lr, default 0.01; --momentum) of the classifier; --train-last "
         "N adds the weights of the N - 1 layers before it, --train-biases every layer's "
         "bias (the backward runs in integers through convolutions, Gemms, residual Adds, "
-        "pools and Flatten; every layer it passes trains its bias). The loss: --loss "
+        "pools, Flatten and lookup-table activations: a standalone ReLU / Clip, Sigmoid, "
+        "Tanh, LeakyRelu, HardSigmoid, HardSwish; every layer it passes trains its bias). "
+        "--requires-grad / --frozen NAMES (the float model's parameter names; a "
+        "BatchNormalization folded into a convolution: the convolution's) choose exactly "
+        "what trains, as for a float pack; the classifier always trains. The loss: --loss "
         "cross_entropy (class labels), mse (a target quantized as the output, or the input "
         "with --target-is-input: autoencoders) or bce_with_logits (target probabilities), "
         "each with --train-biases and --train-last. "
@@ -74,8 +76,11 @@ def int8_pack_options(args):
     for name, flag in FLOAT_ONLY.items():
         if getattr(args, name) not in (None, False):
             raise ArtifactError(f"{flag} is not supported with --int8: integer training is "
-                                f"SGD (--lr, --momentum) of the layers --train-biases / "
-                                f"--train-last choose")
+                                f"SGD (--lr, --momentum) of the parameters --train-biases / "
+                                f"--train-last / --requires-grad / --frozen choose")
+    if args.requires_grad is not None and (args.train_biases or args.train_last is not None):
+        raise ArtifactError("--requires-grad and --train-biases / --train-last both choose the "
+                            "trainable parameters: give one or the other")
     if args.optimizer not in (None, "sgd"):
         raise ArtifactError(f"--optimizer {args.optimizer}: integer training (--int8) steps "
                             f"with SGD only (give --optimizer sgd, or leave it out)")
@@ -89,9 +94,15 @@ def int8_pack_options(args):
     return dict(calibration=args.calibrate, qat_checkpoint=args.qat_checkpoint,
                 batch_size=args.batch_size, train_biases=args.train_biases,
                 train_last=args.train_last, learning_rate=args.lr,
+                requires_grad=_names(args.requires_grad), frozen=_names(args.frozen),
                 momentum=args.momentum or 0.0, activation_dtype=args.activation_dtype,
                 prefix=args.prefix, loss=args.loss,
                 target="input" if args.target_is_input else None)
+
+
+def _names(text):
+    # a comma-separated list of parameter names, as the float pack reads it (cli.py)
+    return [n for n in text.split(",") if n] if text is not None else None
 
 
 def int8_pack_text(args, info):

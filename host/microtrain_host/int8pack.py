@@ -17,7 +17,8 @@ The route, every stage an existing one:
      quantization and what trains), plus model_qdq.onnx (the int8 model, for onnxruntime).
 
 What trains is the float path's choice (--train-biases, --train-last N), mapped by
-int8_training_choice."""
+int8_training_choice, or a named set (--requires-grad / --frozen NAMES, the float model's
+parameter names; --frozen also takes names out of the --train-* choice)."""
 import json
 import os
 import tempfile
@@ -60,7 +61,8 @@ def int8_training_choice(train_biases=False, train_last=None):
 
 def pack_int8(model, output, *, calibration=None, qat_checkpoint=None, batch_size=None,
               train_biases=False, train_last=None, learning_rate=None, momentum=0.0,
-              activation_dtype="uint8", prefix="", loss="cross_entropy", target=None):
+              activation_dtype="uint8", prefix="", loss="cross_entropy", target=None,
+              requires_grad=None, frozen=None):
     """Write {prefix}model.mtb, checkpoint, int8.json and model_qdq.onnx into `output` (see
     the module docstring). model: float ONNX model (path or ModelProto). calibration: .npz
     path whose x_train (or x) samples set the activation ranges; qat_checkpoint instead: a
@@ -68,10 +70,14 @@ def pack_int8(model, output, *, calibration=None, qat_checkpoint=None, batch_siz
     are used. batch_size fixes the blob's batch (as for a float pack). learning_rate
     (default 0.01) and momentum: the integer SGD's. loss: cross_entropy, mse or
     bce_with_logits (quant/intloss.py; each with train_biases / train_last), target:
-    "input" for an mse autoencoder trained on its own input. Returns the info dict written
-    to int8.json (with the paths written)."""
+    "input" for an mse autoencoder trained on its own input. requires_grad / frozen: a
+    named parameter set, as generate_artifacts takes it (the float model's parameter
+    names: quant/intbackward.py named_choice). Returns the info dict written to int8.json
+    (with the paths written)."""
     from .quant.intloss import check_loss
-    check_loss(loss, {"--train-biases": train_biases, "--train-last": (train_last or 1) > 1})
+    check_loss(loss, {"--train-biases": train_biases, "--train-last": (train_last or 1) > 1,
+                      "--requires-grad / --frozen": requires_grad is not None or
+                      frozen is not None})
     if (calibration is None) == (qat_checkpoint is None):
         raise ArtifactError("--int8 needs the activation ranges from one source: calibration "
                             "samples (--calibrate data.npz) or a quantization-aware trained "
@@ -99,7 +105,8 @@ def pack_int8(model, output, *, calibration=None, qat_checkpoint=None, batch_siz
         qdq = qdq_model(inference_model(eval_model, None, values), eval_model)
         onnx.checker.check_model(qdq, full_check=True)
         info = int8_training_artifacts(qdq, work, lr, momentum=momentum, loss=loss,
-                                       target=target, **choice)
+                                       target=target, requires_grad=requires_grad,
+                                       frozen_params=frozen, **choice)
         files = {BLOB: info["blob"], CHECKPOINT: info["checkpoint"]}
         data = {name: open(path, "rb").read() for name, path in files.items()}
     os.makedirs(output, exist_ok=True)

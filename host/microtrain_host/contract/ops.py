@@ -304,6 +304,9 @@ OPS = table("""
 192 INT_MAX_POOL_GRAD      gx:i g:i x:b  ints $POOL signed
 193 INT_AVERAGE_POOL_GRAD  gx:i g:i factors:i  ints $POOL ch0 ch1 cw0 cw1
 197 INT_CONCAT_GRAD        gx:i g:i x:b y:b keep:i  ints blocks size stride offset x_signed
+[intlookup]
+210 INT_LOOKUP_GRAD  gx:i g:i x:b slopes:i  ints count  floats slope_unit
+211 INT_CLAMP_GRAD   g:i mask:b folds:i w:w  ints m channels plane
 """, SHARED_INTS)
 
 BY_NAME = {o.name: o for o in OPS}
@@ -343,5 +346,6 @@ FAMILY_NOTES = {
     "inttrain": "integer training of an int8 classifier and the 1x1 conv before it (viper: inttrain_viper.py)",
     "intgrad": "integer backward through frozen int8 convolutions: the sparse update (viper: intgrad_viper.py)",
     "intflow": "integer gradients through residual Adds, Concats, pools and tensors read twice (the sparse update beyond a chain of convolutions)",
+    "intlookup": "the integer backward of lookup-table activations (QLinearLookup: a fixed-point slope per input byte) and of a layer whose bias is not in the named parameter set",
 }
 assert set(FAMILY_NOTES) == set(FAMILIES), "every family needs its line in FAMILY_NOTES"

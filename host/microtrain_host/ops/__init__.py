@@ -3,5 +3,5 @@
 numpy references of its gradient ops, registered into registry.py's tables (and reference.OPS)
 by being imported here. `windows.py` is geometry shared by conv and pool."""
 from . import (activation, conv, dense, elementwise, gather, group_norm, layout, loss,  # noqa: F401
-               intflow, intgrad, intloss, inttrain, norm, optim, pool, qlinear, quant, recurrent,
-               reduce, resize, smooth)
+               intflow, intgrad, intlookup, intloss, inttrain, norm, optim, pool, qlinear,
+               quant, recurrent, reduce, resize, smooth)

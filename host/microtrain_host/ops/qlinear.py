@@ -157,9 +157,14 @@ def _weights(ctx, node, axis):
     b = optional_input(node, 2)
     if tid is not None and ctx.tensors[tid].role == PARAM and ctx.tensors[tid].dtype == INT8:
         # an int8 weight trained in integers (quant/inttrain.py): a parameter with its
-        # scales, its int32 bias a parameter too
+        # scales, its int32 bias a parameter too, or a constant (a named parameter set)
         w = ctx.tensors[tid]
-        return np.zeros(w.shape, np.int8), tid, ctx.t(b) if b else NO_TENSOR, len(w.scale)
+        bias = NO_TENSOR
+        if b and b not in ctx.local and ctx.value(b) is not None:
+            bias = _constant(ctx, b, INT32, ctx.value(b).astype(np.int32))
+        elif b:
+            bias = ctx.t(b)
+        return np.zeros(w.shape, np.int8), tid, bias, len(w.scale)
     w = ctx.value(node.input[1])
     if w is None or w.dtype != np.int8:
         raise UnsupportedOpError(f"{ctx.where(node)}: the weight must be an int8 constant")

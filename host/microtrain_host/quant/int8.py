@@ -12,9 +12,10 @@ quantizer) into ai.microtrain int8 ops (ops/qlinear.py):
     ResNet and MobileNetV2 blocks);
   * DequantizeLinear of every input -> Concat -> QuantizeLinear: QLinearConcat, each input
     requantized to the output's scale and zero point (copied where it has them);
-  * DequantizeLinear -> Relu / Clip -> QuantizeLinear where no producer takes them in:
-    QLinearLookup, a 256-entry table computed as onnxruntime computes the float chain
-    (dequantize, Relu / Clip, quantize);
+  * DequantizeLinear -> Relu / Clip -> QuantizeLinear where no producer takes them in, and
+    DequantizeLinear -> Sigmoid / Tanh / LeakyRelu / HardSigmoid / HardSwish ->
+    QuantizeLinear: QLinearLookup, a 256-entry table computed as onnxruntime computes the
+    float chain (dequantize, the activation, quantize; ops/intlookup.py);
   * DequantizeLinear -> MaxPool -> QuantizeLinear (same scale and zero point):
     QLinearMaxPool; DequantizeLinear -> Flatten / Reshape -> QuantizeLinear (same): the
     view of the int8 tensor;
@@ -30,6 +31,7 @@ from onnx import TensorProto, helper, numpy_helper, shape_inference
 
 from ..errors import ArtifactError
 from ..graph import DOMAIN, attr, links, optional_input
+from ..ops.intlookup import SMOOTH_LOOKUPS, lookup_alpha_beta, smooth_activation
 from ..ops.quant import requant_head
 from ..formats.blob import serialize
 from ..formats.files import write_atomically
@@ -41,7 +43,7 @@ FUSED_OPS = ("Conv", "Gemm", "MatMul")
 VIEW_OPS = ("Flatten", "Reshape", "Squeeze", "Unsqueeze")
 CLAMP_OPS = ("Relu", "Clip")
 INT8_OPS = FUSED_OPS + ("GlobalAveragePool", "AveragePool", "MaxPool", "Add", "Concat") \
-    + VIEW_OPS + CLAMP_OPS
+    + VIEW_OPS + CLAMP_OPS + SMOOTH_LOOKUPS
 
 
 def _scalar(values, name):
@@ -160,16 +162,19 @@ def int8_graph(model, float_weights=(), training=False, structural=False):
         return {"q_scales": [n.input[1] for n in nodes_]} if structural else {}
 
     def lookup_table(x_params, c, y_params):
-        """Y's byte for each byte of X: dequantize, Relu / Clip, quantize in float32."""
+        """Y's byte for each byte of X: dequantize, the activation, quantize in float32."""
         f = np.float32
         byte = np.arange(256)
         q = byte - 256 * (byte > 127) if x_params[2] == TensorProto.INT8 else byte
         real = ((q - int(x_params[1][0])).astype(f) * f(x_params[0][0])).astype(f)
-        cmin, cmax = clip_range(c)
-        if cmin is not None:
-            real = np.maximum(real, f(cmin))
-        if cmax is not None:
-            real = np.minimum(real, f(cmax))
+        if c.op_type in SMOOTH_LOOKUPS:
+            real = smooth_activation(c.op_type, c, real)
+        else:
+            cmin, cmax = clip_range(c)
+            if cmin is not None:
+                real = np.maximum(real, f(cmin))
+            if cmax is not None:
+                real = np.minimum(real, f(cmax))
         lo, hi = (0, 255) if y_params[2] == TensorProto.UINT8 else (-128, 127)
         out = np.rint((real / f(y_params[0][0])).astype(f)) + int(y_params[1][0])
         return [int(v) for v in np.clip(out, lo, hi)]
@@ -266,12 +271,25 @@ def int8_graph(model, float_weights=(), training=False, structural=False):
                     x_zero_points=[int(p[1][0]) for p in ins], y_scale=float(y_params[0][0]),
                     y_zero_point=int(y_params[1][0]), y_type=y_params[2], lo=lo, hi=hi,
                     **extra_attrs)
-            elif n.op_type in CLAMP_OPS:
+            elif n.op_type in CLAMP_OPS + (() if structural else SMOOTH_LOOKUPS):
+                # (structural: the template of a device export, which has no lookup
+                # tables - quant/qat_export.py - keeps the smooth ones float, as before)
+                # the activation and X's quantization recorded for the integer backward
+                # (ops/intlookup.py: its slope per byte); the blob reads only the table
+                cmin, cmax = clip_range(n) if n.op_type in CLAMP_OPS else (None, None)
+                if n.op_type in SMOOTH_LOOKUPS:
+                    extra_attrs.update(zip(("alpha", "beta"), lookup_alpha_beta(n)))
                 made = helper.make_node("QLinearLookup", [x_t], [y_t], name=n.name,
                                         domain=DOMAIN, y_type=y_params[2],
                                         y_scale=float(y_params[0][0]),
                                         y_zero_point=int(y_params[1][0]),
-                                        table=lookup_table(x_params, n, y_params))
+                                        table=lookup_table(x_params, n, y_params),
+                                        activation=n.op_type, x_type=x_params[2],
+                                        x_scale=float(x_params[0][0]),
+                                        x_zero_point=int(x_params[1][0]), **extra_attrs,
+                                        **{k: float(v) for k, v in (("clamp_min", cmin),
+                                                                    ("clamp_max", cmax))
+                                           if v is not None})
             elif same and n.op_type == "MaxPool":
                 made = helper.make_node("QLinearMaxPool", [x_t], [y_t], name=n.name,
                                         domain=DOMAIN, **{a.name: helper.get_attribute_value(a)

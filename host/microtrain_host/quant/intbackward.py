@@ -3,12 +3,15 @@ that carry the classifier input's gradient back to them through any graph of the
 int8 kernels - convolutions (1-D, 2-D, depthwise, grouped) and hidden Gemms with their fused
 ReLU / Clip, residual Adds, Concats (along any axis), max and average pools,
 GlobalAveragePool before the classifier, Flatten / Reshape views, tensors read by several
-layers.
+layers, lookup-table activations (a Relu / Clip the int8 conversion could not fuse, or a
+smooth activation: QLinearLookup, ops/intlookup.py).
 
 A layer is a QLinearConv or a hidden QLinearGemm. Every layer the gradient passes trains its
 int32 bias (ops/intgrad.py IntClampBiasGrad masks the gradient by the layer's clamp, steps
 the bias and folds the per-channel weight scale in one pass); the layers named in `weights`
-also train their int8 weights (IntConvUpdate, a Gemm as a 1x1 convolution). The gradient
+also train their int8 weights (IntConvUpdate, a Gemm as a 1x1 convolution). With a named
+parameter set (`biases`), a layer whose bias is not named masks and folds the gradient only
+(ops/intlookup.py IntClampGrad), so exactly the named parameters train. The gradient
 stops at the earliest layer that trains something: nothing before it is computed.
 
 Gradients are ops/intgrad.py's tensors [exponent, mantissas]; the gradient of layer i's output
@@ -19,6 +22,7 @@ from onnx import TensorProto, helper
 
 from ..errors import UnsupportedOpError
 from ..graph import DOMAIN, attr
+from ..ops.intlookup import lookup_slopes
 
 LAYERS = ("QLinearConv", "QLinearGemm")
 VIEWS = ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity")
@@ -69,14 +73,20 @@ def _refuse(node, why):
 
 
 def backward_nodes(graph, feature_grad, weights, all_biases, stochastic, inits, params,
-                   quantization, inputs, taken, constants):
+                   quantization, inputs, taken, constants, biases=None):
     """(replaced {id(layer node): the node reading its trained parameters}, the backward
     nodes from the classifier input's gradient `feature_grad` (IntGemmGradInput's D),
     {layer name: its IntClampMask node}, which the train graph runs right after the layer).
     weights: names of the layers whose weights train; all_biases: every layer trains its
-    bias (else only those the gradient passes). Fills params, quantization, inputs, taken
-    and constants (new frozen int8 constants: a Gemm's weight transposed to [n, k])."""
-    trained = set(weights) | ({n.name for n in graph.layers} if all_biases else set())
+    bias (else only those the gradient passes). biases (a named parameter set): the names
+    of exactly the layers whose biases train - a layer the gradient passes with its bias
+    not among them only masks and scales the gradient (ops/intlookup.py IntClampGrad).
+    Fills params, quantization, inputs, taken and constants (new frozen int8 constants: a
+    Gemm's weight transposed to [n, k])."""
+    if biases is not None:
+        trained = set(weights) | set(biases)
+    else:
+        trained = set(weights) | ({n.name for n in graph.layers} if all_biases else set())
     if not trained:
         raise UnsupportedOpError("integer training: no layer before the classifier trains")
     needs = _needs(graph, trained)
@@ -95,8 +105,9 @@ def backward_nodes(graph, feature_grad, weights, all_biases, stochastic, inits, 
             _refuse(n, "has several outputs: no integer backward")
         g = _gathered(graph, n.output[0], grads, nodes)
         if n.op_type in LAYERS:
-            _layer(graph, n, g, needs, weights, stochastic, inits, params, quantization,
-                   inputs, taken, constants, replaced, masks, grads, nodes)
+            _layer(graph, n, g, needs, weights, biases is None or n.name in biases,
+                   stochastic, inits, params, quantization, inputs, taken, constants,
+                   replaced, masks, grads, nodes)
         elif n.op_type in VIEWS:
             grads.setdefault(n.input[0], []).append(g)
         elif n.op_type == "QLinearAdd":
@@ -122,6 +133,14 @@ def backward_nodes(graph, feature_grad, weights, all_biases, stochastic, inits, 
                 "kernel_shape", "strides", "pads", "auto_pad", "ceil_mode",
                 "count_include_pad", "dilations"))
             nodes.append(node)
+            grads.setdefault(n.input[0], []).append(name)
+        elif n.op_type == "QLinearLookup" and needs.get(n.input[0], False):
+            # a Relu / Clip the conversion could not fuse: the gradient times the
+            # activation's slope at each input byte (ops/intlookup.py)
+            name = _contribution(graph, n.input[0], n)
+            nodes.append(helper.make_node("IntLookupGrad", [g, n.input[0]], [name],
+                                          name=n.name + ".grad", domain=DOMAIN,
+                                          slopes=[float(v) for v in lookup_slopes(n)]))
             grads.setdefault(n.input[0], []).append(name)
         elif any(needs.get(i, False) for i in n.input):
             source = graph.producers.get(n.input[0]) if n.op_type == "Quantize" else None
@@ -194,8 +213,8 @@ def _gathered(graph, tensor, grads, nodes):
     return total
 
 
-def _layer(graph, n, g, needs, weights, stochastic, inits, params, quantization, inputs,
-           taken, constants, replaced, masks, grads, nodes):
+def _layer(graph, n, g, needs, weights, train_bias, stochastic, inits, params, quantization,
+           inputs, taken, constants, replaced, masks, grads, nodes):
     if len(n.input) < 3 or not n.input[2]:
         _refuse(n, "has no bias: every layer the integer backward passes trains its bias")
     w = inits.get(n.input[1])
@@ -208,10 +227,12 @@ def _layer(graph, n, g, needs, weights, stochastic, inits, params, quantization,
         w_input = n.input[1] + ".transposed"
     channels = w.shape[0]
     scales = [float(v) for v in attr(n, "w_scales")]
-    b_name = _param_name(n.input[2], n.name + ".bias")
-    params[b_name] = inits[n.input[2]].astype(np.int32)
-    inputs.append(helper.make_tensor_value_info(b_name, TensorProto.INT32, [channels]))
-    taken.add(n.input[2])
+    b_name = n.input[2]     # (a frozen bias: the int32 constant)
+    if train_bias:
+        b_name = _param_name(n.input[2], n.name + ".bias")
+        params[b_name] = inits[n.input[2]].astype(np.int32)
+        inputs.append(helper.make_tensor_value_info(b_name, TensorProto.INT32, [channels]))
+        taken.add(n.input[2])
     w_name = w_input
     if n.name in weights:
         w_name = _param_name(n.input[1], n.name + ".weight")
@@ -233,10 +254,14 @@ def _layer(graph, n, g, needs, weights, stochastic, inits, params, quantization,
     masks[n.name] = helper.make_node("IntClampMask", [y, n.input[0]], [y + ".mask"],
                                      name=n.name + ".mask", domain=DOMAIN, conv=n.name)
     masked = g + ".masked"
-    nodes.append(helper.make_node(
-        "IntClampBiasGrad", [g, y, y + ".mask", b_name, w_name], [masked, b_name + ".updated"],
-        name=n.name + ".bias_grad", domain=DOMAIN, conv=n.name,
-        stochastic=int(bool(stochastic))))
+    if train_bias:
+        nodes.append(helper.make_node(
+            "IntClampBiasGrad", [g, y, y + ".mask", b_name, w_name],
+            [masked, b_name + ".updated"], name=n.name + ".bias_grad", domain=DOMAIN,
+            conv=n.name, stochastic=int(bool(stochastic))))
+    else:
+        nodes.append(helper.make_node("IntClampGrad", [g, y, y + ".mask", w_name], [masked],
+                                      name=n.name + ".clamp_grad", domain=DOMAIN))
     geometry = [a for a in n.attribute if a.name in
                 ("kernel_shape", "strides", "pads", "dilations", "group")]
     x = n.input[0]
@@ -262,3 +287,45 @@ def _layer(graph, n, g, needs, weights, stochastic, inits, params, quantization,
 
 def _param_name(name, fallback):
     return name.removesuffix(".quantized") if name else fallback
+
+
+def named_choice(graph, classifier, requires_grad, frozen, weights, all_biases):
+    """(layers whose weights train, layers whose biases train) of a named parameter set, as
+    the float pack's --requires-grad / --frozen name them: the float model's initializer
+    names (a BatchNormalization folded into a convolution: the convolution's weight and
+    bias names). requires_grad: exactly these train; else the choice `weights` /
+    `all_biases` made (with the biases of the layers the gradient passes), or every
+    parameter when that choice is the classifier alone, less the `frozen` names. The
+    classifier's weight and bias (`classifier`) always train."""
+    owner = {}      # parameter name -> (layer name, "weight" or "bias")
+    for n in graph.layers:
+        owner[_param_name(n.input[1], n.name + ".weight")] = (n.name, "weight")
+        if len(n.input) > 2 and n.input[2]:
+            owner[_param_name(n.input[2], n.name + ".bias")] = (n.name, "bias")
+    known = list(classifier) + list(owner)
+    unknown = sorted((set(requires_grad or ()) | set(frozen or ())) - set(known))
+    if unknown:
+        raise UnsupportedOpError(f"integer training: {', '.join(unknown)} name(s) no "
+                                 f"parameter of the int8 model; its parameters are "
+                                 f"{', '.join(known)}")
+    if requires_grad is not None:
+        chosen = set(requires_grad)
+    elif weights or all_biases:
+        passed = _needs(graph, set(weights))
+        chosen = set(classifier) | {p for p, (layer, kind) in owner.items() if (
+            layer in weights if kind == "weight" else all_biases or passed[layer_output(
+                graph, layer)])}
+    else:
+        chosen = set(known)
+    chosen -= set(frozen or ())
+    missing = [p for p in classifier if p not in chosen]
+    if missing:
+        raise UnsupportedOpError(f"integer training always trains the classifier: "
+                                 f"{', '.join(missing)} must train (remove it from --frozen "
+                                 f"/ add it to --requires-grad)")
+    return ([layer for p, (layer, kind) in owner.items() if kind == "weight" and p in chosen],
+            [layer for p, (layer, kind) in owner.items() if kind == "bias" and p in chosen])
+
+
+def layer_output(graph, name):
+    return graph.layers[graph.index[name]].output[0]

@@ -39,7 +39,7 @@ from ..pipeline.lower import Lowering
 from ..ops.inttrain import UNUSED_BIAS
 from ..pipeline.plan import assign_offsets
 from .int8 import int8_graph
-from .intbackward import Graph, backward_nodes
+from .intbackward import Graph, backward_nodes, named_choice
 from .intloss import INTEGER_LOSSES, check_loss
 
 BLOB, CHECKPOINT, INFO = "int8_train.mtb", "int8_train.ckpt", "int8_train.json"
@@ -161,19 +161,28 @@ def _class_slots(gemm, w, bias, w_scales, max_classes, keep_classes):
 def int8_training_model(qdq_model, stochastic=True, train_conv=False, momentum=0.0,
                         train_biases=False, train_depthwise=False, max_classes=None,
                         keep_classes=None, loss="cross_entropy", target=None,
-                        train_last=None):
+                        train_last=None, requires_grad=None, frozen_params=None):
     """(train graph, eval graph, roles, quantization, parameters {name: array}, info).
     loss: a name of INTEGER_LOSSES; target (mse): None, a target input quantized with the
     output's scale and zero point, or "input": the model's own quantized input is the
     target (an autoencoder: the device is called model(x)).
     train_conv: also train the 1x1 convolution before the GlobalAveragePool (weights and
     bias) from the classifier's input gradient. train_biases / train_depthwise / train_last:
-    the integer backward (quant/intbackward.py). max_classes / keep_classes: see
+    the integer backward (quant/intbackward.py). requires_grad / frozen_params: a named
+    parameter set (intbackward.named_choice). max_classes / keep_classes: see
     _class_slots."""
+    named = requires_grad is not None or frozen_params is not None
     check_loss(loss, {"train_conv": train_conv, "train_biases": train_biases,
                       "train_depthwise": train_depthwise, "max_classes": max_classes is not None,
                       "keep_classes": keep_classes is not None,
-                      "train_last": (train_last or 1) > 1})
+                      "train_last": (train_last or 1) > 1, "requires_grad / frozen": named})
+    if requires_grad is not None and (train_conv or train_biases or train_depthwise or
+                                      (train_last or 1) > 1):
+        raise ArtifactError("requires_grad and train_biases / train_last both choose the "
+                            "trainable parameters: give one or the other")
+    if named and (train_conv or train_depthwise):
+        raise ArtifactError("a named parameter set (requires_grad / frozen_params) with "
+                            "train_conv / train_depthwise: name the parameters instead")
     if target not in (None, "input") or (target and loss != "mse"):
         raise ArtifactError(f"target {target!r}: give None or 'input' (the mse loss only)")
     if not isinstance(qdq_model, onnx.ModelProto):
@@ -231,18 +240,26 @@ def int8_training_model(qdq_model, stochastic=True, train_conv=False, momentum=0
             _last_conv(fused, gemm)
         except UnsupportedOpError:
             train_last = 2          # any other last layer: the general backward
-    if train_biases or train_depthwise or (train_last or 1) > 1:
+    weights = biases = None
+    if named:
+        graph = Graph(fused, gemm)
+        weights, biases = named_choice(graph, (w_name, b_name), requires_grad, frozen_params,
+                                       _trained_weights(graph, False, False, train_last),
+                                       train_biases)
+    if (weights or biases) if named else (
+            train_biases or train_depthwise or (train_last or 1) > 1):
         constants = {}
         graph = Graph(fused, gemm)
         replaced, sparse, masks = backward_nodes(
-            graph, FEATURE_GRAD, _trained_weights(graph, train_conv, train_depthwise,
-                                                  train_last),
-            train_biases, stochastic, inits, params, quantization, inputs, taken, constants)
+            graph, FEATURE_GRAD, weights if named else _trained_weights(
+                graph, train_conv, train_depthwise, train_last),
+            train_biases and not named, stochastic, inits, params, quantization, inputs, taken,
+            constants, biases)
         frozen = [replaced.get(id(nd), nd) for nd in frozen]
         extra = [numpy_helper.from_array(v, k) for k, v in constants.items()]
         conv_nodes = [helper.make_node("IntGemmGradInput", [GRAD, w_name], [FEATURE_GRAD],
                                        name=gemm.name + ".grad_input", domain=DOMAIN)] + sparse
-    elif train_conv:
+    elif train_conv and not named:
         conv = _last_conv(fused, gemm)
         w2 = inits[conv.input[1]]
         channels = w2.shape[0]
@@ -324,7 +341,8 @@ def int8_training_model(qdq_model, stochastic=True, train_conv=False, momentum=0
 def int8_training_artifacts(qdq_model, out_dir, learning_rate=0.01, stochastic=True,
                             train_conv=False, momentum=0.0, train_biases=False,
                             train_depthwise=False, max_classes=None, keep_classes=None,
-                            loss="cross_entropy", target=None, train_last=None):
+                            loss="cross_entropy", target=None, train_last=None,
+                            requires_grad=None, frozen_params=None):
     """Write int8_train.mtb, int8_train.ckpt and int8_train.json into out_dir (see the
     module docstring); returns the info dict (with the three paths). stochastic: round the
     weight steps stochastically (default; steps below half a quantum would otherwise be
@@ -340,7 +358,10 @@ def int8_training_artifacts(qdq_model, out_dir, learning_rate=0.01, stochastic=T
     the N - 1 layers before the classifier; train_depthwise: the weights of the last
     block's depthwise convolution and its pointwise one. Every layer the backward passes
     trains its bias; the last pointwise conv's weights train with train_conv. The
-    classifier's momentum applies to it only.
+    classifier's momentum applies to it only. requires_grad / frozen_params: a named
+    parameter set, as generate_artifacts takes it (the float model's initializer names;
+    quant/intbackward.py named_choice): exactly these train - the classifier always, a
+    layer the gradient passes whose bias is not named passes it on untrained.
     max_classes: the classifier's room for classes added on the device (continual
     learning); keep_classes: how many of the model's classes stay in use (default all; 0:
     every slot starts unused). See _class_slots.
@@ -356,7 +377,7 @@ def int8_training_artifacts(qdq_model, out_dir, learning_rate=0.01, stochastic=T
         raise ArtifactError(f"learning rate {learning_rate!r} must be positive and finite")
     train, evaluate, roles, quantization, params, info = int8_training_model(
         qdq_model, stochastic, train_conv, momentum, train_biases, train_depthwise,
-        max_classes, keep_classes, loss, target, train_last)
+        max_classes, keep_classes, loss, target, train_last, requires_grad, frozen_params)
     lowering = Lowering(roles)
     lowering.quantization = quantization
     lowering.lower("train", train)

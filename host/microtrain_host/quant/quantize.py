@@ -10,10 +10,12 @@ What gets quantized (QuantizationConfig):
     prefer; int8 as an option): the input of every quantized op, the output of every
     quantized op after the BatchNormalization / Relu / Clip chain that follows it (where an
     int8 kernel writes it), the output of average pooling, of Add and of Concat whose
-    inputs are quantized (a Concat's own range: its inputs are requantized to it). MaxPool
-    of a quantized tensor gets a QDQ pair with its input's scale and zero point (max
-    commutes with rounding, so training is unchanged; onnxruntime needs the pair to run
-    MaxPool in int8); so does a Flatten / Reshape view of a quantized tensor read by a
+    inputs are quantized (a Concat's own range: its inputs are requantized to it), and of a
+    Sigmoid / Tanh / LeakyRelu / HardSigmoid / HardSwish whose input is quantized (an int8
+    lookup table) and which a pool or an Add reads. MaxPool of a quantized tensor gets a QDQ
+    pair with its input's scale and zero point (max commutes with rounding, so training is
+    unchanged; onnxruntime needs the pair to run MaxPool in int8); so does a Flatten /
+    Reshape view of a quantized tensor read by a
     quantized op. Ranges are tracked by a moving average of min/max
     (MinMaxObserver, PyTorch's MovingAverageMinMaxObserver, momentum 0.01), kept in a
     frozen parameter `<tensor>.observer_range` = [min, max] (so the checkpoint saves and
@@ -40,6 +42,10 @@ OUTPUT_CHAIN = ("BatchNormalization", "Relu", "Clip")
 VIEW_OPS = ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity")
 SHARED_RANGE_OPS = ("MaxPool", "GlobalMaxPool")
 OWN_RANGE_OPS = ("AveragePool", "GlobalAveragePool", "Add", "Concat")
+# Activations an int8 lookup table computes (quant/int8.py QLinearLookup): observed at their
+# output when their input is and a pool or an Add reads it (a quantized op reading it
+# observes it anyway).
+LOOKUP_OPS = ("Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish")
 ACTIVATION_TYPES = {"uint8": TensorProto.UINT8, "int8": TensorProto.INT8}
 RANGE_SUFFIX = facts.OBSERVER_RANGE_SUFFIX
 METADATA_KEY = "quantization"
@@ -174,6 +180,13 @@ def quantize_model(model, shapes, config):
                 if out not in observed:
                     observed[out] = observed[ins[0]] if node.op_type in SHARED_RANGE_OPS else out
                     order.append(out)
+        elif node.op_type in LOOKUP_OPS and node.input[0] in observed and \
+                node.output[0] not in outputs and node.output[0] not in observed and any(
+                    r.op_type in SHARED_RANGE_OPS + OWN_RANGE_OPS
+                    for r in consumers.get(node.output[0], [])):
+            # (a quantized op reading it observes it anyway; a float op needs no pair)
+            observed[node.output[0]] = node.output[0]
+            order.append(node.output[0])
 
     qtype = ACTIVATION_TYPES[config.activation_dtype]
     qmin, qmax = QUANT_RANGES[qtype]
