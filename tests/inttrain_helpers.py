@@ -6,7 +6,7 @@ import numpy as np
 
 from microtrain.kernels import inttrain as K
 from microtrain.kernels.fixedpoint import f32, requant_pair
-from microtrain_host.ops.inttrain import exp_table
+from microtrain_host.ops.inttrain import LOGIT_BITS, exp_table
 
 
 class Layer:
@@ -22,7 +22,7 @@ class Layer:
         self.x, self.w = 0, m * k
         req = [x_zp]
         for j in range(n):
-            req += requant_pair(f32(f32(sx * float(sw[j])) * 256))
+            req += requant_pair(f32(f32(sx * float(sw[j])) * 2 ** LOGIT_BITS))
         rates = K.rate_values(x_zp, K.update_reals(sx, [float(s) for s in sw], m, lr))
         parts = [("bias", list(bias)), ("req", req), ("z", [0] * (m * n)), ("g", [0] * (m * n)),
                  ("loss", [0] * (2 * m)), ("labels", list(labels)),

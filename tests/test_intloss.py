@@ -26,7 +26,7 @@ from microtrain.kernels import intloss as L
 from microtrain.kernels import inttrain as K
 from microtrain.kernels.fixedpoint import f32, requant_pair
 from microtrain_host.ops import intloss as host_loss
-from microtrain_host.ops.inttrain import exp_table
+from microtrain_host.ops.inttrain import LOGIT_BITS, exp_table
 from microtrain_host.quant.intloss import quantize_target
 from microtrain_host.quant.inttrain import int8_training_artifacts, quantize_input
 
@@ -63,11 +63,11 @@ class Head:
         self.x, self.w, self.t = 0, m * k, m * k + n * k
         req = [x_zp]
         for j in range(n):
-            req += requant_pair(f32(f32(sx * float(sw[j])) * 256))
+            req += requant_pair(f32(f32(sx * float(sw[j])) * 2 ** LOGIT_BITS))
         count = f32(m * n / 128.0) if loss == "mse" else f32(m * n)
         rates = K.rate_values(x_zp, K.update_reals(sx, [float(s) for s in sw], count, lr))
         parts = [("bias", bias), ("req", req), ("z", [0] * (m * n)), ("g", [0] * (m * n)),
-                 ("lossints", [0] * (4 * m)), ("treq", [t_zp] + list(requant_pair(f32(st * 256)))),
+                 ("lossints", [0] * (4 * m)), ("treq", [t_zp] + list(requant_pair(f32(st * 2 ** LOGIT_BITS)))),
                  ("t14", t14.reshape(-1)), ("table", exp_table()), ("rates", rates)]
         values = []
         for name, v in parts:
@@ -166,7 +166,7 @@ def test_int_loss_step_equals_torch_float64(loss):
             trial
         worst = max(worst, float((np.abs(got_w - dw)[free] - 0.5).max() / top))
         if loss == "mse":
-            d = np.abs(head.z_before / 256.0 - (tq - t_zp) * st)
+            d = np.abs(head.z_before / 2 ** LOGIT_BITS - (tq - t_zp) * st)
             bound = float(np.mean(2 * d * 2 ** -8 + 2 ** -16)) + 1e-9
         else:
             bound = 2 ** -12
@@ -185,16 +185,18 @@ def test_int_loss_step_equals_torch_float64(loss):
 def test_int_mse_loss_ints_stay_small_and_exact_far_from_the_target():
     # |d| up to the clamp, 2048 outputs: the loss ints stay below 2**30 (32-bit small ints)
     # and the value is the exact sum of squares in 2**-16 units (|d| clamped to 2**18)
+    # (z in 2**-LOGIT_BITS units, d = z - t in 2**-8 units: here exactly z / 2**4)
     n = 2048
-    z = np.array([(-1) ** j * (j * 131 % (1 << 19)) for j in range(n)], np.int64)
+    d = np.array([(-1) ** j * (j * 131 % (1 << 19)) for j in range(n)], np.int64)
+    z = d << (LOGIT_BITS - 8)
     I = array("i", list(z) + [0] * n + [0, 0] + [0, 1 << 24, 24])     # target req: 0 * ...
     Q = bytearray(n)
     L.int_mse(None, I, (Q, 0, n, 2 * n, 0, 2 * n + 2, 1, n, 0))
     hi, lo = I[2 * n], I[2 * n + 1]
     assert 0 <= hi < 2 ** 30 and 0 <= lo < 2 ** 18
-    a = np.minimum(np.abs(z), 1 << 18)
+    a = np.minimum(np.abs(d), 1 << 18)
     assert hi * 2 ** 18 + lo == int((a * a).sum())
-    assert list(I[n:2 * n]) == list(np.clip(z, -2 ** 14, 2 ** 14))
+    assert list(I[n:2 * n]) == list(np.clip(d, -2 ** 14, 2 ** 14))
 
 
 # -- end to end: QAT pack -> host training -> export --qdq --int8-train -> device ----------
@@ -292,13 +294,13 @@ def test_autoencoder_mse_exports_and_trains_in_integers(autoencoder, tmp_path, m
         out = []
         for i in range(0, len(data), 4):
             loss, z = model(quantize_input(data[i:i + 4], info).reshape(-1))
-            e = ((np.array(z).reshape(4, 32) / 256.0 - data[i:i + 4]) ** 2).mean(axis=1)
+            e = ((np.array(z).reshape(4, 32) / 2 ** LOGIT_BITS - data[i:i + 4]) ** 2).mean(axis=1)
             # the loss Module reports: F.mse_loss of the output and the dequantized target
             # within the rounding of the target to the outputs' 2**-8 (the numpy mirror's
             # value exactly)
             tq = quantize_input(data[i:i + 4], info)
             target = (tq.astype(np.float64) - info["target_zero_point"]) * info["target_scale"]
-            d = np.array(z).reshape(4, 32) / 256.0 - target
+            d = np.array(z).reshape(4, 32) / 2 ** LOGIT_BITS - target
             assert abs(loss - float(np.mean(d ** 2))) <= np.mean(np.abs(d)) * 2 ** -8 + 2 ** -18
             assert loss == pytest.approx(host_loss.mse(z, tq, info["target_zero_point"],
                                                        info["target_scale"])[0], rel=1e-6)

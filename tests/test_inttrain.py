@@ -25,6 +25,7 @@ from microtrain.kernels import inttrain as K
 from microtrain_host.ops import inttrain as host_ops
 from microtrain_host.formats.checkpoint import write_checkpoint
 from microtrain_host.quant.inttrain import int8_training_artifacts, quantize_input
+from microtrain_host.ops.inttrain import LOGIT_BITS
 
 DIGITS = ROOT / "examples" / "digits"
 
@@ -123,7 +124,7 @@ def test_softmax_cross_entropy_gradient_equals_torch():
         K.int_softmax_ce(None, I, (0, m * n, 2 * m * n, 2 * m * n + 2 * m,
                                    2 * m * n + 3 * m, m, n))
         g = np.array(I[m * n:2 * m * n]).reshape(m, n) / 2 ** 14
-        zt = torch.tensor(z / 256.0, dtype=torch.float64)
+        zt = torch.tensor(z / 2 ** LOGIT_BITS, dtype=torch.float64)
         p = torch.softmax(zt, 1).numpy()
         p[np.arange(m), y] -= 1
         worst = max(worst, float(np.abs(g - p).max()))

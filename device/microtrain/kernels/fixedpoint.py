@@ -249,3 +249,46 @@ try:
     _viper.requant_exact = requant_saturated
 except (ImportError, SyntaxError):
     pass
+
+
+# -- the integer losses' exponentials (kernels/inttrain.py softmax, intloss.py sigmoid) ----
+# exp(-d / 2**12) in Q14 for a logit difference d >= 0 in 2**-12 units, from a three-level
+# table the host computes (so that every port uses the same integers: a board's float32
+# math.exp could round an entry differently): exp(-a) for a = d >> 12 < EXP_HI (exp(-12)
+# * 2**14 < 0.5: beyond, 0), exp(-b / 64) for b = (d >> 6) & 63, exp(-c / 4096) for c =
+# d & 63; two products of Q14 numbers, each below 2**28, rounded.
+EXP_ONE = 1 << 14
+EXP_HI = 12
+EXP_MID = 64
+EXP_LO = 64
+EXP_SIZE = EXP_HI + EXP_MID + EXP_LO
+
+
+def exp_q14(I, table, d):
+    a = d >> 12
+    if a >= EXP_HI:
+        return 0
+    # each product rounded (half up), not floored: a softmax sums a dozen of these, and
+    # floors bias the sum low (by 8.7 of 2**14 in a 12-class DS-CNN's p - onehot)
+    return (((((I[table + a] * I[table + EXP_HI + ((d >> 6) & 63)]) + 8192) >> 14)
+             * I[table + EXP_HI + EXP_MID + (d & 63)]) + 8192) >> 14
+
+
+def exp_table_check(c, k):
+    # the exp table (tensor argument k): each of its three levels starts at 1.0 and never
+    # increases, entries in [0, 1.0]; checked on its constant bytes (the arena is filled
+    # after the checks)
+    c.holds(k, EXP_SIZE)
+    c.role(k, "constant")
+    raw = c.blob.constant_data(c.tensors[k])
+    if raw is None:
+        c.fail("the exp table is not a constant with data")
+    values = array("i", raw)
+    for start, count in ((0, EXP_HI), (EXP_HI, EXP_MID), (EXP_HI + EXP_MID, EXP_LO)):
+        prev = EXP_ONE
+        if values[start] != EXP_ONE:
+            c.fail("exp table does not start at 1.0")
+        for v in values[start:start + count]:
+            if not 0 <= v <= prev:
+                c.fail("exp table entry %r is outside [0, %d] or increases" % (v, prev))
+            prev = v

@@ -12,24 +12,28 @@
 #
 #   int_mse         the target T: int8 / uint8 with its own scale and zero point (the
 #                   output's, or the model's input for an autoencoder), brought to z's fixed
-#                   point t = requant(T - t_zp, s_t * 2**8) (derived: [t_zp, m0, shift]);
-#                   d = z - t, g = clamp(d, +-GRAD_LIMIT) (|y - t| beyond 64 counts as 64 in
+#                   point t = requant(T - t_zp, s_t * 2**LOGIT_BITS) (derived: [t_zp, m0,
+#                   shift]); d = (z - t) in 2**-8 units (rounded: the gradient's range and
+#                   the loss ints below are sized for them), g = clamp(d, +-GRAD_LIMIT) (|y - t| beyond 64 counts as 64 in
 #                   the gradient), so dL/dy = 2 d / (2**8 m n) = g / (2**14 * m n / 2**7):
 #                   count m n / 128. Loss ints per sample: sum_j d**2 in units of 2**-16,
 #                   as hi * 2**18 + lo (|d| clamped to 2**18 = 1024 real units there), so
 #                   no int reaches 2**30 for n <= MAX_OUTPUTS
 #   int_bce_logits  the target T: int32 probabilities in Q14 (0 .. 2**14, clamped there);
-#                   e = exp(-|z| / 2**8) in Q14 from the cross-entropy's exp table,
+#                   e = exp(-|z| / 2**12) in Q14 from the cross-entropy's exp table,
 #                   sigmoid(|z|) = 2**28 / (2**14 + e) rounded, p = sigmoid(z), g = p - t
 #                   (Q14): count m n. The loss softplus(z) - z t = max(z, 0) - z t +
 #                   log(1 + e): per sample (hi, lo) of sum_j (max(z, 0) - z t) in units of
-#                   2**-22 (|z| clamped to 2**15 = 128 real units there) as hi * 2**22 + lo,
+#                   2**-22 (|z| in 2**-8 units, clamped to 2**15 = 128 real units there) as hi * 2**22 + lo,
 #                   and prod_j (1 + e) as P * 2**k (P in Q14, in [1, 2)): loss ints
 #                   (hi, lo, k, P)
 import math
-from microtrain.kernels.fixedpoint import f32, pairs_of, quantization, requant
+from microtrain.kernels.fixedpoint import (exp_q14, exp_table_check, f32, pairs_of,
+                                          quantization, requant, round_shift)
 from microtrain.kernels.intsgd import derive_once
-from microtrain.kernels.inttrain import EXP_HI, ONE, exp_table_check
+from microtrain.kernels.inttrain import LOGIT_BITS, ONE
+
+_TO_8 = LOGIT_BITS - 8       # z's fractional bits beyond the 8 of the losses' ints
 
 GRAD_LIMIT = 1 << 14     # |g| of int_mse: the update's sums stay below m * 2**22 (m <= 127)
 MAX_OUTPUTS = 2048       # outputs per sample (the loss ints' hi stays below 2**30)
@@ -47,7 +51,8 @@ def int_mse(F, I, args):
         hi = 0
         lo = 0
         for _ in range(n):
-            d = I[z] - requant(((Q[target] ^ flip) - flip) - t_zp, m0, shift)
+            d = round_shift(I[z] - requant(((Q[target] ^ flip) - flip) - t_zp, m0, shift),
+                            _TO_8)
             I[g] = GRAD_LIMIT if d > GRAD_LIMIT else -GRAD_LIMIT if d < -GRAD_LIMIT else d
             a = -d if d < 0 else d
             a = _LOSS_D if a > _LOSS_D else a
@@ -80,7 +85,7 @@ def int_mse_check(args, c):
     if len(scales) != 1:
         c.fail("the target needs one scale (per tensor)")
     # [t_zp, m0, shift]: the target into z's fixed point, derived once
-    derive_once(c, 4, [zps[0]] + pairs_of([f32(scales[0] * 256)]))
+    derive_once(c, 4, [zps[0]] + pairs_of([f32(scales[0] * (1 << LOGIT_BITS))]))
     _record(c, m, n, f32(m * n / 128.0), "int_mean_squared_error")
 
 
@@ -96,7 +101,6 @@ def _record(c, m, n, count, loss):
 
 def int_bce_logits(F, I, args):
     z, g, loss, target, table, m, n = args
-    lo_at = table + EXP_HI
     for i in range(m):
         hi = 0
         lo = 0
@@ -107,9 +111,10 @@ def int_bce_logits(F, I, args):
             t = I[target]
             t = 0 if t < 0 else ONE if t > ONE else t
             a = -v if v < 0 else v
-            e = (I[table + (a >> 6)] * I[lo_at + (a & 63)]) >> 14 if (a >> 6) < EXP_HI else 0
+            e = exp_q14(I, table, a)
             s = ((ONE << 14) + ((ONE + e) >> 1)) // (ONE + e)     # sigmoid(|z|), Q14
             I[g] = (s if v >= 0 else ONE - s) - t
+            a = round_shift(a, _TO_8)
             a = _LOSS_Z if a > _LOSS_Z else a
             lo += a * (ONE - t) if v >= 0 else a * t      # max(z, 0) - z t, >= 0
             hi += lo >> 22

@@ -10,10 +10,10 @@ from micropython import const
 from microtrain.kernels.fixedpoint_viper import requant, round_shift
 from microtrain.kernels.intsgd_viper import descend_bias, dither, update_step, update_weight
 
-_LOGIT_LIMIT = const(1048576)   # kernels/inttrain.py LOGIT_LIMIT
+_LOGIT_LIMIT = const(16777216)  # kernels/inttrain.py LOGIT_LIMIT
 _BIAS_LIMIT = const(8388608)    # kernels/intsgd.py BIAS_LIMIT
 _UNUSED_BIAS = const(-8388609)  # kernels/inttrain.py UNUSED_BIAS, UNUSED_LOGIT: a class
-_UNUSED_LOGIT = const(-1048577)  # slot not in use
+_UNUSED_LOGIT = const(-16777217)  # slot not in use
 _FINE_M0 = const(2)             # kernels/intsgd.py FINE_M0, FINE_SHIFT: 1 / 2**8
 _FINE_SHIFT = const(9)
 

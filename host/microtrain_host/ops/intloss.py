@@ -22,7 +22,7 @@ from .. import opcodes as op
 from ..errors import UnsupportedOpError
 from ..ir import INT32, INT8, UINT8
 from ..registry import lowering
-from .inttrain import EXP_HI, LOGIT_BITS, ONE, _derived, _int_tensor, exp_table, exp_table_tensor
+from .inttrain import LOGIT_BITS, ONE, _derived, _int_tensor, exp_q14, exp_table_tensor
 from .qlinear import requant_multiplier, requant_values
 
 GRAD_LIMIT = 1 << 14
@@ -72,15 +72,21 @@ def lower_int_bce_with_logits(ctx, node):
 
 # -- numpy mirrors (the device's integers) and the loss values ------------------------------
 def target_fixed(tq, t_zp, st):
-    """The target in the outputs' fixed point (2**-8 units), as int_mse computes it."""
-    real = float(np.float32(np.float32(st) * 256))
+    """The target in the outputs' fixed point (2**-LOGIT_BITS units), as int_mse computes
+    it."""
+    real = float(np.float32(np.float32(st) * 2 ** LOGIT_BITS))
     return requant_values(np.asarray(tq, np.int64) - t_zp, *requant_multiplier(real))
+
+
+def _to_8(v):
+    # v (2**-LOGIT_BITS units) in 2**-8 units, rounded half to even (fixedpoint.round_shift)
+    return requant_values(np.asarray(v, np.int64), 1, LOGIT_BITS - 8)
 
 
 def mse(z, tq, t_zp, st):
     """(loss value, gradient [m, n]) of int_mse: the value as Module reports it (the mean
-    over all elements), G = clamp(z - t, +-2**14)."""
-    d = np.asarray(z, np.int64) - target_fixed(tq, t_zp, st).reshape(np.shape(z))
+    over all elements), G = clamp(d, +-2**14), d = z - t in 2**-8 units."""
+    d = _to_8(np.asarray(z, np.int64) - target_fixed(tq, t_zp, st).reshape(np.shape(z)))
     a = np.minimum(np.abs(d), 1 << 18)
     return float((a * a).sum()) / 2 ** 16 / d.size, np.clip(d, -GRAD_LIMIT, GRAD_LIMIT)
 
@@ -89,13 +95,11 @@ def bce_with_logits(z, t):
     """(loss value, gradient Q14 [m, n]) of int_bce_logits (t: Q14 ints)."""
     z = np.asarray(z, np.int64)
     t = np.clip(np.asarray(t, np.int64).reshape(z.shape), 0, ONE)
-    table = exp_table().astype(np.int64)
     a = np.abs(z)
-    e = np.where(a >> 6 < EXP_HI, (table[np.minimum(a >> 6, EXP_HI - 1)] *
-                                   table[EXP_HI + (a & 63)]) >> 14, 0)
+    e = exp_q14(a)
     s = ((ONE << 14) + ((ONE + e) >> 1)) // (ONE + e)
     g = np.where(z >= 0, s, ONE - s) - t
-    a = np.minimum(a, 1 << 15)
+    a = np.minimum(_to_8(a), 1 << 15)
     linear = np.where(z >= 0, a * (ONE - t), a * t).sum()
     logs = 0.0
     for row in e:
@@ -105,4 +109,4 @@ def bce_with_logits(z, t):
             if p >= 2 * ONE:
                 p, k = p >> 1, k + 1
         logs += k * math.log(2.0) + math.log(p / ONE)
-    return (float(linear) / 2 ** (LOGIT_BITS + 14) + logs) / z.size, g
+    return (float(linear) / 2 ** (8 + 14) + logs) / z.size, g

@@ -29,11 +29,11 @@ from ..ir import (ACTIVATION, CONSTANT, INT32, INT8, NO_TENSOR, OPTIMIZER_STATE,
 from ..registry import lowering
 from .qlinear import requant_multiplier, requant_values
 
-LOGIT_BITS = 8
+LOGIT_BITS = 12   # (device kernels/inttrain.py: with 8, p - onehot carried 2**-9 of a logit)
 PROB_BITS = 14
 ONE = 1 << PROB_BITS
-EXP_HI, EXP_LO = 48, 64
-LOGIT_LIMIT = 1 << 20
+EXP_HI, EXP_MID, EXP_LO = 12, 64, 64    # device kernels/fixedpoint.py exp_q14's levels
+LOGIT_LIMIT = 1 << 24
 BIAS_LIMIT = 1 << 23
 UNUSED_BIAS = -BIAS_LIMIT - 1     # a class slot not in use (its weights zero): no logit,
 UNUSED_LOGIT = -LOGIT_LIMIT - 1   # probability 0, no update (device kernels/inttrain.py)
@@ -45,10 +45,23 @@ EXP_TABLE = "inttrain.exp_table"
 
 
 def exp_table():
-    """int32 [exp(-a / 4) for a < 48] + [exp(-b / 256) for b < 64], Q14, rounded."""
-    hi = [round(math.exp(-a * 64 / 2 ** LOGIT_BITS) * ONE) for a in range(EXP_HI)]
-    lo = [round(math.exp(-b / 2 ** LOGIT_BITS) * ONE) for b in range(EXP_LO)]
-    return np.array(hi + lo, np.int32)
+    """int32 [exp(-a) for a < 12] + [exp(-b / 64) for b < 64] + [exp(-c / 4096) for c <
+    64], Q14, rounded: exp(-d / 2**12) = the product of the three levels' entries for
+    d >> 12, (d >> 6) & 63 and d & 63 (exp_q14)."""
+    hi = [round(math.exp(-a) * ONE) for a in range(EXP_HI)]
+    mid = [round(math.exp(-b * 64 / 2 ** LOGIT_BITS) * ONE) for b in range(EXP_MID)]
+    lo = [round(math.exp(-c / 2 ** LOGIT_BITS) * ONE) for c in range(EXP_LO)]
+    return np.array(hi + mid + lo, np.int32)
+
+
+def exp_q14(d):
+    """exp(-d / 2**12) in Q14 for int64 d >= 0, as the device's fixedpoint.exp_q14."""
+    table = exp_table().astype(np.int64)
+    d = np.asarray(d, np.int64)
+    a = d >> 12
+    e = ((((table[np.minimum(a, EXP_HI - 1)] * table[EXP_HI + ((d >> 6) & 63)]) + 8192)
+          >> 14) * table[EXP_HI + EXP_MID + (d & 63)] + 8192) >> 14
+    return np.where(a < EXP_HI, e, 0)
 
 
 def _byte(ctx, name, node):
@@ -128,7 +141,7 @@ def exp_table_tensor(ctx):
     if EXP_TABLE in ctx.persistent:
         table = ctx.local[EXP_TABLE] = ctx.persistent[EXP_TABLE]
     else:
-        table = ctx.add(Tensor(EXP_TABLE, INT32, CONSTANT, (EXP_HI + EXP_LO,),
+        table = ctx.add(Tensor(EXP_TABLE, INT32, CONSTANT, (EXP_HI + EXP_MID + EXP_LO,),
                                data=exp_table().astype("<i4").tobytes()))
         ctx.persistent[EXP_TABLE] = ctx.local[EXP_TABLE] = table
     return table
@@ -235,15 +248,12 @@ def logits(xq, x_zp, w, bias, sx, sw):
 
 def softmax_ce(z, labels):
     """(loss ints [m, 2], gradient Q14 [m, n]) as int_softmax_ce computes them."""
-    table = exp_table().astype(np.int64)
     z = np.asarray(z, np.int64)
     d = z.max(axis=1, keepdims=True) - z
-    a = d >> 6
     rows = np.arange(len(z))
     counted = z != UNUSED_LOGIT
     counted[rows, labels] = True
-    e = np.where((a < EXP_HI) & counted,
-                 (table[np.minimum(a, EXP_HI - 1)] * table[EXP_HI + (d & 63)]) >> 14, 0)
+    e = np.where(counted, exp_q14(d), 0)
     total = e.sum(axis=1, keepdims=True)
     g = ((e << 14) + (total >> 1)) // total
     g[rows, labels] -= ONE
