@@ -10,8 +10,9 @@ in two configurations: the classifier alone, and the sparse update (--train-bias
   on the MicroPython Unix port with the viper kernels (every step under heap_lock()) and
   with the pure-Python kernels (tests/int8_acceptance_run.py, two runs at a time), and
   compares their parameters, loss ints and checkpoints byte for byte;
-* the loss: the mean of the first 5 steps' losses and of the last 5 (CPython's; the others
-  are the same bytes);
+  (--compare-steps K: over the first K steps only, the whole run on the viper kernels);
+* the loss: the mean of the first 5 steps' losses and of the last 5 (the viper kernels'
+  run; with the same bytes as the others when they ran all the steps);
 * the arenas as `microtrain inspect` reports them ("all arenas": float + int32 + int8), the
   int8 weights read in place (a buffer for a blob file, none in ROMFS) and the fit check's
   predicted heap (`inspect --board`, tools/boards.predict, the board's default placement)
@@ -22,7 +23,8 @@ in two configurations: the classifier alone, and the sparse update (--train-bias
 
 Prints a markdown table; asserts nothing.
 
-    python bench/int8_models.py [--models a,b] [--steps 50] [--rounds 2] [--micropython PATH]
+    python bench/int8_models.py [--models a,b] [--steps 50] [--compare-steps K] [--rounds 2]
+                                [--micropython PATH]
 """
 import argparse
 import os
@@ -91,17 +93,21 @@ def one_model(name, args, tmp):
             print(f"{name} {config}: refused: {info}", flush=True)
             continue
         (work / "data.bin").write_bytes(run.records(info, x, y, batch))
+        compare = min(args.compare_steps or args.steps, args.steps)
         outs, identical = run.train_everywhere(args.micropython, info, work / "data.bin",
-                                               args.steps, work)
+                                               compare, work)
+        if compare < args.steps:     # the loss of all the steps: the viper kernels' run
+            outs["viper"] = run.run_steps("viper", args.micropython, info, work / "data.bin",
+                                          args.steps, work / "all.ckpt")
         viper_locked = outs["viper"].startswith("locked True viper True intgrad viper True")
-        first, last = run.falls(run.losses(outs["cpython"]))
+        first, last = run.falls(run.losses(outs["viper"]))
         arenas, in_place = arena_bytes(info["blob"])
         fits = predicted_heaps(work / "int8")
         float_blob, float_checkpoint = float_pack(model, options, m.loss, batch, work / "float")
         int_us, float_us, locked = step_times(args.micropython, info, float_blob,
                                               float_checkpoint, args.rounds)
         rows.append(dict(row, parameters=len(info["parameters"]), first=first, last=last,
-                         identical=identical, locked=viper_locked and locked, arenas=arenas,
+                         identical=identical, compared=compare, locked=viper_locked and locked, arenas=arenas,
                          in_place=in_place, fits=fits, int_us=int_us, float_us=float_us,
                          seconds=time.time() - t0))
         print(f"{name} {config}: loss {first:.4f} -> {last:.4f}, identical {identical}, "
@@ -127,7 +133,8 @@ def table(rows):
             continue
         heaps = " | ".join(f"{_kb(f.needed)}" + ("" if f.fits else " (no fit)")
                            for f in r["fits"].values())
-        same = ("yes" if r["identical"] else "NO") + (", heap locked" if r["locked"] else "")
+        same = (("yes" if r["identical"] else "NO") + f" ({r['compared']} steps)"
+                + (", heap locked" if r["locked"] else ""))
         lines.append(start + f" {r['parameters']} | {r['first']:.3f} -> {r['last']:.3f} | "
                      f"{same} | {_kb(r['arenas'])} (+{_kb(r['in_place'])}) | {heaps} | "
                      f"{r['int_us'] / 1000:.1f} | {r['float_us'] / 1000:.1f} | "
@@ -140,6 +147,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=",".join(ACCEPTANCE_MODELS))
     ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--compare-steps", type=int, default=0,
+                    help="compare the three runtimes over this many steps only (default: "
+                         "--steps); the loss columns then come from a run of --steps on the "
+                         "viper kernels")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--micropython", default=os.environ.get(
         "MICROTRAIN_MICROPYTHON", str(ROOT / ".cache" / "micropython" / "micropython")))
