@@ -2,8 +2,8 @@
 # train program under micropython.heap_lock() with the viper kernels ("fast" on
 # MicroPython), or with the pure-Python kernels ("pure"), or on CPython. Prints a header
 # line, then each step's loss as the device reports it (integer_loss, after the lock is
-# released: a float is an object), the trained parameters and the last step's loss ints,
-# so the caller compares runs byte for byte; saves the checkpoint.
+# released: a float is an object) and its loss ints, and the trained parameters, so the
+# caller compares runs byte for byte; saves the checkpoint.
 #   int8_acceptance_steps.py BLOB CKPT DATA STEPS fast|pure OUT_CKPT
 # DATA: one record per training sample, each train input's bytes in the program's input
 # order (int8 / uint8: a byte a value, int32: four, little endian); step s reads record
@@ -39,6 +39,7 @@ records = len(data) // record
 steps = int(sys.argv[4])
 F, I = model.F, model.I
 lock = micropython is not None and mode == "fast"
+loss = program.outputs[0]
 print("locked", lock, "viper", inttrain.int_gemm_update is not inttrain._pure["int_gemm_update"],
       "intgrad viper", intgrad.int_conv_update is not intgrad._pure["int_conv_update"])
 for s in range(steps):
@@ -56,9 +57,8 @@ for s in range(steps):
     finally:
         if lock:
             micropython.heap_unlock()
-    print("step", s, "loss", "%.6f" % integer_loss(model, program))
+    print("step", s, "loss", "%.6f" % integer_loss(model, program), "ints",
+          " ".join(str(I[b.offsets[loss] + i]) for i in range(b.sizes[loss])))
 for name in sorted(state.parameters):
     print(name, " ".join(str(v) for v in state.parameters[name].data))
-loss = program.outputs[0]
-print("loss ints", " ".join(str(I[b.offsets[loss] + i]) for i in range(b.sizes[loss])))
 CheckpointState.save_checkpoint(state, sys.argv[6])
