@@ -9,10 +9,10 @@ in two configurations: the classifier alone, and the sparse update (--train-bias
 * trains --steps integer steps on synthetic learnable data (one batch a step) on CPython,
   on the MicroPython Unix port with the viper kernels (every step under heap_lock()) and
   with the pure-Python kernels (tests/int8_acceptance_run.py, two runs at a time), and
-  compares their parameters, loss ints and checkpoints byte for byte;
-  (--compare-steps K: over the first K steps only, the whole run on the viper kernels);
-* the loss: the mean of the first 5 steps' losses and of the last 5 (the viper kernels'
-  run; with the same bytes as the others when they ran all the steps);
+  compares their parameters, each step's loss ints and checkpoints byte for byte
+  (--compare-steps K: over the first K steps only, then all the steps on the viper kernels);
+* the loss: the mean of the first 5 steps' losses and of the last 5, as the viper kernels'
+  run reports them (from the same loss ints as the others when they ran all the steps);
 * the arenas as `microtrain inspect` reports them ("all arenas": float + int32 + int8), the
   int8 weights read in place (a buffer for a blob file, none in ROMFS) and the fit check's
   predicted heap (`inspect --board`, tools/boards.predict, the board's default placement)
