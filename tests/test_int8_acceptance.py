@@ -23,13 +23,13 @@ def test_fifty_integer_steps_identical_everywhere_and_the_loss_falls(name, confi
     model, calibration, x, y = run.prepare(name, tmp_path, STEPS)
     info = run.pack(name, config, model, calibration, tmp_path / "int8")
     assert isinstance(info, dict), info
-    expected = 2 if config == "classifier" else None
-    if expected:
-        assert len(info["parameters"]) == expected
+    # the classifier: its weight and bias; sparse: every layer's bias besides
+    assert (len(info["parameters"]) == 2) == (config == "classifier"), info["parameters"]
     (tmp_path / "data.bin").write_bytes(run.records(info, x, y))
     outs, identical = run.train_everywhere(micropython, info, tmp_path / "data.bin", STEPS,
                                            tmp_path)
     assert outs["viper"].startswith("locked True viper True intgrad viper True"), outs["viper"]
+    assert outs["pure"].startswith("locked False viper False intgrad viper False")
     assert identical
     losses = run.losses(outs["cpython"])
     assert len(losses) == STEPS
