@@ -271,9 +271,21 @@ def integer_training(spec, onnx_path, work, config, x, y, xt, yt, order, batch, 
 def compare(name, config, train=512, test=1024, epochs=3, lr=0.05, batch=8,
             pretrain_steps=300, runtime="cpython", micropython=None, work=None):
     """One row of the table: a dict with the float and integer figures."""
-    spec = ACCEPTANCE_MODELS[name]
     if train % batch or test % batch:
         raise ValueError("--train and --test must be multiples of --batch")
+    # (torch's thread pool on a loaded 2-core machine makes a tiny model's step 100x slower)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _compare(name, config, train, test, epochs, lr, batch, pretrain_steps, runtime,
+                        micropython, work)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _compare(name, config, train, test, epochs, lr, batch, pretrain_steps, runtime,
+             micropython, work):
+    spec = ACCEPTANCE_MODELS[name]
     clock = time.time()
     module, onnx_model = start_model(name, batch, pretrain_steps)
     x, y, xt, yt = data(name, train, test)
