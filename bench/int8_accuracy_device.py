@@ -1,13 +1,14 @@
 # The device side of int8_accuracy.py: trains an integer training blob (pack --int8) over
 # fixed batches in a given order, then writes the eval program's output for held-out
 # batches. Runs unchanged on CPython and MicroPython (imports only array, sys, microtrain).
-#   int8_accuracy_device.py BLOB CKPT TRAIN ORDER EVAL OUT cache|plain
+#   int8_accuracy_device.py BLOB CKPT TRAIN ORDER EVAL OUT cache|plain OUT_CKPT
 # TRAIN, EVAL: records of each program input's values in the program's input order (the
 #   quantized input bytes, then the int32 labels if the program takes labels).
 # ORDER: the batch index of every train step, uint16 little endian, epoch after epoch.
 # cache: the latent cache (classifier-only blobs): the backbone runs once per batch.
 # OUT: the eval program's second output (int32: the logits, or the autoencoder's output,
 #   LOGIT_BITS fractional bits) of every held-out batch, concatenated.
+# OUT_CKPT: the trained checkpoint.
 import sys
 from array import array
 from microtrain import CheckpointState, Module
@@ -35,7 +36,7 @@ def read(path):
         return f.read()
 
 
-def main(blob, ckpt, train_path, order_path, eval_path, out_path, mode):
+def main(blob, ckpt, train_path, order_path, eval_path, out_path, mode, out_ckpt):
     state = CheckpointState.load_checkpoint(ckpt)
     model = Module(blob, state)
     b = model.blob
@@ -61,6 +62,9 @@ def main(blob, ckpt, train_path, order_path, eval_path, out_path, mode):
         if steps % batches == 0:
             print("epoch", steps // batches, "loss", epoch_loss / batches)
             epoch_loss = 0.0
+    if cache is not None:
+        cache.close()
+    CheckpointState.save_checkpoint(state, out_ckpt)
     model.eval()
     codes, widths = program_inputs(b, model._eval)
     data = read(eval_path)
@@ -71,4 +75,4 @@ def main(blob, ckpt, train_path, order_path, eval_path, out_path, mode):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:8])
+    main(*sys.argv[1:9])
