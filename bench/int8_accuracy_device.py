@@ -1,0 +1,78 @@
+# The device side of int8_accuracy.py: trains an integer training blob (pack --int8) over
+# fixed batches in a given order, then writes the eval program's output for held-out
+# batches. Runs unchanged on CPython and MicroPython (imports only array, sys, microtrain).
+#   int8_accuracy_device.py BLOB CKPT TRAIN ORDER EVAL OUT cache|plain OUT_CKPT
+# TRAIN, EVAL: records of each program input's values in the program's input order (the
+#   quantized input bytes, then the int32 labels if the program takes labels).
+# ORDER: the batch index of every train step, uint16 little endian, epoch after epoch.
+# cache: the latent cache (classifier-only blobs): the backbone runs once per batch.
+# OUT: the eval program's second output (int32: the logits, or the autoencoder's output,
+#   LOGIT_BITS fractional bits) of every held-out batch, concatenated.
+# OUT_CKPT: the trained checkpoint.
+import sys
+from array import array
+from microtrain import CheckpointState, Module
+from microtrain.blob import INT32, INT8
+
+
+def program_inputs(b, program):
+    codes = ["i" if b.dtypes[t] == INT32 else "b" if b.dtypes[t] == INT8 else "B"
+             for t in program.inputs]
+    widths = [b.sizes[t] * (4 if code == "i" else 1) for t, code in zip(program.inputs, codes)]
+    return codes, widths
+
+
+def record(data, index, codes, widths):
+    at = index * sum(widths)
+    values = []
+    for code, width in zip(codes, widths):
+        values.append(array(code, data[at:at + width]))
+        at += width
+    return values
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def main(blob, ckpt, train_path, order_path, eval_path, out_path, mode, out_ckpt):
+    state = CheckpointState.load_checkpoint(ckpt)
+    model = Module(blob, state)
+    b = model.blob
+    codes, widths = program_inputs(b, model._train)
+    data = read(train_path)
+    batches = len(data) // sum(widths)
+    order = array("H", read(order_path))
+    cache = None
+    if mode == "cache":
+        from microtrain.latent import LatentCache
+        cache = LatentCache(model, batches)
+    seen = bytearray(batches)
+    epoch_loss, steps = 0.0, 0
+    for s in order:
+        inputs = record(data, s, codes, widths)
+        if cache is None:
+            epoch_loss += model(*inputs)
+        else:
+            # (later epochs: the cached features; the labels of the same batch)
+            epoch_loss += cache.step(s, None if seen[s] else inputs[0], inputs[1])
+        seen[s] = 1
+        steps += 1
+        if steps % batches == 0:
+            print("epoch", steps // batches, "loss", epoch_loss / batches)
+            epoch_loss = 0.0
+    if cache is not None:
+        cache.close()
+    CheckpointState.save_checkpoint(state, out_ckpt)
+    model.eval()
+    codes, widths = program_inputs(b, model._eval)
+    data = read(eval_path)
+    with open(out_path, "wb") as out:
+        for s in range(len(data) // sum(widths)):
+            outputs = model(*record(data, s, codes, widths))
+            out.write(outputs[1])
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:9])
