@@ -106,7 +106,7 @@ def test_overwritten_integer_loss_is_a_training_error(int_artifacts, tmp_path):
     # and the loss ints themselves: a sum of exponentials below 1.0 never leaves the kernel
     with pytest.raises(TrainingError, match="sum of exponentials is 0"):
         K.loss_value([0, 16384, 5, 0], 0, 2)
-    assert K.loss_value([256, 16384], 0, 1) == 1.0
+    assert K.loss_value([1 << K.LOGIT_BITS, 16384], 0, 1) == 1.0     # max - z_label = 1.0
 
 
 def test_running_statistic_beyond_float32_is_refused(tmp_path):
