@@ -241,6 +241,22 @@ def torch_step(fused, quant_of, values, before, info, y, lr, loss):
 TOLERANCE = {"device": 2 ** -12, "cross_entropy": 1e-3}
 
 
+def step_errors(model, expected, before):
+    """{parameter: (|the device's step - torch's| per element, torch's largest step)} after
+    one device step from `before`, for each parameter torch stepped (`expected`, in quanta);
+    an int8 weight stops at +-127: those elements are left out."""
+    errors = {}
+    for param, step in expected.items():
+        tid = model.blob.tensor_id(param)
+        weight = model.blob.dtypes[tid] == device_blob.INT8
+        after = _bytes(model, tid) if weight else np.array(model.output(tid), np.int64)
+        got = (before[param] - after).reshape(step.shape)
+        free = np.abs(before[param].reshape(step.shape) - np.round(step)) <= (
+            127 if weight else 1 << 23)
+        errors[param] = (np.abs(got - step)[free], float(np.abs(step).max()))
+    return errors
+
+
 @pytest.mark.parametrize("loss", list(TOLERANCE))
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_integer_backward_equals_torch_float64(qdq, config, loss, tmp_path):
@@ -267,16 +283,7 @@ def test_integer_backward_equals_torch_float64(qdq, config, loss, tmp_path):
         expected = torch_step(fused, quant_of, values, before, info, y, lr, loss)
         model = Module(info["blob"], CheckpointState.load_checkpoint(info["checkpoint"]))
         model(x, y)
-        for param, step in expected.items():
-            tid = model.blob.tensor_id(param)
-            weight = model.blob.dtypes[tid] == device_blob.INT8
-            after = _bytes(model, tid) if weight else np.array(model.output(tid), np.int64)
-            got = (before[param] - after).reshape(step.shape)
-            # (an int8 weight stops at +-127: those elements are left out)
-            free = np.abs(before[param].reshape(step.shape) - np.round(step)) <= (
-                127 if weight else 1 << 23)
-            err = np.abs(got - step)[free]
-            largest = float(np.abs(step).max())
+        for param, (err, largest) in step_errors(model, expected, before).items():
             worst = max(worst, float((err.max() - 0.5) / largest) if largest else 0.0)
             # half a quantum of rounding plus 1e-3 of the layer's largest step
             assert np.all(err <= 0.5 + TOLERANCE[loss] * largest + 1e-9), (

@@ -14,7 +14,6 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 from microtrain import CheckpointState, InferenceSession, Module
-from microtrain import blob as device_blob
 from microtrain import parser as device_blob_parser
 from microtrain_host.errors import UnsupportedOpError
 from microtrain_host.int8pack import pack_int8
@@ -23,7 +22,7 @@ from microtrain_host.quant.int8 import int8_graph, pack_inference_model
 from microtrain_host.quant.inttrain import int8_training_artifacts, quantize_input
 from reference_models import ReferenceModel
 from test_int_limits import _viper_pure_cpython
-from test_intbackward import TOLERANCE, _bytes, _forward, torch_step
+from test_intbackward import TOLERANCE, _forward, step_errors, torch_step
 from test_inttrain import torch_step as classifier_step
 from test_quant_int8 import compare
 
@@ -230,15 +229,7 @@ def test_integer_step_through_concat_equals_torch_float64(qdq, config, tmp_path)
         expected[info["weight"]], expected[info["bias"]] = dw, db
         model = Module(info["blob"], CheckpointState.load_checkpoint(info["checkpoint"]))
         model(x, y)
-        for param, step in expected.items():
-            tid = model.blob.tensor_id(param)
-            weight = model.blob.dtypes[tid] == device_blob.INT8
-            after = _bytes(model, tid) if weight else np.array(model.output(tid), np.int64)
-            got = (before[param] - after).reshape(step.shape)
-            free = np.abs(before[param].reshape(step.shape) - np.round(step)) <= (
-                127 if weight else 1 << 23)
-            err = np.abs(got - step)[free]
-            largest = float(np.abs(step).max())
+        for param, (err, largest) in step_errors(model, expected, before).items():
             # the classifier against the float softmax: the integer softmax's bound
             tolerance = TOLERANCE["cross_entropy" if param in (info["weight"], info["bias"])
                                   else "device"]

@@ -17,13 +17,12 @@ import torch
 
 from conftest import ROOT, run_micropython
 from microtrain import CheckpointState, Module
-from microtrain import blob as device_blob
 from microtrain import parser as device_blob_parser
 from microtrain_host.quant.int8 import int8_graph
 from microtrain_host.quant.intloss import quantize_target
 from microtrain_host.quant.inttrain import int8_training_artifacts, quantize_input
 from test_int_limits import _viper_pure_cpython
-from test_intbackward import _bytes, _forward, torch_step
+from test_intbackward import _forward, step_errors, torch_step
 import test_intloss
 from microtrain_host.ops.inttrain import LOGIT_BITS
 from test_intloss import _blocks, _export, _normal_data, _qat_pack
@@ -131,16 +130,7 @@ def test_int_loss_backward_equals_torch_float64(autoencoder, bce_model, name, co
         expected = torch_step(fused, quant_of, values, before, info, None, lr, "device")
         model = Module(info["blob"], CheckpointState.load_checkpoint(info["checkpoint"]))
         model(*([x.tolist()] + ([] if t is None else [t.tolist()])))
-        for param, step in expected.items():
-            tid = model.blob.tensor_id(param)
-            weight = model.blob.dtypes[tid] == device_blob.INT8
-            after = _bytes(model, tid) if weight else np.array(model.output(tid), np.int64)
-            got = (before[param] - after).reshape(step.shape)
-            # (an int8 weight stops at +-127: those elements are left out)
-            free = np.abs(before[param].reshape(step.shape) - np.round(step)) <= (
-                127 if weight else 1 << 23)
-            err = np.abs(got - step)[free]
-            largest = float(np.abs(step).max())
+        for param, (err, largest) in step_errors(model, expected, before).items():
             worst = max(worst, float((err.max() - 0.5) / largest) if largest else 0.0)
             assert np.all(err <= 0.5 + TOLERANCE * largest + 1e-9), (param, err.max(), largest)
             if largest > 1:
@@ -212,15 +202,7 @@ def test_ad_autoencoder_640_outputs_backward_equals_torch_float64(ad_sparse, tmp
     model = Module(info["blob"], CheckpointState.load_checkpoint(info["checkpoint"]))
     model(x.tolist())
     worst = 0.0
-    for param, step in expected.items():
-        tid = model.blob.tensor_id(param)
-        weight = model.blob.dtypes[tid] == device_blob.INT8
-        after = _bytes(model, tid) if weight else np.array(model.output(tid), np.int64)
-        got = (before[param] - after).reshape(step.shape)
-        free = np.abs(before[param].reshape(step.shape) - np.round(step)) <= (
-            127 if weight else 1 << 23)
-        err = np.abs(got - step)[free]
-        largest = float(np.abs(step).max())
+    for param, (err, largest) in step_errors(model, expected, before).items():
         assert largest > 1, (param, largest)
         worst = max(worst, float((err.max() - 0.5) / largest))
         assert np.all(err <= 0.5 + WIDE_TOLERANCE * largest + 1e-9), (param, err.max(),
