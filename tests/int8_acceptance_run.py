@@ -1,7 +1,7 @@
 """Issue 22's acceptance run for one model and configuration, shared by
 tests/test_int8_acceptance.py and bench/int8_models.py: the one command's pack
 (int8pack.pack_int8, calibrated on synthetic samples), then STEPS integer train steps
-(tests/device_scripts/int8_acceptance_steps.py) on CPython, on MicroPython with the viper
+(tests/device_scripts/inttrain_steps.py, each step's loss printed) on CPython, on MicroPython with the viper
 kernels under heap_lock() and on MicroPython with the pure-Python kernels, compared byte
 for byte."""
 import subprocess
@@ -15,7 +15,7 @@ from conftest import DEVICE, ROOT, run_micropython
 from int8_acceptance_models import ACCEPTANCE_MODELS, synthetic
 from microtrain_host.errors import ArtifactError, UnsupportedOpError
 
-STEPS_SCRIPT = ROOT / "tests" / "device_scripts" / "int8_acceptance_steps.py"
+STEPS_SCRIPT = ROOT / "tests" / "device_scripts" / "inttrain_steps.py"
 CALIBRATION_SAMPLES = 32
 RUNTIMES = ("cpython", "viper", "pure")
 # the integer SGD's learning rate per model: the same for both configurations and every
@@ -100,11 +100,11 @@ def run_steps(runtime, micropython, info, data, steps, out_checkpoint, timeout=3
     args = [info["blob"], info["checkpoint"], data, steps]
     if runtime == "cpython":
         return subprocess.run([sys.executable, str(STEPS_SCRIPT), *map(str, args), "pure",
-                               str(out_checkpoint)], capture_output=True, text=True,
+                               str(out_checkpoint), "each"], capture_output=True, text=True,
                               env={"PYTHONPATH": str(DEVICE)}, check=True,
                               timeout=timeout).stdout
     mode = "fast" if runtime == "viper" else "pure"
-    return run_micropython(micropython, STEPS_SCRIPT, *args, mode, out_checkpoint,
+    return run_micropython(micropython, STEPS_SCRIPT, *args, mode, out_checkpoint, "each",
                            heap="64M", timeout=timeout)
 
 

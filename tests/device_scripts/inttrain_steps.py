@@ -2,9 +2,11 @@
 # viper kernels, every train step under micropython.heap_lock()) or with the pure-Python
 # kernels, or on CPython: prints the trained int8 weights, int32 bias and the last loss ints
 # so the test can compare the three runs byte for byte; saves the checkpoint.
-#   inttrain_steps.py BLOB CKPT DATA STEPS fast|pure OUT_CKPT [buffer]
+#   inttrain_steps.py BLOB CKPT DATA STEPS fast|pure OUT_CKPT [buffer] [each]
 # buffer: the blob given to the Module as bytes (as a blob in flash: its int8 weights read
-# in place) rather than as a path.
+# in place) rather than as a path. each: the header line first, then a line per step with
+# its loss as the device reports it (integer_loss, after the lock is released: a float is
+# an object) and its loss ints (tests/int8_acceptance_run.py).
 # DATA: records of each train input's values in the program's input order (int8 / uint8: a
 # byte each, int32: four, little endian): the quantized input, then the labels or target if
 # the program takes one.
@@ -17,6 +19,7 @@ except ImportError:
 from microtrain import CheckpointState, Module
 from microtrain.blob import INT32, INT8
 from microtrain.feed import copy_inputs
+from microtrain.intparams import integer_loss
 from microtrain.kernels import intgrad, inttrain, qlinear
 
 mode = sys.argv[5]
@@ -25,7 +28,8 @@ if mode == "pure":
     inttrain.use_fast(False)
     intgrad.use_fast(False)
 state = CheckpointState.load_checkpoint(sys.argv[2])
-if sys.argv[7:] == ["buffer"]:
+each = "each" in sys.argv[7:]
+if "buffer" in sys.argv[7:]:
     with open(sys.argv[1], "rb") as f:
         source = f.read()
 else:
@@ -44,6 +48,13 @@ record = sum(widths)
 steps = int(sys.argv[4])
 F, I = model.F, model.I
 lock = micropython is not None and mode == "fast"
+loss = program.outputs[0]
+header = ("locked", lock, "viper",
+          inttrain.int_gemm_update is not inttrain._pure["int_gemm_update"],
+          "intgrad viper", intgrad.int_conv_update is not intgrad._pure["int_conv_update"])
+if each:
+    print(*header)
+kernel = args = None    # (module globals made before the lock: a dict that grows allocates)
 for s in range(steps):
     at = (s % (len(data) // record)) * record
     inputs = []
@@ -59,12 +70,14 @@ for s in range(steps):
     finally:
         if lock:
             micropython.heap_unlock()
-print("locked", lock, "viper", inttrain.int_gemm_update is not inttrain._pure["int_gemm_update"],
-      "intgrad viper", intgrad.int_conv_update is not intgrad._pure["int_conv_update"])
+    if each:
+        print("step", s, "loss", "%.6f" % integer_loss(model, program), "ints",
+              " ".join(str(I[b.offsets[loss] + i]) for i in range(b.sizes[loss])))
+if not each:
+    print(*header)
 names = sorted(state.parameters)
 for name in names:
     p = state.parameters[name]
     print(name, " ".join(str(v) for v in p.data))
-loss = program.outputs[0]
 print("loss", " ".join(str(I[b.offsets[loss] + i]) for i in range(b.sizes[loss])))
 CheckpointState.save_checkpoint(state, sys.argv[6])
