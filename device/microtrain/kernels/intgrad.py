@@ -48,9 +48,8 @@
 # likewise, in chunks of MAX_BIAS_SUM = 8191 positions (below 2**29). An input gradient
 # element sums cout_g * taps products of a mantissa and a weight (|w| <= 128): with more
 # than 127 terms the mantissas are first rounded to fewer bits (_pre_shift: 14 bits for 256
-# terms, 13 for 576, 11 for 2304, 10 for MAX_TERMS = 4096,
-# the limit checked), so every sum stays below 2**30; every
-# kernel only adds and multiplies such ints.
+# terms, 13 for 576, 11 for 2304, 10 for MAX_TERMS = 4096, the limit checked), so every
+# sum stays below 2**30; every kernel only adds and multiplies such ints.
 import math
 from microtrain.kernels.fixedpoint import f32, quantization, requant, requant_pair, round_shift
 from microtrain.kernels.intsgd import (derive_rates, descend_bias, descend_weight,
