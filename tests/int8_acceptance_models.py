@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from mlperf_tiny import ad_autoencoder, mobilenet_v1_025, resnet8
+from mlperf_tiny import _settle, ad_autoencoder, mobilenet_v1_025, resnet8
 from reference_models import ReferenceModel
 from conftest import ROOT
 
@@ -64,14 +64,6 @@ class ConvFlattenGemm(nn.Module):
         return self.head(torch.flatten(self.features(x), 1))
 
 
-def _settled(module, shape):
-    module.train()
-    with torch.no_grad():
-        for _ in range(3):
-            module(torch.randn((8,) + shape))
-    return module.eval()
-
-
 def _normalised(ref, seed):
     """The reference model with every BatchNorm's running statistics those of a few batches
     of N(0, 1) inputs (cumulative averages, not mlperf_tiny's three momentum-0.1 passes,
@@ -99,13 +91,13 @@ def mlp(batch=1):
 
 def imu_1d(batch=1):
     torch.manual_seed(32)
-    return ReferenceModel("imu_1d", _settled(IMUNet(), (6, 64)), (6, 64), "CrossEntropyLoss",
+    return ReferenceModel("imu_1d", _settle(IMUNet(), (6, 64)), (6, 64), "CrossEntropyLoss",
                           batch, {"SGD": 0.05})
 
 
 def conv_flatten_gemm(batch=1):
     torch.manual_seed(33)
-    return ReferenceModel("conv_flatten_gemm", _settled(ConvFlattenGemm(), (1, 16, 16)),
+    return ReferenceModel("conv_flatten_gemm", _settle(ConvFlattenGemm(), (1, 16, 16)),
                           (1, 16, 16), "CrossEntropyLoss", batch, {"SGD": 0.05})
 
 
