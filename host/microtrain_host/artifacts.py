@@ -151,6 +151,20 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None,
     return written
 
 
+def eval_graph(model, batch_size=None, loss=LossType.CrossEntropyLoss, quantization=None):
+    """(eval graph, {parameter: value}) of generate_artifacts with every parameter trainable,
+    built in memory: nothing lowered or written. The values are the checkpoint's (trainable,
+    then frozen). What `pack --int8` calibrates and quantizes (int8pack.py): its
+    BatchNormalization is in inference form (running statistics), so it builds at any batch
+    size, where lowering the training graph (batch statistics) refuses one value per channel
+    (a BatchNorm1d after a Gemm at batch 1)."""
+    graphs = _graphs(model, None, None, stage=lambda name: None, batch_size=batch_size,
+                     loss=loss, optimizer=None, loss_input_names=None, optimizer_options=None,
+                     additional_output_names=None, quantization=quantization,
+                     update_in_backward=False, recompute=False)
+    return graphs.eval_model, {p: graphs.values[p] for p in graphs.trainable + graphs.frozen}
+
+
 @dataclasses.dataclass
 class _Graphs:
     """What generate_artifacts builds before anything is lowered or written."""

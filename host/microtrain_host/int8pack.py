@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from .artifacts import _check_directory, generate_artifacts
+from .artifacts import _check_directory, eval_graph
 from .errors import ArtifactError
 from .formats.checkpoint import read_checkpoint
 from .formats.files import write_atomically
@@ -88,12 +88,8 @@ def pack_int8(model, output, *, calibration=None, qat_checkpoint=None, batch_siz
     _check_directory(output)
     samples = _calibration_samples(calibration) if calibration is not None else None
     with tempfile.TemporaryDirectory() as work:
-        qat = generate_artifacts(model, artifact_directory=work, batch_size=batch_size,
-                                 optimizer="SGD", loss=FLOAT_LOSS[loss],
-                                 quantization={"activation_dtype": activation_dtype})
-        eval_model = onnx.load(qat.eval_model)
-        state = read_checkpoint(qat.checkpoint)
-        values = {**state.trainable, **state.frozen}
+        eval_model, values = eval_graph(model, batch_size=batch_size, loss=FLOAT_LOSS[loss],
+                                        quantization={"activation_dtype": activation_dtype})
         owners = sorted(set(quantization_metadata(eval_model)["activations"].values()))
         if samples is not None:
             values.update(calibrated_ranges(eval_model, values, owners, *samples))
