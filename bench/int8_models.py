@@ -4,8 +4,8 @@ in two configurations: the classifier alone, and the sparse update (--train-bias
 --train-last of its last block). For each:
 
 * packs it with the one command (int8pack.pack_int8 = `microtrain pack --int8 --calibrate`,
-  32 synthetic calibration samples; batch 1, the AD autoencoder batch 2: the QAT graph the
-  pack calibrates in keeps BatchNorm1d in training mode); a refusal is printed in the table;
+  32 synthetic calibration samples; batch 1, BatchNorm1d folded as any BatchNorm); a
+  refusal is printed in the table;
 * trains --steps integer steps on synthetic learnable data (one batch a step) on CPython,
   on the MicroPython Unix port with the viper kernels (every step under heap_lock()) and
   with the pure-Python kernels (tests/int8_acceptance_run.py, two runs at a time), and

@@ -27,9 +27,9 @@ LEARNING_RATES = {"ds_cnn_kws": 0.02, "mobilenet_v1_025": 0.0002, "resnet8": 0.0
                   "conv_flatten_gemm": 0.05}
 
 
-# batch 1 unless the pack needs more: the QAT graph pack_int8 calibrates in keeps
-# BatchNorm1d in training mode, which refuses one value per channel
-BATCH = {"ad_autoencoder": 2}
+# the batch of a model that trains at more than 1 (none: pack_int8 folds BatchNorm1d at
+# batch 1 too, the AD autoencoder's included)
+BATCH = {}
 
 
 # the synthetic data's noise (int8_acceptance_models.synthetic, default 1.0) where the

@@ -29,9 +29,9 @@ def add_int8_arguments(parser):
         "integer training",
         "--int8 packs a float model for training in integers on the device: the activation "
         "ranges calibrated on samples (or taken from a QAT-trained checkpoint), int8 "
-        "weights per output channel (BatchNormalization folded into the convolution "
-        "before it, at any --batch-size; a BatchNorm1d after a Gemm needs 2 or more), every "
-        "train step integer-only. Writes model.mtb, "
+        "weights per output channel (BatchNormalization folded into the convolution or "
+        "Gemm before it, so any --batch-size, 1 included), every train step integer-only. "
+        "Writes model.mtb, "
         "checkpoint, int8.json (the input's scale and zero point: the blob takes int8 / "
         "uint8 inputs) and model_qdq.onnx (the int8 model for onnxruntime). Integer "
         "training is SGD (--lr, default 0.01; --momentum) of the classifier; --train-last "

@@ -2,16 +2,18 @@
 pack model.onnx -o DIR --int8 --calibrate data.npz`).
 
 The route, every stage an existing one:
-  1. the model packed for quantization-aware training in a scratch directory
-     (generate_artifacts with quantization: the observed activations get frozen
-     parameters `<tensor>.observer_range`, quant/quantize.py);
+  1. the eval graph of the model packed for quantization-aware training, built in memory
+     (artifacts.eval_graph: generate_artifacts' graphs with quantization, the observed
+     activations getting frozen parameters `<tensor>.observer_range`, quant/quantize.py;
+     nothing lowered, so the training graph's BatchNormalization in training mode never
+     meets the batch size: batch 1 works with a BatchNorm1d after a Gemm too);
   2. the observer ranges set by post-training calibration - the float model in inference
      form (BatchNormalization with its running statistics, Dropout gone) run over the
      calibration samples, each observed tensor's min and max over all of them - or taken,
      with the weights, from a QAT-trained checkpoint;
   3. the QDQ model of those ranges and weights (quant/qdq.py, what `export --qdq` writes:
-     BatchNormalization folded into the convolution before it, int8 weights per output
-     channel, int32 biases);
+     BatchNormalization folded into the convolution or Gemm before it, int8 weights per
+     output channel, int32 biases);
   4. its integer training blob (quant/inttrain.py, what `export --int8-train` writes),
      stored under the names of every pack: model.mtb, checkpoint, and int8.json (the input
      quantization and what trains), plus model_qdq.onnx (the int8 model, for onnxruntime).
