@@ -14,9 +14,9 @@ The models and their data are tests/int8_acceptance_models.py's. For each model:
   features are informative: a classifier on a *different* synthetic task (the same
   model's generator under another name: other class templates; another seed;
   MobileNetV1-0.25, 2 classes: 16 templates through a temporary 16-output classifier, see
-  PRETRAIN_CLASSES), the autoencoder on normal samples of its own task drawn with another seed (an anomaly
-  detector is pretrained on normal data, then fine-tuned on the device on new normal
-  data). Both runs start from this one float model.
+  PRETRAIN_CLASSES), the autoencoder on normal samples of its own task drawn with another
+  seed (an anomaly detector is pretrained on normal data, then fine-tuned on the device
+  on new normal data). Both runs start from this one float model.
 * Float32 baseline: torch float32, torch.optim.SGD at the same lr (default: pack --int8's
   default, 0.01; at 0.05 float SGD grows weights far past the +-127 quanta of the scales
   the pack calibrated, where the int8 weights stop) on the same parameter
