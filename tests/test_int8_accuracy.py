@@ -59,8 +59,9 @@ CASES = [("mlp", "sparse"), ("imu_1d", "classifier"), ("conv_flatten_gemm", "cla
 def test_integer_training_within_two_points_of_float32(name, config):
     row = bench.compare(name, config, train=TRAIN, test=TEST, epochs=EPOCHS)
     print(f"{name} {config} lr {bench.DEFAULT_LEARNING_RATE}: {row['parameters']} tensors "
-          f"trained, held-out accuracy before {row['before']:.2f} %, float32 {row['float']:.2f} %, integer "
-          f"{row['int']:.2f} % ({row['difference']:+.2f}), int8 weights at the clamp "
+          f"trained, held-out accuracy before {row['before']:.2f} %, float32 "
+          f"{row['float']:.2f} %, integer {row['int']:.2f} % ({row['difference']:+.2f}), "
+          f"int8 weights at the clamp "
           f"{100 * row['saturated']:.1f} %, float32 with the classifier clamped alike "
           f"{row['float_clamped']:.2f} %; device: {'; '.join(row['epochs_loss'])}")
     # the training mattered: the comparison is not of two untrained models
