@@ -424,6 +424,76 @@ def test_wide_input_gradient_is_the_exact_sum_rounded(case):
           f"{err.max():.4f} of the exact sum")
 
 
+# kernels/inttrain.py int_gemm_grad_input beyond 31 outputs (D's unit 2**-x, x < GRAD_BITS:
+# kernels/intwide.py gemm_grad_input_wide) and at 31 (the narrow path, for contrast)
+GEMM_OUTPUTS = (31, 32, 640, 2048)
+
+
+def _gemm_case(n, m=2, k=24):
+    """(I arena, weight bytes, the kernel's ints args[1:8], x): D at 0, g after it, then the
+    factors (m0, shift) of s_w[j] / max(s_w) * 2**x, x as int_gemm_grad_input_check sets it
+    for an MSE loss; the weights [n, k] at offset 5 of their buffer."""
+    rng = np.random.default_rng(n)
+    x = 4
+    while n * 2.0 ** x > 511:
+        x -= 1
+    g = rng.integers(-(1 << 14) + 1, 1 << 14, (m, n)) * (rng.random((m, n)) < 0.8)
+    W = rng.integers(-128, 128, (n, k))
+    m0 = rng.integers(1 << 23, 1 << 24, n)
+    shift = np.where(rng.random(n) < 0.2, 23, rng.integers(24, 27, n)) - x  # max(s_w): <= 2**x
+    I = np.zeros(m * k + m * n + 2 * n, np.int32)
+    I[m * k:m * k + m * n] = g.reshape(-1)
+    I[m * k + m * n::2], I[m * k + m * n + 1::2] = m0, shift
+    weights = bytes(5) + (W.reshape(-1) & 255).astype(np.uint8).tobytes()
+    return I, weights, (0, m * k, 5, m * k + m * n, m, k, n), x
+
+
+def _run_gemm(I, weights, ints):
+    from microtrain.kernels import inttrain
+    I = array("i", I.tobytes())
+    inttrain.int_gemm_grad_input(None, I, (bytearray(weights),) + ints)
+    return np.array(I, np.int64)
+
+
+def _half_even(numerator, shift):
+    # round half to even of numerator / 2**shift (Python ints)
+    q, r = numerator >> shift, numerator & ((1 << shift) - 1)
+    half = 1 << shift >> 1
+    return q + (r > half or (r == half and q & 1)) if shift else numerator
+
+
+@pytest.mark.parametrize("n", GEMM_OUTPUTS)
+def test_wide_gemm_input_gradient_is_its_exact_sum_rounded_once(n):
+    # D[i, c] = sum_j h[i, j] * W[j, c] with h the output gradient times its factor, taken
+    # with GRAD_BITS extra bits (2**(x + wide) = 2**GRAD_BITS) and the exact sum rounded
+    # once to D's unit; up to 31 outputs x = GRAD_BITS already and D is the plain sum. The
+    # error against the unrounded real sum is printed beside that of rounding each term to
+    # D's unit (what the kernel did beyond 31 outputs before)
+    I, weights, ints, x = _gemm_case(n)
+    d, g, _, factors, m, k, _ = ints
+    W = (np.frombuffer(weights[5:], np.uint8).astype(np.int64) ^ 128) - 128
+    W = W.reshape(n, k)
+    wide = 4 - x
+    D = _run_gemm(I, weights, ints)[:m * k].reshape(m, k)
+    real = np.zeros((m, k))
+    per_term = np.zeros((m, k), np.int64)
+    for i in range(m):
+        for c in range(k):
+            exact = 0
+            for j in range(n):
+                v, m0, shift = (int(I[g + i * n + j]), int(I[factors + 2 * j]),
+                                int(I[factors + 2 * j + 1]))
+                exact += _half_even(v * m0, shift - wide) * int(W[j, c])
+                per_term[i, c] += _half_even(v * m0, shift) * int(W[j, c])
+                real[i, c] += v * m0 / 2.0 ** shift * float(W[j, c])
+            assert D[i, c] == _half_even(exact, wide), (i, c)
+    assert np.abs(D).max() < 1 << 30 and np.abs(D).max() > 1 << (20 + x)
+    if wide == 0:
+        assert np.array_equal(D, per_term)
+    print(f"{n} outputs (x = {x}): D within {np.abs(D - real).max():.2f} of the real sum, "
+          f"each term rounded: {np.abs(per_term - real).max():.2f}")
+
+
 def test_wide_input_gradient_viper_equals_pure_equals_cpython(micropython, tmp_path):
     # every wide case on MicroPython under heap_lock, viper and pure-Python, equal to CPython
     script = ROOT / "tests" / "device_scripts" / "wide_grad_input.py"
@@ -433,6 +503,15 @@ def test_wide_input_gradient_viper_equals_pure_equals_cpython(micropython, tmp_p
         (tmp_path / "w.bin").write_bytes(weights)
         for mode in ("fast", "pure"):
             (tmp_path / "i.bin").write_bytes(I.tobytes())
-            run_micropython(micropython, script, mode, tmp_path / "i.bin", tmp_path / "w.bin",
-                            ",".join(map(str, ints)))
+            run_micropython(micropython, script, mode, "conv", tmp_path / "i.bin",
+                            tmp_path / "w.bin", ",".join(map(str, ints)))
             assert (tmp_path / "i.bin").read_bytes() == expected, (case, mode)
+    for n in GEMM_OUTPUTS:
+        I, weights, ints, _ = _gemm_case(n)
+        expected = _run_gemm(I, weights, ints).astype(np.int32).tobytes()
+        (tmp_path / "w.bin").write_bytes(weights)
+        for mode in ("fast", "pure"):
+            (tmp_path / "i.bin").write_bytes(I.tobytes())
+            run_micropython(micropython, script, mode, "gemm", tmp_path / "i.bin",
+                            tmp_path / "w.bin", ",".join(map(str, ints)))
+            assert (tmp_path / "i.bin").read_bytes() == expected, (n, mode)

@@ -49,6 +49,7 @@ from microtrain.kernels.fixedpoint import (exp_q14, exp_table_check, f32, pairs_
 from microtrain.kernels.intsgd import (BIAS_LIMIT, FINE_M0, FINE_SHIFT, clamp, derive_once,
                                       derive_rates, descend_bias, generator_check,
                                       layer_scales, positive, update_step, update_weight)
+from microtrain.kernels.intwide import gemm_grad_input_wide
 
 LOGIT_BITS = 12
 PROB_BITS = 14
@@ -315,7 +316,15 @@ def int_gemm_grad_input(F, I, args):
     # D[i, c] = sum_j round(g[i, j] * 2**x * s_w[j] / s_wmax) * W[j, c]: the gradient of the
     # classifier's input (real: D * s_wmax / 2**(14 + x)), before the classifier's update;
     # x extra bits, chosen at load so that |D| < n * 2**14 * 128 * 2**x <= 2**30 (below).
+    # Beyond 31 outputs (x < GRAD_BITS) each term takes `wide` more bits and their exact sum
+    # is rounded once to D's unit (kernels/intwide.py: one rounding instead of n).
     Q, d, g, w, factors, m, k, n = args
+    wide = 0
+    while n << GRAD_BITS > 511 << wide:
+        wide += 1
+    if wide:
+        gemm_grad_input_wide(I, args, wide)
+        return
     for i in range(m):
         gi = g + i * n
         for c in range(k):

@@ -15,9 +15,17 @@
 # rounding to odd followed by one to nearest 2 or more bits coarser is the rounding to
 # nearest of the exact value (Boldo and Melquiond): the mantissas are S / 2**(T + e)
 # rounded once, half to even, whatever the number of terms.
+#
+# The classifier input's gradient D of kernels/inttrain.py int_gemm_grad_input, when its n
+# outputs leave D fewer than GRAD_BITS extra bits (n > 31: |D| < 2**30 at a unit fixed at
+# load), likewise: gemm_grad_input_wide takes each term with `wide` more bits (the
+# GRAD_BITS of 31 outputs), sums them exactly and rounds the sum once to D's unit, rather
+# than rounding n terms each to D's unit.
 # Everything stays below 2**30 and nothing is allocated (runs under heap_lock); the viper
 # twin (kernels/intwide_viper.py) gives the same integers.
+from microtrain.kernels.fixedpoint import requant, round_shift
 CHUNK = 127          # products added to the low limb between carries
+GEMM_CHUNK = 31      # the same for gemm_grad_input_wide's products (each below 2**25 + 2**7)
 _LOW_MASK = 0xFFFF   # the low limb after a carry: 0 <= low < 2**16
 _LIMB = 1 << 24
 
@@ -118,6 +126,31 @@ def common_exponent(I, gx, count):
             rounded |= 1
         I[i] = rounded
     return top
+
+
+def gemm_grad_input_wide(I, args, wide):
+    # kernels/inttrain.py int_gemm_grad_input, D[i, c] = sum_j h[i, j] * W[j, c], with each
+    # h = round(g * factor_j * 2**wide) (|h| <= 2**14 * 2**GRAD_BITS) and the exact sum
+    # rounded half to even by `wide` bits (1..7, as n is at most 2048): D in its units
+    Q, d, g, w, factors, m, k, n = args
+    for i in range(m):
+        gi = g + i * n
+        for c in range(k):
+            high = 0
+            low = 0
+            done = 0
+            pw = w + c
+            for j in range(n):
+                h = requant(I[gi + j], I[factors + 2 * j], I[factors + 2 * j + 1] - wide)
+                low += h * ((Q[pw] ^ 128) - 128)
+                pw += k
+                done += 1
+                if done == GEMM_CHUNK:
+                    high += low >> 16
+                    low &= _LOW_MASK
+                    done = 0
+            high += low >> 16
+            I[d + i * k + c] = (high << (16 - wide)) + round_shift(low & _LOW_MASK, wide)
 
 
 # The viper forms (kernels/intwide_viper.py), which kernels/intgrad_viper.py imports:

@@ -7,8 +7,10 @@
 # Xtensa).
 import micropython
 from micropython import const
+from microtrain.kernels.fixedpoint_viper import requant, round_shift
 
 _CHUNK = const(127)        # kernels/intwide.py CHUNK
+_GEMM_CHUNK = const(31)    # kernels/intwide.py GEMM_CHUNK
 _LOW_MASK = const(0xFFFF)
 _LIMB = const(16777216)    # 2**24
 
@@ -92,6 +94,40 @@ def gather_wide(I, args) -> int:
                 for ix in range(in_w):
                     r[at] = int(_element_sum(I, args, g_first, w_first, iy, ix))
                     at += 1
+    return 0
+
+
+@micropython.viper
+def gemm_grad_input_wide(I, args, wide: int) -> int:
+    # kernels/intwide.py gemm_grad_input_wide
+    r = ptr32(I)
+    b8 = ptr8(args[0])
+    d = int(args[1])
+    g = int(args[2])
+    w = int(args[3])
+    factors = int(args[4])
+    m = int(args[5])
+    k = int(args[6])
+    n = int(args[7])
+    for i in range(m):
+        gi = g + i * n
+        for c in range(k):
+            high = 0
+            low = 0
+            done = 0
+            pw = w + c
+            for j in range(n):
+                h = int(requant(int(I[gi + j]), r[factors + 2 * j],
+                                r[factors + 2 * j + 1] - wide))
+                low += h * ((int(b8[pw]) ^ 0x80) - 0x80)
+                pw += k
+                done += 1
+                if done == _GEMM_CHUNK:
+                    high += low >> 16
+                    low &= _LOW_MASK
+                    done = 0
+            high += low >> 16
+            r[d + i * k + c] = (high << (16 - wide)) + int(round_shift(low & _LOW_MASK, wide))
     return 0
 
 
