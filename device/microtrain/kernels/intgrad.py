@@ -55,7 +55,7 @@ import math
 from microtrain.kernels.fixedpoint import f32, quantization, requant, requant_pair, round_shift
 from microtrain.kernels.intsgd import (derive_rates, descend_bias, descend_weight,
                                       generator_check, layer_scales, update_step)
-from microtrain.kernels.intwide import common_exponent, gather_wide
+from microtrain.kernels import intwide
 
 MANT_BITS = 16
 _TOP = 1 << MANT_BITS
@@ -265,8 +265,8 @@ def int_conv_grad_input(F, I, args):
      d_h, d_w, pad_t, pad_l, W) = args      # W: the weight's buffer (in place or Q)
     count = m * groups * cin_g * in_h * in_w
     if cout_g * k_h * k_w >= FULL_TERMS:
-        gather_wide(I, args)
-        I[gx] = I[g] + common_exponent(I, gx, count) + _normalize(I, gx, count)
+        intwide.gather_wide(I, args)
+        I[gx] = I[g] + intwide.common_exponent(I, gx, count) + _normalize(I, gx, count)
         return
     in_plane = in_h * in_w
     out_plane = out_h * out_w
@@ -347,6 +347,8 @@ def int_conv_grad_input_check(args, c):
     # each input element sums cout_g * taps terms (kernels/intwide.py: its exact sum below
     # 2**35, its high limb below 2**22)
     c.within(cout_g * k_h * k_w, 1, MAX_TERMS, "terms per input gradient")
+    if cout_g * k_h * k_w >= FULL_TERMS:     # kernels/intwide.py's, fast as this family's
+        intwide.use_fast(globals()["_pure"]["int_conv_grad_input"] is not int_conv_grad_input)
     c.holds(0, 1 + m * groups * cin_g * in_h * in_w)
     c.holds(1, 1 + m * groups * cout_g * out_h * out_w)
     c.holds(2, groups * cout_g * cin_g * k_h * k_w)
@@ -478,6 +480,8 @@ _FAST_NAMES = ("int_pool_grad", "int_clamp_mask", "int_clamp_bias_grad",
 
 def use_fast(on=True):
     from microtrain.kernels import fastpath
+    if intwide.LOADED:      # (a wide layer loaded: its kernels switch with this family's)
+        intwide.use_fast(on)
     return fastpath.use_fast(globals(), _FAST_NAMES, on, "intgrad_viper")
 
 

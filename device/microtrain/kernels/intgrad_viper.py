@@ -10,7 +10,7 @@ import micropython
 from micropython import const
 from microtrain.kernels.fixedpoint_viper import requant, round_shift
 from microtrain.kernels.intsgd_viper import descend_bias, descend_weight, update_step
-from microtrain.kernels.intwide_viper import common_exponent, gather_wide
+from microtrain.kernels import intwide
 
 _TOP = const(65536)             # kernels/intgrad.py 2**MANT_BITS
 _HALF_TOP = const(32768)
@@ -227,7 +227,7 @@ def _scatter(args, I, n: int, mo: int) -> int:
 @micropython.viper
 def int_conv_grad_input(F, I, args) -> int:
     # kernels/intgrad.py int_conv_grad_input: scattered below _FULL_TERMS terms per element,
-    # gathered and summed exactly from _FULL_TERMS on (kernels/intwide_viper.py)
+    # gathered and summed exactly from _FULL_TERMS on (kernels/intwide.py)
     r = ptr32(I)
     gx = int(args[1])
     g = int(args[2])
@@ -237,8 +237,8 @@ def int_conv_grad_input(F, I, args) -> int:
     cout_g = int(args[7])
     count = m * groups * cin_g * int(args[8]) * int(args[9])
     if cout_g * int(args[12]) * int(args[13]) >= _FULL_TERMS:
-        gather_wide(I, args)
-        top = int(common_exponent(I, gx, count))
+        intwide.gather_wide(I, args)      # (the viper ones: kernels/intwide.py use_fast)
+        top = int(intwide.common_exponent(I, gx, count))
         r[gx] = int(I[g]) + top + int(_normalize(I, gx, count))
         return 0
     for i in range(gx + 1, gx + 1 + count):

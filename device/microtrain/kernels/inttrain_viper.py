@@ -9,7 +9,7 @@ import micropython
 from micropython import const
 from microtrain.kernels.fixedpoint_viper import requant, round_shift
 from microtrain.kernels.intsgd_viper import descend_bias, dither, update_step, update_weight
-from microtrain.kernels.intwide_viper import gemm_grad_input_wide
+from microtrain.kernels import intwide
 
 _LOGIT_LIMIT = const(16777216)  # kernels/inttrain.py LOGIT_LIMIT
 _BIAS_LIMIT = const(8388608)    # kernels/intsgd.py BIAS_LIMIT
@@ -127,11 +127,11 @@ def int_gemm_grad_input(F, I, args) -> int:
     k = int(args[6])
     n = int(args[7])
     b8 = ptr8(args[0])
-    wide = 0        # kernels/inttrain.py: beyond 31 outputs, exact sums (intwide_viper.py)
+    wide = 0        # kernels/inttrain.py: beyond 31 outputs, exact sums (intwide.py)
     while (n << _GRAD_BITS) > (511 << wide):
         wide += 1
     if wide:
-        gemm_grad_input_wide(I, args, wide)
+        intwide.gemm_grad_input_wide(I, args, wide)
         return 0
     for i in range(m):
         gi = g + i * n

@@ -153,10 +153,16 @@ def gemm_grad_input_wide(I, args, wide):
             I[d + i * k + c] = (high << (16 - wide)) + round_shift(low & _LOW_MASK, wide)
 
 
-# The viper forms (kernels/intwide_viper.py), which kernels/intgrad_viper.py imports:
-# imported here, at module level, so that a model's minimal runtime (tools/runtime.py)
-# carries them with this module (kernels/intsgd.py does the same).
-try:
-    from microtrain.kernels import intwide_viper  # noqa: F401
-except (ImportError, SyntaxError):
-    pass
+# The viper forms (kernels/intwide_viper.py) are imported only for a model with a wide layer:
+# the checkers of kernels/intgrad.py and kernels/inttrain.py call use_fast at load (so that
+# a board whose model has none keeps their machine code out of its RAM), and the families'
+# use_fast then switches these with theirs (LOADED).
+_FAST_NAMES = ("gather_wide", "common_exponent", "gemm_grad_input_wide")
+LOADED = False
+
+
+def use_fast(on=True):
+    global LOADED
+    LOADED = True
+    from microtrain.kernels import fastpath
+    return fastpath.use_fast(globals(), _FAST_NAMES, on, "intwide_viper")

@@ -1,6 +1,6 @@
-# @micropython.viper forms of kernels/intwide.py (the wide input gradient of
-# kernels/intgrad_viper.py int_conv_grad_input; imported by kernels/intwide.py only under
-# MicroPython with the viper emitter). The same integers: every sum is exact, then rounded
+# @micropython.viper forms of kernels/intwide.py (the wide input gradients; imported by its
+# use_fast, at the load of a model with a wide layer, under MicroPython with the viper
+# emitter). The same integers: every sum is exact, then rounded
 # to odd as there; nothing is allocated. As in
 # kernels/intgrad_viper.py, signed int32 values are read through the array object and
 # written through ptr32, and the loops are split into helpers (branch reach on Thumb and
