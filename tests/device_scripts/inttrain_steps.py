@@ -52,7 +52,8 @@ loss = program.outputs[0]
 header = ("locked", lock, "viper",
           inttrain.int_gemm_update is not inttrain._pure["int_gemm_update"],
           "intgrad viper", intgrad.int_conv_update is not intgrad._pure["int_conv_update"],
-          "wide viper", intwide.LOADED and intwide.gather_wide is not intwide._pure["gather_wide"])
+          "wide viper",
+          intwide.LOADED and intwide.gather_wide is not intwide._pure["gather_wide"])
 # a model with a wide layer (kernels/intwide.py, switched at load) runs its viper kernels
 # with the families' (the Unix port has viper)
 assert not intwide.LOADED or header[-1] == (micropython is not None and mode == "fast")

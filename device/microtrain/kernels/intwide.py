@@ -8,7 +8,7 @@
 # high * 2**16 + low: low adds at most CHUNK = 127 products (each |v * w| <= 2**23, so
 # |low| < 2**30), then its bits from 2**16 up carry into high (|high| <= 2**19). S is then
 # rounded to odd (the floor, its lowest bit set when a nonzero remainder is dropped) to
-# acc * 2**t with |acc| < 2**24 (t = 0, exact, while |S| < 2**24), stored packed as acc * 32
+# acc * 2**t with |acc| < 2**24 (t = 0, exact, below 2**24 - 2**16), stored packed as acc * 32
 # + t (an int32, as intgrad._fold_sum's running sums); common_exponent() rounds every
 # element to odd again at the tensor's largest t, T, and intgrad's _normalize then to 16
 # bits, half to even, by e >= 7 bits when T > 0 (the largest |acc| at T is >= 2**22). A
@@ -24,6 +24,7 @@
 # Everything stays below 2**30 and nothing is allocated (runs under heap_lock); the viper
 # twin (kernels/intwide_viper.py) gives the same integers.
 from microtrain.kernels.fixedpoint import requant, round_shift
+
 CHUNK = 127          # products added to the low limb between carries
 GEMM_CHUNK = 31      # the same for gemm_grad_input_wide's products (each below 2**25 + 2**7)
 _LOW_MASK = 0xFFFF   # the low limb after a carry: 0 <= low < 2**16
