@@ -58,6 +58,18 @@ def mlp():
     return ReferenceModel("mlp", module, (20,), "CrossEntropyLoss", 4, {"SGD": 0.05})
 
 
+def wide_cnn():
+    # input gradients of 576 and 288 products per element (3x3 convs of 64 and 32 outputs,
+    # one strided, one dilated) and 160 (a 1x1 conv): kernels/intwide.py's exact sums
+    torch.manual_seed(8)
+    module = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
+                           nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
+                           nn.Conv2d(32, 64, 3, padding=2, dilation=2), nn.ReLU(),
+                           nn.Conv2d(64, 160, 1), nn.ReLU(), nn.Conv2d(160, 16, 1), nn.ReLU(),
+                           nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4))
+    return ReferenceModel("wide_cnn", module, (3, 8, 8), "CrossEntropyLoss", 4, {"SGD": 0.05})
+
+
 # a QLinearLookup's activation in torch (tests/test_intlookup.py)
 LOOKUP_ACTIVATIONS = {
     "Relu": lambda x, n: F.relu(x),
@@ -68,7 +80,8 @@ LOOKUP_ACTIVATIONS = {
     "HardSigmoid": lambda x, n: F.hardtanh(attr(n, "alpha") * x + attr(n, "beta"), 0.0, 1.0),
     "HardSwish": lambda x, n: F.hardswish(x),
 }
-MODELS = {"resnet_block": resnet_block, "lenet": lenet, "conv1d_net": conv1d_net, "mlp": mlp}
+MODELS = {"resnet_block": resnet_block, "lenet": lenet, "conv1d_net": conv1d_net, "mlp": mlp,
+          "wide_cnn": wide_cnn}
 CONFIGS = {"biases": dict(train_biases=True), "last3": dict(train_last=3),
            "biases_last2": dict(train_biases=True, train_last=2)}
 

@@ -6,6 +6,7 @@ equal to the pure-Python kernels and to CPython under micropython.heap_lock(), c
 blobs refused, and the CLI."""
 import subprocess
 import sys
+from array import array
 
 import numpy as np
 import pytest
@@ -324,3 +325,193 @@ def test_sparse_blob_reads_frozen_weights_in_place_and_trains_on_its_minimal_run
     assert proc.stdout.startswith("locked True viper True intgrad viper True"), proc.stdout
     assert proc.stdout == whole
     assert (tmp_path / "rt.ckpt").read_bytes() == (tmp_path / "whole.ckpt").read_bytes()
+
+
+# Wide input gradients (kernels/intwide.py: cout_g * taps >= FULL_TERMS products per element,
+# summed exactly): geometry (m, groups, cin_g, cout_g, in_h, in_w, k_h, k_w, s_h, s_w, d_h,
+# d_w, pad_t, pad_l) and how the mantissas and weights are drawn
+WIDE_CASES = [
+    ((2, 1, 20, 640, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0), "random"),   # the AD autoencoder's Gemm
+    ((2, 1, 16, 16, 8, 8, 3, 3, 1, 1, 1, 1, 1, 1), "random"),    # ResNet-8's 144 terms
+    ((2, 1, 16, 16, 8, 8, 3, 3, 1, 1, 1, 1, 1, 1), "small"),     # every sum below 2**24
+    ((1, 1, 8, 64, 8, 8, 3, 3, 2, 2, 1, 1, 1, 1), "random"),     # 576 terms, stride 2
+    ((1, 1, 4, 32, 9, 9, 3, 3, 1, 1, 2, 2, 2, 2), "random"),     # dilation 2
+    ((2, 2, 3, 64, 1, 16, 1, 5, 1, 2, 1, 1, 0, 2), "random"),    # 1-D, groups, stride 2
+    ((1, 2, 1, 1, 14, 14, 12, 12, 1, 1, 1, 1, 1, 1), "random"),  # 144 taps of one channel
+    ((1, 1, 2, 256, 8, 8, 4, 4, 2, 2, 1, 1, 1, 1), "random"),    # MAX_TERMS = 4096
+    ((1, 1, 2, 4096, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0), "extreme"),  # |sum| = 2**35
+]
+
+
+def _wide_case(geometry, draw, seed):
+    """(I arena, weight bytes, the kernel's ints args[1:20], G, W): G_x at 0, G after it,
+    the weights at offset 3 of their buffer."""
+    m, groups, cin_g, cout_g, in_h, in_w, k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l = geometry
+    out_h = (in_h + 2 * pad_t - d_h * (k_h - 1) - 1) // s_h + 1
+    out_w = (in_w + 2 * pad_l - d_w * (k_w - 1) - 1) // s_w + 1
+    rng = np.random.default_rng(seed)
+    channels = groups * cout_g
+    shape = (m, channels, out_h, out_w)
+    if draw == "extreme":
+        G = np.full(shape, 1 << 16, np.int64)
+        W = np.full((channels, cin_g, k_h, k_w), -128, np.int64)
+    else:
+        top = 1 << 6 if draw == "small" else 1 << 16
+        G = rng.integers(-top, top + 1, shape) * (rng.random(shape) < 0.6)   # ReLU zeros
+        W = rng.integers(-128, 128, (channels, cin_g, k_h, k_w))
+    count = m * groups * cin_g * in_h * in_w
+    I = np.zeros(2 + count + G.size, np.int32)
+    g = 1 + count
+    I[g] = -7
+    I[g + 1:] = G.reshape(-1)
+    weights = bytes(3) + (W.reshape(-1) & 255).astype(np.uint8).tobytes()
+    ints = (0, g, 3, m, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w, s_h, s_w,
+            d_h, d_w, pad_t, pad_l)
+    return I, weights, ints, G, W
+
+
+def _exact_input_gradient(geometry, G, W):
+    # the transposed convolution in int64 (exact: |sum| <= 2**35), scattered tap by tap
+    m, groups, cin_g, cout_g, in_h, in_w, k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l = geometry
+    S = np.zeros((m, groups * cin_g, in_h, in_w), np.int64)
+    oys, oxs = np.arange(G.shape[2]), np.arange(G.shape[3])
+    for grp in range(groups):
+        Gg = G[:, grp * cout_g:(grp + 1) * cout_g]
+        for ky in range(k_h):
+            for kx in range(k_w):
+                iy, ix = oys * s_h - pad_t + ky * d_h, oxs * s_w - pad_l + kx * d_w
+                vy, vx = (iy >= 0) & (iy < in_h), (ix >= 0) & (ix < in_w)
+                part = np.einsum("nmyx,mc->ncyx", Gg, W[grp * cout_g:(grp + 1) * cout_g, :,
+                                                         ky, kx])
+                S[:, grp * cin_g:(grp + 1) * cin_g][np.ix_(range(m), range(cin_g), iy[vy],
+                                                           ix[vx])] += part[:, :, vy][:, :, :,
+                                                                                      vx]
+    return S.reshape(-1)
+
+
+def _run_wide(I, weights, ints):
+    from microtrain.kernels import intgrad
+    I = array("i", I.tobytes())
+    W = bytearray(weights)
+    intgrad.int_conv_grad_input(None, I, (W,) + ints + (W,))
+    return np.array(I, np.int64)
+
+
+@pytest.mark.parametrize("case", range(len(WIDE_CASES)))
+def test_wide_input_gradient_is_the_exact_sum_rounded(case):
+    # The pure-Python kernel (CPython) against the exact integer sum: 16-bit mantissas, each
+    # the exact sum rounded once, half to even (kernels/intwide.py: rounded to odd, then to
+    # nearest), however many terms
+    from microtrain.kernels import intgrad
+    geometry, draw = WIDE_CASES[case]
+    assert geometry[3] * geometry[6] * geometry[7] >= intgrad.FULL_TERMS
+    I, weights, ints, G, W = _wide_case(geometry, draw, case)
+    S = _exact_input_gradient(geometry, G, W)
+    out = _run_wide(I, weights, ints)
+    e = int(out[0]) + 7                    # G's exponent was -7: e is the sum's power of two
+    got = out[1:1 + S.size]
+    assert 1 << 15 <= np.abs(got).max() <= 1 << 16        # normalized: 16 bits
+    exact = S.astype(np.float64) / 2.0 ** e              # (exact: S < 2**53)
+    assert np.array_equal(got, np.round(exact))          # half to even, as round_shift
+    err = np.abs(got - exact)
+    # (beyond 2**24 the sums are rounded to odd before the last rounding, e >= 9 bits)
+    assert (np.abs(S).max() < 1 << 24) == (draw == "small")
+    assert e >= (0 if draw == "small" else 9)
+    if draw == "extreme":
+        assert np.all(got == -(1 << 15)) and e == 20    # -2**35 = -2**15 * 2**20
+    print(f"wide case {case}: {S.size} sums of up to {geometry[3] * geometry[6] * geometry[7]}"
+          f" terms, |sum| < 2**{np.log2(np.abs(S).max() + 1):.1f}, mantissas within "
+          f"{err.max():.4f} of the exact sum")
+
+
+# kernels/inttrain.py int_gemm_grad_input beyond 31 outputs (D's unit 2**-x, x < GRAD_BITS:
+# kernels/intwide.py gemm_grad_input_wide) and at 31 (the narrow path, for contrast)
+GEMM_OUTPUTS = (31, 32, 640, 2048)
+
+
+def _gemm_case(n, m=2, k=24):
+    """(I arena, weight bytes, the kernel's ints args[1:8], x): D at 0, g after it, then the
+    factors (m0, shift) of s_w[j] / max(s_w) * 2**x, x as int_gemm_grad_input_check sets it
+    for an MSE loss; the weights [n, k] at offset 5 of their buffer."""
+    rng = np.random.default_rng(n)
+    x = 4
+    while n * 2.0 ** x > 511:
+        x -= 1
+    g = rng.integers(-(1 << 14) + 1, 1 << 14, (m, n)) * (rng.random((m, n)) < 0.8)
+    W = rng.integers(-128, 128, (n, k))
+    m0 = rng.integers(1 << 23, 1 << 24, n)
+    shift = np.where(rng.random(n) < 0.2, 23, rng.integers(24, 27, n)) - x  # max(s_w): <= 2**x
+    I = np.zeros(m * k + m * n + 2 * n, np.int32)
+    I[m * k:m * k + m * n] = g.reshape(-1)
+    I[m * k + m * n::2], I[m * k + m * n + 1::2] = m0, shift
+    weights = bytes(5) + (W.reshape(-1) & 255).astype(np.uint8).tobytes()
+    return I, weights, (0, m * k, 5, m * k + m * n, m, k, n), x
+
+
+def _run_gemm(I, weights, ints):
+    from microtrain.kernels import inttrain
+    I = array("i", I.tobytes())
+    inttrain.int_gemm_grad_input(None, I, (bytearray(weights),) + ints)
+    return np.array(I, np.int64)
+
+
+def _half_even(numerator, shift):
+    # round half to even of numerator / 2**shift (Python ints)
+    q, r = numerator >> shift, numerator & ((1 << shift) - 1)
+    half = 1 << shift >> 1
+    return q + (r > half or (r == half and q & 1)) if shift else numerator
+
+
+@pytest.mark.parametrize("n", GEMM_OUTPUTS)
+def test_wide_gemm_input_gradient_is_its_exact_sum_rounded_once(n):
+    # D[i, c] = sum_j h[i, j] * W[j, c] with h the output gradient times its factor, taken
+    # with GRAD_BITS extra bits (2**(x + wide) = 2**GRAD_BITS) and the exact sum rounded
+    # once to D's unit; up to 31 outputs x = GRAD_BITS already and D is the plain sum. The
+    # error against the unrounded real sum is printed beside that of rounding each term to
+    # D's unit (what the kernel did beyond 31 outputs before)
+    I, weights, ints, x = _gemm_case(n)
+    d, g, _, factors, m, k, _ = ints
+    W = (np.frombuffer(weights[5:], np.uint8).astype(np.int64) ^ 128) - 128
+    W = W.reshape(n, k)
+    wide = 4 - x
+    D = _run_gemm(I, weights, ints)[:m * k].reshape(m, k)
+    real = np.zeros((m, k))
+    per_term = np.zeros((m, k), np.int64)
+    for i in range(m):
+        for c in range(k):
+            exact = 0
+            for j in range(n):
+                v, m0, shift = (int(I[g + i * n + j]), int(I[factors + 2 * j]),
+                                int(I[factors + 2 * j + 1]))
+                exact += _half_even(v * m0, shift - wide) * int(W[j, c])
+                per_term[i, c] += _half_even(v * m0, shift) * int(W[j, c])
+                real[i, c] += v * m0 / 2.0 ** shift * float(W[j, c])
+            assert D[i, c] == _half_even(exact, wide), (i, c)
+    assert np.abs(D).max() < 1 << 30 and np.abs(D).max() > 1 << (20 + x)
+    if wide == 0:
+        assert np.array_equal(D, per_term)
+    print(f"{n} outputs (x = {x}): D within {np.abs(D - real).max():.2f} of the real sum, "
+          f"each term rounded: {np.abs(per_term - real).max():.2f}")
+
+
+def test_wide_input_gradient_viper_equals_pure_equals_cpython(micropython, tmp_path):
+    # every wide case on MicroPython under heap_lock, viper and pure-Python, equal to CPython
+    script = ROOT / "tests" / "device_scripts" / "wide_grad_input.py"
+    for case, (geometry, draw) in enumerate(WIDE_CASES):
+        I, weights, ints, _, _ = _wide_case(geometry, draw, case)
+        expected = _run_wide(I, weights, ints).astype(np.int32).tobytes()
+        (tmp_path / "w.bin").write_bytes(weights)
+        for mode in ("fast", "pure"):
+            (tmp_path / "i.bin").write_bytes(I.tobytes())
+            run_micropython(micropython, script, mode, "conv", tmp_path / "i.bin",
+                            tmp_path / "w.bin", ",".join(map(str, ints)))
+            assert (tmp_path / "i.bin").read_bytes() == expected, (case, mode)
+    for n in GEMM_OUTPUTS:
+        I, weights, ints, _ = _gemm_case(n)
+        expected = _run_gemm(I, weights, ints).astype(np.int32).tobytes()
+        (tmp_path / "w.bin").write_bytes(weights)
+        for mode in ("fast", "pure"):
+            (tmp_path / "i.bin").write_bytes(I.tobytes())
+            run_micropython(micropython, script, mode, "gemm", tmp_path / "i.bin",
+                            tmp_path / "w.bin", ",".join(map(str, ints)))
+            assert (tmp_path / "i.bin").read_bytes() == expected, (n, mode)

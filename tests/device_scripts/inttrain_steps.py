@@ -20,7 +20,7 @@ from microtrain import CheckpointState, Module
 from microtrain.blob import INT32, INT8
 from microtrain.feed import copy_inputs
 from microtrain.intparams import integer_loss
-from microtrain.kernels import intgrad, inttrain, qlinear
+from microtrain.kernels import intgrad, inttrain, intwide, qlinear
 
 mode = sys.argv[5]
 if mode == "pure":
@@ -51,7 +51,12 @@ lock = micropython is not None and mode == "fast"
 loss = program.outputs[0]
 header = ("locked", lock, "viper",
           inttrain.int_gemm_update is not inttrain._pure["int_gemm_update"],
-          "intgrad viper", intgrad.int_conv_update is not intgrad._pure["int_conv_update"])
+          "intgrad viper", intgrad.int_conv_update is not intgrad._pure["int_conv_update"],
+          "wide viper",
+          intwide.LOADED and intwide.gather_wide is not intwide._pure["gather_wide"])
+# a model with a wide layer (kernels/intwide.py, switched at load) runs its viper kernels
+# with the families' (the Unix port has viper)
+assert not intwide.LOADED or header[-1] == (micropython is not None and mode == "fast")
 if each:
     print(*header)
 kernel = args = None    # (module globals made before the lock: a dict that grows allocates)

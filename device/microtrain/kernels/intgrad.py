@@ -46,14 +46,16 @@
 # chunks of MAX_SUM = 63 products (each below 2**24: a mantissa times x - x_zp), each chunk
 # folded into a running sum kept below 2**24 with its own power of two (_fold_sum); a bias'
 # likewise, in chunks of MAX_BIAS_SUM = 8191 positions (below 2**29). An input gradient
-# element sums cout_g * taps products of a mantissa and a weight (|w| <= 128): with more
-# than 127 terms the mantissas are first rounded to fewer bits (_pre_shift: 14 bits for 256
-# terms, 13 for 576, 11 for 2304, 10 for MAX_TERMS = 4096, the limit checked), so every
-# sum stays below 2**30; every kernel only adds and multiplies such ints.
+# element sums cout_g * taps products of a mantissa and a weight (|w| <= 128): below
+# FULL_TERMS = 128 terms they are scattered into G_x (every sum below 2**30); from 128 on
+# each element is gathered and summed exactly in two limbs (kernels/intwide.py: up to
+# MAX_TERMS = 4096 terms, the limit checked, the sum below 2**35), then rounded to the
+# tensor's 16-bit mantissas; every kernel only adds and multiplies such ints.
 import math
 from microtrain.kernels.fixedpoint import f32, quantization, requant, requant_pair, round_shift
 from microtrain.kernels.intsgd import (derive_rates, descend_bias, descend_weight,
                                       generator_check, layer_scales, update_step)
+from microtrain.kernels import intwide
 
 MANT_BITS = 16
 _TOP = 1 << MANT_BITS
@@ -61,7 +63,7 @@ _LIMB = 1 << 24
 _HALF_SMALL = 1 << 29
 MAX_SUM = (1 << (22 - MANT_BITS)) - 1         # 63: products of mantissas and bytes per sum
 MAX_BIAS_SUM = (1 << (29 - MANT_BITS)) - 1    # 8191: mantissas per sum (a bias')
-FULL_TERMS = 1 << (23 - MANT_BITS)            # 128: an input gradient's terms at full width
+FULL_TERMS = 1 << (23 - MANT_BITS)            # 128: an input gradient's terms gathered from
 MAX_TERMS = 4096                              # an input gradient's terms (checked)
 UNIT_FLOOR = 2.0 ** -60  # a gradient unit below it is renormalized (x 2**UNIT_STEP)
 UNIT_STEP = 64
@@ -256,15 +258,21 @@ def int_clamp_bias_grad_check(args, c):
 # -- a convolution's input gradient --------------------------------------------------------
 def int_conv_grad_input(F, I, args):
     # G_x[cin, iy, ix] = sum over the outputs (mo, oy, ox) and taps reaching it of
-    # W[mo, c, ky, kx] * G[mo, oy, ox] (G already scaled by s_w[mo] / max(s_w))
+    # W[mo, c, ky, kx] * G[mo, oy, ox] (G already scaled by s_w[mo] / max(s_w)): scattered
+    # below FULL_TERMS terms per element (every sum below 2**30), gathered and summed
+    # exactly from FULL_TERMS on (kernels/intwide.py)
     (Q, gx, g, w, m, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w, s_h, s_w,
      d_h, d_w, pad_t, pad_l, W) = args      # W: the weight's buffer (in place or Q)
+    count = m * groups * cin_g * in_h * in_w
+    if cout_g * k_h * k_w >= FULL_TERMS:
+        intwide.gather_wide(I, args)
+        I[gx] = I[g] + intwide.common_exponent(I, gx, count) + _normalize(I, gx, count)
+        return
     in_plane = in_h * in_w
     out_plane = out_h * out_w
     taps = k_h * k_w
     channels = groups * cout_g
-    pre = _pre_shift(cout_g * taps)
-    for i in range(gx + 1, gx + 1 + m * groups * cin_g * in_plane):
+    for i in range(gx + 1, gx + 1 + count):
         I[i] = 0
     for n in range(m):
         xg = gx + 1 + n * groups * cin_g * in_plane
@@ -276,8 +284,6 @@ def int_conv_grad_input(F, I, args):
                 for ox in range(out_w):
                     v = I[pg]
                     pg += 1
-                    if pre:
-                        v = round_shift(v, pre)
                     if v == 0:
                         continue
                     for c in range(cin_g):
@@ -293,16 +299,7 @@ def int_conv_grad_input(F, I, args):
                                     continue
                                 I[x_c + iy * in_w + ix] += v * ((W[w_c + ky * k_w + kx] ^ 128)
                                                                 - 128)
-    I[gx] = I[g] + pre + _normalize(I, gx, m * groups * cin_g * in_plane)
-
-
-def _pre_shift(terms):
-    # the bits an input gradient's mantissas lose first so that `terms` products with a
-    # weight (each at most 2**(MANT_BITS - pre) * 128) sum below 2**30: 0 up to 127 terms
-    pre = 0
-    while terms >= FULL_TERMS << pre:
-        pre += 1
-    return pre
+    I[gx] = I[g] + _normalize(I, gx, count)
 
 
 def _unit(c, k):
@@ -347,8 +344,11 @@ def _geometry_check(c):
 
 def int_conv_grad_input_check(args, c):
     m, groups, cin_g, cout_g, in_h, in_w, out_h, out_w, k_h, k_w = _geometry_check(c)
-    # each input element sums cout_g * taps terms (_pre_shift keeps the sum below 2**30)
+    # each input element sums cout_g * taps terms (kernels/intwide.py: its exact sum below
+    # 2**35, its high limb below 2**22)
     c.within(cout_g * k_h * k_w, 1, MAX_TERMS, "terms per input gradient")
+    if cout_g * k_h * k_w >= FULL_TERMS:     # kernels/intwide.py's, fast as this family's
+        intwide.use_fast(globals()["_pure"]["int_conv_grad_input"] is not int_conv_grad_input)
     c.holds(0, 1 + m * groups * cin_g * in_h * in_w)
     c.holds(1, 1 + m * groups * cout_g * out_h * out_w)
     c.holds(2, groups * cout_g * cin_g * k_h * k_w)
@@ -480,6 +480,8 @@ _FAST_NAMES = ("int_pool_grad", "int_clamp_mask", "int_clamp_bias_grad",
 
 def use_fast(on=True):
     from microtrain.kernels import fastpath
+    if intwide.LOADED:      # (a wide layer loaded: its kernels switch with this family's)
+        intwide.use_fast(on)
     return fastpath.use_fast(globals(), _FAST_NAMES, on, "intgrad_viper")
 
 

@@ -10,6 +10,7 @@ import micropython
 from micropython import const
 from microtrain.kernels.fixedpoint_viper import requant, round_shift
 from microtrain.kernels.intsgd_viper import descend_bias, descend_weight, update_step
+from microtrain.kernels import intwide
 
 _TOP = const(65536)             # kernels/intgrad.py 2**MANT_BITS
 _HALF_TOP = const(32768)
@@ -198,7 +199,6 @@ def _scatter(args, I, n: int, mo: int) -> int:
     in_plane = in_h * in_w
     taps = k_h * k_w
     channels = groups * cout_g
-    pre = int(_pre_shift(cout_g * taps))
     x_group = gx + 1 + n * groups * cin_g * in_plane + (mo // cout_g) * cin_g * in_plane
     pg = g + 1 + (n * channels + mo) * out_h * out_w
     w_m = w + mo * cin_g * taps
@@ -206,8 +206,6 @@ def _scatter(args, I, n: int, mo: int) -> int:
         for ox in range(out_w):
             v = int(I[pg])
             pg += 1
-            if pre:
-                v = int(round_shift(v, pre))
             if v == 0:
                 continue
             for c in range(cin_g):
@@ -228,6 +226,8 @@ def _scatter(args, I, n: int, mo: int) -> int:
 
 @micropython.viper
 def int_conv_grad_input(F, I, args) -> int:
+    # kernels/intgrad.py int_conv_grad_input: scattered below _FULL_TERMS terms per element,
+    # gathered and summed exactly from _FULL_TERMS on (kernels/intwide.py)
     r = ptr32(I)
     gx = int(args[1])
     g = int(args[2])
@@ -236,23 +236,18 @@ def int_conv_grad_input(F, I, args) -> int:
     cin_g = int(args[6])
     cout_g = int(args[7])
     count = m * groups * cin_g * int(args[8]) * int(args[9])
+    if cout_g * int(args[12]) * int(args[13]) >= _FULL_TERMS:
+        intwide.gather_wide(I, args)      # (the viper ones: kernels/intwide.py use_fast)
+        top = int(intwide.common_exponent(I, gx, count))
+        r[gx] = int(I[g]) + top + int(_normalize(I, gx, count))
+        return 0
     for i in range(gx + 1, gx + 1 + count):
         r[i] = 0
     for n in range(m):
         for mo in range(groups * cout_g):
             _scatter(args, I, n, mo)
-    pre = int(_pre_shift(cout_g * int(args[12]) * int(args[13])))
-    r[gx] = int(I[g]) + pre + int(_normalize(I, gx, count))
+    r[gx] = int(I[g]) + int(_normalize(I, gx, count))
     return 0
-
-
-@micropython.viper
-def _pre_shift(terms: int) -> int:
-    # kernels/intgrad.py _pre_shift
-    pre = 0
-    while terms >= (_FULL_TERMS << pre):
-        pre += 1
-    return pre
 
 
 @micropython.viper

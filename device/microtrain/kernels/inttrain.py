@@ -49,6 +49,7 @@ from microtrain.kernels.fixedpoint import (exp_q14, exp_table_check, f32, pairs_
 from microtrain.kernels.intsgd import (BIAS_LIMIT, FINE_M0, FINE_SHIFT, clamp, derive_once,
                                       derive_rates, descend_bias, generator_check,
                                       layer_scales, positive, update_step, update_weight)
+from microtrain.kernels import intwide
 
 LOGIT_BITS = 12
 PROB_BITS = 14
@@ -315,7 +316,15 @@ def int_gemm_grad_input(F, I, args):
     # D[i, c] = sum_j round(g[i, j] * 2**x * s_w[j] / s_wmax) * W[j, c]: the gradient of the
     # classifier's input (real: D * s_wmax / 2**(14 + x)), before the classifier's update;
     # x extra bits, chosen at load so that |D| < n * 2**14 * 128 * 2**x <= 2**30 (below).
+    # Beyond 31 outputs (x < GRAD_BITS) each term takes `wide` more bits and their exact sum
+    # is rounded once to D's unit (kernels/intwide.py: one rounding instead of n).
     Q, d, g, w, factors, m, k, n = args
+    wide = 0
+    while n << GRAD_BITS > 511 << wide:
+        wide += 1
+    if wide:
+        intwide.gemm_grad_input_wide(I, args, wide)
+        return
     for i in range(m):
         gi = g + i * n
         for c in range(k):
@@ -343,6 +352,8 @@ def int_gemm_grad_input_check(args, c):
     extra = 1 << GRAD_BITS if n <= 16 or count else 1     # (CE: as its blobs always trained)
     while n * extra > 511:      # extra bits while n * 2**x <= 511; beyond, fewer than none
         extra /= 2
+    if n << GRAD_BITS > 511:    # kernels/intwide.py's, fast as this family's
+        intwide.use_fast(globals()["_pure"]["int_gemm_grad_input"] is not int_gemm_grad_input)
     derive_once(c, 3, pairs_of(f32(f32(v / top) * extra) for v in sw))
     unit = f32(top / (ONE * extra))     # D's real unit per sample (later steps divide by m)
     c.blob.int_units[c.tensors[0]] = unit if count is None else f32(f32(unit * m) / count)
@@ -469,6 +480,8 @@ _FAST_NAMES = ("int_gemm_logits", "int_gemm_update", "int_gemm_grad_input",
 
 def use_fast(on=True):
     from microtrain.kernels import fastpath
+    if intwide.LOADED:      # (a wide layer loaded: its kernels switch with this family's)
+        intwide.use_fast(on)
     return fastpath.use_fast(globals(), _FAST_NAMES, on, "inttrain_viper")
 
 

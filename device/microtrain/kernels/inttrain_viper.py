@@ -9,6 +9,7 @@ import micropython
 from micropython import const
 from microtrain.kernels.fixedpoint_viper import requant, round_shift
 from microtrain.kernels.intsgd_viper import descend_bias, dither, update_step, update_weight
+from microtrain.kernels import intwide
 
 _LOGIT_LIMIT = const(16777216)  # kernels/inttrain.py LOGIT_LIMIT
 _BIAS_LIMIT = const(8388608)    # kernels/intsgd.py BIAS_LIMIT
@@ -16,6 +17,7 @@ _UNUSED_BIAS = const(-8388609)  # kernels/inttrain.py UNUSED_BIAS, UNUSED_LOGIT:
 _UNUSED_LOGIT = const(-16777217)  # slot not in use
 _FINE_M0 = const(2)             # kernels/intsgd.py FINE_M0, FINE_SHIFT: 1 / 2**8
 _FINE_SHIFT = const(9)
+_GRAD_BITS = const(4)            # kernels/inttrain.py GRAD_BITS
 
 
 @micropython.viper
@@ -125,6 +127,12 @@ def int_gemm_grad_input(F, I, args) -> int:
     k = int(args[6])
     n = int(args[7])
     b8 = ptr8(args[0])
+    wide = 0        # kernels/inttrain.py: beyond 31 outputs, exact sums (intwide.py)
+    while (n << _GRAD_BITS) > (511 << wide):
+        wide += 1
+    if wide:
+        intwide.gemm_grad_input_wide(I, args, wide)
+        return 0
     for i in range(m):
         gi = g + i * n
         for c in range(k):

@@ -139,7 +139,8 @@ def minimal_sources(blob_path, extra=()):
     for op in used:
         family, function = BY_CODE[op].family, BY_CODE[op].kernel
         kernels.setdefault(family, set()).update((function, function + "_check"))
-    sources = package_sources(runtime_modules(blob_path, extra) + _fast_paths(kernels))
+    modules = runtime_modules(blob_path, extra)
+    sources = package_sources(modules + _fast_paths(kernels) + _lazy_fast_paths(modules))
     for text in sources.values():  # what one kernel family imports from another
         for node in ast.walk(ast.parse(text)):
             if (isinstance(node, ast.ImportFrom)
@@ -151,6 +152,16 @@ def minimal_sources(blob_path, extra=()):
         elif module.startswith("microtrain/kernels/") and module[19:-3] in kernels:
             sources[module] = _cut_module(text, kernels[module[19:-3]])
     return sources
+
+
+# Kernel helpers whose viper forms their use_fast imports at load, only for a model that needs
+# them (kernels/intwide.py): shipped whole with the helper, not followed by runtime_modules.
+LAZY_FAST = ("intwide",)
+
+
+def _lazy_fast_paths(modules):
+    return [f"microtrain/kernels/{name}_viper.py" for name in LAZY_FAST
+            if f"microtrain/kernels/{name}.py" in modules]
 
 
 def _fast_paths(kernels):
