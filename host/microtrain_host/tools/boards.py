@@ -221,6 +221,7 @@ class FitReport:
         self.placement = placement
         self.runtime_mpy = runtime_mpy  # .mpy bytes of the minimal runtime's bytecode
         self.code = code                # heap taken by the imported runtime (native included)
+        self.machine_mpy = 0            # of runtime_mpy: in .mpy with machine code (viper)
         self.native_mpy = 0             # .mpy bytes of its native modules (machine code)
         self.native_code = 0            # heap their import takes (part of code)
         self.load = load                # live while Module loads (code included)
@@ -335,6 +336,7 @@ def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None, nat
                   if a is not None)
     fit = FitReport(board, placement, runtime_mpy, code, load, train, largest, reserve,
                     resume_heap, resume_load, reload, save)
+    fit.machine_mpy = in_ram
     fit.native_mpy = sum(pathlib.Path(path).stat().st_size for path in native.values())
     fit.native_code = native_code
     return fit
