@@ -45,8 +45,9 @@ def test_sparse_ds_cnn_integer_blob_trains_on_the_emulated_board_or_is_predicted
     plan = deploy.plan(out, "qemu-mps2-an385", steps=2)
     assert plan.blob_in_rom     # its int8 weights read in place from flash
     fit = plan.fit
-    print("\nsparse DS-CNN integer blob, predicted:",
-          {k: v for k, v in vars(fit).items() if isinstance(v, int)})
+    with capsys.disabled():
+        print("\nsparse DS-CNN integer blob, predicted:",
+              {k: v for k, v in vars(fit).items() if isinstance(v, int)})
     lines = []
     if not fit.fits:
         # deploy refuses it without --force; run anyway, the board runs out of memory
