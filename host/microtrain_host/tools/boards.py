@@ -9,7 +9,8 @@ script itself holds when it starts (TRAINING_SCRIPT_HEAP). The prediction has th
   class objects take heap. Bytes of heap per byte of .mpy, measured on the emulated board
   (CODE_HEAP_PER_MPY_BYTE), times the minimal runtime's .mpy bytes; machine code (the
   viper kernels' .mpy files, native modules) is copied into the heap at import from a
-  filesystem or ROMFS alike (NATIVE_HEAP_PER_MPY_BYTE).
+  filesystem or ROMFS alike (NATIVE_HEAP_PER_MPY_BYTE; the viper files from a filesystem
+  at the larger bytecode figure, not measured).
 * the run's objects: the device runtime is loaded under CPython exactly as the board loads it
   (CheckpointState, Module, Optimizer) and every object reachable from them is sized as
   MicroPython lays it out for the board's word size (heap_bytes below), arenas included.
@@ -276,10 +277,12 @@ def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None, nat
     if native is None:
         native = native_for(blob_path, board, placement)
     native_code = native_heap(native)
-    # machine code in the runtime's .mpy files is copied into the heap unless frozen
+    # machine code in the runtime's .mpy files is copied into the heap unless frozen (from
+    # littlefs, not measured: the larger of that and the bytecode's figure)
     in_ram = 0 if placement == "frozen" else machine_mpy
-    code = (int(CODE_HEAP_PER_MPY_BYTE[placement] * (runtime_mpy - in_ram)
-                + NATIVE_HEAP_PER_MPY_BYTE * in_ram) + native_code)
+    per_byte = CODE_HEAP_PER_MPY_BYTE[placement]
+    code = (int(per_byte * (runtime_mpy - in_ram)
+                + max(per_byte, NATIVE_HEAP_PER_MPY_BYTE) * in_ram) + native_code)
 
     # the blob as the board's training script loads it: a file read into the heap, or (in
     # the ROMFS image, blob_in_rom) a buffer in flash whose int8 weights stay there
@@ -345,7 +348,8 @@ def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None, nat
 def save_heap(state, module, optimizer, word):
     """The live heap inside CheckpointState.save_checkpoint: the state's tensors still in
     the checkpoint file read into arrays (materialize) and the checkpoint's tables as
-    checkpoint_writer builds them, beside the training model. Materializes state."""
+    checkpoint_writer builds them (with optimizer state: the larger), beside the training
+    model. Materializes state."""
     from microtrain.checkpoint_writer import _to_flatbuffer
     state.materialize()
     return heap_bytes([state, module, optimizer, _to_flatbuffer(state, True)], word)
