@@ -239,4 +239,4 @@ def test_resume_on_the_emulated_board(firmware, tmp_path, model, K, M):
     for predicted, measured in ((resumed_plan.fit.resume, resumed.peak),
                                 (fit.resume, resume_peak), (fit.reload, reload_peak)):
         assert abs(predicted - measured) <= 0.10 * measured, (predicted, measured)
-    assert fit.needed <= plan.board["heap"]
+    assert fit.fits, (fit.needed, fit.heap)   # the GC pool, less the script's own heap

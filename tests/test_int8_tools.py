@@ -290,6 +290,7 @@ def test_integer_training_on_the_emulated_board_equals_cpython(digits_dirs, firm
     data = np.load(DIGITS / "digits.npz")
     plan = deploy.plan(std, "qemu-mps2-an385", steps=steps)
     assert plan.placement == "romfs" and plan.blob_in_rom   # int8 weights stay in flash
+    assert plan.fit.fits, (plan.fit.needed, plan.fit.heap)  # and it trains on the board
     result = deploy.run(plan, DIGITS / "digits.npz", lr=lr, firmware=firmware,
                         output=tmp_path / "board.ckpt")
     # the same steps on CPython's device runtime, from float inputs (the device quantizes)

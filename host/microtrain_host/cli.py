@@ -150,8 +150,11 @@ def _fit_text(fit):
                else f"does NOT fit: {_kb(-fit.margin)} more than the heap")
     return "\n".join([
         f"fit check on {board['name']} ({board['title']}; heap {_kb(board['heap'])}, "
-        f"{board['heap_source']}; {board['word_bytes'] * 8}-bit, {board['float']} floats):",
-        f"  runtime          {_kb(fit.runtime_mpy)} of .mpy, {where}",
+        f"{board['heap_source']}; {_kb(fit.heap)} of it left to the GC's blocks by its "
+        f"tables; {board['word_bytes'] * 8}-bit, {board['float']} floats):",
+        f"  runtime          {_kb(fit.runtime_mpy)} of .mpy, {where}"
+        + (f"; the viper kernels' machine code ({fit.machine_mpy:,} B of it) copied to RAM"
+           if fit.machine_mpy else ""),
         f"  imported code    {_kb(fit.code)} of heap"
         + (f", of which {_kb(fit.native_code)} the native kernels' machine code "
            f"({fit.native_mpy:,} B of .mpy, copied to RAM at import)" if fit.native_mpy else ""),
@@ -161,10 +164,13 @@ def _fit_text(fit):
         f"loaded checkpoint's tables)",
         f"  resuming         {_kb(fit.resume)} from a checkpoint with optimizer state "
         f"(loaded first, then Module, Optimizer); {_kb(fit.resume_load)} inside Module",
+        f"  saving           {_kb(fit.save)} (inside save_checkpoint: the checkpoint's "
+        f"tables beside the training model)",
         f"  reloading        {_kb(fit.reload)} (Module.load_checkpoint into the training "
         f"model's arenas)",
         f"  largest block    {_kb(fit.arena)} (the largest arena, one contiguous block)",
-        f"  needed           {_kb(fit.needed)}: {verdict}"])
+        f"  needed           {_kb(fit.needed)} (the largest, and {_kb(fit.script)} the "
+        f"training script holds): {verdict}"])
 
 
 def _cost_text(blob, board, native=False):

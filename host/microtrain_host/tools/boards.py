@@ -1,17 +1,25 @@
 """Board profiles (boards/<name>.json) and the fit check: the MicroPython heap a training
 run of a packed model needs on a board, and whether it fits.
 
-The prediction has three parts:
+The heap compared against is what MicroPython's GC can hand out of the profile's heap
+(usable_heap: its allocation and finaliser tables come out of it), less what the training
+script itself holds when it starts (TRAINING_SCRIPT_HEAP). The prediction has these parts:
 * code: the imported runtime. Bytecode imported from a filesystem is copied into the heap;
   from ROMFS or frozen into firmware it stays in flash and only the module, function and
   class objects take heap. Bytes of heap per byte of .mpy, measured on the emulated board
-  (CODE_HEAP_PER_MPY_BYTE), times the minimal runtime's .mpy bytes.
+  (CODE_HEAP_PER_MPY_BYTE), times the minimal runtime's .mpy bytes; machine code (the
+  viper kernels' .mpy files, native modules) is copied into the heap at import from a
+  filesystem or ROMFS alike (NATIVE_HEAP_PER_MPY_BYTE; the viper files from a filesystem
+  at the larger bytecode figure, not measured).
 * the run's objects: the device runtime is loaded under CPython exactly as the board loads it
   (CheckpointState, Module, Optimizer) and every object reachable from them is sized as
   MicroPython lays it out for the board's word size (heap_bytes below), arenas included.
 * the load transient: while Module loads, the blob file's bytes (or the arenas) beside the
   loaded checkpoint state, whose tensors stay in the file (the device streams them into
-  the arenas).
+  the arenas); a blob in ROMFS: the arenas and the blob parsed beside them.
+* the save transient: CheckpointState.save_checkpoint reads the tensors still in the
+  checkpoint file into arrays and builds the checkpoint's tables (checkpoint_writer.py)
+  beside the training model.
 * resume: a program that starts from a checkpoint saved with optimizer state (the README's
   CheckpointState.load_checkpoint, then Module, then Optimizer; `deploy --resume`): the
   same objects loaded from such a checkpoint, which the prediction writes and loads under
@@ -48,6 +56,35 @@ CODE_HEAP_PER_MPY_BYTE = {"files": 1.472, "romfs": 0.633, "frozen": 0.633}
 # (armv7m) 4,048 B (1.014-1.015 heap bytes per .mpy byte: the code, its relocations
 # resolved, and the module's globals), on the emulated Cortex-M3.
 NATIVE_HEAP_PER_MPY_BYTE = 1.05
+# The viper kernels' machine code in a bytecode .mpy is copied into the heap the same way
+# (from ROMFS too), so those .mpy files take this figure instead of the bytecode's: the
+# integer DS-CNN's runtime for armv7m, 28,888 B of viper .mpy (five modules), took 30,080 B
+# of heap imported from ROMFS on the emulated board (1.041 per byte); its 70,667 B of
+# bytecode-only .mpy, 38,864 B of heap for the 69,514 B imported (0.559: the 0.633 above
+# is an upper bound for it). A frozen runtime's machine code stays in flash.
+# What train_on_board.py holds when it starts, before its first gc.mem_alloc(): the
+# script's own bytecode, the REPL's and the mounted filesystem's objects. Measured on the
+# emulated board (MicroPython 1.25): 4,720 B (140,032 B of GC pool, 70,544 B free and
+# 64,768 B above the script's start at an out-of-memory report).
+TRAINING_SCRIPT_HEAP = 4720
+
+
+def usable_heap(board):
+    """Bytes of the profile's heap MicroPython's GC hands out: py/gc.c (1.25) gc_setup_area
+    takes its allocation table (2 bits a block) and finaliser table (1 bit a block, ports
+    with MICROPY_ENABLE_FINALISER: all of the boards here) out of the heap, whole blocks of
+    4 words left for the pool. The emulated Cortex-M3's 143,360 B give 140,032 B, the
+    total its micropython.mem_info() prints."""
+    block = 4 * board["word_bytes"]
+    table_bytes = (board["heap"] - 1) * 8 // (8 + 8 * 4 // 8 + 8 * 4 * block)
+    return table_bytes * 4 * block
+
+
+def has_machine_code(mpy):
+    """True for the bytes of an .mpy holding native code (@viper or @native functions, or
+    a native module): MicroPython 1.25's header names an architecture in its third byte
+    only then (py/persistentcode.c)."""
+    return mpy[2] != 0
 
 
 class BoardError(MicrotrainHostError):
@@ -171,29 +208,35 @@ def heap_bytes(roots, word):
 class FitReport:
     """The fit check's figures, in bytes. `train` is what a board measures between phases
     (gc.collect(); gc.mem_alloc() after import, load, each step, save); `load` the transient
-    inside Module's load, which such probes cannot see; `resume` the live heap between the
-    phases of a run resumed from a checkpoint with optimizer state (loaded first, then
-    Module and Optimizer) and `resume_load` its transient inside Module; `reload` the heap
-    while Module.load_checkpoint streams another checkpoint into a training model's arenas;
-    `needed` the largest of them all."""
+    inside Module's load, which such probes cannot see; `save` the transient inside
+    save_checkpoint; `resume` the live heap between the phases of a run resumed from a
+    checkpoint with optimizer state (loaded first, then Module and Optimizer) and
+    `resume_load` its transient inside Module; `reload` the heap while
+    Module.load_checkpoint streams another checkpoint into a training model's arenas;
+    `needed` the largest of them all plus what the training script holds when it starts
+    (`script`), against `heap`, what the board's GC hands out (usable_heap)."""
 
     def __init__(self, board, placement, runtime_mpy, code, load, train, arena, reserve,
-                 resume=0, resume_load=0, reload=0):
+                 resume=0, resume_load=0, reload=0, save=0):
         self.board = board
         self.placement = placement
         self.runtime_mpy = runtime_mpy  # .mpy bytes of the minimal runtime's bytecode
         self.code = code                # heap taken by the imported runtime (native included)
+        self.machine_mpy = 0            # of runtime_mpy: in .mpy with machine code (viper)
         self.native_mpy = 0             # .mpy bytes of its native modules (machine code)
         self.native_code = 0            # heap their import takes (part of code)
         self.load = load                # live while Module loads (code included)
         self.train = train              # live while training (code included)
+        self.save = save                # live while save_checkpoint writes (code included)
         self.arena = arena              # the largest single block (the largest arena)
         self.reserve = reserve          # the hole to keep for Module's first allocations
         self.resume = resume            # live while a resumed run trains (code included)
         self.resume_load = resume_load  # live while Module loads in a resumed run
         self.reload = reload            # live while Module.load_checkpoint reloads
-        self.needed = max(load, train, resume, resume_load, reload)
-        self.margin = board["heap"] - self.needed
+        self.script = TRAINING_SCRIPT_HEAP
+        self.heap = usable_heap(board)
+        self.needed = self.script + max(load, train, save, resume, resume_load, reload)
+        self.margin = self.heap - self.needed
         self.fits = self.margin >= 0
 
 
@@ -213,12 +256,14 @@ def native_heap(native):
                for path in native.values())
 
 
-def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None, native=None):
+def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None, native=None,
+            machine_mpy=0):
     """FitReport for training the artifacts (a directory with model.mtb and checkpoint) on
     the board. runtime_mpy: .mpy bytes of the minimal runtime's bytecode (compiled if not
-    given). resume: the checkpoint a resumed run starts from (default: the packed checkpoint
-    saved again with optimizer state). native: the native modules the runtime carries
-    ({name: .mpy path}; default: what deploy ships, native_for)."""
+    given), machine_mpy the part of them in .mpy files with machine code (the viper
+    kernels; runtime_mpy_split). resume: the checkpoint a resumed run starts from (default:
+    the packed checkpoint saved again with optimizer state). native: the native modules the
+    runtime carries ({name: .mpy path}; default: what deploy ships, native_for)."""
     from microtrain import CheckpointState, Module, Optimizer
     placement = placement or default_placement(board)
     if placement not in PLACEMENTS:
@@ -226,13 +271,18 @@ def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None, nat
     from .train import artifact_files
     blob_path, checkpoint_path = artifact_files(artifacts, BoardError)
     if runtime_mpy is None:
-        runtime_mpy = sum(minimal_runtime_sizes(blob_path, board).values())
+        runtime_mpy, machine_mpy = minimal_runtime_split(blob_path, board)
     word = board["word_bytes"]
     model = HeapModel(word)
     if native is None:
         native = native_for(blob_path, board, placement)
     native_code = native_heap(native)
-    code = int(CODE_HEAP_PER_MPY_BYTE[placement] * runtime_mpy) + native_code
+    # machine code in the runtime's .mpy files is copied into the heap unless frozen (from
+    # littlefs, not measured: the larger of that and the bytecode's figure)
+    in_ram = 0 if placement == "frozen" else machine_mpy
+    per_byte = CODE_HEAP_PER_MPY_BYTE[placement]
+    code = (int(per_byte * (runtime_mpy - in_ram)
+                + max(per_byte, NATIVE_HEAP_PER_MPY_BYTE) * in_ram) + native_code)
 
     # the blob as the board's training script loads it: a file read into the heap, or (in
     # the ROMFS image, blob_in_rom) a buffer in flash whose int8 weights stay there
@@ -249,6 +299,7 @@ def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None, nat
                                  bytes(ITEM_BYTES[b.dtypes[t]] * b.sizes[t])), ())
                 for t in b.programs["train"].inputs) if "train" in b.programs else 0
     train = code + heap_bytes([state, module, optimizer], word) + batch
+    save = code + save_heap(state, module, optimizer, word) + batch
     # the file's bytes while Module parses it (none for a blob in flash); the arenas: float,
     # int and byte arena, and a file's buffer of int8 weights read in place
     blob_file = 0 if in_rom else model.size(blob_path.read_bytes(), ())
@@ -287,10 +338,21 @@ def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None, nat
     largest = max(model.size(a, ()) for a in (module.F, module.I, module.blob.Q)
                   if a is not None)
     fit = FitReport(board, placement, runtime_mpy, code, load, train, largest, reserve,
-                    resume_heap, resume_load, reload)
+                    resume_heap, resume_load, reload, save)
+    fit.machine_mpy = in_ram
     fit.native_mpy = sum(pathlib.Path(path).stat().st_size for path in native.values())
     fit.native_code = native_code
     return fit
+
+
+def save_heap(state, module, optimizer, word):
+    """The live heap inside CheckpointState.save_checkpoint: the state's tensors still in
+    the checkpoint file read into arrays (materialize) and the checkpoint's tables as
+    checkpoint_writer builds them (with optimizer state: the larger), beside the training
+    model. Materializes state."""
+    from microtrain.checkpoint_writer import _to_flatbuffer
+    state.materialize()
+    return heap_bytes([state, module, optimizer, _to_flatbuffer(state, True)], word)
 
 
 def blob_in_rom(blob_path, placement):
@@ -303,10 +365,19 @@ def blob_in_rom(blob_path, placement):
     return bool(device_blob_parser.load(str(blob_path)).in_place)
 
 
-def minimal_runtime_sizes(blob_path, board):
-    """{.mpy path: bytes} of the model's minimal runtime compiled for the board."""
+def minimal_runtime_split(blob_path, board):
+    """(.mpy bytes, of which in files with machine code) of the model's minimal runtime
+    compiled for the board."""
     import tempfile
     from .runtime import compile_runtime, minimal_sources
     with tempfile.TemporaryDirectory() as tmp:
-        return compile_runtime(minimal_sources(blob_path), board["mpy_arch"],
-                               board["mpy_version"], tmp)
+        sizes = compile_runtime(minimal_sources(blob_path), board["mpy_arch"],
+                                board["mpy_version"], tmp)
+        return sum(sizes.values()), runtime_machine_mpy(tmp, sizes)
+
+
+def runtime_machine_mpy(directory, sizes):
+    """Bytes of the compiled runtime's .mpy files ({path under directory: bytes}) that hold
+    machine code (has_machine_code)."""
+    return sum(n for path, n in sizes.items()
+               if has_machine_code((pathlib.Path(directory) / path).read_bytes()[:4]))

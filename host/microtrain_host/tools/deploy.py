@@ -72,9 +72,10 @@ def plan(artifacts, board_name, steps=None, epochs=None, placement=None, resume=
     with tempfile.TemporaryDirectory() as tmp:
         sizes = runtime.compile_runtime(runtime.minimal_sources(blob_path), board["mpy_arch"],
                                         board["mpy_version"], tmp)
+        machine = boards.runtime_machine_mpy(tmp, sizes)
     native = boards.native_for(blob_path, board, placement)
     fit = boards.predict(artifacts, board, placement, sum(sizes.values()), resume=resume,
-                         native=native)
+                         native=native, machine_mpy=machine)
     in_rom = boards.blob_in_rom(blob_path, placement)
     sizes.update({name: pathlib.Path(path).stat().st_size for name, path in native.items()})
     if steps is None and epochs is None:
