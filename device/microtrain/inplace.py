@@ -10,8 +10,25 @@ from microtrain.parser import arena_sizes, parse_root, root_of
 
 def load_buffer(data, budget=None):
     # The blob as a buffer: parsed where it is (no copy), its int8 weights left there, the
-    # other constants copied into the arenas. The arenas are allocated first, at the bottom
-    # of a collected heap, before the parse's garbage can leave no hole as large as them.
+    # other constants copied into the arenas.
+    b, F, I, Q, view = parse_in_place(data, budget)
+    b.quant = {}        # the scales served the checks (derived multipliers); not needed now
+    b._arenas = None
+    for tid, pos in b.constants:    # each noted by its place in the buffer
+        n = ITEM_BYTES[b.dtypes[tid]] * b.sizes[tid]
+        for at in range(0, n, CHUNK):
+            put(b, tid, at, view[pos + at:pos + min(n, at + CHUNK)], min(CHUNK, n - at),
+                 F, I, Q)
+    b.Q = Q
+    b.constants = None  # in the arenas now
+    return b, F, I
+
+
+def parse_in_place(data, budget=None):
+    # (blob as parsed, F, I, Q, view) at the load's peak: the arenas allocated first, at the
+    # bottom of a collected heap, before the parse's garbage can leave no hole as large as
+    # them, then the blob parsed beside them, its constants noted by their place (the host's
+    # fit check, tools/boards.py, measures this state)
     view = memoryview(data)
     what = describe(data)
     try:
@@ -26,16 +43,6 @@ def load_buffer(data, budget=None):
     except MemoryError:
         raise OutOfMemoryError("the blob parsed from %s needs more than the %s bytes the heap "
                                "has free besides its arenas" % (what, mem_free()))
-    r = root = None
-    b.quant = {}        # the scales served the checks (derived multipliers); not needed now
-    b._arenas = None
-    for tid, pos in b.constants:    # each noted by its place in the buffer
-        n = ITEM_BYTES[b.dtypes[tid]] * b.sizes[tid]
-        for at in range(0, n, CHUNK):
-            put(b, tid, at, view[pos + at:pos + min(n, at + CHUNK)], min(CHUNK, n - at),
-                 F, I, Q)
-    b.Q = Q
-    b.constants = None  # in the arenas now
-    return b, F, I
+    return b, F, I, Q, view
 
 

@@ -311,9 +311,11 @@ def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None, nat
     transient = max(blob_file, arenas)
     if in_rom:
         # inplace.load_buffer allocates the arenas first and parses the blob beside them:
-        # the blob as parsed (its quantization tables still there) adds to them
-        from microtrain import parser as device_blob_parser
-        transient = arenas + heap_bytes([device_blob_parser.load(source)], word)
+        # the blob as parsed there (its quantization tables still there, its constants
+        # noted by their place in the buffer, not copied) adds to them
+        # (and refers to them: counted once)
+        from microtrain.inplace import parse_in_place
+        transient = heap_bytes(parse_in_place(source)[:4], word)
     load = code + loaded_state + transient
     # train_on_board.py frees a block this large just before Module loads; the reader's
     # small objects may land in the same hole: 2 KiB of slack for them

@@ -140,7 +140,8 @@ def minimal_sources(blob_path, extra=()):
         family, function = BY_CODE[op].family, BY_CODE[op].kernel
         kernels.setdefault(family, set()).update((function, function + "_check"))
     modules = runtime_modules(blob_path, extra)
-    sources = package_sources(modules + _fast_paths(kernels) + _lazy_fast_paths(modules))
+    sources = package_sources(modules + _fast_paths(kernels)
+                              + _lazy_fast_paths(modules, blob_path))
     for text in sources.values():  # what one kernel family imports from another
         for node in ast.walk(ast.parse(text)):
             if (isinstance(node, ast.ImportFrom)
@@ -155,13 +156,32 @@ def minimal_sources(blob_path, extra=()):
 
 
 # Kernel helpers whose viper forms their use_fast imports at load, only for a model that needs
-# them (kernels/intwide.py): shipped whole with the helper, not followed by runtime_modules.
-LAZY_FAST = ("intwide",)
+# them (kernels/intwide.py): shipped whole with the helper when the blob has a layer that
+# needs them (not followed by runtime_modules), else left out - the helper then stays
+# pure-Python, never called - so that a board's RAM does not hold their machine code.
+LAZY_FAST = {"intwide": "_wide_layer"}
 
 
-def _lazy_fast_paths(modules):
-    return [f"microtrain/kernels/{name}_viper.py" for name in LAZY_FAST
-            if f"microtrain/kernels/{name}.py" in modules]
+def _lazy_fast_paths(modules, blob_path):
+    return [f"microtrain/kernels/{name}_viper.py" for name, needed in LAZY_FAST.items()
+            if f"microtrain/kernels/{name}.py" in modules and globals()[needed](blob_path)]
+
+
+def _wide_layer(blob_path):
+    """True when a step of the blob takes kernels/intwide.py's sums: the rules of the
+    checkers that load it (kernels/intgrad.py int_conv_grad_input_check: cout_g * taps >=
+    FULL_TERMS; kernels/inttrain.py int_gemm_grad_input_check: n << GRAD_BITS > 511)."""
+    from microtrain.kernels.intgrad import FULL_TERMS
+    from microtrain.kernels.inttrain import GRAD_BITS
+    b = device_blob_parser.load(str(blob_path), keep_steps=True)
+    for records in b.step_records.values():
+        for op, _, ints, _ in records:
+            kernel = BY_CODE[op].kernel
+            if kernel == "int_conv_grad_input" and ints[3] * ints[8] * ints[9] >= FULL_TERMS:
+                return True
+            if kernel == "int_gemm_grad_input" and ints[2] << GRAD_BITS > 511:
+                return True
+    return False
 
 
 def _fast_paths(kernels):
