@@ -7,7 +7,7 @@
 # (scripts/build_natmod.sh, cached under .cache/natmod and keyed by their sources: the board
 # tests compare these fresh builds with the ones shipped in the device package), then runs
 # pytest with all three required (a missing interpreter or firmware fails instead of
-# skipping). The flower extra (Flower's simulation engine) is
+# skipping), on two workers. The flower extra (Flower's simulation engine) is
 # installed and required the same way: tests/test_flower.py fails rather than skips.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,8 +25,16 @@ export MICROTRAIN_QEMU_RV32_FIRMWARE=$(bash scripts/build_qemu_rv32.sh)
 export MICROTRAIN_REQUIRE_QEMU_RV32=1
 # after the boards: their scripts installed the ARM and RISC-V toolchains the modules need
 bash scripts/build_natmod.sh armv6m armv7m rv32imc >/dev/null
+# Two workers (pytest-xdist), each taking whole test files (their module fixtures built
+# once): the suite's CPU time spread over two cores. MICROTRAIN_TEST_WORKERS=1 runs it in
+# one process (0: no xdist at all).
+workers=${MICROTRAIN_TEST_WORKERS:-2}
+parallel=()
+if [ "$workers" != 0 ]; then
+    parallel=(-n "$workers" --dist loadfile)
+fi
 set +e
-python3 -m pytest "$@"
+python3 -m pytest "${parallel[@]}" "$@"
 status=$?
 set -e
 if [ "$status" -eq 5 ]; then
