@@ -59,6 +59,10 @@ if [ "$key_only" = 1 ]; then
     echo "$key"
     exit 0
 fi
+# one build of a variant at a time: the suite's two workers may ask for it together
+mkdir -p "$root/.cache"
+exec 9>"$cache.lock"
+flock 9
 if [ -x "$binary" ] && [ "$(cat "$cache/key" 2>/dev/null)" = "$key" ]; then
     echo "$binary"
     exit 0

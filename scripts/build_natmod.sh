@@ -64,6 +64,10 @@ python3 -c "import elftools, ar" 2>/dev/null ||
     python3 -m pip install -q pyelftools ar >&2
 
 tarball=$(bash "$root/scripts/fetch_micropython_source.sh")
+# one build at a time: the suite's two workers may ask for one together
+mkdir -p "$cache"
+exec 9>"$cache.lock"
+flock 9
 tree_key=$( (basename "$tarball"; sha256sum "$tarball" | cut -d' ' -f1) | sha256sum | cut -d' ' -f1)
 tree="$cache/tree"
 if [ "$(cat "$tree/.key" 2>/dev/null)" != "$tree_key" ]; then

@@ -393,6 +393,7 @@ def _run_wide(I, weights, ints):
     from microtrain.kernels import intgrad
     I = array("i", I.tobytes())
     W = bytearray(weights)
+    intgrad._load_wide(intgrad.int_conv_grad_input)    # as the checker of a wide layer does
     intgrad.int_conv_grad_input(None, I, (W,) + ints + (W,))
     return np.array(I, np.int64)
 
@@ -451,6 +452,7 @@ def _gemm_case(n, m=2, k=24):
 def _run_gemm(I, weights, ints):
     from microtrain.kernels import inttrain
     I = array("i", I.tobytes())
+    inttrain._load_wide(inttrain.int_gemm_grad_input)  # as the checker of a wide layer does
     inttrain.int_gemm_grad_input(None, I, (bytearray(weights),) + ints)
     return np.array(I, np.int64)
 

@@ -20,7 +20,7 @@ from microtrain import CheckpointState, Module
 from microtrain.blob import INT32, INT8
 from microtrain.feed import copy_inputs
 from microtrain.intparams import integer_loss
-from microtrain.kernels import intgrad, inttrain, intwide, qlinear
+from microtrain.kernels import intgrad, inttrain, qlinear
 
 mode = sys.argv[5]
 if mode == "pure":
@@ -49,14 +49,17 @@ steps = int(sys.argv[4])
 F, I = model.F, model.I
 lock = micropython is not None and mode == "fast"
 loss = program.outputs[0]
+# kernels/intwide.py: imported at load by the checker of a wide layer (a minimal runtime
+# without one does not carry it)
+intwide = intgrad.intwide or inttrain.intwide
 header = ("locked", lock, "viper",
           inttrain.int_gemm_update is not inttrain._pure["int_gemm_update"],
           "intgrad viper", intgrad.int_conv_update is not intgrad._pure["int_conv_update"],
           "wide viper",
-          intwide.LOADED and intwide.gather_wide is not intwide._pure["gather_wide"])
-# a model with a wide layer (kernels/intwide.py, switched at load) runs its viper kernels
-# with the families' (the Unix port has viper)
-assert not intwide.LOADED or header[-1] == (micropython is not None and mode == "fast")
+          intwide is not None and intwide.gather_wide is not intwide._pure["gather_wide"])
+# a model with a wide layer runs intwide's viper kernels with the families' (the Unix port
+# has viper)
+assert intwide is None or header[-1] == (micropython is not None and mode == "fast")
 if each:
     print(*header)
 kernel = args = None    # (module globals made before the lock: a dict that grows allocates)

@@ -12,14 +12,17 @@ try:
     import micropython
 except ImportError:
     micropython = None
-from microtrain.kernels import intgrad, intwide, inttrain
+from microtrain.kernels import intgrad, inttrain
 
 mode, kernel, i_file, w_file, ints = sys.argv[1:6]
 family = intgrad if kernel == "conv" else inttrain
-# (a model's load switches intwide with the family: here no checker runs)
-for switch in (family.use_fast, intwide.use_fast):
-    fast = switch(mode == "fast")
-    assert fast == (mode == "fast" and micropython is not None), (mode, fast)
+fast = family.use_fast(mode == "fast")
+assert fast == (mode == "fast" and micropython is not None), (mode, fast)
+# what the checker of a wide layer does at load: intwide imported, switched as the family
+family._load_wide(family.int_conv_grad_input if kernel == "conv" else
+                  family.int_gemm_grad_input)
+from microtrain.kernels import intwide
+assert (intwide.gather_wide is not intwide._pure["gather_wide"]) == fast
 with open(i_file, "rb") as f:
     I = array("i", f.read())
 with open(w_file, "rb") as f:

@@ -43,3 +43,14 @@ def use_fast(g, names, on, module, native=None):
             if kernel is not None:
                 g[name] = kernel
     return found
+
+
+def load_helper(g, name, on):
+    """Import the kernel helper kernels/<name>.py into the family's globals g with its viper
+    forms switched as the family's (on): the family's checker calls it at load for a layer
+    that needs the helper, so that a model without one never imports it (a board's heap
+    keeps its module and its machine code)."""
+    helper = g.get(name)
+    if helper is None:
+        helper = g[name] = __import__("microtrain.kernels." + name, None, None, ("use_fast",))
+    helper.use_fast(on)

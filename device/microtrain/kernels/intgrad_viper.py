@@ -10,7 +10,6 @@ import micropython
 from micropython import const
 from microtrain.kernels.fixedpoint_viper import requant, round_shift
 from microtrain.kernels.intsgd_viper import descend_bias, descend_weight, update_step
-from microtrain.kernels import intwide
 
 _TOP = const(65536)             # kernels/intgrad.py 2**MANT_BITS
 _HALF_TOP = const(32768)
@@ -237,9 +236,8 @@ def int_conv_grad_input(F, I, args) -> int:
     cout_g = int(args[7])
     count = m * groups * cin_g * int(args[8]) * int(args[9])
     if cout_g * int(args[12]) * int(args[13]) >= _FULL_TERMS:
-        intwide.gather_wide(I, args)      # (the viper ones: kernels/intwide.py use_fast)
-        top = int(intwide.common_exponent(I, gx, count))
-        r[gx] = int(I[g]) + top + int(_normalize(I, gx, count))
+        # the pure kernel's calls of intwide's (viper) sums: intwide loads lazily
+        _pure["int_conv_grad_input"](F, I, args)
         return 0
     for i in range(gx + 1, gx + 1 + count):
         r[i] = 0
@@ -347,3 +345,6 @@ def int_conv_update(F, I, args) -> int:
                                    int(_gstep(I, total >> 5, m0, shift, e + (total & 31),
                                               random)))
     return 0
+
+
+_pure = None   # set by kernels/fastpath.py: the family's pure-Python kernels

@@ -9,7 +9,6 @@ import micropython
 from micropython import const
 from microtrain.kernels.fixedpoint_viper import requant, round_shift
 from microtrain.kernels.intsgd_viper import descend_bias, dither, update_step, update_weight
-from microtrain.kernels import intwide
 
 _LOGIT_LIMIT = const(16777216)  # kernels/inttrain.py LOGIT_LIMIT
 _BIAS_LIMIT = const(8388608)    # kernels/intsgd.py BIAS_LIMIT
@@ -130,8 +129,8 @@ def int_gemm_grad_input(F, I, args) -> int:
     wide = 0        # kernels/inttrain.py: beyond 31 outputs, exact sums (intwide.py)
     while (n << _GRAD_BITS) > (511 << wide):
         wide += 1
-    if wide:
-        intwide.gemm_grad_input_wide(I, args, wide)
+    if wide:        # the pure kernel's call of intwide's (viper) sum: intwide loads lazily
+        _pure["int_gemm_grad_input"](F, I, args)
         return 0
     for i in range(m):
         gi = g + i * n
@@ -332,3 +331,6 @@ def int_gemm_update_momentum(F, I, args) -> int:
         r[vb + j] = v
         descend_bias(I, bias + j, int(update_step(I, v, _FINE_M0, _FINE_SHIFT, random)))
     return 0
+
+
+_pure = None   # set by kernels/fastpath.py: the family's pure-Python kernels

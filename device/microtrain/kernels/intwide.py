@@ -154,16 +154,14 @@ def gemm_grad_input_wide(I, args, wide):
             I[d + i * k + c] = (high << (16 - wide)) + round_shift(low & _LOW_MASK, wide)
 
 
-# The viper forms (kernels/intwide_viper.py) are imported only for a model with a wide layer:
-# the checkers of kernels/intgrad.py and kernels/inttrain.py call use_fast at load (so that
-# a board whose model has none keeps their machine code out of its RAM), and the families'
-# use_fast then switches these with theirs (LOADED).
+# This module and its viper forms (kernels/intwide_viper.py) are imported only for a model
+# with a wide layer: the checkers of kernels/intgrad.py and kernels/inttrain.py load it
+# (fastpath.load_helper, calling use_fast as their family is switched), so that a board whose
+# model has none keeps its module and its machine code out of its RAM; a family's use_fast
+# then switches these with its own kernels.
 _FAST_NAMES = ("gather_wide", "common_exponent", "gemm_grad_input_wide")
-LOADED = False
 
 
 def use_fast(on=True):
-    global LOADED
-    LOADED = True
     from microtrain.kernels import fastpath
     return fastpath.use_fast(globals(), _FAST_NAMES, on, "intwide_viper")

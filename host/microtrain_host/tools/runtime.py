@@ -141,7 +141,7 @@ def minimal_sources(blob_path, extra=()):
         kernels.setdefault(family, set()).update((function, function + "_check"))
     modules = runtime_modules(blob_path, extra)
     sources = package_sources(modules + _fast_paths(kernels)
-                              + _lazy_fast_paths(modules, blob_path))
+                              + _lazy_fast_paths(blob_path))
     for text in sources.values():  # what one kernel family imports from another
         for node in ast.walk(ast.parse(text)):
             if (isinstance(node, ast.ImportFrom)
@@ -155,16 +155,16 @@ def minimal_sources(blob_path, extra=()):
     return sources
 
 
-# Kernel helpers whose viper forms their use_fast imports at load, only for a model that needs
-# them (kernels/intwide.py): shipped whole with the helper when the blob has a layer that
-# needs them (not followed by runtime_modules), else left out - the helper then stays
-# pure-Python, never called - so that a board's RAM does not hold their machine code.
-LAZY_FAST = {"intwide": "_wide_layer"}
+# Kernel helpers a family's checker imports at load (fastpath.load_helper), with their viper
+# forms, only for a layer that needs them (kernels/intwide.py): shipped whole when the blob
+# has such a layer (runtime_modules does not follow these imports), else left out, so that
+# a board's heap holds neither their module nor their machine code.
+LAZY_HELPERS = {"intwide": "_wide_layer"}
 
 
-def _lazy_fast_paths(modules, blob_path):
-    return [f"microtrain/kernels/{name}_viper.py" for name, needed in LAZY_FAST.items()
-            if f"microtrain/kernels/{name}.py" in modules and globals()[needed](blob_path)]
+def _lazy_fast_paths(blob_path):
+    return [f"microtrain/kernels/{name}{form}.py" for name, needed in LAZY_HELPERS.items()
+            if globals()[needed](blob_path) for form in ("", "_viper")]
 
 
 def _wide_layer(blob_path):
