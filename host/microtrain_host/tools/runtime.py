@@ -141,7 +141,7 @@ def minimal_sources(blob_path, extra=()):
         kernels.setdefault(family, set()).update((function, function + "_check"))
     modules = runtime_modules(blob_path, extra)
     sources = package_sources(modules + _fast_paths(kernels)
-                              + _lazy_fast_paths(blob_path))
+                              + _lazy_helpers(blob_path))
     for text in sources.values():  # what one kernel family imports from another
         for node in ast.walk(ast.parse(text)):
             if (isinstance(node, ast.ImportFrom)
@@ -162,7 +162,7 @@ def minimal_sources(blob_path, extra=()):
 LAZY_HELPERS = {"intwide": "_wide_layer"}
 
 
-def _lazy_fast_paths(blob_path):
+def _lazy_helpers(blob_path):
     return [f"microtrain/kernels/{name}{form}.py" for name, needed in LAZY_HELPERS.items()
             if globals()[needed](blob_path) for form in ("", "_viper")]
 
