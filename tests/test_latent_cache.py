@@ -4,13 +4,17 @@ and later epochs run only the classifier's steps on them. The parameters end bit
 without the cache (CPython and the MicroPython Unix port; the cache in RAM and in a file),
 and the work of 6 epochs of the KWS DS-CNN's personalisation, counted in MACs off the
 packed steps, is within 1.3x of one epoch of forward passes."""
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
-from conftest import ROOT, run_micropython
+from conftest import DEVICE, ROOT, run_micropython
+from int8_acceptance_run import LEARNING_RATES, loss_options, prepare, records
 from microtrain import CheckpointState, Module
 from microtrain import parser as device_blob_parser
-from microtrain.errors import InputError
+from microtrain.errors import BlobError, InputError
 from microtrain.latent import LatentCache
 from microtrain_host.contract.ops import BY_CODE
 from microtrain_host.int8pack import pack_int8
@@ -71,7 +75,7 @@ def test_cached_training_equals_uncached_on_micropython(digits, micropython, tmp
             for mode in ("plain", "ram", "file")}
     epochs = lambda out: [line for line in out.splitlines() if line.startswith("epoch")]  # noqa: E731
     assert epochs(outs["plain"]) == epochs(outs["ram"]) == epochs(outs["file"])
-    assert "cache bytes %d" % (5 * (8 * info["features"] + 2 * 8)) in outs["ram"]
+    assert "cache bytes %d" % (5 * (8 * info["features"] + 4 * 8)) in outs["ram"]
     assert ((tmp_path / "plain").read_bytes() == (tmp_path / "ram").read_bytes()
             == (tmp_path / "file").read_bytes())
 
@@ -81,7 +85,7 @@ def test_a_blob_that_trains_more_than_its_classifier_is_refused(digits, tmp_path
     deeper = pack_int8(DIGITS / "mlp.onnx", tmp_path / "int8", calibration=DIGITS /
                        "digits.npz", batch_size=8, learning_rate=0.05, train_last=2)
     model = Module(deeper["blob"], CheckpointState.load_checkpoint(deeper["checkpoint"]))
-    with pytest.raises(InputError, match="classifier alone trains"):
+    with pytest.raises(InputError, match="trained layers all come after frozen ones"):
         LatentCache(model, 4)
     model = Module(info["blob"], CheckpointState.load_checkpoint(info["checkpoint"]))
     cache = LatentCache(model, 2)
@@ -89,6 +93,18 @@ def test_a_blob_that_trains_more_than_its_classifier_is_refused(digits, tmp_path
         cache.step(1, None, [0] * 8)
     with pytest.raises(InputError, match="outside the cache's 2 batches"):
         cache.step(2, None, [0] * 8)
+    # a crafted blob's cut or kept tensors are checked before the cache uses them
+    train = model.blob.programs["train"]
+    good = train.latent_from, train.latent
+    b = model.blob
+    weights = [t for t in range(len(b.names)) if t in b.in_place]
+    for cut, kept, reason in ((len(train.steps), good[1], "starts at step 4 of 4"),
+                              (good[0], (len(b.names),), "no int8 or int32"),
+                              (good[0], weights[:1], "no int8 or int32")):
+        train.latent_from, train.latent = cut, kept
+        with pytest.raises(BlobError, match=reason):
+            LatentCache(model, 1)
+    train.latent_from, train.latent = good
 
 
 def _macs(records):
@@ -110,7 +126,8 @@ def test_kws_personalisation_work_with_the_cache(micropython, tmp_path):
                      learning_rate=0.05)
     b = device_blob_parser.load(info["blob"], keep_steps=True)
     train = b.step_records["train"]
-    start = [op for op, *_ in train].index(242)           # INT_GEMM_LOGITS
+    start = b.programs["train"].latent_from          # the classifier's first step
+    assert BY_CODE[train[start][0]].name == "INT_GEMM_LOGITS"
     prefix, suffix = _macs(train[:start]), _macs(train[start:])
     forward = _macs(b.step_records["eval"])
     samples, epochs = 4, 6
@@ -121,7 +138,7 @@ def test_kws_personalisation_work_with_the_cache(micropython, tmp_path):
           f"{prefix:,} MACs, classifier step {suffix:,}")
     assert ratio <= 1.3 and prefix > 100 * suffix
     from microtrain_host.tools.inspect import describe
-    assert f"latent cache     {64 + 2:8d}  bytes per training batch" in describe(
+    assert f"latent cache     {64 + 4:8d}  bytes per training batch" in describe(
         info["blob"], steps=False)
     (tmp_path / "data.bin").write_bytes(_records(info, x, np.arange(6) % info["classes"],
                                                  samples))
@@ -131,3 +148,51 @@ def test_kws_personalisation_work_with_the_cache(micropython, tmp_path):
             for mode in ("plain", "file")}
     assert outs["plain"].splitlines()[:epochs] == outs["file"].splitlines()[:epochs]
     assert (tmp_path / "plain").read_bytes() == (tmp_path / "file").read_bytes()
+
+
+# (model, --train-last N): a frozen prefix before a trained block, without --train-biases.
+# The cache keeps what the pack found alive across the cut: one int8 tensor and the labels
+# for most; ResNet-8's last two layers also the output of the frozen first conv of its last
+# block (the block's input goes on to its skip Add); the autoencoder its input (its own
+# target).
+# The third value: the cached run on CPython too (the two large models take half a minute
+# there; their CPython kernels equal MicroPython's in test_int8_acceptance).
+LAST_BLOCKS = [("mlp", 2, True), ("imu_1d", 2, True), ("conv_flatten_gemm", 2, True),
+               ("ad_autoencoder", 2, True), ("resnet8", 2, False), ("ds_cnn_kws", 3, False)]
+
+
+@pytest.mark.parametrize("name,last,cpython", LAST_BLOCKS, ids=[n for n, *_ in LAST_BLOCKS])
+def test_last_block_training_with_the_cache_equals_without(name, last, cpython, micropython,
+                                                            tmp_path):
+    """Batch 2, 3 batches, 3 epochs on the MicroPython Unix port: the losses of every epoch
+    and the saved checkpoint byte for byte the same with the cache in RAM, in a file and
+    without it; the cache keeps the tensors the packed blob names, and the later epochs
+    run only the steps from its cut."""
+    batch, batches, epochs = 2, 3, 3
+    path, calibration, x, y = prepare(name, tmp_path / "data", batch * batches)
+    info = pack_int8(path, tmp_path / "int8", calibration=calibration, batch_size=batch,
+                     learning_rate=LEARNING_RATES[name], train_last=last, **loss_options(name))
+    b = device_blob_parser.load(info["blob"])
+    train = b.programs["train"]
+    assert 0 < train.latent_from < len(train.steps)
+    record = sum(b.sizes[t] * (4 if b.dtypes[t] == 1 else 1) for t in train.latent)
+    (tmp_path / "data.bin").write_bytes(records(info, x, y, batch))
+    outs = {mode: run_micropython(micropython, SCRIPT, info["blob"], info["checkpoint"],
+                                  tmp_path / "data.bin", batches, epochs, mode,
+                                  tmp_path / mode)
+            for mode in ("plain", "ram", "file")}
+    losses = {mode: [line for line in out.splitlines() if line.startswith("epoch")]
+              for mode, out in outs.items()}
+    assert len(losses["plain"]) == epochs and losses["plain"][0] != losses["plain"][-1]
+    assert losses["plain"] == losses["ram"] == losses["file"]
+    assert "cache bytes %d" % (batches * record) in outs["ram"]
+    assert ((tmp_path / "plain").read_bytes() == (tmp_path / "ram").read_bytes()
+            == (tmp_path / "file").read_bytes())
+    if not cpython:
+        return
+    # and CPython's cached run ends where the board's did
+    subprocess.run([sys.executable, str(SCRIPT), info["blob"], info["checkpoint"],
+                    str(tmp_path / "data.bin"), str(batches), str(epochs), "file",
+                    str(tmp_path / "cpython")], env={"PYTHONPATH": str(DEVICE)}, check=True,
+                   capture_output=True, timeout=600)
+    assert (tmp_path / "cpython").read_bytes() == (tmp_path / "plain").read_bytes()

@@ -34,6 +34,8 @@ class Program:
         self.steps = steps      # [(kernel, args)]
         self.inputs = inputs    # tensor ids
         self.outputs = outputs  # tensor ids
+        self.latent_from = 0    # the latent cache's cut and the tensors it keeps (latent.py)
+        self.latent = ()
 
 
 class Blob:

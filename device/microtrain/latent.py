@@ -1,82 +1,94 @@
-# The latent cache of an integer classifier's training (issue 22): when only the classifier
-# trains (an integer training blob packed without --train-last / --train-biases), the frozen
-# layers before it compute the same int8 features for a sample in every epoch. The cache
-# keeps them - m * k bytes per batch, with its labels - the first time a batch is trained,
-# and every later epoch runs only the classifier's steps on them: the backbone runs once per
-# sample, not once per epoch. The steps are the train program's own, so the parameters end
-# bit for bit as without the cache.
+# The latent cache of integer training (issue 22): when every trained parameter lies after a
+# frozen prefix (the classifier alone, or the last block: pack --int8 without
+# --train-biases), the prefix computes the same int8 codes for a sample in every epoch. The
+# cache keeps, the first time a batch trains, the tensors alive across the step where the
+# trained part begins (the prefix's output, the labels; the input too where the loss reads
+# it, an autoencoder's) - the host finds that step and those tensors at pack time
+# (pipeline/plan.py mark_latent) - and every later epoch writes them back and runs only the
+# steps from there on: the prefix runs once per sample, not once per epoch. The steps are
+# the train program's own, so the parameters end bit for bit as without the cache.
 #
-# Where the codes live: in RAM (a bytearray allocated once, `batches` records) or, with
-# `path`, in a file of fixed-size records on the board's flash (nothing but one record in
-# RAM). The file is scratch: it is rewritten by the first epoch of every run.
+# Where the values live: in RAM (allocated once, `batches` records) or, with `path`, in a
+# file of fixed-size records on the board's flash (nothing but one record in RAM). The
+# file is scratch: it is rewritten by the first epoch of every run.
 from array import array
 
+from microtrain.blob import INT8, INT32, ROLE_LABEL, UINT8
+from microtrain.errors import BlobError, InputError
 from microtrain import files
-from microtrain.errors import InputError
 from microtrain.intparams import integer_loss
-from microtrain.kernels import inttrain
 
 
 class LatentCache:
-    """module: a Module of an integer training blob whose classifier alone trains; batches:
-    how many training batches the cache holds (slot 0 .. batches - 1); path: keep them in
-    that file instead of RAM.
+    """module: a Module of an integer training blob with a frozen prefix; batches: how many
+    training batches the cache holds (slot 0 .. batches - 1); path: keep them in that file
+    instead of RAM.
 
-    step(slot, x, labels) trains one batch: with x, the whole train program runs and the
-    classifier's input is kept in the slot; with x None, the slot's features and labels are
-    written where the classifier reads them and only its steps run. Returns the loss (as
-    Module's call does)."""
+    step(slot, x, labels) trains one batch: with x, the whole train program runs and what
+    the later steps read of the prefix's work is kept in the slot, with the labels; with x
+    None, the slot's values are written back and only the later steps run (labels is then
+    not read). Returns the loss (as Module's call does)."""
 
     def __init__(self, module, batches, path=None):
         b = module.blob
-        steps = b.programs["train"].steps
-        start = -1
-        for i in range(len(steps)):
-            if steps[i][0] is inttrain.int_gemm_logits:
-                start = i
-                break
-        if start < 0 or not b.integer_parameters:
+        program = b.programs.get("train")
+        if program is None or not b.integer_parameters:
             raise InputError("a latent cache needs an integer training blob (pack --int8)")
-        # (a model's minimal runtime carries only the kernels its blob uses)
-        head = [getattr(inttrain, name, None) for name in (
-            "int_gemm_logits", "int_softmax_ce", "int_gemm_update", "int_gemm_update_momentum")]
-        for kernel, _ in steps[start:]:
-            if kernel not in head:
-                raise InputError("a latent cache needs a blob whose classifier alone trains "
-                                 "(packed without --train-last / --train-biases)")
-        if start + 1 >= len(steps) or steps[start + 1][0] is not head[1]:
-            raise InputError("a latent cache needs a softmax cross-entropy classifier")
-        args = steps[start][1]
-        self.m, self.k = args[6], args[7]
-        self._x = args[2]
-        self._labels = steps[start + 1][1][3]   # int_softmax_ce: its labels
+        start = program.latent_from
+        if not start:
+            raise InputError("a latent cache needs a blob whose trained layers all come after "
+                             "frozen ones (pack --int8 with the classifier or --train-last N, "
+                             "not --train-biases: the first layer's bias trains)")
+        if start >= len(program.steps):
+            raise BlobError("the train program's latent cache starts at step %d of %d"
+                            % (start, len(program.steps)))
+        # where each kept tensor lives: bytes in the int8 arena, ints in the int32 one
+        self._bytes = []
+        self._ints = []
+        self._labels = []
+        for tid in program.latent:
+            if tid >= len(b.names) or tid in b.in_place or b.dtypes[tid] not in (
+                    INT8, UINT8, INT32):
+                raise BlobError("the train program's latent cache keeps tensor %d, which is "
+                                "no int8 or int32 tensor of the arenas" % tid)
+            span = (b.offsets[tid], b.sizes[tid])
+            if b.dtypes[tid] != INT32:
+                self._bytes.append(span)
+            elif b.roles[tid] == ROLE_LABEL:
+                self._labels.append(span)     # (checked again when read back from a file)
+            else:
+                self._ints.append(span)
+        self._labels_from = sum(n for _, n in self._ints)   # the record's last ints
+        self._ints += self._labels
+        self.n_bytes = sum(n for _, n in self._bytes)
+        self.n_ints = sum(n for _, n in self._ints)
         self.module = module
-        self.prefix = steps[:start]
-        self.suffix = steps[start:]
+        self.prefix = program.steps[:start]
+        self.suffix = program.steps[start:]
         self.batches = int(batches)
         if self.batches < 1:
             raise InputError("a latent cache holds at least one batch")
-        self.record = self.m * self.k + 2 * self.m      # codes, then 16-bit labels
+        self.record = self.n_bytes + 4 * self.n_ints   # per batch: the codes, then the ints
         self.bytes = self.batches * self.record     # what the cache keeps (RAM or file)
         self.filled = bytearray((self.batches + 7) >> 3)
         self._classes = b.num_classes
         self._file = None
         if path is None:
-            self._codes = bytearray(self.m * self.k * self.batches)
-            self._label_values = array("H", bytes(2 * self.m * self.batches))
+            self._codes = bytearray(self.n_bytes * self.batches)
+            self._values = array("i", bytes(4 * self.n_ints * self.batches))
         else:
-            self._codes = None
+            self._codes = bytearray(self.n_bytes)       # one record's
+            self._values = array("i", bytes(4 * self.n_ints))
             self._file = open(path, "w+b")
-            self._row = bytearray(self.record)
 
-    def step(self, slot, x, labels):
+    def step(self, slot, x, labels=None):
         if not 0 <= slot < self.batches:
             raise InputError("slot %d outside the cache's %d batches" % (slot, self.batches))
         module = self.module
         program = module._train
+        F, I = module.F, module.I
         if x is not None:
-            module._load_inputs(program, (x, labels))
-            F, I = module.F, module.I
+            module._load_inputs(program, (x,) if len(program.inputs) == 1 else (x, labels))
             for kernel, args in self.prefix:
                 kernel(F, I, args)
             self._keep(slot)
@@ -86,55 +98,60 @@ class LatentCache:
                 raise InputError("slot %d of the latent cache was never trained with its "
                                  "input" % slot)
             self._restore(slot)
-        F, I = module.F, module.I
         for kernel, args in self.suffix:
             kernel(F, I, args)
         return integer_loss(module, program)
 
-    # (byte loops, not slices: a step allocates nothing)
+    # (element loops, not slices: a step allocates nothing)
     def _keep(self, slot):
-        Q, I = self.module.blob.Q, self.module.I    # (pairs: no tuple is made)
-        m, x = self.m, self._x
-        size = m * self.k
-        if self._file is None:
-            codes, at = self._codes, slot * size
-            for i in range(size):
-                codes[at + i] = Q[x + i]
-            for i in range(m):
-                self._label_values[slot * m + i] = I[self._labels + i]
-            return
-        row = self._row
-        for i in range(size):
-            row[i] = Q[x + i]
-        for i in range(m):
-            v = I[self._labels + i]         # (a label Module took: 0 <= v < classes)
-            row[size + 2 * i] = v & 255
-            row[size + 2 * i + 1] = v >> 8
-        files.seek(self._file, slot * self.record)
-        self._file.write(row)
+        Q, I = self.module.blob.Q, self.module.I
+        codes, values = self._codes, self._values
+        in_file = self._file is not None
+        at = 0 if in_file else slot * self.n_bytes
+        for off, n in self._bytes:
+            for i in range(n):
+                codes[at + i] = Q[off + i]
+            at += n
+        at = 0 if in_file else slot * self.n_ints
+        for off, n in self._ints:
+            for i in range(n):
+                values[at + i] = I[off + i]
+            at += n
+        if in_file:
+            files.seek(self._file, slot * self.record)
+            self._file.write(codes)
+            self._file.write(values)
 
     def _restore(self, slot):
         Q, I = self.module.blob.Q, self.module.I
-        m, x = self.m, self._x
-        size = m * self.k
-        if self._file is None:
-            codes, at = self._codes, slot * size
-            for i in range(size):
-                Q[x + i] = codes[at + i]
-            for i in range(m):
-                I[self._labels + i] = self._label_values[slot * m + i]
-            return
-        row = self._row
-        files.seek(self._file, slot * self.record)
-        if self._file.readinto(row) != self.record:
-            raise InputError("the latent cache file lost slot %d" % slot)
-        for i in range(size):
-            Q[x + i] = row[i]
-        for i in range(m):
-            v = row[size + 2 * i] | (row[size + 2 * i + 1] << 8)
-            if v >= self._classes:
-                raise InputError("the latent cache file holds label %d in slot %d" % (v, slot))
-            I[self._labels + i] = v
+        codes, values = self._codes, self._values
+        in_file = self._file is not None
+        if in_file:
+            files.seek(self._file, slot * self.record)
+            if (self._file.readinto(codes) != self.n_bytes
+                    or self._file.readinto(values) != 4 * self.n_ints):
+                raise InputError("the latent cache file lost slot %d" % slot)
+            if self._classes:
+                self._check_labels(slot)
+        at = 0 if in_file else slot * self.n_bytes
+        for off, n in self._bytes:
+            for i in range(n):
+                Q[off + i] = codes[at + i]
+            at += n
+        at = 0 if in_file else slot * self.n_ints
+        for off, n in self._ints:
+            for i in range(n):
+                I[off + i] = values[at + i]
+            at += n
+
+    def _check_labels(self, slot):
+        # a file is outside our memory: its labels are class indices again before a kernel
+        # indexes with them
+        values = self._values
+        for i in range(self._labels_from, self.n_ints):
+            if not 0 <= values[i] < self._classes:
+                raise InputError("the latent cache file holds label %d in slot %d"
+                                 % (values[i], slot))
 
     def close(self):
         if self._file is not None:

@@ -54,6 +54,8 @@ _PROGRAM_NAME = const(0)
 _PROGRAM_STEPS = const(1)
 _PROGRAM_INPUTS = const(2)
 _PROGRAM_OUTPUTS = const(3)
+_PROGRAM_LATENT_FROM = const(4)
+_PROGRAM_LATENT = const(5)
 _PARAMETER_TENSOR = const(0)
 _PARAMETER_GRAD = const(1)
 _PARAMETER_STATE = const(2)
@@ -182,9 +184,11 @@ def parse_root(r, root, data, keep_steps, Q, in_file=False, weights=None, arenas
         records = [] if keep_steps else None
         if keep_steps:
             b.step_records[name] = records
-        b.programs[name] = Program(name, _read_steps(r, t, b, name, records, Q),
-                                   _ids(r, t, _PROGRAM_INPUTS, b, name + " inputs"),
-                                   _ids(r, t, _PROGRAM_OUTPUTS, b, name + " outputs"))
+        p = b.programs[name] = Program(name, _read_steps(r, t, b, name, records, Q),
+                                       _ids(r, t, _PROGRAM_INPUTS, b, name + " inputs"),
+                                       _ids(r, t, _PROGRAM_OUTPUTS, b, name + " outputs"))
+        p.latent_from = r.scalar(t, _PROGRAM_LATENT_FROM, "I", 0)  # (latent.py checks)
+        p.latent = r.scalars(t, _PROGRAM_LATENT, "I", name + " latent")
     b._file = None      # let the file's bytes go
     if b.derived:
         raise BlobError("derived constant '%s' is computed by no step"

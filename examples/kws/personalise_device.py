@@ -10,8 +10,9 @@
 # "epoch K mean-loss" line per epoch, the accuracy after, then "peak heap BYTES": the largest
 # live heap seen after a collection at each phase (MicroPython; CPython prints -1), relative
 # to the heap in use before `import microtrain`. Saves DIR/personalised_checkpoint. An
-# integer blob whose classifier alone trains uses a latent cache (DIR/latent.cache): the
-# frozen backbone runs once per sample, the later epochs train the classifier alone.
+# integer blob whose trained layers follow frozen ones uses a latent cache
+# (DIR/latent.cache): the frozen layers run once per sample, the later epochs only the
+# trained ones.
 import gc
 import sys
 from array import array
@@ -53,9 +54,9 @@ def accuracy(model, x, y, directory, classes):
 
 
 def latent_cache(model, directory, epochs):
-    # An integer blob whose classifier alone trains keeps its backbone's features of each
-    # training sample in a file (microtrain.latent): epochs after the first run only the
-    # classifier. None for any other blob, or a single epoch.
+    # An integer blob whose trained layers follow frozen ones keeps what the frozen layers
+    # hand on for each training sample in a file (microtrain.latent): epochs after the
+    # first run only the trained layers. None for any other blob, or a single epoch.
     if epochs < 2 or not model.blob.integer_parameters:
         return None
     import os
@@ -64,7 +65,7 @@ def latent_cache(model, directory, epochs):
     samples = os.stat(directory + "/x_train." + SUFFIX)[6] // XBYTES
     try:
         return LatentCache(model, samples, directory + "/latent.cache")
-    except InputError:          # the blob trains more than its classifier
+    except InputError:          # the blob trains its first layer too (--train-biases)
         return None
 
 

@@ -63,6 +63,8 @@ class Program:
     steps: list
     inputs: list
     outputs: list
+    latent_from: int = 0        # train program: the step a latent-cached batch resumes at
+    latent: list = dataclasses.field(default_factory=list)  # ... and the tensors it keeps
 
 
 def check_step(code, tensors, ints, floats, where):

@@ -1,7 +1,7 @@
-# Integer training of a classifier-only blob for EPOCHS epochs over BATCHES records of DATA
-# (the quantized input bytes, then the int32 labels), with the latent cache (in RAM, or in
-# a file) or without it: prints each epoch's mean loss and saves the checkpoint, so the test
-# compares the runs byte for byte.
+# Integer training of a blob with a frozen prefix for EPOCHS epochs over BATCHES records of
+# DATA (the quantized input bytes, then the int32 labels unless the input is its own
+# target), with the latent cache (in RAM, or in a file) or without it: prints each epoch's
+# mean loss and saves the checkpoint, so the test compares the runs byte for byte.
 #   latent_cache.py BLOB CKPT DATA BATCHES EPOCHS plain|ram|file OUT_CKPT
 import sys
 from array import array
@@ -13,8 +13,10 @@ batches, epochs = int(batches), int(epochs)
 state = CheckpointState.load_checkpoint(ckpt)
 model = Module(blob, state)
 b = model.blob
-xin, lab = b.programs["train"].inputs
-nx, nl = b.sizes[xin], b.sizes[lab]
+inputs = b.programs["train"].inputs
+xin = inputs[0]
+nx = b.sizes[xin]
+nl = b.sizes[inputs[1]] if len(inputs) > 1 else 0     # (an autoencoder: no labels)
 code = "b" if b.dtypes[xin] == 2 else "B"
 x = array(code, bytes(nx))
 y = array("i", bytes(4 * nl))
@@ -32,9 +34,9 @@ for epoch in range(epochs):
             x[:] = array(code, data[at:at + nx])
             y[:] = array("i", data[at + nx:at + record])
         if cache is None:
-            total += model(x, y)
+            total += model(x, y) if nl else model(x)
         else:
-            total += cache.step(s, x if epoch == 0 else None, y)
+            total += cache.step(s, x if epoch == 0 else None, y if nl else None)
     print("epoch", epoch + 1, repr(total / batches))
 if cache is not None:
     print("cache bytes", cache.bytes)

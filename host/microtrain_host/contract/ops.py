@@ -9,6 +9,8 @@ the order the kernel receives them (a step's args are tensor offsets, then ints,
   "k" int32 tensor or none, "b" int8 / uint8 tensor (byte arena), "w" an int8 weight (in the
   byte arena, or read in place where the blob is). A kernel with "b" or "w" tensors gets the
   byte arena first in its args; one with a "w" tensor gets that weight's buffer last.
+  A tensor argument named "scratch" is one the kernel writes before it reads it: no value
+  passes between steps through it (pipeline/plan.py mark_latent relies on that).
 * "ints ...", "floats ...": names; "$NAME" stands for the list SHARED_INTS[NAME] (a geometry
   several kernels read); a trailing "*" means the step carries more (tables that come with
   the geometry: Resize), whose exact count the kernel's checker checks.

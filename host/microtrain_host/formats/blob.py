@@ -141,8 +141,10 @@ def serialize(lowering, parameters, sizes, loss, num_classes, optimizer, options
         steps = table_vector(b, step_offsets)
         inputs = shared.vector(program.inputs, np.uint32)
         outputs = _uints(b, program.outputs, np.uint32)   # its own: a template cuts it out
+        latent = _uints(b, program.latent, np.uint32) if program.latent else None
         program_offsets.append(write_table(b, _PROGRAM, [
-            ("name", name), ("steps", steps), ("inputs", inputs), ("outputs", outputs)]))
+            ("name", name), ("steps", steps), ("inputs", inputs), ("outputs", outputs),
+            ("latent_from", program.latent_from), ("latent", latent)]))
     param_offsets = []
     for tensor, grad, states, in_backward in parameters:
         state_vec = _uints(b, states, np.uint32)

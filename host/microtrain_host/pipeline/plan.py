@@ -10,7 +10,7 @@ The algorithm (the greedy planner TensorFlow Lite Micro uses):
 The lower bound no plan can beat is the largest total size of buffers alive at one step."""
 import dataclasses
 
-from ..contract.ops import WEIGHT_ARGUMENT
+from ..contract.ops import BY_CODE, WEIGHT_ARGUMENT
 from ..ir import (ACTIVATION, BYTE_TYPES, CONSTANT, CONTROL, FLOAT, GRAD, INPUT, INT32, LABEL,
                   NO_TENSOR, OPTIMIZER_STATE, PARAM)
 
@@ -203,3 +203,51 @@ def _unshare(lowering, program, storage):
         step.tensors = [mapping.get(t, t) for t in step.tensors]
     program.outputs = [mapping.get(t, t) for t in program.outputs]
     program.inputs = [mapping.get(t, t) for t in program.inputs]
+
+
+# roles a frozen prefix may touch: skipping its steps must change nothing a later step or a
+# later call reads, so no parameter, gradient, optimizer state or control value
+_PREFIX_ROLES = (ACTIVATION, CONSTANT, INPUT, LABEL)
+
+
+def mark_latent(lowering, name="train"):
+    """Program.latent_from / latent of an integer training program (device latent.py): when
+    the steps before some step s touch only activations, frozen constants and the inputs,
+    a batch trained once can be trained again by writing back the tensors alive across s
+    (the frozen prefix's output; the labels, the input where a later step reads it) and
+    running the steps from s on: the same steps on the same values, so the parameters end
+    bit for bit as without the cache. s is the latest such step whose live tensors are all
+    int8 / uint8 / int32 (what the cache stores); 0 when there is none (a first layer that
+    trains). A "scratch" argument (the contract's name: the kernel writes it before it
+    reads it) carries nothing between steps. Call after assign_offsets: the storages are
+    final."""
+    program = lowering.programs.get(name)
+    if program is None:
+        return
+    tensors = lowering.tensors
+    last_free = len(program.steps)
+    for index, step in enumerate(program.steps):
+        if any(t != NO_TENSOR and tensors[t].role not in _PREFIX_ROLES for t in step.tensors):
+            last_free = index
+            break
+    spans = {}          # storage: [first, last] use, a "scratch" argument's not counted
+    read_at = {}        # an input's first and last use (the caller writes it before step 0)
+    for index, step in enumerate(program.steps):
+        names = BY_CODE[step.op].tensors
+        for k, t in enumerate(step.tensors):
+            if t == NO_TENSOR or names[k][0] == "scratch":
+                continue
+            if t in program.inputs:
+                read_at.setdefault(t, [index, index])[1] = index
+            elif tensors[t].role == ACTIVATION:
+                spans.setdefault(tensors[t].storage, [index, index])[1] = index
+    for t in program.outputs:
+        if tensors[t].storage in spans:
+            spans[tensors[t].storage][1] = len(program.steps)
+    program.latent_from, program.latent = 0, []
+    for cut in range(last_free, 0, -1):
+        kept = [s for s, (first, last) in sorted(spans.items()) if first < cut <= last]
+        kept += [t for t in program.inputs if t in read_at and read_at[t][1] >= cut]
+        if kept and all(tensors[t].dtype in (INT32,) + BYTE_TYPES for t in kept):
+            program.latent_from, program.latent = cut, kept
+            return

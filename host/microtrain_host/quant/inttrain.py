@@ -37,7 +37,7 @@ from ..formats.files import write_atomically
 from ..ir import INPUT, LABEL, PARAM
 from ..pipeline.lower import Lowering
 from ..ops.inttrain import UNUSED_BIAS
-from ..pipeline.plan import assign_offsets
+from ..pipeline.plan import assign_offsets, mark_latent
 from .int8 import int8_graph
 from .intbackward import Graph, backward_nodes, named_choice
 from .intloss import INTEGER_LOSSES, check_loss
@@ -383,7 +383,9 @@ def int8_training_artifacts(qdq_model, out_dir, learning_rate=0.01, stochastic=T
     lowering.lower("train", train)
     lowering.lower("eval", evaluate)
     parameters = [(lowering.persistent[name], -1, (), False) for name in params]
-    data = serialize(lowering, parameters, assign_offsets(lowering), INTEGER_LOSSES[loss][1],
+    sizes = assign_offsets(lowering)
+    mark_latent(lowering)
+    data = serialize(lowering, parameters, sizes, INTEGER_LOSSES[loss][1],
                      info["classes"] if loss == "cross_entropy" else 0, "SGD",
                      {"learning_rate": float(learning_rate)})
     out = os.fspath(out_dir)

@@ -155,14 +155,15 @@ def _byte_arena_lines(b, integer):
                      f"read in place: a buffer beside the arenas when the blob is a file, "
                      f"none when it is in flash (ROMFS); {4 * read_in_place / 1024:.1f} KiB as "
                      f"float32")
-    weights = [p[0] for p in b.parameters if b.dtypes[p[0]] == device_blob.INT8]
-    if len(b.parameters) == 2 and len(weights) == 1 and "train" in b.programs:
-        # the classifier alone trains: microtrain.latent's record per batch
-        m = b.shapes[b.programs["train"].inputs[0]][0]
-        record = m * b.shapes[weights[0]][1] + 2 * m
+    train = b.programs.get("train")
+    if train is not None and train.latent_from:
+        # a frozen prefix before every trained layer: microtrain.latent's record per batch
+        record = sum(b.sizes[t] * (4 if b.dtypes[t] == device_blob.INT32 else 1)
+                     for t in train.latent)
         lines.append(f"  latent cache     {record:8d}  bytes per training batch "
                      f"(microtrain.latent.LatentCache, in RAM or a file): later epochs run "
-                     f"the classifier alone")
+                     f"steps {train.latent_from}-{len(train.steps) - 1} of the train program, "
+                     f"not the frozen layers before them")
     total = 4 * (b.float_arena + b.int_arena) + b.byte_arena
     lines.append(f"  all arenas       {total:8d}  bytes ({total / 1024:.1f} KiB)"
                  + (f"; {total + read_in_place} with the weights' buffer of a blob file"
