@@ -102,46 +102,41 @@ class LatentCache:
             kernel(F, I, args)
         return integer_loss(module, program)
 
-    # (element loops, not slices: a step allocates nothing)
     def _keep(self, slot):
-        Q, I = self.module.blob.Q, self.module.I
-        codes, values = self._codes, self._values
         in_file = self._file is not None
-        at = 0 if in_file else slot * self.n_bytes
-        for off, n in self._bytes:
-            for i in range(n):
-                codes[at + i] = Q[off + i]
-            at += n
-        at = 0 if in_file else slot * self.n_ints
-        for off, n in self._ints:
-            for i in range(n):
-                values[at + i] = I[off + i]
-            at += n
+        self._copy(slot, in_file, True)
         if in_file:
             files.seek(self._file, slot * self.record)
-            self._file.write(codes)
-            self._file.write(values)
+            self._file.write(self._codes)
+            self._file.write(self._values)
 
     def _restore(self, slot):
-        Q, I = self.module.blob.Q, self.module.I
-        codes, values = self._codes, self._values
         in_file = self._file is not None
         if in_file:
             files.seek(self._file, slot * self.record)
-            if (self._file.readinto(codes) != self.n_bytes
-                    or self._file.readinto(values) != 4 * self.n_ints):
+            if (self._file.readinto(self._codes) != self.n_bytes
+                    or self._file.readinto(self._values) != 4 * self.n_ints):
                 raise InputError("the latent cache file lost slot %d" % slot)
             if self._classes:
                 self._check_labels(slot)
+        self._copy(slot, in_file, False)
+
+    def _copy(self, slot, in_file, keep):
+        # the kept tensors between the arenas and the slot's record (in RAM: the slot's
+        # place in the cache; with a file: the one record buffer)
         at = 0 if in_file else slot * self.n_bytes
         for off, n in self._bytes:
-            for i in range(n):
-                Q[off + i] = codes[at + i]
+            if keep:
+                _move(self.module.blob.Q, off, self._codes, at, n)
+            else:
+                _move(self._codes, at, self.module.blob.Q, off, n)
             at += n
         at = 0 if in_file else slot * self.n_ints
         for off, n in self._ints:
-            for i in range(n):
-                I[off + i] = values[at + i]
+            if keep:
+                _move(self.module.I, off, self._values, at, n)
+            else:
+                _move(self._values, at, self.module.I, off, n)
             at += n
 
     def _check_labels(self, slot):
@@ -157,3 +152,9 @@ class LatentCache:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _move(src, src_at, dst, dst_at, n):
+    # (an element loop, not a slice: a step allocates nothing)
+    for i in range(n):
+        dst[dst_at + i] = src[src_at + i]
