@@ -1,6 +1,7 @@
 # Training script `microtrain deploy` runs on the board (mpremote run). deploy prepends the
 # settings: STEPS (0: whole epochs), EPOCHS, LR (None: the blob's), INPUTS ("f32", or "i8" /
-# "u8": an integer training blob's samples, quantized on the host), LABELS ("i32" or "f32"),
+# "u8": an integer training blob's samples, quantized on the host), LABELS ("i32" or "f32";
+# None: the input is its own target, an autoencoder's),
 # OUTPUT (the checkpoint to save), WITH_OPTIMIZER_STATE, RESERVE (bytes), BLOB (the blob's
 # path: "model.mtb", or "/rom/model.mtb" in the ROMFS image, then opened as a buffer so
 # that its int8 weights stay in flash). Data streams from x_train.<INPUTS> and
@@ -62,17 +63,20 @@ def run():
     if LR is not None:
         opt.set_learning_rate(LR)
     b = model.blob
-    x_id, y_id = b.programs["train"].inputs
+    ids = b.programs["train"].inputs
     item = 4 if INPUTS == "f32" else 1
-    x = array({"f32": "f", "i8": "b", "u8": "B"}[INPUTS], bytes(item * b.sizes[x_id]))
-    y = array("i" if LABELS == "i32" else "f", bytes(4 * b.sizes[y_id]))
+    x = array({"f32": "f", "i8": "b", "u8": "B"}[INPUTS], bytes(item * b.sizes[ids[0]]))
+    # (LABELS None: the input is its own target, an autoencoder's)
+    y = array("i" if LABELS == "i32" else "f", bytes(4 * b.sizes[ids[-1]] if LABELS else 0))
     probe("optimizer")
     model.train()
     first = step = opt.step_count
     for epoch in range(EPOCHS):
-        with open("x_train." + INPUTS, "rb") as fx, open("y_train." + LABELS, "rb") as fy:
-            while fx.readinto(x) == item * len(x) and fy.readinto(y) == 4 * len(y):
-                loss = model(x, y)
+        with open("x_train." + INPUTS, "rb") as fx, open(
+                "y_train." + LABELS if LABELS else "x_train." + INPUTS, "rb") as fy:
+            while fx.readinto(x) == item * len(x) and (not LABELS or
+                                                       fy.readinto(y) == 4 * len(y)):
+                loss = model(x, y) if LABELS else model(x)
                 opt.step()
                 model.lazy_reset_grad()
                 print("step", step, repr(loss))

@@ -333,6 +333,63 @@ def test_the_one_commands_directory_trains_deploys_and_inspects(tmp_path, capsys
     assert not re.search(r"\s-\d", text[text.index("memory ("):text.index("blob bytes")])
 
 
+def test_an_autoencoders_directory_trains_on_its_own_input(tmp_path, capsys, micropython,
+                                                         firmware):
+    """`pack --int8 --loss mse --target-is-input`: the train program takes the input alone.
+    `microtrain train` takes data without labels (x_train, x_val) on CPython and MicroPython
+    (with the latent cache, which keeps the input too: its own target) and deploy trains it
+    on the emulated board (no labels file); the three end byte for byte where the device
+    API's own loop does."""
+    import onnx
+    import torch
+    from torch_reference import export
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8),
+                                torch.nn.ReLU(), torch.nn.Linear(8, 16))
+    onnx.save(export(model, torch.zeros(2, 16)), tmp_path / "ae.onnx")
+    x = np.random.default_rng(5).standard_normal((20, 16)).astype(np.float32)
+    np.savez(tmp_path / "data.npz", x_train=x[:16], x_val=x[16:])
+    out = tmp_path / "build"
+    assert main(["pack", str(tmp_path / "ae.onnx"), "-o", str(out), "--int8", "--calibrate",
+                 str(tmp_path / "data.npz"), "--loss", "mse", "--target-is-input",
+                 "--batch-size", "2", "--lr", "0.05"]) == 0
+    capsys.readouterr()
+    b = device_blob_parser.load(str(out / "model.mtb"))
+    assert len(b.programs["train"].inputs) == 1 and b.programs["train"].latent_from > 0
+    # the device API's loop: 3 epochs over the 8 batches in the order microtrain.fit draws
+    from microtrain.fit import XorShift
+    from microtrain_host.quant.inttrain import quantize_input
+    import json
+    info = json.loads((out / "int8.json").read_text())
+    codes = quantize_input(x[:16], info)
+    state = CheckpointState.load_checkpoint(str(out / "checkpoint"))
+    module = Module(str(out / "model.mtb"), state)
+    order, rng = list(range(16)), XorShift(1)
+    for _ in range(3):
+        for i in range(15, 0, -1):
+            j = rng.below(i + 1)
+            order[i], order[j] = order[j], order[i]
+        for k in range(8):
+            module(codes[order[2 * k:2 * k + 2]].reshape(-1).tolist())
+    CheckpointState.save_checkpoint(state, str(tmp_path / "api.ckpt"))
+    expected = (tmp_path / "api.ckpt").read_bytes()
+    for runtime in ("cpython", "micropython"):
+        records = train(out, tmp_path / "data.npz", 3, 0.05, tmp_path / runtime,
+                        runtime=runtime, micropython=micropython)
+        assert len(records) == 3 and records[-1][1] < records[0][1], records
+        assert (tmp_path / runtime).read_bytes() == expected, runtime
+    # deploy: the first 4 batches in order, on the board and through the API
+    plan = deploy.plan(out, "qemu-mps2-an385", steps=4)
+    result = deploy.run(plan, tmp_path / "data.npz", lr=0.05, firmware=firmware,
+                        output=tmp_path / "board.ckpt")
+    state = CheckpointState.load_checkpoint(str(out / "checkpoint"))
+    module = Module(str(out / "model.mtb"), state)
+    losses = [module(codes[2 * k:2 * k + 2].reshape(-1).tolist()) for k in range(4)]
+    CheckpointState.save_checkpoint(state, str(tmp_path / "api4.ckpt"))
+    assert result.losses == pytest.approx(losses, rel=1e-6)
+    assert (tmp_path / "board.ckpt").read_bytes() == (tmp_path / "api4.ckpt").read_bytes()
+
+
 # -- inspect and the fit check --------------------------------------------------------------
 def _figure(text, label):
     return int(re.search(rf"^  {label}\s+(-?\d+)", text, re.M).group(1))

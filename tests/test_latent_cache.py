@@ -99,8 +99,8 @@ def test_a_blob_that_trains_more_than_its_classifier_is_refused(digits, tmp_path
     b = model.blob
     weights = [t for t in range(len(b.names)) if t in b.in_place]
     for cut, kept, reason in ((len(train.steps), good[1], "starts at step 4 of 4"),
-                              (good[0], (len(b.names),), "no int8 or int32"),
-                              (good[0], weights[:1], "no int8 or int32")):
+                              (good[0], (len(b.names),), "int8 or int32 tensor"),
+                              (good[0], weights[:1], "int8 or int32 tensor")):
         train.latent_from, train.latent = cut, kept
         with pytest.raises(BlobError, match=reason):
             LatentCache(model, 1)
@@ -196,3 +196,32 @@ def test_last_block_training_with_the_cache_equals_without(name, last, cpython, 
                     str(tmp_path / "cpython")], env={"PYTHONPATH": str(DEVICE)}, check=True,
                    capture_output=True, timeout=600)
     assert (tmp_path / "cpython").read_bytes() == (tmp_path / "plain").read_bytes()
+
+
+@pytest.mark.parametrize("name,last,batch", [("conv_flatten_gemm", 2, 4), ("mlp", 1, 3)])
+def test_microtrain_fit_trains_from_the_cache_as_without_it(name, last, batch, tmp_path):
+    """microtrain.fit (`microtrain train`, a board's loop) caches per sample: the batches
+    are drawn in a new shuffled order every epoch, and a sample the first epoch left out
+    (the count is no multiple of the batch) runs whole when it first comes. The losses of
+    every step, the evaluations and the checkpoint equal those of the run without it."""
+    from microtrain import fit
+    from microtrain_host.tools.train import write_device_data
+    path, calibration, x, y = prepare(name, tmp_path / "data", 23)
+    info = pack_int8(path, tmp_path / "int8", calibration=calibration, batch_size=batch,
+                     learning_rate=LEARNING_RATES[name], train_last=last)
+    b = device_blob_parser.load(info["blob"])
+    write_device_data(str(tmp_path), b, x, y, x[:8], y[:8])
+    runs = {}
+    for latent in (False, True):
+        reports = []
+        out = tmp_path / f"trained_{latent}"
+        fit.run(str(tmp_path / "int8"), str(tmp_path), 4, LEARNING_RATES[name], str(out),
+                lambda kind, values: reports.append((kind, values)), 3, None, latent)
+        runs[latent] = reports, out.read_bytes()
+    assert runs[True] == runs[False]
+    steps = [v[3] for kind, v in runs[True][0] if kind == "step"]
+    assert len(steps) == 4 * (23 // batch) and steps[-1] != steps[0]
+    state, module, _, train, _ = fit.load(str(tmp_path / "int8"), str(tmp_path), 0.01)
+    cache = fit.latent_cache(module, train, 4)
+    assert cache is not None and cache.samples >= 23
+    assert fit.latent_cache(module, train, 1) is None       # one epoch: nothing to save

@@ -4,8 +4,8 @@
 #
 #   micropython -m microtrain.fit ARTIFACT_DIR DATA_DIR EPOCHS LR OUT_CHECKPOINT [SEED]
 # DATA_DIR holds x_train.f32, y_train.{i32|f32}, x_val.f32, y_val.{i32|f32} (raw
-# little-endian); an integer training blob's int8 / uint8 input takes x_*.i8 / x_*.u8
-# instead (quantized on the host). Progress goes to stdout as lines "@step ..." and "@epoch ...".
+# little-endian; no y files for a model whose input is its own target); an integer
+# training blob's int8 / uint8 input takes x_*.i8 / x_*.u8 instead (quantized on the host). Progress goes to stdout as lines "@step ..." and "@epoch ...".
 import sys
 from array import array
 from microtrain.checkpoint import CheckpointState
@@ -34,19 +34,23 @@ class Batches:
 
     def __init__(self, module, x, y):
         b = module.blob
-        x_id, y_id = b.programs["train"].inputs
+        inputs = b.programs["train"].inputs
+        x_id = inputs[0]
+        y_id = inputs[1] if len(inputs) > 1 else -1   # -1: the input is its own target
         self.batch = b.shapes[x_id][0]
         self.x_size = b.sizes[x_id] // self.batch
-        self.y_size = b.sizes[y_id] // self.batch
-        self.y_int = b.dtypes[y_id] == _INT32
+        self.y_size = b.sizes[y_id] // self.batch if y_id >= 0 else 0
+        self.y_int = y_id >= 0 and b.dtypes[y_id] == _INT32
         self.x, self.y = x, y
         self.count = len(x) // self.x_size
         if len(y) != self.count * self.y_size:
-            raise ValueError("%d samples of x but %d labels/targets" % (self.count,
-                                                                        len(y) // self.y_size))
+            raise ValueError("%d samples of x but %d labels/targets" % (
+                self.count, len(y) // self.y_size if self.y_size else len(y)))
         code = _TYPECODES[b.dtypes[x_id]]
         self.xb = array(code, bytes((1 if code in "bB" else 4) * self.batch * self.x_size))
         self.yb = array("i" if self.y_int else "f", bytes(4 * self.batch * self.y_size))
+        # what a train or eval call takes
+        self.inputs = (self.xb, self.yb) if y_id >= 0 else (self.xb,)
         self.order = array("i", range(self.count))
         self.full_batches = self.count // self.batch
 
@@ -113,7 +117,7 @@ def evaluate(module, batches):
     total, hits, seen = 0.0, 0, 0
     for i in range(batches.full_batches):
         batches.fill(i)
-        out = module(batches.xb, batches.yb)
+        out = module(*batches.inputs)
         if isinstance(out, list):
             total += out[0]
             counted = _correct(module, batches, out[1])
@@ -127,17 +131,23 @@ def evaluate(module, batches):
     return total / n, (hits / seen if seen else None)
 
 
-def fit(module, optimizer, train, val, epochs, report, seed=1):
+def fit(module, optimizer, train, val, epochs, report, seed=1, cache=None):
     """Train for `epochs`; report(kind, values) gets ("step", (epoch, index, count, loss))
-    and ("epoch", (epoch, train loss, val loss, val accuracy or None))."""
+    and ("epoch", (epoch, train loss, val loss, val accuracy or None)). cache: a
+    microtrain.latent.LatentCache of the train samples (the same steps, bit for bit; a
+    batch whose samples it holds runs only the layers after the frozen ones)."""
     rng = XorShift(seed)
     module.train()
     for epoch in range(1, epochs + 1):
         train.shuffle(rng)
         total = 0.0
         for i in range(train.full_batches):
-            train.fill(i)
-            loss = module(train.xb, train.yb)
+            if cache is not None and cache.holds(i, train.order):
+                loss = cache.step(i, None, None, train.order)
+            else:
+                train.fill(i)
+                loss = (module(*train.inputs) if cache is None else
+                        cache.step(i, train.xb, train.yb, train.order))
             optimizer.step()
             module.lazy_reset_grad()
             total += loss
@@ -158,21 +168,39 @@ def load(artifacts, data, lr, max_arena_bytes=None):
     module = Module(artifacts + "/model.mtb", state, max_arena_bytes=max_arena_bytes)
     optimizer = Optimizer(artifacts + "/model.mtb", module)
     optimizer.set_learning_rate(lr)
-    y_type = "i" if module.blob.dtypes[module.blob.programs["train"].inputs[1]] == _INT32 else "f"
+    inputs = module.blob.programs["train"].inputs
+    y_type = "i" if len(inputs) > 1 and module.blob.dtypes[inputs[1]] == _INT32 else "f"
     ext = ".i32" if y_type == "i" else ".f32"
-    x_dtype = module.blob.dtypes[module.blob.programs["train"].inputs[0]]
+    x_dtype = module.blob.dtypes[inputs[0]]
     x_ext, x_type = "." + X_FILES[x_dtype], _TYPECODES[x_dtype]
-    train = Batches(module, _read(data + "/x_train" + x_ext, x_type),
-                    _read(data + "/y_train" + ext, y_type))
-    val = Batches(module, _read(data + "/x_val" + x_ext, x_type),
-                  _read(data + "/y_val" + ext, y_type))
+    # (an input that is its own target: no labels file)
+    labels = (lambda name: _read(data + "/y_" + name + ext, y_type)) if len(inputs) > 1 else (
+        lambda name: array("f"))
+    train = Batches(module, _read(data + "/x_train" + x_ext, x_type), labels("train"))
+    val = Batches(module, _read(data + "/x_val" + x_ext, x_type), labels("val"))
     return state, module, optimizer, train, val
 
 
-def run(artifacts, data, epochs, lr, out, report, seed=1, max_arena_bytes=None):
-    """Load ARTIFACTS/{checkpoint,model.mtb} and the raw files in DATA, train, save OUT."""
+def latent_cache(module, train, epochs):
+    """A latent cache in RAM for the train samples when it saves work: more than one epoch
+    of an integer blob whose trained layers follow frozen ones. None otherwise, or where
+    the heap cannot hold it (it only saves time)."""
+    b = module.blob
+    if epochs < 2 or not b.integer_parameters or not b.programs["train"].latent_from:
+        return None
+    from microtrain.latent import LatentCache
+    try:
+        return LatentCache(module, (train.count + train.batch - 1) // train.batch)
+    except MemoryError:
+        return None
+
+
+def run(artifacts, data, epochs, lr, out, report, seed=1, max_arena_bytes=None, latent=True):
+    """Load ARTIFACTS/{checkpoint,model.mtb} and the raw files in DATA, train, save OUT
+    (latent: with the latent cache where it saves work)."""
     state, module, optimizer, train, val = load(artifacts, data, lr, max_arena_bytes)
-    fit(module, optimizer, train, val, epochs, report, seed)
+    fit(module, optimizer, train, val, epochs, report, seed,
+        latent_cache(module, train, epochs) if latent else None)
     CheckpointState.save_checkpoint(state, out)
 
 

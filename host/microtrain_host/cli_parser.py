@@ -275,8 +275,8 @@ def build_parser():
                         "qemu-mps2-an385, qemu-virt-rv32")
     p.add_argument("--port", help="the board's serial port, e.g. /dev/ttyACM0 (default for "
                                   "the emulated boards: start qemu and use its pty)")
-    p.add_argument("--data", help=".npz with x_train, y_train (or x, y) (default: the only "
-                                  ".npz beside ARTIFACTS)")
+    p.add_argument("--data", help=".npz with x_train, y_train (or x, y; no y for an input that "
+                                  "is its own target) (default: the only .npz beside ARTIFACTS)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--steps", type=positive_int, help="train this many batches")
     group.add_argument("--epochs", type=positive_int,
@@ -391,12 +391,12 @@ def build_parser():
                         "stochastically (steps below half a quantum are lost)")
 
     p = sub.add_parser("train", help="train on the host with the device runtime",
-                       description="Train packed artifacts with the device runtime, under "
-                                   "CPython or the MicroPython Unix port; prints per-epoch loss "
-                                   "and validation accuracy, writes the trained checkpoint.")
+                       description="Train packed artifacts with the device runtime (CPython or "
+                       "MicroPython); prints per-epoch loss and accuracy, writes the trained "
+                       "checkpoint. Frozen int8 layers before all trained ones run once a sample.")
     p.add_argument("artifacts", help=ARTIFACTS_HELP)
-    p.add_argument("--data", required=True,
-                   help=".npz with x_train, y_train, x_val, y_val (or x, y: 20%% held out)")
+    p.add_argument("--data", required=True, help=".npz with x_train, y_train, x_val, y_val (or "
+                   "x, y: 20%% held out; no y for an input that is its own target)")
     p.add_argument("--epochs", type=positive_int, default=5, help="default 5")
     p.add_argument("--lr", type=non_negative_float, default=0.01,
                    help="learning rate (default 0.01)")

@@ -217,10 +217,10 @@ def mark_latent(lowering, name="train"):
     (the frozen prefix's output; the labels, the input where a later step reads it) and
     running the steps from s on: the same steps on the same values, so the parameters end
     bit for bit as without the cache. s is the latest such step whose live tensors are all
-    int8 / uint8 / int32 (what the cache stores); 0 when there is none (a first layer that
-    trains). A "scratch" argument (the contract's name: the kernel writes it before it
-    reads it) carries nothing between steps. Call after assign_offsets: the storages are
-    final."""
+    int8 / uint8 / int32 and batch-major (the cache stores them per sample); 0 when there
+    is none (a first layer that trains). A "scratch" argument (the contract's name: the
+    kernel writes it before it reads it) carries nothing between steps. Call after
+    assign_offsets: the storages are final."""
     program = lowering.programs.get(name)
     if program is None:
         return
@@ -245,9 +245,11 @@ def mark_latent(lowering, name="train"):
         if tensors[t].storage in spans:
             spans[tensors[t].storage][1] = len(program.steps)
     program.latent_from, program.latent = 0, []
+    batch = tensors[program.inputs[0]].shape[0]
     for cut in range(last_free, 0, -1):
         kept = [s for s, (first, last) in sorted(spans.items()) if first < cut <= last]
         kept += [t for t in program.inputs if t in read_at and read_at[t][1] >= cut]
-        if kept and all(tensors[t].dtype in (INT32,) + BYTE_TYPES for t in kept):
+        if kept and all(tensors[t].dtype in (INT32,) + BYTE_TYPES
+                        and tuple(tensors[t].shape[:1]) == (batch,) for t in kept):
             program.latent_from, program.latent = cut, kept
             return

@@ -20,7 +20,7 @@ import time
 
 from ..errors import MicrotrainHostError
 from . import boards, runtime
-from .train import artifact_files, device_error, load_data, write_device_data
+from .train import artifact_files, device_error, load_data, own_labels, write_device_data
 
 TRAIN_SCRIPT = boards.REPO_ROOT / "boards" / "train_on_board.py"
 
@@ -122,7 +122,7 @@ def prepare(plan, data, workdir):
     if "train" not in b.programs:
         raise DeployError("this model computes its loss outside the graph (packed with --loss "
                           "none): deploy trains models with a train program")
-    x, y, x_val, y_val = load_data(data)
+    x, y, x_val, y_val = load_data(data, labels=own_labels(b))
     batch = b.shapes[b.programs["train"].inputs[0]][0]
     if plan.resume is not None:
         # The batches an uninterrupted run would take next: it went through the data in
@@ -146,11 +146,14 @@ def prepare(plan, data, workdir):
                                source=f"'{data}'")
     plan.samples = count
     plan.inputs = inputs
-    labels = "i32" if (workdir / "y_train.i32").exists() else "f32"
+    # (None: the input is its own target, no labels file)
+    labels = next((kind for kind in ("i32", "f32") if (workdir / f"y_train.{kind}").exists()),
+                  None)
     files = [(blob_path, "model.mtb"),
              (plan.resume or checkpoint_path, "checkpoint"),
-             (workdir / f"x_train.{inputs}", f"x_train.{inputs}"),
-             (workdir / f"y_train.{labels}", f"y_train.{labels}")]
+             (workdir / f"x_train.{inputs}", f"x_train.{inputs}")]
+    if labels is not None:
+        files.append((workdir / f"y_train.{labels}", f"y_train.{labels}"))
     if plan.placement == "frozen":
         # the trimmed sources and a manifest.py to build them into the firmware
         plan.frozen_manifest = plan.artifacts / "frozen_runtime" / "manifest.py"

@@ -39,11 +39,13 @@ def find_micropython(explicit=None):
                      "or set MICROTRAIN_MICROPYTHON")
 
 
-def load_data(path, val_split=0.2):
+def load_data(path, val_split=0.2, labels=True):
     """x_train/y_train[/x_val/y_val] from an .npz (or x/y split off by val_split). Anything
     else - a missing or corrupt file, a single .npy array, arrays of Python objects or
     strings, inputs and labels of different lengths, NaN or infinite inputs - is a
-    TrainError naming the file and what is wrong with it."""
+    TrainError naming the file and what is wrong with it. labels=False (a model whose input
+    is its own target): the y arrays may be left out, and are read as no values per
+    sample."""
     try:
         with open(path, "rb") as f:
             head = f.read(6)
@@ -68,15 +70,28 @@ def load_data(path, val_split=0.2):
         raise TrainError(f"cannot read data '{path}': a damaged or truncated .npz ({e})") from e
     with data:
         keys = set(data.files)
-        if {"x_train", "y_train"} <= keys:
-            names = ["x_train", "y_train"] + (["x_val", "y_val"] if {"x_val", "y_val"} <= keys
-                                              else [])
-        elif {"x", "y"} <= keys:
-            names = ["x", "y"]
+        if not labels:
+            # a model whose input is its own target: the x arrays alone (labels of no values)
+            found = [n for n in ("x_train", "x_val") if n in keys] if "x_train" in keys else (
+                ["x"] if "x" in keys else [])
+            if not found:
+                raise TrainError(f"'{path}' needs an array x_train (and x_val) or x; it has "
+                                 f"{sorted(keys)}")
+            names, arrays = [], []
+            for name in found:
+                x = _read_array(data, path, name)
+                names += [name, "no labels"]
+                arrays += [x, np.zeros((len(x) if x.ndim else 0, 0), np.float32)]
         else:
-            raise TrainError(f"'{path}' needs arrays x_train, y_train (and x_val, y_val) or "
-                             f"x, y; it has {sorted(keys)}")
-        arrays = [_read_array(data, path, name) for name in names]
+            if {"x_train", "y_train"} <= keys:
+                names = ["x_train", "y_train"] + (
+                    ["x_val", "y_val"] if {"x_val", "y_val"} <= keys else [])
+            elif {"x", "y"} <= keys:
+                names = ["x", "y"]
+            else:
+                raise TrainError(f"'{path}' needs arrays x_train, y_train (and x_val, y_val) "
+                                 f"or x, y; it has {sorted(keys)}")
+            arrays = [_read_array(data, path, name) for name in names]
     for x_name, y_name, x, y in zip(names[::2], names[1::2], arrays[::2], arrays[1::2]):
         if x.ndim == 0 or y.ndim == 0:
             raise TrainError(f"'{path}': {x_name} and {y_name} must hold one sample per row; "
@@ -166,18 +181,19 @@ def check_data(blob, x, y, x_val, y_val, source="the data"):
     if "train" not in blob.programs:
         raise TrainError("this model computes its loss outside the graph (packed with loss "
                          "none): train it with Module.forward and Module.backward")
-    if len(blob.programs["train"].inputs) != 2:
-        raise TrainError("`microtrain train` feeds one input and one label tensor; this model's "
-                         "train program takes %d inputs (use the device API directly)"
-                         % len(blob.programs["train"].inputs))
-    x_id, y_id = blob.programs["train"].inputs
+    inputs = blob.programs["train"].inputs
+    if len(inputs) not in (1, 2):
+        raise TrainError("`microtrain train` feeds one input and one label tensor (or the "
+                         "input alone, an autoencoder's own target); this model's train "
+                         "program takes %d inputs (use the device API directly)" % len(inputs))
+    x_id = inputs[0]
     batch = blob.shapes[x_id][0]
     x_size = blob.sizes[x_id] // batch
-    y_size = blob.sizes[y_id] // batch
-    y_int = blob.dtypes[y_id] == 1
+    y_size = blob.sizes[inputs[1]] // batch if len(inputs) == 2 else 0
+    y_int = len(inputs) == 2 and blob.dtypes[inputs[1]] == 1
     for name, xs, ys in (("train", x, y), ("val", x_val, y_val)):
         xs = np.asarray(xs, np.float32).reshape(len(xs), -1)
-        ys = np.asarray(ys).reshape(len(ys), -1)
+        ys = _rows(ys)
         if xs.shape[1] != x_size:
             raise TrainError(f"{source}: {name} inputs have {xs.shape[1]} values per sample, "
                              f"the model's input '{blob.names[x_id]}' "
@@ -195,22 +211,39 @@ def check_data(blob, x, y, x_val, y_val, source="the data"):
                                  f"{blob.num_classes}); found {ys[bad][0]}")
 
 
+def _rows(values):
+    # one row per sample (a model without labels: rows of no values, which reshape's -1
+    # cannot infer)
+    values = np.asarray(values)
+    return values.reshape(len(values), -1 if values.size else 0)
+
+
+def own_labels(blob):
+    """False when the blob's train program takes its input alone (an autoencoder whose
+    input is its own target: load_data(labels=False))."""
+    return "train" not in blob.programs or len(blob.programs["train"].inputs) != 1
+
+
 def write_device_data(directory, blob, x, y, x_val, y_val, source="the data"):
     """Write the raw files microtrain.fit reads, after checking them (check_data):
     x_{train,val}.f32, or for an integer training blob's int8 / uint8 input the samples
     quantized with its scale and zero point (quantize) as x_*.i8 / x_*.u8; labels
-    y_*.i32 (class indices) or y_*.f32. Returns the inputs' extension."""
+    y_*.i32 (class indices) or y_*.f32, none for a model whose input is its own target.
+    Returns the inputs' extension."""
     check_data(blob, x, y, x_val, y_val, source)
-    y_int = blob.dtypes[blob.programs["train"].inputs[1]] == 1
+    inputs = blob.programs["train"].inputs
+    y_int = len(inputs) == 2 and blob.dtypes[inputs[1]] == 1
     quantization = input_quantization(blob)
     x_ext = "f32" if quantization is None else ("i8" if quantization[2] == np.int8 else "u8")
     for name, xs, ys in (("train", x, y), ("val", x_val, y_val)):
         xs = np.asarray(xs, np.float32).reshape(len(xs), -1)
-        ys = np.asarray(ys).reshape(len(ys), -1)
+        ys = _rows(ys)
         if quantization is None:
             xs.astype("<f4").tofile(os.path.join(directory, f"x_{name}.f32"))
         else:
             quantize(xs, quantization).tofile(os.path.join(directory, f"x_{name}.{x_ext}"))
+        if len(inputs) == 1:
+            continue            # (the input is its own target: no labels file)
         if y_int:
             ys.astype("<i4").tofile(os.path.join(directory, f"y_{name}.i32"))
         else:
@@ -230,7 +263,7 @@ def train(artifact_dir, data_path, epochs, learning_rate, output, runtime="cpyth
         raise TrainError(f"unknown runtime '{runtime}': cpython or micropython")
     blob_path, checkpoint_path = artifact_files(artifact_dir)
     blob = device_blob_parser.load(str(blob_path))
-    x, y, x_val, y_val = load_data(data_path)
+    x, y, x_val, y_val = load_data(data_path, labels=own_labels(blob))
     records = []
 
     def collect(kind, values):
