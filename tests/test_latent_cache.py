@@ -88,6 +88,12 @@ def test_a_blob_that_trains_more_than_its_classifier_is_refused(digits, tmp_path
     with pytest.raises(InputError, match="trained layers all come after frozen ones"):
         LatentCache(model, 4)
     model = Module(info["blob"], CheckpointState.load_checkpoint(info["checkpoint"]))
+    record = 8 * (info["features"] + 4)                 # a batch of 8: codes, int32 labels
+    with pytest.raises(InputError, match=f"takes {3 * record} bytes in RAM, more than the "
+                                         f"{3 * record - 1} allowed: keep it in a file"):
+        LatentCache(model, 3, max_bytes=3 * record - 1)
+    assert LatentCache(model, 3, max_bytes=3 * record).bytes == 3 * record
+    assert LatentCache(model, 3, str(tmp_path / "f"), max_bytes=1).bytes == 3 * record
     cache = LatentCache(model, 2)
     with pytest.raises(InputError, match="never trained with its input"):
         cache.step(1, None, [0] * 8)
