@@ -5,7 +5,9 @@
 #   micropython -m microtrain.fit ARTIFACT_DIR DATA_DIR EPOCHS LR OUT_CHECKPOINT [SEED]
 # DATA_DIR holds x_train.f32, y_train.{i32|f32}, x_val.f32, y_val.{i32|f32} (raw
 # little-endian; no y files for a model whose input is its own target); an integer
-# training blob's int8 / uint8 input takes x_*.i8 / x_*.u8 instead (quantized on the host). Progress goes to stdout as lines "@step ..." and "@epoch ...".
+# training blob's int8 / uint8 input takes x_*.i8 / x_*.u8 instead (quantized on the host).
+# Progress goes to stdout as lines "@step ..." and "@epoch ...". More than one epoch of an
+# integer blob whose trained layers follow frozen ones trains from a latent cache in RAM.
 import sys
 from array import array
 from microtrain.checkpoint import CheckpointState

@@ -237,10 +237,11 @@ def mark_latent(lowering, name="train"):
         for k, t in enumerate(step.tensors):
             if t == NO_TENSOR or names[k][0] == "scratch":
                 continue
-            if t in program.inputs:
-                read_at.setdefault(t, [index, index])[1] = index
+            storage = tensors[t].storage        # (a view of an input is the input)
+            if storage in program.inputs:
+                read_at.setdefault(storage, [index, index])[1] = index
             elif tensors[t].role == ACTIVATION:
-                spans.setdefault(tensors[t].storage, [index, index])[1] = index
+                spans.setdefault(storage, [index, index])[1] = index
     for t in program.outputs:
         if tensors[t].storage in spans:
             spans[tensors[t].storage][1] = len(program.steps)
