@@ -4,7 +4,7 @@ batches, sample order and SGD learning rate; accuracy on held-out synthetic data
 autoencoder's anomaly AUC.
 
     python3 bench/int8_accuracy.py [--models mlp,imu_1d] [--configs classifier,sparse]
-        [--train 512] [--test 1024] [--epochs 3] [--lr 0.01] [--batch 8]
+        [--train 256] [--test 8192] [--epochs 3] [--lr 0.01] [--batch 8]
         [--runtime cpython|micropython] [--micropython BIN] [--pretrain-steps 300]
 
 The models and their data are tests/int8_acceptance_models.py's. For each model:
@@ -79,6 +79,8 @@ NOISE = {"imu_1d": 3.0, "conv_flatten_gemm": 2.0}
 # held-out, float32 SGD of the classifier at lr 0.01 52.3 %, chance 50 %); pretrained on 16
 # templates they stay general (float32 SGD 71.7 %).
 PRETRAIN_CLASSES = {"mobilenet_v1_025": 16}
+# the paired bootstrap of int - float (paired_interval): resamples and its generator's seed
+BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = 2000, 5
 
 
 # ---------------------------------------------------------------- the starting float model
@@ -212,9 +214,33 @@ def reference_auc(scores, labels):
 def score(spec, outputs, x, y):
     """Accuracy in percent, or (autoencoder) the anomaly AUC of the reconstruction MSE."""
     if spec.loss == "MSELoss":
-        err = ((outputs.reshape(len(x), -1) - x.reshape(len(x), -1)) ** 2).mean(1)
-        return auc(err, y)
+        return auc(reconstruction_error(outputs, x), y)
     return 100.0 * float((outputs.argmax(1) == y).mean())
+
+
+def reconstruction_error(outputs, x):
+    return ((outputs.reshape(len(x), -1) - x.reshape(len(x), -1)) ** 2).mean(1)
+
+
+def paired_interval(spec, float_out, int_out, x, y, resamples=BOOTSTRAP_RESAMPLES,
+                    seed=BOOTSTRAP_SEED):
+    """The paired bootstrap's 95 % percentile interval of score(int) - score(float): the
+    held-out samples drawn with replacement, the same draw scoring both runs, so that what
+    the two get right or wrong together cancels (the difference's noise is that of the
+    samples they disagree on). It measures the held-out sampling's noise only, not the
+    training's (another seed of the stochastic rounding)."""
+    draws = np.random.default_rng(seed).integers(0, len(y), (resamples, len(y)))
+    if spec.loss == "MSELoss":
+        float_err = reconstruction_error(float_out, x)
+        int_err = reconstruction_error(int_out, x)
+        differences = np.array([auc(int_err[d], y[d]) - auc(float_err[d], y[d])
+                                for d in draws])
+    else:
+        hits = ((int_out.argmax(1) == y).astype(np.float64)
+                - (float_out.argmax(1) == y).astype(np.float64))
+        differences = 100.0 * hits[draws].mean(1)
+    low, high = np.percentile(differences, [2.5, 97.5])
+    return float(low), float(high)
 
 
 # ---------------------------------------------------------------- the two trainings
@@ -312,7 +338,7 @@ def integer_training(spec, onnx_path, work, config, x, y, xt, yt, order, batch, 
     return info, outputs.reshape(len(xt) - len(xt) % batch, -1), out.splitlines()
 
 
-def compare(name, config, train=512, test=1024, epochs=3, lr=DEFAULT_LEARNING_RATE,
+def compare(name, config, train=256, test=8192, epochs=3, lr=DEFAULT_LEARNING_RATE,
             batch=8, pretrain_steps=300, runtime="cpython", micropython=None, work=None):
     """One row of the table: a dict with the float and integer figures."""
     if train % batch or test % batch:
@@ -350,13 +376,13 @@ def _compare(name, config, train, test, epochs, lr, batch, pretrain_steps, runti
                before=before, epochs_loss=lines, seconds=time.time() - clock,
                metric="AUC" if spec.loss == "MSELoss" else "accuracy %")
     if spec.loss == "MSELoss":
-        err = lambda out: ((out.reshape(len(xt), -1) - xt.reshape(len(xt), -1)) ** 2).mean(1)  # noqa: E731
-        row["reference_auc"] = (reference_auc(err(float_out), yt),
-                                reference_auc(err(int_out), yt))
+        row["reference_auc"] = (reference_auc(reconstruction_error(float_out, xt), yt),
+                                reference_auc(reconstruction_error(int_out, xt), yt))
     clamped = float_training(spec, module, info["parameters"], x, y, order, batch, lr,
                              clamp=(info["weight"], info["weight_scales"]))(xt)
     row["float_clamped"] = score(spec, clamped, xt, yt)
     row["difference"] = row["int"] - row["float"]
+    row["interval"] = paired_interval(spec, float_out, int_out, xt, yt)
     row["bound"] = AUC_BOUND if spec.loss == "MSELoss" else ACCURACY_BOUND
     row["passes"] = abs(row["difference"]) <= row["bound"]
     return row
@@ -366,8 +392,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", default=",".join(ACCEPTANCE_MODELS))
     p.add_argument("--configs", default=",".join(CONFIGS))
-    p.add_argument("--train", type=int, default=512)
-    p.add_argument("--test", type=int, default=1024)
+    p.add_argument("--train", type=int, default=256)
+    p.add_argument("--test", type=int, default=8192)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--lr", type=float, default=DEFAULT_LEARNING_RATE,
                    help="SGD learning rate of both runs; default pack --int8's own, "
@@ -383,22 +409,23 @@ def main(argv=None):
           f"{a.batch}, pretraining {a.pretrain_steps} steps, integer runtime {a.runtime}",
           flush=True)
     print("| model | config | trained tensors | metric | before | float32 | integer | "
-          "int - float | within bound | int8 weights at +-127 | float32, last Gemm clamped to "
-          "+-127 quanta | seconds |")
-    print("|---|---|---:|---|---:|---:|---:|---:|---|---:|---:|---:|")
+          "int - float | paired 95 % interval | within bound | int8 weights at +-127 | "
+          "float32, last Gemm clamped to +-127 quanta | seconds |")
+    print("|---|---|---:|---|---:|---:|---:|---:|---|---|---:|---:|---:|")
     for name in a.models.split(","):
         for config in a.configs.split(","):
             try:
                 r = compare(name, config, a.train, a.test, a.epochs, a.lr, a.batch,
                             a.pretrain_steps, a.runtime, a.micropython)
             except Exception as e:      # a refused configuration is a row, not the end
-                print(f"| {name} | {config} | - | - | - | - | - | - | refused: "
+                print(f"| {name} | {config} | - | - | - | - | - | - | - | refused: "
                       f"{str(e).splitlines()[0][:160]} | - | - | - |", flush=True)
                 continue
             digits = 4 if r["metric"] == "AUC" else 2
             print(f"| {name} | {config} | {r['parameters']} | {r['metric']} | "
                   f"{r['before']:.{digits}f} | {r['float']:.{digits}f} | {r['int']:.{digits}f} | "
-                  f"{r['difference']:+.{digits}f} | {'yes' if r['passes'] else 'NO'} "
+                  f"{r['difference']:+.{digits}f} | [{r['interval'][0]:+.{digits}f}, "
+                  f"{r['interval'][1]:+.{digits}f}] | {'yes' if r['passes'] else 'NO'} "
                   f"(±{r['bound']}) | "
                   f"{100 * r['saturated']:.1f} % | {r['float_clamped']:.{digits}f} | "
                   f"{r['seconds']:.0f} |", flush=True)

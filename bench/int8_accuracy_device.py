@@ -22,18 +22,16 @@ def program_inputs(b, program):
     return codes, widths
 
 
-def record(data, index, codes, widths):
-    at = index * sum(widths)
-    values = []
-    for code, width in zip(codes, widths):
-        values.append(array(code, data[at:at + width]))
-        at += width
-    return values
+def record(f, index, codes, widths):
+    # one record read from the open file: MicroPython's read() of a whole file of tens of
+    # MB grows its buffer step by step (197 s for 56 MB of held-out samples)
+    f.seek(index * sum(widths))
+    return [array(code, f.read(width)) for code, width in zip(codes, widths)]
 
 
-def read(path):
-    with open(path, "rb") as f:
-        return f.read()
+def records(f, widths):
+    f.seek(0, 2)
+    return f.tell() // sum(widths)
 
 
 def main(blob, ckpt, train_path, order_path, eval_path, out_path, mode, out_ckpt):
@@ -41,9 +39,10 @@ def main(blob, ckpt, train_path, order_path, eval_path, out_path, mode, out_ckpt
     model = Module(blob, state)
     b = model.blob
     codes, widths = program_inputs(b, model._train)
-    data = read(train_path)
-    batches = len(data) // sum(widths)
-    order = array("H", read(order_path))
+    data = open(train_path, "rb")
+    batches = records(data, widths)
+    with open(order_path, "rb") as f:
+        order = array("H", f.read())
     cache = None
     if mode == "cache":
         from microtrain.latent import LatentCache
@@ -62,14 +61,14 @@ def main(blob, ckpt, train_path, order_path, eval_path, out_path, mode, out_ckpt
         if steps % batches == 0:
             print("epoch", steps // batches, "loss", epoch_loss / batches)
             epoch_loss = 0.0
+    data.close()
     if cache is not None:
         cache.close()
     CheckpointState.save_checkpoint(state, out_ckpt)
     model.eval()
     codes, widths = program_inputs(b, model._eval)
-    data = read(eval_path)
-    with open(out_path, "wb") as out:
-        for s in range(len(data) // sum(widths)):
+    with open(eval_path, "rb") as data, open(out_path, "wb") as out:
+        for s in range(records(data, widths)):
             outputs = model(*record(data, s, codes, widths))
             out.write(outputs[1])
 
