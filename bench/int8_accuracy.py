@@ -30,7 +30,7 @@ The models and their data are tests/int8_acceptance_models.py's. For each model:
 * Integer: pack_int8 calibrated on the training samples, the parameter set
   (classifier: the last Gemm; sparse: --train-biases --train-last sparse_last) read from
   its int8.json and given to the float run by name; trained and evaluated by the device
-  runtime (int8_accuracy_device.py: Module, the latent cache for classifier-only blobs, the
+  runtime (int8_accuracy_device.py: Module, the latent cache for blobs with a frozen prefix, the
   eval program's logits), under CPython by default; `--runtime micropython` runs the same
   script on the MicroPython Unix port (viper kernels, which the test suite checks
   bit-identical to the pure-Python ones CPython runs) because CPython takes 3-10 s per
@@ -329,7 +329,11 @@ def integer_training(spec, onnx_path, work, config, x, y, xt, yt, order, batch, 
     (work / "train.bin").write_bytes(records(info, x, y, not mse))
     (work / "eval.bin").write_bytes(records(info, xt, yt, not mse))
     (work / "order.bin").write_bytes(np.asarray(order, "<u2").tobytes())
-    mode = "cache" if config == "classifier" and not mse else "plain"
+    # the latent cache wherever the pack found a frozen prefix (the classifier config, the
+    # autoencoder's last Gemm too: its input is kept as its target); the same run bit for bit
+    from microtrain import parser as device_blob_parser
+    cut = device_blob_parser.load(info["blob"]).programs["train"].latent_from
+    mode = "cache" if cut else "plain"
     out = run_device(runtime, micropython, info["blob"], info["checkpoint"],
                      work / "train.bin", work / "order.bin", work / "eval.bin",
                      work / "out.bin", mode, work / "trained.ckpt")

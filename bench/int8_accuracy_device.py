@@ -5,7 +5,7 @@
 # TRAIN, EVAL: records of each program input's values in the program's input order (the
 #   quantized input bytes, then the int32 labels if the program takes labels).
 # ORDER: the batch index of every train step, uint16 little endian, epoch after epoch.
-# cache: the latent cache (classifier-only blobs): the backbone runs once per batch.
+# cache: the latent cache (a blob with a frozen prefix): the prefix runs once per batch.
 # OUT: the eval program's second output (int32: the logits, or the autoencoder's output,
 #   LOGIT_BITS fractional bits) of every held-out batch, concatenated.
 # OUT_CKPT: the trained checkpoint.
@@ -54,8 +54,8 @@ def main(blob, ckpt, train_path, order_path, eval_path, out_path, mode, out_ckpt
         if cache is None:
             epoch_loss += model(*inputs)
         else:
-            # (later epochs: the cached features; the labels of the same batch)
-            epoch_loss += cache.step(s, None if seen[s] else inputs[0], inputs[1])
+            # (later epochs: the cached values; the labels, if any, of the same batch)
+            epoch_loss += cache.step(s, None if seen[s] else inputs[0], inputs[-1])
         seen[s] = 1
         steps += 1
         if steps % batches == 0:
