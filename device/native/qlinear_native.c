@@ -451,6 +451,8 @@ CONV_RECT(conv_rect_s8, 0x80, r->sx)
 #ifdef MT_THUMB_KERNELS
 void mt_pw4_u8(const uint8_t *px, const uint8_t *pw, const int32_t *p, int32_t *acc);
 void mt_pw4_s8(const uint8_t *px, const uint8_t *pw, const int32_t *p, int32_t *acc);
+void mt_pw8_u8(const uint8_t *px, const uint8_t *pw, const int32_t *p, int32_t *acc);
+void mt_pw8_s8(const uint8_t *px, const uint8_t *pw, const int32_t *p, int32_t *acc);
 #else
 static void pw4(const uint8_t *px, const uint8_t *pw, mp_int_t cin, mp_int_t step,
                 uint32_t flip, int32_t *acc) {
@@ -492,6 +494,12 @@ __attribute__((noinline)) static void conv_pointwise(const uint8_t *x, const uin
         mp_int_t n = 0;
         for (; n < CHUNK && px + 4 <= plane; n += 4, px += 4) {
 #ifdef MT_THUMB_KERNELS
+            if (px + 8 <= plane) {
+                (flip ? mt_pw8_s8 : mt_pw8_u8)(x + px, w, p, acc + n);
+                n += 4;
+                px += 4;
+                continue;
+            }
             (flip ? mt_pw4_s8 : mt_pw4_u8)(x + px, w, p, acc + n);
 #else
             pw4(x + px, w, cin, plane, flip, acc + n);
