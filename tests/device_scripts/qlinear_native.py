@@ -9,7 +9,7 @@
 # pure-Python kernel), multipliers whose products often end exactly halfway (ties).
 # Pointwise Convs (1x1, stride 1, no padding: the module's four-pixel loop) every fourth
 # Conv case, half of those with the requantization's edge multipliers and shifts and
-# accumulators near +-2**24 (edge_req).
+# accumulators near +-2**23 and +-2**24 (edge_req).
 # Gemm and Conv cases alternate; every eighth Gemm case is a tie case (tie_case).
 # Prints "cases N different M fallback F".
 import random
@@ -99,10 +99,10 @@ def edge_req(channels, x_zp, y_zp, lo, hi):
 
 
 def conv_case(kind=0):
-    # kind 1: pointwise (1x1, stride 1, no padding: the four-pixel loop, with 0-3 pixels
-    # past its blocks of four); kind 2: pointwise with the requantization's edges and
-    # accumulators near 2**24 either side (the limbs' domain), and few-bit weights and
-    # inputs for exact halves
+    # kind 1: pointwise (1x1, stride 1, no padding: the eight- and four-pixel loops, with
+    # 0-3 pixels past their blocks); kind 2: pointwise with the requantization's edges and
+    # accumulators near +-2**23 (the per-channel requantization's bound) or +-2**24 (the
+    # limbs'), and few-bit weights and inputs
     groups = random.choice((1, 1, 2, 3))
     cin, cout = groups * random.randint(1, 3), groups * random.randint(1, 3)
     if kind:
@@ -138,8 +138,9 @@ def conv_case(kind=0):
         if random.randint(0, 1):
             for i in range(nx + nw):
                 Q[i] = random.choice((0, 1, 2, 127, 128, 129, 254, 255))
-        edge = 1 << 24
-        b = [random.choice((1, -1)) * (edge + random.randint(-3000, 3000)) for _ in range(cout)]
+        # the fast requantization's bound (|acc| < 2**23) and requant_narrow's (2**24)
+        b = [random.choice((1, -1)) * (random.choice((1 << 23, 1 << 24)) +
+                                       random.randint(-3000, 3000)) for _ in range(cout)]
         r, crafted = edge_req(cout, x_zp, random.randint(-20, 20), lo, hi)
     else:
         r, crafted = req(cout, x_zp, random.randint(-20, 20), lo, hi)
