@@ -141,7 +141,7 @@ def test_inspect_board_counts_the_native_module(int8_artifacts, capsys):
     blob = str(int8_artifacts / "model.mtb")
     assert main(["inspect", blob, "--no-steps", "--board", "rp2040-pico"]) == 0
     out = capsys.readouterr().out
-    assert "the native kernels' machine code (4," in out and "native int8 dense MACs" in out
+    assert "the native kernels' machine code (" in out and "native int8 dense MACs" in out
     # an ESP32 gets no build: neither counted nor estimated
     assert main(["inspect", blob, "--no-steps", "--board", "esp32"]) == 0
     out = capsys.readouterr().out

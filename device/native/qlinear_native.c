@@ -114,6 +114,73 @@ static uint8_t out_byte(const int32_t *hdr, int64_t acc, int32_t m0, int32_t shi
     return requant_byte(acc, m0, shift, y_zp, lo, hi);
 }
 
+// One channel's requantization with its constants unpacked once (rq_init), for a run of
+// outputs (a Conv's plane, a pointwise Conv's pixels): exact in 32-bit words without
+// requant_narrow's cases. For 0 <= a < 2**23, 0 < m0 <= 2**24 and 17 <= shift <= 47, with
+// p = a * m0 (< 2**47), ml and mh its multiplier's low 16 and high 8 bits, al and ah a's:
+//   H = floor(p / 2**16) = a * mh + ah * ml + floor(al * ml / 2**16)    (< 2**31)
+//   L = p mod 2**16      = (al * ml) mod 2**16
+// and with v = shift - 16 (1 .. 31), round half to even of p / 2**shift is
+//   (H + 2**(v - 1) - 1 + (L != 0 or bit v of H)) >> v
+// (p + 2**(shift - 1) - 1 + bit shift of p, floored: a remainder above half carries, one
+// below does not, an exact half carries only onto an odd quotient; the carry out of the
+// low 16 bits is whether L or that bit is nonzero). Other channels (crafted multipliers,
+// shifts outside 17 .. 47) and |acc| >= 2**23 go to out_byte, the same bytes.
+typedef struct {
+    const int32_t *hdr;
+    int32_t m0, shift;
+    uint32_t ml, mh, v, half_m1, amax;
+    int32_t y_zp, lo, hi;
+} rq_t;
+
+static void rq_init(rq_t *c, const int32_t *hdr, int32_t m0, int32_t shift) {
+    c->hdr = hdr;
+    c->m0 = m0;
+    c->shift = shift;
+    c->ml = (uint32_t)m0 & 0xFFFF;
+    c->mh = (uint32_t)m0 >> 16;
+    bool fast = m0 > 0 && m0 <= M0_LIMIT && shift >= 17 && shift <= 47;
+    c->v = fast ? (uint32_t)shift - 16 : 1;
+    c->half_m1 = (1u << (c->v - 1)) - 1;
+    c->amax = fast ? (1u << 23) : 0;        // |acc| at or beyond it: out_byte
+    c->y_zp = hdr[1];
+    c->lo = hdr[2];
+    c->hi = hdr[3];
+}
+
+static inline __attribute__((always_inline)) uint8_t rq_byte(const rq_t *c, int32_t acc) {
+    uint32_t a = acc < 0 ? 0u - (uint32_t)acc : (uint32_t)acc;
+    if (a >= c->amax) {
+        return out_byte(c->hdr, acc, c->m0, c->shift);
+    }
+    uint32_t ml = c->ml, v = c->v;
+    uint32_t p0 = (a & 0xFFFF) * ml;
+    uint32_t h = a * c->mh + (a >> 16) * ml + (p0 >> 16);
+    uint32_t carry = ((p0 << 16) | ((h >> v) & 1)) != 0;
+    uint32_t u = (h + c->half_m1 + carry) >> v;
+    if (u > (1u << 20)) {
+        u = 1u << 20;                           // far beyond any clamp bound
+    }
+    int32_t q = (acc < 0 ? -(int32_t)u : (int32_t)u) + c->y_zp;   // odd-symmetric rounding
+    if (q < c->lo) {
+        q = c->lo;
+    } else if (q > c->hi) {
+        q = c->hi;
+    }
+    return (uint8_t)q;
+}
+
+// n output bytes from n accumulators (plus base, in wrapping 32-bit arithmetic): the one
+// copy of rq_byte's machine code (the constants copied to a local, which the byte stores
+// cannot alias)
+__attribute__((noinline)) static void rq_run(const rq_t *rq, const int32_t *acc, uint32_t base,
+                                             mp_int_t n, uint8_t *out) {
+    const rq_t c = *rq;
+    for (; n > 0; n--) {
+        *out++ = rq_byte(&c, (int32_t)(base + (uint32_t)*acc++));
+    }
+}
+
 // The output Y[i, j] from the sum over k
 static inline void store(const gemm_t *g, mp_int_t i, mp_int_t j, int32_t sum) {
     const int32_t *r = g->r;
@@ -374,6 +441,83 @@ CONV_RECT(conv_rect_s8_unit, 0x80, 1)
 CONV_RECT(conv_rect_u8, 0, r->sx)
 CONV_RECT(conv_rect_s8, 0x80, r->sx)
 
+#define AXIS_MAX 12             // kernel sizes whose tap ranges qlinear_conv caches
+#define CHUNK 32                // outputs summed before they are requantized together
+
+// A pointwise Conv (1x1, stride 1, no padding): output channel mo's plane is
+// sum over ci of (x[ci, p] - x_zp) * w[ci], computed as sum x * w + (bias - x_zp * sum w),
+// four pixels at once (each weight loaded once for four inputs; on ARM qlinear_thumb.S's
+// loop), each sum requantized as it is done: no accumulator plane.
+#ifdef MT_THUMB_KERNELS
+void mt_pw4_u8(const uint8_t *px, const uint8_t *pw, const int32_t *p, int32_t *acc);
+void mt_pw4_s8(const uint8_t *px, const uint8_t *pw, const int32_t *p, int32_t *acc);
+void mt_pw8_u8(const uint8_t *px, const uint8_t *pw, const int32_t *p, int32_t *acc);
+void mt_pw8_s8(const uint8_t *px, const uint8_t *pw, const int32_t *p, int32_t *acc);
+#else
+static void pw4(const uint8_t *px, const uint8_t *pw, mp_int_t cin, mp_int_t step,
+                uint32_t flip, int32_t *acc) {
+    int32_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    for (const uint8_t *pe = pw + cin; pw != pe; pw++) {
+        int32_t wv = (int8_t)*pw;
+        a0 += (int32_t)(px[0] ^ flip) * wv;
+        a1 += (int32_t)(px[1] ^ flip) * wv;
+        a2 += (int32_t)(px[2] ^ flip) * wv;
+        a3 += (int32_t)(px[3] ^ flip) * wv;
+        px += step;
+    }
+    acc[0] = a0;
+    acc[1] = a1;
+    acc[2] = a2;
+    acc[3] = a3;
+}
+#endif
+
+__attribute__((noinline)) static void conv_pointwise(const uint8_t *x, const uint8_t *w,
+                                                     mp_int_t cin, mp_int_t plane, int32_t bias,
+                                                     uint32_t flip, int32_t zpf,
+                                                     const rq_t *rq, uint8_t *out) {
+    int32_t sum_w = 0;
+    for (mp_int_t ci = 0; ci < cin; ci++) {
+        sum_w += (int8_t)w[ci];
+    }
+#ifdef MT_THUMB_KERNELS
+    // the loop reads sign-extended int8 inputs: x_zp itself
+    const uint32_t base = (uint32_t)bias - (uint32_t)((zpf - (int32_t)flip) * sum_w);
+    const int32_t p[2] = {cin, plane};
+#else
+    // (b ^ flip) - zpf: the input's value for either kind
+    const uint32_t base = (uint32_t)bias - (uint32_t)(zpf * sum_w);
+#endif
+    mp_int_t px = 0;
+    int32_t acc[CHUNK];
+    while (px + 4 <= plane) {
+        mp_int_t n = 0;
+        for (; n < CHUNK && px + 4 <= plane; n += 4, px += 4) {
+#ifdef MT_THUMB_KERNELS
+            if (px + 8 <= plane) {
+                (flip ? mt_pw8_s8 : mt_pw8_u8)(x + px, w, p, acc + n);
+                n += 4;
+                px += 4;
+                continue;
+            }
+            (flip ? mt_pw4_s8 : mt_pw4_u8)(x + px, w, p, acc + n);
+#else
+            pw4(x + px, w, cin, plane, flip, acc + n);
+#endif
+        }
+        rq_run(rq, acc, base, n, out + px - n);
+    }
+    for (; px < plane; px++) {
+        int32_t a = bias;
+        const uint8_t *pin = x + px;
+        for (mp_int_t ci = 0; ci < cin; ci++) {
+            a += ((int32_t)(*pin ^ flip) - zpf) * (int8_t)w[ci];
+            pin += plane;
+        }
+        rq_run(rq, &a, 0, 1, out + px);
+    }
+}
+
 static mp_obj_t qlinear_conv(size_t n_args, const mp_obj_t *in) {
     size_t len;
     mp_obj_t *a;
@@ -410,21 +554,52 @@ static mp_obj_t qlinear_conv(size_t n_args, const mp_obj_t *in) {
     const int32_t zpf = r[c.req] + (int32_t)flip;
     int32_t *plane = r + c.scratch;
     uint8_t *out = q + c.y;
+    const bool pointwise = taps == 1 && c.s_h == 1 && c.s_w == 1 && c.pad_t == 0 &&
+                           c.pad_l == 0 && c.out_h == c.in_h && c.out_w == c.in_w;
+    // each tap row's and column's range of outputs (tap_range's two divisions), once per call
+    mp_int_t yr[2 * AXIS_MAX], xr[2 * AXIS_MAX];
+    const bool cached = !pointwise && c.k_h <= AXIS_MAX && c.k_w <= AXIS_MAX;
+    for (mp_int_t ky = 0; cached && ky < c.k_h; ky++) {
+        tap_range(ky * c.d_h - c.pad_t, c.s_h, c.in_h, c.out_h, &yr[2 * ky], &yr[2 * ky + 1]);
+    }
+    for (mp_int_t kx = 0; cached && kx < c.k_w; kx++) {
+        tap_range(kx * c.d_w - c.pad_l, c.s_w, c.in_w, c.out_w, &xr[2 * kx], &xr[2 * kx + 1]);
+    }
     for (mp_int_t img = 0; img < c.n_images; img++) {
         const uint8_t *x_image = q + c.x + img * c.groups * c.cin_g * in_plane;
         for (mp_int_t mo = 0; mo < channels; mo++) {
+            const uint8_t *x_g = x_image + (mo / c.cout_g) * c.cin_g * in_plane;
+            const uint8_t *w_g = wbuf + c.w + mo * c.cin_g * taps;
+            int32_t bias = c.bias >= 0 ? r[c.bias + mo] : 0;
+            rq_t rq;
+            rq_init(&rq, r + c.req, r[c.req + 4 + 2 * mo], r[c.req + 5 + 2 * mo]);
+            if (pointwise) {
+                conv_pointwise(x_g, w_g, c.cin_g, in_plane, bias, flip, zpf, &rq, out);
+                out += out_plane;
+                continue;
+            }
             int32_t start = c.bias >= 0 ? r[c.bias + mo] : 0;
             for (mp_int_t p = 0; p < out_plane; p++) {
                 plane[p] = start;
             }
             const uint8_t *x_group = x_image + (mo / c.cout_g) * c.cin_g * in_plane;
             const uint8_t *w_m = wbuf + c.w + mo * c.cin_g * taps;
-            for (mp_int_t tap = 0; tap < taps; tap++) {
-                mp_int_t ky = tap / c.k_w, kx = tap - ky * c.k_w;
+            for (mp_int_t tap = 0, ky = 0, kx = 0; tap < taps; tap++, kx++) {
+                if (kx == c.k_w) {
+                    kx = 0;
+                    ky++;
+                }
                 mp_int_t off_y = ky * c.d_h - c.pad_t, off_x = kx * c.d_w - c.pad_l;
                 mp_int_t oy0, oy1, ox0, ox1;
-                tap_range(off_y, c.s_h, c.in_h, c.out_h, &oy0, &oy1);
-                tap_range(off_x, c.s_w, c.in_w, c.out_w, &ox0, &ox1);
+                if (cached) {           // the axes' ranges, divided out once per call
+                    oy0 = yr[2 * ky];
+                    oy1 = yr[2 * ky + 1];
+                    ox0 = xr[2 * kx];
+                    ox1 = xr[2 * kx + 1];
+                } else {
+                    tap_range(off_y, c.s_h, c.in_h, c.out_h, &oy0, &oy1);
+                    tap_range(off_x, c.s_w, c.in_w, c.out_w, &ox0, &ox1);
+                }
                 if (oy0 >= oy1 || ox0 >= ox1) {
                     continue;
                 }
@@ -456,10 +631,8 @@ static mp_obj_t qlinear_conv(size_t n_args, const mp_obj_t *in) {
                     }
                 }
             }
-            const int32_t m0 = r[c.req + 4 + 2 * mo], shift = r[c.req + 5 + 2 * mo];
-            for (mp_int_t p = 0; p < out_plane; p++) {
-                *out++ = out_byte(r + c.req, plane[p], m0, shift);
-            }
+            rq_run(&rq, plane, 0, out_plane, out);
+            out += out_plane;
         }
     }
     return mp_const_none;

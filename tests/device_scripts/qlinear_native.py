@@ -7,6 +7,9 @@
 # biases, accumulators past 2**24, weights in the arena or in a bytes object of their own,
 # multipliers and shifts out of the derived range (the module hands those to the
 # pure-Python kernel), multipliers whose products often end exactly halfway (ties).
+# Pointwise Convs (1x1, stride 1, no padding: the module's four-pixel loop) every fourth
+# Conv case, half of those with the requantization's edge multipliers and shifts and
+# accumulators near +-2**23 and +-2**24 (edge_req).
 # Gemm and Conv cases alternate; every eighth Gemm case is a tie case (tie_case).
 # Prints "cases N different M fallback F".
 import random
@@ -82,9 +85,28 @@ def tie_case():
     return Q, I, args, False, pure_gemm, native.qlinear_gemm
 
 
-def conv_case():
+def edge_req(channels, x_zp, y_zp, lo, hi):
+    # the requantization's edges: the smallest and largest multipliers, the shifts where
+    # the 32-bit limbs' cases meet (2, 16-17, 31-33, 47-48, 61-62) and few-bit multipliers
+    # (exact halves), besides the derived range
+    r = [x_zp, y_zp, lo, hi]
+    for _ in range(channels):
+        m0 = random.choice((1, 2, 3, 1 << 23, 3 << 22, (1 << 24) - 1, 1 << 24,
+                            random.randint(1 << 23, 1 << 24), random.randint(1, 1 << 24)))
+        r += [m0, random.choice((2, 3, 15, 16, 17, 18, 24, 30, 31, 32, 33, 34, 40, 46, 47, 48,
+                                 49, 61, 62))]
+    return r, False
+
+
+def conv_case(kind=0):
+    # kind 1: pointwise (1x1, stride 1, no padding: the eight- and four-pixel loops, with
+    # 0-3 pixels past their blocks); kind 2: pointwise with the requantization's edges and
+    # accumulators near +-2**23 (the per-channel requantization's bound) or +-2**24 (the
+    # limbs'), and few-bit weights and inputs
     groups = random.choice((1, 1, 2, 3))
     cin, cout = groups * random.randint(1, 3), groups * random.randint(1, 3)
+    if kind:
+        cin = groups * random.randint(1, 40)
     if random.randint(0, 5) == 0:            # depthwise
         groups = cin = cout = random.randint(1, 6)
     H, W = random.randint(1, 9), random.randint(1, 9)
@@ -92,6 +114,9 @@ def conv_case():
     sh, sw, dh, dw = random.randint(1, 2), random.randint(1, 2), random.randint(1, 2), \
         random.randint(1, 2)
     pt, pl = random.randint(0, 2), random.randint(0, 2)
+    if kind:
+        kh = kw = sh = sw = 1
+        pt = pl = 0
     OH = (H + 2 * pt - (kh - 1) * dh - 1) // sh + 1
     OW = (W + 2 * pl - (kw - 1) * dw - 1) // sw + 1
     if OH < 1 or OW < 1:
@@ -109,7 +134,16 @@ def conv_case():
         b = [random.randint(-(1 << 29), 1 << 29) for _ in range(cout)]
     else:
         b = [random.randint(-5000, 5000) for _ in range(cout)]
-    r, crafted = req(cout, x_zp, random.randint(-20, 20), lo, hi)
+    if kind == 2:
+        if random.randint(0, 1):
+            for i in range(nx + nw):
+                Q[i] = random.choice((0, 1, 2, 127, 128, 129, 254, 255))
+        # the fast requantization's bound (|acc| < 2**23) and requant_narrow's (2**24)
+        b = [random.choice((1, -1)) * (random.choice((1 << 23, 1 << 24)) +
+                                       random.randint(-3000, 3000)) for _ in range(cout)]
+        r, crafted = edge_req(cout, x_zp, random.randint(-20, 20), lo, hi)
+    else:
+        r, crafted = req(cout, x_zp, random.randint(-20, 20), lo, hi)
     I = array("i", b + r + [0] * (OH * OW))
     w_at, weights = nx, Q
     if random.randint(0, 1):
@@ -128,7 +162,10 @@ except NameError:
     CASES = 480
 cases = different = fallback = 0
 while cases < CASES:
-    case = (tie_case if cases % 16 == 0 else gemm_case, conv_case)[cases % 2]()
+    if cases % 2 == 0:
+        case = (tie_case if cases % 16 == 0 else gemm_case)()
+    else:       # every fourth Conv case pointwise, every eighth on the requantization's edges
+        case = conv_case((0, 1, 0, 0, 0, 2, 0, 0)[cases % 16 // 2])
     if case is None:
         continue
     Q, I, args, crafted, pure_kernel, native_kernel = case

@@ -52,9 +52,10 @@ CODE_HEAP_PER_MPY_BYTE = {"files": 1.472, "romfs": 0.633, "frozen": 0.633}
 # A native module's machine code is copied into the heap at import wherever the .mpy lies
 # (ROMFS too: MicroPython 1.25 relocates it in RAM). Measured on the emulated boards by
 # tests/test_board_natmod.py (heap after import less before, from ROMFS), which keeps this
-# an upper bound within 10 %: 4,653 B of .mpy (armv6m build) took 4,720 B of heap, 3,989 B
-# (armv7m) 4,048 B (1.014-1.015 heap bytes per .mpy byte: the code, its relocations
-# resolved, and the module's globals), on the emulated Cortex-M3.
+# an upper bound within 10 %: 6,373 B of .mpy (armv6m build) took 6,432 B of heap, 5,781 B
+# (armv7m) 5,840 B (1.009-1.010 heap bytes per .mpy byte: the code, its relocations
+# resolved, and the module's globals), on the emulated Cortex-M3 (bench/board_native.py,
+# 2026-11-28; the smaller builds before issue 24's Conv paths: 1.014-1.015).
 NATIVE_HEAP_PER_MPY_BYTE = 1.05
 # The viper kernels' machine code in a bytecode .mpy is copied into the heap the same way
 # (from ROMFS too), so those .mpy files take this figure instead of the bytecode's: the
