@@ -106,7 +106,7 @@ class LatentCache:
             for kernel, args in self.prefix:
                 kernel(F, I, args)
         for k in range(m):
-            s = slot * m + k if order is None else order[slot * m + k]
+            s = self._sample(slot, k, order)
             if not 0 <= s < self.samples:
                 raise InputError("sample %d outside the cache's %d" % (s, self.samples))
             if x is not None:
@@ -124,10 +124,15 @@ class LatentCache:
     def holds(self, slot, order=None):
         """Whether every sample of the batch (as step takes it) is in the cache."""
         for k in range(self.m):
-            s = slot * self.m + k if order is None else order[slot * self.m + k]
+            s = self._sample(slot, k, order)
             if not (0 <= s < self.samples and (self.filled[s >> 3] >> (s & 7)) & 1):
                 return False
         return True
+
+    def _sample(self, slot, k, order):
+        # row k of batch slot: its sample index (in order, or counted from the batch)
+        at = slot * self.m + k
+        return at if order is None else order[at]
 
     def _keep(self, sample, k):
         in_file = self._file is not None
