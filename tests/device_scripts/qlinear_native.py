@@ -9,9 +9,13 @@
 # pure-Python kernel), multipliers whose products often end exactly halfway (ties).
 # Pointwise Convs (1x1, stride 1, no padding: the module's four-pixel loop) every fourth
 # Conv case, half of those with the requantization's edge multipliers and shifts and
-# accumulators near +-2**23 and +-2**24 (edge_req).
+# accumulators near +-2**23 and +-2**24 (edge_req). Convs of one input channel per group
+# and 4-8 output channels (the module's im2col path) every fourth Conv case, half of them
+# with edge_req.
+# Conv kinds per eight Conv cases: 0 1 3 0 0 2 3 0.
 # Gemm and Conv cases alternate; every eighth Gemm case is a tie case (tie_case).
 # Prints "cases N different M fallback F".
+import gc
 import random
 from array import array
 from microtrain.kernels import qlinear
@@ -103,18 +107,24 @@ def conv_case(kind=0):
     # 0-3 pixels past their blocks); kind 2: pointwise with the requantization's edges and
     # accumulators near +-2**23 (the per-channel requantization's bound) or +-2**24 (the
     # limbs'), and few-bit weights and inputs
+    # kind 3: one input channel per group and 4-8 output channels (the im2col path,
+    # conv_patches: the KWS DS-CNN's first Conv), kernels up to 10 taps a side
     groups = random.choice((1, 1, 2, 3))
     cin, cout = groups * random.randint(1, 3), groups * random.randint(1, 3)
-    if kind:
+    if kind in (1, 2):
         cin = groups * random.randint(1, 40)
-    if random.randint(0, 5) == 0:            # depthwise
+    if kind != 3 and random.randint(0, 5) == 0:            # depthwise
         groups = cin = cout = random.randint(1, 6)
+    if kind == 3:
+        groups = random.choice((1, 1, 2))
+        cin, cout = groups, groups * random.randint(4, 8)
     H, W = random.randint(1, 9), random.randint(1, 9)
-    kh, kw = random.randint(1, min(4, H + 2)), random.randint(1, min(4, W + 2))
+    side = 10 if kind == 3 else 4
+    kh, kw = random.randint(1, min(side, H + 2)), random.randint(1, min(side, W + 2))
     sh, sw, dh, dw = random.randint(1, 2), random.randint(1, 2), random.randint(1, 2), \
         random.randint(1, 2)
     pt, pl = random.randint(0, 2), random.randint(0, 2)
-    if kind:
+    if kind in (1, 2):
         kh = kw = sh = sw = 1
         pt = pl = 0
     OH = (H + 2 * pt - (kh - 1) * dh - 1) // sh + 1
@@ -134,7 +144,7 @@ def conv_case(kind=0):
         b = [random.randint(-(1 << 29), 1 << 29) for _ in range(cout)]
     else:
         b = [random.randint(-5000, 5000) for _ in range(cout)]
-    if kind == 2:
+    if kind == 2 or (kind == 3 and random.randint(0, 1)):
         if random.randint(0, 1):
             for i in range(nx + nw):
                 Q[i] = random.choice((0, 1, 2, 127, 128, 129, 254, 255))
@@ -162,10 +172,11 @@ except NameError:
     CASES = 480
 cases = different = fallback = 0
 while cases < CASES:
+    gc.collect()            # the last case's arrays: the large pointwise cases need ~20 KB
     if cases % 2 == 0:
         case = (tie_case if cases % 16 == 0 else gemm_case)()
-    else:       # every fourth Conv case pointwise, every eighth on the requantization's edges
-        case = conv_case((0, 1, 0, 0, 0, 2, 0, 0)[cases % 16 // 2])
+    else:       # every eighth Conv case pointwise and another on the requantization's edges
+        case = conv_case((0, 1, 3, 0, 0, 2, 3, 0)[cases % 16 // 2])
     if case is None:
         continue
     Q, I, args, crafted, pure_kernel, native_kernel = case
@@ -174,7 +185,7 @@ while cases < CASES:
     native_kernel(None, I, (Q2,) + args[1:])
     cases += 1
     fallback += crafted
-    if bytes(Q) != bytes(Q2):
+    if Q != Q2:             # no copies: the largest cases are ~18 KB
         different += 1
         print("different:", ("gemm", "conv")[(cases - 1) % 2], args[1:-1])
 print("cases", cases, "different", different, "fallback", fallback)
