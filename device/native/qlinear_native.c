@@ -172,13 +172,35 @@ static inline __attribute__((always_inline)) uint8_t rq_byte(const rq_t *c, int3
 
 // n output bytes from n accumulators (plus base, in wrapping 32-bit arithmetic): the one
 // copy of rq_byte's machine code (the constants copied to a local, which the byte stores
-// cannot alias)
+// cannot alias); on ARM qlinear_thumb.S's mt_rq_run, the same arithmetic by hand, which
+// stops at each accumulator at or beyond amax (out_byte's, here)
+#ifdef MT_THUMB_KERNELS
+mp_int_t mt_rq_run(const int32_t *acc, uint8_t *out, mp_int_t n, const int32_t *p);
+#endif
 __attribute__((noinline)) static void rq_run(const rq_t *rq, const int32_t *acc, uint32_t base,
                                              mp_int_t n, uint8_t *out) {
     const rq_t c = *rq;
+#ifdef MT_THUMB_KERNELS
+    const int32_t p[9] = {(int32_t)base, (int32_t)c.ml, (int32_t)c.mh, (int32_t)c.v,
+                          (int32_t)c.half_m1, (int32_t)c.amax, c.y_zp, c.lo, c.hi};
+    while (n > 0) {
+        if (c.amax) {
+            mp_int_t done = mt_rq_run(acc, out, n, p);
+            acc += done;
+            out += done;
+            n -= done;
+            if (n == 0) {
+                break;
+            }
+        }
+        *out++ = out_byte(c.hdr, (int32_t)(base + (uint32_t)*acc++), c.m0, c.shift);
+        n--;
+    }
+#else
     for (; n > 0; n--) {
         *out++ = rq_byte(&c, (int32_t)(base + (uint32_t)*acc++));
     }
+#endif
 }
 
 // The output Y[i, j] from the sum over k
@@ -601,6 +623,135 @@ static void conv_patches(const conv_t *c, uint8_t *q, const int32_t *r,
     }
 }
 
+// A depthwise-like Conv with 3x3 taps (one input and one output channel per group, the KWS
+// DS-CNN's and MobileNet's depthwise layers), unit dilation along x: per channel, a band of
+// output rows at a time, the input rows they read copied once with their padding (on the
+// stack, as bytes u = x + c: c 0 for uint8 inputs, 128 for int8 ones (b ^ 0x80), padding
+// x_zp + c), then each output the nine products straight from three row pointers, no
+// bounds checks, requantized in chunks. Exact, as conv_patches:
+//   sum over inside taps of (x - x_zp) * w = sum over the 9 of u * w - (x_zp + c) * sum w.
+// The rectangles' path took ~19.5 instructions per MAC here (a 25x5 plane: rows of 4-5).
+// n bytes b ^ flip (a function of its own: inlined, gcc reloaded flip from the stack per
+// byte)
+__attribute__((noinline, optimize("no-tree-loop-distribute-patterns")))
+static void copy_flip(uint8_t *dst, const uint8_t *src, mp_int_t n, uint32_t flip) {
+    for (const uint8_t *end = src + n; src < end;) {
+        *dst++ = (uint8_t)(*src++ ^ flip);
+    }
+}
+
+#ifdef MT_THUMB_KERNELS
+#define DW_RS 14                // the row loop's padded rows: its taps at offsets 0 .. 30
+void mt_dw3_s1(const uint8_t *p, int32_t *acc, const int32_t *geo, const int32_t *w);
+void mt_dw3_s2(const uint8_t *p, int32_t *acc, const int32_t *geo, const int32_t *w);
+#endif
+__attribute__((noinline, optimize("no-tree-loop-distribute-patterns")))
+static void conv_dw3x3(const conv_t *c, uint8_t *q, const int32_t *r, const uint8_t *wbuf,
+                       uint32_t flip) {
+    const mp_int_t in_h = c->in_h, in_w = c->in_w, out_h = c->out_h, out_w = c->out_w;
+    const mp_int_t s_h = c->s_h, s_w = c->s_w, d_h = c->d_h, pad_t = c->pad_t,
+                   pad_l = c->pad_l;
+    const mp_int_t in_plane = in_h * in_w, out_plane = out_h * out_w;
+    const mp_int_t wp = (out_w - 1) * s_w + 3;         // a padded row
+#ifdef MT_THUMB_KERNELS
+    // qlinear_thumb.S's row loop: rows DW_RS bytes apart, unit dilation along y
+    const bool fast = wp <= DW_RS && d_h == 1 && s_w <= 2;
+    const mp_int_t rs = fast ? DW_RS : wp;
+#else
+    const mp_int_t rs = wp;
+#endif
+    // output rows per band: (band - 1) * s_h + 2 * d_h + 1 padded rows fit the buffer
+    const mp_int_t band = (PATCH_BYTES / rs - 2 * d_h - 1) / s_h + 1;
+    uint8_t rows[PATCH_BYTES];
+    int32_t acc[CHUNK];
+    const int32_t zp = r[c->req], cu = flip ? 128 : 0;
+    const uint8_t zpb = (uint8_t)(zp + cu);
+    for (mp_int_t ch = 0; ch < c->n_images * c->groups; ch++) {
+        const uint8_t *x = q + c->x + ch * in_plane;
+        const mp_int_t mo = ch % c->groups;
+        const uint8_t *w = wbuf + c->w + mo * 9;
+        const int32_t w0 = (int8_t)w[0], w1 = (int8_t)w[1], w2 = (int8_t)w[2],
+                      w3 = (int8_t)w[3], w4 = (int8_t)w[4], w5 = (int8_t)w[5],
+                      w6 = (int8_t)w[6], w7 = (int8_t)w[7], w8 = (int8_t)w[8];
+        const int32_t sum_w = w0 + w1 + w2 + w3 + w4 + w5 + w6 + w7 + w8;
+#ifdef MT_THUMB_KERNELS
+        const int32_t wv[9] = {w0, w1, w2, w3, w4, w5, w6, w7, w8};
+#endif
+        const uint32_t base = (uint32_t)(c->bias >= 0 ? r[c->bias + mo] : 0)
+                              - (uint32_t)((zp + cu) * sum_w);
+        rq_t rq;
+        rq_init(&rq, r + c->req, r[c->req + 4 + 2 * mo], r[c->req + 5 + 2 * mo]);
+        uint8_t *out = q + c->y + ch * out_plane;
+        mp_int_t n = 0;                                 // sums in acc
+        for (mp_int_t oy0 = 0; oy0 < out_h; oy0 += band) {
+            const mp_int_t oy1 = oy0 + band < out_h ? oy0 + band : out_h;
+            const mp_int_t prows = (oy1 - oy0 - 1) * s_h + 2 * d_h + 1;
+            uint8_t *pp = rows;
+            for (mp_int_t pr = 0, iy = oy0 * s_h - pad_t; pr < prows; pr++, iy++) {
+                pp = rows + pr * rs;
+                uint8_t *pe = pp + wp;
+                if (iy < 0 || iy >= in_h) {
+                    while (pp != pe) {
+                        *pp++ = zpb;
+                    }
+                    continue;
+                }
+                const uint8_t *row = x + iy * in_w;
+                mp_int_t ix = -pad_l;
+                for (; ix < 0 && pp != pe; ix++) {
+                    *pp++ = zpb;
+                }
+                mp_int_t m = in_w - ix < pe - pp ? in_w - ix : pe - pp;
+                copy_flip(pp, row + ix, m, flip);
+                pp += m;
+                while (pp != pe) {
+                    *pp++ = zpb;
+                }
+            }
+#ifdef MT_THUMB_KERNELS
+            // as many rows per call as the sums' chunk holds (out_w <= 12 < CHUNK here)
+            for (mp_int_t oy = oy0; fast && oy < oy1;) {
+                mp_int_t k = (CHUNK - n) / out_w;
+                if (k == 0) {
+                    rq_run(&rq, acc, base, n, out);
+                    out += n;
+                    n = 0;
+                    continue;
+                }
+                if (k > oy1 - oy) {
+                    k = oy1 - oy;
+                }
+                const int32_t geo[3] = {out_w, k, s_h * rs - out_w * s_w};
+                (s_w == 1 ? mt_dw3_s1 : mt_dw3_s2)(rows + (oy - oy0) * s_h * rs, acc + n, geo,
+                                                   wv);
+                n += k * out_w;
+                oy += k;
+            }
+            if (fast) {
+                continue;
+            }
+#endif
+            for (mp_int_t oy = oy0; oy < oy1; oy++) {
+                const uint8_t *p0 = rows + (oy - oy0) * s_h * rs, *p1 = p0 + d_h * rs,
+                              *p2 = p1 + d_h * rs;
+                for (mp_int_t ox = 0; ox < out_w; ox++) {
+                    acc[n++] = p0[0] * w0 + p0[1] * w1 + p0[2] * w2 + p1[0] * w3 + p1[1] * w4
+                               + p1[2] * w5 + p2[0] * w6 + p2[1] * w7 + p2[2] * w8;
+                    p0 += s_w;
+                    p1 += s_w;
+                    p2 += s_w;
+                    if (n == CHUNK) {
+                        rq_run(&rq, acc, base, n, out);
+                        out += n;
+                        n = 0;
+                    }
+                }
+            }
+        }
+        rq_run(&rq, acc, base, n, out);
+    }
+}
+
 static mp_obj_t qlinear_conv(size_t n_args, const mp_obj_t *in) {
     size_t len;
     mp_obj_t *a;
@@ -643,6 +794,12 @@ static mp_obj_t qlinear_conv(size_t n_args, const mp_obj_t *in) {
     if (!pointwise && c.cin_g == 1 && c.cout_g >= 4 && taps <= PATCH_BYTES / 4 &&
         (flip ? x_zp <= 127 : x_zp >= 0)) {     // x_zp - off a signed byte (conv_patches)
         conv_patches(&c, q, r, wbuf, flip);
+        return mp_const_none;
+    }
+    if (c.cin_g == 1 && c.cout_g == 1 && c.k_h == 3 && c.k_w == 3 && c.d_w == 1 &&
+        (c.out_w - 1) * c.s_w + 3 <= PATCH_BYTES / (2 * c.d_h + 1) &&
+        (flip ? x_zp <= 127 : x_zp >= 0)) {     // x_zp + c a byte (conv_dw3x3)
+        conv_dw3x3(&c, q, r, wbuf, flip);
         return mp_const_none;
     }
     // each tap row's and column's range of outputs (tap_range's two divisions), once per call

@@ -454,3 +454,210 @@
 
     pw8 mt_pw8_u8, 0
     pw8 mt_pw8_s8, 1
+
+@ qlinear_native.c's per-channel requantization (rq_byte) of a run of accumulators:
+@
+@   mp_int_t mt_rq_run(const int32_t *acc, uint8_t *out, mp_int_t n, const int32_t *p)
+@
+@ p = [base, ml, mh, v, half_m1, amax, y_zp, lo, hi] (rq_init's constants). For each of n
+@ (>= 1) accumulators, a = |base + acc| (wrapping), and while a < amax:
+@   p0 = (a & 0xFFFF) * ml, h = a * mh + (a >> 16) * ml + (p0 >> 16), L = p0 << 16
+@   u = (h + half_m1 + (L != 0 or bit v of h)) >> v
+@   out = clamp(+-u + y_zp, lo, hi)
+@ Returns how many bytes it wrote: it stops before an accumulator at or beyond amax, which
+@ the caller hands to out_byte. gcc's loop took ~60 instructions an output (its constants
+@ reloaded from the stack); this one 40. u stays below 2**31 (h < 2**31, v >= 1), so
+@ +-u + y_zp cannot overflow: rq_byte's bound of u at 2**20 changes no clamped byte for
+@ bounds within +-2**20 of y_zp (every blob's: bytes).
+@
+@ Registers: r0 acc, r1 out, r2 a/h/u, r3 p0/L, r4 temporary, r5 ml, r6 mh/v, r7 the sign
+@ mask; r8 base, r9 v, r10 mh, r11 amax, r12 out's end, lr half_m1; y_zp, lo, hi and out's
+@ start on the stack.
+    .align 2
+    .global mt_rq_run
+    .type mt_rq_run, %function
+    .thumb_func
+mt_rq_run:
+    push {r4-r7, lr}
+    mov r4, r8
+    mov r5, r9
+    mov r6, r10
+    mov r7, r11
+    push {r4-r7}
+    sub sp, #16
+    ldr r4, [r3, #24]
+    str r4, [sp, #0]        @ y_zp
+    ldr r4, [r3, #28]
+    str r4, [sp, #4]        @ lo
+    ldr r4, [r3, #32]
+    str r4, [sp, #8]        @ hi
+    str r1, [sp, #12]       @ out's start
+    ldr r4, [r3, #0]
+    mov r8, r4
+    ldr r5, [r3, #4]
+    ldr r4, [r3, #8]
+    mov r10, r4
+    ldr r4, [r3, #12]
+    mov r9, r4
+    ldr r4, [r3, #16]
+    mov lr, r4
+    ldr r4, [r3, #20]
+    mov r11, r4
+    adds r2, r1, r2
+    mov r12, r2
+1:
+    ldmia r0!, {r2}
+    add r2, r8              @ + base
+    asrs r7, r2, #31
+    eors r2, r7
+    subs r2, r2, r7         @ a = |acc|
+    cmp r2, r11
+    bhs 5f                  @ at or beyond amax: out_byte's
+    uxth r3, r2
+    muls r3, r5             @ p0 = al * ml
+    lsrs r4, r2, #16
+    muls r4, r5             @ ah * ml
+    mov r6, r10
+    muls r2, r6             @ a * mh
+    adds r2, r2, r4
+    lsrs r4, r3, #16
+    adds r2, r2, r4         @ h
+    lsls r3, r3, #16        @ L
+    mov r6, r9
+    movs r4, r2
+    lsrs r4, r6
+    lsls r4, r4, #31        @ bit v of h, at the top
+    orrs r3, r4             @ nonzero: the carry into bit v
+    mov r4, lr
+    subs r3, r3, #1         @ C: r3 was nonzero
+    adcs r2, r4             @ h + half_m1 + carry (< 2**32)
+    lsrs r2, r6             @ u
+    eors r2, r7
+    subs r2, r2, r7         @ the sign back: round half to even is odd-symmetric
+    ldr r4, [sp, #0]
+    adds r2, r2, r4         @ + y_zp
+    ldr r4, [sp, #4]
+    cmp r2, r4
+    bge 2f
+    movs r2, r4
+2:
+    ldr r4, [sp, #8]
+    cmp r2, r4
+    ble 3f
+    movs r2, r4
+3:
+    strb r2, [r1, #0]
+    adds r1, #1
+    cmp r1, r12
+    bne 1b
+5:
+    ldr r0, [sp, #12]
+    subs r0, r1, r0         @ bytes written
+    add sp, #16
+    pop {r4-r7}
+    mov r8, r4
+    mov r9, r5
+    mov r10, r6
+    mov r11, r7
+    pop {r4-r7, pc}
+    .size mt_rq_run, . - mt_rq_run
+
+@ qlinear_native.c's 3x3 depthwise Conv (conv_dw3x3): rows of outputs' sums from their
+@ padded input rows, laid out DW_RS = 14 bytes apart (so that every tap is an immediate
+@ offset: 0-2, 14-16, 28-30), the nine weights in registers:
+@
+@   void mt_dw3_s1(const uint8_t *p, int32_t *acc, const int32_t *geo, const int32_t *w)
+@   void mt_dw3_s2(...)  the same with stride 2 along x
+@
+@ geo = [cols, rows, skip]: per row, acc[i] = sum over ky, kx < 3 of
+@ p[i * stride + 14 * ky + kx] * w[3 * ky + kx] for i < cols (the bytes unsigned), acc moves
+@ on by cols, then p by skip bytes more to the next row's start. cols, rows >= 1.
+@ 37 instructions an output (gcc's C: ~65).
+@
+@ Registers: r0 p, r1 acc, r2 weight/temporary, r3 byte/product, r4 sum, r5-r7 w0-w2,
+@ r8-r12 and lr w3-w8; the row's end in acc, rows left, skip and 4 * cols on the stack.
+
+.macro dw3_tap at, w
+    ldrb r3, [r0, #\at]
+    mov r2, \w
+    muls r3, r2, r3
+    adds r4, r4, r3
+.endm
+
+.macro dw3 name, step
+    .align 2
+    .global \name
+    .type \name, %function
+    .thumb_func
+\name:
+    push {r4-r7, lr}
+    mov r4, r8
+    mov r5, r9
+    mov r6, r10
+    mov r7, r11
+    push {r4-r7}
+    sub sp, #16
+    ldr r4, [r2, #0]
+    lsls r4, r4, #2
+    str r4, [sp, #12]       @ 4 * cols
+    ldr r4, [r2, #4]
+    str r4, [sp, #4]        @ rows left
+    ldr r4, [r2, #8]
+    str r4, [sp, #8]        @ skip
+    ldr r4, [r3, #12]
+    mov r8, r4
+    ldr r4, [r3, #16]
+    mov r9, r4
+    ldr r4, [r3, #20]
+    mov r10, r4
+    ldr r4, [r3, #24]
+    mov r11, r4
+    ldr r4, [r3, #28]
+    mov r12, r4
+    ldr r4, [r3, #32]
+    mov lr, r4
+    ldr r5, [r3, #0]
+    ldr r6, [r3, #4]
+    ldr r7, [r3, #8]
+1:                          @ a row
+    ldr r3, [sp, #12]
+    adds r3, r1, r3
+    str r3, [sp, #0]        @ its end in acc
+2:                          @ an output
+    ldrb r4, [r0, #0]
+    muls r4, r5, r4
+    ldrb r3, [r0, #1]
+    muls r3, r6, r3
+    adds r4, r4, r3
+    ldrb r3, [r0, #2]
+    muls r3, r7, r3
+    adds r4, r4, r3
+    dw3_tap 14, r8
+    dw3_tap 15, r9
+    dw3_tap 16, r10
+    dw3_tap 28, r11
+    dw3_tap 29, r12
+    dw3_tap 30, lr
+    stmia r1!, {r4}
+    adds r0, #\step
+    ldr r3, [sp, #0]
+    cmp r1, r3
+    bne 2b
+    ldr r3, [sp, #8]
+    adds r0, r0, r3         @ the next row's start
+    ldr r3, [sp, #4]
+    subs r3, #1
+    str r3, [sp, #4]
+    bne 1b
+    add sp, #16
+    pop {r4-r7}
+    mov r8, r4
+    mov r9, r5
+    mov r10, r6
+    mov r11, r7
+    pop {r4-r7, pc}
+    .size \name, . - \name
+.endm
+
+    dw3 mt_dw3_s1, 1
+    dw3 mt_dw3_s2, 2

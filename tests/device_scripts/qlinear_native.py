@@ -11,8 +11,9 @@
 # Conv case, half of those with the requantization's edge multipliers and shifts and
 # accumulators near +-2**23 and +-2**24 (edge_req). Convs of one input channel per group
 # and 4-8 output channels (the module's im2col path) every fourth Conv case, half of them
-# with edge_req.
-# Conv kinds per eight Conv cases: 0 1 3 0 0 2 3 0.
+# with edge_req; 3x3 depthwise Convs (the module's row loops over padded rows: 1-16 wide,
+# 1-12 or 40-70 high, strides, dilation along y) every fourth, half of them with edge_req.
+# Conv kinds per eight Conv cases: 0 1 3 4 0 2 3 4.
 # Gemm and Conv cases alternate; every eighth Gemm case is a tie case (tie_case).
 # Prints "cases N different M fallback F".
 import gc
@@ -108,7 +109,8 @@ def conv_case(kind=0):
     # accumulators near +-2**23 (the per-channel requantization's bound) or +-2**24 (the
     # limbs'), and few-bit weights and inputs
     # kind 3: one input channel per group and 4-8 output channels (the im2col path,
-    # conv_patches: the KWS DS-CNN's first Conv), kernels up to 10 taps a side
+    # conv_patches: the KWS DS-CNN's first Conv), kernels up to 10 taps a side; kind 4: 3x3
+    # depthwise (conv_dw3x3)
     groups = random.choice((1, 1, 2, 3))
     cin, cout = groups * random.randint(1, 3), groups * random.randint(1, 3)
     if kind in (1, 2):
@@ -124,6 +126,14 @@ def conv_case(kind=0):
     sh, sw, dh, dw = random.randint(1, 2), random.randint(1, 2), random.randint(1, 2), \
         random.randint(1, 2)
     pt, pl = random.randint(0, 2), random.randint(0, 2)
+    if kind == 4:
+        groups = cin = cout = random.randint(1, 6)
+        kh = kw = 3
+        dw = 1
+        # up to 16 wide: padded rows of at most 14 bytes take the Thumb-1 row loop, wider
+        # ones the C loop; up to 70 high: several bands of rows
+        H, W = random.choice((random.randint(1, 12), random.randint(40, 70))), \
+            random.randint(1, 16)
     if kind in (1, 2):
         kh = kw = sh = sw = 1
         pt = pl = 0
@@ -144,7 +154,7 @@ def conv_case(kind=0):
         b = [random.randint(-(1 << 29), 1 << 29) for _ in range(cout)]
     else:
         b = [random.randint(-5000, 5000) for _ in range(cout)]
-    if kind == 2 or (kind == 3 and random.randint(0, 1)):
+    if kind == 2 or (kind in (3, 4) and random.randint(0, 1)):
         if random.randint(0, 1):
             for i in range(nx + nw):
                 Q[i] = random.choice((0, 1, 2, 127, 128, 129, 254, 255))
@@ -176,7 +186,7 @@ while cases < CASES:
     if cases % 2 == 0:
         case = (tie_case if cases % 16 == 0 else gemm_case)()
     else:       # every eighth Conv case pointwise and another on the requantization's edges
-        case = conv_case((0, 1, 3, 0, 0, 2, 3, 0)[cases % 16 // 2])
+        case = conv_case((0, 1, 3, 4, 0, 2, 3, 4)[cases % 16 // 2])
     if case is None:
         continue
     Q, I, args, crafted, pure_kernel, native_kernel = case
