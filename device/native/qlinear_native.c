@@ -250,8 +250,12 @@ static void dot4_kn(const uint8_t *px, const uint8_t *pw, mp_int_t sw, mp_int_t 
 }
 #endif
 
-static void dot4_unit(const uint8_t *px, const uint8_t *w0, mp_int_t sw_n, mp_int_t k,
-                      bool x_signed, int32_t x_zp, int32_t *acc) {
+// (inlined in its two callers: called, the Gemm took 6.62 instructions per MAC at 8x64x32
+// instead of 6.56)
+static inline __attribute__((always_inline)) void dot4_unit(const uint8_t *px,
+                                                            const uint8_t *w0, mp_int_t sw_n,
+                                                            mp_int_t k, bool x_signed,
+                                                            int32_t x_zp, int32_t *acc) {
     const uint8_t *pe = px + k;
     int32_t d[5] = {w0 - px, w0 + sw_n - px, w0 + 2 * sw_n - px, w0 + 3 * sw_n - px, x_zp};
     acc[0] = acc[1] = acc[2] = acc[3] = 0;
