@@ -406,7 +406,8 @@ static MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(qlinear_gemm_obj, 3, 3, qlinear_gemm)
 // weight adds (x - x_zp) * w over the rectangle of outputs whose tap lies inside the image
 // (kernels/conv.py's clipping: padding reads nothing), as x * w - x_zp * w; then the plane
 // is requantized. Integers are exact in any order, so the order differs from the pure
-// kernel's and the bytes do not. Plain C for now (no hand-written loop yet).
+// kernel's and the bytes do not. Pointwise, one-input-channel and 3x3 depthwise Convs take
+// paths of their own (below); on ARM the hot loops are qlinear_thumb.S's.
 typedef struct {
     mp_int_t y, x, w, bias, req, scratch, n_images, groups, cin_g, cout_g, in_h, in_w, out_h,
              out_w, k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, x_signed;
