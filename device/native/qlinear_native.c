@@ -361,26 +361,35 @@ static mp_obj_t pure_kernel(qstr name, const mp_obj_t *in) {
                                  3, 0, in);
 }
 
-// qlinear_gemm(F, I, args): kernels/qlinear.py's signature, so it replaces that kernel as is
-static mp_obj_t qlinear_gemm(size_t n_args, const mp_obj_t *in) {
+// A kernel call's arguments (F, I, args): args must hold count items, args[0] the byte
+// arena (bufs[0], written), I the int32 arena (bufs[1], written when i_write: the Conv's
+// scratch plane), the last item the weights' buffer (bufs[2]); the count - 2 integers
+// between go to fields, in the args' order
+static void unpack_args(const mp_obj_t *in, size_t count, mp_rom_error_text_t wrong_count,
+                        bool i_write, mp_buffer_info_t *bufs, mp_int_t *fields) {
     size_t len;
     mp_obj_t *a;
     mp_obj_get_array(in[2], &len, &a);
-    if (len != 16) {
-        mp_raise_ValueError(MP_ERROR_TEXT("qlinear_gemm: 16 arguments expected"));
+    if (len != count) {
+        mp_raise_ValueError(wrong_count);
     }
-    mp_buffer_info_t qb, rb, wb;
-    mp_get_buffer_raise(a[0], &qb, MP_BUFFER_WRITE);
-    mp_get_buffer_raise(in[1], &rb, MP_BUFFER_READ);
-    mp_get_buffer_raise(a[15], &wb, MP_BUFFER_READ);
+    mp_get_buffer_raise(a[0], &bufs[0], MP_BUFFER_WRITE);
+    mp_get_buffer_raise(in[1], &bufs[1], i_write ? MP_BUFFER_WRITE : MP_BUFFER_READ);
+    mp_get_buffer_raise(a[count - 1], &bufs[2], MP_BUFFER_READ);
+    for (size_t f = 0; f < count - 3; f++) {
+        fields[f] = mp_obj_get_int(a[f + 1]);
+    }
+}
+
+// qlinear_gemm(F, I, args): kernels/qlinear.py's signature, so it replaces that kernel as is
+static mp_obj_t qlinear_gemm(size_t n_args, const mp_obj_t *in) {
+    mp_buffer_info_t b[3];
     gemm_t g;
-    g.q = qb.buf;
-    g.r = rb.buf;
-    g.wb = wb.buf;
-    mp_int_t *fields = &g.y;
-    for (size_t f = 0; f < 13; f++) {
-        fields[f] = mp_obj_get_int(a[f + 1]);      // y .. x_signed, in the args' order
-    }
+    unpack_args(in, 16, MP_ERROR_TEXT("qlinear_gemm: 16 arguments expected"), false, b,
+                &g.y);                                      // y .. x_signed
+    g.q = b[0].buf;
+    g.r = b[1].buf;
+    g.wb = b[2].buf;
     if (!in_domain(&g)) {
         return pure_kernel(MP_QSTR_qlinear_gemm, in);
     }
@@ -758,24 +767,13 @@ static void conv_dw3x3(const conv_t *c, uint8_t *q, const int32_t *r, const uint
 }
 
 static mp_obj_t qlinear_conv(size_t n_args, const mp_obj_t *in) {
-    size_t len;
-    mp_obj_t *a;
-    mp_obj_get_array(in[2], &len, &a);
-    if (len != 26) {
-        mp_raise_ValueError(MP_ERROR_TEXT("qlinear_conv: 26 arguments expected"));
-    }
-    mp_buffer_info_t qb, rb, wb;
-    mp_get_buffer_raise(a[0], &qb, MP_BUFFER_WRITE);
-    mp_get_buffer_raise(in[1], &rb, MP_BUFFER_WRITE);     // the scratch plane is in I
-    mp_get_buffer_raise(a[25], &wb, MP_BUFFER_READ);
+    mp_buffer_info_t b[3];
     conv_t c;
-    mp_int_t *fields = &c.y;
-    for (size_t f = 0; f < 23; f++) {
-        fields[f] = mp_obj_get_int(a[f + 1]);      // y .. x_signed, in the args' order
-    }
-    uint8_t *q = qb.buf;
-    int32_t *r = rb.buf;
-    const uint8_t *wbuf = wb.buf;
+    unpack_args(in, 26, MP_ERROR_TEXT("qlinear_conv: 26 arguments expected"), true, b,
+                &c.y);                                      // y .. x_signed; scratch in I
+    uint8_t *q = b[0].buf;
+    int32_t *r = b[1].buf;
+    const uint8_t *wbuf = b[2].buf;
     const mp_int_t channels = c.groups * c.cout_g, taps = c.k_h * c.k_w;
     const mp_int_t in_plane = c.in_h * c.in_w, out_plane = c.out_h * c.out_w;
     // the domain of the int32 planes and of out_byte (see the top): else the pure kernel

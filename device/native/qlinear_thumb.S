@@ -21,6 +21,33 @@
     .thumb
     .text
 
+@ a global Thumb function's entry
+.macro func name
+    .align 2
+    .global \name
+    .type \name, %function
+    .thumb_func
+\name:
+.endm
+
+@ r8-r11 saved on the stack (through r4-r7, which the caller's push has saved) and restored:
+@ every loop below keeps sums, weights or pointers there
+.macro push_high
+    mov r4, r8
+    mov r5, r9
+    mov r6, r10
+    mov r7, r11
+    push {r4-r7}
+.endm
+
+.macro pop_high
+    pop {r4-r7}
+    mov r8, r4
+    mov r9, r5
+    mov r10, r6
+    mov r11, r7
+.endm
+
 @ one term: the input byte (sign-extended when \signed), less the zero point, times the
 @ four weights, added to the four sums
 .macro term signed
@@ -44,18 +71,9 @@
     adds r0, #1
 .endm
 
-.macro dot4 name, signed
-    .align 2
-    .global \name
-    .type \name, %function
-    .thumb_func
-\name:
-    push {r3-r7, lr}
-    mov r4, r8
-    mov r5, r9
-    mov r6, r10
-    mov r7, r11
-    push {r4-r7}
+@ the four sums from acc (r3) into r8-r11, pe (r1) into r12; and back into acc (pushed
+@ first, below the four saved high registers)
+.macro acc_in
     ldr r4, [r3, #0]
     mov r8, r4
     ldr r4, [r3, #4]
@@ -65,6 +83,25 @@
     ldr r4, [r3, #12]
     mov r11, r4
     mov r12, r1
+.endm
+
+.macro acc_out
+    ldr r3, [sp, #16]       @ acc (pushed first, below the four saved high registers)
+    mov r4, r8
+    str r4, [r3, #0]
+    mov r4, r9
+    str r4, [r3, #4]
+    mov r4, r10
+    str r4, [r3, #8]
+    mov r4, r11
+    str r4, [r3, #12]
+.endm
+
+.macro dot4 name, signed
+    func \name
+    push {r3-r7, lr}
+    push_high
+    acc_in
     ldr r3, [r2, #0]
     ldr r4, [r2, #4]
     ldr r5, [r2, #8]
@@ -75,20 +112,8 @@
     term \signed
     cmp r0, r12
     bne 1b
-    ldr r3, [sp, #16]       @ acc (pushed first, below the four saved high registers)
-    mov r4, r8
-    str r4, [r3, #0]
-    mov r4, r9
-    str r4, [r3, #4]
-    mov r4, r10
-    str r4, [r3, #8]
-    mov r4, r11
-    str r4, [r3, #12]
-    pop {r4-r7}
-    mov r8, r4
-    mov r9, r5
-    mov r10, r6
-    mov r11, r7
+    acc_out
+    pop_high
     pop {r3-r7, pc}
     .size \name, . - \name
 .endm
@@ -133,26 +158,10 @@
 .endm
 
 .macro dot4_kn name, signed
-    .align 2
-    .global \name
-    .type \name, %function
-    .thumb_func
-\name:
+    func \name
     push {r3-r7, lr}
-    mov r4, r8
-    mov r5, r9
-    mov r6, r10
-    mov r7, r11
-    push {r4-r7}
-    ldr r4, [r3, #0]
-    mov r8, r4
-    ldr r4, [r3, #4]
-    mov r9, r4
-    ldr r4, [r3, #8]
-    mov r10, r4
-    ldr r4, [r3, #12]
-    mov r11, r4
-    mov r12, r1
+    push_high
+    acc_in
     ldr r3, [r2, #0]
     ldr r4, [r2, #4]
     mov lr, r4
@@ -166,20 +175,8 @@
     adds r0, #2
     cmp r0, r12
     bne 1b
-    ldr r3, [sp, #16]       @ acc (pushed first, below the four saved high registers)
-    mov r4, r8
-    str r4, [r3, #0]
-    mov r4, r9
-    str r4, [r3, #4]
-    mov r4, r10
-    str r4, [r3, #8]
-    mov r4, r11
-    str r4, [r3, #12]
-    pop {r4-r7}
-    mov r8, r4
-    mov r9, r5
-    mov r10, r6
-    mov r11, r7
+    acc_out
+    pop_high
     pop {r3-r7, pc}
     .size \name, . - \name
 .endm
@@ -214,17 +211,9 @@
 .endm
 
 .macro conv_rect name, signed
-    .align 2
-    .global \name
-    .type \name, %function
-    .thumb_func
-\name:
+    func \name
     push {r4-r7, lr}
-    mov r4, r8
-    mov r5, r9
-    mov r6, r10
-    mov r7, r11
-    push {r4-r7}
+    push_high
     ldr r3, [r2, #0]
     mov r8, r3
     ldr r3, [r2, #4]
@@ -264,11 +253,7 @@
     subs r3, #1
     mov r8, r3
     bne 1b
-    pop {r4-r7}
-    mov r8, r4
-    mov r9, r5
-    mov r10, r6
-    mov r11, r7
+    pop_high
     pop {r4-r7, pc}
     .size \name, . - \name
 .endm
@@ -289,42 +274,28 @@
 @
 @ Registers: r0 px, r1 pw, r2 weight, r3 input/product, r4-r7 sums, r8 step, r12 pw's end.
 
+@ one input byte (sign-extended when signed) times the weight r2, added to a sum
+.macro pw4_mac signed, at, sum
+    ldrb r3, [r0, #\at]
+    .if \signed
+    sxtb r3, r3
+    .endif
+    muls r3, r2, r3
+    adds \sum, \sum, r3
+.endm
+
 .macro pw_term signed, woff
     ldrb r2, [r1, #\woff]
     sxtb r2, r2
-    ldrb r3, [r0, #0]
-    .if \signed
-    sxtb r3, r3
-    .endif
-    muls r3, r2, r3
-    adds r4, r4, r3
-    ldrb r3, [r0, #1]
-    .if \signed
-    sxtb r3, r3
-    .endif
-    muls r3, r2, r3
-    adds r5, r5, r3
-    ldrb r3, [r0, #2]
-    .if \signed
-    sxtb r3, r3
-    .endif
-    muls r3, r2, r3
-    adds r6, r6, r3
-    ldrb r3, [r0, #3]
-    .if \signed
-    sxtb r3, r3
-    .endif
-    muls r3, r2, r3
-    adds r7, r7, r3
+    pw4_mac \signed, 0, r4
+    pw4_mac \signed, 1, r5
+    pw4_mac \signed, 2, r6
+    pw4_mac \signed, 3, r7
     add r0, r8
 .endm
 
 .macro pw4 name, signed
-    .align 2
-    .global \name
-    .type \name, %function
-    .thumb_func
-\name:
+    func \name
     push {r3-r7, lr}
     mov r4, r8
     push {r4}
@@ -398,17 +369,9 @@
 .endm
 
 .macro pw8 name, signed
-    .align 2
-    .global \name
-    .type \name, %function
-    .thumb_func
-\name:
+    func \name
     push {r3-r7, lr}
-    mov r4, r8
-    mov r5, r9
-    mov r6, r10
-    mov r7, r11
-    push {r4-r7}
+    push_high
     ldr r4, [r2, #4]
     mov lr, r4
     ldr r2, [r2, #0]
@@ -443,11 +406,7 @@
     mov r6, r10
     mov r7, r11
     stmia r3!, {r4-r7}
-    pop {r4-r7}
-    mov r8, r4
-    mov r9, r5
-    mov r10, r6
-    mov r11, r7
+    pop_high
     pop {r3-r7, pc}
     .size \name, . - \name
 .endm
@@ -473,17 +432,9 @@
 @ Registers: r0 acc, r1 out, r2 a/h/u, r3 p0/L, r4 temporary, r5 ml, r6 mh/v, r7 the sign
 @ mask; r8 base, r9 v, r10 mh, r11 amax, r12 out's end, lr half_m1; y_zp, lo, hi and out's
 @ start on the stack.
-    .align 2
-    .global mt_rq_run
-    .type mt_rq_run, %function
-    .thumb_func
-mt_rq_run:
+    func mt_rq_run
     push {r4-r7, lr}
-    mov r4, r8
-    mov r5, r9
-    mov r6, r10
-    mov r7, r11
-    push {r4-r7}
+    push_high
     sub sp, #16
     ldr r4, [r3, #24]
     str r4, [sp, #0]        @ y_zp
@@ -554,11 +505,7 @@ mt_rq_run:
     ldr r0, [sp, #12]
     subs r0, r1, r0         @ bytes written
     add sp, #16
-    pop {r4-r7}
-    mov r8, r4
-    mov r9, r5
-    mov r10, r6
-    mov r11, r7
+    pop_high
     pop {r4-r7, pc}
     .size mt_rq_run, . - mt_rq_run
 
@@ -585,17 +532,9 @@ mt_rq_run:
 .endm
 
 .macro dw3 name, step
-    .align 2
-    .global \name
-    .type \name, %function
-    .thumb_func
-\name:
+    func \name
     push {r4-r7, lr}
-    mov r4, r8
-    mov r5, r9
-    mov r6, r10
-    mov r7, r11
-    push {r4-r7}
+    push_high
     sub sp, #16
     ldr r4, [r2, #0]
     lsls r4, r4, #2
@@ -650,11 +589,7 @@ mt_rq_run:
     str r3, [sp, #4]
     bne 1b
     add sp, #16
-    pop {r4-r7}
-    mov r8, r4
-    mov r9, r5
-    mov r10, r6
-    mov r11, r7
+    pop_high
     pop {r4-r7, pc}
     .size \name, . - \name
 .endm

@@ -32,7 +32,7 @@ INSTRUCTIONS_PER_MAC = {
 # with a build for their architecture (tools/runtime.native_modules): all shapes of
 # `python3 bench/board_native.py` (armv6m build, the one every ARM core loads; the armv7m
 # build is 5-20 % faster), 2026-11-27; Conv 2026-11-28 after issue 24's im2col and 3x3
-# depthwise paths and the requantization in Thumb-1 (3x3 9.63 and 1x1 5.44: their mean; the
+# depthwise paths and the requantization in Thumb-1 (3x3 9.60 and 1x1 5.44: their mean; the
 # KWS first Conv's 8.29 lies between; depthwise 15.08). The integer training kernels stay
 # viper.
 NATIVE_INSTRUCTIONS_PER_MAC = {
