@@ -11,7 +11,7 @@
 #   scripts/build_natmod.sh [--ship] [armv6m] [armv7m] [rv32imc]   -> prints each .mpy path
 #
 # Cached under .cache/natmod/<arch>/, keyed by the source tarball, the module's sources
-# (device/native: Makefile, *.c, *.S) and this script: change any of them and the next run
+# (device/native: Makefile, *.c, *.S, *.h) and this script: change any of them and the next run
 # rebuilds that architecture. --ship also copies each build to
 # device/microtrain/kernels/native/<arch>/qlinear_native.mpy, what deploy, the runtime builder
 # and mip's package-<arch>.json ship (users need no toolchain), and writes the sources'
@@ -77,7 +77,7 @@ if [ "$(cat "$tree/.key" 2>/dev/null)" != "$tree_key" ]; then
 fi
 
 # the module's sources (its README is not one), in a fixed order
-sources=("$native"/Makefile "$native"/*.c "$native"/*.S)
+sources=("$native"/Makefile "$native"/*.c "$native"/*.S "$native"/*.h)
 # the shipped builds' digest: of the sources alone, so that a test can check it without the
 # MicroPython tarball (a fresh build compared byte for byte covers the rest)
 source_digest=$(cat "${sources[@]}" | sha256sum | cut -d' ' -f1)

@@ -22,7 +22,8 @@ ARCH_NUMBER = {"armv6m": 4, "armv7m": 5, "armv7emsp": 7, "xtensawin": 10, "rv32i
 
 def test_shipped_builds_are_of_todays_sources_and_their_architecture():
     native = ROOT / "device" / "native"
-    sources = ([native / "Makefile"] + sorted(native.glob("*.c")) + sorted(native.glob("*.S")))
+    sources = ([native / "Makefile"] + sorted(native.glob("*.c")) + sorted(native.glob("*.S"))
+               + sorted(native.glob("*.h")))
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()
     assert (NATIVE / "SOURCES.sha256").read_text().split() == [digest], \
         "device/native changed: run scripts/build_natmod.sh --ship armv6m armv7m rv32imc"

@@ -184,7 +184,7 @@
     dot4_kn mt_dot4_kn_u8, 0
     dot4_kn mt_dot4_kn_s8, 1
 
-@ qlinear_native.c's Conv: one (tap, input channel)'s rectangle of the int32 accumulator
+@ qconv_native.c's Conv: one (tap, input channel)'s rectangle of the int32 accumulator
 @ plane, for unit strides along x:
 @
 @   void mt_conv_rect_u8(int32_t *pa, const uint8_t *px, const int32_t *p)
@@ -261,7 +261,7 @@
     conv_rect mt_conv_rect_u8, 0
     conv_rect mt_conv_rect_s8, 1
 
-@ qlinear_native.c's pointwise Conv (1x1, stride 1, no padding): four neighbouring pixels
+@ qconv_native.c's pointwise Conv (1x1, stride 1, no padding): four neighbouring pixels
 @ of one output channel at once, each weight loaded once for the four inputs:
 @
 @   void mt_pw4_u8(const uint8_t *px, const uint8_t *pw, const int32_t *p, int32_t *acc)
@@ -509,7 +509,7 @@
     pop {r4-r7, pc}
     .size mt_rq_run, . - mt_rq_run
 
-@ qlinear_native.c's 3x3 depthwise Conv (conv_dw3x3): rows of outputs' sums from their
+@ qconv_native.c's 3x3 depthwise Conv (conv_dw3x3): rows of outputs' sums from their
 @ padded input rows, laid out DW_RS = 14 bytes apart (so that every tap is an immediate
 @ offset: 0-2, 14-16, 28-30), the nine weights in registers:
 @

@@ -1,0 +1,482 @@
+// qlinear_conv of the module qlinear_native.c starts (see the top of that file and
+// qlinear_native.h).
+#include "qlinear_native.h"
+
+// qlinear_conv(F, I, args): kernels/qlinear.py's qlinear_conv, the same bytes. Per image and
+// output channel, an int32 plane of accumulators (the step's scratch tensor in I, which the
+// checker sizes out_h * out_w) starts at the bias; every (input channel, tap) with a nonzero
+// weight adds (x - x_zp) * w over the rectangle of outputs whose tap lies inside the image
+// (kernels/conv.py's clipping: padding reads nothing), as x * w - x_zp * w; then the plane
+// is requantized. Integers are exact in any order, so the order differs from the pure
+// kernel's and the bytes do not. Pointwise, one-input-channel and 3x3 depthwise Convs take
+// paths of their own (below); on ARM the hot loops are qlinear_thumb.S's.
+typedef struct {
+    mp_int_t y, x, w, bias, req, scratch, n_images, groups, cin_g, cout_g, in_h, in_w, out_h,
+             out_w, k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, x_signed;
+} conv_t;
+
+// the outputs o in [lo, hi) along one axis whose input o * s + off lies in [0, size)
+static void tap_range(mp_int_t off, mp_int_t s, mp_int_t size, mp_int_t out, mp_int_t *lo,
+                      mp_int_t *hi) {
+    *lo = off < 0 ? (-off + s - 1) / s : 0;
+    *hi = off > size - 1 ? 0 : (size - 1 - off) / s + 1;
+    if (*hi > out) {
+        *hi = out;
+    }
+}
+
+// The rectangle one (tap, input channel) adds to the accumulator plane: rows x cols
+// outputs, out_w the plane's row, in_step the input's row step (s_h * in_w), sx the input's
+// stride along x
+typedef struct {
+    mp_int_t rows, cols, out_w, in_step, sx;
+} rect_t;
+
+// acc += (x - x_zp) * w over a rectangle, as x * w - x_zp * w (zw); flip 0x80: int8 inputs.
+// Functions of their own, one per input kind and for unit strides along x (flip and sx
+// constants there), so that gcc keeps the row loop's pointers, weight and zw in registers:
+// with them as variables it reloaded three of them from the stack per multiply-accumulate.
+static inline __attribute__((always_inline)) void conv_rect(int32_t *pa, const uint8_t *px,
+                                                            const rect_t *r, int32_t wv,
+                                                            int32_t zw, uint32_t flip,
+                                                            mp_int_t sx) {
+    const mp_int_t cols = r->cols, out_w = r->out_w, in_step = r->in_step;
+    for (mp_int_t row = r->rows; row > 0; row--) {
+        int32_t *a = pa, *end = pa + cols;
+        const uint8_t *x = px;
+        while (a != end) {
+            *a++ += (int32_t)(*x ^ flip) * wv - zw;
+            x += sx;
+        }
+        pa += out_w;
+        px += in_step;
+    }
+}
+
+#ifdef MT_THUMB_KERNELS
+void mt_conv_rect_u8(int32_t *pa, const uint8_t *px, const int32_t *p);
+void mt_conv_rect_s8(int32_t *pa, const uint8_t *px, const int32_t *p);
+#endif
+
+#define CONV_RECT(name, flip, sx) \
+    __attribute__((noinline)) static void name(int32_t *pa, const uint8_t *px, const rect_t *r, \
+                                               int32_t wv, int32_t zw) { \
+        conv_rect(pa, px, r, wv, zw, flip, sx); \
+    }
+#ifndef MT_THUMB_KERNELS
+CONV_RECT(conv_rect_u8_unit, 0, 1)
+CONV_RECT(conv_rect_s8_unit, 0x80, 1)
+#endif
+CONV_RECT(conv_rect_u8, 0, r->sx)
+CONV_RECT(conv_rect_s8, 0x80, r->sx)
+
+#define AXIS_MAX 12             // kernel sizes whose tap ranges qlinear_conv caches
+#define CHUNK 32                // outputs summed before they are requantized together
+
+// A pointwise Conv (1x1, stride 1, no padding): output channel mo's plane is
+// sum over ci of (x[ci, p] - x_zp) * w[ci], computed as sum x * w + (bias - x_zp * sum w),
+// four pixels at once (each weight loaded once for four inputs; on ARM qlinear_thumb.S's
+// loop), each sum requantized as it is done: no accumulator plane.
+#ifdef MT_THUMB_KERNELS
+void mt_pw4_u8(const uint8_t *px, const uint8_t *pw, const int32_t *p, int32_t *acc);
+void mt_pw4_s8(const uint8_t *px, const uint8_t *pw, const int32_t *p, int32_t *acc);
+void mt_pw8_u8(const uint8_t *px, const uint8_t *pw, const int32_t *p, int32_t *acc);
+void mt_pw8_s8(const uint8_t *px, const uint8_t *pw, const int32_t *p, int32_t *acc);
+#else
+static void pw4(const uint8_t *px, const uint8_t *pw, mp_int_t cin, mp_int_t step,
+                uint32_t flip, int32_t *acc) {
+    int32_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    for (const uint8_t *pe = pw + cin; pw != pe; pw++) {
+        int32_t wv = (int8_t)*pw;
+        a0 += (int32_t)(px[0] ^ flip) * wv;
+        a1 += (int32_t)(px[1] ^ flip) * wv;
+        a2 += (int32_t)(px[2] ^ flip) * wv;
+        a3 += (int32_t)(px[3] ^ flip) * wv;
+        px += step;
+    }
+    acc[0] = a0;
+    acc[1] = a1;
+    acc[2] = a2;
+    acc[3] = a3;
+}
+#endif
+
+__attribute__((noinline)) static void conv_pointwise(const uint8_t *x, const uint8_t *w,
+                                                     mp_int_t cin, mp_int_t plane, int32_t bias,
+                                                     uint32_t flip, int32_t zpf,
+                                                     const rq_t *rq, uint8_t *out) {
+    int32_t sum_w = 0;
+    for (mp_int_t ci = 0; ci < cin; ci++) {
+        sum_w += (int8_t)w[ci];
+    }
+#ifdef MT_THUMB_KERNELS
+    // the loop reads sign-extended int8 inputs: x_zp itself
+    const uint32_t base = (uint32_t)bias - (uint32_t)((zpf - (int32_t)flip) * sum_w);
+    const int32_t p[2] = {cin, plane};
+#else
+    // (b ^ flip) - zpf: the input's value for either kind
+    const uint32_t base = (uint32_t)bias - (uint32_t)(zpf * sum_w);
+#endif
+    mp_int_t px = 0;
+    int32_t acc[CHUNK];
+    while (px + 4 <= plane) {
+        mp_int_t n = 0;
+        for (; n < CHUNK && px + 4 <= plane; n += 4, px += 4) {
+#ifdef MT_THUMB_KERNELS
+            if (px + 8 <= plane) {
+                (flip ? mt_pw8_s8 : mt_pw8_u8)(x + px, w, p, acc + n);
+                n += 4;
+                px += 4;
+                continue;
+            }
+            (flip ? mt_pw4_s8 : mt_pw4_u8)(x + px, w, p, acc + n);
+#else
+            pw4(x + px, w, cin, plane, flip, acc + n);
+#endif
+        }
+        rq_run(rq, acc, base, n, out + px - n);
+    }
+    for (; px < plane; px++) {
+        int32_t a = bias;
+        const uint8_t *pin = x + px;
+        for (mp_int_t ci = 0; ci < cin; ci++) {
+            a += ((int32_t)(*pin ^ flip) - zpf) * (int8_t)w[ci];
+            pin += plane;
+        }
+        rq_run(rq, &a, 0, 1, out + px);
+    }
+}
+
+// A Conv with several output channels per group (not pointwise; the KWS DS-CNN's first
+// Conv: 1 -> 64 channels, 10x4 taps, stride 2): the input patches of a block of nb pixels
+// gathered once (im2col, on the stack), then per output channel the products of its
+// weights with four patches at a time (dot4_unit: on ARM qlinear_thumb.S's mt_dot4, the
+// weights as the "input" and the patches as the four "weight rows", which it reads as
+// signed bytes), requantized as a block. Each byte is stored as a signed one, s = x - off
+// (off 128 for uint8 inputs, 0 for int8), and padding as x_zp - off, so that
+//   sum over inside taps of (x - x_zp) * w = sum over all K of s * w + (off - x_zp) * sum w
+// exactly (the padding's terms cancel): the same sums as the pure kernel's, so the same
+// bytes. The gather (~8 instructions a byte) is shared by the group's output channels.
+// (no-tree-loop-distribute-patterns: gcc would turn the padding's fill loops into memset
+// calls, which a dynamic native module cannot link)
+#define PATCH_BYTES 768
+__attribute__((noinline, optimize("no-tree-loop-distribute-patterns")))
+static void conv_patches(const conv_t *c, uint8_t *q, const int32_t *r,
+                                                   const uint8_t *wbuf, uint32_t flip) {
+    const mp_int_t taps = c->k_h * c->k_w, K = c->cin_g * taps;
+    const mp_int_t in_plane = c->in_h * c->in_w, out_plane = c->out_h * c->out_w;
+    mp_int_t nb = (PATCH_BYTES / K) & ~(mp_int_t)3;
+    if (nb > CHUNK) {
+        nb = CHUNK;
+    }
+    uint8_t patch[PATCH_BYTES];
+    int32_t acc[CHUNK];
+    // the geometry in locals: the byte stores below may alias anything behind a pointer
+    const mp_int_t cin_g = c->cin_g, in_h = c->in_h, in_w = c->in_w, out_w = c->out_w;
+    const mp_int_t k_h = c->k_h, k_w = c->k_w, s_h = c->s_h, s_w = c->s_w, d_h = c->d_h,
+                   d_w = c->d_w, pad_t = c->pad_t, pad_l = c->pad_l;
+    const int32_t zp = r[c->req], off = flip ? 0 : 128;
+    const uint32_t sflip = flip ^ 0x80;         // the byte as a signed one: x - off
+    const uint8_t zpb = (uint8_t)(zp - off);
+    for (mp_int_t ig = 0; ig < c->n_images * c->groups; ig++) {
+        const uint8_t *x_group = q + c->x + ig * c->cin_g * in_plane;
+        const mp_int_t mo0 = (ig % c->groups) * c->cout_g;
+        uint8_t *out_group = q + c->y + ig * c->cout_g * out_plane;
+        for (mp_int_t p0 = 0; p0 < out_plane; p0 += nb) {
+            const mp_int_t n = out_plane - p0 < nb ? out_plane - p0 : nb, n4 = (n + 3) & ~3;
+            uint8_t *pp = patch;
+            mp_int_t oy = p0 / out_w, ox = p0 - oy * out_w;
+            for (mp_int_t i = 0; i < n; i++) {
+                const mp_int_t iy0 = oy * s_h - pad_t, ix0 = ox * s_w - pad_l;
+                for (mp_int_t ci = 0; ci < cin_g; ci++) {
+                    const uint8_t *xc = x_group + ci * in_plane;
+                    for (mp_int_t ky = 0, iy = iy0; ky < k_h; ky++, iy += d_h) {
+                        if (iy < 0 || iy >= in_h) {
+                            for (mp_int_t kx = 0; kx < k_w; kx++) {
+                                *pp++ = zpb;
+                            }
+                            continue;
+                        }
+                        const uint8_t *row = xc + iy * in_w;
+                        for (mp_int_t kx = 0, ix = ix0; kx < k_w; kx++, ix += d_w) {
+                            *pp++ = (uint32_t)ix < (uint32_t)in_w ? (uint8_t)(row[ix] ^ sflip) : zpb;
+                        }
+                    }
+                }
+                if (++ox == out_w) {
+                    ox = 0;
+                    oy++;
+                }
+            }
+            for (uint8_t *pe = patch + n4 * K; pp != pe;) {
+                *pp++ = zpb;                    // the last block's unused patches
+            }
+            for (mp_int_t mo = mo0; mo < mo0 + c->cout_g; mo++) {
+                const uint8_t *w_m = wbuf + c->w + mo * K;
+                int32_t sum_w = 0;
+                for (mp_int_t t = 0; t < K; t++) {
+                    sum_w += (int8_t)w_m[t];
+                }
+                const uint32_t base = (uint32_t)(c->bias >= 0 ? r[c->bias + mo] : 0)
+                                      + (uint32_t)((off - zp) * sum_w);
+                rq_t rq;
+                rq_init(&rq, r + c->req, r[c->req + 4 + 2 * mo], r[c->req + 5 + 2 * mo]);
+                for (mp_int_t j = 0; j < n4; j += 4) {
+                    dot4_unit(w_m, patch + j * K, K, K, true, 0, acc + j);
+                }
+                rq_run(&rq, acc, base, n, out_group + (mo - mo0) * out_plane + p0);
+            }
+        }
+    }
+}
+
+// A depthwise-like Conv with 3x3 taps (one input and one output channel per group, the KWS
+// DS-CNN's and MobileNet's depthwise layers), unit dilation along x: per channel, a band of
+// output rows at a time, the input rows they read copied once with their padding (on the
+// stack, as bytes u = x + c: c 0 for uint8 inputs, 128 for int8 ones (b ^ 0x80), padding
+// x_zp + c), then each output the nine products straight from three row pointers, no
+// bounds checks, requantized in chunks. Exact, as conv_patches:
+//   sum over inside taps of (x - x_zp) * w = sum over the 9 of u * w - (x_zp + c) * sum w.
+// The rectangles' path took ~19.5 instructions per MAC here (a 25x5 plane: rows of 4-5).
+// n bytes b ^ flip (a function of its own: inlined, gcc reloaded flip from the stack per
+// byte)
+__attribute__((noinline, optimize("no-tree-loop-distribute-patterns")))
+static void copy_flip(uint8_t *dst, const uint8_t *src, mp_int_t n, uint32_t flip) {
+    for (const uint8_t *end = src + n; src < end;) {
+        *dst++ = (uint8_t)(*src++ ^ flip);
+    }
+}
+
+#ifdef MT_THUMB_KERNELS
+#define DW_RS 14                // the row loop's padded rows: its taps at offsets 0 .. 30
+void mt_dw3_s1(const uint8_t *p, int32_t *acc, const int32_t *geo, const int32_t *w);
+void mt_dw3_s2(const uint8_t *p, int32_t *acc, const int32_t *geo, const int32_t *w);
+#endif
+__attribute__((noinline, optimize("no-tree-loop-distribute-patterns")))
+static void conv_dw3x3(const conv_t *c, uint8_t *q, const int32_t *r, const uint8_t *wbuf,
+                       uint32_t flip) {
+    const mp_int_t in_h = c->in_h, in_w = c->in_w, out_h = c->out_h, out_w = c->out_w;
+    const mp_int_t s_h = c->s_h, s_w = c->s_w, d_h = c->d_h, pad_t = c->pad_t,
+                   pad_l = c->pad_l;
+    const mp_int_t in_plane = in_h * in_w, out_plane = out_h * out_w;
+    const mp_int_t wp = (out_w - 1) * s_w + 3;         // a padded row
+#ifdef MT_THUMB_KERNELS
+    // qlinear_thumb.S's row loop: rows DW_RS bytes apart, unit dilation along y
+    const bool fast = wp <= DW_RS && d_h == 1 && s_w <= 2;
+    const mp_int_t rs = fast ? DW_RS : wp;
+#else
+    const mp_int_t rs = wp;
+#endif
+    // output rows per band: (band - 1) * s_h + 2 * d_h + 1 padded rows fit the buffer
+    const mp_int_t band = (PATCH_BYTES / rs - 2 * d_h - 1) / s_h + 1;
+    uint8_t rows[PATCH_BYTES];
+    int32_t acc[CHUNK];
+    const int32_t zp = r[c->req], cu = flip ? 128 : 0;
+    const uint8_t zpb = (uint8_t)(zp + cu);
+    for (mp_int_t ch = 0; ch < c->n_images * c->groups; ch++) {
+        const uint8_t *x = q + c->x + ch * in_plane;
+        const mp_int_t mo = ch % c->groups;
+        const uint8_t *w = wbuf + c->w + mo * 9;
+        const int32_t w0 = (int8_t)w[0], w1 = (int8_t)w[1], w2 = (int8_t)w[2],
+                      w3 = (int8_t)w[3], w4 = (int8_t)w[4], w5 = (int8_t)w[5],
+                      w6 = (int8_t)w[6], w7 = (int8_t)w[7], w8 = (int8_t)w[8];
+        const int32_t sum_w = w0 + w1 + w2 + w3 + w4 + w5 + w6 + w7 + w8;
+#ifdef MT_THUMB_KERNELS
+        const int32_t wv[9] = {w0, w1, w2, w3, w4, w5, w6, w7, w8};
+#endif
+        const uint32_t base = (uint32_t)(c->bias >= 0 ? r[c->bias + mo] : 0)
+                              - (uint32_t)((zp + cu) * sum_w);
+        rq_t rq;
+        rq_init(&rq, r + c->req, r[c->req + 4 + 2 * mo], r[c->req + 5 + 2 * mo]);
+        uint8_t *out = q + c->y + ch * out_plane;
+        mp_int_t n = 0;                                 // sums in acc
+        for (mp_int_t oy0 = 0; oy0 < out_h; oy0 += band) {
+            const mp_int_t oy1 = oy0 + band < out_h ? oy0 + band : out_h;
+            const mp_int_t prows = (oy1 - oy0 - 1) * s_h + 2 * d_h + 1;
+            uint8_t *pp = rows;
+            for (mp_int_t pr = 0, iy = oy0 * s_h - pad_t; pr < prows; pr++, iy++) {
+                pp = rows + pr * rs;
+                uint8_t *pe = pp + wp;
+                if (iy < 0 || iy >= in_h) {
+                    while (pp != pe) {
+                        *pp++ = zpb;
+                    }
+                    continue;
+                }
+                const uint8_t *row = x + iy * in_w;
+                mp_int_t ix = -pad_l;
+                for (; ix < 0 && pp != pe; ix++) {
+                    *pp++ = zpb;
+                }
+                mp_int_t m = in_w - ix < pe - pp ? in_w - ix : pe - pp;
+                copy_flip(pp, row + ix, m, flip);
+                pp += m;
+                while (pp != pe) {
+                    *pp++ = zpb;
+                }
+            }
+#ifdef MT_THUMB_KERNELS
+            // as many rows per call as the sums' chunk holds (out_w <= 12 < CHUNK here)
+            for (mp_int_t oy = oy0; fast && oy < oy1;) {
+                mp_int_t k = (CHUNK - n) / out_w;
+                if (k == 0) {
+                    rq_run(&rq, acc, base, n, out);
+                    out += n;
+                    n = 0;
+                    continue;
+                }
+                if (k > oy1 - oy) {
+                    k = oy1 - oy;
+                }
+                const int32_t geo[3] = {out_w, k, s_h * rs - out_w * s_w};
+                (s_w == 1 ? mt_dw3_s1 : mt_dw3_s2)(rows + (oy - oy0) * s_h * rs, acc + n, geo,
+                                                   wv);
+                n += k * out_w;
+                oy += k;
+            }
+            if (fast) {
+                continue;
+            }
+#endif
+            for (mp_int_t oy = oy0; oy < oy1; oy++) {
+                const uint8_t *p0 = rows + (oy - oy0) * s_h * rs, *p1 = p0 + d_h * rs,
+                              *p2 = p1 + d_h * rs;
+                for (mp_int_t ox = 0; ox < out_w; ox++) {
+                    acc[n++] = p0[0] * w0 + p0[1] * w1 + p0[2] * w2 + p1[0] * w3 + p1[1] * w4
+                               + p1[2] * w5 + p2[0] * w6 + p2[1] * w7 + p2[2] * w8;
+                    p0 += s_w;
+                    p1 += s_w;
+                    p2 += s_w;
+                    if (n == CHUNK) {
+                        rq_run(&rq, acc, base, n, out);
+                        out += n;
+                        n = 0;
+                    }
+                }
+            }
+        }
+        rq_run(&rq, acc, base, n, out);
+    }
+}
+
+static mp_obj_t qlinear_conv(size_t n_args, const mp_obj_t *in) {
+    mp_buffer_info_t b[3];
+    conv_t c;
+    unpack_args(in, 26, MP_ERROR_TEXT("qlinear_conv: 26 arguments expected"), true, b,
+                &c.y);                                      // y .. x_signed; scratch in I
+    uint8_t *q = b[0].buf;
+    int32_t *r = b[1].buf;
+    const uint8_t *wbuf = b[2].buf;
+    const mp_int_t channels = c.groups * c.cout_g, taps = c.k_h * c.k_w;
+    const mp_int_t in_plane = c.in_h * c.in_w, out_plane = c.out_h * c.out_w;
+    // the domain of the int32 planes and of out_byte (see the top): else the pure kernel
+    bool inside = c.cin_g * taps <= 21000 && r[c.req] >= -128 && r[c.req] <= 255 &&
+                  r[c.req + 1] >= -128 && r[c.req + 1] <= 255;
+    for (mp_int_t mo = 0; inside && mo < channels; mo++) {
+        int32_t m0 = r[c.req + 4 + 2 * mo];
+        int32_t b = c.bias >= 0 ? r[c.bias + mo] : 0;
+        inside = m0 >= 0 && m0 <= M0_LIMIT && b > -(1 << 30) && b < (1 << 30);
+    }
+    if (!inside) {
+        return pure_kernel(MP_QSTR_qlinear_conv, in);
+    }
+    const uint32_t flip = c.x_signed ? 0x80 : 0;
+    const int32_t zpf = r[c.req] + (int32_t)flip;
+    int32_t *plane = r + c.scratch;
+    uint8_t *out = q + c.y;
+    const bool pointwise = taps == 1 && c.s_h == 1 && c.s_w == 1 && c.pad_t == 0 &&
+                           c.pad_l == 0 && c.out_h == c.in_h && c.out_w == c.in_w;
+    const int32_t x_zp = r[c.req];
+    if (!pointwise && c.cin_g == 1 && c.cout_g >= 4 && taps <= PATCH_BYTES / 4 &&
+        (flip ? x_zp <= 127 : x_zp >= 0)) {     // x_zp - off a signed byte (conv_patches)
+        conv_patches(&c, q, r, wbuf, flip);
+        return mp_const_none;
+    }
+    if (c.cin_g == 1 && c.cout_g == 1 && c.k_h == 3 && c.k_w == 3 && c.d_w == 1 &&
+        (c.out_w - 1) * c.s_w + 3 <= PATCH_BYTES / (2 * c.d_h + 1) &&
+        (flip ? x_zp <= 127 : x_zp >= 0)) {     // x_zp + c a byte (conv_dw3x3)
+        conv_dw3x3(&c, q, r, wbuf, flip);
+        return mp_const_none;
+    }
+    // each tap row's and column's range of outputs (tap_range's two divisions), once per call
+    mp_int_t yr[2 * AXIS_MAX], xr[2 * AXIS_MAX];
+    const bool cached = !pointwise && c.k_h <= AXIS_MAX && c.k_w <= AXIS_MAX;
+    for (mp_int_t ky = 0; cached && ky < c.k_h; ky++) {
+        tap_range(ky * c.d_h - c.pad_t, c.s_h, c.in_h, c.out_h, &yr[2 * ky], &yr[2 * ky + 1]);
+    }
+    for (mp_int_t kx = 0; cached && kx < c.k_w; kx++) {
+        tap_range(kx * c.d_w - c.pad_l, c.s_w, c.in_w, c.out_w, &xr[2 * kx], &xr[2 * kx + 1]);
+    }
+    for (mp_int_t img = 0; img < c.n_images; img++) {
+        const uint8_t *x_image = q + c.x + img * c.groups * c.cin_g * in_plane;
+        for (mp_int_t mo = 0; mo < channels; mo++) {
+            const uint8_t *x_g = x_image + (mo / c.cout_g) * c.cin_g * in_plane;
+            const uint8_t *w_g = wbuf + c.w + mo * c.cin_g * taps;
+            int32_t bias = c.bias >= 0 ? r[c.bias + mo] : 0;
+            rq_t rq;
+            rq_init(&rq, r + c.req, r[c.req + 4 + 2 * mo], r[c.req + 5 + 2 * mo]);
+            if (pointwise) {
+                conv_pointwise(x_g, w_g, c.cin_g, in_plane, bias, flip, zpf, &rq, out);
+                out += out_plane;
+                continue;
+            }
+            int32_t start = c.bias >= 0 ? r[c.bias + mo] : 0;
+            for (mp_int_t p = 0; p < out_plane; p++) {
+                plane[p] = start;
+            }
+            const uint8_t *x_group = x_image + (mo / c.cout_g) * c.cin_g * in_plane;
+            const uint8_t *w_m = wbuf + c.w + mo * c.cin_g * taps;
+            for (mp_int_t tap = 0, ky = 0, kx = 0; tap < taps; tap++, kx++) {
+                if (kx == c.k_w) {
+                    kx = 0;
+                    ky++;
+                }
+                mp_int_t off_y = ky * c.d_h - c.pad_t, off_x = kx * c.d_w - c.pad_l;
+                mp_int_t oy0, oy1, ox0, ox1;
+                if (cached) {           // the axes' ranges, divided out once per call
+                    oy0 = yr[2 * ky];
+                    oy1 = yr[2 * ky + 1];
+                    ox0 = xr[2 * kx];
+                    ox1 = xr[2 * kx + 1];
+                } else {
+                    tap_range(off_y, c.s_h, c.in_h, c.out_h, &oy0, &oy1);
+                    tap_range(off_x, c.s_w, c.in_w, c.out_w, &ox0, &ox1);
+                }
+                if (oy0 >= oy1 || ox0 >= ox1) {
+                    continue;
+                }
+                rect_t rect = {oy1 - oy0, ox1 - ox0, c.out_w, c.s_h * c.in_w, c.s_w};
+                if (rect.cols == c.out_w && rect.in_step == rect.cols * c.s_w) {
+                    rect.cols *= rect.rows;     // whole rows back to back: one long row
+                    rect.rows = 1;
+                }
+                for (mp_int_t ci = 0; ci < c.cin_g; ci++) {
+                    int32_t wv = (int8_t)w_m[ci * taps + tap];
+                    if (wv == 0) {
+                        continue;
+                    }
+                    const uint8_t *px = x_group + ci * in_plane
+                                        + (oy0 * c.s_h + off_y) * c.in_w + ox0 * c.s_w + off_x;
+                    int32_t *pa = plane + oy0 * c.out_w + ox0;
+                    int32_t zw = zpf * wv;
+                    if (c.s_w == 1) {
+#ifdef MT_THUMB_KERNELS
+                        // qlinear_thumb.S's loop: int8 bytes sign-extended, so x_zp * w
+                        int32_t p[6] = {rect.rows, rect.cols, 4 * (c.out_w - rect.cols),
+                                        rect.in_step - rect.cols, wv, zw - (int32_t)flip * wv};
+                        (flip ? mt_conv_rect_s8 : mt_conv_rect_u8)(pa, px, p);
+#else
+                        (flip ? conv_rect_s8_unit : conv_rect_u8_unit)(pa, px, &rect, wv, zw);
+#endif
+                    } else {
+                        (flip ? conv_rect_s8 : conv_rect_u8)(pa, px, &rect, wv, zw);
+                    }
+                }
+            }
+            rq_run(&rq, plane, 0, out_plane, out);
+            out += out_plane;
+        }
+    }
+    return mp_const_none;
+}
+MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(qlinear_conv_obj, 3, 3, qlinear_conv);
