@@ -4,8 +4,7 @@
 // kernels/fastpath.py puts them in place of the viper and pure-Python kernels when the
 // module imports; the pure-Python kernels stay the reference.
 //
-// The same bytes as the pure-Python kernels, integers only (1.25 cannot link float code
-// into an armv6m module):
+// The same bytes as the pure-Python kernels, integers only:
 //   Y[i, j] = clamp(round_half_even((sum_k (X[i, k] - x_zp) * W[k, j] + bias[j]) * m0[j]
 //                                   / 2**shift[j]) + y_zp, lo, hi)
 // The sum over k is exact in 32 bits while k <= 32768 (|x - x_zp| <= 383, |w| <= 128). The
