@@ -34,3 +34,16 @@ class ParameterError(MicrotrainError):
 
 class TrainingError(MicrotrainError):
     """Training cannot go on, e.g. the loss is NaN or infinite."""
+
+
+def message(module, i, *operand):
+    """Message i of microtrain/_msg_<module>.py, formatted with its operand if given: a
+    minimal runtime keeps its raise statements' words there, imported only when one is
+    raised (host microtrain_host/tools/runtime_messages.py). Without the heap (or the file)
+    for it, the message says which it was, with the operand."""
+    try:
+        text = __import__("microtrain._msg_" + module, None, None, ("T",)).T[i]
+    except (MemoryError, ImportError):
+        return "microtrain error %s %d %r (its message could not be loaded)" % (module, i,
+                                                                                 operand)
+    return text % operand[0] if operand else text

@@ -15,6 +15,7 @@ from microtrain import parser as device_blob_parser
 
 from ..contract.ops import BY_CODE
 from ..errors import MicrotrainHostError
+from .runtime_messages import move_messages
 from .train import REPO_ROOT, device_package_dir
 
 # What a training run imports: the package (which imports the training API) and the
@@ -127,13 +128,15 @@ def package_sources(modules):
     return {m: (device_package_dir() / m).read_text() for m in modules}
 
 
-def minimal_sources(blob_path, extra=()):
+def minimal_sources(blob_path, extra=(), messages_apart=True):
     """{relative path: source text} of the model's minimal runtime: the modules of
     runtime_modules() (extra: see there), with opcodes.py cut to the op codes the blob uses
     and each kernel family cut to the kernels those op codes name, their load-time checkers
     and whatever those reference. A blob needing another op is then refused at load ("unknown op code").
     Cut lines are blanked, not removed, so that a traceback on the board gives the line
-    numbers of the repository's source."""
+    numbers of the repository's source. The raise statements' messages move into modules
+    imported only when one is raised (runtime_messages.move_messages; not with
+    messages_apart=False)."""
     used = op_codes(blob_path)
     kernels = {}
     for op in used:
@@ -152,7 +155,7 @@ def minimal_sources(blob_path, extra=()):
             sources[module] = _cut_opcodes(text, set(used))
         elif module.startswith("microtrain/kernels/") and module[19:-3] in kernels:
             sources[module] = _cut_module(text, kernels[module[19:-3]])
-    return sources
+    return move_messages(sources) if messages_apart else sources
 
 
 # Kernel helpers a family's checker imports at load (fastpath.load_helper), with their viper
