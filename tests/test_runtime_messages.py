@@ -1,4 +1,5 @@
-"""The minimal runtime's error messages moved out of its imported modules
+"""The minimal runtime's error messages (of raise statements, and of the checkers' fail and
+Module._refuse) moved out of its imported modules
 (host/microtrain_host/tools/runtime_messages.py): the same words, formatted the same way,
 on CPython and on the MicroPython Unix port, for the errors a training run of the digits MLP
 can meet (tests/device_scripts/error_messages.py: every 7th byte of the blob and every 5th
@@ -69,17 +70,20 @@ def test_moved_raise_keeps_its_line_and_its_words():
               "    if a:\n"
               "        raise ValueError('the value %d is not %r, as it must be'\n"
               "                         % (a, b))  # why\n"
-              "    raise KeyError('short')\n")
+              "    raise KeyError('short')\n"
+              "def g(c, n):\n"
+              "    c.fail('a count of %d is not allowed' % n)\n")
     out = move_messages({"microtrain/x.py": source})
     lines = out["microtrain/x.py"].split("\n")
     assert len(lines) == len(source.split("\n"))
     assert lines[0] == "import struct; from microtrain.errors import message as _m"
     # what follows the statement on its last line (a comment) stays, on the first
-    assert lines[3] == "        raise ValueError(_m('x', 0, (a, b)))  # why" and lines[4] == ""
+    assert lines[3] == "        raise ValueError(_m('x', 1, (a, b)))  # why" and lines[4] == ""
     assert lines[5] == "    raise KeyError('short')"    # under MIN_LENGTH: left in place
+    assert lines[7] == "    c.fail(_m('x', 0, n))"     # a call that always raises
     table = {}
     exec(out["microtrain/_msg_x.py"], table)
-    assert table["T"] == ("the value %d is not %r, as it must be",)
+    assert table["T"] == ("a count of %d is not allowed", "the value %d is not %r, as it must be")
 
 
 def test_a_message_without_its_module_still_says_which():

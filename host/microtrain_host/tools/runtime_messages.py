@@ -11,13 +11,17 @@ the repository's):
     from microtrain.errors import message as _m; raise BlobError(_m("parser", 4, (name, shape)))
 
 Only `"literal" % operand` and plain literals of MIN_LENGTH characters or more inside a
-raise statement's exception move; modules with viper or native functions are left whole."""
+raise statement's exception (or the arguments of a call of ERROR_CALLS) move; modules with
+viper or native functions are left whole."""
 import ast
 
 MIN_LENGTH = 16
 PREFIX = "microtrain/_msg_"
 IMPORT = "from microtrain.errors import message as _m"
 NATIVE_DECORATORS = ("@micropython.viper", "@micropython.native")
+# Functions that always raise, with the message as an argument: the checkers' fail
+# (flatbuf.Reader, stepcheck.StepCheck) and Module._refuse
+ERROR_CALLS = ("fail", "_refuse")
 
 
 def message_module(path):
@@ -56,6 +60,17 @@ class _Mover(ast.NodeTransformer):
         return node     # an f-string's parts are not messages of their own
 
 
+def _error_call(node):
+    """The call of a statement that raises: `raise E(...)`, or a call of one of ERROR_CALLS
+    standing as a statement (`c.fail("...")`, `self._refuse("...")`)."""
+    if isinstance(node, ast.Raise):
+        return isinstance(node.exc, ast.Call)
+    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+        f = node.value.func
+        return (f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)) in ERROR_CALLS
+    return False
+
+
 def _replace(lines, node, text):
     """Put text in place of the statement node (its first line keeps what precedes the node,
     its last line what follows; the lines between are blanked). Columns are UTF-8 bytes."""
@@ -77,15 +92,15 @@ def move_messages(sources):
         key, target = message_module(path)
         mover = _Mover(key)
         tree = ast.parse(text)
-        raises = [n for n in ast.walk(tree)
-                  if isinstance(n, ast.Raise) and isinstance(n.exc, ast.Call)]
+        raises = [n for n in ast.walk(tree) if _error_call(n)]
         # one import for the module, at the end of its first import statement's line (a
         # module without one imports at each raise)
         first = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))][:1]
         lines = text.split("\n")
         for node in sorted(raises, key=lambda n: n.lineno, reverse=True):
             before = len(mover.texts)
-            node.exc.args = [mover.visit(a) for a in node.exc.args]
+            call = node.exc if isinstance(node, ast.Raise) else node.value
+            call.args = [mover.visit(a) for a in call.args]
             if len(mover.texts) > before:
                 _replace(lines, node, ("" if first else IMPORT + "; ") + ast.unparse(node))
         if mover.texts:
