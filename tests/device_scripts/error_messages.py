@@ -1,7 +1,8 @@
 # Errors a training run can meet, one line each ("case: ExceptionType: message"), for
 # tests/test_runtime_messages.py to run with the device package and with a minimal runtime
 # whose messages were moved out (tools/runtime_messages.py), on CPython and MicroPython:
-# the lines must be the same. argv: the digits artifacts directory, a scratch directory.
+# the lines must be the same (the last: no message module held after them). argv: the
+# digits artifacts directory, a scratch directory.
 # Blob and checkpoint bytes are mutated one at a time, their CRC-32 fixed, so that the
 # parser's and the checkpoint reader's own checks speak, not the CRC's.
 import struct
@@ -81,3 +82,5 @@ say("learning rate", optimizer.set_learning_rate, -1.0)
 say("buffer", model.copy_buffer_to_parameters, [0.0] * 3)
 say("save", CheckpointState.save_checkpoint, state, TMP + "/no/such/dir/ck")
 say("reload", model.load_checkpoint, TMP + "/none")
+# the messages' modules are forgotten once read: none is held after the errors
+print("held:", [name for name in sys.modules if "._msg_" in name])
