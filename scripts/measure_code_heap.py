@@ -29,11 +29,14 @@ print("code heap", gc.mem_alloc() - base)
 """
 
 
-def measure(board, modules, placement):
+def measure(board, modules, placement, sources=None):
+    """(.mpy bytes, heap bytes) of importing these device modules (relative paths) on the
+    emulated board from its littlefs ("files") or a ROMFS image ("romfs"); sources: their
+    text ({path: text}, e.g. runtime.minimal_sources()), else the package's."""
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
-        sizes = runtime.compile_runtime(runtime.package_sources(modules), board["mpy_arch"], board["mpy_version"],
-                                        tmp / "rt")
+        sizes = runtime.compile_runtime(sources or runtime.package_sources(modules),
+                                        board["mpy_arch"], board["mpy_version"], tmp / "rt")
         names = [m[:-3].replace("/", ".").replace(".__init__", "") for m in modules]
         script = tmp / "probe.py"
         script.write_text(f"NAMES = {names!r}\n" + PROBE)

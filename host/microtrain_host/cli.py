@@ -152,9 +152,9 @@ def _fit_text(fit):
         f"fit check on {board['name']} ({board['title']}; heap {_kb(board['heap'])}, "
         f"{board['heap_source']}; {_kb(fit.heap)} of it left to the GC's blocks by its "
         f"tables; {board['word_bytes'] * 8}-bit, {board['float']} floats):",
-        f"  runtime          {_kb(fit.runtime_mpy)} of .mpy, {where}"
+        f"  runtime          {_kb(fit.runtime_mpy)} of .mpy imported, {where}"
         + (f"; the viper kernels' machine code ({fit.machine_mpy:,} B of it) copied to RAM"
-           if fit.machine_mpy else ""),
+           if fit.machine_mpy else "") + fit.messages_note("; and "),
         f"  imported code    {_kb(fit.code)} of heap"
         + (f", of which {_kb(fit.native_code)} the native kernels' machine code "
            f"({fit.native_mpy:,} B of .mpy, copied to RAM at import)" if fit.native_mpy else ""),
@@ -189,7 +189,7 @@ def cmd_deploy(args):
     print(f"deploy {args.artifacts} to {args.board} (mpy-cross -march={plan.board['mpy_arch']}, "
           f".mpy v{plan.board['mpy_version']}), runtime as {plan.placement}")
     print(f"minimal runtime: {len(plan.runtime_sizes)} modules, "
-          f"{sum(plan.runtime_sizes.values()):,} B of .mpy")
+          f"{sum(plan.runtime_sizes.values()):,} B of .mpy" + plan.fit.messages_note(", of which "))
     for name, size in sorted(plan.runtime_sizes.items()):
         native = ("  (native kernels, machine code for "
                   f"{plan.native[name].parent.name})" if name in plan.native else "")

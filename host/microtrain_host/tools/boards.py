@@ -226,6 +226,7 @@ class FitReport:
         self.machine_mpy = 0            # of runtime_mpy: in .mpy with machine code (viper)
         self.native_mpy = 0             # .mpy bytes of its native modules (machine code)
         self.native_code = 0            # heap their import takes (part of code)
+        self.messages_mpy = 0           # .mpy bytes of error messages, imported on error
         self.load = load                # live while Module loads (code included)
         self.train = train              # live while training (code included)
         self.save = save                # live while save_checkpoint writes (code included)
@@ -239,6 +240,11 @@ class FitReport:
         self.needed = self.script + max(load, train, save, resume, resume_load, reload)
         self.margin = self.heap - self.needed
         self.fits = self.margin >= 0
+
+    def messages_note(self, lead):
+        """What the runtime's error-message modules add, for deploy's listing ("" if none)."""
+        return (f"{lead}{self.messages_mpy:,} B error messages (microtrain/_msg_*), imported "
+                f"only when one is raised" if self.messages_mpy else "")
 
 
 def native_for(blob_path, board, placement):
@@ -258,13 +264,15 @@ def native_heap(native):
 
 
 def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None, native=None,
-            machine_mpy=0):
+            machine_mpy=0, messages_mpy=0):
     """FitReport for training the artifacts (a directory with model.mtb and checkpoint) on
     the board. runtime_mpy: .mpy bytes of the minimal runtime's bytecode (compiled if not
     given), machine_mpy the part of them in .mpy files with machine code (the viper
     kernels; runtime_mpy_split). resume: the checkpoint a resumed run starts from (default:
     the packed checkpoint saved again with optimizer state). native: the native modules the
-    runtime carries ({name: .mpy path}; default: what deploy ships, native_for)."""
+    runtime carries ({name: .mpy path}; default: what deploy ships, native_for).
+    messages_mpy: .mpy bytes of the runtime's error messages (tools/runtime_messages.py),
+    shipped beside runtime_mpy but imported only when an error is raised: not in the code."""
     from microtrain import CheckpointState, Module, Optimizer
     placement = placement or default_placement(board)
     if placement not in PLACEMENTS:
@@ -272,7 +280,7 @@ def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None, nat
     from .train import artifact_files
     blob_path, checkpoint_path = artifact_files(artifacts, BoardError)
     if runtime_mpy is None:
-        runtime_mpy, machine_mpy = minimal_runtime_split(blob_path, board)
+        runtime_mpy, machine_mpy, messages_mpy = minimal_runtime_split(blob_path, board)
     word = board["word_bytes"]
     model = HeapModel(word)
     if native is None:
@@ -345,6 +353,7 @@ def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None, nat
     fit.machine_mpy = in_ram
     fit.native_mpy = sum(pathlib.Path(path).stat().st_size for path in native.values())
     fit.native_code = native_code
+    fit.messages_mpy = messages_mpy
     return fit
 
 
@@ -369,14 +378,22 @@ def blob_in_rom(blob_path, placement):
 
 
 def minimal_runtime_split(blob_path, board):
-    """(.mpy bytes, of which in files with machine code) of the model's minimal runtime
-    compiled for the board."""
+    """(.mpy bytes imported, of which in files with machine code, .mpy bytes of the error
+    messages imported only when one is raised) of the model's minimal runtime compiled for
+    the board."""
     import tempfile
     from .runtime import compile_runtime, minimal_sources
     with tempfile.TemporaryDirectory() as tmp:
         sizes = compile_runtime(minimal_sources(blob_path), board["mpy_arch"],
                                 board["mpy_version"], tmp)
-        return sum(sizes.values()), runtime_machine_mpy(tmp, sizes)
+        messages = messages_mpy(sizes)
+        return sum(sizes.values()) - messages, runtime_machine_mpy(tmp, sizes), messages
+
+
+def messages_mpy(sizes):
+    """Bytes of the compiled runtime's ({path: bytes}) error-message modules."""
+    from .runtime_messages import is_message_module
+    return sum(n for path, n in sizes.items() if is_message_module(path))
 
 
 def runtime_machine_mpy(directory, sizes):

@@ -74,8 +74,10 @@ def plan(artifacts, board_name, steps=None, epochs=None, placement=None, resume=
                                         board["mpy_version"], tmp)
         machine = boards.runtime_machine_mpy(tmp, sizes)
     native = boards.native_for(blob_path, board, placement)
-    fit = boards.predict(artifacts, board, placement, sum(sizes.values()), resume=resume,
-                         native=native, machine_mpy=machine)
+    messages = boards.messages_mpy(sizes)
+    fit = boards.predict(artifacts, board, placement, sum(sizes.values()) - messages,
+                         resume=resume, native=native, machine_mpy=machine,
+                         messages_mpy=messages)
     in_rom = boards.blob_in_rom(blob_path, placement)
     sizes.update({name: pathlib.Path(path).stat().st_size for name, path in native.items()})
     if steps is None and epochs is None:

