@@ -198,7 +198,10 @@ def build_options(directory, flash, m32, trim, extra=()):
         if parser.load(str(directory / "model.mtb")).integer_parameters:
             extra = tuple(extra) + ("microtrain.latent",)   # personalise_device's cache
         shutil.rmtree(directory / "runtime", ignore_errors=True)
-        runtime.write_sources(runtime.minimal_sources(directory / "model.mtb", extra),
+        # frozen: the messages stay in place (in flash; moved, each module's dictionary in
+        # RAM would hold one more global, which the 64 KB run has no room for)
+        runtime.write_sources(runtime.minimal_sources(directory / "model.mtb", extra,
+                                                      messages_apart=False),
                               directory / "runtime")
         options += ["--device", str(directory / "runtime")]
     return options

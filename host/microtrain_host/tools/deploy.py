@@ -159,7 +159,9 @@ def prepare(plan, data, workdir):
     if plan.placement == "frozen":
         # the trimmed sources and a manifest.py to build them into the firmware
         plan.frozen_manifest = plan.artifacts / "frozen_runtime" / "manifest.py"
-        sources = runtime.minimal_sources(blob_path)
+        # messages kept in place: frozen bytecode stays in flash, and moved ones would only
+        # add a global (_m) to every module's dictionary, which is in RAM
+        sources = runtime.minimal_sources(blob_path, messages_apart=False)
         runtime.write_sources(sources, plan.frozen_manifest.parent)
         plan.frozen_manifest.write_text(runtime.freeze_manifest(plan.frozen_manifest.parent,
                                                                 sorted(sources)))
