@@ -70,8 +70,9 @@ def plan(artifacts, board_name, steps=None, epochs=None, placement=None, resume=
     blob_path, _ = artifact_files(artifacts, DeployError)
     start_step = check_resume(artifacts, resume) if resume is not None else 0
     with tempfile.TemporaryDirectory() as tmp:
-        sizes = runtime.compile_runtime(runtime.minimal_sources(blob_path), board["mpy_arch"],
-                                        board["mpy_version"], tmp)
+        # (a frozen runtime keeps its messages in place: prepare)
+        sources = runtime.minimal_sources(blob_path, messages_apart=placement != "frozen")
+        sizes = runtime.compile_runtime(sources, board["mpy_arch"], board["mpy_version"], tmp)
         machine = boards.runtime_machine_mpy(tmp, sizes)
     native = boards.native_for(blob_path, board, placement)
     messages = boards.messages_mpy(sizes)
