@@ -28,7 +28,7 @@ typedef struct {
 
 // One output byte from its accumulator and its channel's (m0, shift) (qlinear_native.c)
 uint8_t out_byte(const int32_t *hdr, int64_t acc, int32_t m0, int32_t shift);
-// (inlined: called, it cost the 3x3 Conv 8->8 2.9 % more instructions)
+// (in the header: the Conv file calls it once per output channel)
 static inline void rq_init(rq_t *c, const int32_t *hdr, int32_t m0, int32_t shift) {
     c->hdr = hdr;
     c->m0 = m0;
