@@ -12,15 +12,15 @@ try:
     import micropython
 except ImportError:
     micropython = None
-from microtrain.kernels import intgrad, inttrain
+from microtrain.kernels import fastpath, intgrad, inttrain
 
 mode, kernel, i_file, w_file, ints = sys.argv[1:6]
 family = intgrad if kernel == "conv" else inttrain
 fast = family.use_fast(mode == "fast")
 assert fast == (mode == "fast" and micropython is not None), (mode, fast)
 # what the checker of a wide layer does at load: intwide imported, switched as the family
-family._load_wide(family.int_conv_grad_input if kernel == "conv" else
-                  family.int_gemm_grad_input)
+fastpath.load_helper(family.__dict__, "intwide",
+                     "int_conv_grad_input" if kernel == "conv" else "int_gemm_grad_input")
 from microtrain.kernels import intwide
 assert (intwide.gather_wide is not intwide._pure["gather_wide"]) == fast
 with open(i_file, "rb") as f:

@@ -5,7 +5,7 @@
 # not carry this module.
 
 
-def use_fast(g, names, on, module, native=None):
+def use_fast(g, names, on, module, native=None, helper=None):
     """Put the pure-Python kernels back into the family's globals g, then with `on` the
     viper ones of kernels/<module>.py. g["_pure"] is the family's {name: pure kernel},
     filled on the first call (at import, before any swap) with those of `names` that g
@@ -14,8 +14,11 @@ def use_fast(g, names, on, module, native=None):
     words cannot hold. Then, with `on`, the kernels the dynamic native module
     kernels/<native>.mpy defines (device/native; machine code for the board's architecture)
     replace those: native > viper > pure, kernel by kernel. The native module gets _pure too.
-    Returns `on`, or False when neither module can be imported (CPython; a MicroPython
-    without viper and without the native module)."""
+    A kernel helper the family has loaded (load_helper; g[helper] not None) is switched
+    with it. Returns `on`, or False when neither module can be imported (CPython; a
+    MicroPython without viper and without the native module)."""
+    if helper is not None and g.get(helper) is not None:
+        g[helper].use_fast(on)
     pure = g.get("_pure")
     if pure is None:
         pure = g["_pure"] = {}
@@ -45,12 +48,13 @@ def use_fast(g, names, on, module, native=None):
     return found
 
 
-def load_helper(g, name, on):
+def load_helper(g, name, probe):
     """Import the kernel helper kernels/<name>.py into the family's globals g with its viper
-    forms switched as the family's (on): the family's checker calls it at load for a layer
-    that needs the helper, so that a model without one never imports it (a board's heap
-    keeps its module and its machine code)."""
+    forms switched as the family's are (on when g's kernel `probe` is not its pure one):
+    the family's checker calls it at load for a layer that needs the helper, so that a
+    model without one never imports it (a board's heap keeps its module and its machine
+    code)."""
     helper = g.get(name)
     if helper is None:
         helper = g[name] = __import__("microtrain.kernels." + name, None, None, ("use_fast",))
-    helper.use_fast(on)
+    helper.use_fast(g["_pure"][probe] is not g[probe])

@@ -348,7 +348,8 @@ def int_conv_grad_input_check(args, c):
     # 2**35, its high limb below 2**22)
     c.within(cout_g * k_h * k_w, 1, MAX_TERMS, "terms per input gradient")
     if cout_g * k_h * k_w >= FULL_TERMS:     # kernels/intwide.py's, fast as this family's
-        _load_wide(int_conv_grad_input)
+        from microtrain.kernels import fastpath
+        fastpath.load_helper(globals(), "intwide", "int_conv_grad_input")
     c.holds(0, 1 + m * groups * cin_g * in_h * in_w)
     c.holds(1, 1 + m * groups * cout_g * out_h * out_w)
     c.holds(2, groups * cout_g * cin_g * k_h * k_w)
@@ -478,18 +479,10 @@ _FAST_NAMES = ("int_pool_grad", "int_clamp_mask", "int_clamp_bias_grad",
                "int_conv_grad_input", "int_conv_update")
 
 
-def _load_wide(kernel):
-    # kernels/intwide.py for a wide layer, its viper forms on when this family's are
-    from microtrain.kernels import fastpath
-    fast = globals()["_pure"]["int_conv_grad_input"] is not kernel
-    fastpath.load_helper(globals(), "intwide", fast)
-
-
 def use_fast(on=True):
+    # (a wide layer's kernels/intwide.py, when loaded, switches with this family)
     from microtrain.kernels import fastpath
-    if intwide is not None:     # (a wide layer loaded it: its kernels switch with this family's)
-        intwide.use_fast(on)
-    return fastpath.use_fast(globals(), _FAST_NAMES, on, "intgrad_viper")
+    return fastpath.use_fast(globals(), _FAST_NAMES, on, "intgrad_viper", helper="intwide")
 
 
 FAST = use_fast()

@@ -353,7 +353,8 @@ def int_gemm_grad_input_check(args, c):
     while n * extra > 511:      # extra bits while n * 2**x <= 511; beyond, fewer than none
         extra /= 2
     if n << GRAD_BITS > 511:    # kernels/intwide.py's, fast as this family's
-        _load_wide(int_gemm_grad_input)
+        from microtrain.kernels import fastpath
+        fastpath.load_helper(globals(), "intwide", "int_gemm_grad_input")
     derive_once(c, 3, pairs_of(f32(f32(v / top) * extra) for v in sw))
     unit = f32(top / (ONE * extra))     # D's real unit per sample (later steps divide by m)
     c.blob.int_units[c.tensors[0]] = unit if count is None else f32(f32(unit * m) / count)
@@ -478,18 +479,10 @@ _FAST_NAMES = ("int_gemm_logits", "int_gemm_update", "int_gemm_grad_input",
                "int_conv1x1_update", "int_gemm_update_momentum")
 
 
-def _load_wide(kernel):
-    # kernels/intwide.py for a wide layer, its viper forms on when this family's are
-    from microtrain.kernels import fastpath
-    fast = globals()["_pure"]["int_gemm_grad_input"] is not kernel
-    fastpath.load_helper(globals(), "intwide", fast)
-
-
 def use_fast(on=True):
+    # (a wide layer's kernels/intwide.py, when loaded, switches with this family)
     from microtrain.kernels import fastpath
-    if intwide is not None:     # (a wide layer loaded it: its kernels switch with this family's)
-        intwide.use_fast(on)
-    return fastpath.use_fast(globals(), _FAST_NAMES, on, "inttrain_viper")
+    return fastpath.use_fast(globals(), _FAST_NAMES, on, "inttrain_viper", helper="intwide")
 
 
 FAST = use_fast()
