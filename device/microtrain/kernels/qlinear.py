@@ -150,10 +150,7 @@ def dequantize_linear_check(args, c):
 def qlinear_gemm(F, I, args):
     # Y[i, j] = requant(sum_k (X[i, k] - x_zp) * W[k, j] + bias[j]), W strided (transB).
     Q, y, x, w, bias, req, m, k, n, sx_m, sx_k, sw_k, sw_n, x_signed, y_signed, W = args
-    x_zp = I[req]
-    y_zp = I[req + 1]
-    lo = I[req + 2]
-    hi = I[req + 3]
+    x_zp, y_zp, lo, hi = I[req:req + 4]
     for i in range(m):
         for j in range(n):
             acc = I[bias + j] if bias >= 0 else 0
@@ -190,10 +187,7 @@ def qlinear_conv(F, I, args):
     # at a time, its taps clipped to the image.
     (Q, y, x, w, bias, req, scratch, n_images, groups, cin_g, cout_g, in_h, in_w, out_h,
      out_w, k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, x_signed, y_signed, W) = args
-    x_zp = I[req]
-    y_zp = I[req + 1]
-    lo = I[req + 2]
-    hi = I[req + 3]
+    x_zp, y_zp, lo, hi = I[req:req + 4]
     channels = groups * cout_g
     in_plane = in_h * in_w
     taps = k_h * k_w
@@ -250,12 +244,7 @@ def qlinear_global_average_pool(F, I, args):
     # Y[p] = requant(sum over the plane of (X - x_zp)), the multiplier x_scale / (y_scale *
     # count) (onnxruntime's MLAS formula, float32).
     Q, y, x, req, planes, count, x_signed, y_signed = args
-    x_zp = I[req]
-    y_zp = I[req + 1]
-    lo = I[req + 2]
-    hi = I[req + 3]
-    m0 = I[req + 4]
-    shift = I[req + 5]
+    x_zp, y_zp, lo, hi, m0, shift = I[req:req + 6]
     for p in range(planes):
         acc = 0
         for i in range(x + p * count, x + (p + 1) * count):
@@ -285,10 +274,7 @@ def qlinear_average_pool(F, I, args):
     # when pads count, else the image): req holds (m0, shift) for counts 1 .. kH * kW.
     (Q, y, x, req, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, ch0, ch1, cw0, cw1,
      x_signed, y_signed) = args
-    x_zp = I[req]
-    y_zp = I[req + 1]
-    lo = I[req + 2]
-    hi = I[req + 3]
+    x_zp, y_zp, lo, hi = I[req:req + 4]
     flip = 128 if x_signed else 0
     for p in range(planes):
         base = x + p * H * W
@@ -340,14 +326,7 @@ def qlinear_add(F, I, args):
     # with 21 significant bits, so |sum| < 2**30: small ints everywhere.
     # req = [a_zp, b_zp, y_zp, lo, hi, MA, MB, S].
     Q, y, a, b, req, n, a_signed, b_signed, y_signed = args
-    a_zp = I[req]
-    b_zp = I[req + 1]
-    y_zp = I[req + 2]
-    lo = I[req + 3]
-    hi = I[req + 4]
-    ma = I[req + 5]
-    mb = I[req + 6]
-    s = I[req + 7]
+    a_zp, b_zp, y_zp, lo, hi, ma, mb, s = I[req:req + 8]
     fa = 128 if a_signed else 0
     fb = 128 if b_signed else 0
     half = 1 << (s - 1)
@@ -452,12 +431,7 @@ def qlinear_concat(F, I, args):
     # shift], real = float32(x_scale / y_scale)), or copied where X has Y's parameters (the
     # multiplier 1 is m0 = 2**23, shift 23: the same bytes, sooner).
     Q, y, x, req, blocks, size, stride, offset, x_signed, y_signed = args
-    x_zp = I[req]
-    y_zp = I[req + 1]
-    lo = I[req + 2]
-    hi = I[req + 3]
-    m0 = I[req + 4]
-    shift = I[req + 5]
+    x_zp, y_zp, lo, hi, m0, shift = I[req:req + 6]
     copy = m0 == 8388608 and shift == 23 and x_zp == y_zp and x_signed == y_signed
     flip = 128 if x_signed else 0
     for b in range(blocks):
