@@ -68,6 +68,13 @@ def _copy_states(F, dst, src, batch, hidden, s_dst, s_src):
             F[a + j] = F[b + j] if src >= 0 else 0.0
 
 
+def _direction(d, reverse, w, r, b, rows, n_in, hidden):
+    # direction d's walk (backwards for the second one, or the only one when reverse) and
+    # its W, R and B (< 0: absent) rows, of GRU's and LSTM's forward pass
+    return (d == 1 or reverse == 1, w + d * rows * n_in, r + d * rows * hidden,
+            b + d * 2 * rows if b >= 0 else -1)
+
+
 def gru(F, I, args):
     # Y, Y_h = GRU(X, W, R, B, initial_h); Y_h, B, initial_h < 0: absent.
     (y, y_h, saved, x, w, r, b, h0, steps, batch, n_in, hidden, dirs, reverse,
@@ -78,10 +85,7 @@ def gru(F, I, args):
     size = 4 * hidden
     kept = steps if keep else 1
     for d in range(dirs):
-        back = d == 1 or reverse == 1
-        wd = w + d * rows * n_in
-        rd = r + d * rows * hidden
-        bd = b + d * 2 * rows if b >= 0 else -1
+        back, wd, rd, bd = _direction(d, reverse, w, r, b, rows, n_in, hidden)
         for k in range(steps):
             t = steps - 1 - k if back else k
             for n in range(batch):
@@ -302,10 +306,7 @@ def lstm(F, I, args):
     size = 5 * hidden
     kept = steps if keep else 1
     for d in range(dirs):
-        back = d == 1 or reverse == 1
-        wd = w + d * rows * n_in
-        rd = r + d * rows * hidden
-        bd = b + d * 2 * rows if b >= 0 else -1
+        back, wd, rd, bd = _direction(d, reverse, w, r, b, rows, n_in, hidden)
         pp = p + d * three
         for k in range(steps):
             t = steps - 1 - k if back else k
