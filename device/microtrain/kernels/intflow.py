@@ -38,6 +38,7 @@ from microtrain.kernels.fixedpoint import (f32, pairs_of, quantization, requant,
                                           requant_pair, round_shift)
 from microtrain.kernels.intgrad import MANT_BITS, _normalize, _record_unit, _unit
 from microtrain.kernels.intsgd import derive_once
+from microtrain.kernels.qlinear import max_windows
 
 POOL_FRACTION = 8        # int_average_pool_grad's extra bits: 1 / count in 2**-8 steps
 # the windows an element of int_average_pool_grad's output sums, each share at most
@@ -160,28 +161,9 @@ def int_concat_grad_check(args, c):
 # -- pools -------------------------------------------------------------------------------
 def int_max_pool_grad(F, I, args):
     Q, gx, g, x, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, signed = args
-    flip = 128 if signed else 0
     for i in range(gx + 1, gx + 1 + planes * H * W):
         I[i] = 0
-    q = g + 1
-    for p in range(planes):
-        base = x + p * H * W
-        for oh in range(OH):
-            h0 = oh * sH - pT
-            for ow in range(OW):
-                w0 = ow * sW - pL
-                best = -1
-                at = -1
-                for h in range(h0 if h0 > 0 else 0, min(h0 + kH, H)):
-                    for i in range(base + h * W + (w0 if w0 > 0 else 0),
-                                   base + h * W + min(w0 + kW, W)):
-                        v = Q[i] ^ flip
-                        if v > best:
-                            best = v
-                            at = i
-                if at >= 0:
-                    I[gx + 1 + at - x] += I[q]
-                q += 1
+    max_windows(Q, I, g + 1, x, gx + 1, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, signed)
     I[gx] = I[g] + _normalize(I, gx, planes * H * W)
 
 

@@ -379,10 +379,11 @@ def qlinear_add_check(args, c):
     c.blob.derive(c.tensors[3], bytes(values))
 
 
-def qlinear_max_pool(F, I, args):
-    # Max over each window (kernels/pool.py's geometry, no padding reads) of int8 / uint8
-    # values: the scale and zero point stay. int8 bytes are compared as v ^ 128.
-    Q, y, x, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, signed = args
+def max_windows(Q, I, out, x, gx, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, signed):
+    # The first maximum of each window (kernels/pool.py's geometry, no padding reads) of
+    # int8 / uint8 values X, int8 bytes compared as v ^ 128. Forward (gx < 0): Q[out + o] =
+    # window o's maximum (0 for a window of padding only). Backward (intflow.py
+    # int_max_pool_grad): I[gx + p - x] += I[out + o] for its maximum p.
     flip = 128 if signed else 0
     for p in range(planes):
         base = x + p * H * W
@@ -391,14 +392,25 @@ def qlinear_max_pool(F, I, args):
             for ow in range(OW):
                 w0 = ow * sW - pL
                 best = -1
+                at = -1
                 for h in range(h0 if h0 > 0 else 0, min(h0 + kH, H)):
                     for i in range(base + h * W + (w0 if w0 > 0 else 0),
                                    base + h * W + min(w0 + kW, W)):
                         v = Q[i] ^ flip
                         if v > best:
                             best = v
-                Q[y] = (best if best >= 0 else flip) ^ flip
-                y += 1
+                            at = i
+                if gx < 0:
+                    Q[out] = Q[at] if at >= 0 else 0
+                elif at >= 0:
+                    I[gx + at - x] += I[out]
+                out += 1
+
+
+def qlinear_max_pool(F, I, args):
+    # Max over each window of int8 / uint8 values: the scale and zero point stay.
+    Q, y, x, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, signed = args
+    max_windows(Q, I, y, x, -1, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, signed)
 
 
 def qlinear_max_pool_check(args, c):
