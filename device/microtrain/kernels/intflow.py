@@ -38,7 +38,7 @@ from microtrain.kernels.fixedpoint import (f32, pairs_of, quantization, requant,
                                           requant_pair, round_shift)
 from microtrain.kernels.intgrad import MANT_BITS, _normalize, _record_unit, _unit
 from microtrain.kernels.intsgd import derive_once
-from microtrain.kernels.qlinear import max_windows
+from microtrain.kernels.qlinear import average_windows, max_windows
 
 POOL_FRACTION = 8        # int_average_pool_grad's extra bits: 1 / count in 2**-8 steps
 # the windows an element of int_average_pool_grad's output sums, each share at most
@@ -182,29 +182,8 @@ def int_average_pool_grad(F, I, args):
      cw1) = args
     for i in range(gx + 1, gx + 1 + planes * H * W):
         I[i] = 0
-    q = g + 1
-    for p in range(planes):
-        base = gx + 1 + p * H * W
-        for oh in range(OH):
-            h0 = oh * sH - pT
-            h1 = h0 + kH
-            rows = (h1 if h1 < ch1 else ch1) - (h0 if h0 > ch0 else ch0)
-            r0 = h0 if h0 > 0 else 0
-            r1 = h1 if h1 < H else H
-            for ow in range(OW):
-                w0 = ow * sW - pL
-                w1 = w0 + kW
-                count = rows * ((w1 if w1 < cw1 else cw1) - (w0 if w0 > cw0 else cw0))
-                v = I[q]
-                q += 1
-                if count < 1 or v == 0:     # (a window of padding only: its output is 0)
-                    continue
-                share = requant(v, I[factors + 2 * count - 2], I[factors + 2 * count - 1])
-                c0 = base + (w0 if w0 > 0 else 0)
-                c1 = base + (w1 if w1 < W else W)
-                for h in range(r0, r1):
-                    for i in range(c0 + h * W, c1 + h * W):
-                        I[i] += share
+    average_windows(None, I, g + 1, -1, gx + 1, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL,
+                    ch0, ch1, cw0, cw1, factors, 0)
     I[gx] = I[g] + _normalize(I, gx, planes * H * W)
 
 

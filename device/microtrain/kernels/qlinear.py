@@ -267,17 +267,17 @@ def qlinear_global_average_pool_check(args, c):
         given_requant(c, 2, (1, 0))
 
 
-def qlinear_average_pool(F, I, args):
-    # Average over each window of kernels/pool.py's geometry (no dilation): the sum of
-    # (X - x_zp) over its elements inside the image, requantized by the multiplier of its
-    # count, the elements inside rows [ch0, ch1) x columns [cw0, cw1) (the padded area
-    # when pads count, else the image): req holds (m0, shift) for counts 1 .. kH * kW.
-    (Q, y, x, req, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, ch0, ch1, cw0, cw1,
-     x_signed, y_signed) = args
-    x_zp, y_zp, lo, hi = I[req:req + 4]
-    flip = 128 if x_signed else 0
+def average_windows(Q, I, out, x, gx, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, ch0, ch1,
+                    cw0, cw1, req, flip):
+    # Windows of kernels/pool.py's geometry (no dilation): the elements inside the image,
+    # counted inside rows [ch0, ch1) x columns [cw0, cw1) (the padded input when pads count).
+    # Forward (gx < 0): Q[out + o] = sum of (X - x_zp) requantized by (m0, shift) of its
+    # count, req = [x_zp, y_zp, lo, hi, (m0, shift) for counts 1 .. kH * kW]. Backward
+    # (intflow.py): I[gx + each element] += requant(I[out + o], req's pair for its count).
+    if gx < 0:
+        x_zp, y_zp, lo, hi = I[req:req + 4]
     for p in range(planes):
-        base = x + p * H * W
+        base = (x if gx < 0 else gx) + p * H * W
         for oh in range(OH):
             h0 = oh * sH - pT
             h1 = h0 + kH
@@ -290,15 +290,31 @@ def qlinear_average_pool(F, I, args):
                 count = rows * ((w1 if w1 < cw1 else cw1) - (w0 if w0 > cw0 else cw0))
                 c0 = base + (w0 if w0 > 0 else 0)
                 c1 = base + (w1 if w1 < W else W)
-                acc = 0
-                for h in range(r0, r1):
-                    for i in range(c0 + h * W, c1 + h * W):
-                        acc += ((Q[i] ^ flip) - flip) - x_zp
-                if count < 1:      # a window with nothing to count (ceil_mode): the value 0
+                if gx < 0:
                     acc = 0
-                    count = 1
-                _store(Q, y, acc, I[req + 2 + 2 * count], I[req + 3 + 2 * count], y_zp, lo, hi)
-                y += 1
+                    for h in range(r0, r1):
+                        for i in range(c0 + h * W, c1 + h * W):
+                            acc += ((Q[i] ^ flip) - flip) - x_zp
+                    if count < 1:      # nothing to count (ceil_mode): the value 0
+                        acc = 0
+                        count = 1
+                    _store(Q, out, acc, I[req + 2 + 2 * count], I[req + 3 + 2 * count], y_zp,
+                           lo, hi)
+                else:
+                    v = I[out]
+                    if count >= 1 and v != 0:   # (a window of padding only: its output is 0)
+                        share = requant(v, I[req + 2 * count - 2], I[req + 2 * count - 1])
+                        for h in range(r0, r1):
+                            for i in range(c0 + h * W, c1 + h * W):
+                                I[i] += share
+                out += 1
+
+
+def qlinear_average_pool(F, I, args):
+    (Q, y, x, req, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, ch0, ch1, cw0, cw1,
+     x_signed, y_signed) = args
+    average_windows(Q, I, y, x, -1, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, ch0, ch1,
+                    cw0, cw1, req, 128 if x_signed else 0)
 
 
 def qlinear_average_pool_check(args, c):
@@ -407,8 +423,7 @@ def max_windows(Q, I, out, x, gx, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, 
                 out += 1
 
 
-def qlinear_max_pool(F, I, args):
-    # Max over each window of int8 / uint8 values: the scale and zero point stay.
+def qlinear_max_pool(F, I, args):   # the scale and zero point stay
     Q, y, x, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, signed = args
     max_windows(Q, I, y, x, -1, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, signed)
 
