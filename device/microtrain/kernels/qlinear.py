@@ -485,7 +485,8 @@ def qlinear_concat_check(args, c):
 
 # The viper fast paths (kernels/qlinear_viper.py, MicroPython with the viper emitter), and
 # before them the native Gemm and Conv where kernels/qlinear_native.mpy (device/native) is
-# installed: the same bytes, no allocation. use_fast(False): the pure-Python kernels.
+# installed: the same bytes, no allocation (heap_lock). use_fast(False): the pure-Python
+# kernels, the reference, which may allocate (a requant record read in one slice).
 _FAST_NAMES = ("qlinear_gemm", "qlinear_conv", "qlinear_add", "qlinear_average_pool",
                "qlinear_global_average_pool", "qlinear_lookup")
 
