@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine too: installs the package with its test and
-# deploy extras, builds (or reuses) the MicroPython Unix port and the two emulated boards
-# (scripts/build_qemu_board.sh, the Cortex-M3: installs qemu-system-arm and the ARM toolchain
-# from Debian when missing; scripts/build_qemu_rv32.sh, the 32-bit RISC-V: qemu-system-misc
-# and the RISC-V toolchain) and the native int8 kernels for armv6m, armv7m and rv32imc
-# (scripts/build_natmod.sh, cached under .cache/natmod and keyed by their sources: the board
+# deploy extras, builds (or reuses) the MicroPython Unix port and the three emulated boards
+# (scripts/build_qemu_board.sh, the Cortex-M3 and, given MPS2_AN386, the Cortex-M4F: installs
+# qemu-system-arm and the ARM toolchain from Debian when missing; scripts/build_qemu_rv32.sh,
+# the 32-bit RISC-V: qemu-system-misc and the RISC-V toolchain) and the native int8 kernels
+# for armv6m, armv7m and rv32imc (scripts/build_natmod.sh, cached under .cache/natmod and keyed by their sources: the board
 # tests compare these fresh builds with the ones shipped in the device package), then runs
-# pytest with all three required (a missing interpreter or firmware fails instead of
+# pytest with all of them required (a missing interpreter or firmware fails instead of
 # skipping), on two workers. The flower extra (Flower's simulation engine) is
 # installed and required the same way: tests/test_flower.py fails rather than skips.
 set -euo pipefail
@@ -21,6 +21,8 @@ fi
 export MICROTRAIN_REQUIRE_MICROPYTHON=1
 export MICROTRAIN_QEMU_FIRMWARE=$(bash scripts/build_qemu_board.sh)
 export MICROTRAIN_REQUIRE_QEMU=1
+export MICROTRAIN_QEMU_M4_FIRMWARE=$(bash scripts/build_qemu_board.sh MPS2_AN386)
+export MICROTRAIN_REQUIRE_QEMU_M4=1
 export MICROTRAIN_QEMU_RV32_FIRMWARE=$(bash scripts/build_qemu_rv32.sh)
 export MICROTRAIN_REQUIRE_QEMU_RV32=1
 # after the boards: their scripts installed the ARM and RISC-V toolchains the modules need

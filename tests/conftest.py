@@ -126,6 +126,14 @@ def rv32_firmware():
 
 
 @pytest.fixture(scope="session")
+def m4_firmware():
+    """The emulated Cortex-M4F's firmware (qemu-mps2-an386: $MICROTRAIN_QEMU_M4_FIRMWARE or
+    the cached build of scripts/build_qemu_board.sh MPS2_AN386). Missing (or no
+    qemu-system-arm): skip locally, fail when MICROTRAIN_REQUIRE_QEMU_M4=1."""
+    return emulated_firmware("qemu-mps2-an386", "MICROTRAIN_REQUIRE_QEMU_M4")
+
+
+@pytest.fixture(scope="session")
 def digits_int8(tmp_path_factory):
     """The digits MLP packed for QAT at batch 1, trained 2 epochs, exported as a QDQ model
     (qdq.onnx): what the integer training blobs are made from."""

@@ -18,7 +18,7 @@ import vfs
 # The window's address per firmware build (sys.implementation._build): above the image,
 # which scripts/build_qemu_board.sh and build_qemu_rv32.sh check, and where
 # microtrain_host's QemuBoard loads a ROM image (the board profile's qemu "flash_address").
-WINDOWS = {"MPS2_AN385": 0x100000, "VIRT_RV32": 0x80800000}
+WINDOWS = {"MPS2_AN385": 0x100000, "MPS2_AN386": 0x100000, "VIRT_RV32": 0x80800000}
 ROM_ADDRESS = WINDOWS[sys.implementation._build]
 ROM_SIZE = 0x40000       # 256 KB
 FS_ADDRESS = ROM_ADDRESS + ROM_SIZE

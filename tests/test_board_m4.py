@@ -1,0 +1,54 @@
+"""The emulated Cortex-M4F (MicroPython's qemu port on qemu's mps2-an386 machine, built by
+scripts/build_qemu_board.sh MPS2_AN386: the single-precision FPU switched on, floats in
+hardware, .mpy native code for armv7emsp), the architecture of the boards with an FPU
+(stm32f746-disco, the Pyboard, nRF52840). Floats computed by the FPU must be the Cortex-M3's
+software floats bit for bit (both are IEEE single precision, rounded to nearest even):
+the digits MLP trained with AdamW through `microtrain deploy` leaves the same checkpoint
+bytes on both boards. The native int8 module deploy ships for armv7emsp (the armv7m build)
+gives the pure-Python kernels' bytes there. Needs both ARM firmwares: skipped without them,
+failed when MICROTRAIN_REQUIRE_QEMU / MICROTRAIN_REQUIRE_QEMU_M4=1 (scripts/test.sh)."""
+from conftest import ROOT
+from test_board_natmod import HEAP_PROBE, build_module, check_native_heap, run_on_board
+
+from microtrain_host import generate_artifacts
+from microtrain_host.tools import boards, deploy, runtime
+
+DIGITS = ROOT / "examples" / "digits"
+M4 = "qemu-mps2-an386"
+STEPS = 6
+
+
+def test_the_profile_says_fpu_and_armv7emsp():
+    board = boards.load_board(M4)
+    assert board["fpu"] and board["mpy_arch"] == "armv7emsp"
+    assert runtime.native_build(board["mpy_arch"]) == runtime.native_build("armv7m")
+
+
+def test_digits_adamw_on_the_fpu_board_leaves_the_m3_checkpoint(firmware, m4_firmware,
+                                                                 tmp_path):
+    artifacts = tmp_path / "build"
+    generate_artifacts(str(DIGITS / "mlp.onnx"), loss="CrossEntropyLoss", optimizer="AdamW",
+                       artifact_directory=str(artifacts), batch_size=8,
+                       optimizer_options={"learning_rate": 0.01})
+    results = {}
+    for board, fw in (("qemu-mps2-an385", firmware), (M4, m4_firmware)):
+        plan = deploy.plan(artifacts, board, steps=STEPS)
+        result = deploy.run(plan, DIGITS / "digits.npz", lr=0.01, firmware=fw)
+        assert len(result.losses) == STEPS
+        results[board] = (result.losses, result.checkpoint.read_bytes())
+    m3, m4 = results["qemu-mps2-an385"], results[M4]
+    print(f"\nlosses on both boards {m4[0]}")
+    assert m4[0] == m3[0]
+    assert m4[1] == m3[1]
+
+
+def test_native_int8_module_equals_pure_on_the_fpu_board(m4_firmware, tmp_path):
+    module = build_module(runtime.NATIVE_BUILD_FOR["armv7emsp"])   # the build deploy ships
+    out = run_on_board(m4_firmware, tmp_path, module,
+                       HEAP_PROBE + "CASES = 240\n" + (ROOT / "tests" / "device_scripts" /
+                                                       "qlinear_native.py").read_text(),
+                       board=M4)
+    words = out.split()
+    assert words[-6:-2] == ["cases", "240", "different", "0"], out[-2000:]
+    assert int(words[-1]) > 0, out[-2000:]
+    print(f"armv7m build on the Cortex-M4F: {check_native_heap(out, module):,d} B of heap")
