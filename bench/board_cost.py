@@ -52,20 +52,22 @@ class Case:
                          f"{x_type!r}\nY = {y!r}\n")
 
 
-def run_on_board(tmp, sources, files, script, firmware, timeout=1800):
-    """Run `script` (text) on the emulated board under icount, the device package's
-    `sources` and `files` ({name: path}) in its ROM filesystem. Returns its stdout."""
+def run_on_board(tmp, sources, files, script, firmware, timeout=1800, board=BOARD):
+    """Run `script` (text) on the emulated board (profile `board`) under icount, the device
+    package's `sources` (compiled for its architecture) and `files` ({name: path}) in its ROM
+    filesystem. Returns its stdout."""
     tmp = pathlib.Path(tmp)
     rom = tmp / "rom"
-    runtime.compile_runtime(sources, "armv7m", "6.3", rom)
+    profile = boards.load_board(board)
+    runtime.compile_runtime(sources, profile["mpy_arch"], profile["mpy_version"], rom)
     for name, path in files.items():
         (rom / name).write_bytes(pathlib.Path(path).read_bytes())
-    plan = deploy.Plan(boards.load_board(BOARD), "romfs", tmp, {}, None, None, None, None)
+    plan = deploy.Plan(profile, "romfs", tmp, {}, None, None, None, None)
     plan.romfs_image = tmp / "bench.romfs"
     plan.romfs_image.write_bytes(runtime.romfs_image(rom))
     path = tmp / "count.py"
     path.write_text(script)
-    with deploy.QemuBoard(firmware, rom=plan.romfs_image, icount=True) as qemu:
+    with deploy.QemuBoard(firmware, board=board, rom=plan.romfs_image, icount=True) as qemu:
         # mpremote's whole chain but the fetch of a trained checkpoint
         command = deploy.mpremote_command(plan, qemu.port, path, rom_loaded=True)
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
@@ -181,9 +183,10 @@ def lenet_cases(tmp):
     return cases
 
 
-def kws_cases(tmp):
-    """The KWS DS-CNN's int8 inference (examples/kws/quantize.py's calibrated backbone) and
-    its integer personalisation steps at batch 1 ("int8 last", "int8 sparse" of
+def kws_cases(tmp, **calibration):
+    """The KWS DS-CNN's int8 inference (examples/kws/quantize.py's calibrated backbone;
+    `calibration`: its calibrate()'s steps and batch, when not its own) and its integer
+    personalisation steps at batch 1 ("int8 last", "int8 sparse" of
     examples/kws/personalise.py), on the first personalisation sample."""
     import make_data
     import personalise
@@ -191,7 +194,7 @@ def kws_cases(tmp):
     from microtrain_host.formats.checkpoint import write_checkpoint
     from microtrain_host.quant.inttrain import (int8_training_artifacts, int8_training_model,
                                                 quantize_input)
-    qdq, int8_blob = quantize.calibrate(tmp / "kws_backbone")
+    qdq, int8_blob = quantize.calibrate(tmp / "kws_backbone", **calibration)
     sample = make_data.personalisation_set()
     x, y = sample["x_train"][:1], sample["y_train"][:1]
     (tmp / "kws_x.f32").write_bytes(x.astype("<f4").tobytes())
