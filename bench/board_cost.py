@@ -11,14 +11,16 @@ cycle; real Cortex-M3/M4 cores take ~1.1-1.5 cycles per instruction (shared/FACT
 other cores (Xtensa; an FPU) run other code: an estimate. Prints figures; asserts nothing.
 
     python3 bench/board_cost.py [--quick] [--steps N] [--no-kws] [--only NAME] [--firmware ELF]
-                                [--no-kernels] [--native ARCH] [--heap BYTES]
+                                [--no-kernels] [--native ARCH] [--heap BYTES] [--board NAME]
 
 --quick (CI): the kernels and the digits MLP only. --heap BYTES: each run starts with only
 that much free heap (a filler takes the rest): whether a step fits a board of that heap.
 --native armv6m|armv7m: the steps with the native int8 module (device/native,
 scripts/build_natmod.sh) beside the kernels, as deploy ships it: kernels/fastpath.py picks
 its Gemm and Conv over the viper ones (checked: the run stops when the board's int8 Gemm or
-Conv is not the module's). --no-kernels: the steps only.
+Conv is not the module's). --no-kernels: the steps only. --board qemu-mps2-an386: count on
+the emulated Cortex-M4F instead (floats in its FPU: what boards with one run), the runtime
+compiled for armv7emsp.
 """
 import argparse
 import pathlib
@@ -37,6 +39,7 @@ from microtrain_host import generate_artifacts  # noqa: E402
 from microtrain_host.tools import boards, deploy, runtime, step_cost  # noqa: E402
 
 BOARD = "qemu-mps2-an385"
+FPU_BOARD = "qemu-mps2-an386"
 DIGITS = ROOT / "examples" / "digits"
 PER_TICK = deploy.QemuBoard.INSTRUCTIONS_PER_TICK
 
@@ -90,12 +93,12 @@ def whole_package():
                                           for p in (package / "microtrain").rglob("*.py")))
 
 
-def count_kernels(firmware):
+def count_kernels(firmware, board=BOARD):
     """[(family, shape, MACs, instructions)] of bench/board_kernels.py; for the optimizer
     updates (family SGD, AdamW) the parameters updated instead of MACs."""
     with tempfile.TemporaryDirectory(prefix="board-cost-") as tmp:
         out = run_on_board(tmp, whole_package(), {},
-                           (BENCH / "board_kernels.py").read_text(), firmware)
+                           (BENCH / "board_kernels.py").read_text(), firmware, board=board)
     if "fast True" not in out:
         raise SystemExit(f"the board's int8 kernels are not the viper ones:\n{out}")
     rows = []
@@ -119,7 +122,7 @@ FILLER = ("import gc\ngc.collect()\n"
           "_filler = bytearray(max(0, gc.mem_free() - HEAP - 16))\n")
 
 
-def count_step(case, steps, firmware, native=None, heap=None):
+def count_step(case, steps, firmware, native=None, heap=None, board=BOARD):
     """(instructions per counted step, of which the optimizer update; means over the steps),
     and the heap the run keeps live after them. native: the native module's .mpy to put
     beside the kernels. heap: run with only this many bytes of free heap."""
@@ -135,7 +138,7 @@ def count_step(case, steps, firmware, native=None, heap=None):
     with tempfile.TemporaryDirectory(prefix="board-cost-") as tmp:
         prefix = f"HEAP = {heap}\n" + FILLER if heap else ""
         out = run_on_board(tmp, sources, files, prefix + f"STEPS = {steps}\n" + case.settings
-                           + script, firmware)
+                           + script, firmware, board=board)
     picked = [line for line in out.splitlines() if line.startswith("native ")]
     if native and not (picked and "True" in picked[0] and "False" not in picked[0]):
         raise SystemExit(f"{case.name}: the board's int8 kernels are not the native module's:"
@@ -228,8 +231,13 @@ def main():
     ap.add_argument("--no-kws", action="store_true", help="leave out the KWS DS-CNN cases "
                                                           "(their calibration takes minutes)")
     ap.add_argument("--only", help="count only the steps whose name contains this")
-    ap.add_argument("--firmware", help="the emulated board's firmware (default: "
-                                       "$MICROTRAIN_QEMU_FIRMWARE, then .cache/qemu-board)")
+    ap.add_argument("--board", choices=(BOARD, FPU_BOARD), default=BOARD,
+                    help=f"the emulated board to count on: {BOARD} (Cortex-M3, floats in "
+                         f"software; default) or {FPU_BOARD} (Cortex-M4F, floats in its FPU, "
+                         f".mpy for armv7emsp; scripts/build_qemu_board.sh MPS2_AN386)")
+    ap.add_argument("--firmware", help="the emulated board's firmware (default: its "
+                                       "profile's variable, $MICROTRAIN_QEMU_FIRMWARE or "
+                                       "$MICROTRAIN_QEMU_M4_FIRMWARE, then its build)")
     ap.add_argument("--no-kernels", action="store_true",
                     help="leave out the per-kernel table (the steps only)")
     ap.add_argument("--heap", type=int, help="run each step with only this many bytes of "
@@ -243,7 +251,9 @@ def main():
                                 check=True, capture_output=True, text=True).stdout.split()[-1]
     steps = args.steps
     started = time.monotonic()
-    print(f"counted on the emulated Cortex-M3 (qemu-system-arm -machine mps2-an385 -icount "
+    profile = boards.load_board(args.board)
+    print(f"counted on the {profile['title']} (qemu-system-arm -machine "
+          f"{profile['qemu']['machine']} -icount "
           f"shift=0,align=off; FPGAIO counter x {PER_TICK} = instructions); steps: the mean "
           f"of {steps} after a warm-up step\n")
 
@@ -251,7 +261,7 @@ def main():
         print(f"{'kernel family':16s} {'shape':26s} {'MACs':>9s} {'instructions':>13s} "
               f"{'per MAC':>8s}  (optimizer updates: per parameter)")
         families = {}
-        for family, shape, units, count in count_kernels(args.firmware):
+        for family, shape, units, count in count_kernels(args.firmware, args.board):
             print(f"{family:16s} {shape:26s} {units:9,d} {count:13,d} {count / units:8.1f}")
             total = families.setdefault(family, [0, 0])
             total[0] += units
@@ -273,7 +283,8 @@ def main():
         rows, failed = [], []
         for case in [c for c in cases if args.only is None or args.only in c.name]:
             try:
-                count, update, heap = count_step(case, steps, args.firmware, native, args.heap)
+                count, update, heap = count_step(case, steps, args.firmware, native, args.heap,
+                                                 args.board)
             except BoardRunFailed as e:   # said below the table, the other cases still run
                 failed.append((case, e.last_line()))
                 continue
