@@ -3,15 +3,18 @@
 # parameters (intparams.py), random generators (randoms.py), a loss computed outside the
 # graph (outside.py).
 import math
-from microtrain.blob import FLOAT, INT32, zeros
+from microtrain.blob import zeros
 from microtrain.checkpoint import Ref
 from microtrain.errors import CheckpointError, ParameterError, TrainingError
 from microtrain.feed import copy_inputs
 from microtrain.loader import load_into_arenas, program
 
-# contract: controls
+# contract: controls; private
 # (generated from host/microtrain_host/contract/ by `python -m microtrain_host.contract.generate`; do not edit)
+from microtrain.errors import const
 _LAZY_RESET_GRAD = "lazy_reset_grad"
+_FLOAT = const(0)
+_INT32 = const(1)
 # end of contract
 _INF = math.inf
 # A gradient beyond this would make a float32 moment or update infinite (AdamW squares it:
@@ -102,7 +105,7 @@ class Module:
                 raise ParameterError("parameter '%s' is %s in the checkpoint but %s in the model"
                                      % (name, "trainable" if p.requires_grad else "frozen",
                                         "trainable" if trainable else "frozen"))
-            if b.dtypes[tensor] != FLOAT:
+            if b.dtypes[tensor] != _FLOAT:
                 from microtrain.intparams import bind_integer
                 bound.append(bind_integer(self, p, tensor, targets))
                 continue
@@ -358,8 +361,8 @@ class Module:
         tid = b.tensor_id(tensor) if isinstance(tensor, str) else tensor
         off = b.offsets[tid]
         dtype = b.dtypes[tid]
-        view = self._view if dtype == FLOAT else memoryview(
-            self.I if dtype == INT32 else b.weights if tid in b.in_place else b.Q)
+        view = self._view if dtype == _FLOAT else memoryview(
+            self.I if dtype == _INT32 else b.weights if tid in b.in_place else b.Q)
         return view[off:off + b.sizes[tid]]
 
 
@@ -373,7 +376,7 @@ def _check_state(state):
 def _kept_state(b):
     # ([(float?, offset, count)] of the state a training forward pass updates in place,
     # float and int arrays to copy them into)
-    spans = [(b.dtypes[t] == FLOAT, b.offsets[t], b.sizes[t]) for t in b.kept]
+    spans = [(b.dtypes[t] == _FLOAT, b.offsets[t], b.sizes[t]) for t in b.kept]
     floats = sum(n for is_float, _, n in spans if is_float)
     ints = sum(n for is_float, _, n in spans if not is_float)
     return spans, zeros("f", floats), zeros("i", ints)
