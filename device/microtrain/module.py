@@ -70,12 +70,12 @@ class Module:
         self._training = True
         self._reset_pending = True  # ORT: the first train step overwrites the gradients
         self._gradients_ok = True   # False after a refused train call: no optimizer step
-        self._kept, self._copy_f, self._copy_i = _kept_state(b)
-        # checks that state after each train call (imported only by blobs that have it)
-        self._kept_problem = None
-        if self._kept:
-            from microtrain.kernels.norm import kept_problem
-            self._kept_problem = kept_problem
+        # the state a training forward pass updates in place, kept and checked around each
+        # train call (kept.py, imported only by blobs that have it)
+        self._kept = None
+        if b.kept:
+            from microtrain.kept import Kept
+            self._kept = Kept(b)
         # the gradient buffers a train call leaves for the optimizer program
         self._grads = [(b.offsets[g], b.sizes[g]) for t, g, _ in b.parameters if g >= 0]
         self._forward_at = None     # optimizer step of the last train forward(), until backward
@@ -256,8 +256,9 @@ class Module:
                 raise TrainingError("this blob applies the optimizer's updates in the backward "
                                     "pass (packed with update_in_backward): create its "
                                     "Optimizer before training")
-        if self._training and self._kept:
-            _copy(self._kept, F, I, self._copy_f, self._copy_i, True)
+        kept = self._kept
+        if self._training and kept is not None:
+            kept.copy(F, I, True)
         for kernel, args in program.steps:
             kernel(F, I, args)
         if self.blob.integer_parameters:
@@ -275,8 +276,8 @@ class Module:
                 self._refuse("a gradient is %r: beyond %g a float32 moment or update would "
                              "become infinite (lower the learning rate, scale the inputs)"
                              % (worst, _GRADIENT_LIMIT))
-            if self._kept_problem is not None:
-                why = self._kept_problem(self.blob, self.F)
+            if kept is not None:
+                why = kept.problem(self.blob, F)
                 if why:
                     self._refuse(why)
             self._gradients_ok = True
@@ -299,14 +300,14 @@ class Module:
         # buffers (garbage now) are overwritten by the next train call, and no optimizer
         # step may use them. (With update_in_backward the backward pass has not run.)
         kept = self._kept
-        if kept:
-            _copy(kept, self.F, self.I, self._copy_f, self._copy_i, False)
+        if kept is not None:
+            kept.copy(self.F, self.I, False)
         self._reset_pending = True
         self._gradients_ok = False
         raise TrainingError("%s; parameters were not updated%s and the accumulated gradients "
                             "are dropped" % (why, ", the state its forward pass updated "
                                              "(running statistics, ranges, generators) was "
-                                             "put back," if kept else ""))
+                                             "put back," if kept is not None else ""))
 
     def _largest_gradient(self):
         # max |g| over the gradient buffers (NaN as soon as one is NaN); 0 without them
@@ -371,33 +372,6 @@ def _check_state(state):
         raise ParameterError("Module(train_model_uri, state, eval_model_uri=None): state "
                              "must be a CheckpointState (CheckpointState.load_checkpoint"
                              "(path)), not %s" % type(state).__name__)
-
-
-def _kept_state(b):
-    # ([(float?, offset, count)] of the state a training forward pass updates in place,
-    # float and int arrays to copy them into)
-    spans = [(b.dtypes[t] == _FLOAT, b.offsets[t], b.sizes[t]) for t in b.kept]
-    floats = sum(n for is_float, _, n in spans if is_float)
-    ints = sum(n for is_float, _, n in spans if not is_float)
-    return spans, zeros("f", floats), zeros("i", ints)
-
-
-def _copy(spans, F, I, copy_f, copy_i, keep):
-    # keep: the spans into the copies; else back from them
-    at_f = at_i = 0
-    for is_float, off, n in spans:
-        arena, copy = (F, copy_f) if is_float else (I, copy_i)
-        at = at_f if is_float else at_i
-        if keep:
-            for i in range(n):
-                copy[at + i] = arena[off + i]
-        else:
-            for i in range(n):
-                arena[off + i] = copy[at + i]
-        if is_float:
-            at_f += n
-        else:
-            at_i += n
 
 
 def _take(values, name, n, arena, off, targets):

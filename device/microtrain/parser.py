@@ -25,12 +25,7 @@ _MODEL_INT_ARENA = const(6)
 _MODEL_LOSS = const(7)
 _MODEL_NUM_CLASSES = const(8)
 _MODEL_OPTIMIZER = const(9)
-_MODEL_NAIVE_SIZE = const(10)
-_MODEL_LOWER_BOUND = const(11)
-_MODEL_FULL_TRAINING_ARENA = const(12)
-_MODEL_FULL_TRAINING_STEPS = const(13)
 _MODEL_INFERENCE = const(14)
-_MODEL_SOURCE_OPSET = const(15)
 _MODEL_BYTE_ARENA = const(16)
 _MODEL_WEIGHTS_IN_PLACE = const(17)
 _TENSOR_NAME = const(0)
@@ -40,7 +35,6 @@ _TENSOR_SHAPE = const(3)
 _TENSOR_OFFSET = const(4)
 _TENSOR_SIZE = const(5)
 _TENSOR_DATA = const(6)
-_TENSOR_ALIAS_OF = const(8)
 _TENSOR_SCALE = const(9)
 _TENSOR_DERIVED = const(12)
 _TENSOR_IN_PLACE = const(13)
@@ -175,12 +169,12 @@ def parse_root(r, root, data, keep_steps, Q, in_file=False, weights=None, arenas
     b.float_arena, b.int_arena, b.byte_arena = arena_sizes(r, root)
     b.loss = r.string(root, _MODEL_LOSS, "loss")
     b.num_classes = r.scalar(root, _MODEL_NUM_CLASSES, "I", 0)
-    b.naive_size = r.scalar(root, _MODEL_NAIVE_SIZE, "I", 0)
-    b.lower_bound = r.scalar(root, _MODEL_LOWER_BOUND, "I", 0)
-    b.full_training_arena = r.scalar(root, _MODEL_FULL_TRAINING_ARENA, "I", 0)
-    b.full_training_steps = r.scalar(root, _MODEL_FULL_TRAINING_STEPS, "I", 0)
-    b.source_opset = r.scalar(root, _MODEL_SOURCE_OPSET, "H", 0)
-    _read_tensors(r, root, b, keep_steps, in_file)
+    _read_tensors(r, root, b, in_file)
+    if keep_steps:
+        # what only the host's tools read (a board's runtime carries neither the code nor
+        # the attributes): the packer's figures, tensor aliases, step records
+        from microtrain.toolfields import read_tool_fields
+        read_tool_fields(r, root, b)
     _read_parameters(r, root, b)
     _read_optimizer(r, root, b)
     _read_inference(r, root, b)
@@ -213,9 +207,8 @@ def parse_root(r, root, data, keep_steps, Q, in_file=False, weights=None, arenas
     return b
 
 
-def _read_tensors(r, root, b, keep_steps, in_file):
-    # keep_steps (tools): also each tensor's alias_of (-1, or the tensor whose space an alias
-    # shares), which only the memory plan needs. The fields of quantized tensors (scales,
+def _read_tensors(r, root, b, in_file):
+    # The fields of quantized tensors (scales,
     # derived constants, int8 weights read in place) are read by quantized.py, which a
     # float blob never imports.
     for t in r.tables(root, _MODEL_TENSORS, "tensor"):
@@ -258,8 +251,6 @@ def _read_tensors(r, root, b, keep_steps, in_file):
         b.shapes.append(tuple(shape))
         b.offsets.append(offset)
         b.sizes.append(size)
-        if keep_steps:
-            b.alias_of.append(r.scalar(t, _TENSOR_ALIAS_OF, "i", -1))
     _check_places(b)
 
 

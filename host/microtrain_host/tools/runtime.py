@@ -86,7 +86,8 @@ def model_modules(blob_path):
     float model's runtime does not carry them), those this blob needs: the fields of
     quantized tensors, an int8 blob given as a buffer in flash, int8 / uint8 inputs (fed
     as ints or quantized from floats), integer parameters, random
-    generators, a loss computed outside the graph."""
+    generators, a loss computed outside the graph, state a training forward pass updates
+    in place (running statistics: kept.py)."""
     b = device_blob_parser.load(str(blob_path))
     names = set(b.names)
     wanted = []
@@ -100,6 +101,8 @@ def model_modules(blob_path):
         wanted.append("microtrain.randoms")
     if "forward" in b.programs:
         wanted.append("microtrain.outside")
+    if b.kept:
+        wanted.append("microtrain.kept")    # state a training forward pass updates
     return wanted
 
 
