@@ -13,6 +13,7 @@ import tempfile
 
 from microtrain import parser as device_blob_parser
 
+from ..contract.generate import CONST_IMPORT
 from ..contract.ops import BY_CODE
 from ..errors import MicrotrainHostError
 from .runtime_messages import move_messages
@@ -387,6 +388,15 @@ def write_sources(sources, directory):
     return directory
 
 
+def without_const_import(text):
+    """A module's text for mpy-cross: the contract blocks' `from microtrain.errors import
+    const` blanked (the line stays, so tracebacks keep their line numbers). MicroPython's
+    compiler folds every `NAME = const(value)` itself and never calls const() (errors.py
+    gives CPython an identity), so on a board the import only cost bytecode, its qstrs and
+    a global per module."""
+    return "\n".join("" if line == CONST_IMPORT else line for line in text.split("\n"))
+
+
 def compile_runtime(sources, arch, mpy_version, out_dir):
     """Compile each module ({relative path: source text}, e.g. minimal_sources()) with
     mpy-cross -march=arch into out_dir (same relative paths, .mpy). Returns {relative .mpy
@@ -409,7 +419,8 @@ def compile_runtime(sources, arch, mpy_version, out_dir):
     out_dir = pathlib.Path(out_dir)
     sizes = {}
     with tempfile.TemporaryDirectory() as tmp:
-        write_sources(sources, tmp)
+        write_sources({module: without_const_import(text) for module, text in sources.items()},
+                      tmp)
         for module in sources:
             target = out_dir / (module[:-3] + ".mpy")
             target.parent.mkdir(parents=True, exist_ok=True)
