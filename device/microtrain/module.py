@@ -3,7 +3,6 @@
 # parameters (intparams.py), random generators (randoms.py), a loss computed outside the
 # graph (outside.py).
 import math
-from microtrain.blob import zeros
 from microtrain.checkpoint import Ref
 from microtrain.errors import CheckpointError, ParameterError, TrainingError
 from microtrain.feed import copy_inputs
@@ -158,42 +157,19 @@ class Module:
         # {microtrain.rng.*: state} of every generator, for save_checkpoint (only then)
         return self._randoms.states() if self._randoms is not None else {}
 
-    def _parameter_ids(self, trainable_only):
-        b = self.blob
-        if b.integer_parameters:
-            raise ParameterError("this model trains integer parameters: read and write them "
-                                 "through state.parameters (int8 / int32 views)")
-        return [t for t, grad, _ in b.parameters if not trainable_only or b.is_trainable(t, grad)]
-
+    # ORT's flat-buffer parameter API (federated averaging): flatparams.py, imported on
+    # first use (a training run that never calls it does not carry it)
     def get_parameters_size(self, trainable_only=True):
-        return sum(self.blob.sizes[t] for t in self._parameter_ids(trainable_only))
+        from microtrain.flatparams import parameters_size
+        return parameters_size(self, trainable_only)
 
     def get_contiguous_parameters(self, trainable_only=False):
-        out = zeros("f", self.get_parameters_size(trainable_only))
-        at = 0
-        for t in self._parameter_ids(trainable_only):
-            off, n = self.blob.offsets[t], self.blob.sizes[t]
-            out[at:at + n] = self.F[off:off + n]
-            at += n
-        return out
+        from microtrain.flatparams import contiguous_parameters
+        return contiguous_parameters(self, trainable_only)
 
     def copy_buffer_to_parameters(self, buffer, trainable_only=True):
-        want = self.get_parameters_size(trainable_only)
-        if len(buffer) != want:
-            raise ParameterError("parameter buffer has %d values, the model's %s parameters need "
-                                 "%d (get_parameters_size(trainable_only=%r))"
-                                 % (len(buffer), "trainable" if trainable_only else "",
-                                    want, trainable_only))
-        at = 0
-        F = self.F
-        for t in self._parameter_ids(trainable_only):
-            off, n = self.blob.offsets[t], self.blob.sizes[t]
-            for i in range(n):
-                F[off + i] = buffer[at + i]
-            at += n
-        if not trainable_only or self.get_parameters_size(True) == self.get_parameters_size(False):
-            # Only once every parameter has a value; frozen ones must not silently stay zero.
-            self.state.is_nominal = False
+        from microtrain.flatparams import copy_buffer
+        copy_buffer(self, buffer, trainable_only)
 
     # -- running ----------------------------------------------------------------------
     def train(self, mode=True):
