@@ -159,6 +159,10 @@ def minimal_sources(blob_path, extra=(), messages_apart=True):
             sources[module] = _cut_opcodes(text, set(used))
         elif module.startswith("microtrain/kernels/") and module[19:-3] in kernels:
             sources[module] = _cut_module(text, kernels[module[19:-3]])
+    for module, name in INTERNAL_CLASSES:
+        if module in sources:
+            sources[module] = _cut_methods(sources[module], name, [
+                text for other, text in sources.items() if other != module])
     return move_messages(sources) if messages_apart else sources
 
 
@@ -301,6 +305,37 @@ def _cut_module(text, wanted):
         if name not in keep:
             for node in nodes:
                 _blank(lines, node)
+    return "\n".join(lines)
+
+
+# Classes only the runtime's own code calls (not the training API): a minimal runtime keeps
+# of their methods those its modules call. StepCheck's assertions, which the kernels'
+# checkers ask for, and the Blob's helpers for the int8 checkers.
+INTERNAL_CLASSES = (("microtrain/stepcheck.py", "StepCheck"), ("microtrain/blob.py", "Blob"))
+
+
+def _cut_methods(text, class_name, others):
+    """text with class `class_name` cut to the methods the other modules' texts call
+    (`c.holds(...)`, `b.tensor_id(...)`) and those these call (`self._extent(...)`); its
+    special methods stay. A method no shipped module calls can never run: a check no
+    shipped checker asks for, a helper of the int8 checkers in a float model's runtime."""
+    tree = ast.parse(text)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name)
+    methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+    todo = [name for name in methods if name.startswith("__") or any(
+        re.search(r"\.%s\(" % name, other) for other in others)]
+    keep = set()
+    while todo:
+        name = todo.pop()
+        if name in keep:
+            continue
+        keep.add(name)
+        todo.extend(n.func.attr for n in ast.walk(methods[name]) if isinstance(n, ast.Call)
+                    and isinstance(n.func, ast.Attribute) and n.func.attr in methods)
+    lines = text.split("\n")
+    for name, node in methods.items():
+        if name not in keep:
+            _blank(lines, node)
     return "\n".join(lines)
 
 
