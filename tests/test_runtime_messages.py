@@ -27,10 +27,14 @@ def digits(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runtimes(digits, tmp_path_factory):
-    """(the minimal runtime as deploy ships it, the same with its messages in place)."""
+    """(the minimal runtime as deploy ships it, the same with its messages in place), with
+    the flat-buffer parameter API the script also calls (flatparams.py, which Module imports
+    on first use and a training run's runtime leaves out)."""
     base = tmp_path_factory.mktemp("runtimes")
-    moved = runtime.write_sources(runtime.minimal_sources(digits / "model.mtb"), base / "moved")
-    kept = runtime.write_sources(runtime.minimal_sources(digits / "model.mtb",
+    extra = ("microtrain.flatparams",)
+    moved = runtime.write_sources(runtime.minimal_sources(digits / "model.mtb", extra),
+                                  base / "moved")
+    kept = runtime.write_sources(runtime.minimal_sources(digits / "model.mtb", extra,
                                                          messages_apart=False), base / "kept")
     return moved, kept
 

@@ -3,8 +3,15 @@
 # as a buffer (inplace.py) share these.
 import gc
 from array import array
-from microtrain.blob import FLOAT, INT32, ITEM_BYTES, zeros
+from microtrain.blob import ITEM_BYTES, zeros
 from microtrain.errors import OutOfMemoryError
+
+# contract: private
+# (generated from host/microtrain_host/contract/ by `python -m microtrain_host.contract.generate`; do not edit)
+from microtrain.errors import const
+_FLOAT = const(0)
+_INT32 = const(1)
+# end of contract
 
 CHUNK = 256             # bytes copied at a time into an arena
 # MicroPython: a collection restarts allocation at the heap's bottom, so the parsed blob's
@@ -50,9 +57,9 @@ def put(b, tid, at, raw, nbytes, F, I, Q):
     # Little-endian bytes raw (nbytes of them) into tensor tid's arena slice from byte at
     off = b.offsets[tid] + at // ITEM_BYTES[b.dtypes[tid]]
     dtype = b.dtypes[tid]
-    if dtype == FLOAT:
+    if dtype == _FLOAT:
         F[off:off + nbytes // 4] = array("f", bytes(raw))
-    elif dtype == INT32:
+    elif dtype == _INT32:
         I[off:off + nbytes // 4] = array("i", bytes(raw))
     else:
         Q[off:off + nbytes] = raw

@@ -62,13 +62,9 @@ class Blob:
         self.loss = ""
         self.num_classes = 0
         self.optimizer = {}
-        self.naive_size = 0     # float elements without arena sharing (for inspect)
-        self.lower_bound = 0    # float elements no plan can go below (for inspect)
-        self.full_training_arena = 0  # with frozen parameters: the arena if all trained
-        self.full_training_steps = 0  # ... and its train program's step count (inspect)
-        self.source_opset = 0   # the opset of a model upgraded on load (0: not upgraded)
-        self.step_records = {}  # program -> [(op, tensor ids, ints, floats)] when kept
-        self.alias_of = []      # per tensor, with the steps: -1 or the tensor it aliases
+        # loaded with keep_steps (the host's tools), also toolfields.py's naive_size,
+        # lower_bound, full_training_arena, full_training_steps, source_opset, alias_of
+        # and step_records
         self.inference = None   # InferenceTemplate: (position in the file, length, cuts,
                                 # [(output name, tensor id)], copies), for microtrain.export
         self.quant = {}         # tensor id -> (scales, zero points, axis) of a quantized

@@ -16,13 +16,16 @@ from microtrain.checkpoint import CheckpointState
 from microtrain.module import Module
 from microtrain.optimizer import Optimizer
 from microtrain.fit import Batches, fit, _read
+# (Module's flat-buffer methods import it when called; imported here, it goes into a
+# minimal runtime built for this program: tools/runtime.py follows module-level imports)
+from microtrain.flatparams import contiguous_parameters, copy_buffer
 
 
 def train_round(artifacts, buffer, x, y, epochs, lr, seed=1):
     """Returns (new flat parameter buffer, samples, mean train loss of the last epoch)."""
     state = CheckpointState.load_checkpoint(artifacts + "/checkpoint")
     module = Module(artifacts + "/model.mtb", state)
-    module.copy_buffer_to_parameters(buffer, False)
+    copy_buffer(module, buffer, False)      # Module.copy_buffer_to_parameters
     # A fresh optimizer every round: the averaged model has no meaningful moments (FedAvg
     # averages parameters only, as `microtrain aggregate` does).
     optimizer = Optimizer(artifacts + "/model.mtb", module)
@@ -38,7 +41,7 @@ def train_round(artifacts, buffer, x, y, epochs, lr, seed=1):
             losses.append(values[1])
 
     fit(module, optimizer, batches, None, epochs, report, seed)
-    return module.get_contiguous_parameters(False), batches.count, losses[-1]
+    return contiguous_parameters(module, False), batches.count, losses[-1]
 
 
 def main(argv):

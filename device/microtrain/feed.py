@@ -1,8 +1,15 @@
 # Feeding a program's inputs: one flat sequence per input copied into the arenas, checked
 # on the way (lengths, class labels; int8 inputs: feedq.py). Module and InferenceSession
 # call it before each run.
-from microtrain.blob import FLOAT, INT32, ROLE_LABEL
 from microtrain.errors import InputError
+
+# contract: private
+# (generated from host/microtrain_host/contract/ by `python -m microtrain_host.contract.generate`; do not edit)
+from microtrain.errors import const
+_FLOAT = const(0)
+_INT32 = const(1)
+_ROLE_LABEL = const(1)
+# end of contract
 
 
 def copy_inputs(b, F, I, program, inputs, classes):
@@ -32,8 +39,8 @@ def copy_inputs(b, F, I, program, inputs, classes):
         # The loops stay plain (one store per value); a value the arena cannot take raises
         # in the store, and _refuse then finds it to say which and why.
         try:
-            if b.dtypes[tid] == INT32:
-                label = classes if b.roles[tid] == ROLE_LABEL else 0
+            if b.dtypes[tid] == _INT32:
+                label = classes if b.roles[tid] == _ROLE_LABEL else 0
                 low, high = (0, label - 1) if label else (-_INT32_SPAN, _INT32_SPAN - 1)
                 for i in range(n):
                     v = values[i]
@@ -45,7 +52,7 @@ def copy_inputs(b, F, I, program, inputs, classes):
                             "value %s at position %d of '%s' is outside the int32 range"
                             % (_shown(v), i, b.names[tid]))
                     I[off + i] = v      # an int only: array('i') refuses 1.5
-            elif b.dtypes[tid] != FLOAT:
+            elif b.dtypes[tid] != _FLOAT:
                 # an int8 / uint8 input (integer training): ints as they are, floats
                 # quantized with its scale (feedq.py; a float blob never imports it). The
                 # function is kept: an import statement per call allocates on MicroPython.
@@ -70,7 +77,7 @@ def copy_inputs(b, F, I, program, inputs, classes):
 
 def _refuse(b, tid, values):
     # the first value of input tid the arena cannot take, named
-    integer = b.dtypes[tid] != FLOAT
+    integer = b.dtypes[tid] != _FLOAT
     for i in range(len(values)):
         v = values[i]
         if integer:
@@ -79,7 +86,7 @@ def _refuse(b, tid, values):
             ok = isinstance(v, (int, float)) or hasattr(v, "__float__")
         if not ok:
             raise InputError("%s %s at position %d of '%s' is not %s"
-                             % ("label" if b.roles[tid] == ROLE_LABEL else "value",
+                             % ("label" if b.roles[tid] == _ROLE_LABEL else "value",
                                 _shown(v), i, b.names[tid],
                                 "an integer" if integer else "a float32 number"))
     raise InputError("input '%s' holds values its arena cannot take" % b.names[tid])

@@ -9,7 +9,7 @@
 import gc
 import struct
 from microtrain.arenas import CHUNK, arenas, compact, mem_free, put, within
-from microtrain.blob import INT8, ITEM_BYTES, UINT8, describe, is_buffer
+from microtrain.blob import ITEM_BYTES, describe, is_buffer
 from microtrain.crc32 import crc32
 from microtrain.errors import BlobError, OutOfMemoryError
 from microtrain.files import open_existing, open_regular, path_of, read_whole, reason
@@ -17,13 +17,15 @@ from microtrain.flatbuf import Reader
 from microtrain.parser import (LATER_BYTES, LATER_WEIGHTS, arena_sizes, check_head, load,
                                parse_root, root_of)
 
-# contract: blob Model
+# contract: blob Model; private
 # (generated from host/microtrain_host/contract/ by `python -m microtrain_host.contract.generate`; do not edit)
 from microtrain.errors import const
 _MODEL_FLOAT_ARENA = const(5)
 _MODEL_INT_ARENA = const(6)
 _MODEL_BYTE_ARENA = const(16)
 _MODEL_WEIGHTS_IN_PLACE = const(17)
+_INT8 = const(2)
+_UINT8 = const(3)
 # end of contract
 
 
@@ -148,7 +150,7 @@ def _read_constants(path, b, size, F, I, Q):
             for pos, tid in places:
                 crc = _stream(f, view, crc, at, pos, None)
                 at = pos + ITEM_BYTES[b.dtypes[tid]] * b.sizes[tid]
-                if b.dtypes[tid] in (INT8, UINT8):
+                if b.dtypes[tid] in (_INT8, _UINT8):
                     into = memoryview(b.weights if tid in b.in_place else Q)[
                         b.offsets[tid]:b.offsets[tid] + b.sizes[tid]]
                     if f.readinto(into) != len(into):

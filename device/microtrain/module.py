@@ -3,15 +3,17 @@
 # parameters (intparams.py), random generators (randoms.py), a loss computed outside the
 # graph (outside.py).
 import math
-from microtrain.blob import FLOAT, INT32, zeros
 from microtrain.checkpoint import Ref
 from microtrain.errors import CheckpointError, ParameterError, TrainingError
 from microtrain.feed import copy_inputs
 from microtrain.loader import load_into_arenas, program
 
-# contract: controls
+# contract: controls; private
 # (generated from host/microtrain_host/contract/ by `python -m microtrain_host.contract.generate`; do not edit)
+from microtrain.errors import const
 _LAZY_RESET_GRAD = "lazy_reset_grad"
+_FLOAT = const(0)
+_INT32 = const(1)
 # end of contract
 _INF = math.inf
 # A gradient beyond this would make a float32 moment or update infinite (AdamW squares it:
@@ -67,12 +69,12 @@ class Module:
         self._training = True
         self._reset_pending = True  # ORT: the first train step overwrites the gradients
         self._gradients_ok = True   # False after a refused train call: no optimizer step
-        self._kept, self._copy_f, self._copy_i = _kept_state(b)
-        # checks that state after each train call (imported only by blobs that have it)
-        self._kept_problem = None
-        if self._kept:
-            from microtrain.kernels.norm import kept_problem
-            self._kept_problem = kept_problem
+        # the state a training forward pass updates in place, kept and checked around each
+        # train call (kept.py, imported only by blobs that have it)
+        self._kept = None
+        if b.kept:
+            from microtrain.kept import Kept
+            self._kept = Kept(b)
         # the gradient buffers a train call leaves for the optimizer program
         self._grads = [(b.offsets[g], b.sizes[g]) for t, g, _ in b.parameters if g >= 0]
         self._forward_at = None     # optimizer step of the last train forward(), until backward
@@ -102,7 +104,7 @@ class Module:
                 raise ParameterError("parameter '%s' is %s in the checkpoint but %s in the model"
                                      % (name, "trainable" if p.requires_grad else "frozen",
                                         "trainable" if trainable else "frozen"))
-            if b.dtypes[tensor] != FLOAT:
+            if b.dtypes[tensor] != _FLOAT:
                 from microtrain.intparams import bind_integer
                 bound.append(bind_integer(self, p, tensor, targets))
                 continue
@@ -155,42 +157,19 @@ class Module:
         # {microtrain.rng.*: state} of every generator, for save_checkpoint (only then)
         return self._randoms.states() if self._randoms is not None else {}
 
-    def _parameter_ids(self, trainable_only):
-        b = self.blob
-        if b.integer_parameters:
-            raise ParameterError("this model trains integer parameters: read and write them "
-                                 "through state.parameters (int8 / int32 views)")
-        return [t for t, grad, _ in b.parameters if not trainable_only or b.is_trainable(t, grad)]
-
+    # ORT's flat-buffer parameter API (federated averaging): flatparams.py, imported on
+    # first use (a training run that never calls it does not carry it)
     def get_parameters_size(self, trainable_only=True):
-        return sum(self.blob.sizes[t] for t in self._parameter_ids(trainable_only))
+        from microtrain.flatparams import parameters_size
+        return parameters_size(self, trainable_only)
 
     def get_contiguous_parameters(self, trainable_only=False):
-        out = zeros("f", self.get_parameters_size(trainable_only))
-        at = 0
-        for t in self._parameter_ids(trainable_only):
-            off, n = self.blob.offsets[t], self.blob.sizes[t]
-            out[at:at + n] = self.F[off:off + n]
-            at += n
-        return out
+        from microtrain.flatparams import contiguous_parameters
+        return contiguous_parameters(self, trainable_only)
 
     def copy_buffer_to_parameters(self, buffer, trainable_only=True):
-        want = self.get_parameters_size(trainable_only)
-        if len(buffer) != want:
-            raise ParameterError("parameter buffer has %d values, the model's %s parameters need "
-                                 "%d (get_parameters_size(trainable_only=%r))"
-                                 % (len(buffer), "trainable" if trainable_only else "",
-                                    want, trainable_only))
-        at = 0
-        F = self.F
-        for t in self._parameter_ids(trainable_only):
-            off, n = self.blob.offsets[t], self.blob.sizes[t]
-            for i in range(n):
-                F[off + i] = buffer[at + i]
-            at += n
-        if not trainable_only or self.get_parameters_size(True) == self.get_parameters_size(False):
-            # Only once every parameter has a value; frozen ones must not silently stay zero.
-            self.state.is_nominal = False
+        from microtrain.flatparams import copy_buffer
+        copy_buffer(self, buffer, trainable_only)
 
     # -- running ----------------------------------------------------------------------
     def train(self, mode=True):
@@ -253,8 +232,9 @@ class Module:
                 raise TrainingError("this blob applies the optimizer's updates in the backward "
                                     "pass (packed with update_in_backward): create its "
                                     "Optimizer before training")
-        if self._training and self._kept:
-            _copy(self._kept, F, I, self._copy_f, self._copy_i, True)
+        kept = self._kept
+        if self._training and kept is not None:
+            kept.copy(F, I, True)
         for kernel, args in program.steps:
             kernel(F, I, args)
         if self.blob.integer_parameters:
@@ -272,8 +252,8 @@ class Module:
                 self._refuse("a gradient is %r: beyond %g a float32 moment or update would "
                              "become infinite (lower the learning rate, scale the inputs)"
                              % (worst, _GRADIENT_LIMIT))
-            if self._kept_problem is not None:
-                why = self._kept_problem(self.blob, self.F)
+            if kept is not None:
+                why = kept.problem(self.blob, F)
                 if why:
                     self._refuse(why)
             self._gradients_ok = True
@@ -296,14 +276,14 @@ class Module:
         # buffers (garbage now) are overwritten by the next train call, and no optimizer
         # step may use them. (With update_in_backward the backward pass has not run.)
         kept = self._kept
-        if kept:
-            _copy(kept, self.F, self.I, self._copy_f, self._copy_i, False)
+        if kept is not None:
+            kept.copy(self.F, self.I, False)
         self._reset_pending = True
         self._gradients_ok = False
         raise TrainingError("%s; parameters were not updated%s and the accumulated gradients "
                             "are dropped" % (why, ", the state its forward pass updated "
                                              "(running statistics, ranges, generators) was "
-                                             "put back," if kept else ""))
+                                             "put back," if kept is not None else ""))
 
     def _largest_gradient(self):
         # max |g| over the gradient buffers (NaN as soon as one is NaN); 0 without them
@@ -358,8 +338,8 @@ class Module:
         tid = b.tensor_id(tensor) if isinstance(tensor, str) else tensor
         off = b.offsets[tid]
         dtype = b.dtypes[tid]
-        view = self._view if dtype == FLOAT else memoryview(
-            self.I if dtype == INT32 else b.weights if tid in b.in_place else b.Q)
+        view = self._view if dtype == _FLOAT else memoryview(
+            self.I if dtype == _INT32 else b.weights if tid in b.in_place else b.Q)
         return view[off:off + b.sizes[tid]]
 
 
@@ -368,33 +348,6 @@ def _check_state(state):
         raise ParameterError("Module(train_model_uri, state, eval_model_uri=None): state "
                              "must be a CheckpointState (CheckpointState.load_checkpoint"
                              "(path)), not %s" % type(state).__name__)
-
-
-def _kept_state(b):
-    # ([(float?, offset, count)] of the state a training forward pass updates in place,
-    # float and int arrays to copy them into)
-    spans = [(b.dtypes[t] == FLOAT, b.offsets[t], b.sizes[t]) for t in b.kept]
-    floats = sum(n for is_float, _, n in spans if is_float)
-    ints = sum(n for is_float, _, n in spans if not is_float)
-    return spans, zeros("f", floats), zeros("i", ints)
-
-
-def _copy(spans, F, I, copy_f, copy_i, keep):
-    # keep: the spans into the copies; else back from them
-    at_f = at_i = 0
-    for is_float, off, n in spans:
-        arena, copy = (F, copy_f) if is_float else (I, copy_i)
-        at = at_f if is_float else at_i
-        if keep:
-            for i in range(n):
-                copy[at + i] = arena[off + i]
-        else:
-            for i in range(n):
-                arena[off + i] = copy[at + i]
-        if is_float:
-            at_f += n
-        else:
-            at_i += n
 
 
 def _take(values, name, n, arena, off, targets):

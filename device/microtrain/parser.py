@@ -5,9 +5,7 @@
 # N-byte FlatBuffer whose identifier is "MTRB", then the CRC-32 of those N bytes.
 import struct
 from microtrain.arenas import compact
-from microtrain.blob import (FLOAT, FORMAT_VERSION, IDENTIFIER, INT8, INT32, ITEM_BYTES,
-                             NO_TENSOR, ROLE_CONSTANT, ROLE_NAMES, ROLE_PARAM,
-                             UINT8, Blob, Program, _COPY, is_buffer)
+from microtrain.blob import IDENTIFIER, ITEM_BYTES, ROLE_NAMES, Blob, Program, _COPY, is_buffer
 from microtrain.crc32 import crc32
 from microtrain.errors import BlobError
 from microtrain.files import open_existing, path_of, read_whole, reason
@@ -15,7 +13,7 @@ from microtrain.flatbuf import Reader
 from microtrain.opcodes import kernel_module, signature
 from microtrain.stepcheck import StepCheck
 
-# contract: blob Model Tensor Step Program Parameter OptimizerConfig InferenceTemplate InferenceOutput; optimizer_options
+# contract: blob Model Tensor Step Program Parameter OptimizerConfig InferenceTemplate InferenceOutput; optimizer_options; private
 # (generated from host/microtrain_host/contract/ by `python -m microtrain_host.contract.generate`; do not edit)
 from microtrain.errors import const
 _MODEL_FORMAT_VERSION = const(0)
@@ -27,12 +25,7 @@ _MODEL_INT_ARENA = const(6)
 _MODEL_LOSS = const(7)
 _MODEL_NUM_CLASSES = const(8)
 _MODEL_OPTIMIZER = const(9)
-_MODEL_NAIVE_SIZE = const(10)
-_MODEL_LOWER_BOUND = const(11)
-_MODEL_FULL_TRAINING_ARENA = const(12)
-_MODEL_FULL_TRAINING_STEPS = const(13)
 _MODEL_INFERENCE = const(14)
-_MODEL_SOURCE_OPSET = const(15)
 _MODEL_BYTE_ARENA = const(16)
 _MODEL_WEIGHTS_IN_PLACE = const(17)
 _TENSOR_NAME = const(0)
@@ -42,7 +35,6 @@ _TENSOR_SHAPE = const(3)
 _TENSOR_OFFSET = const(4)
 _TENSOR_SIZE = const(5)
 _TENSOR_DATA = const(6)
-_TENSOR_ALIAS_OF = const(8)
 _TENSOR_SCALE = const(9)
 _TENSOR_DERIVED = const(12)
 _TENSOR_IN_PLACE = const(13)
@@ -83,6 +75,14 @@ _OPTIONS = (
     ("l2_penalty", 11, "f", 0.0, 0.0, 3e+38),
     ("clip_grad_norm", 12, "f", 0.0, 0.0, 3e+38),
 )
+_FLOAT = const(0)
+_INT32 = const(1)
+_INT8 = const(2)
+_UINT8 = const(3)
+_ROLE_PARAM = const(2)
+_ROLE_CONSTANT = const(6)
+_FORMAT_VERSION = const(1)
+_NO_TENSOR = const(0xFFFFFFFF)  # the id of an absent optional tensor
 # end of contract
 
 def read(path):
@@ -111,9 +111,9 @@ def root_of(data, given=None):
     r = Reader(memoryview(data)[:len(data) - 4], BlobError, start=4)
     root = r.root()
     version = r.scalar(root, _MODEL_FORMAT_VERSION, "H", 0)
-    if version != FORMAT_VERSION:
+    if version != _FORMAT_VERSION:
         raise BlobError("blob format version %d is not supported by this runtime (it reads %d);"
-                        " repack the model with a matching microtrain" % (version, FORMAT_VERSION))
+                        " repack the model with a matching microtrain" % (version, _FORMAT_VERSION))
     return r, root
 
 
@@ -169,12 +169,12 @@ def parse_root(r, root, data, keep_steps, Q, in_file=False, weights=None, arenas
     b.float_arena, b.int_arena, b.byte_arena = arena_sizes(r, root)
     b.loss = r.string(root, _MODEL_LOSS, "loss")
     b.num_classes = r.scalar(root, _MODEL_NUM_CLASSES, "I", 0)
-    b.naive_size = r.scalar(root, _MODEL_NAIVE_SIZE, "I", 0)
-    b.lower_bound = r.scalar(root, _MODEL_LOWER_BOUND, "I", 0)
-    b.full_training_arena = r.scalar(root, _MODEL_FULL_TRAINING_ARENA, "I", 0)
-    b.full_training_steps = r.scalar(root, _MODEL_FULL_TRAINING_STEPS, "I", 0)
-    b.source_opset = r.scalar(root, _MODEL_SOURCE_OPSET, "H", 0)
-    _read_tensors(r, root, b, keep_steps, in_file)
+    _read_tensors(r, root, b, in_file)
+    if keep_steps:
+        # what only the host's tools read (a board's runtime carries neither the code nor
+        # the attributes): the packer's figures, tensor aliases, step records
+        from microtrain.toolfields import read_tool_fields
+        read_tool_fields(r, root, b)
     _read_parameters(r, root, b)
     _read_optimizer(r, root, b)
     _read_inference(r, root, b)
@@ -200,16 +200,15 @@ def parse_root(r, root, data, keep_steps, Q, in_file=False, weights=None, arenas
     for name in ("train", "eval"):
         # Module reads the loss from the first output of these programs.
         p = b.programs.get(name)
-        loss_type = INT32 if b.integer_parameters else FLOAT
+        loss_type = _INT32 if b.integer_parameters else _FLOAT
         if p is not None and (not p.outputs or b.dtypes[p.outputs[0]] != loss_type):
             raise BlobError("the %s program has no %s loss as its first output"
                             % (name, "int" if loss_type else "float"))
     return b
 
 
-def _read_tensors(r, root, b, keep_steps, in_file):
-    # keep_steps (tools): also each tensor's alias_of (-1, or the tensor whose space an alias
-    # shares), which only the memory plan needs. The fields of quantized tensors (scales,
+def _read_tensors(r, root, b, in_file):
+    # The fields of quantized tensors (scales,
     # derived constants, int8 weights read in place) are read by quantized.py, which a
     # float blob never imports.
     for t in r.tables(root, _MODEL_TENSORS, "tensor"):
@@ -225,7 +224,7 @@ def _read_tensors(r, root, b, keep_steps, in_file):
             if d < 0:
                 raise BlobError("tensor '%s' has a negative dimension %r" % (name, shape))
             count *= d
-        if dtype > UINT8 or role >= len(ROLE_NAMES):
+        if dtype > _UINT8 or role >= len(ROLE_NAMES):
             raise BlobError("tensor '%s' has unknown dtype %d or role %d" % (name, dtype, role))
         if count != size:
             raise BlobError("tensor '%s': shape %r holds %d elements, size says %d"
@@ -239,7 +238,7 @@ def _read_tensors(r, root, b, keep_steps, in_file):
             if offset + size > arena:
                 raise BlobError("tensor '%s' [%d, %d) lies outside its %d-element arena"
                                 % (name, offset, offset + size, arena))
-            if role == ROLE_CONSTANT:
+            if role == _ROLE_CONSTANT:
                 pos, nbytes = r.vector(t, _TENSOR_DATA, 1, "constant data")
                 if nbytes != ITEM_BYTES[dtype] * size:
                     raise BlobError("constant '%s' has %d data bytes, expected %d"
@@ -252,8 +251,6 @@ def _read_tensors(r, root, b, keep_steps, in_file):
         b.shapes.append(tuple(shape))
         b.offsets.append(offset)
         b.sizes.append(size)
-        if keep_steps:
-            b.alias_of.append(r.scalar(t, _TENSOR_ALIAS_OF, "i", -1))
     _check_places(b)
 
 
@@ -263,20 +260,20 @@ def _check_places(b):
     # share their place, or a mask could turn a label into an index outside its row. Nor
     # may a tensor share a constant's place (a kernel writing it would change the constant).
     fed = [t for t in range(len(b.names))
-           if b.dtypes[t] == INT32 and ROLE_NAMES[b.roles[t]] in ("input", "label")]
+           if b.dtypes[t] == _INT32 and ROLE_NAMES[b.roles[t]] in ("input", "label")]
     n = len(b.names)
     for u in range(n):      # each constant against every tensor: no list, no tuple
-        if b.roles[u] != ROLE_CONSTANT or not b.sizes[u] or u in b.in_place:
+        if b.roles[u] != _ROLE_CONSTANT or not b.sizes[u] or u in b.in_place:
             continue
-        low, high, arena = b.offsets[u], b.offsets[u] + b.sizes[u], min(b.dtypes[u], INT8)
+        low, high, arena = b.offsets[u], b.offsets[u] + b.sizes[u], min(b.dtypes[u], _INT8)
         for t in range(n):
-            if (b.roles[t] != ROLE_CONSTANT and b.offsets[t] < high
-                    and low < b.offsets[t] + b.sizes[t] and min(b.dtypes[t], INT8) == arena
+            if (b.roles[t] != _ROLE_CONSTANT and b.offsets[t] < high
+                    and low < b.offsets[t] + b.sizes[t] and min(b.dtypes[t], _INT8) == arena
                     and b.sizes[t] and t not in b.in_place):
                 raise BlobError("tensor '%s' overlaps the constant '%s'"
                                 % (b.names[t], b.names[u]))
     for t in range(len(b.names)):
-        if b.dtypes[t] != INT32 or t in fed:
+        if b.dtypes[t] != _INT32 or t in fed:
             continue
         for f in fed:
             if b.offsets[t] < b.offsets[f] + b.sizes[f] and b.offsets[f] < b.offsets[t] + b.sizes[t]:
@@ -288,11 +285,11 @@ def _read_parameters(r, root, b):
     n = len(b.names)
     in_backward = []
     for t in r.tables(root, _MODEL_PARAMETERS, "parameter"):
-        tensor = r.scalar(t, _PARAMETER_TENSOR, "I", NO_TENSOR)
+        tensor = r.scalar(t, _PARAMETER_TENSOR, "I", _NO_TENSOR)
         grad = r.scalar(t, _PARAMETER_GRAD, "i", -1)
         state = r.scalars(t, _PARAMETER_STATE, "I", "parameter state")
         updated = r.scalar(t, _PARAMETER_UPDATED_IN_BACKWARD, "B", 0)
-        if tensor < n and b.dtypes[tensor] != FLOAT and b.roles[tensor] == ROLE_PARAM and (
+        if tensor < n and b.dtypes[tensor] != _FLOAT and b.roles[tensor] == _ROLE_PARAM and (
                 grad < 0 and not state and not updated):
             # an int8 weight or int32 bias trained in integers: the train program's update
             # steps (kernels/inttrain.py) change it; no gradient buffer, no optimizer state
@@ -300,7 +297,7 @@ def _read_parameters(r, root, b):
             b.parameters.append((tensor, grad, ()))
             continue
         for tid in (tensor,) + tuple(state) + ((grad,) if grad >= 0 else ()):
-            if tid >= n or b.dtypes[tid] != FLOAT:
+            if tid >= n or b.dtypes[tid] != _FLOAT:
                 raise BlobError("parameter entry names tensor %d, which is not a float tensor" % tid)
         if updated:
             if grad >= 0:
@@ -356,7 +353,7 @@ def _read_inference(r, root, b):
                             "its %d bytes" % (cut, length))
         at = cut
         n = 0
-        if kind == NO_TENSOR:
+        if kind == _NO_TENSOR:
             output_cuts += 1
         elif kind & _COPY:
             # a string (e 0) or a vector of 4-byte elements (e 1) of this blob, d bytes
@@ -393,8 +390,8 @@ def _ids(r, table, index, b, what):
 # float tensor or none, "k" an int32 tensor or none, "w" an int8 weight (in the byte arena or
 # read in place). A kernel with byte tensors gets the byte arena as the first element of its
 # args; one with a weight, that weight's buffer as the last.
-_KIND_DTYPES = {"f": (FLOAT,), "?": (FLOAT,), "i": (INT32,), "k": (INT32,), "b": (INT8, UINT8),
-                "w": (INT8, UINT8)}
+_KIND_DTYPES = {"f": (_FLOAT,), "?": (_FLOAT,), "i": (_INT32,), "k": (_INT32,), "b": (_INT8, _UINT8),
+                "w": (_INT8, _UINT8)}
 
 
 def _count(n):
@@ -424,7 +421,7 @@ def _read_steps(r, program, b, program_name, records, Q):
                                len(tensors), len(ints), len(floats)))
         offsets = []
         for tid, kind in zip(tensors, dtypes):
-            if tid == NO_TENSOR and kind in "?k":
+            if tid == _NO_TENSOR and kind in "?k":
                 offsets.append(-1)
                 continue
             if tid in b.in_place and kind != "w":
@@ -477,8 +474,8 @@ def arena_sizes(r, root):
             continue    # in place: in no arena
         dtype = r.scalar(t, _TENSOR_DTYPE, "B", 0)
         end = r.scalar(t, _TENSOR_OFFSET, "I", 0) + size
-        arena = 2 if dtype in (INT8, UINT8) else dtype
-        if dtype <= UINT8:
+        arena = 2 if dtype in (_INT8, _UINT8) else dtype
+        if dtype <= _UINT8:
             held[arena] += size
             if end > need[arena]:
                 need[arena] = end

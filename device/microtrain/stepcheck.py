@@ -1,8 +1,14 @@
 # The load-time checks of one step's arguments, which each kernel's checker asks for
 # (`<kernel>_check(args, c)` beside the kernel in kernels/<family>.py). parser.py runs them
 # once per step; kernels then trust their arguments.
-from microtrain.blob import NO_TENSOR, ROLE_NAMES
+from microtrain.blob import ROLE_NAMES
 from microtrain.errors import BlobError
+
+# contract: private
+# (generated from host/microtrain_host/contract/ by `python -m microtrain_host.contract.generate`; do not edit)
+from microtrain.errors import const
+_NO_TENSOR = const(0xFFFFFFFF)  # the id of an absent optional tensor
+# end of contract
 
 
 class StepCheck:
@@ -14,7 +20,7 @@ class StepCheck:
     def __init__(self, b):
         self.blob = b
         self.where = ""
-        self.tensors = ()   # the step's tensor ids (NO_TENSOR when absent)
+        self.tensors = ()   # the step's tensor ids (_NO_TENSOR when absent)
         self.counts = (0, 0)  # how many ints and floats the step carries (args after the
                               # tensor offsets: ints first, then floats)
         # What the checkers read, by name (`y, x = c.offsets`, `n, = c.ints`): the offsets of
@@ -41,11 +47,11 @@ class StepCheck:
             self.fail("%s is %r, expected %r" % (what, value, expected))
 
     def present(self, k):
-        return self.tensors[k] != NO_TENSOR
+        return self.tensors[k] != _NO_TENSOR
 
     def _extent(self, k):
         tid = self.tensors[k]
-        if tid == NO_TENSOR:
+        if tid == _NO_TENSOR:
             self.fail("tensor argument %d is required" % k)
         return self.blob.offsets[tid], self.blob.offsets[tid] + self.blob.sizes[tid]
 
@@ -101,17 +107,17 @@ class StepCheck:
         # place (running statistics, an observer's range, a generator): the Module keeps a
         # copy before each train call and puts it back when the call is refused
         tid = self.tensors[k]
-        if tid != NO_TENSOR and tid not in self.blob.kept:
+        if tid != _NO_TENSOR and tid not in self.blob.kept:
             self.blob.kept.append(tid)
 
     def nonnegative(self, k):
         # tensor argument k, when it is a parameter, must never hold a negative value (a
         # variance): the Module checks what a checkpoint brings into it
         tid = self.tensors[k]
-        if tid != NO_TENSOR and ROLE_NAMES[self.blob.roles[tid]] == "param":
+        if tid != _NO_TENSOR and ROLE_NAMES[self.blob.roles[tid]] == "param":
             self.blob.nonnegative.add(tid)
 
     def role(self, k, *names):
         tid = self.tensors[k]
-        if tid == NO_TENSOR or ROLE_NAMES[self.blob.roles[tid]] not in names:
+        if tid == _NO_TENSOR or ROLE_NAMES[self.blob.roles[tid]] not in names:
             self.fail("tensor argument %d must be a %s tensor" % (k, " or ".join(names)))

@@ -29,6 +29,8 @@ Items of the first line, separated by ";":
     optimizer_kinds       _OPTIMIZERS (kind -> (writes step_size, non-negative state index))
     checkpoint_facts      identifier, version, trailer, ONNX tensor types (_TENSOR_TYPES)
     format                IDENTIFIER, FORMAT_VERSION, NO_TENSOR of the blob
+    private               _FLOAT, _ROLE_LABEL, _NO_TENSOR, ... (the const()s of dtypes, roles
+                          and format, private): those the module names
 """
 import pathlib
 import re
@@ -201,6 +203,18 @@ def _optimizer_kinds():
                                             for k in facts.OPTIMIZERS.values())]
 
 
+def _private(used):
+    # The dtype, role and format numbers a module names as _NAME (FLOAT -> _FLOAT): folded
+    # into its bytecode by const(), where a name imported from blob.py would be a global of
+    # the module (a dictionary slot in RAM, a LOAD_GLOBAL per use, the name's qstr).
+    out = []
+    for line in _dtypes() + _roles() + _format():
+        name, _, value = line.partition(" = ")
+        if value.startswith("const(") and re.search(r"\b_%s\b" % name, used):
+            out.append(f"_{name} = {value}")
+    return out
+
+
 def _float32_below(value):
     """The largest float32 below value, written as float32 prints it (0.99999994 below 1)."""
     bits = struct.unpack("<I", struct.pack("<f", value))[0]
@@ -258,6 +272,8 @@ def block_lines(spec, used=""):
             out += _checkpoint_facts()
         elif words[0] == "format":
             out += _format()
+        elif words[0] == "private":
+            out += _private(used)
         else:
             raise ValueError(f"unknown contract item '{item}'")
     return ([CONST_IMPORT] if any("const(" in line for line in out) else []) + out

