@@ -138,6 +138,7 @@ static inline __attribute__((always_inline)) uint8_t rq_byte(const rq_t *c, int3
 // stops at each accumulator at or beyond amax (out_byte's, here)
 #ifdef MT_THUMB_KERNELS
 mp_int_t mt_rq_run(const int32_t *acc, uint8_t *out, mp_int_t n, const int32_t *p);
+mp_int_t mt_rq_relu(const int32_t *acc, uint8_t *out, mp_int_t n, const int32_t *p);
 #endif
 __attribute__((noinline)) void rq_run(const rq_t *rq, const int32_t *acc, uint32_t base,
                                              mp_int_t n, uint8_t *out) {
@@ -147,7 +148,8 @@ __attribute__((noinline)) void rq_run(const rq_t *rq, const int32_t *acc, uint32
                           (int32_t)c.half_m1, (int32_t)c.amax, c.y_zp, c.lo, c.hi};
     while (n > 0) {
         if (c.amax) {
-            mp_int_t done = mt_rq_run(acc, out, n, p);
+            // lo at or above y_zp (a fused Relu): accumulators at or below 0 give lo
+            mp_int_t done = (c.lo >= c.y_zp ? mt_rq_relu : mt_rq_run)(acc, out, n, p);
             acc += done;
             out += done;
             n -= done;
