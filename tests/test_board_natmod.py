@@ -185,3 +185,19 @@ print('pure', hexlify(bytes(InferenceSession('/rom/int8.mtb').run(x))).decode())
     assert lines["native"].strip() == "True", proc.stdout[-2000:]
     for kind in ("out", "pure"):
         assert bytes.fromhex(lines[kind].strip()) == cpython.tobytes(), kind
+
+
+@pytest.mark.parametrize("board", ["qemu-mps2-an385", RV32])
+def test_native_int_gemm_update_equals_pure_on_the_emulated_boards(firmware, rv32_firmware,
+                                                                   armv6m_module, board,
+                                                                   tmp_path):
+    # 200 random updates (tests/device_scripts/inttrain_native.py) on the M3 (armv6m build)
+    # and on the RISC-V core (rv32imc build)
+    rv32 = board == RV32
+    module = build_module("rv32imc") if rv32 else armv6m_module
+    out = run_on_board(rv32_firmware if rv32 else firmware, tmp_path, module,
+                       "CASES = 200\n" + (ROOT / "tests" / "device_scripts" /
+                                          "inttrain_native.py").read_text(), board=board)
+    words = out.split()
+    assert words[-6:-2] == ["cases", "200", "different", "0"], out[-2000:]
+    assert int(words[-1]) > 0, out[-2000:]     # the pure-Python fallback was exercised

@@ -53,6 +53,7 @@ mp_obj_t pure_kernel(qstr name, const mp_obj_t *in);
 void unpack_args(const mp_obj_t *in, size_t count, mp_rom_error_text_t wrong_count,
                  bool i_write, mp_buffer_info_t *bufs, mp_int_t *fields);
 extern const mp_obj_fun_builtin_var_t qlinear_conv_obj;
+extern const mp_obj_fun_builtin_var_t int_gemm_update_obj;   // inttrain_native.c
 
 // Four outputs of one row with unit strides along k (a transposed weight, as the packager
 // lowers torch's Linear): the input byte is loaded once for four weights. On ARM the loop
@@ -62,6 +63,11 @@ extern const mp_obj_fun_builtin_var_t qlinear_conv_obj;
 void mt_dot4_u8(const uint8_t *px, const uint8_t *pe, const int32_t *p, int32_t *acc);
 void mt_dot4_s8(const uint8_t *px, const uint8_t *pe, const int32_t *p, int32_t *acc);
 #endif
+
+// Eight rows' sums against one weight vector w (stride sw), the rows' bytes interleaved
+// (xt[8 * t + lane]), and the weights' sum: acc[0..7], acc[8] (p = [k, sw], k >= 1). On
+// ARM qlinear_thumb.S's loop; else qlinear_native.c's C.
+void mt_t8(const uint8_t *xt, const uint8_t *w, const int32_t *p, int32_t *acc);
 
 // (inlined in its two callers: called, the Gemm took 6.62 instructions per MAC at 8x64x32
 // instead of 6.56)

@@ -681,3 +681,88 @@
 
     dw3 mt_dw3_s1, 1
     dw3 mt_dw3_s2, 2
+
+@ Eight rows' sums against one weight vector, the eight rows' bytes interleaved (a block
+@ of eight outputs' operands transposed: xt[8 * t + lane]), and the weights' own sum:
+@
+@   void mt_t8(const uint8_t *xt, const uint8_t *w, const int32_t *p, int32_t *acc)
+@
+@ p = [k, sw]: acc[lane] = sum over t < k of xt[8 * t + lane] * (int8)w[t * sw], lane < 8,
+@ and acc[8] = sum over t < k of (int8)w[t * sw] (the zero point's part, x_zp * sum w, is
+@ the caller's). Each weight loaded once for eight products, every input an immediate
+@ offset. k >= 1; two weights per turn of the loop after an odd k's first. The Gemm's rows
+@ in blocks of eight, the one-input-channel Conv's patches (qconv_native.c): 3.81
+@ instructions per multiply-accumulate.
+@
+@ Registers: r0 xt, r1 w, r2 weight, r3 input/product, r4-r7 sums 0-3, r8-r11 sums 4-7,
+@ r12 sw, lr the weights' sum; xt's end on the stack.
+
+.macro t8_mac at, sum
+    ldrb r3, [r0, #\at]
+    muls r3, r2, r3
+    add \sum, r3
+.endm
+
+.macro t8_term at
+    ldrb r2, [r1, #0]
+    sxtb r2, r2
+    add lr, r2
+    add r1, r12
+    t8_mac (\at + 0), r4
+    t8_mac (\at + 1), r5
+    t8_mac (\at + 2), r6
+    t8_mac (\at + 3), r7
+    t8_mac (\at + 4), r8
+    t8_mac (\at + 5), r9
+    t8_mac (\at + 6), r10
+    t8_mac (\at + 7), r11
+.endm
+
+    func mt_t8
+    push {r3-r7, lr}
+    push_high
+    sub sp, #8
+    ldr r3, [r2, #0]
+    lsls r4, r3, #3
+    adds r4, r0, r4
+    str r4, [sp, #0]        @ xt's end
+    ldr r4, [r2, #4]
+    mov r12, r4
+    movs r4, #0
+    mov lr, r4
+    mov r8, r4
+    mov r9, r4
+    mov r10, r4
+    mov r11, r4
+    movs r5, #0
+    movs r6, #0
+    movs r7, #0
+    lsrs r3, r3, #1
+    bcc 1f
+    t8_term 0
+    adds r0, #8
+1:
+    ldr r3, [sp, #0]
+    cmp r0, r3
+    beq 3f
+2:
+    t8_term 0
+    t8_term 8
+    adds r0, #16
+    ldr r3, [sp, #0]
+    cmp r0, r3
+    bne 2b
+3:
+    ldr r3, [sp, #24]       @ acc (pushed first, below the four saved high registers)
+    stmia r3!, {r4-r7}
+    mov r4, r8
+    mov r5, r9
+    mov r6, r10
+    mov r7, r11
+    stmia r3!, {r4-r7}
+    mov r4, lr
+    str r4, [r3, #0]
+    add sp, #8
+    pop_high
+    pop {r3-r7, pc}
+    .size mt_t8, . - mt_t8

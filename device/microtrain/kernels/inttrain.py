@@ -489,7 +489,8 @@ def use_fast(on=True):
     from microtrain.kernels import fastpath
     if intwide is not None:     # (a wide layer loaded it: its kernels switch with this family's)
         intwide.use_fast(on)
-    return fastpath.use_fast(globals(), _FAST_NAMES, on, "inttrain_viper")
+    # int_gemm_update: the native module's where kernels/qlinear_native.mpy is (device/native)
+    return fastpath.use_fast(globals(), _FAST_NAMES, on, "inttrain_viper", "qlinear_native")
 
 
 FAST = use_fast()
