@@ -246,6 +246,8 @@ static void copy_flip(uint8_t *dst, const uint8_t *src, mp_int_t n, uint32_t fli
     }
 }
 
+#define DW_CHUNK 128            // a depthwise channel's sums per requantization (the KWS
+                                // planes' 125 at once: one row-loop call per channel)
 #ifdef MT_THUMB_KERNELS
 #define DW_RS 14                // the row loop's padded rows: its taps at offsets 0 .. 30
 void mt_dw3_s1(const uint8_t *p, int32_t *acc, const int32_t *geo, const int32_t *w);
@@ -269,9 +271,19 @@ static void conv_dw3x3(const conv_t *c, uint8_t *q, const int32_t *r, const uint
     // output rows per band: (band - 1) * s_h + 2 * d_h + 1 padded rows fit the buffer
     const mp_int_t band = (PATCH_BYTES / rs - 2 * d_h - 1) / s_h + 1;
     uint8_t rows[PATCH_BYTES];
-    int32_t acc[CHUNK];
+    int32_t acc[DW_CHUNK];
     const int32_t zp = r[c->req], cu = flip ? 128 : 0;
     const uint8_t zpb = (uint8_t)(zp + cu);
+    // one band (the whole plane's padded rows fit the buffer): the padding lies at the same
+    // bytes for every channel, filled once here; each channel copies its rows' inside only
+    // (the KWS planes: ~75 instructions a row with the padding, ~45 without)
+    const bool once = band >= out_h;
+    for (mp_int_t i = 0; once && i < ((out_h - 1) * s_h + 2 * d_h + 1) * rs; i++) {
+        rows[i] = zpb;
+    }
+#ifdef MT_THUMB_KERNELS
+    const mp_int_t kmax = fast ? DW_CHUNK / out_w : 0;     // rows of sums the chunk holds
+#endif
     for (mp_int_t ch = 0; ch < c->n_images * c->groups; ch++) {
         const uint8_t *x = q + c->x + ch * in_plane;
         const mp_int_t mo = ch % c->groups;
@@ -289,6 +301,9 @@ static void conv_dw3x3(const conv_t *c, uint8_t *q, const int32_t *r, const uint
         rq_init(&rq, r + c->req, r[c->req + 4 + 2 * mo], r[c->req + 5 + 2 * mo]);
         uint8_t *out = q + c->y + ch * out_plane;
         mp_int_t n = 0;                                 // sums in acc
+#ifdef MT_THUMB_KERNELS
+        mp_int_t kr = 0;                                // their rows (the row loop's)
+#endif
         for (mp_int_t oy0 = 0; oy0 < out_h; oy0 += band) {
             const mp_int_t oy1 = oy0 + band < out_h ? oy0 + band : out_h;
             const mp_int_t prows = (oy1 - oy0 - 1) * s_h + 2 * d_h + 1;
@@ -297,12 +312,19 @@ static void conv_dw3x3(const conv_t *c, uint8_t *q, const int32_t *r, const uint
                 pp = rows + pr * rs;
                 uint8_t *pe = pp + wp;
                 if (iy < 0 || iy >= in_h) {
-                    while (pp != pe) {
+                    while (!once && pp != pe) {
                         *pp++ = zpb;
                     }
                     continue;
                 }
                 const uint8_t *row = x + iy * in_w;
+                if (once) {
+                    mp_int_t m = wp - pad_l < in_w ? wp - pad_l : in_w;
+                    if (m > 0) {
+                        copy_flip(pp + pad_l, row, m, flip);
+                    }
+                    continue;
+                }
                 mp_int_t ix = -pad_l;
                 for (; ix < 0 && pp != pe; ix++) {
                     *pp++ = zpb;
@@ -315,10 +337,12 @@ static void conv_dw3x3(const conv_t *c, uint8_t *q, const int32_t *r, const uint
                 }
             }
 #ifdef MT_THUMB_KERNELS
-            // as many rows per call as the sums' chunk holds (out_w <= 12 < CHUNK here)
+            // as many rows per call as the sums' chunk holds (out_w <= 12 < DW_CHUNK here;
+            // n a multiple of out_w: kmax - n / out_w without a division, a libgcc call)
             for (mp_int_t oy = oy0; fast && oy < oy1;) {
-                mp_int_t k = (CHUNK - n) / out_w;
+                mp_int_t k = kmax - kr;
                 if (k == 0) {
+                    kr = 0;
                     rq_run(&rq, acc, base, n, out);
                     out += n;
                     n = 0;
@@ -331,6 +355,7 @@ static void conv_dw3x3(const conv_t *c, uint8_t *q, const int32_t *r, const uint
                 (s_w == 1 ? mt_dw3_s1 : mt_dw3_s2)(rows + (oy - oy0) * s_h * rs, acc + n, geo,
                                                    wv);
                 n += k * out_w;
+                kr += k;
                 oy += k;
             }
             if (fast) {
@@ -346,7 +371,7 @@ static void conv_dw3x3(const conv_t *c, uint8_t *q, const int32_t *r, const uint
                     p0 += s_w;
                     p1 += s_w;
                     p2 += s_w;
-                    if (n == CHUNK) {
+                    if (n == DW_CHUNK) {
                         rq_run(&rq, acc, base, n, out);
                         out += n;
                         n = 0;

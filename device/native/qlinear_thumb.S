@@ -48,6 +48,7 @@
     mov r11, r7
 .endm
 
+#ifndef MT_THUMB2         /* the armv7m build: qlinear_thumb2.S's, with MLA */
 @ one term: the input byte (sign-extended when \signed), less the zero point, times the
 @ four weights, added to the four sums
 .macro term signed
@@ -183,6 +184,7 @@
 
     dot4_kn mt_dot4_kn_u8, 0
     dot4_kn mt_dot4_kn_s8, 1
+#endif
 
 @ qconv_native.c's Conv: one (tap, input channel)'s rectangle of the int32 accumulator
 @ plane, for unit strides along x:
@@ -333,6 +335,7 @@
     pw4 mt_pw4_u8, 0
     pw4 mt_pw4_s8, 1
 
+#ifndef MT_THUMB2         /* the armv7m build: qlinear_thumb2.S's, with MLA */
 @ The same for eight neighbouring pixels (each weight loaded once for eight inputs; the
 @ pointwise Conv's blocks of eight, mt_pw4 after them for a block of four):
 @
@@ -413,6 +416,7 @@
 
     pw8 mt_pw8_u8, 0
     pw8 mt_pw8_s8, 1
+#endif
 
 @ qlinear_native.c's per-channel requantization (rq_byte) of a run of accumulators:
 @
@@ -682,6 +686,7 @@
     dw3 mt_dw3_s1, 1
     dw3 mt_dw3_s2, 2
 
+#ifndef MT_THUMB2         /* the armv7m build: qlinear_thumb2.S's */
 @ Eight rows' sums against one weight vector, the eight rows' bytes interleaved (a block
 @ of eight outputs' operands transposed: xt[8 * t + lane]), and the weights' own sum:
 @
@@ -766,3 +771,4 @@
     pop_high
     pop {r3-r7, pc}
     .size mt_t8, . - mt_t8
+#endif
