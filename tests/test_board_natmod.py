@@ -114,19 +114,25 @@ def test_native_int8_gemm_equals_pure_on_the_rv32_board(rv32_firmware, tmp_path)
 
 
 def test_fastpath_picks_the_native_gemm_when_it_imports(firmware, armv6m_module, tmp_path):
-    """native > viper > pure: the Gemm and Conv are the module's, the other int8 kernels
-    stay viper; use_fast(False) puts the pure-Python kernels back."""
+    """native > viper > pure: the Gemm and Conv are the module's, and inttrain's
+    int_gemm_update, the other int8 kernels stay viper; the module's _pure holds both
+    families' pure kernels (its fallback); use_fast(False) puts the pure-Python kernels
+    back."""
     out = run_on_board(firmware, tmp_path, armv6m_module, """
-from microtrain.kernels import qlinear, qlinear_native, qlinear_viper
+from microtrain.kernels import qlinear, qlinear_native, qlinear_viper, inttrain, inttrain_viper
 print('gemm', qlinear.qlinear_gemm is qlinear_native.qlinear_gemm)
 print('conv', qlinear.qlinear_conv is qlinear_native.qlinear_conv)
+print('update', inttrain.int_gemm_update is qlinear_native.int_gemm_update)
 print('add', qlinear.qlinear_add is qlinear_viper.qlinear_add)
-print('fallback', qlinear_native._pure is qlinear._pure)
+print('logits', inttrain.int_gemm_logits is inttrain_viper.int_gemm_logits)
+print('fallback', qlinear_native._pure['qlinear_gemm'] is qlinear._pure['qlinear_gemm'],
+      qlinear_native._pure['int_gemm_update'] is inttrain._pure['int_gemm_update'])
 qlinear.use_fast(False)
 print('pure', qlinear.qlinear_gemm is qlinear._pure['qlinear_gemm'])
 """)
-    assert "gemm True" in out and "conv True" in out and "add True" in out, out[-2000:]
-    assert "fallback True" in out and "pure True" in out, out[-2000:]
+    for line in ("gemm True", "conv True", "update True", "add True", "logits True",
+                 "fallback True True", "pure True"):
+        assert line in out, out[-2000:]
 
 
 def test_int8_digits_inference_with_the_native_gemm_equals_cpython(firmware, tmp_path):
