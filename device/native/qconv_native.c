@@ -1,5 +1,4 @@
-// qlinear_conv of the module qlinear_native.c starts (see the top of that file and
-// qlinear_native.h).
+// qlinear_conv of the module qlinear_native.c starts (see there and qlinear_native.h).
 #include "qlinear_native.h"
 
 // qlinear_conv(F, I, args): kernels/qlinear.py's qlinear_conv, the same bytes. Per image and
@@ -9,7 +8,7 @@
 // (kernels/conv.py's clipping: padding reads nothing), as x * w - x_zp * w; then the plane
 // is requantized. Integers are exact in any order, so the order differs from the pure
 // kernel's and the bytes do not. Pointwise, one-input-channel and 3x3 depthwise Convs take
-// paths of their own (below); on ARM the hot loops are qlinear_thumb.S's.
+// paths of their own; on ARM the hot loops are qlinear_thumb.S's (armv7m: some thumb2.S's).
 typedef struct {
     mp_int_t y, x, w, bias, req, scratch, n_images, groups, cin_g, cout_g, in_h, in_w, out_h,
              out_w, k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, x_signed;
@@ -148,12 +147,11 @@ __attribute__((noinline)) static void conv_pointwise(const uint8_t *x, const uin
 }
 
 // A Conv with several output channels per group (not pointwise; the KWS DS-CNN's first
-// Conv: 1 -> 64 channels, 10x4 taps, stride 2): the input patches of a block of nb pixels
-// gathered once (im2col, on the stack) as groups of eight pixels interleaved
-// (patch[(g * K + t) * 8 + lane]), then per output channel mt_t8 over each group: each
-// weight loaded once for eight pixels, and the weights' sum with them; requantized as a
-// block. Each byte is stored as u = x + c (c 128 for int8 inputs: b ^ 0x80, 0 for uint8),
-// padding as x_zp + c, so that
+// Conv: 1 -> 64 channels, 10x4 taps, stride 2): the input patches of nb pixels gathered
+// once (im2col, on the stack) as groups of eight pixels interleaved (patch[(g * K + t) * 8 +
+// lane]), then per output channel mt_t8 over each group (each weight loaded once for eight
+// pixels; the weights' sum with them), requantized as a block. A byte is stored as u = x + c
+// (c 128 for int8 inputs: b ^ 0x80, 0 for uint8), padding as x_zp + c, so that
 //   sum over inside taps of (x - x_zp) * w = sum over all K of u * w - (x_zp + c) * sum w
 // exactly (the padding's terms cancel): the same sums as the pure kernel's, so the same
 // bytes. The gather (~8 instructions a byte) is shared by the group's output channels.
@@ -237,8 +235,7 @@ static void conv_patches(const conv_t *c, uint8_t *q, const int32_t *r,
 // bounds checks, requantized in chunks. Exact, as conv_patches:
 //   sum over inside taps of (x - x_zp) * w = sum over the 9 of u * w - (x_zp + c) * sum w.
 // The rectangles' path took ~19.5 instructions per MAC here (a 25x5 plane: rows of 4-5).
-// n bytes b ^ flip (a function of its own: inlined, gcc reloaded flip from the stack per
-// byte)
+// copy_flip: n bytes b ^ flip (inlined, gcc reloaded flip from the stack per byte)
 __attribute__((noinline, optimize("no-tree-loop-distribute-patterns")))
 static void copy_flip(uint8_t *dst, const uint8_t *src, mp_int_t n, uint32_t flip) {
     for (const uint8_t *end = src + n; src < end;) {
@@ -246,8 +243,7 @@ static void copy_flip(uint8_t *dst, const uint8_t *src, mp_int_t n, uint32_t fli
     }
 }
 
-#define DW_CHUNK 128            // a depthwise channel's sums per requantization (the KWS
-                                // planes' 125 at once: one row-loop call per channel)
+#define DW_CHUNK 128            // sums per requantization (a KWS plane's 125 at once)
 #ifdef MT_THUMB_KERNELS
 #define DW_RS 14                // the row loop's padded rows: its taps at offsets 0 .. 30
 void mt_dw3_s1(const uint8_t *p, int32_t *acc, const int32_t *geo, const int32_t *w);
@@ -274,9 +270,8 @@ static void conv_dw3x3(const conv_t *c, uint8_t *q, const int32_t *r, const uint
     int32_t acc[DW_CHUNK];
     const int32_t zp = r[c->req], cu = flip ? 128 : 0;
     const uint8_t zpb = (uint8_t)(zp + cu);
-    // one band (the whole plane's padded rows fit the buffer): the padding lies at the same
-    // bytes for every channel, filled once here; each channel copies its rows' inside only
-    // (the KWS planes: ~75 instructions a row with the padding, ~45 without)
+    // one band (all the padded rows fit): the padding lies at the same bytes for every
+    // channel, filled once here; each channel copies its rows' inside only
     const bool once = band >= out_h;
     for (mp_int_t i = 0; once && i < ((out_h - 1) * s_h + 2 * d_h + 1) * rs; i++) {
         rows[i] = zpb;
@@ -307,9 +302,8 @@ static void conv_dw3x3(const conv_t *c, uint8_t *q, const int32_t *r, const uint
         for (mp_int_t oy0 = 0; oy0 < out_h; oy0 += band) {
             const mp_int_t oy1 = oy0 + band < out_h ? oy0 + band : out_h;
             const mp_int_t prows = (oy1 - oy0 - 1) * s_h + 2 * d_h + 1;
-            uint8_t *pp = rows;
             for (mp_int_t pr = 0, iy = oy0 * s_h - pad_t; pr < prows; pr++, iy++) {
-                pp = rows + pr * rs;
+                uint8_t *pp = rows + pr * rs;
                 uint8_t *pe = pp + wp;
                 if (iy < 0 || iy >= in_h) {
                     while (!once && pp != pe) {
@@ -337,8 +331,8 @@ static void conv_dw3x3(const conv_t *c, uint8_t *q, const int32_t *r, const uint
                 }
             }
 #ifdef MT_THUMB_KERNELS
-            // as many rows per call as the sums' chunk holds (out_w <= 12 < DW_CHUNK here;
-            // n a multiple of out_w: kmax - n / out_w without a division, a libgcc call)
+            // as many rows per call as the chunk holds (out_w <= 12 < DW_CHUNK here; rows
+            // counted in kr: no division, a libgcc call on armv6m)
             for (mp_int_t oy = oy0; fast && oy < oy1;) {
                 mp_int_t k = kmax - kr;
                 if (k == 0) {
