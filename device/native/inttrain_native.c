@@ -56,7 +56,8 @@ static int32_t dither(int32_t *I, mp_int_t at) {
 }
 
 // intsgd.update_step
-static int32_t update_step(int32_t *I, int32_t acc, int32_t m0, int32_t shift, mp_int_t random) {
+static int32_t update_step(int32_t *I, int32_t acc, int32_t m0, int32_t shift,
+                           mp_int_t random) {
     if (random >= 0 && shift > 8) {
         return (requant29(acc, m0, shift - 8) + (dither(I, random) & 255)) >> 8;
     }
@@ -121,7 +122,8 @@ static mp_obj_t int_gemm_update(size_t n_args, const mp_obj_t *in) {
         }
         int64_t v = (int64_t)I[bias + j] - update_step(I, acc, I[rates + 3 + 4 * j],
                                                        I[rates + 4 + 4 * j], random);
-        I[bias + j] = (int32_t)(v > BIAS_LIMIT ? BIAS_LIMIT : v < -BIAS_LIMIT ? -BIAS_LIMIT : v);
+        I[bias + j] = (int32_t)(v > BIAS_LIMIT ? BIAS_LIMIT
+                                : v < -BIAS_LIMIT ? -BIAS_LIMIT : v);
     }
     return mp_const_none;
 }
