@@ -134,7 +134,7 @@ static inline __attribute__((always_inline)) uint8_t rq_byte(const rq_t *c, int3
 
 // n output bytes from n accumulators (plus base, in wrapping 32-bit arithmetic): the one
 // copy of rq_byte's machine code (the constants copied to a local, which the byte stores
-// cannot alias); on ARM qlinear_thumb.S's mt_rq_run, the same arithmetic by hand, which
+// cannot alias); on ARM qrequant_thumb.S's mt_rq_run, the same arithmetic by hand, which
 // stops at each accumulator at or beyond amax (out_byte's, here)
 #ifdef MT_THUMB_KERNELS
 mp_int_t mt_rq_run(const int32_t *acc, uint8_t *out, mp_int_t n, const int32_t *p);
@@ -180,7 +180,8 @@ static inline void store(const gemm_t *g, mp_int_t i, mp_int_t j, int32_t sum) {
 
 // Four outputs of one row with unit strides along k (a transposed weight, as the packager
 // lowers torch's Linear): the input byte is loaded once for four weights. On ARM the loop
-// is qlinear_thumb.S's (Thumb-1 by hand: gcc spills the four sums there); elsewhere the
+// is qlinear_thumb.S's (Thumb-1 by hand: gcc spills the four sums there; armv7m: Thumb-2,
+// qlinear_thumb2.S's); elsewhere the
 // same loop in C. Each weight row is at a fixed distance from the moving input pointer.
 #ifdef MT_THUMB_KERNELS
 void mt_dot4_u8(const uint8_t *px, const uint8_t *pe, const int32_t *p, int32_t *acc);
