@@ -114,19 +114,25 @@ def test_native_int8_gemm_equals_pure_on_the_rv32_board(rv32_firmware, tmp_path)
 
 
 def test_fastpath_picks_the_native_gemm_when_it_imports(firmware, armv6m_module, tmp_path):
-    """native > viper > pure: the Gemm and Conv are the module's, the other int8 kernels
-    stay viper; use_fast(False) puts the pure-Python kernels back."""
+    """native > viper > pure: the Gemm and Conv are the module's, and inttrain's
+    int_gemm_update, the other int8 kernels stay viper; the module's _pure holds both
+    families' pure kernels (its fallback); use_fast(False) puts the pure-Python kernels
+    back."""
     out = run_on_board(firmware, tmp_path, armv6m_module, """
-from microtrain.kernels import qlinear, qlinear_native, qlinear_viper
+from microtrain.kernels import qlinear, qlinear_native, qlinear_viper, inttrain, inttrain_viper
 print('gemm', qlinear.qlinear_gemm is qlinear_native.qlinear_gemm)
 print('conv', qlinear.qlinear_conv is qlinear_native.qlinear_conv)
+print('update', inttrain.int_gemm_update is qlinear_native.int_gemm_update)
 print('add', qlinear.qlinear_add is qlinear_viper.qlinear_add)
-print('fallback', qlinear_native._pure is qlinear._pure)
+print('logits', inttrain.int_gemm_logits is inttrain_viper.int_gemm_logits)
+print('fallback', qlinear_native._pure['qlinear_gemm'] is qlinear._pure['qlinear_gemm'],
+      qlinear_native._pure['int_gemm_update'] is inttrain._pure['int_gemm_update'])
 qlinear.use_fast(False)
 print('pure', qlinear.qlinear_gemm is qlinear._pure['qlinear_gemm'])
 """)
-    assert "gemm True" in out and "conv True" in out and "add True" in out, out[-2000:]
-    assert "fallback True" in out and "pure True" in out, out[-2000:]
+    for line in ("gemm True", "conv True", "update True", "add True", "logits True",
+                 "fallback True True", "pure True"):
+        assert line in out, out[-2000:]
 
 
 def test_int8_digits_inference_with_the_native_gemm_equals_cpython(firmware, tmp_path):
@@ -185,3 +191,19 @@ print('pure', hexlify(bytes(InferenceSession('/rom/int8.mtb').run(x))).decode())
     assert lines["native"].strip() == "True", proc.stdout[-2000:]
     for kind in ("out", "pure"):
         assert bytes.fromhex(lines[kind].strip()) == cpython.tobytes(), kind
+
+
+@pytest.mark.parametrize("board", ["qemu-mps2-an385", RV32])
+def test_native_int_gemm_update_equals_pure_on_the_emulated_boards(firmware, rv32_firmware,
+                                                                   armv6m_module, board,
+                                                                   tmp_path):
+    # 200 random updates (tests/device_scripts/inttrain_native.py) on the M3 (armv6m build)
+    # and on the RISC-V core (rv32imc build)
+    rv32 = board == RV32
+    module = build_module("rv32imc") if rv32 else armv6m_module
+    out = run_on_board(rv32_firmware if rv32 else firmware, tmp_path, module,
+                       "CASES = 200\n" + (ROOT / "tests" / "device_scripts" /
+                                          "inttrain_native.py").read_text(), board=board)
+    words = out.split()
+    assert words[-6:-2] == ["cases", "200", "different", "0"], out[-2000:]
+    assert int(words[-1]) > 0, out[-2000:]     # the pure-Python fallback was exercised

@@ -1,5 +1,4 @@
-// qlinear_conv of the module qlinear_native.c starts (see the top of that file and
-// qlinear_native.h).
+// qlinear_conv of the module qlinear_native.c starts (see there and qlinear_native.h).
 #include "qlinear_native.h"
 
 // qlinear_conv(F, I, args): kernels/qlinear.py's qlinear_conv, the same bytes. Per image and
@@ -9,7 +8,7 @@
 // (kernels/conv.py's clipping: padding reads nothing), as x * w - x_zp * w; then the plane
 // is requantized. Integers are exact in any order, so the order differs from the pure
 // kernel's and the bytes do not. Pointwise, one-input-channel and 3x3 depthwise Convs take
-// paths of their own (below); on ARM the hot loops are qlinear_thumb.S's.
+// paths of their own; on ARM the hot loops are qlinear_thumb.S's (armv7m: some thumb2.S's).
 typedef struct {
     mp_int_t y, x, w, bias, req, scratch, n_images, groups, cin_g, cout_g, in_h, in_w, out_h,
              out_w, k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, x_signed;
@@ -148,13 +147,12 @@ __attribute__((noinline)) static void conv_pointwise(const uint8_t *x, const uin
 }
 
 // A Conv with several output channels per group (not pointwise; the KWS DS-CNN's first
-// Conv: 1 -> 64 channels, 10x4 taps, stride 2): the input patches of a block of nb pixels
-// gathered once (im2col, on the stack), then per output channel the products of its
-// weights with four patches at a time (dot4_unit: on ARM qlinear_thumb.S's mt_dot4, the
-// weights as the "input" and the patches as the four "weight rows", which it reads as
-// signed bytes), requantized as a block. Each byte is stored as a signed one, s = x - off
-// (off 128 for uint8 inputs, 0 for int8), and padding as x_zp - off, so that
-//   sum over inside taps of (x - x_zp) * w = sum over all K of s * w + (off - x_zp) * sum w
+// Conv: 1 -> 64 channels, 10x4 taps, stride 2): the input patches of nb pixels gathered
+// once (im2col, on the stack) as groups of eight pixels interleaved (patch[(g * K + t) * 8 +
+// lane]), then per output channel mt_t8 over each group (each weight loaded once for eight
+// pixels; the weights' sum with them), requantized as a block. A byte is stored as u = x + c
+// (c 128 for int8 inputs: b ^ 0x80, 0 for uint8), padding as x_zp + c, so that
+//   sum over inside taps of (x - x_zp) * w = sum over all K of u * w - (x_zp + c) * sum w
 // exactly (the padding's terms cancel): the same sums as the pure kernel's, so the same
 // bytes. The gather (~8 instructions a byte) is shared by the group's output channels.
 // (no-tree-loop-distribute-patterns: gcc would turn the padding's fill loops into memset
@@ -165,41 +163,47 @@ static void conv_patches(const conv_t *c, uint8_t *q, const int32_t *r,
                                                    const uint8_t *wbuf, uint32_t flip) {
     const mp_int_t taps = c->k_h * c->k_w, K = c->cin_g * taps;
     const mp_int_t in_plane = c->in_h * c->in_w, out_plane = c->out_h * c->out_w;
-    mp_int_t nb = (PATCH_BYTES / K) & ~(mp_int_t)3;
+    mp_int_t nb = (PATCH_BYTES / K) & ~(mp_int_t)7;
     if (nb > CHUNK) {
         nb = CHUNK;
     }
     uint8_t patch[PATCH_BYTES];
-    int32_t acc[CHUNK];
+    int32_t acc[CHUNK + 1];                     // mt_t8's last call writes acc[n8]: sum w
     // the geometry in locals: the byte stores below may alias anything behind a pointer
     const mp_int_t cin_g = c->cin_g, in_h = c->in_h, in_w = c->in_w, out_w = c->out_w;
     const mp_int_t k_h = c->k_h, k_w = c->k_w, s_h = c->s_h, s_w = c->s_w, d_h = c->d_h,
                    d_w = c->d_w, pad_t = c->pad_t, pad_l = c->pad_l;
-    const int32_t zp = r[c->req], off = flip ? 0 : 128;
-    const uint32_t sflip = flip ^ 0x80;         // the byte as a signed one: x - off
-    const uint8_t zpb = (uint8_t)(zp - off);
+    const int32_t zp = r[c->req], cu = flip ? 128 : 0;
+    const uint8_t zpb = (uint8_t)(zp + cu);
+    const int32_t p[2] = {K, 1};
     for (mp_int_t ig = 0; ig < c->n_images * c->groups; ig++) {
         const uint8_t *x_group = q + c->x + ig * c->cin_g * in_plane;
         const mp_int_t mo0 = (ig % c->groups) * c->cout_g;
         uint8_t *out_group = q + c->y + ig * c->cout_g * out_plane;
         for (mp_int_t p0 = 0; p0 < out_plane; p0 += nb) {
-            const mp_int_t n = out_plane - p0 < nb ? out_plane - p0 : nb, n4 = (n + 3) & ~3;
-            uint8_t *pp = patch;
+            const mp_int_t n = out_plane - p0 < nb ? out_plane - p0 : nb, n8 = (n + 7) & ~7;
             mp_int_t oy = p0 / out_w, ox = p0 - oy * out_w;
-            for (mp_int_t i = 0; i < n; i++) {
+            for (mp_int_t i = 0; i < n8; i++) {
+                uint8_t *pp = patch + (i >> 3) * 8 * K + (i & 7);
+                if (i >= n) {                   // the last group's unused lanes
+                    for (mp_int_t t = 0; t < K; t++, pp += 8) {
+                        *pp = zpb;
+                    }
+                    continue;
+                }
                 const mp_int_t iy0 = oy * s_h - pad_t, ix0 = ox * s_w - pad_l;
                 for (mp_int_t ci = 0; ci < cin_g; ci++) {
                     const uint8_t *xc = x_group + ci * in_plane;
                     for (mp_int_t ky = 0, iy = iy0; ky < k_h; ky++, iy += d_h) {
                         if (iy < 0 || iy >= in_h) {
-                            for (mp_int_t kx = 0; kx < k_w; kx++) {
-                                *pp++ = zpb;
+                            for (mp_int_t kx = 0; kx < k_w; kx++, pp += 8) {
+                                *pp = zpb;
                             }
                             continue;
                         }
                         const uint8_t *row = xc + iy * in_w;
-                        for (mp_int_t kx = 0, ix = ix0; kx < k_w; kx++, ix += d_w) {
-                            *pp++ = (uint32_t)ix < (uint32_t)in_w ? (uint8_t)(row[ix] ^ sflip) : zpb;
+                        for (mp_int_t kx = 0, ix = ix0; kx < k_w; kx++, ix += d_w, pp += 8) {
+                            *pp = (uint32_t)ix < (uint32_t)in_w ? (uint8_t)(row[ix] ^ flip) : zpb;
                         }
                     }
                 }
@@ -208,22 +212,15 @@ static void conv_patches(const conv_t *c, uint8_t *q, const int32_t *r,
                     oy++;
                 }
             }
-            for (uint8_t *pe = patch + n4 * K; pp != pe;) {
-                *pp++ = zpb;                    // the last block's unused patches
-            }
             for (mp_int_t mo = mo0; mo < mo0 + c->cout_g; mo++) {
                 const uint8_t *w_m = wbuf + c->w + mo * K;
-                int32_t sum_w = 0;
-                for (mp_int_t t = 0; t < K; t++) {
-                    sum_w += (int8_t)w_m[t];
+                for (mp_int_t j = 0; j < n8; j += 8) {
+                    mt_t8(patch + j * K, w_m, p, acc + j);
                 }
                 const uint32_t base = (uint32_t)(c->bias >= 0 ? r[c->bias + mo] : 0)
-                                      + (uint32_t)((off - zp) * sum_w);
+                                      - (uint32_t)((zp + cu) * acc[n8]);
                 rq_t rq;
                 rq_init(&rq, r + c->req, r[c->req + 4 + 2 * mo], r[c->req + 5 + 2 * mo]);
-                for (mp_int_t j = 0; j < n4; j += 4) {
-                    dot4_unit(w_m, patch + j * K, K, K, true, 0, acc + j);
-                }
                 rq_run(&rq, acc, base, n, out_group + (mo - mo0) * out_plane + p0);
             }
         }
@@ -238,8 +235,7 @@ static void conv_patches(const conv_t *c, uint8_t *q, const int32_t *r,
 // bounds checks, requantized in chunks. Exact, as conv_patches:
 //   sum over inside taps of (x - x_zp) * w = sum over the 9 of u * w - (x_zp + c) * sum w.
 // The rectangles' path took ~19.5 instructions per MAC here (a 25x5 plane: rows of 4-5).
-// n bytes b ^ flip (a function of its own: inlined, gcc reloaded flip from the stack per
-// byte)
+// copy_flip: n bytes b ^ flip (inlined, gcc reloaded flip from the stack per byte)
 __attribute__((noinline, optimize("no-tree-loop-distribute-patterns")))
 static void copy_flip(uint8_t *dst, const uint8_t *src, mp_int_t n, uint32_t flip) {
     for (const uint8_t *end = src + n; src < end;) {
@@ -247,6 +243,7 @@ static void copy_flip(uint8_t *dst, const uint8_t *src, mp_int_t n, uint32_t fli
     }
 }
 
+#define DW_CHUNK 128            // sums per requantization (a KWS plane's 125 at once)
 #ifdef MT_THUMB_KERNELS
 #define DW_RS 14                // the row loop's padded rows: its taps at offsets 0 .. 30
 void mt_dw3_s1(const uint8_t *p, int32_t *acc, const int32_t *geo, const int32_t *w);
@@ -270,9 +267,18 @@ static void conv_dw3x3(const conv_t *c, uint8_t *q, const int32_t *r, const uint
     // output rows per band: (band - 1) * s_h + 2 * d_h + 1 padded rows fit the buffer
     const mp_int_t band = (PATCH_BYTES / rs - 2 * d_h - 1) / s_h + 1;
     uint8_t rows[PATCH_BYTES];
-    int32_t acc[CHUNK];
+    int32_t acc[DW_CHUNK];
     const int32_t zp = r[c->req], cu = flip ? 128 : 0;
     const uint8_t zpb = (uint8_t)(zp + cu);
+    // one band (all the padded rows fit): the padding lies at the same bytes for every
+    // channel, filled once here; each channel copies its rows' inside only
+    const bool once = band >= out_h;
+    for (mp_int_t i = 0; once && i < ((out_h - 1) * s_h + 2 * d_h + 1) * rs; i++) {
+        rows[i] = zpb;
+    }
+#ifdef MT_THUMB_KERNELS
+    const mp_int_t kmax = fast ? DW_CHUNK / out_w : 0;     // rows of sums the chunk holds
+#endif
     for (mp_int_t ch = 0; ch < c->n_images * c->groups; ch++) {
         const uint8_t *x = q + c->x + ch * in_plane;
         const mp_int_t mo = ch % c->groups;
@@ -290,20 +296,29 @@ static void conv_dw3x3(const conv_t *c, uint8_t *q, const int32_t *r, const uint
         rq_init(&rq, r + c->req, r[c->req + 4 + 2 * mo], r[c->req + 5 + 2 * mo]);
         uint8_t *out = q + c->y + ch * out_plane;
         mp_int_t n = 0;                                 // sums in acc
+#ifdef MT_THUMB_KERNELS
+        mp_int_t kr = 0;                                // their rows (the row loop's)
+#endif
         for (mp_int_t oy0 = 0; oy0 < out_h; oy0 += band) {
             const mp_int_t oy1 = oy0 + band < out_h ? oy0 + band : out_h;
             const mp_int_t prows = (oy1 - oy0 - 1) * s_h + 2 * d_h + 1;
-            uint8_t *pp = rows;
             for (mp_int_t pr = 0, iy = oy0 * s_h - pad_t; pr < prows; pr++, iy++) {
-                pp = rows + pr * rs;
+                uint8_t *pp = rows + pr * rs;
                 uint8_t *pe = pp + wp;
                 if (iy < 0 || iy >= in_h) {
-                    while (pp != pe) {
+                    while (!once && pp != pe) {
                         *pp++ = zpb;
                     }
                     continue;
                 }
                 const uint8_t *row = x + iy * in_w;
+                if (once) {
+                    mp_int_t m = wp - pad_l < in_w ? wp - pad_l : in_w;
+                    if (m > 0) {
+                        copy_flip(pp + pad_l, row, m, flip);
+                    }
+                    continue;
+                }
                 mp_int_t ix = -pad_l;
                 for (; ix < 0 && pp != pe; ix++) {
                     *pp++ = zpb;
@@ -316,10 +331,12 @@ static void conv_dw3x3(const conv_t *c, uint8_t *q, const int32_t *r, const uint
                 }
             }
 #ifdef MT_THUMB_KERNELS
-            // as many rows per call as the sums' chunk holds (out_w <= 12 < CHUNK here)
+            // as many rows per call as the chunk holds (out_w <= 12 < DW_CHUNK here; rows
+            // counted in kr: no division, a libgcc call on armv6m)
             for (mp_int_t oy = oy0; fast && oy < oy1;) {
-                mp_int_t k = (CHUNK - n) / out_w;
+                mp_int_t k = kmax - kr;
                 if (k == 0) {
+                    kr = 0;
                     rq_run(&rq, acc, base, n, out);
                     out += n;
                     n = 0;
@@ -332,6 +349,7 @@ static void conv_dw3x3(const conv_t *c, uint8_t *q, const int32_t *r, const uint
                 (s_w == 1 ? mt_dw3_s1 : mt_dw3_s2)(rows + (oy - oy0) * s_h * rs, acc + n, geo,
                                                    wv);
                 n += k * out_w;
+                kr += k;
                 oy += k;
             }
             if (fast) {
@@ -347,7 +365,7 @@ static void conv_dw3x3(const conv_t *c, uint8_t *q, const int32_t *r, const uint
                     p0 += s_w;
                     p1 += s_w;
                     p2 += s_w;
-                    if (n == CHUNK) {
+                    if (n == DW_CHUNK) {
                         rq_run(&rq, acc, base, n, out);
                         out += n;
                         n = 0;
@@ -387,7 +405,7 @@ static mp_obj_t qlinear_conv(size_t n_args, const mp_obj_t *in) {
     const bool pointwise = taps == 1 && c.s_h == 1 && c.s_w == 1 && c.pad_t == 0 &&
                            c.pad_l == 0 && c.out_h == c.in_h && c.out_w == c.in_w;
     const int32_t x_zp = r[c.req];
-    if (!pointwise && c.cin_g == 1 && c.cout_g >= 4 && taps <= PATCH_BYTES / 4 &&
+    if (!pointwise && c.cin_g == 1 && c.cout_g >= 4 && taps <= PATCH_BYTES / 8 &&
         (flip ? x_zp <= 127 : x_zp >= 0)) {     // x_zp - off a signed byte (conv_patches)
         conv_patches(&c, q, r, wbuf, flip);
         return mp_const_none;

@@ -53,46 +53,11 @@ mp_obj_t pure_kernel(qstr name, const mp_obj_t *in);
 void unpack_args(const mp_obj_t *in, size_t count, mp_rom_error_text_t wrong_count,
                  bool i_write, mp_buffer_info_t *bufs, mp_int_t *fields);
 extern const mp_obj_fun_builtin_var_t qlinear_conv_obj;
+extern const mp_obj_fun_builtin_var_t int_gemm_update_obj;   // inttrain_native.c
 
-// Four outputs of one row with unit strides along k (a transposed weight, as the packager
-// lowers torch's Linear): the input byte is loaded once for four weights. On ARM the loop
-// is qlinear_thumb.S's (Thumb-1 by hand: gcc spills the four sums there); elsewhere the
-// same loop in C. Each weight row is at a fixed distance from the moving input pointer.
-#ifdef MT_THUMB_KERNELS
-void mt_dot4_u8(const uint8_t *px, const uint8_t *pe, const int32_t *p, int32_t *acc);
-void mt_dot4_s8(const uint8_t *px, const uint8_t *pe, const int32_t *p, int32_t *acc);
-#endif
-
-// (inlined in its two callers: called, the Gemm took 6.62 instructions per MAC at 8x64x32
-// instead of 6.56)
-static inline __attribute__((always_inline)) void dot4_unit(const uint8_t *px,
-                                                            const uint8_t *w0, mp_int_t sw_n,
-                                                            mp_int_t k, bool x_signed,
-                                                            int32_t x_zp, int32_t *acc) {
-    const uint8_t *pe = px + k;
-    int32_t d[5] = {w0 - px, w0 + sw_n - px, w0 + 2 * sw_n - px, w0 + 3 * sw_n - px, x_zp};
-    acc[0] = acc[1] = acc[2] = acc[3] = 0;
-#ifdef MT_THUMB_KERNELS
-    if (k & 1) {            // an odd k: its first term here, then pairs of terms in the loop
-#else
-    while (px != pe) {
-#endif
-        int32_t xv = (x_signed ? (int32_t)(int8_t)px[0] : (int32_t)px[0]) - x_zp;
-        acc[0] += xv * (int8_t)px[d[0]];
-        acc[1] += xv * (int8_t)px[d[1]];
-        acc[2] += xv * (int8_t)px[d[2]];
-        acc[3] += xv * (int8_t)px[d[3]];
-        px++;
-    }
-#ifdef MT_THUMB_KERNELS
-    if (px != pe) {
-        if (x_signed) {
-            mt_dot4_s8(px, pe, d, acc);
-        } else {
-            mt_dot4_u8(px, pe, d, acc);
-        }
-    }
-#endif
-}
+// Eight rows' sums against one weight vector w (stride sw), the rows' bytes interleaved
+// (xt[8 * t + lane]), and the weights' sum: acc[0..7], acc[8] (p = [k, sw], k >= 1). On
+// ARM qlinear_thumb.S's loop (armv7m: qlinear_thumb2.S's); else qlinear_native.c's C.
+void mt_t8(const uint8_t *xt, const uint8_t *w, const int32_t *p, int32_t *acc);
 
 #endif

@@ -48,6 +48,7 @@
     mov r11, r7
 .endm
 
+#ifndef MT_THUMB2         /* the armv7m build: qlinear_thumb2.S's, with MLA */
 @ one term: the input byte (sign-extended when \signed), less the zero point, times the
 @ four weights, added to the four sums
 .macro term signed
@@ -183,6 +184,7 @@
 
     dot4_kn mt_dot4_kn_u8, 0
     dot4_kn mt_dot4_kn_s8, 1
+#endif
 
 @ qconv_native.c's Conv: one (tap, input channel)'s rectangle of the int32 accumulator
 @ plane, for unit strides along x:
@@ -333,6 +335,7 @@
     pw4 mt_pw4_u8, 0
     pw4 mt_pw4_s8, 1
 
+#ifndef MT_THUMB2         /* the armv7m build: qlinear_thumb2.S's, with MLA */
 @ The same for eight neighbouring pixels (each weight loaded once for eight inputs; the
 @ pointwise Conv's blocks of eight, mt_pw4 after them for a block of four):
 @
@@ -413,101 +416,7 @@
 
     pw8 mt_pw8_u8, 0
     pw8 mt_pw8_s8, 1
-
-@ qlinear_native.c's per-channel requantization (rq_byte) of a run of accumulators:
-@
-@   mp_int_t mt_rq_run(const int32_t *acc, uint8_t *out, mp_int_t n, const int32_t *p)
-@
-@ p = [base, ml, mh, v, half_m1, amax, y_zp, lo, hi] (rq_init's constants). For each of n
-@ (>= 1) accumulators, a = |base + acc| (wrapping), and while a < amax:
-@   p0 = (a & 0xFFFF) * ml, h = a * mh + (a >> 16) * ml + (p0 >> 16), L = p0 << 16
-@   u = (h + half_m1 + (L != 0 or bit v of h)) >> v
-@   out = clamp(+-u + y_zp, lo, hi)
-@ Returns how many bytes it wrote: it stops before an accumulator at or beyond amax, which
-@ the caller hands to out_byte. gcc's loop took ~60 instructions an output (its constants
-@ reloaded from the stack); this one 40. u stays below 2**31 (h < 2**31, v >= 1), so
-@ +-u + y_zp cannot overflow: rq_byte's bound of u at 2**20 changes no clamped byte for
-@ bounds within +-2**20 of y_zp (every blob's: bytes).
-@
-@ Registers: r0 acc, r1 out, r2 a/h/u, r3 p0/L, r4 temporary, r5 ml, r6 mh/v, r7 the sign
-@ mask; r8 base, r9 v, r10 mh, r11 amax, r12 out's end, lr half_m1; y_zp, lo, hi and out's
-@ start on the stack.
-    func mt_rq_run
-    push {r4-r7, lr}
-    push_high
-    sub sp, #16
-    ldr r4, [r3, #24]
-    str r4, [sp, #0]        @ y_zp
-    ldr r4, [r3, #28]
-    str r4, [sp, #4]        @ lo
-    ldr r4, [r3, #32]
-    str r4, [sp, #8]        @ hi
-    str r1, [sp, #12]       @ out's start
-    ldr r4, [r3, #0]
-    mov r8, r4
-    ldr r5, [r3, #4]
-    ldr r4, [r3, #8]
-    mov r10, r4
-    ldr r4, [r3, #12]
-    mov r9, r4
-    ldr r4, [r3, #16]
-    mov lr, r4
-    ldr r4, [r3, #20]
-    mov r11, r4
-    adds r2, r1, r2
-    mov r12, r2
-1:
-    ldmia r0!, {r2}
-    add r2, r8              @ + base
-    asrs r7, r2, #31
-    eors r2, r7
-    subs r2, r2, r7         @ a = |acc|
-    cmp r2, r11
-    bhs 5f                  @ at or beyond amax: out_byte's
-    uxth r3, r2
-    muls r3, r5             @ p0 = al * ml
-    lsrs r4, r2, #16
-    muls r4, r5             @ ah * ml
-    mov r6, r10
-    muls r2, r6             @ a * mh
-    adds r2, r2, r4
-    lsrs r4, r3, #16
-    adds r2, r2, r4         @ h
-    lsls r3, r3, #16        @ L
-    mov r6, r9
-    movs r4, r2
-    lsrs r4, r6
-    lsls r4, r4, #31        @ bit v of h, at the top
-    orrs r3, r4             @ nonzero: the carry into bit v
-    mov r4, lr
-    subs r3, r3, #1         @ C: r3 was nonzero
-    adcs r2, r4             @ h + half_m1 + carry (< 2**32)
-    lsrs r2, r6             @ u
-    eors r2, r7
-    subs r2, r2, r7         @ the sign back: round half to even is odd-symmetric
-    ldr r4, [sp, #0]
-    adds r2, r2, r4         @ + y_zp
-    ldr r4, [sp, #4]
-    cmp r2, r4
-    bge 2f
-    movs r2, r4
-2:
-    ldr r4, [sp, #8]
-    cmp r2, r4
-    ble 3f
-    movs r2, r4
-3:
-    strb r2, [r1, #0]
-    adds r1, #1
-    cmp r1, r12
-    bne 1b
-5:
-    ldr r0, [sp, #12]
-    subs r0, r1, r0         @ bytes written
-    add sp, #16
-    pop_high
-    pop {r4-r7, pc}
-    .size mt_rq_run, . - mt_rq_run
+#endif
 
 @ qconv_native.c's 3x3 depthwise Conv (conv_dw3x3): rows of outputs' sums from their
 @ padded input rows, laid out DW_RS = 14 bytes apart (so that every tap is an immediate
@@ -596,3 +505,90 @@
 
     dw3 mt_dw3_s1, 1
     dw3 mt_dw3_s2, 2
+
+#ifndef MT_THUMB2         /* the armv7m build: qlinear_thumb2.S's */
+@ Eight rows' sums against one weight vector, the eight rows' bytes interleaved (a block
+@ of eight outputs' operands transposed: xt[8 * t + lane]), and the weights' own sum:
+@
+@   void mt_t8(const uint8_t *xt, const uint8_t *w, const int32_t *p, int32_t *acc)
+@
+@ p = [k, sw]: acc[lane] = sum over t < k of xt[8 * t + lane] * (int8)w[t * sw], lane < 8,
+@ and acc[8] = sum over t < k of (int8)w[t * sw] (the zero point's part, x_zp * sum w, is
+@ the caller's). Each weight loaded once for eight products, every input an immediate
+@ offset. k >= 1; two weights per turn of the loop after an odd k's first. The Gemm's rows
+@ in blocks of eight, the one-input-channel Conv's patches (qconv_native.c): 3.81
+@ instructions per multiply-accumulate.
+@
+@ Registers: r0 xt, r1 w, r2 weight, r3 input/product, r4-r7 sums 0-3, r8-r11 sums 4-7,
+@ r12 sw, lr the weights' sum; xt's end on the stack.
+
+.macro t8_mac at, sum
+    ldrb r3, [r0, #\at]
+    muls r3, r2, r3
+    add \sum, r3
+.endm
+
+.macro t8_term at
+    ldrb r2, [r1, #0]
+    sxtb r2, r2
+    add lr, r2
+    add r1, r12
+    t8_mac (\at + 0), r4
+    t8_mac (\at + 1), r5
+    t8_mac (\at + 2), r6
+    t8_mac (\at + 3), r7
+    t8_mac (\at + 4), r8
+    t8_mac (\at + 5), r9
+    t8_mac (\at + 6), r10
+    t8_mac (\at + 7), r11
+.endm
+
+    func mt_t8
+    push {r3-r7, lr}
+    push_high
+    sub sp, #8
+    ldr r3, [r2, #0]
+    lsls r4, r3, #3
+    adds r4, r0, r4
+    str r4, [sp, #0]        @ xt's end
+    ldr r4, [r2, #4]
+    mov r12, r4
+    movs r4, #0
+    mov lr, r4
+    mov r8, r4
+    mov r9, r4
+    mov r10, r4
+    mov r11, r4
+    movs r5, #0
+    movs r6, #0
+    movs r7, #0
+    lsrs r3, r3, #1
+    bcc 1f
+    t8_term 0
+    adds r0, #8
+1:
+    ldr r3, [sp, #0]
+    cmp r0, r3
+    beq 3f
+2:
+    t8_term 0
+    t8_term 8
+    adds r0, #16
+    ldr r3, [sp, #0]
+    cmp r0, r3
+    bne 2b
+3:
+    ldr r3, [sp, #24]       @ acc (pushed first, below the four saved high registers)
+    stmia r3!, {r4-r7}
+    mov r4, r8
+    mov r5, r9
+    mov r6, r10
+    mov r7, r11
+    stmia r3!, {r4-r7}
+    mov r4, lr
+    str r4, [r3, #0]
+    add sp, #8
+    pop_high
+    pop {r3-r7, pc}
+    .size mt_t8, . - mt_t8
+#endif

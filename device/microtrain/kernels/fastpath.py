@@ -13,10 +13,11 @@ def use_fast(g, names, on, module, native=None, helper=None):
     The viper module gets that dict as its _pure, the fallback for arguments its machine
     words cannot hold. Then, with `on`, the kernels the dynamic native module
     kernels/<native>.mpy defines (device/native; machine code for the board's architecture)
-    replace those: native > viper > pure, kernel by kernel. The native module gets _pure too.
-    A kernel helper the family has loaded (load_helper; g[helper] not None) is switched
-    with it. Returns `on`, or False when neither module can be imported (CPython; a
-    MicroPython without viper and without the native module)."""
+    replace those: native > viper > pure, kernel by kernel. The native module gets _pure too
+    (merged with the other families': it serves several). A kernel helper the family has
+    loaded (load_helper; g[helper] not None) is switched with it. Returns `on`, or False when
+    neither module can be imported (CPython; a MicroPython without viper and without the
+    native module)."""
     if helper is not None and g.get(helper) is not None:
         g[helper].use_fast(on)
     pure = g.get("_pure")
@@ -40,7 +41,17 @@ def use_fast(g, names, on, module, native=None, helper=None):
         except errors:
             continue
         found = True
-        fast._pure = pure
+        if name_of is native:
+            # one native module serves several families (qlinear's Gemm and Conv, inttrain's
+            # update): its _pure holds each family's kernels, by their distinct names
+            merged = getattr(fast, "_pure", None)
+            if not isinstance(merged, dict):
+                merged = {}
+            merged.update(pure)
+            pure_of = merged
+        else:
+            pure_of = pure
+        fast._pure = pure_of
         for name in pure:
             kernel = getattr(fast, name, None)
             if kernel is not None:

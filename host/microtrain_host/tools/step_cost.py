@@ -31,14 +31,15 @@ INSTRUCTIONS_PER_MAC = {
 # The int8 Gemm and Conv of the native module (device/native) that deploy ships to boards
 # with a build for their architecture (tools/runtime.native_modules): all shapes of
 # `python3 bench/board_native.py` (armv6m build, the one every ARM core loads; the armv7m
-# build is 5-20 % faster), 2026-11-27; Conv 2026-11-28 after issue 24's im2col and 3x3
-# depthwise paths and the requantization in Thumb-1 (3x3 9.60 and 1x1 5.44: their mean; the
-# KWS first Conv's 8.29 lies between; depthwise 15.08). The integer training kernels stay
-# viper.
+# build is 5-40 % faster), 2026-11-28 after issue 24's eight-row Gemm (mt_t8), the
+# requantization's Relu shortcut and the depthwise path's padding filled once (Gemm: all
+# shapes' instructions over their MACs, 5.28; Conv: 3x3 9.61 and 1x1 4.85, their mean; the KWS
+# first Conv's 6.37 lies between; depthwise 11.26 / 11.15). The integer training kernels stay
+# viper but int_gemm_update (native too, not modelled here: counted as viper).
 NATIVE_INSTRUCTIONS_PER_MAC = {
-    "int8 dense": 6.2,
-    "int8 conv": 7.5,
-    "int8 depthwise": 15.1,
+    "int8 dense": 5.3,
+    "int8 conv": 7.2,
+    "int8 depthwise": 11.2,
 }
 NATIVE_OPS = ("QLINEAR_GEMM", "QLINEAR_CONV")
 # ... and per parameter element of one optimizer update (kernels/optim sgd, adamw over 1,024

@@ -1,0 +1,235 @@
+@ Thumb-2 forms (armv7m build: Cortex-M3 and later; the Makefile assembles this file for
+@ armv7m instead of qlinear_thumb.S's loops of the same names, MT_THUMB2) of the loops
+@ whose cost the armv7m build can cut: MLA (multiply-accumulate in one instruction),
+@ LDRSB with an immediate offset (no SXTB) and all thirteen registers. Same arguments, same
+@ sums as qlinear_thumb.S's (see there). The M3 has no DSP extension: no SMLAD / SXTB16.
+
+    .syntax unified
+    .cpu cortex-m3
+    .thumb
+    .text
+
+.macro func2 name
+    .align 2
+    .global \name
+    .type \name, %function
+    .thumb_func
+\name:
+.endm
+
+@   void mt_pw8_u8(const uint8_t *px, const uint8_t *pw, const int32_t *p, int32_t *acc)
+@   void mt_pw8_s8(...)
+@ p = [cin, step]: acc[j] = sum over ci < cin of x[ci * step + j] * (int8)pw[ci], j < 8.
+@ 2.38 instructions per multiply-accumulate, either input kind.
+@ Registers: r0 px, r1 pw, r2 weight, r3 input, r4-r11 sums, r12 pw's end, lr step.
+
+.macro pw8t_mac signed, at, sum
+    .if \signed
+    ldrsb r3, [r0, #\at]
+    .else
+    ldrb r3, [r0, #\at]
+    .endif
+    mla \sum, r3, r2, \sum
+.endm
+
+.macro pw8t_term signed
+    ldrsb r2, [r1], #1
+    pw8t_mac \signed, 0, r4
+    pw8t_mac \signed, 1, r5
+    pw8t_mac \signed, 2, r6
+    pw8t_mac \signed, 3, r7
+    pw8t_mac \signed, 4, r8
+    pw8t_mac \signed, 5, r9
+    pw8t_mac \signed, 6, r10
+    pw8t_mac \signed, 7, r11
+    add r0, lr
+.endm
+
+.macro pw8t name, signed
+    func2 \name
+    push {r3-r11, lr}
+    ldr lr, [r2, #4]
+    ldr r3, [r2, #0]
+    add r12, r1, r3
+    movs r4, #0
+    movs r5, #0
+    movs r6, #0
+    movs r7, #0
+    mov r8, r4
+    mov r9, r4
+    mov r10, r4
+    mov r11, r4
+    tst r3, #1
+    beq 1f
+    pw8t_term \signed
+1:
+    cmp r1, r12
+    beq 3f
+2:
+    pw8t_term \signed
+    pw8t_term \signed
+    cmp r1, r12
+    bne 2b
+3:
+    ldr r3, [sp, #0]        @ acc (the first register pushed)
+    stmia r3, {r4-r11}
+    pop {r3-r11, pc}
+    .size \name, . - \name
+.endm
+
+    pw8t mt_pw8_u8, 0
+    pw8t mt_pw8_s8, 1
+
+@   void mt_t8(const uint8_t *xt, const uint8_t *w, const int32_t *p, int32_t *acc)
+@ p = [k, sw]: acc[lane] = sum over t < k of xt[8 * t + lane] * (int8)w[t * sw], lane < 8;
+@ acc[8] = sum over t < k of (int8)w[t * sw]. 2.63 instructions per multiply-accumulate.
+@ Registers: r0 xt, r1 w, r2 weight, r3 input, r4-r11 sums, r12 sw, lr the weights' sum;
+@ xt's end on the stack.
+
+.macro t8t_term at
+    ldrsb r2, [r1]
+    add r1, r12
+    add lr, r2
+    pw8t_mac 0, (\at + 0), r4
+    pw8t_mac 0, (\at + 1), r5
+    pw8t_mac 0, (\at + 2), r6
+    pw8t_mac 0, (\at + 3), r7
+    pw8t_mac 0, (\at + 4), r8
+    pw8t_mac 0, (\at + 5), r9
+    pw8t_mac 0, (\at + 6), r10
+    pw8t_mac 0, (\at + 7), r11
+.endm
+
+    func2 mt_t8
+    push {r3-r11, lr}
+    ldr r3, [r2, #0]
+    add r4, r0, r3, lsl #3
+    push {r4}               @ xt's end
+    ldr r12, [r2, #4]
+    movs r4, #0
+    mov lr, r4
+    movs r5, #0
+    movs r6, #0
+    movs r7, #0
+    mov r8, r4
+    mov r9, r4
+    mov r10, r4
+    mov r11, r4
+    tst r3, #1
+    beq 1f
+    t8t_term 0
+    adds r0, #8
+1:
+    ldr r3, [sp, #0]
+    cmp r0, r3
+    beq 3f
+2:
+    t8t_term 0
+    t8t_term 8
+    adds r0, #16
+    ldr r3, [sp, #0]
+    cmp r0, r3
+    bne 2b
+3:
+    add sp, #4
+    ldr r3, [sp, #0]        @ acc
+    stmia r3!, {r4-r11}
+    str lr, [r3]
+    pop {r3-r11, pc}
+    .size mt_t8, . - mt_t8
+
+@   void mt_dot4_u8(const uint8_t *px, const uint8_t *pe, const int32_t *p, int32_t *acc)
+@   void mt_dot4_s8(...)
+@ acc[j] += sum over px <= x < pe of (*x - p[4]) * (int8)x[p[j]], j < 4 (qlinear_thumb.S's
+@ mt_dot4): the input byte loaded with a post-increment, so the four weights lie at
+@ p[j] - 1 from the moved pointer. (pe - px) even and above 0. 2.75 instructions per
+@ multiply-accumulate.
+@ Registers: r0 px, r1 input, r2 weight, r4-r7 distances less 1, r8 zero point, r9-r11 and
+@ lr sums, r12 pe.
+
+.macro dot4t_term signed
+    .if \signed
+    ldrsb r1, [r0], #1
+    .else
+    ldrb r1, [r0], #1
+    .endif
+    sub r1, r8
+    ldrsb r2, [r0, r4]
+    mla r9, r1, r2, r9
+    ldrsb r2, [r0, r5]
+    mla r10, r1, r2, r10
+    ldrsb r2, [r0, r6]
+    mla r11, r1, r2, r11
+    ldrsb r2, [r0, r7]
+    mla lr, r1, r2, lr
+.endm
+
+.macro dot4t name, signed
+    func2 \name
+    push {r3-r11, lr}
+    ldm r2, {r4-r8}
+    subs r4, #1
+    subs r5, #1
+    subs r6, #1
+    subs r7, #1
+    ldm r3, {r9-r11, lr}
+    mov r12, r1
+1:
+    dot4t_term \signed
+    dot4t_term \signed
+    cmp r0, r12
+    bne 1b
+    ldr r3, [sp, #0]
+    stm r3, {r9-r11, lr}
+    pop {r3-r11, pc}
+    .size \name, . - \name
+.endm
+
+    dot4t mt_dot4_u8, 0
+    dot4t mt_dot4_s8, 1
+
+@   void mt_dot4_kn_u8(const uint8_t *px, const uint8_t *pe, const int32_t *p, int32_t *acc)
+@   void mt_dot4_kn_s8(...)
+@ p = [w, sw, zp]: the four weights of a step are the bytes w[0..3], then w moves by sw
+@ (qlinear_thumb.S's mt_dot4_kn). (pe - px) even and above 0. 2.75 instructions per
+@ multiply-accumulate.
+@ Registers: r0 px, r1 input, r2 weight, r3 w, r4 sw, r5 zero point, r9-r11 and lr sums,
+@ r12 pe.
+
+.macro dot4knt_term signed
+    .if \signed
+    ldrsb r1, [r0], #1
+    .else
+    ldrb r1, [r0], #1
+    .endif
+    sub r1, r5
+    ldrsb r2, [r3, #0]
+    mla r9, r1, r2, r9
+    ldrsb r2, [r3, #1]
+    mla r10, r1, r2, r10
+    ldrsb r2, [r3, #2]
+    mla r11, r1, r2, r11
+    ldrsb r2, [r3, #3]
+    mla lr, r1, r2, lr
+    add r3, r4
+.endm
+
+.macro dot4knt name, signed
+    func2 \name
+    push {r3-r11, lr}
+    ldm r3, {r9-r11, lr}
+    ldm r2, {r3-r5}
+    mov r12, r1
+1:
+    dot4knt_term \signed
+    dot4knt_term \signed
+    cmp r0, r12
+    bne 1b
+    ldr r3, [sp, #0]
+    stm r3, {r9-r11, lr}
+    pop {r3-r11, pc}
+    .size \name, . - \name
+.endm
+
+    dot4knt mt_dot4_kn_u8, 0
+    dot4knt mt_dot4_kn_s8, 1

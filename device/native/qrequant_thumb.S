@@ -1,0 +1,213 @@
+@ qlinear_native.c's requantization runs in Thumb-1 (armv6m: every ARM core; a file of its
+@ own beside qlinear_thumb.S's multiply-accumulate loops): mt_rq_run, and mt_rq_relu for a
+@ channel with a fused Relu's bounds.
+
+    .syntax unified
+    .cpu cortex-m0
+    .thumb
+    .text
+
+@ (qlinear_thumb.S's macros, repeated: each .S assembles alone)
+.macro func name
+    .align 2
+    .global \name
+    .type \name, %function
+    .thumb_func
+\name:
+.endm
+
+.macro push_high
+    mov r4, r8
+    mov r5, r9
+    mov r6, r10
+    mov r7, r11
+    push {r4-r7}
+.endm
+
+.macro pop_high
+    pop {r4-r7}
+    mov r8, r4
+    mov r9, r5
+    mov r10, r6
+    mov r11, r7
+.endm
+
+@ qlinear_native.c's per-channel requantization (rq_byte) of a run of accumulators:
+@
+@   mp_int_t mt_rq_run(const int32_t *acc, uint8_t *out, mp_int_t n, const int32_t *p)
+@
+@ p = [base, ml, mh, v, half_m1, amax, y_zp, lo, hi] (rq_init's constants). For each of n
+@ (>= 1) accumulators, a = |base + acc| (wrapping), and while a < amax:
+@   p0 = (a & 0xFFFF) * ml, h = a * mh + (a >> 16) * ml + (p0 >> 16), L = p0 << 16
+@   u = (h + half_m1 + (L != 0 or bit v of h)) >> v
+@   out = clamp(+-u + y_zp, lo, hi)
+@ Returns how many bytes it wrote: it stops before an accumulator at or beyond amax, which
+@ the caller hands to out_byte. gcc's loop took ~60 instructions an output (its constants
+@ reloaded from the stack); this one 40. u stays below 2**31 (h < 2**31, v >= 1), so
+@ +-u + y_zp cannot overflow: rq_byte's bound of u at 2**20 changes no clamped byte for
+@ bounds within +-2**20 of y_zp (every blob's: bytes).
+@
+@ Registers: r0 acc, r1 out, r2 a/h/u, r3 p0/L, r4 temporary, r5 ml, r6 mh/v, r7 the sign
+@ mask; r8 base, r9 v, r10 mh, r11 amax, r12 out's end, lr half_m1; y_zp, lo, hi and out's
+@ start on the stack.
+    func mt_rq_run
+    push {r4-r7, lr}
+    push_high
+    sub sp, #16
+    ldr r4, [r3, #24]
+    str r4, [sp, #0]        @ y_zp
+    ldr r4, [r3, #28]
+    str r4, [sp, #4]        @ lo
+    ldr r4, [r3, #32]
+    str r4, [sp, #8]        @ hi
+    str r1, [sp, #12]       @ out's start
+    ldr r4, [r3, #0]
+    mov r8, r4
+    ldr r5, [r3, #4]
+    ldr r4, [r3, #8]
+    mov r10, r4
+    ldr r4, [r3, #12]
+    mov r9, r4
+    ldr r4, [r3, #16]
+    mov lr, r4
+    ldr r4, [r3, #20]
+    mov r11, r4
+    adds r2, r1, r2
+    mov r12, r2
+1:
+    ldmia r0!, {r2}
+    add r2, r8              @ + base
+    asrs r7, r2, #31
+    eors r2, r7
+    subs r2, r2, r7         @ a = |acc|
+    cmp r2, r11
+    bhs 5f                  @ at or beyond amax: out_byte's
+    uxth r3, r2
+    muls r3, r5             @ p0 = al * ml
+    lsrs r4, r2, #16
+    muls r4, r5             @ ah * ml
+    mov r6, r10
+    muls r2, r6             @ a * mh
+    adds r2, r2, r4
+    lsrs r4, r3, #16
+    adds r2, r2, r4         @ h
+    lsls r3, r3, #16        @ L
+    mov r6, r9
+    movs r4, r2
+    lsrs r4, r6
+    lsls r4, r4, #31        @ bit v of h, at the top
+    orrs r3, r4             @ nonzero: the carry into bit v
+    mov r4, lr
+    subs r3, r3, #1         @ C: r3 was nonzero
+    adcs r2, r4             @ h + half_m1 + carry (< 2**32)
+    lsrs r2, r6             @ u
+    eors r2, r7
+    subs r2, r2, r7         @ the sign back: round half to even is odd-symmetric
+    ldr r4, [sp, #0]
+    adds r2, r2, r4         @ + y_zp
+    ldr r4, [sp, #4]
+    cmp r2, r4
+    bge 2f
+    movs r2, r4
+2:
+    ldr r4, [sp, #8]
+    cmp r2, r4
+    ble 3f
+    movs r2, r4
+3:
+    strb r2, [r1, #0]
+    adds r1, #1
+    cmp r1, r12
+    bne 1b
+5:
+    ldr r0, [sp, #12]
+    subs r0, r1, r0         @ bytes written
+    add sp, #16
+    pop_high
+    pop {r4-r7, pc}
+    .size mt_rq_run, . - mt_rq_run
+
+@ The same for a channel whose lower bound is at or above y_zp (a fused Relu: lo = y_zp):
+@
+@   mp_int_t mt_rq_relu(const int32_t *acc, uint8_t *out, mp_int_t n, const int32_t *p)
+@
+@ An accumulator at or below 0 rounds to at most 0, so +y_zp gives at most lo: lo, without
+@ the multiplies (~10 instructions instead of 40; about half of a Relu layer's outputs).
+@ The others are positive: no sign to take off and put back. 37 instructions an output.
+@
+@ Registers: as mt_rq_run's, with y_zp in r7 (no sign mask); lo, hi and out's start on the
+@ stack.
+    func mt_rq_relu
+    push {r4-r7, lr}
+    push_high
+    sub sp, #16
+    ldr r7, [r3, #24]       @ y_zp
+    ldr r4, [r3, #28]
+    str r4, [sp, #4]        @ lo
+    ldr r4, [r3, #32]
+    str r4, [sp, #8]        @ hi
+    str r1, [sp, #12]       @ out's start
+    ldr r4, [r3, #0]
+    mov r8, r4
+    ldr r5, [r3, #4]
+    ldr r4, [r3, #8]
+    mov r10, r4
+    ldr r4, [r3, #12]
+    mov r9, r4
+    ldr r4, [r3, #16]
+    mov lr, r4
+    ldr r4, [r3, #20]
+    mov r11, r4
+    adds r2, r1, r2
+    mov r12, r2
+1:
+    ldmia r0!, {r2}
+    add r2, r8              @ + base
+    cmp r2, #0
+    ble 6f                  @ at or below 0: lo
+    cmp r2, r11
+    bhs 5f                  @ at or beyond amax: out_byte's
+    uxth r3, r2
+    muls r3, r5             @ p0 = al * ml
+    lsrs r4, r2, #16
+    muls r4, r5             @ ah * ml
+    mov r6, r10
+    muls r2, r6             @ a * mh
+    adds r2, r2, r4
+    lsrs r4, r3, #16
+    adds r2, r2, r4         @ h
+    lsls r3, r3, #16        @ L
+    mov r6, r9
+    movs r4, r2
+    lsrs r4, r6
+    lsls r4, r4, #31        @ bit v of h, at the top
+    orrs r3, r4             @ nonzero: the carry into bit v
+    mov r4, lr
+    subs r3, r3, #1         @ C: r3 was nonzero
+    adcs r2, r4             @ h + half_m1 + carry (< 2**32)
+    lsrs r2, r6             @ u
+    adds r2, r2, r7         @ + y_zp
+    ldr r4, [sp, #4]
+    cmp r2, r4
+    bge 2f
+    movs r2, r4
+2:
+    ldr r4, [sp, #8]
+    cmp r2, r4
+    ble 3f
+    movs r2, r4
+3:
+    strb r2, [r1, #0]
+    adds r1, #1
+    cmp r1, r12
+    bne 1b
+5:
+    ldr r0, [sp, #12]
+    subs r0, r1, r0         @ bytes written
+    add sp, #16
+    pop_high
+    pop {r4-r7, pc}
+6:
+    ldr r2, [sp, #4]        @ lo
+    b 3b
+    .size mt_rq_relu, . - mt_rq_relu
