@@ -1,0 +1,75 @@
+"""The native float kernels (device/native/float: a MicroPython 1.25 dynamic native module
+built by `scripts/build_natmod.sh --float`) on the emulated boards: placed in the runtime's
+ROMFS as microtrain/kernels/float_native.mpy, kernels/fastpath.py puts them in place of the
+pure-Python Gemm and optimizer kernels, and they write the bytes the pure-Python kernels
+write on the same board (single-precision floats) over random geometries and data
+(tests/device_scripts/float_native.py, float_native_optim.py): on the Cortex-M3 with the
+armv7m build (its hand-written Thumb-2 dot product) and the armv6m build (C), and on the
+RISC-V core (rv32imc, C). Needs the boards' firmware (skipped without it, failed when
+MICROTRAIN_REQUIRE_QEMU / _RV32=1)."""
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import ROOT, emulated_board_plan
+
+from microtrain_host.tools import deploy
+
+RV32 = "qemu-virt-rv32"
+SCRIPTS = ROOT / "tests" / "device_scripts"
+
+
+def build_module(arch):
+    """The module built from today's sources (scripts/build_natmod.sh --float, cached);
+    skipped without the cross compiler unless an emulated board is required."""
+    compiler = "riscv64-unknown-elf-gcc" if arch == "rv32imc" else "arm-none-eabi-gcc"
+    required = {os.environ.get("MICROTRAIN_REQUIRE_QEMU"),
+                os.environ.get("MICROTRAIN_REQUIRE_QEMU_RV32")} & {"1"}
+    if shutil.which(compiler) is None and not required:
+        pytest.skip(f"no {compiler}: scripts/build_natmod.sh --float {arch} installs it")
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "build_natmod.sh"), "--float", arch],
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.split()[-1]
+
+
+def run_on_board(firmware, tmp_path, module, script_text, board="qemu-mps2-an385"):
+    plan = emulated_board_plan(tmp_path, tmp_path, [], board=board,
+                               in_rom=[(module, "microtrain/kernels/float_native.mpy")])
+    script = tmp_path / "script.py"
+    script.write_text(script_text)
+    with deploy.QemuBoard(firmware, board=board) as qemu:
+        command = deploy.mpremote_command(plan, qemu.port, script)
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc.stdout
+
+
+def gemm_script(cases):
+    return f"CASES = {cases}\n" + (SCRIPTS / "float_native.py").read_text()
+
+
+def nan_bits(out):
+    return int(out.split("nan_bits")[1].split()[0])
+
+
+@pytest.mark.parametrize("arch", ["armv7m", "armv6m"])
+def test_native_float_gemm_equals_pure_on_the_emulated_m3(firmware, arch, tmp_path):
+    # 630 cases: 210 each of gemm, gemm_accumulate, batched_gemm
+    out = run_on_board(firmware, tmp_path, build_module(arch), gemm_script(630))
+    assert "fast True" in out, out[-2000:]
+    assert out.split()[-4:] == ["cases", "630", "different", "0"], out[-2000:]
+    # the armv7m build links the firmware's own libgcc routines: even its NaNs are the
+    # same bits; the armv6m build's (libgcc's armv6m soft float) differ in a NaN's sign
+    if arch == "armv7m":
+        assert nan_bits(out) == 0, out[-2000:]
+
+
+def test_native_float_gemm_equals_pure_on_the_rv32_board(rv32_firmware, tmp_path):
+    out = run_on_board(rv32_firmware, tmp_path, build_module("rv32imc"),
+                       "import sys\nassert sys.implementation._build == 'VIRT_RV32'\n"
+                       + gemm_script(630), board=RV32)
+    assert "fast True" in out, out[-2000:]
+    assert out.split()[-4:] == ["cases", "630", "different", "0"], out[-2000:]
