@@ -74,7 +74,8 @@ static uint32_t draw(uint32_t mode, int scale) {
 }
 
 #define KMAX 128
-static uint32_t ra[KMAX], rb[KMAX], ua[2 * KMAX], ub[2 * KMAX];
+#define ROWS 3
+static uint32_t ra[ROWS * KMAX], rb[KMAX], ua[ROWS * 2 * KMAX], ub[2 * KMAX], sums[ROWS];
 
 int main(void) {
     uint32_t dots = 0, terms = 0, mismatches = 0;
@@ -92,20 +93,29 @@ int main(void) {
             scale_a = 60 + (int)(rnd() % 6);
             scale_b = 60 + (int)(rnd() % 6);
         }
+        int rows = 1 + rnd() % ROWS;
         for (int t = 0; t < k; t++) {
-            ra[t] = draw(mode, scale_a);
             rb[t] = draw(mode, scale_b);
-            if (mode == 2 && t > 0 && rnd() % 2) {      // the previous term negated, or close
-                ra[t] = (ra[t - 1] ^ F32_SIGN) + (rnd() % 3) - 1;
-                rb[t] = rb[t - 1] + (rnd() % 2 ? 0 : (rnd() % 3) - 1);
+            for (int i = 0; i < rows; i++) {
+                uint32_t *a = ra + i * k;
+                a[t] = draw(mode, scale_a);
+                if (mode == 2 && t > 0 && rnd() % 2) {  // the previous term negated, or close
+                    a[t] = (a[t - 1] ^ F32_SIGN) + (rnd() % 3) - 1;
+                    rb[t] = rb[t - 1] + (rnd() % 2 ? 0 : (rnd() % 3) - 1);
+                }
             }
         }
-        unpack_run(ua, ra, 1, k);
+        for (int i = 0; i < rows; i++) {
+            unpack_run(ua + 2 * k * i, ra + k * i, 1, k);
+        }
         unpack_run(ub, rb, 1, k);
-        uint32_t got = dot_unpacked(ua, ub, ra, 1, rb, 1, k);
+        fdot_job_t job = {ua, ub, k, rows, sums, 0, 0};
+        dot_rows(&job, ra, k, 1, rb, 1);
+        for (int i = 0; i < rows; i++) {
+        uint32_t got = sums[i];
         uint32_t want = 0;
         for (int t = 0; t < k; t++) {
-            want = f32_muladd_slow(want, ra[t], rb[t]);
+            want = f32_muladd_slow(want, ra[i * k + t], rb[t]);
         }
         dots++;
         terms += k;
@@ -120,6 +130,7 @@ int main(void) {
                 put_hex(want);
                 put("\n");
             }
+        }
         }
     }
     put_num("dots ", dots);

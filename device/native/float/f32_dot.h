@@ -5,8 +5,18 @@
 #include <stdint.h>
 #include "f32.h"
 
-// f32_thumb2.S: the sum of unpacked terms, from *s (normal), until one it leaves
-uint32_t mt_fdot(const uint32_t *a, const uint32_t *b, int32_t k, uint32_t *s);
+// A column's dot products with rows of A for f32_thumb2.S's mt_fdot_rows (see there)
+typedef struct {
+    const uint32_t *a;      // the current row's unpacked terms (rows 8k bytes apart)
+    const uint32_t *b;      // the column's unpacked terms
+    int32_t k;
+    int32_t rows;           // rows left, the current one included
+    uint32_t *out;          // the current row's sum goes here
+    int32_t t;              // terms of the current row done
+    uint32_t s;             // their sum's bits
+} fdot_job_t;
+
+int mt_fdot_rows(fdot_job_t *job);
 
 // n terms src[0], src[stride], ... unpacked for mt_fdot: the significand with its leading
 // 1 at bit 31, then sign | exponent + 2**29 - 64, or sign | a special's sentinel
@@ -26,22 +36,23 @@ static void unpack_run(uint32_t *dst, const uint32_t *src, intptr_t stride, intp
     }
 }
 
-// The sum of k terms from 0.0: mt_fdot while the sum is normal, f32_muladd for the terms
-// it leaves (ra, rb: the terms' float bits, with their strides)
-static uint32_t dot_unpacked(const uint32_t *ua, const uint32_t *ub, const uint32_t *ra,
-                             intptr_t sa, const uint32_t *rb, intptr_t sb, intptr_t k) {
-    uint32_t s = 0;
-    intptr_t t = 0;
-    while (t < k) {
-        if (f32_normal(s)) {
-            t += mt_fdot(ua + 2 * t, ub + 2 * t, k - t, &s);
-            if (t >= k) {
-                break;
-            }
-        }
-        s = f32_muladd(s, ra[t * sa], rb[t * sb]);
-        t++;
+// out[i] = the sum from 0.0 of the k terms of row i (rows of them, ua 2k words apart) and
+// ub: mt_fdot_rows, and f32_muladd for the terms it leaves (ra, rb: the terms' float bits;
+// row i's term t at ra[i * sa_row + t * sa], rb[t * sb])
+static void dot_rows(fdot_job_t *job, const uint32_t *ra, intptr_t sa_row, intptr_t sa,
+                     const uint32_t *rb, intptr_t sb) {
+    uint32_t *out0 = job->out;
+    job->t = 0;
+    job->s = 0;
+    while (mt_fdot_rows(job)) {
+        intptr_t i = job->out - out0, t = job->t, k = job->k;
+        uint32_t s = job->s;
+        do {    // until the sum is one the loop takes again: normal or zero
+            s = f32_muladd(s, ra[i * sa_row + t * sa], rb[t * sb]);
+            t++;
+        } while (t < k && !f32_normal(s) && (s << 1) != 0);
+        job->t = t;
+        job->s = s;
     }
-    return s;
 }
 #endif

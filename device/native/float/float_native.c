@@ -95,11 +95,19 @@ static uint32_t dot(const uint32_t *pa, mp_int_t sa, const uint32_t *pb, mp_int_
 }
 
 // Y[i, j] = alpha * s (+ beta * C[i, j]), rounded as dense.py's line
+// (1.0 * x is x, but for a NaN, whose bits are libgcc's to choose)
+static inline uint32_t scaled(uint32_t factor, uint32_t x) {
+    if (factor == 0x3f800000u && (x & 0x7fffffffu) <= 0x7f800000u) {
+        return x;
+    }
+    return f32_mul(factor, x);
+}
+
 static inline uint32_t out_value(const uint32_t *F, const gemm_t *g, mp_int_t i, mp_int_t j,
                                  uint32_t s, uint32_t alpha, uint32_t beta) {
-    uint32_t t = f32_mul(alpha, s);
+    uint32_t t = scaled(alpha, s);
     if (g->c >= 0) {
-        t = f32_add(t, f32_mul(beta, F[g->c + i * g->sc_m + j * g->sc_n]));
+        t = f32_add(t, scaled(beta, F[g->c + i * g->sc_m + j * g->sc_n]));
     }
     return t;
 }
@@ -119,6 +127,7 @@ static void gemm_simple(uint32_t *F, const gemm_t *g, uint32_t alpha, uint32_t b
 #ifdef MT_F32_THUMB2
 #define ABUF_WORDS (1024)       // 4 KB of stack: rows of A unpacked
 #define BBUF_WORDS (256)        // 1 KB: one column of B unpacked (k <= 128)
+#define MAX_ROWS (64)           // rows of A a block at most (their sums: 256 B)
 
 // Whether [lo1, hi1] and [lo2, hi2] (element indices) share an element
 static bool overlap(int64_t lo1, int64_t hi1, int64_t lo2, int64_t hi2) {
@@ -155,8 +164,8 @@ static void gemm_run(uint32_t *F, const gemm_t *g, uint32_t alpha, uint32_t beta
         gemm_simple(F, g, alpha, beta);
         return;
     }
-    uint32_t abuf[ABUF_WORDS], bbuf[BBUF_WORDS];
-    mp_int_t rows = ABUF_WORDS / (2 * k);
+    uint32_t abuf[ABUF_WORDS], bbuf[BBUF_WORDS], sums[MAX_ROWS];
+    mp_int_t rows = ABUF_WORDS / (2 * k) < MAX_ROWS ? ABUF_WORDS / (2 * k) : MAX_ROWS;
     for (mp_int_t i0 = 0; i0 < m; i0 += rows) {
         mp_int_t i1 = i0 + rows < m ? i0 + rows : m;
         for (mp_int_t i = i0; i < i1; i++) {
@@ -165,10 +174,10 @@ static void gemm_run(uint32_t *F, const gemm_t *g, uint32_t alpha, uint32_t beta
         for (mp_int_t j = 0; j < n; j++) {
             const uint32_t *b_col = F + g->b + j * g->sb_n;
             unpack_run(bbuf, b_col, g->sb_k, k);
+            fdot_job_t job = {abuf, bbuf, k, i1 - i0, sums, 0, 0};
+            dot_rows(&job, F + g->a + i0 * g->sa_m, g->sa_m, g->sa_k, b_col, g->sb_k);
             for (mp_int_t i = i0; i < i1; i++) {
-                uint32_t s = dot_unpacked(abuf + (i - i0) * 2 * k, bbuf,
-                                          F + g->a + i * g->sa_m, g->sa_k, b_col, g->sb_k, k);
-                F[g->y + i * n + j] = out_value(F, g, i, j, s, alpha, beta);
+                F[g->y + i * n + j] = out_value(F, g, i, j, sums[i - i0], alpha, beta);
             }
         }
     }
