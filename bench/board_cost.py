@@ -11,14 +11,18 @@ cycle; real Cortex-M3/M4 cores take ~1.1-1.5 cycles per instruction (shared/FACT
 other cores (Xtensa; an FPU) run other code: an estimate. Prints figures; asserts nothing.
 
     python3 bench/board_cost.py [--quick] [--steps N] [--no-kws] [--only NAME] [--firmware ELF]
-                                [--no-kernels] [--native ARCH] [--heap BYTES]
+                                [--no-kernels] [--native ARCH] [--float-native ARCH]
+                                [--heap BYTES]
 
 --quick (CI): the kernels and the digits MLP only. --heap BYTES: each run starts with only
 that much free heap (a filler takes the rest): whether a step fits a board of that heap.
 --native armv6m|armv7m: the steps with the native int8 module (device/native,
 scripts/build_natmod.sh) beside the kernels, as deploy ships it: kernels/fastpath.py picks
 its Gemm and Conv over the viper ones (checked: the run stops when the board's int8 Gemm or
-Conv is not the module's). --no-kernels: the steps only.
+Conv is not the module's). --float-native armv6m|armv7m: the steps with the native float
+module (device/native/float, build_natmod.sh --float) beside the kernels, as deploy ships it
+(the runtime keeps the switch of the families it serves): its Gemm kernels and optimizer
+updates (checked as for --native). --no-kernels: the steps only.
 """
 import argparse
 import pathlib
@@ -109,6 +113,10 @@ def count_kernels(firmware):
 PICKED = ("\nfrom microtrain.kernels import qlinear, qlinear_native\n"
           "print('native', [getattr(qlinear, k) is getattr(qlinear_native, k)\n"
           "                 for k in ('qlinear_gemm', 'qlinear_conv') if hasattr(qlinear, k)])\n")
+# ... with --float-native: the float module's Gemm kernels and updates the runtime calls
+FLOAT_PICKED = ("\nfrom microtrain.kernels import dense, optim, float_native\n"
+                "print('native', [getattr(f, k) is getattr(float_native, k)\n"
+                "                 for f in (dense, optim) for k in f._pure])\n")
 
 
 # prepended with --heap: a filler that leaves the run HEAP bytes of free heap, as a board
@@ -117,26 +125,31 @@ FILLER = ("import gc\ngc.collect()\n"
           "_filler = bytearray(max(0, gc.mem_free() - HEAP - 16))\n")
 
 
-def count_step(case, steps, firmware, native=None, heap=None):
+def count_step(case, steps, firmware, native=None, heap=None, float_native=None):
     """(instructions per counted step, of which the optimizer update; means over the steps),
-    and the heap the run keeps live after them. native: the native module's .mpy to put
-    beside the kernels. heap: run with only this many bytes of free heap."""
+    and the heap the run keeps live after them. native, float_native: the native modules'
+    .mpy to put beside the kernels. heap: run with only this many bytes of free heap."""
     # the model's minimal runtime as deploy copies it, plus the loader of a blob given as a
     # buffer (board_step.py reads it in place from flash) and, for inference, the session
-    sources = runtime.minimal_sources(case.blob)
+    carried = {runtime.NATIVE_FLOAT_MODULE: float_native} if float_native else {}
+    sources = runtime.minimal_sources(case.blob, native=carried)
     sources.update(runtime.package_sources(
         ["microtrain/inplace.py"] + (["microtrain/inference.py"] if case.kind == "infer" else [])))
     files, script = dict(case.files), (BENCH / "board_step.py").read_text()
     if native:
         files["microtrain/kernels/qlinear_native.mpy"] = native
         script += PICKED
+    if float_native:
+        files[runtime.NATIVE_FLOAT_MODULE] = float_native
+        script += FLOAT_PICKED
     with tempfile.TemporaryDirectory(prefix="board-cost-") as tmp:
         prefix = f"HEAP = {heap}\n" + FILLER if heap else ""
         out = run_on_board(tmp, sources, files, prefix + f"STEPS = {steps}\n" + case.settings
                            + script, firmware)
     picked = [line for line in out.splitlines() if line.startswith("native ")]
-    if native and not (picked and "True" in picked[0] and "False" not in picked[0]):
-        raise SystemExit(f"{case.name}: the board's int8 kernels are not the native module's:"
+    if (native or float_native) and not (picked and "True" in picked[0]
+                                         and "False" not in picked[0]):
+        raise SystemExit(f"{case.name}: the board's kernels are not the native module's:"
                          f"\n{out}")
     ticks = [line.split()[1:] for line in out.splitlines() if line.startswith("ticks ")]
     heap = [int(line.split()[1]) for line in out.splitlines() if line.startswith("heap ")]
@@ -233,11 +246,17 @@ def main():
                                               "free heap (a board's heap; default: all)")
     ap.add_argument("--native", choices=("armv6m", "armv7m"),
                     help="count the steps with this build of the native int8 module")
+    ap.add_argument("--float-native", choices=("armv6m", "armv7m"),
+                    help="count the steps with this build of the native float module")
     args = ap.parse_args()
-    native = None
+    native = float_native = None
     if args.native:
         native = subprocess.run(["bash", str(ROOT / "scripts" / "build_natmod.sh"), args.native],
                                 check=True, capture_output=True, text=True).stdout.split()[-1]
+    if args.float_native:
+        float_native = subprocess.run(["bash", str(ROOT / "scripts" / "build_natmod.sh"),
+                                       "--float", args.float_native], check=True,
+                                      capture_output=True, text=True).stdout.split()[-1]
     steps = args.steps
     started = time.monotonic()
     print(f"counted on the emulated Cortex-M3 (qemu-system-arm -machine mps2-an385 -icount "
@@ -270,11 +289,14 @@ def main():
         rows, failed = [], []
         for case in [c for c in cases if args.only is None or args.only in c.name]:
             try:
-                count, update, heap = count_step(case, steps, args.firmware, native, args.heap)
+                count, update, heap = count_step(case, steps, args.firmware, native, args.heap,
+                                                 float_native)
             except BoardRunFailed as e:   # said below the table, the other cases still run
                 failed.append((case, e.last_line()))
                 continue
-            work = step_cost.step_work(case.blob, native=bool(native))
+            work = step_cost.step_work(case.blob, native=(
+                ([runtime.NATIVE_MODULE] if native else [])
+                + ([runtime.NATIVE_FLOAT_MODULE] if float_native else [])))
             rows.append((case, count, update, heap, work))
 
     print(f"\n{'step':34s} {'instructions':>12s} {'update':>11s} {'MACs':>9s} {'per MAC':>8s} "

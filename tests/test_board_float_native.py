@@ -73,3 +73,27 @@ def test_native_float_gemm_equals_pure_on_the_rv32_board(rv32_firmware, tmp_path
                        + gemm_script(630), board=RV32)
     assert "fast True" in out, out[-2000:]
     assert out.split()[-4:] == ["cases", "630", "different", "0"], out[-2000:]
+
+
+def optim_script(cases):
+    return f"CASES = {cases}\n" + (SCRIPTS / "float_native_optim.py").read_text()
+
+
+@pytest.mark.parametrize("arch", ["armv7m", "armv6m"])
+def test_native_float_updates_equal_pure_on_the_emulated_m3(firmware, arch, tmp_path):
+    # 1,000 cases: 200 each of sgd, adamw, sgd_general, adamw_general, accumulate; the
+    # elements refused (left as they were, counted in optim.refused) counted alike
+    out = run_on_board(firmware, tmp_path, build_module(arch), optim_script(1000))
+    assert "fast True" in out, out[-2000:]
+    words = out.split()
+    assert words[-6:-2] == ["cases", "1000", "different", "0"], out[-2000:]
+    assert int(words[-1]) > 100, out[-2000:]       # the refusals were exercised
+
+
+def test_native_float_updates_equal_pure_on_the_rv32_board(rv32_firmware, tmp_path):
+    out = run_on_board(rv32_firmware, tmp_path, build_module("rv32imc"),
+                       "import sys\nassert sys.implementation._build == 'VIRT_RV32'\n"
+                       + optim_script(1000), board=RV32)
+    assert "fast True" in out, out[-2000:]
+    words = out.split()
+    assert words[-6:-2] == ["cases", "1000", "different", "0"], out[-2000:]

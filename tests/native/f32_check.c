@@ -1,11 +1,13 @@
 // Host check of device/native/float/f32.h (tests/test_float_native.py builds and runs it):
-// each fast path against the host's hardware single-precision arithmetic (x86-64 SSE:
+// each fast path, the division and the square root against the host's hardware
+// single-precision arithmetic (x86-64 SSE:
 // IEEE 754 binary32, round to nearest even, no excess precision; -ffp-contract=off), on
 // random operands of several magnitudes, operands built to make ties, cancellations and
 // carries, and the special values. Prints "cases N mismatches M fast F".
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 #include "f32.h"
 
 uint32_t f32_muladd_slow(uint32_t s, uint32_t x, uint32_t y) {
@@ -78,6 +80,26 @@ int main(int argc, char **argv) {
                             printf("add %08x %08x: %08x want %08x\n", a, b, r, f32_bits(rf));
                         }
                     }
+                }
+            }
+        }
+        // the division (every case but a NaN's bits) and the square root
+        uint32_t q = f32_div(x, y);
+        volatile float qf = f32_float(x) / f32_float(y);
+        fast++;
+        int q_nan = (q & 0x7fffffffu) > 0x7f800000u;
+        if (q_nan ? !((f32_bits(qf) & 0x7fffffffu) > 0x7f800000u) : !same(q, f32_bits(qf))) {
+            if (mismatches++ < 10) {
+                printf("div %08x %08x: %08x want %08x\n", x, y, q, f32_bits(qf));
+            }
+        }
+        uint32_t ax = x & 0x7fffffffu;
+        if (ax <= 0x7f800000u) {
+            uint32_t r = f32_sqrt(ax);
+            volatile float rf = sqrtf(f32_float(ax));
+            if (!same(r, f32_bits(rf))) {
+                if (mismatches++ < 10) {
+                    printf("sqrt %08x: %08x want %08x\n", ax, r, f32_bits(rf));
                 }
             }
         }

@@ -37,7 +37,15 @@ def use_fast(g, names, on, module, native=None):
         except errors:
             continue
         found = True
-        fast._pure = pure
+        shared = getattr(fast, "_pure", None)
+        if name_of == native and shared:
+            # one native module for several families (kernels/float_native: dense's and
+            # optim's kernels): its fallbacks are all of theirs
+            shared = dict(shared)
+            shared.update(pure)
+            fast._pure = shared
+        else:
+            fast._pure = pure
         for name in pure:
             kernel = getattr(fast, name, None)
             if kernel is not None:

@@ -139,6 +139,114 @@ static inline uint32_t f32_add_fast(uint32_t x, uint32_t y) {
     return (x & F32_SIGN) + ((ex - 1) << 23) + (r >> 6);
 }
 
+// The significand (leading 1 at bit 23) and biased exponent of a nonzero finite |x|,
+// a subnormal's normalized (its exponent then 0 or below)
+static inline uint32_t f32_unpack(uint32_t ax, int32_t *e) {
+    int32_t ex = (int32_t)(ax >> 23);
+    uint32_t m = ax & 0x7fffffu;
+    if (ex) {
+        m |= 0x800000u;
+    } else {
+        ex = 1;
+        while (!(m & 0x800000u)) {
+            m <<= 1;
+            ex--;
+        }
+    }
+    *e = ex;
+    return m;
+}
+
+// x / y correctly rounded to nearest even, infinities, zeros and subnormals as IEEE; every
+// NaN result is the default NaN 0x7fc00000 (libgcc's may differ in sign: the kernels never
+// keep one, an update that would is refused). Long division, one quotient bit a step:
+// libgcc's armv6m division cannot be linked into a native module (its jump table needs an
+// absolute relocation, which mpy_ld refuses), and this one is the same on every build.
+static inline uint32_t f32_div(uint32_t x, uint32_t y) {
+#if F32_HARD
+    if (1) {
+        return f32_bits(f32_float(x) / f32_float(y));
+    }
+#endif
+    uint32_t sign = (x ^ y) & F32_SIGN;
+    uint32_t ax = x & ~F32_SIGN, ay = y & ~F32_SIGN;
+    if (ax > 0x7f800000u || ay > 0x7f800000u || (ax == 0x7f800000u && ay == 0x7f800000u)
+        || (ax == 0 && ay == 0)) {
+        return 0x7fc00000u;
+    }
+    if (ax == 0x7f800000u || ay == 0) {
+        return sign | 0x7f800000u;
+    }
+    if (ay == 0x7f800000u || ax == 0) {
+        return sign;
+    }
+    int32_t ex, ey;
+    uint32_t mx = f32_unpack(ax, &ex), my = f32_unpack(ay, &ey);
+    int32_t e = ex - ey + 127;  // the quotient's biased exponent, once mx >= my
+    if (mx < my) {
+        mx <<= 1;
+        e--;
+    }
+    uint32_t q = 0;             // 25 quotient bits: 24 kept and the next one
+    for (int i = 0; i < 25; i++) {
+        q <<= 1;
+        if (mx >= my) {
+            mx -= my;
+            q |= 1;
+        }
+        mx <<= 1;
+    }
+    uint32_t sticky = mx != 0;  // the quotient is q * 2**(e - 151), plus a bit when sticky
+    if (e >= 1) {
+        uint32_t r = (q >> 1) + ((q & 1) & (sticky | (q >> 1)));
+        uint32_t bits = ((uint32_t)(e - 1) << 23) + r;
+        return sign | (bits < 0x7f800000u ? bits : 0x7f800000u);
+    }
+    // subnormal: in units of 2**-149 it is q * 2**(e - 2)
+    uint32_t sh = (uint32_t)(2 - e);
+    if (sh > 26) {
+        return sign;
+    }
+    uint32_t n = q >> sh, guard = (q >> (sh - 1)) & 1;
+    sticky |= (q & ((1u << (sh - 1)) - 1)) != 0;
+    return sign | (n + (guard & (sticky | n)));
+}
+
+// sqrt(x) correctly rounded for x >= +0, -0 or +inf (as MicroPython's math.sqrt: lib/libm's
+// single-precision sqrt); digit by digit, the 25th bit rounding (a square root is never
+// exactly halfway between two floats)
+static inline uint32_t f32_sqrt(uint32_t x) {
+#if F32_HARD
+    if (1) {                    // the FPU's square root, correctly rounded (no libm call)
+        float r;
+        __asm__ ("vsqrt.f32 %0, %1" : "=t" (r) : "t" (f32_float(x)));
+        return f32_bits(r);
+    }
+#endif
+    if ((x << 1) == 0 || x == 0x7f800000u) {
+        return x;
+    }
+    int32_t e;
+    uint32_t m = f32_unpack(x, &e);
+    e -= 127;
+    if (e & 1) {                // an even exponent: m * 2**e = (2m) * 2**(e - 1)
+        m <<= 1;
+    }
+    e >>= 1;                    // (arithmetic: floor)
+    m <<= 1;                    // the root of m * 2**-23 in [1, 2): 25 bits, digit by digit
+    uint32_t q = 0, s = 0;
+    for (uint32_t r = 0x1000000u; r != 0; r >>= 1) {
+        uint32_t t = s + r;
+        if (t <= m) {
+            s = t + r;
+            m -= t;
+            q += r;
+        }
+        m <<= 1;
+    }
+    return (uint32_t)((e + 126) << 23) + ((q + 1) >> 1);
+}
+
 // s + x * y, the product rounded, then the sum: the compiler's float arithmetic
 uint32_t f32_muladd_slow(uint32_t s, uint32_t x, uint32_t y);
 

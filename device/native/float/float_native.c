@@ -77,6 +77,41 @@ uint32_t f32_muladd_slow(uint32_t s, uint32_t x, uint32_t y) {
     return f32_add_slow(s, f32_mul_slow(x, y));
 }
 
+uint32_t f32_mul(uint32_t x, uint32_t y) {
+#if !F32_HARD
+    uint32_t p = f32_mul_fast(x, y);
+    if (p != 0) {
+        return p;
+    }
+#endif
+    return f32_mul_slow(x, y);
+}
+
+uint32_t f32_add(uint32_t x, uint32_t y) {
+#if !F32_HARD
+    if (f32_normal(x) && f32_normal(y)) {
+        uint32_t r = f32_add_fast(x, y);
+        if (r != F32_NONE) {
+            return r;
+        }
+    }
+#endif
+    return f32_add_slow(x, y);
+}
+
+// (the compiler's subtraction for the rest: its NaN may differ from an addition's)
+uint32_t f32_sub(uint32_t x, uint32_t y) {
+#if !F32_HARD
+    if (f32_normal(x) && f32_normal(y)) {
+        uint32_t r = f32_add_fast(x, y ^ F32_SIGN);
+        if (r != F32_NONE) {
+            return r;
+        }
+    }
+#endif
+    return f32_bits(f32_float(x) - f32_float(y));
+}
+
 // One product's geometry: Y[m, n] = alpha * A[m, k] B[k, n] (+ beta * C[m, n]), strided
 typedef struct {
     mp_int_t y, a, b, c, m, k, n, sa_m, sa_k, sb_k, sb_n, sc_m, sc_n;
@@ -271,6 +306,11 @@ mp_obj_t mpy_init(mp_obj_fun_bc_t *self, size_t n_args, size_t n_kw, mp_obj_t *a
     mp_store_global(MP_QSTR_gemm, MP_OBJ_FROM_PTR(&gemm_obj));
     mp_store_global(MP_QSTR_gemm_accumulate, MP_OBJ_FROM_PTR(&gemm_accumulate_obj));
     mp_store_global(MP_QSTR_batched_gemm, MP_OBJ_FROM_PTR(&batched_gemm_obj));
+    mp_store_global(MP_QSTR_sgd, MP_OBJ_FROM_PTR(&sgd_obj));
+    mp_store_global(MP_QSTR_adamw, MP_OBJ_FROM_PTR(&adamw_obj));
+    mp_store_global(MP_QSTR_sgd_general, MP_OBJ_FROM_PTR(&sgd_general_obj));
+    mp_store_global(MP_QSTR_adamw_general, MP_OBJ_FROM_PTR(&adamw_general_obj));
+    mp_store_global(MP_QSTR_accumulate, MP_OBJ_FROM_PTR(&accumulate_obj));
     mp_store_global(MP_QSTR__pure, mp_const_none);   // set by kernels/fastpath.py
     MP_DYNRUNTIME_INIT_EXIT
 }

@@ -21,26 +21,16 @@ bool float_args(const mp_obj_t *in, size_t n_ints, size_t n_floats, mp_int_t *in
 // is read for n1 or n2 <= 0)
 bool span_ok(mp_int_t off, mp_int_t n1, mp_int_t s1, mp_int_t n2, mp_int_t s2, mp_int_t len);
 
-// One operation with the compiler's float arithmetic (libgcc's soft float; the FPU on an
-// armv7emsp build), on bits: the reference each fast path falls back to
+// One operation with the compiler's float arithmetic (libgcc's soft float, or the FPU on
+// an armv7emsp build), on bits: the reference each fast path falls back to
 uint32_t f32_mul_slow(uint32_t x, uint32_t y);
 uint32_t f32_add_slow(uint32_t x, uint32_t y);
 
-// x * y and x + y rounded as the compiler's float arithmetic: the fast paths first
-static inline uint32_t f32_mul(uint32_t x, uint32_t y) {
-    uint32_t p = f32_mul_fast(x, y);
-    return p != 0 ? p : f32_mul_slow(x, y);
-}
-
-static inline uint32_t f32_add(uint32_t x, uint32_t y) {
-    if (f32_normal(x) && f32_normal(y)) {
-        uint32_t r = f32_add_fast(x, y);
-        if (r != F32_NONE) {
-            return r;
-        }
-    }
-    return f32_add_slow(x, y);
-}
+// x * y, x + y and x - y rounded as the compiler's float arithmetic: f32.h's fast paths,
+// then the slow ones (out of line: the optimizer's kernels call them many times over)
+uint32_t f32_mul(uint32_t x, uint32_t y);
+uint32_t f32_add(uint32_t x, uint32_t y);
+uint32_t f32_sub(uint32_t x, uint32_t y);
 
 extern const mp_obj_fun_builtin_var_t sgd_obj, adamw_obj, sgd_general_obj,
     adamw_general_obj, accumulate_obj;

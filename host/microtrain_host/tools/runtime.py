@@ -128,7 +128,7 @@ def package_sources(modules):
     return {m: (device_package_dir() / m).read_text() for m in modules}
 
 
-def minimal_sources(blob_path, extra=(), messages_apart=True):
+def minimal_sources(blob_path, extra=(), messages_apart=True, native=()):
     """{relative path: source text} of the model's minimal runtime: the modules of
     runtime_modules() (extra: see there), with opcodes.py cut to the op codes the blob uses
     and each kernel family cut to the kernels those op codes name, their load-time checkers
@@ -136,14 +136,16 @@ def minimal_sources(blob_path, extra=(), messages_apart=True):
     Cut lines are blanked, not removed, so that a traceback on the board gives the line
     numbers of the repository's source. The raise statements' messages move into modules
     imported only when one is raised (runtime_messages.move_messages; not with
-    messages_apart=False)."""
+    messages_apart=False). native: the names of the native modules the runtime carries
+    (native_modules()); with the float kernels' module, the families it serves keep their
+    switch to it (FAST = use_fast()) and kernels/fastpath.py comes along."""
     used = op_codes(blob_path)
     kernels = {}
     for op in used:
         family, function = BY_CODE[op].family, BY_CODE[op].kernel
         kernels.setdefault(family, set()).update((function, function + "_check"))
     modules = runtime_modules(blob_path, extra)
-    sources = package_sources(modules + _fast_paths(kernels)
+    sources = package_sources(modules + _fast_paths(kernels) + _float_switch(kernels, native)
                               + _lazy_helpers(blob_path))
     for text in sources.values():  # what one kernel family imports from another
         for node in ast.walk(ast.parse(text)):
@@ -207,6 +209,19 @@ def _fast_paths(kernels):
     return sorted(set(added))
 
 
+def _float_switch(kernels, native):
+    """With the native float kernels' module among the runtime's native modules, the families
+    it serves keep their switch (FAST = use_fast(), kernels/fastpath.py); without it the
+    switch is cut, as the families run their pure-Python kernels anyway. Returns the modules
+    to add. Updates `kernels` in place."""
+    if NATIVE_FLOAT_MODULE not in native:
+        return []
+    families = [family for family in NATIVE_FLOAT_KERNELS if family in kernels]
+    for family in families:
+        kernels[family].add("FAST")
+    return ["microtrain/kernels/fastpath.py"] if families else []
+
+
 # The native int8 kernels (device/native: a MicroPython 1.25 dynamic native module, machine
 # code) as scripts/build_natmod.sh --ship puts them in the device package, one build per
 # architecture, so that neither deploy nor mip needs a cross toolchain. Installed beside the
@@ -222,23 +237,40 @@ NATIVE_BUILD_FOR = {"armv6m": "armv6m", "armv7m": "armv7m", "armv7emsp": "armv7m
                     "rv32imc": "rv32imc"}
 
 
-def native_build(arch):
-    """The shipped native module for a board of mpy_arch `arch` (a path), or None."""
+# The native float kernels (device/native/float, `build_natmod.sh --float --ship`): the
+# Gemm kernels of kernels/dense.py and the float updates of kernels/optim.py, bit for bit,
+# in one module beside them; its builds shipped as those of the int8 module. An FPU board
+# (armv7emsp) takes the armv7m build too: its soft float gives the FPU's bits (IEEE single
+# precision, nearest even); the module's armv7emsp build (the FPU's instructions) is not
+# shipped, as no emulated board here has an FPU to check it on.
+NATIVE_FLOAT_MODULE = "microtrain/kernels/float_native.mpy"
+NATIVE_FLOAT_KERNELS = {"dense": ("gemm", "gemm_accumulate", "batched_gemm"),
+                        "optim": ("sgd", "adamw", "sgd_general", "adamw_general", "accumulate")}
+
+
+def native_build(arch, module="qlinear_native"):
+    """The shipped build of the native module (qlinear_native, float_native) for a board of
+    mpy_arch `arch` (a path), or None."""
     build = NATIVE_BUILD_FOR.get(arch)
     if build is None:
         return None
-    path = device_package_dir() / NATIVE_BUILDS / build / "qlinear_native.mpy"
+    path = device_package_dir() / NATIVE_BUILDS / build / f"{module}.mpy"
     return path if path.exists() else None
 
 
 def native_modules(blob_path, arch):
-    """{NATIVE_MODULE: path of the build} when the blob's programs call a kernel the native
-    module has and the board's architecture has a build; else {} (the viper kernels run)."""
-    build = native_build(arch)
-    if build is None or not any(BY_CODE[op].kernel in NATIVE_KERNELS
-                                for op in op_codes(blob_path)):
-        return {}
-    return {NATIVE_MODULE: build}
+    """{name on the board: path of the build} of the native modules with a kernel the blob's
+    programs call, for the board's architecture: NATIVE_MODULE (int8), NATIVE_FLOAT_MODULE
+    (float); {} when there is none or no build (the viper / pure-Python kernels run)."""
+    kernels = {BY_CODE[op].kernel for op in op_codes(blob_path)}
+    modules = {}
+    for name, wanted in ((NATIVE_MODULE, NATIVE_KERNELS),
+                         (NATIVE_FLOAT_MODULE, [k for family in NATIVE_FLOAT_KERNELS.values()
+                                                for k in family])):
+        build = native_build(arch, name.rsplit("/", 1)[1][:-4])
+        if build is not None and kernels & set(wanted):
+            modules[name] = build
+    return modules
 
 
 def add_native_modules(modules, out_dir):
@@ -465,7 +497,10 @@ def package_json(arch=None):
     files = sorted(str(p.relative_to(base)) for p in (base / "microtrain").rglob("*.py"))
     urls = [[f, f] for f in files]
     if arch is not None:
-        urls.append([NATIVE_MODULE, f"{NATIVE_BUILDS}/{arch}/qlinear_native.mpy"])
+        for name in (NATIVE_MODULE, NATIVE_FLOAT_MODULE):
+            module = name.rsplit("/", 1)[1]
+            if (device_package_dir() / NATIVE_BUILDS / arch / module).exists():
+                urls.append([name, f"{NATIVE_BUILDS}/{arch}/{module}"])
     return json.dumps({"urls": urls, "version": microtrain.__version__}, indent=2) + "\n"
 
 

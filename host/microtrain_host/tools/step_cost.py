@@ -41,13 +41,35 @@ NATIVE_INSTRUCTIONS_PER_MAC = {
     "int8 depthwise": 15.1,
 }
 NATIVE_OPS = ("QLINEAR_GEMM", "QLINEAR_CONV")
+# The native float module (device/native/float) that deploy ships to boards with a build:
+# its Gemm kernels per MAC and its updates per parameter (NATIVE_INSTRUCTIONS_PER_UPDATE),
+# counted by `python3 bench/board_float_native.py` (armv7m build, the one the Cortex-M3 and
+# later take; shapes of the digits MLP's step) on 2026-11-28.
+NATIVE_FLOAT_OPS = ("GEMM", "GEMM_ACCUMULATE", "BATCHED_GEMM")
+NATIVE_FLOAT_UPDATES = ("SGD", "SGD_GENERAL", "ADAMW", "ADAMW_GENERAL")
+NATIVE_INSTRUCTIONS_PER_MAC["float dense"] = 45.0
 # ... and per parameter element of one optimizer update (kernels/optim sgd, adamw over 1,024
 # parameters, by the same bench)
 INSTRUCTIONS_PER_UPDATE = {
     "SGD": 3433,
     "AdamW": 12478,
 }
+NATIVE_INSTRUCTIONS_PER_UPDATE = {
+    "SGD": 100.0,
+    "AdamW": 600.0,
+}
 CYCLES_PER_INSTRUCTION = (1.1, 1.5)   # real Cortex-M3/M4 (shared/FACTS.md)
+
+
+def _carried(native):
+    """(the int8 module carried, the float module carried): native is True (the int8
+    module, as callers said before the float one) or the names of the runtime's native
+    modules (runtime.native_modules)."""
+    if native is True:
+        return True, False
+    names = [str(n) for n in (native or ())]
+    return (any(n.endswith("qlinear_native.mpy") for n in names),
+            any(n.endswith("float_native.mpy") for n in names))
 
 
 def _taps(out, k, stride, dilation, pad, size):
@@ -127,20 +149,23 @@ class Work:
     def __init__(self, b, programs, what, native=False):
         self.what = what
         self.macs, self.updates = {}, {}
+        int8, flt = _carried(native)
+        native_ops = (NATIVE_OPS if int8 else ()) + (
+            NATIVE_FLOAT_OPS + NATIVE_FLOAT_UPDATES if flt else ())
         for name in programs:
             for op, _, ints, _ in b.step_records.get(name, ()):
                 spec = BY_CODE.get(op)
                 for table, counts in ((MACS, self.macs), (UPDATES, self.updates)):
                     if spec is not None and spec.name in table:
                         kind, n = table[spec.name](dict(zip(spec.ints, ints)))
-                        if native and spec.name in NATIVE_OPS:
+                        if spec.name in native_ops:
                             kind = "native " + kind
                         counts[kind] = counts.get(kind, 0) + n
 
     def instructions(self):
         """Its instructions on the emulated M3 by the counted per-MAC and per-update costs."""
         return (sum(n * per_mac(family) for family, n in self.macs.items())
-                + sum(n * INSTRUCTIONS_PER_UPDATE[kind] for kind, n in self.updates.items()))
+                + sum(n * per_update(kind) for kind, n in self.updates.items()))
 
 
 def per_mac(family):
@@ -148,6 +173,13 @@ def per_mac(family):
     if family.startswith("native "):
         return NATIVE_INSTRUCTIONS_PER_MAC[family[7:]]
     return INSTRUCTIONS_PER_MAC[family]
+
+
+def per_update(kind):
+    """Instructions per parameter of an optimizer's update ("native AdamW": the module's)."""
+    if kind.startswith("native "):
+        return NATIVE_INSTRUCTIONS_PER_UPDATE[kind[7:]]
+    return INSTRUCTIONS_PER_UPDATE[kind]
 
 
 def step_work(path, native=False):
@@ -176,7 +208,7 @@ class Estimate:
                     f"multiply-accumulates and no optimizer update, nothing to estimate from")
         parts = [f"{n:,} {family} MACs x {per_mac(family):g}"
                  for family, n in sorted(work.macs.items())]
-        parts += [f"{n:,} parameters' {kind} updates x {INSTRUCTIONS_PER_UPDATE[kind]:g}"
+        parts += [f"{n:,} parameters' {kind} updates x {per_update(kind):g}"
                   for kind, n in sorted(work.updates.items())]
         return "\n".join([
             f"estimated time per {work.what} on {board['name']} at {board['clock_hz'] / 1e6:g} "
