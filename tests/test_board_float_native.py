@@ -97,3 +97,78 @@ def test_native_float_updates_equal_pure_on_the_rv32_board(rv32_firmware, tmp_pa
     assert "fast True" in out, out[-2000:]
     words = out.split()
     assert words[-6:-2] == ["cases", "1000", "different", "0"], out[-2000:]
+
+
+@pytest.mark.parametrize("arch", ["armv7m", "armv6m"])
+def test_digits_training_with_the_native_module_equals_the_boards_pure_run(firmware, arch,
+                                                                          tmp_path):
+    """A whole training run as deploy ships it: the digits MLP (AdamW, batch 8), its minimal
+    runtime written by deploy.write_runtime for the emulated Cortex-M3 with the float module
+    (the build for the board, armv7m; and armv6m, which every ARM core loads) in ROMFS,
+    trains 12 steps with the native kernels picked by fastpath; a second run of the same
+    board from the same checkpoint with use_fast(False) (the pure-Python kernels) gives the
+    same losses bit for bit and the same arena (parameters, gradients, moments: its
+    CRC-32)."""
+    import numpy as np
+
+    from microtrain_host import generate_artifacts
+    from microtrain_host.tools import boards, runtime
+    digits = ROOT / "examples" / "digits"
+    build = tmp_path / "build"
+    generate_artifacts(str(digits / "mlp.onnx"), artifact_directory=str(build), batch_size=8,
+                       optimizer="AdamW", optimizer_options={"learning_rate": 0.01})
+    data = np.load(digits / "digits.npz")
+    (tmp_path / "x.f32").write_bytes(data["x_train"][:96].astype("<f4").tobytes())
+    (tmp_path / "y.i32").write_bytes(data["y_train"][:96].astype("<i4").tobytes())
+    board = boards.load_board("qemu-mps2-an385")
+    plan = deploy.Plan(board, "romfs", build, {}, None, None, None, None)
+    plan.native = {runtime.NATIVE_FLOAT_MODULE: build_module(arch)}
+    if arch == "armv7m":    # what deploy ships to this board
+        assert boards.native_for(build / "model.mtb", board, "romfs") == {
+            runtime.NATIVE_FLOAT_MODULE: runtime.native_build("armv7m", "float_native")}
+    rt = deploy.write_runtime(plan, build / "model.mtb", tmp_path / "rt")
+    for name in ("model.mtb", "checkpoint"):
+        (rt / name).write_bytes((build / name).read_bytes())
+    plan.romfs_image = tmp_path / "microtrain.romfs"
+    plan.romfs_image.write_bytes(runtime.romfs_image(rt))
+    plan.files = [(tmp_path / "x.f32", "x.f32"), (tmp_path / "y.i32", "y.i32")]
+    body = """
+from array import array
+from binascii import crc32, hexlify
+from microtrain import CheckpointState, Module, Optimizer
+from microtrain.kernels import dense, optim, float_native
+X = array('f', open('x.f32', 'rb').read())
+Y = array('i', open('y.i32', 'rb').read())
+if PURE:
+    dense.use_fast(False)
+    optim.use_fast(False)
+    print('picked', dense.gemm is dense._pure['gemm'] and optim.adamw is optim._pure['adamw'])
+else:
+    print('picked', dense.gemm is float_native.gemm and optim.adamw is float_native.adamw)
+state = CheckpointState.load_checkpoint('/rom/checkpoint')
+model = Module('/rom/model.mtb', state)
+opt = Optimizer('/rom/model.mtb', model)
+losses = array('f')
+for step in range(12):
+    losses.append(model(X[step * 512:(step + 1) * 512], Y[step * 8:(step + 1) * 8]))
+    opt.step()
+    model.lazy_reset_grad()
+print('losses', hexlify(bytes(losses)).decode())
+# the arena's CRC-32 (a copy of its 43 KB would not fit beside it)
+print('arena', crc32(memoryview(model.F)))
+"""
+    runs = {}
+    for pure in (False, True):      # two runs of the same board (its firmware, its heap)
+        script = tmp_path / "script.py"
+        script.write_text(f"PURE = {pure}\n" + body)
+        with deploy.QemuBoard(firmware) as qemu:
+            proc = subprocess.run(deploy.mpremote_command(plan, qemu.port, script),
+                                  capture_output=True, text=True, timeout=1800)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        runs[pure] = dict(line.split(" ", 1) for line in proc.stdout.splitlines()
+                          if line.startswith(("picked ", "losses ", "arena ")))
+        assert runs[pure]["picked"] == "True", proc.stdout[-2000:]
+    for what in ("losses", "arena"):
+        assert runs[False][what] == runs[True][what], what
+    losses = np.frombuffer(bytes.fromhex(runs[False]["losses"]), "<f4")
+    assert len(losses) == 12 and losses[-1] < losses[0]      # it trained
