@@ -99,14 +99,41 @@ def test_native_float_updates_equal_pure_on_the_rv32_board(rv32_firmware, tmp_pa
     assert words[-6:-2] == ["cases", "1000", "different", "0"], out[-2000:]
 
 
+def reduce_script(cases):
+    return f"CASES = {cases}\n" + (SCRIPTS / "float_native_reduce.py").read_text()
+
+
+def check_reduce(out):
+    # 800 cases: 200 each of reduce_sum, relu, relu_grad, largest_abs; the calls reaching
+    # past F's end raised alike
+    assert "fast True" in out, out[-2000:]
+    words = out.split()
+    assert words[-6:-2] == ["cases", "800", "different", "0"], out[-2000:]
+    assert int(words[-1]) > 5, out[-2000:]        # the refusals were exercised
+
+
+@pytest.mark.parametrize("arch", ["armv7m", "armv6m"])
+def test_native_reduce_relu_and_gradient_check_equal_pure_on_the_emulated_m3(firmware, arch,
+                                                                              tmp_path):
+    check_reduce(run_on_board(firmware, tmp_path, build_module(arch), reduce_script(800)))
+
+
+def test_native_reduce_relu_and_gradient_check_equal_pure_on_the_rv32_board(rv32_firmware,
+                                                                             tmp_path):
+    check_reduce(run_on_board(rv32_firmware, tmp_path, build_module("rv32imc"),
+                              "import sys\nassert sys.implementation._build == 'VIRT_RV32'\n"
+                              + reduce_script(800), board=RV32))
+
+
 @pytest.mark.parametrize("arch", ["armv7m", "armv6m"])
 def test_digits_training_with_the_native_module_equals_the_boards_pure_run(firmware, arch,
                                                                           tmp_path):
     """A whole training run as deploy ships it: the digits MLP (AdamW, batch 8), its minimal
     runtime written by deploy.write_runtime for the emulated Cortex-M3 with the float module
     (the build for the board, armv7m; and armv6m, which every ARM core loads) in ROMFS,
-    trains 12 steps with the native kernels picked by fastpath; a second run of the same
-    board from the same checkpoint with use_fast(False) (the pure-Python kernels) gives the
+    trains 12 steps with the native kernels picked by fastpath (Gemm, AdamW, reduce_sum,
+    relu, relu_grad, the gradient check); a second run of the same board from the same
+    checkpoint with use_fast(False) (the pure-Python kernels) gives the
     same losses bit for bit and the same arena (parameters, gradients, moments: its
     CRC-32)."""
     import numpy as np
@@ -135,22 +162,35 @@ def test_digits_training_with_the_native_module_equals_the_boards_pure_run(firmw
     body = """
 from array import array
 from binascii import crc32, hexlify
-from microtrain import CheckpointState, Module, Optimizer
-from microtrain.kernels import dense, optim, float_native
-X = array('f', open('x.f32', 'rb').read())
-Y = array('i', open('y.i32', 'rb').read())
+from microtrain import CheckpointState, Module, Optimizer, module
+from microtrain.kernels import activation, dense, optim, reduce, float_native
+families = (dense, optim, reduce, activation)
 if PURE:
-    dense.use_fast(False)
-    optim.use_fast(False)
-    print('picked', dense.gemm is dense._pure['gemm'] and optim.adamw is optim._pure['adamw'])
+    for family in families:
+        family.use_fast(False)
+    module.largest_abs = None       # the gradient check's own loop
+    print('picked', all(getattr(f, k) is f._pure[k] for f in families for k in f._pure))
 else:
-    print('picked', dense.gemm is float_native.gemm and optim.adamw is float_native.adamw)
+    print('picked', all(getattr(f, k) is getattr(float_native, k)
+                        for f in families for k in f._pure)
+          and module.largest_abs is float_native.largest_abs
+          and all(f._pure for f in families))
+import gc
 state = CheckpointState.load_checkpoint('/rom/checkpoint')
-model = Module('/rom/model.mtb', state)
-opt = Optimizer('/rom/model.mtb', model)
+# loaded as boards/train_on_board.py does: a collection every 4 KB while Module loads (its
+# reader's garbage reuses small holes, not the block the arenas need)
+blob = '/rom/model.mtb'
+gc.collect()
+gc.threshold(4096)
+model = Module(blob, state)
+gc.threshold(-1)
+opt = Optimizer(blob, model)
 losses = array('f')
+# a batch at a time from the files, as a deployed run reads them (the 96 samples at once
+# would take the heap the arenas need)
+fx, fy = open('x.f32', 'rb'), open('y.i32', 'rb')
 for step in range(12):
-    losses.append(model(X[step * 512:(step + 1) * 512], Y[step * 8:(step + 1) * 8]))
+    losses.append(model(array('f', fx.read(2048)), array('i', fy.read(32))))
     opt.step()
     model.lazy_reset_grad()
 print('losses', hexlify(bytes(losses)).decode())

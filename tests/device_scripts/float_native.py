@@ -4,7 +4,8 @@
 # batched products, k past the armv7m loop's 128-term buffer) and random float32 data of
 # several magnitudes with zeros (as after a ReLU), short significands (products and sums
 # that end exactly halfway: ties), products near the ends of the float32 range (the cases
-# the module's fast paths leave to the compiler's float arithmetic), and alpha, beta of all
+# the module's fast paths leave to the compiler's float arithmetic), in one case of five
+# subnormals, zeros, infinities and NaNs among them (sprinkle), and alpha, beta of all
 # kinds; F compared byte for byte after each call (but a NaN equals any NaN: same()). CASES
 # cases in turn: gemm, gemm_accumulate, batched_gemm. Prints "fast B", "nan_bits N" (cases
 # equal only as NaNs), then "cases N different D".
@@ -31,6 +32,24 @@ def bits(scale, mode):
     return random.getrandbits(1) << 31 | e << 23 | m
 
 
+def edge():
+    # one float32 at the ends of the format: a subnormal, a zero, an infinity, a NaN (any
+    # payload), the largest finite, the smallest normal; either sign
+    kind = random.randint(0, 5)
+    w = (random.getrandbits(23) or 1, 0, 0x7F800000, 0x7F800000 | (random.getrandbits(22) or 1)
+         | random.getrandbits(1) << 22, 0x7F7FFFFF, 0x00800000)[kind]
+    return random.getrandbits(1) << 31 | w
+
+
+def sprinkle(words, start, count):
+    # in one case of 5, edge values among the region's: 1 in 4, 16 or 64
+    if random.randint(0, 4) == 0:
+        every = random.choice((4, 16, 64))
+        for i in range(start, start + count):
+            if random.randrange(every) == 0:
+                words[i] = edge()
+
+
 def arena(size, regions):
     # F of `size` floats, filled region by region [(start, count, scale, mode)]; the rest
     # small random values
@@ -40,6 +59,7 @@ def arena(size, regions):
     for start, count, scale, mode in regions:
         for i in range(start, start + count):
             words[i] = bits(scale, mode)
+        sprinkle(words, start, count)
     return array("f", bytes(words))
 
 

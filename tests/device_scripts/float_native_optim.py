@@ -2,7 +2,8 @@
 # accumulate) against kernels/optim.py's pure-Python kernels on the same board (single-
 # precision floats): random sizes, hyper-parameters and data of several magnitudes
 # (parameters, gradients from tiny to huge, moments; a few negative or huge second moments
-# and gradients that overflow: the elements the kernels refuse and count), clipping
+# and gradients that overflow: the elements the kernels refuse and count; in one region of
+# five subnormals, zeros, infinities and NaNs: sprinkle), clipping
 # coefficients, L1/L2 penalties, momentum with and without Nesterov, first steps and later
 # ones, lazy resets. F compared byte for byte (but a NaN equals any NaN, as in
 # float_native.py) and optim.refused's count after each call. CASES cases in turn over the
@@ -61,6 +62,24 @@ def check(kernel, words, args):
     return (not same(F1, F2)) or refused_pure != refused_native, refused_pure
 
 
+def edge():
+    # one float32 at the ends of the format: a subnormal, a zero, an infinity, a NaN (any
+    # payload), the largest finite, the smallest normal; either sign
+    kind = random.randint(0, 5)
+    w = (random.getrandbits(23) or 1, 0, 0x7F800000, 0x7F800000 | (random.getrandbits(22) or 1)
+         | random.getrandbits(1) << 22, 0x7F7FFFFF, 0x00800000)[kind]
+    return random.getrandbits(1) << 31 | w
+
+
+def sprinkle(words, start, count):
+    # in one case of 5, edge values among the region's: 1 in 4, 16 or 64
+    if random.randint(0, 4) == 0:
+        every = random.choice((4, 16, 64))
+        for i in range(start, start + count):
+            if random.randrange(every) == 0:
+                words[i] = edge()
+
+
 def arena(n, extra):
     # parameter, gradient, two state tensors of n elements, then the scalars
     words = array("I", bytes(4 * (4 * n + extra)))
@@ -75,6 +94,8 @@ def arena(n, extra):
             words[n + i] = 0x7F000000 | random.getrandbits(23)         # huge gradient
             words[3 * n + random.randrange(n)] |= 0x80000000           # negative moment
         words[n + random.randrange(n)] = 0x7F800000 | random.getrandbits(1) << 31   # inf
+    for start in range(0, 4 * n, n):                                   # edge values
+        sprinkle(words, start, n)
     return words
 
 

@@ -39,8 +39,8 @@ def use_fast(g, names, on, module, native=None):
         found = True
         shared = getattr(fast, "_pure", None)
         if name_of == native and shared:
-            # one native module for several families (kernels/float_native: dense's and
-            # optim's kernels): its fallbacks are all of theirs
+            # one native module for several families (kernels/float_native: dense's,
+            # optim's, reduce's and activation's kernels): its fallbacks are all of theirs
             shared = dict(shared)
             shared.update(pure)
             fast._pure = shared

@@ -1,6 +1,7 @@
 // Native forms of kernels/dense.py's float Gemm kernels (gemm, gemm_accumulate,
 // batched_gemm: the forward pass, dX = dY.W and dW = X^T.dY, into an accumulation buffer or
-// not) and kernels/optim.py's updates (float_optim.c) as a MicroPython dynamic native module
+// not), kernels/optim.py's updates (float_optim.c), reduce_sum, relu, relu_grad and the train
+// call's gradient check (float_reduce.c) as a MicroPython dynamic native module
 // (an .mpy holding machine code; built by scripts/build_natmod.sh --float with MicroPython
 // 1.25's py/dynruntime.mk). kernels/fastpath.py puts them in place of the pure-Python
 // kernels when the module imports; those stay the reference.
@@ -311,6 +312,10 @@ mp_obj_t mpy_init(mp_obj_fun_bc_t *self, size_t n_args, size_t n_kw, mp_obj_t *a
     mp_store_global(MP_QSTR_sgd_general, MP_OBJ_FROM_PTR(&sgd_general_obj));
     mp_store_global(MP_QSTR_adamw_general, MP_OBJ_FROM_PTR(&adamw_general_obj));
     mp_store_global(MP_QSTR_accumulate, MP_OBJ_FROM_PTR(&accumulate_obj));
+    mp_store_global(MP_QSTR_reduce_sum, MP_OBJ_FROM_PTR(&reduce_sum_obj));
+    mp_store_global(MP_QSTR_relu, MP_OBJ_FROM_PTR(&relu_obj));
+    mp_store_global(MP_QSTR_relu_grad, MP_OBJ_FROM_PTR(&relu_grad_obj));
+    mp_store_global(MP_QSTR_largest_abs, MP_OBJ_FROM_PTR(&largest_abs_obj));
     mp_store_global(MP_QSTR__pure, mp_const_none);   // set by kernels/fastpath.py
     MP_DYNRUNTIME_INIT_EXIT
 }

@@ -1,5 +1,6 @@
-// What float_native.c (the dense kernels, the module) and float_optim.c (the optimizer's
-// updates) share: one dynamic native module built from both (device/native/float/Makefile).
+// What float_native.c (the dense kernels, the module), float_optim.c (the optimizer's
+// updates) and float_reduce.c (reduce_sum, relu, the gradient check) share: one dynamic
+// native module built from them (device/native/float/Makefile).
 #ifndef MT_FLOAT_NATIVE_H
 #define MT_FLOAT_NATIVE_H
 #include "py/dynruntime.h"
@@ -32,6 +33,8 @@ uint32_t f32_mul(uint32_t x, uint32_t y);
 uint32_t f32_add(uint32_t x, uint32_t y);
 uint32_t f32_sub(uint32_t x, uint32_t y);
 
+// float_optim.c's and float_reduce.c's kernels
 extern const mp_obj_fun_builtin_var_t sgd_obj, adamw_obj, sgd_general_obj,
-    adamw_general_obj, accumulate_obj;
+    adamw_general_obj, accumulate_obj, reduce_sum_obj, relu_obj, relu_grad_obj,
+    largest_abs_obj;
 #endif

@@ -238,14 +238,16 @@ NATIVE_BUILD_FOR = {"armv6m": "armv6m", "armv7m": "armv7m", "armv7emsp": "armv7m
 
 
 # The native float kernels (device/native/float, `build_natmod.sh --float --ship`): the
-# Gemm kernels of kernels/dense.py and the float updates of kernels/optim.py, bit for bit,
+# Gemm kernels of kernels/dense.py, the float updates of kernels/optim.py, reduce_sum (a
+# Gemm's bias gradient) and relu / relu_grad, bit for bit,
 # in one module beside them; its builds shipped as those of the int8 module. An FPU board
 # (armv7emsp) takes the armv7m build too: its soft float gives the FPU's bits (IEEE single
 # precision, nearest even); the module's armv7emsp build (the FPU's instructions) is not
 # shipped, as no emulated board here has an FPU to check it on.
 NATIVE_FLOAT_MODULE = "microtrain/kernels/float_native.mpy"
 NATIVE_FLOAT_KERNELS = {"dense": ("gemm", "gemm_accumulate", "batched_gemm"),
-                        "optim": ("sgd", "adamw", "sgd_general", "adamw_general", "accumulate")}
+                        "optim": ("sgd", "adamw", "sgd_general", "adamw_general", "accumulate"),
+                        "reduce": ("reduce_sum",), "activation": ("relu", "relu_grad")}
 
 
 def native_build(arch, module="qlinear_native"):
