@@ -104,25 +104,25 @@ def reduce_script(cases):
 
 
 def check_reduce(out):
-    # 800 cases: 200 each of reduce_sum, relu, relu_grad, largest_abs; the calls reaching
-    # past F's end raised alike
+    # 1,000 cases: 200 each of reduce_sum, relu, relu_grad, largest_abs, load_floats; the
+    # calls reaching past F's end raised alike
     assert "fast True" in out, out[-2000:]
     words = out.split()
-    assert words[-6:-2] == ["cases", "800", "different", "0"], out[-2000:]
+    assert words[-6:-2] == ["cases", "1000", "different", "0"], out[-2000:]
     assert int(words[-1]) > 5, out[-2000:]        # the refusals were exercised
 
 
 @pytest.mark.parametrize("arch", ["armv7m", "armv6m"])
 def test_native_reduce_relu_and_gradient_check_equal_pure_on_the_emulated_m3(firmware, arch,
                                                                               tmp_path):
-    check_reduce(run_on_board(firmware, tmp_path, build_module(arch), reduce_script(800)))
+    check_reduce(run_on_board(firmware, tmp_path, build_module(arch), reduce_script(1000)))
 
 
 def test_native_reduce_relu_and_gradient_check_equal_pure_on_the_rv32_board(rv32_firmware,
                                                                              tmp_path):
     check_reduce(run_on_board(rv32_firmware, tmp_path, build_module("rv32imc"),
                               "import sys\nassert sys.implementation._build == 'VIRT_RV32'\n"
-                              + reduce_script(800), board=RV32))
+                              + reduce_script(1000), board=RV32))
 
 
 @pytest.mark.parametrize("arch", ["armv7m", "armv6m"])
@@ -132,8 +132,8 @@ def test_digits_training_with_the_native_module_equals_the_boards_pure_run(firmw
     runtime written by deploy.write_runtime for the emulated Cortex-M3 with the float module
     (the build for the board, armv7m; and armv6m, which every ARM core loads) in ROMFS,
     trains 12 steps with the native kernels picked by fastpath (Gemm, AdamW, reduce_sum,
-    relu, relu_grad, the gradient check); a second run of the same board from the same
-    checkpoint with use_fast(False) (the pure-Python kernels) gives the
+    relu, relu_grad; the gradient check and the input copy too); a second run of the same
+    board from the same checkpoint with use_fast(False) (the pure-Python kernels) gives the
     same losses bit for bit and the same arena (parameters, gradients, moments: its
     CRC-32)."""
     import numpy as np
@@ -162,18 +162,20 @@ def test_digits_training_with_the_native_module_equals_the_boards_pure_run(firmw
     body = """
 from array import array
 from binascii import crc32, hexlify
-from microtrain import CheckpointState, Module, Optimizer, module
+from microtrain import CheckpointState, Module, Optimizer, feed, module
 from microtrain.kernels import activation, dense, optim, reduce, float_native
 families = (dense, optim, reduce, activation)
 if PURE:
     for family in families:
         family.use_fast(False)
-    module.largest_abs = None       # the gradient check's own loop
+    module.largest_abs = None       # the gradient check's and the input copy's own loops
+    feed._LOAD = None
     print('picked', all(getattr(f, k) is f._pure[k] for f in families for k in f._pure))
 else:
     print('picked', all(getattr(f, k) is getattr(float_native, k)
                         for f in families for k in f._pure)
           and module.largest_abs is float_native.largest_abs
+          and feed._LOAD is float_native.load_floats
           and all(f._pure for f in families))
 import gc
 state = CheckpointState.load_checkpoint('/rom/checkpoint')

@@ -1,23 +1,25 @@
 # The native float module's reduce_sum, relu and relu_grad (device/native/float/
 # float_reduce.c) against kernels/reduce.py's and kernels/activation.py's pure-Python kernels,
-# and its largest_abs against the loop of module.py's Module._largest_gradient (the train
-# call's gradient check; 1 to 4 spans, the later ones starting from a larger worst), on
+# its largest_abs against the loop of module.py's Module._largest_gradient (the train
+# call's gradient check; 1 to 4 spans, the later ones starting from a larger worst) and its
+# load_floats against feed.py's loop (copy_inputs of a float input), on
 # the same board (single-precision floats): random geometries (reduce_sum: every choice of
 # reduced dimensions, rows past reduce.py's 64-term blocks, a scale or none; relu, relu_grad:
 # in place or not; a few calls reaching past F's end, which both refuse alike) and data of
 # several magnitudes with subnormals, zeros, infinities and NaNs (edge()). F compared byte
 # for byte after each call (a NaN equals any NaN, as in float_native.py), the exception
 # type when one is raised, largest_abs's result bit for bit. CASES cases in turn over the
-# four. Prints "fast B", then "cases N different D raised R".
+# five. Prints "fast B", then "cases N different D raised R".
 import random
 from array import array
-from microtrain import module
+from microtrain import feed, module
 from microtrain.kernels import activation, reduce
 from microtrain.kernels import float_native as native
 
 random.seed(2411)
 print("fast", reduce.reduce_sum is native.reduce_sum and activation.relu is native.relu
-      and activation.relu_grad is native.relu_grad and module.largest_abs is native.largest_abs)
+      and activation.relu_grad is native.relu_grad and module.largest_abs is native.largest_abs
+      and feed._LOAD is native.load_floats)
 pure = dict(reduce._pure, **activation._pure)
 
 
@@ -140,8 +142,46 @@ def largest_case():
     return bytes(array("f", [r1])) != bytes(array("f", [r2]))
 
 
+class Blob:
+    # what feed.copy_inputs reads of a blob with one float input of n values at off
+    def __init__(self, off, n):
+        self.offsets, self.sizes, self.shapes = [off], [n], [(n,)]
+        self.dtypes, self.roles, self.names = [0], [0], ["x"]      # FLOAT, ROLE_INPUT
+
+
+class Program:
+    inputs, name = [0], "train"
+
+
+def load_case():
+    # feed.copy_inputs of one float input with load_floats (an array('f'): copied by the
+    # module; a list or a wrong-sized array: refused by it, the loop copies or raises) and
+    # with its loop alone (feed._LOAD None): F byte for byte, the exception type alike
+    n = random.choice((0, 1, 7, 64, 300))
+    size = n + random.randint(0, 5)
+    off = random.randint(0, size - n)
+    kind = random.randint(0, 9)
+    values = arena(n) if n else array("f")
+    if kind == 0:
+        values = list(values)
+    elif kind == 1:
+        values = arena(n + 1)        # the wrong count: both raise InputError
+    F = arena(max(size, 1))
+    results = []
+    for load in (None, native.load_floats):
+        feed._LOAD = load
+        F1 = array("f", F)
+        try:
+            feed.copy_inputs(Blob(off, n), F1, None, Program, [values], 0)
+            results.append(bytes(F1))
+        except Exception as e:
+            results.append(type(e))
+    return (results[0] != results[1]
+            or (kind > 1) != native.load_floats(array("f", F), off, values, n))
+
+
 different = 0
-kinds = (reduce_case, relu_case, relu_grad_case, largest_case)
+kinds = (reduce_case, relu_case, relu_grad_case, largest_case, load_case)
 for case in range(CASES):  # noqa: F821 (prepended by the test)
     different += kinds[case % 4]()
 print("cases", CASES, "different", different, "raised", raised)  # noqa: F821

@@ -316,6 +316,7 @@ mp_obj_t mpy_init(mp_obj_fun_bc_t *self, size_t n_args, size_t n_kw, mp_obj_t *a
     mp_store_global(MP_QSTR_relu, MP_OBJ_FROM_PTR(&relu_obj));
     mp_store_global(MP_QSTR_relu_grad, MP_OBJ_FROM_PTR(&relu_grad_obj));
     mp_store_global(MP_QSTR_largest_abs, MP_OBJ_FROM_PTR(&largest_abs_obj));
+    mp_store_global(MP_QSTR_load_floats, MP_OBJ_FROM_PTR(&load_floats_obj));
     mp_store_global(MP_QSTR__pure, mp_const_none);   // set by kernels/fastpath.py
     MP_DYNRUNTIME_INIT_EXIT
 }

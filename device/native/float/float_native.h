@@ -36,5 +36,5 @@ uint32_t f32_sub(uint32_t x, uint32_t y);
 // float_optim.c's and float_reduce.c's kernels
 extern const mp_obj_fun_builtin_var_t sgd_obj, adamw_obj, sgd_general_obj,
     adamw_general_obj, accumulate_obj, reduce_sum_obj, relu_obj, relu_grad_obj,
-    largest_abs_obj;
+    largest_abs_obj, load_floats_obj;
 #endif

@@ -16,7 +16,15 @@ from microtrain import parser as device_blob_parser
 from ..contract.ops import BY_CODE
 from ..errors import MicrotrainHostError
 from .runtime_messages import move_messages
+from .runtime_native import (NATIVE_BUILD_FOR, NATIVE_BUILDS, NATIVE_FLOAT_KERNELS,
+                             NATIVE_FLOAT_MODULE, NATIVE_KERNELS, NATIVE_MODULE,
+                             add_native_modules, cut_float_helpers, native_build,
+                             native_modules, native_package_archs)
 from .train import REPO_ROOT, device_package_dir
+
+# the native modules' names, kept here for the callers of runtime.* (runtime_native.py)
+_NATIVE_API = (NATIVE_BUILD_FOR, NATIVE_KERNELS, add_native_modules, native_build,
+               native_modules, native_package_archs)
 
 # What a training run imports: the package (which imports the training API) and the
 # checkpoint writer, which save_checkpoint imports when a run first saves.
@@ -152,6 +160,7 @@ def minimal_sources(blob_path, extra=(), messages_apart=True, native=()):
             if (isinstance(node, ast.ImportFrom)
                     and (node.module or "").startswith("microtrain.kernels.")):
                 kernels.setdefault(node.module[19:], set()).update(a.name for a in node.names)
+    sources = cut_float_helpers(sources, native)
     for module, text in sources.items():
         if module == "microtrain/opcodes.py":
             sources[module] = _cut_opcodes(text, set(used))
@@ -220,71 +229,6 @@ def _float_switch(kernels, native):
     for family in families:
         kernels[family].add("FAST")
     return ["microtrain/kernels/fastpath.py"] if families else []
-
-
-# The native int8 kernels (device/native: a MicroPython 1.25 dynamic native module, machine
-# code) as scripts/build_natmod.sh --ship puts them in the device package, one build per
-# architecture, so that neither deploy nor mip needs a cross toolchain. Installed beside the
-# kernels as NATIVE_MODULE, kernels/fastpath.py picks its kernels over the viper ones.
-NATIVE_BUILDS = "microtrain/kernels/native"
-NATIVE_MODULE = "microtrain/kernels/qlinear_native.mpy"
-NATIVE_KERNELS = ("qlinear_gemm", "qlinear_conv")
-# A board's mpy_arch -> the build it takes. MicroPython loads an ARM module on its own and
-# every later ARM architecture (persistentcode.c's MPY_FEATURE_ARCH_TEST), so FPU boards
-# (armv7emsp) take the armv7m build; an architecture not named here (xtensawin: no
-# toolchain on Debian) gets none and runs the viper kernels.
-NATIVE_BUILD_FOR = {"armv6m": "armv6m", "armv7m": "armv7m", "armv7emsp": "armv7m",
-                    "rv32imc": "rv32imc"}
-
-
-# The native float kernels (device/native/float, `build_natmod.sh --float --ship`): the
-# Gemm kernels of kernels/dense.py, the float updates of kernels/optim.py, reduce_sum (a
-# Gemm's bias gradient) and relu / relu_grad, bit for bit,
-# in one module beside them; its builds shipped as those of the int8 module. An FPU board
-# (armv7emsp) takes the armv7m build too: its soft float gives the FPU's bits (IEEE single
-# precision, nearest even); the module's armv7emsp build (the FPU's instructions) is not
-# shipped, as no emulated board here has an FPU to check it on.
-NATIVE_FLOAT_MODULE = "microtrain/kernels/float_native.mpy"
-NATIVE_FLOAT_KERNELS = {"dense": ("gemm", "gemm_accumulate", "batched_gemm"),
-                        "optim": ("sgd", "adamw", "sgd_general", "adamw_general", "accumulate"),
-                        "reduce": ("reduce_sum",), "activation": ("relu", "relu_grad")}
-
-
-def native_build(arch, module="qlinear_native"):
-    """The shipped build of the native module (qlinear_native, float_native) for a board of
-    mpy_arch `arch` (a path), or None."""
-    build = NATIVE_BUILD_FOR.get(arch)
-    if build is None:
-        return None
-    path = device_package_dir() / NATIVE_BUILDS / build / f"{module}.mpy"
-    return path if path.exists() else None
-
-
-def native_modules(blob_path, arch):
-    """{name on the board: path of the build} of the native modules with a kernel the blob's
-    programs call, for the board's architecture: NATIVE_MODULE (int8), NATIVE_FLOAT_MODULE
-    (float); {} when there is none or no build (the viper / pure-Python kernels run)."""
-    kernels = {BY_CODE[op].kernel for op in op_codes(blob_path)}
-    modules = {}
-    for name, wanted in ((NATIVE_MODULE, NATIVE_KERNELS),
-                         (NATIVE_FLOAT_MODULE, [k for family in NATIVE_FLOAT_KERNELS.values()
-                                                for k in family])):
-        build = native_build(arch, name.rsplit("/", 1)[1][:-4])
-        if build is not None and kernels & set(wanted):
-            modules[name] = build
-    return modules
-
-
-def add_native_modules(modules, out_dir):
-    """Copy native_modules()' {name: path} into a compiled runtime's out_dir (compile_runtime)
-    and return {name: bytes}, as compile_runtime does for the .mpy it compiles."""
-    sizes = {}
-    for name, path in modules.items():
-        target = pathlib.Path(out_dir) / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(pathlib.Path(path).read_bytes())
-        sizes[name] = target.stat().st_size
-    return sizes
 
 
 def _blank(lines, node):
@@ -504,8 +448,3 @@ def package_json(arch=None):
             if (device_package_dir() / NATIVE_BUILDS / arch / module).exists():
                 urls.append([name, f"{NATIVE_BUILDS}/{arch}/{module}"])
     return json.dumps({"urls": urls, "version": microtrain.__version__}, indent=2) + "\n"
-
-
-def native_package_archs():
-    """The architectures with a shipped native build, each with its device/package-<arch>.json."""
-    return sorted(set(NATIVE_BUILD_FOR.values()))
