@@ -12,7 +12,7 @@ other cores (Xtensa; an FPU) run other code: an estimate. Prints figures; assert
 
     python3 bench/board_cost.py [--quick] [--steps N] [--no-kws] [--only NAME] [--firmware ELF]
                                 [--no-kernels] [--native ARCH] [--float-native ARCH]
-                                [--heap BYTES]
+                                [--heap BYTES] [--profile]
 
 --quick (CI): the kernels and the digits MLP only. --heap BYTES: each run starts with only
 that much free heap (a filler takes the rest): whether a step fits a board of that heap.
@@ -113,10 +113,16 @@ def count_kernels(firmware):
 PICKED = ("\nfrom microtrain.kernels import qlinear, qlinear_native\n"
           "print('native', [getattr(qlinear, k) is getattr(qlinear_native, k)\n"
           "                 for k in ('qlinear_gemm', 'qlinear_conv') if hasattr(qlinear, k)])\n")
-# ... with --float-native: the float module's Gemm kernels and updates the runtime calls
-FLOAT_PICKED = ("\nfrom microtrain.kernels import dense, optim, float_native\n"
+# ... with --float-native: the float module's kernels the runtime calls (Gemm, updates,
+# reduce_sum, relu), the train call's gradient check and its input copy
+FLOAT_PICKED = ("\nimport sys\nfrom microtrain import feed, module\n"
+                "from microtrain.kernels import float_native\n"
+                "families = [sys.modules.get('microtrain.kernels.' + f)\n"
+                "            for f in ('dense', 'optim', 'reduce', 'activation')]\n"
                 "print('native', [getattr(f, k) is getattr(float_native, k)\n"
-                "                 for f in (dense, optim) for k in f._pure])\n")
+                "                 for f in families if f is not None for k in f._pure]\n"
+                "      + [module.largest_abs is float_native.largest_abs,\n"
+                "         feed._LOAD is float_native.load_floats])\n")
 
 
 # prepended with --heap: a filler that leaves the run HEAP bytes of free heap, as a board
@@ -125,10 +131,12 @@ FILLER = ("import gc\ngc.collect()\n"
           "_filler = bytearray(max(0, gc.mem_free() - HEAP - 16))\n")
 
 
-def count_step(case, steps, firmware, native=None, heap=None, float_native=None):
+def count_step(case, steps, firmware, native=None, heap=None, float_native=None,
+               profile=None):
     """(instructions per counted step, of which the optimizer update; means over the steps),
     and the heap the run keeps live after them. native, float_native: the native modules'
-    .mpy to put beside the kernels. heap: run with only this many bytes of free heap."""
+    .mpy to put beside the kernels. heap: run with only this many bytes of free heap.
+    profile: a dict that gets {kernel name: (instructions per step, calls per step)}."""
     # the model's minimal runtime as deploy copies it, plus the loader of a blob given as a
     # buffer (board_step.py reads it in place from flash) and, for inference, the session
     carried = {runtime.NATIVE_FLOAT_MODULE: float_native} if float_native else {}
@@ -144,8 +152,8 @@ def count_step(case, steps, firmware, native=None, heap=None, float_native=None)
         script += FLOAT_PICKED
     with tempfile.TemporaryDirectory(prefix="board-cost-") as tmp:
         prefix = f"HEAP = {heap}\n" + FILLER if heap else ""
-        out = run_on_board(tmp, sources, files, prefix + f"STEPS = {steps}\n" + case.settings
-                           + script, firmware)
+        settings = f"STEPS = {steps}\nPROFILE = {profile is not None}\n" + case.settings
+        out = run_on_board(tmp, sources, files, prefix + settings + script, firmware)
     picked = [line for line in out.splitlines() if line.startswith("native ")]
     if (native or float_native) and not (picked and "True" in picked[0]
                                          and "False" not in picked[0]):
@@ -156,7 +164,22 @@ def count_step(case, steps, firmware, native=None, heap=None, float_native=None)
     if len(ticks) != steps or not heap:
         raise SystemExit(f"{case.name}: expected {steps} counted steps:\n{out}")
     step, update = (sum(int(t[i]) for t in ticks) * PER_TICK / steps for i in (0, 1))
+    if profile is not None:
+        for line in out.splitlines():
+            if line.startswith("kernel "):
+                _, name, count, calls = line.split()
+                profile[name] = (int(count) * PER_TICK / steps, int(calls) // steps)
     return step, update, heap[0]
+
+
+def print_profile(case, count, profile):
+    """A step's instructions per kernel, largest first; the rest: the runtime's own
+    bytecode between the kernels (Module.__call__'s checks, Optimizer.step's)."""
+    print(f"\n{case.name}: {count:,.0f} instructions per step (profiled)")
+    for name, (spent, calls) in sorted(profile.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {name:40s} {spent:12,.0f} {spent / count:6.1%} {calls:4d} calls")
+    rest = count - sum(spent for spent, _ in profile.values())
+    print(f"  {'(outside the kernels)':40s} {rest:12,.0f} {rest / count:6.1%}")
 
 
 def digits_cases(tmp):
@@ -248,6 +271,9 @@ def main():
                     help="count the steps with this build of the native int8 module")
     ap.add_argument("--float-native", choices=("armv6m", "armv7m"),
                     help="count the steps with this build of the native float module")
+    ap.add_argument("--profile", action="store_true",
+                    help="also each training step's instructions per kernel (wrapped: "
+                         "the profiled steps' totals run a little over the plain count)")
     args = ap.parse_args()
     native = float_native = None
     if args.native:
@@ -289,15 +315,19 @@ def main():
         rows, failed = [], []
         for case in [c for c in cases if args.only is None or args.only in c.name]:
             try:
+                profile = {} if args.profile else None
                 count, update, heap = count_step(case, steps, args.firmware, native, args.heap,
-                                                 float_native)
+                                                 float_native, profile)
             except BoardRunFailed as e:   # said below the table, the other cases still run
                 failed.append((case, e.last_line()))
                 continue
-            work = step_cost.step_work(case.blob, native=(
-                ([runtime.NATIVE_MODULE] if native else [])
-                + ([runtime.NATIVE_FLOAT_MODULE] if float_native else [])))
+            # {name: build}: the float module's figures are its build's (step_cost._carried)
+            work = step_cost.step_work(case.blob, native=dict(
+                ([(runtime.NATIVE_MODULE, native)] if native else [])
+                + ([(runtime.NATIVE_FLOAT_MODULE, float_native)] if float_native else [])))
             rows.append((case, count, update, heap, work))
+            if profile:
+                print_profile(case, count, profile)
 
     print(f"\n{'step':34s} {'instructions':>12s} {'update':>11s} {'MACs':>9s} {'per MAC':>8s} "
           f"{'params':>7s} {'per param':>9s} {'model':>6s} {'heap B':>8s}")

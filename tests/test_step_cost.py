@@ -107,6 +107,13 @@ def test_inspect_and_dry_run_print_the_estimate_from_the_macs_and_the_clock(digi
         instructions = step_cost.step_work(blob, native).instructions()
         if board == "esp32":
             assert not native and instructions == bytecode
+        elif board == "rp2040-pico":      # the armv6m build, at its own cost
+            native_work = step_cost.step_work(blob, native)
+            assert native_work.macs == {"native armv6m float dense": work.macs["float dense"]}
+            assert native_work.updates == {"native armv6m AdamW": work.updates["AdamW"]}
+            assert instructions == (
+                work.macs["float dense"] * step_cost.NATIVE_ARMV6M_FLOAT["float dense"]
+                + work.updates["AdamW"] * step_cost.NATIVE_ARMV6M_FLOAT["AdamW"])
         else:
             native_work = step_cost.step_work(blob, native)
             assert native_work.macs == {"native float dense": work.macs["float dense"]}
