@@ -40,7 +40,7 @@ def main():
           f"{'native':>9s} {'per unit':>8s} {'speed-up':>8s} same")
     for line in out.splitlines():
         if line.startswith("import "):
-            heap = int(line.split()[1])
+            heap = int(line.split()[1])     # (a copy of its own: "True")
         elif "|" in line:
             shape, work, p, n, same = line.split("|")
             work, p, n = int(work), int(p) * PER_TICK, int(n) * PER_TICK
