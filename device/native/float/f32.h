@@ -159,9 +159,10 @@ static inline uint32_t f32_unpack(uint32_t ax, int32_t *e) {
 
 // x / y correctly rounded to nearest even, infinities, zeros and subnormals as IEEE; every
 // NaN result is the default NaN 0x7fc00000 (libgcc's may differ in sign: the kernels never
-// keep one, an update that would is refused). Long division, one quotient bit a step:
+// keep one, an update that would is refused). Long division: with the core's divide
+// instruction where it has one (8 quotient bits a step), else one bit a step:
 // libgcc's armv6m division cannot be linked into a native module (its jump table needs an
-// absolute relocation, which mpy_ld refuses), and this one is the same on every build.
+// absolute relocation, which mpy_ld refuses); either gives the same bits.
 static inline uint32_t f32_div(uint32_t x, uint32_t y) {
 #if F32_HARD
     if (1) {
@@ -187,7 +188,25 @@ static inline uint32_t f32_div(uint32_t x, uint32_t y) {
         mx <<= 1;
         e--;
     }
-    uint32_t q = 0;             // 25 quotient bits: 24 kept and the next one
+    // 25 quotient bits, floor(mx * 2**24 / my): 24 kept and the next one; sticky: the rest
+    // is not zero
+#if defined(__ARM_FEATURE_IDIV) || defined(__riscv_div)
+    // the core divides (Thumb-2's udiv on armv7m, rv32imc's divu): 8, 8, 8 and 1 bits, each
+    // remainder below my < 2**24 shifted on (mx < 2 my < 2**25: mx << 7 fits a word)
+    uint32_t rem = mx << 7, q = rem / my;
+    rem -= q * my;
+    for (int i = 0; i < 2; i++) {
+        uint32_t d = (rem << 8) / my;
+        rem = (rem << 8) - d * my;
+        q = (q << 8) | d;
+    }
+    uint32_t d = (rem << 1) / my;
+    rem = (rem << 1) - d * my;
+    q = (q << 1) | d;
+    uint32_t sticky = rem != 0;
+#else
+    // armv6m has no divide instruction (and libgcc's cannot be linked): bit by bit
+    uint32_t q = 0;
     for (int i = 0; i < 25; i++) {
         q <<= 1;
         if (mx >= my) {
@@ -196,7 +215,9 @@ static inline uint32_t f32_div(uint32_t x, uint32_t y) {
         }
         mx <<= 1;
     }
-    uint32_t sticky = mx != 0;  // the quotient is q * 2**(e - 151), plus a bit when sticky
+    uint32_t sticky = mx != 0;
+#endif
+    // the quotient is q * 2**(e - 151), plus a bit when sticky
     if (e >= 1) {
         uint32_t r = (q >> 1) + ((q & 1) & (sticky | (q >> 1)));
         uint32_t bits = ((uint32_t)(e - 1) << 23) + r;
