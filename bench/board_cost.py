@@ -11,16 +11,20 @@ cycle; real Cortex-M3/M4 cores take ~1.1-1.5 cycles per instruction (shared/FACT
 other cores (Xtensa; an FPU) run other code: an estimate. Prints figures; asserts nothing.
 
     python3 bench/board_cost.py [--quick] [--steps N] [--no-kws] [--only NAME] [--firmware ELF]
-                                [--no-kernels] [--native ARCH] [--heap BYTES] [--board NAME]
+                                [--no-kernels] [--native ARCH] [--float-native ARCH]
+                                [--heap BYTES] [--profile] [--board NAME]
 
 --quick (CI): the kernels and the digits MLP only. --heap BYTES: each run starts with only
 that much free heap (a filler takes the rest): whether a step fits a board of that heap.
 --native armv6m|armv7m: the steps with the native int8 module (device/native,
 scripts/build_natmod.sh) beside the kernels, as deploy ships it: kernels/fastpath.py picks
 its Gemm and Conv over the viper ones (checked: the run stops when the board's int8 Gemm or
-Conv is not the module's). --no-kernels: the steps only. --board qemu-mps2-an386: count on
-the emulated Cortex-M4F instead (floats in its FPU: what boards with one run), the runtime
-compiled for armv7emsp.
+Conv is not the module's). --float-native armv6m|armv7m: the steps with the native float
+module (device/native/float, build_natmod.sh --float) beside the kernels, as deploy ships it
+(the runtime keeps the switch of the families it serves): its Gemm kernels and optimizer
+updates (checked as for --native). --no-kernels: the steps only. --board qemu-mps2-an386:
+count on the emulated Cortex-M4F instead (floats in its FPU: what boards with one run), the
+runtime compiled for armv7emsp.
 """
 import argparse
 import pathlib
@@ -114,6 +118,16 @@ def count_kernels(firmware, board=BOARD):
 PICKED = ("\nfrom microtrain.kernels import qlinear, qlinear_native\n"
           "print('native', [getattr(qlinear, k) is getattr(qlinear_native, k)\n"
           "                 for k in ('qlinear_gemm', 'qlinear_conv') if hasattr(qlinear, k)])\n")
+# ... with --float-native: the float module's kernels the runtime calls (Gemm, updates,
+# reduce_sum, relu), the train call's gradient check and its input copy
+FLOAT_PICKED = ("\nimport sys\nfrom microtrain import feed, module\n"
+                "from microtrain.kernels import float_native\n"
+                "families = [sys.modules.get('microtrain.kernels.' + f)\n"
+                "            for f in ('dense', 'optim', 'reduce', 'activation')]\n"
+                "print('native', [getattr(f, k) is getattr(float_native, k)\n"
+                "                 for f in families if f is not None for k in f._pure]\n"
+                "      + [module.largest_abs is float_native.largest_abs,\n"
+                "         feed._LOAD is float_native.load_floats])\n")
 
 
 # prepended with --heap: a filler that leaves the run HEAP bytes of free heap, as a board
@@ -122,33 +136,56 @@ FILLER = ("import gc\ngc.collect()\n"
           "_filler = bytearray(max(0, gc.mem_free() - HEAP - 16))\n")
 
 
-def count_step(case, steps, firmware, native=None, heap=None, board=BOARD):
+def count_step(case, steps, firmware, native=None, heap=None, float_native=None,
+               profile=None, board=BOARD):
     """(instructions per counted step, of which the optimizer update; means over the steps),
-    and the heap the run keeps live after them. native: the native module's .mpy to put
-    beside the kernels. heap: run with only this many bytes of free heap."""
+    and the heap the run keeps live after them. native, float_native: the native modules'
+    .mpy to put beside the kernels. heap: run with only this many bytes of free heap.
+    profile: a dict that gets {kernel name: (instructions per step, calls per step)}."""
     # the model's minimal runtime as deploy copies it, plus the loader of a blob given as a
     # buffer (board_step.py reads it in place from flash) and, for inference, the session
-    sources = runtime.minimal_sources(case.blob)
+    carried = {runtime.NATIVE_FLOAT_MODULE: float_native} if float_native else {}
+    sources = runtime.minimal_sources(case.blob, native=carried)
     sources.update(runtime.package_sources(
         ["microtrain/inplace.py"] + (["microtrain/inference.py"] if case.kind == "infer" else [])))
     files, script = dict(case.files), (BENCH / "board_step.py").read_text()
     if native:
         files["microtrain/kernels/qlinear_native.mpy"] = native
         script += PICKED
+    if float_native:
+        files[runtime.NATIVE_FLOAT_MODULE] = float_native
+        script += FLOAT_PICKED
     with tempfile.TemporaryDirectory(prefix="board-cost-") as tmp:
         prefix = f"HEAP = {heap}\n" + FILLER if heap else ""
-        out = run_on_board(tmp, sources, files, prefix + f"STEPS = {steps}\n" + case.settings
-                           + script, firmware, board=board)
+        settings = f"STEPS = {steps}\nPROFILE = {profile is not None}\n" + case.settings
+        out = run_on_board(tmp, sources, files, prefix + settings + script, firmware,
+                           board=board)
     picked = [line for line in out.splitlines() if line.startswith("native ")]
-    if native and not (picked and "True" in picked[0] and "False" not in picked[0]):
-        raise SystemExit(f"{case.name}: the board's int8 kernels are not the native module's:"
+    if (native or float_native) and not (picked and "True" in picked[0]
+                                         and "False" not in picked[0]):
+        raise SystemExit(f"{case.name}: the board's kernels are not the native module's:"
                          f"\n{out}")
     ticks = [line.split()[1:] for line in out.splitlines() if line.startswith("ticks ")]
     heap = [int(line.split()[1]) for line in out.splitlines() if line.startswith("heap ")]
     if len(ticks) != steps or not heap:
         raise SystemExit(f"{case.name}: expected {steps} counted steps:\n{out}")
     step, update = (sum(int(t[i]) for t in ticks) * PER_TICK / steps for i in (0, 1))
+    if profile is not None:
+        for line in out.splitlines():
+            if line.startswith("kernel "):
+                _, name, count, calls = line.split()
+                profile[name] = (int(count) * PER_TICK / steps, int(calls) // steps)
     return step, update, heap[0]
+
+
+def print_profile(case, count, profile):
+    """A step's instructions per kernel, largest first; the rest: the runtime's own
+    bytecode between the kernels (Module.__call__'s checks, Optimizer.step's)."""
+    print(f"\n{case.name}: {count:,.0f} instructions per step (profiled)")
+    for name, (spent, calls) in sorted(profile.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {name:40s} {spent:12,.0f} {spent / count:6.1%} {calls:4d} calls")
+    rest = count - sum(spent for spent, _ in profile.values())
+    print(f"  {'(outside the kernels)':40s} {rest:12,.0f} {rest / count:6.1%}")
 
 
 def digits_cases(tmp):
@@ -244,16 +281,25 @@ def main():
                                               "free heap (a board's heap; default: all)")
     ap.add_argument("--native", choices=("armv6m", "armv7m"),
                     help="count the steps with this build of the native int8 module")
+    ap.add_argument("--float-native", choices=("armv6m", "armv7m"),
+                    help="count the steps with this build of the native float module")
+    ap.add_argument("--profile", action="store_true",
+                    help="also each training step's instructions per kernel (wrapped: "
+                         "the profiled steps' totals run a little over the plain count)")
     args = ap.parse_args()
-    native = None
+    native = float_native = None
     if args.native:
         native = subprocess.run(["bash", str(ROOT / "scripts" / "build_natmod.sh"), args.native],
                                 check=True, capture_output=True, text=True).stdout.split()[-1]
+    if args.float_native:
+        float_native = subprocess.run(["bash", str(ROOT / "scripts" / "build_natmod.sh"),
+                                       "--float", args.float_native], check=True,
+                                      capture_output=True, text=True).stdout.split()[-1]
     steps = args.steps
     started = time.monotonic()
-    profile = boards.load_board(args.board)
-    print(f"counted on the {profile['title']} (qemu-system-arm -machine "
-          f"{profile['qemu']['machine']} -icount "
+    counted_on = boards.load_board(args.board)
+    print(f"counted on the {counted_on['title']} (qemu-system-arm -machine "
+          f"{counted_on['qemu']['machine']} -icount "
           f"shift=0,align=off; FPGAIO counter x {PER_TICK} = instructions); steps: the mean "
           f"of {steps} after a warm-up step\n")
 
@@ -283,13 +329,19 @@ def main():
         rows, failed = [], []
         for case in [c for c in cases if args.only is None or args.only in c.name]:
             try:
+                profile = {} if args.profile else None
                 count, update, heap = count_step(case, steps, args.firmware, native, args.heap,
-                                                 args.board)
+                                                 float_native, profile, args.board)
             except BoardRunFailed as e:   # said below the table, the other cases still run
                 failed.append((case, e.last_line()))
                 continue
-            work = step_cost.step_work(case.blob, native=bool(native))
+            # {name: build}: the float module's figures are its build's (step_cost._carried)
+            work = step_cost.step_work(case.blob, native=dict(
+                ([(runtime.NATIVE_MODULE, native)] if native else [])
+                + ([(runtime.NATIVE_FLOAT_MODULE, float_native)] if float_native else [])))
             rows.append((case, count, update, heap, work))
+            if profile:
+                print_profile(case, count, profile)
 
     print(f"\n{'step':34s} {'instructions':>12s} {'update':>11s} {'MACs':>9s} {'per MAC':>8s} "
           f"{'params':>7s} {'per param':>9s} {'model':>6s} {'heap B':>8s}")

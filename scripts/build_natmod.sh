@@ -10,6 +10,11 @@
 #
 #   scripts/build_natmod.sh [--ship] [armv6m] [armv7m] [rv32imc]   -> prints each .mpy path
 #
+# --float builds the float kernels' module instead (device/native/float -> float_native.mpy,
+# cached under .cache/natmod/float/<arch>/, shipped beside the int8 builds with its digest in
+# FLOAT_SOURCES.sha256); it also takes armv7emsp (FPU boards: the C's float arithmetic as
+# FPU instructions).
+#
 # Cached under .cache/natmod/<arch>/, keyed by the source tarball, the module's sources
 # (device/native: Makefile, *.c, *.S, *.h) and this script: change any of them and the next run
 # rebuilds that architecture. --ship also copies each build to
@@ -27,10 +32,22 @@ cache="$root/.cache/natmod"
 native="$root/device/native"
 shipped="$root/device/microtrain/kernels/native"
 ship=0
-if [ "${1:-}" = --ship ]; then
-    ship=1
+mod=qlinear_native
+digest_file=SOURCES.sha256
+archs="armv6m armv7m rv32imc"
+while [ "${1:-}" = --ship ] || [ "${1:-}" = --float ]; do
+    case "$1" in
+        --ship) ship=1 ;;
+        --float)
+            mod=float_native
+            native="$native/float"
+            cache="$cache/float"
+            digest_file=FLOAT_SOURCES.sha256
+            archs="armv6m armv7m armv7emsp rv32imc"
+            ;;
+    esac
     shift
-fi
+done
 [ $# -gt 0 ] || set -- armv6m
 
 missing=()
@@ -39,13 +56,17 @@ command -v make >/dev/null || missing+=(make)
 ship_build() {
     [ "$ship" = 1 ] || return 0
     mkdir -p "$shipped/$1"
-    cp "$2" "$shipped/$1/qlinear_native.mpy"
-    echo "$source_digest" > "$shipped/SOURCES.sha256"
+    cp "$2" "$shipped/$1/$mod.mpy"
+    echo "$source_digest" > "$shipped/$digest_file"
 }
 
 for arch in "$@"; do
+    case " $archs " in
+        *" $arch "*) ;;
+        *) echo "build_natmod: unknown architecture $arch ($archs)" >&2; exit 2 ;;
+    esac
     case "$arch" in
-        armv6m|armv7m)
+        armv6m|armv7m|armv7emsp)
             command -v arm-none-eabi-gcc >/dev/null || missing+=(gcc-arm-none-eabi)
             [ -e /usr/lib/arm-none-eabi/include/stdlib.h ] || missing+=(libnewlib-arm-none-eabi)
             ;;
@@ -54,7 +75,6 @@ for arch in "$@"; do
             [ -e /usr/lib/picolibc/riscv64-unknown-elf/picolibc.specs ] ||
                 missing+=(picolibc-riscv64-unknown-elf)
             ;;
-        *) echo "build_natmod: unknown architecture $arch (armv6m, armv7m, rv32imc)" >&2; exit 2 ;;
     esac
 done
 # shellcheck source=qemu_firmware_common.sh
@@ -65,11 +85,11 @@ python3 -c "import elftools, ar" 2>/dev/null ||
 
 tarball=$(bash "$root/scripts/fetch_micropython_source.sh")
 # one build at a time: the suite's two workers may ask for one together
-mkdir -p "$cache"
-exec 9>"$cache.lock"
+mkdir -p "$root/.cache/natmod" "$cache"
+exec 9>"$root/.cache/natmod.lock"
 flock 9
 tree_key=$( (basename "$tarball"; sha256sum "$tarball" | cut -d' ' -f1) | sha256sum | cut -d' ' -f1)
-tree="$cache/tree"
+tree="$root/.cache/natmod/tree"
 if [ "$(cat "$tree/.key" 2>/dev/null)" != "$tree_key" ]; then
     rm -rf "$tree" && mkdir -p "$tree"
     tar -xf "$tarball" -C "$tree" --strip-components=1
@@ -84,9 +104,9 @@ source_digest=$(cat "${sources[@]}" | sha256sum | cut -d' ' -f1)
 for arch in "$@"; do
     out="$cache/$arch"
     key=$( (echo "$tree_key $arch"; cat "$0" "${sources[@]}") | sha256sum | cut -d' ' -f1)
-    if [ -f "$out/qlinear_native.mpy" ] && [ "$(cat "$out/key" 2>/dev/null)" = "$key" ]; then
-        ship_build "$arch" "$out/qlinear_native.mpy"
-        echo "$out/qlinear_native.mpy"
+    if [ -f "$out/$mod.mpy" ] && [ "$(cat "$out/key" 2>/dev/null)" = "$key" ]; then
+        ship_build "$arch" "$out/$mod.mpy"
+        echo "$out/$mod.mpy"
         continue
     fi
     # the Makefile writes the module (and mpy_ld's archive cache) beside itself: a copy.
@@ -102,8 +122,8 @@ for arch in "$@"; do
         echo "build_natmod: $arch build failed (log: $out/build.log)" >&2
         exit 1
     fi
-    cp "$out/src/qlinear_native.mpy" "$out/qlinear_native.mpy"
+    cp "$out/src/$mod.mpy" "$out/$mod.mpy"
     echo "$key" > "$out/key"
-    ship_build "$arch" "$out/qlinear_native.mpy"
-    echo "$out/qlinear_native.mpy"
+    ship_build "$arch" "$out/$mod.mpy"
+    echo "$out/$mod.mpy"
 done

@@ -56,10 +56,12 @@ def test_mip_package_of_each_architecture_lists_its_build(arch):
         "stale: regenerate device/package-*.json with runtime.package_json(arch)"
     urls = dict(json.loads(text)["urls"])
     pure = dict(json.loads((DEVICE / "package.json").read_text())["urls"])
-    assert set(urls) - set(pure) == {"microtrain/kernels/qlinear_native.mpy"}
+    assert set(urls) - set(pure) == {"microtrain/kernels/qlinear_native.mpy",
+                                     "microtrain/kernels/float_native.mpy"}
     # mip resolves the URLs against the package file's directory
-    assert (DEVICE / urls["microtrain/kernels/qlinear_native.mpy"]).read_bytes() == \
-        (NATIVE / arch / "qlinear_native.mpy").read_bytes()
+    for module in ("qlinear_native.mpy", "float_native.mpy"):
+        assert (DEVICE / urls["microtrain/kernels/" + module]).read_bytes() == \
+            (NATIVE / arch / module).read_bytes()
     assert all((DEVICE / url).exists() for url in urls.values())
 
 
@@ -95,10 +97,39 @@ def test_runtime_of_an_int8_blob_carries_the_boards_build(int8_artifacts):
     assert boards.native_for(blob, rp2040, "frozen") == {}
 
 
-def test_a_float_blob_gets_no_native_module(tmp_path):
+def test_a_float_blob_gets_the_float_module(tmp_path):
     assert main(["pack", str(ROOT / "examples" / "digits" / "mlp.onnx"), "-o",
                  str(tmp_path), "--batch-size", "2"]) == 0
-    assert runtime.native_modules(tmp_path / "model.mtb", "armv6m") == {}
+    blob = tmp_path / "model.mtb"
+    assert runtime.native_modules(blob, "armv6m") == {
+        runtime.NATIVE_FLOAT_MODULE: NATIVE / "armv6m" / "float_native.mpy"}
+    # an FPU board takes the armv7m build (soft float: the FPU's bits); Xtensa none
+    assert runtime.native_modules(blob, "armv7emsp") == {
+        runtime.NATIVE_FLOAT_MODULE: NATIVE / "armv7m" / "float_native.mpy"}
+    assert runtime.native_modules(blob, "xtensawin") == {}
+    # the runtime carrying it keeps the Gemm and optimizer families' switch to it, and
+    # fastpath.py; without it the switch is cut
+    with_module = runtime.minimal_sources(blob, native={runtime.NATIVE_FLOAT_MODULE: "x"})
+    without = runtime.minimal_sources(blob)
+    assert "microtrain/kernels/fastpath.py" in with_module
+    assert "microtrain/kernels/fastpath.py" not in without
+    for family in ("dense", "optim"):
+        text = with_module[f"microtrain/kernels/{family}.py"]
+        assert "FAST = use_fast()" in text and "float_native" in text
+        assert "FAST = use_fast()" not in without[f"microtrain/kernels/{family}.py"]
+
+
+def test_shipped_float_builds_are_of_todays_sources():
+    native = ROOT / "device" / "native" / "float"
+    sources = ([native / "Makefile"] + sorted(native.glob("*.c")) + sorted(native.glob("*.S"))
+               + sorted(native.glob("*.h")))
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()
+    assert (NATIVE / "FLOAT_SOURCES.sha256").read_text().split() == [digest], \
+        "device/native/float changed: run scripts/build_natmod.sh --float --ship armv6m " \
+        "armv7m rv32imc"
+    for arch in runtime.native_package_archs():
+        head = (NATIVE / arch / "float_native.mpy").read_bytes()[:3]
+        assert head == bytes([ord("M"), 6, ARCH_NUMBER[arch] << 2 | 3]), arch
 
 
 def test_fit_check_counts_the_native_modules_heap(int8_artifacts):
@@ -147,3 +178,24 @@ def test_inspect_board_counts_the_native_module(int8_artifacts, capsys):
     assert main(["inspect", blob, "--no-steps", "--board", "esp32"]) == 0
     out = capsys.readouterr().out
     assert "native" not in out and "int8 dense MACs x 59.1" in out
+
+
+def test_deploy_ships_the_float_module_unless_refused(tmp_path, capsys):
+    """The digits MLP's deploy to the Pico carries the armv6m float module (listed with its
+    bytes, its heap in the fit check, fastpath.py with it); --no-native ships neither."""
+    assert main(["pack", str(ROOT / "examples" / "digits" / "mlp.onnx"), "-o",
+                 str(tmp_path), "--batch-size", "8"]) == 0
+    data = str(ROOT / "examples" / "digits" / "digits.npz")
+    size = (NATIVE / "armv6m" / "float_native.mpy").stat().st_size
+    assert main(["deploy", str(tmp_path), "--board", "rp2040-pico", "--steps", "1", "--data",
+                 data, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.split("microtrain/kernels/float_native.mpy")[1].split()[0] == f"{size:,d}"
+    assert "microtrain/kernels/fastpath.mpy" in out
+    assert f"the native kernels' machine code ({size:,d} B of .mpy" in out
+    # counted at the armv6m build's cost (step_cost.NATIVE_ARMV6M_FLOAT)
+    assert "native armv6m float dense MACs" in out and "native armv6m AdamW updates" in out
+    assert main(["deploy", str(tmp_path), "--board", "rp2040-pico", "--steps", "1", "--data",
+                 data, "--dry-run", "--no-native"]) == 0
+    out = capsys.readouterr().out
+    assert "float_native" not in out and "fastpath" not in out and "native" not in out

@@ -42,8 +42,10 @@ def digits(tmp_path_factory):
 
 
 def test_digits_runtime_for_the_pico_within_its_ceilings(digits, capsys):
+    # the Python runtime (--no-native: without the native float kernels' machine code and
+    # their switch, which tests/test_natmod_ship.py counts)
     assert main(["deploy", str(digits), "--board", "rp2040-pico", "--steps", "1", "--data",
-                 str(DIGITS / "digits.npz"), "--dry-run"]) == 0
+                 str(DIGITS / "digits.npz"), "--dry-run", "--no-native"]) == 0
     out = capsys.readouterr().out
     listed = re.search(r"minimal runtime: (\d+) modules, ([\d,]+) B of \.mpy, of which "
                        r"([\d,]+) B error messages", out)

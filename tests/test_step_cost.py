@@ -93,12 +93,34 @@ def test_transposed_conv_macs_are_the_products_that_land_inside(tmp_path):
 
 def test_inspect_and_dry_run_print_the_estimate_from_the_macs_and_the_clock(digits_adamw,
                                                                             capsys):
-    work = step_cost.step_work(digits_adamw / "model.mtb")
-    instructions = (work.macs["float dense"] * step_cost.INSTRUCTIONS_PER_MAC["float dense"]
-                    + work.updates["AdamW"] * step_cost.INSTRUCTIONS_PER_UPDATE["AdamW"])
-    assert instructions > 0
-    for board in ("rp2040-pico", "stm32f746-disco"):
-        clock = boards.load_board(board)["clock_hz"]
+    blob = digits_adamw / "model.mtb"
+    work = step_cost.step_work(blob)
+    bytecode = (work.macs["float dense"] * step_cost.INSTRUCTIONS_PER_MAC["float dense"]
+                + work.updates["AdamW"] * step_cost.INSTRUCTIONS_PER_UPDATE["AdamW"])
+    assert bytecode > 0
+    for board in ("rp2040-pico", "stm32f746-disco", "esp32"):
+        profile = boards.load_board(board)
+        clock = profile["clock_hz"]
+        # the ARM boards' runtimes carry the native float module (its Gemm and AdamW
+        # counted at its cost); the ESP32 gets none (bytecode)
+        native = boards.native_for(blob, profile, boards.default_placement(profile))
+        instructions = step_cost.step_work(blob, native).instructions()
+        if board == "esp32":
+            assert not native and instructions == bytecode
+        elif board == "rp2040-pico":      # the armv6m build, at its own cost
+            native_work = step_cost.step_work(blob, native)
+            assert native_work.macs == {"native armv6m float dense": work.macs["float dense"]}
+            assert native_work.updates == {"native armv6m AdamW": work.updates["AdamW"]}
+            assert instructions == (
+                work.macs["float dense"] * step_cost.NATIVE_ARMV6M_FLOAT["float dense"]
+                + work.updates["AdamW"] * step_cost.NATIVE_ARMV6M_FLOAT["AdamW"])
+        else:
+            native_work = step_cost.step_work(blob, native)
+            assert native_work.macs == {"native float dense": work.macs["float dense"]}
+            assert native_work.updates == {"native AdamW": work.updates["AdamW"]}
+            assert instructions == (
+                work.macs["float dense"] * step_cost.NATIVE_INSTRUCTIONS_PER_MAC["float dense"]
+                + work.updates["AdamW"] * step_cost.NATIVE_INSTRUCTIONS_PER_UPDATE["AdamW"])
         assert main(["inspect", str(digits_adamw / "model.mtb"), "--no-steps", "--board",
                      board]) == 0
         inspected = capsys.readouterr().out

@@ -60,7 +60,7 @@ def copy_inputs(b, F, I, program, inputs, classes):
                     from microtrain.feedq import copy_quantized
                     _QUANTIZED.append(copy_quantized)
                 _QUANTIZED[0](b, tid, values, off, n)
-            else:
+            elif _LOAD is None or not _LOAD(F, off, values, n):
                 top = _FLOAT_MAX
                 for i in range(n):
                     v = values[i]
@@ -99,5 +99,15 @@ def _shown(v):
 
 
 _FLOAT_MAX = 3.4028234663852886e38
+# An array('f') of inputs copied in one go by float_native.load_floats (machine code, where
+# the board's runtime carries kernels/float_native.mpy): what the loop above stores, as its
+# values are all float32 and pass the check; ~1,500 instructions per value in bytecode.
+# None: the loop (CPython; a runtime without the module; a test setting it). (__import__:
+# the runtime builder follows import statements, and the module has no source.)
+try:
+    _LOAD = __import__("microtrain.kernels.float_native", None, None,
+                       ("load_floats",)).load_floats
+except (ImportError, ValueError):   # ValueError: an .mpy of another architecture or version
+    _LOAD = None
 _QUANTIZED = []     # feedq.copy_quantized, once an int8 / uint8 input needed it
 _INT32_SPAN = 0x80000000

@@ -123,7 +123,7 @@ def cmd_inspect(args):
                                        args.runtime)))
         native = boards.native_for(args.blob, board,
                                    args.runtime or boards.default_placement(board))
-        print(_cost_text(args.blob, board, bool(native)))
+        print(_cost_text(args.blob, board, native))
     return 0
 
 
@@ -175,7 +175,7 @@ def _fit_text(fit):
 
 def _cost_text(blob, board, native=False):
     """The estimated time of a step of the blob at the board's clock (tools/step_cost.py);
-    native: its runtime carries the native int8 kernels."""
+    native: the native modules its runtime carries ({name: .mpy path})."""
     from .tools.step_cost import Estimate
     return Estimate(blob, board, native).text()
 
@@ -185,7 +185,7 @@ def cmd_deploy(args):
     if args.output:
         _check_output_file("--output", args.output, create_parent=True)
     plan = deploy.plan(args.artifacts, args.board, steps=args.steps, epochs=args.epochs,
-                       placement=args.runtime, resume=args.resume)
+                       placement=args.runtime, resume=args.resume, native=not args.no_native)
     print(f"deploy {args.artifacts} to {args.board} (mpy-cross -march={plan.board['mpy_arch']}, "
           f".mpy v{plan.board['mpy_version']}), runtime as {plan.placement}")
     print(f"minimal runtime: {len(plan.runtime_sizes)} modules, "
@@ -195,7 +195,7 @@ def cmd_deploy(args):
                   f"{plan.native[name].parent.name})" if name in plan.native else "")
         print(f"  {name:34s} {size:7,d}{native}")
     print(_fit_text(plan.fit))
-    print(_cost_text(plan.blob_path, plan.board, bool(plan.native)))
+    print(_cost_text(plan.blob_path, plan.board, plan.native))
     if plan.resume is not None:
         print(f"resuming from {plan.resume}: optimizer step {plan.start_step}, the data from "
               f"its batch {plan.start_step} on")

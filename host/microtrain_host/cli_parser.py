@@ -301,6 +301,10 @@ def build_parser():
                         "an uninterrupted run prints")
     p.add_argument("--firmware", help="emulated board firmware (default: the one its build "
                                       "script built, e.g. scripts/build_qemu_rv32.sh)")
+    p.add_argument("--no-native", action="store_true",
+                   help="ship no native kernels (device/native: machine code the runtime "
+                        "otherwise carries for the board's architecture, copied into its "
+                        "heap at import): the bytecode and viper kernels run")
     p.add_argument("--dry-run", action="store_true",
                    help="print what would be copied, the runtime's .mpy sizes and the "
                         "predicted memory; touch no board")

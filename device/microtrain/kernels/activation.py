@@ -410,3 +410,18 @@ def thresholded_relu_grad(F, I, args):
 
 
 thresholded_relu_grad_check = thresholded_relu_check
+
+
+# The native forms of relu and relu_grad (device/native/float: machine code for the board's
+# architecture, kernels/float_native.mpy where the runtime carries it) replace these when it
+# imports: the same bits, no allocation. use_fast(False): the pure-Python kernels. A minimal
+# runtime keeps this switch only when it carries the module (tools/runtime.py).
+_FAST_NAMES = ('relu', 'relu_grad')
+
+
+def use_fast(on=True):
+    from microtrain.kernels import fastpath
+    return fastpath.use_fast(globals(), _FAST_NAMES, on, None, "float_native")
+
+
+FAST = use_fast()

@@ -88,3 +88,18 @@ def batched_gemm_check(args, c):
     c.span(1, a, (d0, d1, d2, m, k), (sa0, sa1, sa2, sa_m, sa_k))
     c.span(2, b, (d0, d1, d2, k, n), (sb0, sb1, sb2, sb_k, sb_n))
     c.moving((k,), (sa_k,))
+
+
+# The native forms of the Gemm kernels (device/native/float: machine code for the board's
+# architecture, kernels/float_native.mpy where the runtime carries it) replace these when it
+# imports: the same bits, no allocation. use_fast(False): the pure-Python kernels. A
+# minimal runtime keeps this switch only when it carries the module (tools/runtime.py).
+_FAST_NAMES = ("gemm", "gemm_accumulate", "batched_gemm")
+
+
+def use_fast(on=True):
+    from microtrain.kernels import fastpath
+    return fastpath.use_fast(globals(), _FAST_NAMES, on, None, "float_native")
+
+
+FAST = use_fast()

@@ -42,8 +42,9 @@ def use_fast(g, names, on, module, native=None, helper=None):
             continue
         found = True
         if name_of is native:
-            # one native module serves several families (qlinear's Gemm and Conv, inttrain's
-            # update): its _pure holds each family's kernels, by their distinct names
+            # one native module serves several families (qlinear_native: qlinear's Gemm and
+            # Conv, inttrain's update; float_native: dense's, optim's, reduce's and
+            # activation's kernels): its _pure holds each family's, by their distinct names
             merged = getattr(fast, "_pure", None)
             if not isinstance(merged, dict):
                 merged = {}

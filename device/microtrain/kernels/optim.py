@@ -232,3 +232,19 @@ def adamw_general_check(args, c):
     if c.present(6):
         c.holds(6, 1)
     _penalty_check(c, l1, l2)
+
+
+# The native forms of the float updates and the accumulation (device/native/float: machine
+# code for the board's architecture, kernels/float_native.mpy where the runtime carries it)
+# replace these when it imports: the same bits, `refused` counted alike, no allocation.
+# use_fast(False): the pure-Python kernels. A minimal runtime keeps this switch only when it
+# carries the module (tools/runtime.py).
+_FAST_NAMES = ("sgd", "adamw", "sgd_general", "adamw_general", "accumulate")
+
+
+def use_fast(on=True):
+    from microtrain.kernels import fastpath
+    return fastpath.use_fast(globals(), _FAST_NAMES, on, None, "float_native")
+
+
+FAST = use_fast()

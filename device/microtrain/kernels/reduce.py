@@ -45,3 +45,19 @@ def reduce_sum_check(args, c):
     c.holds(0, ny)
     c.holds(1, d0 * d1 * d2)
     c.span(0, y, (d0, d1, d2), (sy0, sy1, sy2))
+
+
+# The native form of reduce_sum (a Gemm's bias gradient; device/native/float: machine code
+# for the board's architecture, kernels/float_native.mpy where the runtime carries it)
+# replaces it when it imports: the same bits, no allocation. use_fast(False): the pure-Python
+# kernel. A minimal runtime keeps this switch only when it carries the module
+# (tools/runtime.py).
+_FAST_NAMES = ('reduce_sum',)
+
+
+def use_fast(on=True):
+    from microtrain.kernels import fastpath
+    return fastpath.use_fast(globals(), _FAST_NAMES, on, None, "float_native")
+
+
+FAST = use_fast()

@@ -279,12 +279,12 @@ def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None, nat
         raise BoardError(f"unknown runtime placement '{placement}': one of {', '.join(PLACEMENTS)}")
     from .train import artifact_files
     blob_path, checkpoint_path = artifact_files(artifacts, BoardError)
-    if runtime_mpy is None:
-        runtime_mpy, machine_mpy, messages_mpy = minimal_runtime_split(blob_path, board)
-    word = board["word_bytes"]
-    model = HeapModel(word)
     if native is None:
         native = native_for(blob_path, board, placement)
+    if runtime_mpy is None:
+        runtime_mpy, machine_mpy, messages_mpy = minimal_runtime_split(blob_path, board, native)
+    word = board["word_bytes"]
+    model = HeapModel(word)
     native_code = native_heap(native)
     # machine code in the runtime's .mpy files is copied into the heap unless frozen (from
     # littlefs, not measured: the larger of that and the bytecode's figure)
@@ -377,14 +377,14 @@ def blob_in_rom(blob_path, placement):
     return bool(device_blob_parser.load(str(blob_path)).in_place)
 
 
-def minimal_runtime_split(blob_path, board):
+def minimal_runtime_split(blob_path, board, native=()):
     """(.mpy bytes imported, of which in files with machine code, .mpy bytes of the error
     messages imported only when one is raised) of the model's minimal runtime compiled for
-    the board."""
+    the board (native: the native modules it carries, runtime.minimal_sources)."""
     import tempfile
     from .runtime import compile_runtime, minimal_sources
     with tempfile.TemporaryDirectory() as tmp:
-        sizes = compile_runtime(minimal_sources(blob_path), board["mpy_arch"],
+        sizes = compile_runtime(minimal_sources(blob_path, native=native), board["mpy_arch"],
                                 board["mpy_version"], tmp)
         messages = messages_mpy(sizes)
         return sum(sizes.values()) - messages, runtime_machine_mpy(tmp, sizes), messages

@@ -54,7 +54,8 @@ class Plan:
                                  # i8 / u8 (an integer training blob's quantized samples)
 
 
-def plan(artifacts, board_name, steps=None, epochs=None, placement=None, resume=None):
+def plan(artifacts, board_name, steps=None, epochs=None, placement=None, resume=None,
+         native=True):
     for name, value in (("steps", steps), ("epochs", epochs)):
         # a count of 0 would copy no data and train nothing; a negative one, the same
         if value is not None and (isinstance(value, bool)
@@ -69,12 +70,14 @@ def plan(artifacts, board_name, steps=None, epochs=None, placement=None, resume=
                           f"frozen")
     blob_path, _ = artifact_files(artifacts, DeployError)
     start_step = check_resume(artifacts, resume) if resume is not None else 0
+    # the native kernels for the board's architecture, unless refused (--no-native)
+    native = boards.native_for(blob_path, board, placement) if native else {}
     with tempfile.TemporaryDirectory() as tmp:
         # (a frozen runtime keeps its messages in place: prepare)
-        sources = runtime.minimal_sources(blob_path, messages_apart=placement != "frozen")
+        sources = runtime.minimal_sources(blob_path, messages_apart=placement != "frozen",
+                                          native=native)
         sizes = runtime.compile_runtime(sources, board["mpy_arch"], board["mpy_version"], tmp)
         machine = boards.runtime_machine_mpy(tmp, sizes)
-    native = boards.native_for(blob_path, board, placement)
     messages = boards.messages_mpy(sizes)
     fit = boards.predict(artifacts, board, placement, sum(sizes.values()) - messages,
                          resume=resume, native=native, machine_mpy=machine,
@@ -202,8 +205,8 @@ def dry_run_notes(plan):
 def write_runtime(plan, blob_path, directory):
     """The blob's minimal runtime compiled for the plan's board into directory (.mpy files
     under microtrain/), with the native kernels the plan ships (plan.native). Returns it."""
-    runtime.compile_runtime(runtime.minimal_sources(blob_path), plan.board["mpy_arch"],
-                            plan.board["mpy_version"], directory)
+    runtime.compile_runtime(runtime.minimal_sources(blob_path, native=plan.native),
+                            plan.board["mpy_arch"], plan.board["mpy_version"], directory)
     runtime.add_native_modules(plan.native, directory)
     return pathlib.Path(directory)
 

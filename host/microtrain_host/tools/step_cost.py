@@ -42,13 +42,47 @@ NATIVE_INSTRUCTIONS_PER_MAC = {
     "int8 depthwise": 11.2,
 }
 NATIVE_OPS = ("QLINEAR_GEMM", "QLINEAR_CONV")
+# The native float module (device/native/float) that deploy ships to boards with a build:
+# its Gemm kernels per MAC and its updates per parameter in the digits MLP's step (batch 8;
+# `python3 bench/board_cost.py --float-native ARCH --profile`: gemm + gemm_accumulate over
+# the step's 40,448 MACs, its inputs' zeros skipped; the "per param" column), 2026-11-28.
+# On random data without zeros (bench/board_float_native.py's shapes) the Gemm takes 30-55
+# instructions per MAC (armv7m) and 122-209 (armv6m): a lower estimate, as the bytecode's.
+# The armv7m build (its Thumb-2 dot loop) is what Cortex-M3 and later cores take; the armv6m
+# build (C over soft float) the RP2040's.
+NATIVE_FLOAT_OPS = ("GEMM", "GEMM_ACCUMULATE", "BATCHED_GEMM")
+NATIVE_FLOAT_UPDATES = ("SGD", "SGD_GENERAL", "ADAMW", "ADAMW_GENERAL")
+NATIVE_INSTRUCTIONS_PER_MAC["float dense"] = 32.0
 # ... and per parameter element of one optimizer update (kernels/optim sgd, adamw over 1,024
 # parameters, by the same bench)
 INSTRUCTIONS_PER_UPDATE = {
     "SGD": 3433,
     "AdamW": 12478,
 }
+NATIVE_INSTRUCTIONS_PER_UPDATE = {
+    "SGD": 100.9,
+    "AdamW": 693.7,
+}
+# the armv6m build's figures, counted the same way ("native armv6m ..." in a Work)
+NATIVE_ARMV6M_FLOAT = {"float dense": 107.2, "SGD": 200.5, "AdamW": 1449.7}
 CYCLES_PER_INSTRUCTION = (1.1, 1.5)   # real Cortex-M3/M4 (shared/FACTS.md)
+
+
+def _carried(native):
+    """(the int8 module carried, the float module's kind prefix or None): native is True
+    (the int8 module, as callers said before the float one), the names of the runtime's
+    native modules, or {name: build's path} (runtime.native_modules): a float module whose
+    build is armv6m counts at that build's cost ("native armv6m "), any other as armv7m's
+    ("native ")."""
+    if native is True:
+        return True, None
+    names = [str(n) for n in (native or ())]
+    flt = None
+    for n in names:
+        if n.endswith("float_native.mpy"):
+            path = str(native[n]) if isinstance(native, dict) else ""
+            flt = "native armv6m " if "/armv6m/" in path else "native "
+    return any(n.endswith("qlinear_native.mpy") for n in names), flt
 
 
 def _taps(out, k, stride, dilation, pad, size):
@@ -128,27 +162,42 @@ class Work:
     def __init__(self, b, programs, what, native=False):
         self.what = what
         self.macs, self.updates = {}, {}
+        int8, flt = _carried(native)
+        prefixes = dict({op: "native " for op in (NATIVE_OPS if int8 else ())},
+                        **{op: flt for op in (NATIVE_FLOAT_OPS + NATIVE_FLOAT_UPDATES
+                                              if flt else ())})
         for name in programs:
             for op, _, ints, _ in b.step_records.get(name, ()):
                 spec = BY_CODE.get(op)
                 for table, counts in ((MACS, self.macs), (UPDATES, self.updates)):
                     if spec is not None and spec.name in table:
                         kind, n = table[spec.name](dict(zip(spec.ints, ints)))
-                        if native and spec.name in NATIVE_OPS:
-                            kind = "native " + kind
+                        if spec.name in prefixes:
+                            kind = prefixes[spec.name] + kind
                         counts[kind] = counts.get(kind, 0) + n
 
     def instructions(self):
         """Its instructions on the emulated M3 by the counted per-MAC and per-update costs."""
         return (sum(n * per_mac(family) for family, n in self.macs.items())
-                + sum(n * INSTRUCTIONS_PER_UPDATE[kind] for kind, n in self.updates.items()))
+                + sum(n * per_update(kind) for kind, n in self.updates.items()))
 
 
 def per_mac(family):
     """Instructions per MAC of a family ("native int8 dense": the native module's)."""
+    if family.startswith("native armv6m "):
+        return NATIVE_ARMV6M_FLOAT[family[14:]]
     if family.startswith("native "):
         return NATIVE_INSTRUCTIONS_PER_MAC[family[7:]]
     return INSTRUCTIONS_PER_MAC[family]
+
+
+def per_update(kind):
+    """Instructions per parameter of an optimizer's update ("native AdamW": the module's)."""
+    if kind.startswith("native armv6m "):
+        return NATIVE_ARMV6M_FLOAT[kind[14:]]
+    if kind.startswith("native "):
+        return NATIVE_INSTRUCTIONS_PER_UPDATE[kind[7:]]
+    return INSTRUCTIONS_PER_UPDATE[kind]
 
 
 def step_work(path, native=False):
@@ -177,7 +226,7 @@ class Estimate:
                     f"multiply-accumulates and no optimizer update, nothing to estimate from")
         parts = [f"{n:,} {family} MACs x {per_mac(family):g}"
                  for family, n in sorted(work.macs.items())]
-        parts += [f"{n:,} parameters' {kind} updates x {INSTRUCTIONS_PER_UPDATE[kind]:g}"
+        parts += [f"{n:,} parameters' {kind} updates x {per_update(kind):g}"
                   for kind, n in sorted(work.updates.items())]
         return "\n".join([
             f"estimated time per {work.what} on {board['name']} at {board['clock_hz'] / 1e6:g} "

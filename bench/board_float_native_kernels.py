@@ -1,0 +1,95 @@
+# Device side of bench/board_float_native.py: the native float kernels
+# (kernels/float_native.mpy, device/native/float) against the pure-Python ones (bytecode over
+# array('f')) on the emulated Cortex-M3 under qemu -icount shift=0, on the same arguments.
+# Prints per shape "KERNEL SHAPE|MACS or PARAMETERS|PURE TICKS|NATIVE TICKS|SAME" (one tick
+# per 40 instructions; each kernel once to warm up, then once counted; SAME: whether the two
+# wrote the same bytes), then the heap the module's import takes ("import BYTES").
+import gc
+import sys
+from microtrain.kernels import float_native as native
+import machine   # noqa: E402
+import random   # noqa: E402
+from array import array   # noqa: E402
+from microtrain.kernels import dense   # noqa: E402
+
+random.seed(5)
+
+
+def counter():
+    return machine.mem32[0x40028018]
+
+
+def count(fn):
+    fn()
+    gc.collect()
+    t0 = counter()
+    fn()
+    return (counter() - t0) & 0xFFFFFFFF
+
+
+def fill(F, n, data):
+    # bench/board_kernels.py's values ("bench": 1/13 of them zeros), or random normal ones
+    # of either sign ("random"), half of the first operand's zero ("relu": as after a ReLU)
+    for i in range(n):
+        if data == "bench":
+            F[i] = ((i * 7) % 13 - 6) * 0.1
+        else:
+            F[i] = random.uniform(-2.0, 2.0)
+
+
+def same(F, F2):
+    # byte for byte, a slice at a time: two bytes() copies of a 17 KB arena at once did not
+    # fit beside it on the armv6m run
+    for i in range(0, len(F), 256):
+        if bytes(F[i:i + 256]) != bytes(F2[i:i + 256]):
+            return False
+    return True
+
+
+def compare(name, shape, work, kernel, F, args, pure_kernel):
+    F2 = array("f", F)
+    t_pure = count(lambda: pure_kernel(F2, None, args))
+    t_native = count(lambda: kernel(F, None, args))
+    print("%s %s|%d|%d|%d|%s" % (name, shape, work, t_pure, t_native, same(F, F2)))
+
+
+def gemm(m, k, n, trans_b, data, relu=False, accumulate=False):
+    gc.collect()
+    size = m * k + k * n + m * n + 1
+    F = array("f", bytes(4 * size))
+    fill(F, size, data)
+    if relu:
+        for i in range(m * k):
+            if F[i] < 0.0:
+                F[i] = 0.0
+    sb_k, sb_n = (1, k) if trans_b else (n, 1)
+    y = m * k + k * n
+    shape = "%dx%dx%d %s%s %s" % (m, k, n, "W[n,k]" if trans_b else "W[k,n]",
+                                  " relu" if relu else "", data)
+    if accumulate:
+        F[size - 1] = 0.0   # no reset: Y += A B
+        args = (y, 0, m * k, size - 1, m, k, n, k, 1, sb_k, sb_n, 1.0)
+        compare("gemm_accumulate", shape, m * k * n, native.gemm_accumulate, F, args,
+                dense._pure["gemm_accumulate"])
+    else:
+        args = (y, 0, m * k, -1, m, k, n, k, 1, sb_k, sb_n, 0, 0, 1.0, 0.0)
+        compare("gemm", shape, m * k * n, native.gemm, F, args, dense._pure["gemm"])
+
+
+gemm(8, 64, 32, False, "bench")                  # bench/board_kernels.py's call
+gemm(8, 64, 32, True, "random")                  # the digits MLP's first layer forward
+gemm(8, 64, 32, True, "random", relu=True)
+gemm(8, 32, 10, True, "random", relu=True)       # its second layer
+gemm(8, 10, 32, False, "random")                 # dX of the second layer
+gemm(32, 8, 64, False, "random", accumulate=True)   # dW of the first (X^T dY, as stored)
+gemm(1, 128, 32, True, "random")
+
+# The heap the module's import takes: a second copy imported alone, as a top-level module
+# from its directory (the package's copy was imported with the package: module.py and
+# feed.py look up their helpers in it), after the shapes, whose arrays are garbage now.
+gc.collect()
+sys.path.insert(0, "/rom/microtrain/kernels")
+free = gc.mem_free()
+import float_native   # noqa: E402,F401  (kept alive: measured while it is)
+gc.collect()
+print("import", free - gc.mem_free(), float_native.gemm is not native.gemm)

@@ -1,0 +1,216 @@
+"""The native float kernels (device/native/float: a MicroPython 1.25 dynamic native module
+built by `scripts/build_natmod.sh --float`) on the emulated boards: placed in the runtime's
+ROMFS as microtrain/kernels/float_native.mpy, kernels/fastpath.py puts them in place of the
+pure-Python Gemm and optimizer kernels, and they write the bytes the pure-Python kernels
+write on the same board (single-precision floats) over random geometries and data
+(tests/device_scripts/float_native.py, float_native_optim.py): on the Cortex-M3 with the
+armv7m build (its hand-written Thumb-2 dot product) and the armv6m build (C), and on the
+RISC-V core (rv32imc, C). Needs the boards' firmware (skipped without it, failed when
+MICROTRAIN_REQUIRE_QEMU / _RV32=1)."""
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import ROOT, emulated_board_plan
+
+from microtrain_host.tools import deploy
+
+RV32 = "qemu-virt-rv32"
+SCRIPTS = ROOT / "tests" / "device_scripts"
+
+
+def build_module(arch):
+    """The module built from today's sources (scripts/build_natmod.sh --float, cached);
+    skipped without the cross compiler unless an emulated board is required."""
+    compiler = "riscv64-unknown-elf-gcc" if arch == "rv32imc" else "arm-none-eabi-gcc"
+    required = {os.environ.get("MICROTRAIN_REQUIRE_QEMU"),
+                os.environ.get("MICROTRAIN_REQUIRE_QEMU_RV32")} & {"1"}
+    if shutil.which(compiler) is None and not required:
+        pytest.skip(f"no {compiler}: scripts/build_natmod.sh --float {arch} installs it")
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "build_natmod.sh"), "--float", arch],
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.split()[-1]
+
+
+def run_on_board(firmware, tmp_path, module, script_text, board="qemu-mps2-an385"):
+    plan = emulated_board_plan(tmp_path, tmp_path, [], board=board,
+                               in_rom=[(module, "microtrain/kernels/float_native.mpy")])
+    script = tmp_path / "script.py"
+    script.write_text(script_text)
+    with deploy.QemuBoard(firmware, board=board) as qemu:
+        command = deploy.mpremote_command(plan, qemu.port, script)
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc.stdout
+
+
+def gemm_script(cases):
+    return f"CASES = {cases}\n" + (SCRIPTS / "float_native.py").read_text()
+
+
+def nan_bits(out):
+    return int(out.split("nan_bits")[1].split()[0])
+
+
+@pytest.mark.parametrize("arch", ["armv7m", "armv6m"])
+def test_native_float_gemm_equals_pure_on_the_emulated_m3(firmware, arch, tmp_path):
+    # 630 cases: 210 each of gemm, gemm_accumulate, batched_gemm
+    out = run_on_board(firmware, tmp_path, build_module(arch), gemm_script(630))
+    assert "fast True" in out, out[-2000:]
+    assert out.split()[-4:] == ["cases", "630", "different", "0"], out[-2000:]
+    # the armv7m build links the firmware's own libgcc routines: even its NaNs are the
+    # same bits; the armv6m build's (libgcc's armv6m soft float) differ in a NaN's sign
+    if arch == "armv7m":
+        assert nan_bits(out) == 0, out[-2000:]
+
+
+def test_native_float_gemm_equals_pure_on_the_rv32_board(rv32_firmware, tmp_path):
+    out = run_on_board(rv32_firmware, tmp_path, build_module("rv32imc"),
+                       "import sys\nassert sys.implementation._build == 'VIRT_RV32'\n"
+                       + gemm_script(630), board=RV32)
+    assert "fast True" in out, out[-2000:]
+    assert out.split()[-4:] == ["cases", "630", "different", "0"], out[-2000:]
+
+
+def optim_script(cases):
+    return f"CASES = {cases}\n" + (SCRIPTS / "float_native_optim.py").read_text()
+
+
+@pytest.mark.parametrize("arch", ["armv7m", "armv6m"])
+def test_native_float_updates_equal_pure_on_the_emulated_m3(firmware, arch, tmp_path):
+    # 1,000 cases: 200 each of sgd, adamw, sgd_general, adamw_general, accumulate; the
+    # elements refused (left as they were, counted in optim.refused) counted alike
+    out = run_on_board(firmware, tmp_path, build_module(arch), optim_script(1000))
+    assert "fast True" in out, out[-2000:]
+    words = out.split()
+    assert words[-6:-2] == ["cases", "1000", "different", "0"], out[-2000:]
+    assert int(words[-1]) > 100, out[-2000:]       # the refusals were exercised
+
+
+def test_native_float_updates_equal_pure_on_the_rv32_board(rv32_firmware, tmp_path):
+    out = run_on_board(rv32_firmware, tmp_path, build_module("rv32imc"),
+                       "import sys\nassert sys.implementation._build == 'VIRT_RV32'\n"
+                       + optim_script(1000), board=RV32)
+    assert "fast True" in out, out[-2000:]
+    words = out.split()
+    assert words[-6:-2] == ["cases", "1000", "different", "0"], out[-2000:]
+
+
+def reduce_script(cases):
+    return f"CASES = {cases}\n" + (SCRIPTS / "float_native_reduce.py").read_text()
+
+
+def check_reduce(out):
+    # 1,000 cases: 200 each of reduce_sum, relu, relu_grad, largest_abs, load_floats; the
+    # calls reaching past F's end raised alike
+    assert "fast True" in out, out[-2000:]
+    words = out.split()
+    assert words[-6:-2] == ["cases", "1000", "different", "0"], out[-2000:]
+    assert int(words[-1]) > 5, out[-2000:]        # the refusals were exercised
+
+
+@pytest.mark.parametrize("arch", ["armv7m", "armv6m"])
+def test_native_reduce_relu_and_gradient_check_equal_pure_on_the_emulated_m3(firmware, arch,
+                                                                              tmp_path):
+    check_reduce(run_on_board(firmware, tmp_path, build_module(arch), reduce_script(1000)))
+
+
+def test_native_reduce_relu_and_gradient_check_equal_pure_on_the_rv32_board(rv32_firmware,
+                                                                             tmp_path):
+    check_reduce(run_on_board(rv32_firmware, tmp_path, build_module("rv32imc"),
+                              "import sys\nassert sys.implementation._build == 'VIRT_RV32'\n"
+                              + reduce_script(1000), board=RV32))
+
+
+@pytest.mark.parametrize("arch", ["armv7m", "armv6m"])
+def test_digits_training_with_the_native_module_equals_the_boards_pure_run(firmware, arch,
+                                                                          tmp_path):
+    """A whole training run as deploy ships it: the digits MLP (AdamW, batch 8), its minimal
+    runtime written by deploy.write_runtime for the emulated Cortex-M3 with the float module
+    (the build for the board, armv7m; and armv6m, which every ARM core loads) in ROMFS,
+    trains 12 steps with the native kernels picked by fastpath (Gemm, AdamW, reduce_sum,
+    relu, relu_grad; the gradient check and the input copy too); a second run of the same
+    board from the same checkpoint with use_fast(False) (the pure-Python kernels) gives the
+    same losses bit for bit and the same arena (parameters, gradients, moments: its
+    CRC-32)."""
+    import numpy as np
+
+    from microtrain_host import generate_artifacts
+    from microtrain_host.tools import boards, runtime
+    digits = ROOT / "examples" / "digits"
+    build = tmp_path / "build"
+    generate_artifacts(str(digits / "mlp.onnx"), artifact_directory=str(build), batch_size=8,
+                       optimizer="AdamW", optimizer_options={"learning_rate": 0.01})
+    data = np.load(digits / "digits.npz")
+    (tmp_path / "x.f32").write_bytes(data["x_train"][:96].astype("<f4").tobytes())
+    (tmp_path / "y.i32").write_bytes(data["y_train"][:96].astype("<i4").tobytes())
+    board = boards.load_board("qemu-mps2-an385")
+    plan = deploy.Plan(board, "romfs", build, {}, None, None, None, None)
+    plan.native = {runtime.NATIVE_FLOAT_MODULE: build_module(arch)}
+    if arch == "armv7m":    # what deploy ships to this board
+        assert boards.native_for(build / "model.mtb", board, "romfs") == {
+            runtime.NATIVE_FLOAT_MODULE: runtime.native_build("armv7m", "float_native")}
+    rt = deploy.write_runtime(plan, build / "model.mtb", tmp_path / "rt")
+    for name in ("model.mtb", "checkpoint"):
+        (rt / name).write_bytes((build / name).read_bytes())
+    plan.romfs_image = tmp_path / "microtrain.romfs"
+    plan.romfs_image.write_bytes(runtime.romfs_image(rt))
+    plan.files = [(tmp_path / "x.f32", "x.f32"), (tmp_path / "y.i32", "y.i32")]
+    body = """
+from array import array
+from binascii import crc32, hexlify
+from microtrain import CheckpointState, Module, Optimizer, feed, module
+from microtrain.kernels import activation, dense, optim, reduce, float_native
+families = (dense, optim, reduce, activation)
+if PURE:
+    for family in families:
+        family.use_fast(False)
+    module.largest_abs = None       # the gradient check's and the input copy's own loops
+    feed._LOAD = None
+    print('picked', all(getattr(f, k) is f._pure[k] for f in families for k in f._pure))
+else:
+    print('picked', all(getattr(f, k) is getattr(float_native, k)
+                        for f in families for k in f._pure)
+          and module.largest_abs is float_native.largest_abs
+          and feed._LOAD is float_native.load_floats
+          and all(f._pure for f in families))
+import gc
+state = CheckpointState.load_checkpoint('/rom/checkpoint')
+# loaded as boards/train_on_board.py does: a collection every 4 KB while Module loads (its
+# reader's garbage reuses small holes, not the block the arenas need)
+blob = '/rom/model.mtb'
+gc.collect()
+gc.threshold(4096)
+model = Module(blob, state)
+gc.threshold(-1)
+opt = Optimizer(blob, model)
+losses = array('f')
+# a batch at a time from the files, as a deployed run reads them (the 96 samples at once
+# would take the heap the arenas need)
+fx, fy = open('x.f32', 'rb'), open('y.i32', 'rb')
+for step in range(12):
+    losses.append(model(array('f', fx.read(2048)), array('i', fy.read(32))))
+    opt.step()
+    model.lazy_reset_grad()
+print('losses', hexlify(bytes(losses)).decode())
+# the arena's CRC-32 (a copy of its 43 KB would not fit beside it)
+print('arena', crc32(memoryview(model.F)))
+"""
+    runs = {}
+    for pure in (False, True):      # two runs of the same board (its firmware, its heap)
+        script = tmp_path / "script.py"
+        script.write_text(f"PURE = {pure}\n" + body)
+        with deploy.QemuBoard(firmware) as qemu:
+            proc = subprocess.run(deploy.mpremote_command(plan, qemu.port, script),
+                                  capture_output=True, text=True, timeout=1800)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        runs[pure] = dict(line.split(" ", 1) for line in proc.stdout.splitlines()
+                          if line.startswith(("picked ", "losses ", "arena ")))
+        assert runs[pure]["picked"] == "True", proc.stdout[-2000:]
+    for what in ("losses", "arena"):
+        assert runs[False][what] == runs[True][what], what
+    losses = np.frombuffer(bytes.fromhex(runs[False]["losses"]), "<f4")
+    assert len(losses) == 12 and losses[-1] < losses[0]      # it trained
