@@ -281,7 +281,7 @@ def main():
                                               "free heap (a board's heap; default: all)")
     ap.add_argument("--native", choices=("armv6m", "armv7m"),
                     help="count the steps with this build of the native int8 module")
-    ap.add_argument("--float-native", choices=("armv6m", "armv7m"),
+    ap.add_argument("--float-native", choices=("armv6m", "armv7m", "armv7emsp"),
                     help="count the steps with this build of the native float module")
     ap.add_argument("--profile", action="store_true",
                     help="also each training step's instructions per kernel (wrapped: "

@@ -52,3 +52,26 @@ def test_native_int8_module_equals_pure_on_the_fpu_board(m4_firmware, tmp_path):
     assert words[-6:-2] == ["cases", "240", "different", "0"], out[-2000:]
     assert int(words[-1]) > 0, out[-2000:]
     print(f"armv7m build on the Cortex-M4F: {check_native_heap(out, module):,d} B of heap")
+
+
+# The float module's armv7emsp build (F32_HARD: the FPU's instructions are its arithmetic)
+# on the Cortex-M4F: the bytes of the pure-Python kernels computed by the same FPU, over the
+# cases tests/test_board_float_native.py runs on the M3. Not shipped yet: deploy gives
+# armv7emsp boards the armv7m build (tools/runtime_native.py).
+def float_on_m4(m4_firmware, tmp_path, script):
+    from test_board_float_native import build_module as build_float, run_on_board as run_float
+    return run_float(m4_firmware, tmp_path, build_float("armv7emsp"),
+                     "import sys\nassert sys.implementation._build == 'MPS2_AN386'\n" + script,
+                     board=M4)
+
+
+def test_float_module_fpu_build_equals_pure_on_the_fpu_board(m4_firmware, tmp_path):
+    from test_board_float_native import check_reduce, gemm_script, optim_script, reduce_script
+    out = float_on_m4(m4_firmware, tmp_path / "gemm", gemm_script(630))
+    assert "fast True" in out and out.split()[-4:] == ["cases", "630", "different", "0"], \
+        out[-2000:]
+    out = float_on_m4(m4_firmware, tmp_path / "optim", optim_script(1000))
+    words = out.split()
+    assert "fast True" in out and words[-6:-2] == ["cases", "1000", "different", "0"], \
+        out[-2000:]
+    check_reduce(float_on_m4(m4_firmware, tmp_path / "reduce", reduce_script(1000)))
