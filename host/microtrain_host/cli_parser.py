@@ -293,18 +293,14 @@ def build_parser():
     p.add_argument("--with-optimizer-state", action="store_true",
                    help="save the optimizer state too, to resume training later (--resume)")
     p.add_argument("--resume", metavar="CHECKPOINT",
-                   help="start from this checkpoint of an earlier run, saved with "
-                        "--with-optimizer-state, instead of ARTIFACTS/checkpoint: its "
-                        "parameters, optimizer state, step count and generators' states; the "
-                        "data from the batch its step count reached (counting whole epochs "
-                        "over the data, as an uninterrupted run does), so the losses are those "
-                        "an uninterrupted run prints")
+                   help="start from this checkpoint of an earlier run (saved with "
+                        "--with-optimizer-state) instead of ARTIFACTS/checkpoint: its "
+                        "parameters, optimizer state, step count and generators' states, and "
+                        "the data from the batch it reached: an uninterrupted run's losses")
     p.add_argument("--firmware", help="emulated board firmware (default: the one its build "
                                       "script built, e.g. scripts/build_qemu_rv32.sh)")
-    p.add_argument("--no-native", action="store_true",
-                   help="ship no native kernels (device/native: machine code the runtime "
-                        "otherwise carries for the board's architecture, copied into its "
-                        "heap at import): the bytecode and viper kernels run")
+    p.add_argument("--no-native", action="store_true", help="ship no native kernels "
+                   "(machine code for the board, copied into its heap at import)")
     p.add_argument("--dry-run", action="store_true",
                    help="print what would be copied, the runtime's .mpy sizes and the "
                         "predicted memory; touch no board")

@@ -70,8 +70,7 @@ def plan(artifacts, board_name, steps=None, epochs=None, placement=None, resume=
                           f"frozen")
     blob_path, _ = artifact_files(artifacts, DeployError)
     start_step = check_resume(artifacts, resume) if resume is not None else 0
-    # the native kernels for the board's architecture, unless refused (--no-native)
-    native = boards.native_for(blob_path, board, placement) if native else {}
+    native = boards.native_for(blob_path, board, placement) if native else {}  # --no-native
     with tempfile.TemporaryDirectory() as tmp:
         # (a frozen runtime keeps its messages in place: prepare)
         sources = runtime.minimal_sources(blob_path, messages_apart=placement != "frozen",

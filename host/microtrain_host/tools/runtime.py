@@ -21,7 +21,7 @@ from .runtime_messages import move_messages
 from .runtime_native import (NATIVE_BUILD_FOR, NATIVE_BUILDS, NATIVE_FLOAT_KERNELS,
                              NATIVE_FLOAT_MODULE, NATIVE_KERNELS, NATIVE_MODULE,
                              add_native_modules, cut_float_helpers, native_build,
-                             native_modules, native_package_archs)
+                             native_modules, native_package_archs, op_codes)
 from .train import REPO_ROOT, device_package_dir
 
 # the native modules' names, kept here for the callers of runtime.* (runtime_native.py)
@@ -74,12 +74,6 @@ def _top_level_imports(path):
 
 def _exists(name):
     return (device_package_dir() / _module_path(name)).exists()
-
-
-def op_codes(blob_path):
-    """The op codes the blob's programs use, sorted."""
-    b = device_blob_parser.load(str(blob_path), keep_steps=True)
-    return sorted({record[0] for records in b.step_records.values() for record in records})
 
 
 def kernel_families(blob_path):
