@@ -103,9 +103,11 @@ def test_a_float_blob_gets_the_float_module(tmp_path):
     blob = tmp_path / "model.mtb"
     assert runtime.native_modules(blob, "armv6m") == {
         runtime.NATIVE_FLOAT_MODULE: NATIVE / "armv6m" / "float_native.mpy"}
-    # an FPU board takes the armv7m build (soft float: the FPU's bits); Xtensa none
-    assert runtime.native_modules(blob, "armv7emsp") == {
+    # an FPU board none (the armv7m build's soft-float ABI garbles floats crossing its
+    # hard-float firmware: tests/test_board_m4.py), Xtensa none
+    assert runtime.native_modules(blob, "armv7m") == {
         runtime.NATIVE_FLOAT_MODULE: NATIVE / "armv7m" / "float_native.mpy"}
+    assert runtime.native_modules(blob, "armv7emsp") == {}
     assert runtime.native_modules(blob, "xtensawin") == {}
     # the runtime carrying it keeps the Gemm and optimizer families' switch to it, and
     # fastpath.py; without it the switch is cut
