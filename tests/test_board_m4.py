@@ -75,3 +75,22 @@ def test_float_module_fpu_build_equals_pure_on_the_fpu_board(m4_firmware, tmp_pa
     assert "fast True" in out and words[-6:-2] == ["cases", "1000", "different", "0"], \
         out[-2000:]
     check_reduce(float_on_m4(m4_firmware, tmp_path / "reduce", reduce_script(1000)))
+
+
+def test_a_soft_float_build_refuses_to_load_on_the_fpu_board(m4_firmware, tmp_path):
+    # the armv7m float build (soft-float ABI) on the hard-float firmware: its import refuses
+    # (one float round trip through the firmware's functions comes back wrong) and the
+    # families keep their pure-Python kernels; deploy gives FPU boards no float module, but
+    # mip's package-armv7m.json would install one there
+    from test_board_float_native import build_module as build_float, run_on_board as run_float
+    out = run_float(m4_firmware, tmp_path, build_float("armv7m"), """
+try:
+    import microtrain.kernels.float_native
+    print('loaded')
+except ValueError as e:
+    print('refused', e)
+from microtrain.kernels import dense, optim
+print('pure', dense.gemm is dense._pure['gemm'], optim.adamw is optim._pure['adamw'])
+""", board=M4)
+    assert "refused float_native: float ABI not the firmware's" in out, out
+    assert "pure True True" in out, out

@@ -302,6 +302,17 @@ static mp_obj_t batched_gemm(size_t n_args, const mp_obj_t *in) {
 static MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(batched_gemm_obj, 3, 3, batched_gemm);
 
 mp_obj_t mpy_init(mp_obj_fun_bc_t *self, size_t n_args, size_t n_kw, mp_obj_t *args) {
+    // A build whose float ABI is not the firmware's (an armv6m or armv7m build, soft float,
+    // on an FPU board's hard-float firmware: MicroPython loads it, older ARM code being
+    // allowed) would hand every float to the firmware's functions in the wrong registers
+    // (on the emulated Cortex-M4F every digits loss came out ln 10). One round trip through
+    // them tells; refused here, before the globals swap, the import raises ValueError and
+    // kernels/fastpath.py keeps the pure-Python kernels.
+    // (compared as bits: no float compare linked for it)
+    if (f32_bits(mp_obj_get_float_to_f(mp_obj_new_float_from_f(1.5f))) != 0x3fc00000u
+        || f32_bits(mp_obj_get_float_to_f(mp_obj_new_float_from_f(-0.375f))) != 0xbec00000u) {
+        mp_raise_ValueError(MP_ERROR_TEXT("float_native: float ABI not the firmware's"));
+    }
     MP_DYNRUNTIME_INIT_ENTRY
     module_globals = self->context->module.globals;
     mp_store_global(MP_QSTR_gemm, MP_OBJ_FROM_PTR(&gemm_obj));
