@@ -56,7 +56,8 @@ def test_older_export_trains_like_pytorch(tmp_path, opset, optimizer, model):
     mh.generate_artifacts(exported, loss=ref.loss, optimizer=optimizer, artifact_directory=tmp_path)
     training = onnx.load(tmp_path / "training_model.onnx")
     assert source_opset(training) == opset
-    assert device_blob_parser.load(str(tmp_path / "model.mtb")).source_opset == opset
+    assert device_blob_parser.load(str(tmp_path / "model.mtb"),
+                                   keep_steps=True).source_opset == opset
     xs, ys = make_data(ref, STEPS)
     write_batches(tmp_path / "data.bin", xs, ys)
     lr = ref.lr[optimizer]
@@ -73,7 +74,8 @@ def test_opset_17_exports_are_not_upgraded(tmp_path):
                           loss=ref.loss, optimizer="SGD", artifact_directory=tmp_path,
                           batch_size=ref.batch)
     assert source_opset(onnx.load(tmp_path / "training_model.onnx")) is None
-    assert device_blob_parser.load(str(tmp_path / "model.mtb")).source_opset == 0
+    assert device_blob_parser.load(str(tmp_path / "model.mtb"),
+                                   keep_steps=True).source_opset == 0
 
 
 def test_old_dropout_becomes_training_dropout():

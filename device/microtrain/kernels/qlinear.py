@@ -19,17 +19,15 @@
 #
 # Int32 tensor `req` of a layer with C output channels: [x_zp, y_zp, lo, hi, then (m0,
 # shift) for each channel]. A blob stores the first four; the (m0, shift) pairs are derived
-# here at load from the scales of the step's tensors (fixedpoint.derive_requant, called by
-# the checkers), so
-# the blob holds each scale once and the device never trusts a multiplier it did not
-# compute. (Blobs that store the whole tensor are read as they are.)
+# at load from the step's tensors' scales (fixedpoint.derive_requant, by the checkers), so the
+# blob holds each scale once and the device trusts no multiplier it did not compute. (Blobs
+# that store the whole tensor are read as they are.)
 #
-# A convolution also gets an int32 scratch tensor of out_h * out_w elements (the viper path
-# accumulates one output plane there; the pure-Python kernel does not need it).
+# A Conv also gets an int32 scratch tensor of out_h * out_w elements (the viper path's one
+# output plane; the pure-Python kernel does not need it).
 #
-# The requantization and the float32 multipliers are kernels/fixedpoint.py's (shared with
-# the integer training families): on 32-bit boards 12-bit limbs, so no int8 kernel allocates a
-# big int unless an int32 bias or an accumulator reaches 2**24.
+# The requantization and float32 multipliers are kernels/fixedpoint.py's (shared with integer
+# training): 12-bit limbs on 32-bit boards, so no big int below 2**24.
 import math
 from array import array
 from microtrain.blob import ROLE_NAMES
@@ -458,7 +456,10 @@ def qlinear_concat(F, I, args):
     # shift], real = float32(x_scale / y_scale)), or copied where X has Y's parameters (the
     # multiplier 1 is m0 = 2**23, shift 23: the same bytes, sooner).
     Q, y, x, req, blocks, size, stride, offset, x_signed, y_signed = args
-    x_zp, y_zp, lo, hi, m0, shift = I[req:req + 6]
+    # (pairs assign without a tuple: Concat, no fast path, runs under heap_lock)
+    x_zp, y_zp = I[req], I[req + 1]
+    lo, hi = I[req + 2], I[req + 3]
+    m0, shift = I[req + 4], I[req + 5]
     copy = m0 == 8388608 and shift == 23 and x_zp == y_zp and x_signed == y_signed
     flip = 128 if x_signed else 0
     for b in range(blocks):
@@ -486,7 +487,7 @@ def qlinear_concat_check(args, c):
 # The viper fast paths (kernels/qlinear_viper.py, MicroPython with the viper emitter), and
 # before them the native Gemm and Conv where kernels/qlinear_native.mpy (device/native) is
 # installed: the same bytes, no allocation (heap_lock). use_fast(False): the pure-Python
-# kernels, the reference, which may allocate (a requant record read in one slice).
+# kernels, which may allocate (a requant record in one slice) where a fast path exists.
 _FAST_NAMES = ("qlinear_gemm", "qlinear_conv", "qlinear_add", "qlinear_average_pool",
                "qlinear_global_average_pool", "qlinear_lookup")
 

@@ -50,14 +50,13 @@ class Plan:
         self.native = {}         # {name on the board: shipped .mpy} of the native kernels
         self.blob_path = self.artifacts / "model.mtb"   # the blob (plan(): artifact_files)
         self.blob_in_rom = False  # the blob goes into the ROMFS image with the runtime
-        self.inputs = "f32"      # the training inputs' file type, by prepare(): f32, or
-                                 # i8 / u8 (an integer training blob's quantized samples)
+        self.inputs = "f32"      # training inputs' file type (prepare()): f32, i8 or u8
 
 
 def plan(artifacts, board_name, steps=None, epochs=None, placement=None, resume=None,
          native=True):
     for name, value in (("steps", steps), ("epochs", epochs)):
-        # a count of 0 would copy no data and train nothing; a negative one, the same
+        # a count below 1 would copy no data and train nothing
         if value is not None and (isinstance(value, bool)
                                   or not isinstance(value, numbers.Integral) or value < 1):
             raise DeployError(f"{name} must be a positive integer, got {value!r}")
@@ -68,11 +67,10 @@ def plan(artifacts, board_name, steps=None, epochs=None, placement=None, resume=
     if placement == "romfs" and not board["romfs"]:
         raise DeployError(f"board {board_name} has no ROMFS partition: use --runtime files or "
                           f"frozen")
-    blob_path, _ = artifact_files(artifacts, DeployError)
+    blob_path = artifact_files(artifacts, DeployError)[0]
     start_step = check_resume(artifacts, resume) if resume is not None else 0
     native = boards.native_for(blob_path, board, placement) if native else {}  # --no-native
-    with tempfile.TemporaryDirectory() as tmp:
-        # (a frozen runtime keeps its messages in place: prepare)
+    with tempfile.TemporaryDirectory() as tmp:   # (frozen: messages in place)
         sources = runtime.minimal_sources(blob_path, messages_apart=placement != "frozen",
                                           native=native)
         sizes = runtime.compile_runtime(sources, board["mpy_arch"], board["mpy_version"], tmp)
@@ -81,6 +79,8 @@ def plan(artifacts, board_name, steps=None, epochs=None, placement=None, resume=
     fit = boards.predict(artifacts, board, placement, sum(sizes.values()) - messages,
                          resume=resume, native=native, machine_mpy=machine,
                          messages_mpy=messages)
+    if native and fit.needed > (1 - boards.NATIVE_SLACK) * fit.heap:   # see NATIVE_SLACK
+        return plan(artifacts, board_name, steps, epochs, placement, resume, native=False)
     in_rom = boards.blob_in_rom(blob_path, placement)
     sizes.update({name: pathlib.Path(path).stat().st_size for name, path in native.items()})
     if steps is None and epochs is None:
