@@ -76,6 +76,7 @@ TRAINING_SCRIPT_HEAP = 4720
 # on the emulated Cortex-M3 predicted 125,581 of 140,032 B with the float module and ran out).
 NATIVE_SLACK = 0.15
 
+
 def usable_heap(board):
     """Bytes of the profile's heap MicroPython's GC hands out: py/gc.c (1.25) gc_setup_area
     takes its allocation table (2 bits a block) and finaliser table (1 bit a block, ports
