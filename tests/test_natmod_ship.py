@@ -197,7 +197,35 @@ def test_deploy_ships_the_float_module_unless_refused(tmp_path, capsys):
     assert f"the native kernels' machine code ({size:,d} B of .mpy" in out
     # counted at the armv6m build's cost (step_cost.NATIVE_ARMV6M_FLOAT)
     assert "native armv6m float dense MACs" in out and "native armv6m AdamW updates" in out
+    assert "left out" not in out
     assert main(["deploy", str(tmp_path), "--board", "rp2040-pico", "--steps", "1", "--data",
                  data, "--dry-run", "--no-native"]) == 0
     out = capsys.readouterr().out
     assert "float_native" not in out and "fastpath" not in out and "native" not in out
+
+
+def test_deploy_and_inspect_leave_the_native_modules_out_where_they_cost_the_heap(
+        tmp_path, capsys):
+    # LeNet (AdamW) on the emulated Cortex-M3: with the float module the fit leaves under
+    # NATIVE_SLACK of the heap free (a resumed run ran out of memory there), so deploy
+    # ships none, its dry run and `inspect --board` say so, and both estimate the step
+    # with the bytecode kernels (the digits MLP keeps it: the test above).
+    from conftest import lenet_board_artifacts
+    artifacts, _ = lenet_board_artifacts(tmp_path, "AdamW", 1)
+    m3 = boards.load_board("qemu-mps2-an385")
+    assert boards.native_for(artifacts / "model.mtb", m3, "files")   # a build exists
+    native, left_out = boards.choose_native(artifacts, m3, "files")
+    assert native == {} and left_out.native_code > 0
+    assert left_out.needed > (1 - boards.NATIVE_SLACK) * left_out.heap
+    plan = deploy.plan(artifacts, "qemu-mps2-an385", placement="files")
+    assert plan.native == {} and plan.fit.native_code == 0
+    assert plan.fit.needed == boards.predict(artifacts, m3, "files", native={}).needed
+    for argv in (["deploy", str(artifacts), "--board", "qemu-mps2-an385", "--dry-run",
+                  "--runtime", "files", "--data", str(tmp_path / "data.npz")],
+                 ["inspect", str(artifacts / "model.mtb"), "--no-steps", "--board",
+                  "qemu-mps2-an385", "--runtime", "files"]):
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+        assert "native kernels   left out (float_native)" in out, argv
+        assert "float_native.mpy" not in out.split("fit check on")[0], argv
+        assert "native armv" not in out, argv        # the estimate counts bytecode kernels

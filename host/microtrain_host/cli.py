@@ -119,10 +119,10 @@ def cmd_inspect(args):
         from .tools import boards
         board = boards.load_board(args.board)
         print()
-        print(_fit_text(boards.predict(os.path.dirname(os.path.abspath(args.blob)), board,
-                                       args.runtime)))
-        native = boards.native_for(args.blob, board,
-                                   args.runtime or boards.default_placement(board))
+        artifacts = os.path.dirname(os.path.abspath(args.blob))
+        placement = args.runtime or boards.default_placement(board)
+        native, left_out = boards.choose_native(artifacts, board, placement)
+        print(_fit_text(boards.predict(artifacts, board, placement, native=native), left_out))
         print(_cost_text(args.blob, board, native))
     return 0
 
@@ -141,7 +141,8 @@ def _kb(n):
     return f"{n:,} B ({n / 1024:.1f} KiB)"
 
 
-def _fit_text(fit):
+def _fit_text(fit, native_left_out=None):   # native_left_out: boards.choose_native's
+    from .tools.boards import native_left_out_note
     board = fit.board
     where = {"files": "bytecode in the heap (imported from the filesystem)",
              "romfs": "bytecode in flash (ROMFS image)",
@@ -170,7 +171,7 @@ def _fit_text(fit):
         f"model's arenas)",
         f"  largest block    {_kb(fit.arena)} (the largest arena, one contiguous block)",
         f"  needed           {_kb(fit.needed)} (the largest, and {_kb(fit.script)} the "
-        f"training script holds): {verdict}"])
+        f"training script holds): {verdict}"] + native_left_out_note(native_left_out))
 
 
 def _cost_text(blob, board, native=False):
@@ -194,7 +195,7 @@ def cmd_deploy(args):
         native = ("  (native kernels, machine code for "
                   f"{plan.native[name].parent.name})" if name in plan.native else "")
         print(f"  {name:34s} {size:7,d}{native}")
-    print(_fit_text(plan.fit))
+    print(_fit_text(plan.fit, plan.native_left_out))
     print(_cost_text(plan.blob_path, plan.board, plan.native))
     if plan.resume is not None:
         print(f"resuming from {plan.resume}: optimizer step {plan.start_step}, the data from "

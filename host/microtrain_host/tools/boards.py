@@ -233,6 +233,7 @@ class FitReport:
         self.machine_mpy = 0            # of runtime_mpy: in .mpy with machine code (viper)
         self.native_mpy = 0             # .mpy bytes of its native modules (machine code)
         self.native_code = 0            # heap their import takes (part of code)
+        self.native_names = []          # their names on the board
         self.messages_mpy = 0           # .mpy bytes of error messages, imported on error
         self.load = load                # live while Module loads (code included)
         self.train = train              # live while training (code included)
@@ -264,6 +265,32 @@ def native_for(blob_path, board, placement):
     return native_modules(blob_path, board["mpy_arch"])
 
 
+def choose_native(artifacts, board, placement, resume=None):
+    """(native, left_out): the native modules ({name: .mpy path}) deploy ships with the
+    artifacts' runtime to the board, and those it leaves out because with them the fit check
+    would leave under NATIVE_SLACK of the heap free (then `left_out` is the FitReport with
+    them, for the note deploy and inspect print; else None)."""
+    from .train import artifact_files
+    native = native_for(artifact_files(artifacts, BoardError)[0], board, placement)
+    if native:
+        fit = predict(artifacts, board, placement, resume=resume, native=native)
+        if fit.needed > (1 - NATIVE_SLACK) * fit.heap:
+            return {}, fit
+    return native, None
+
+
+def native_left_out_note(left_out):
+    """[the line deploy and inspect print] when choose_native left the native modules out
+    (left_out: the FitReport with them), else []."""
+    if left_out is None:
+        return []
+    names = ", ".join(pathlib.PurePath(n).stem for n in left_out.native_names)
+    return [f"  native kernels   left out ({names}): with them the run would need "
+            f"{left_out.needed:,} B of the {left_out.heap:,} B heap, under "
+            f"{NATIVE_SLACK:.0%} of it free (boards.NATIVE_SLACK); the bytecode / viper "
+            f"kernels run instead"]
+
+
 def native_heap(native):
     """Heap bytes the native modules {name: .mpy path} take once imported."""
     return sum(int(NATIVE_HEAP_PER_MPY_BYTE * pathlib.Path(path).stat().st_size)
@@ -287,7 +314,7 @@ def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None, nat
     from .train import artifact_files
     blob_path, checkpoint_path = artifact_files(artifacts, BoardError)
     if native is None:
-        native = native_for(blob_path, board, placement)
+        native = choose_native(artifacts, board, placement, resume)[0]
     if runtime_mpy is None:
         runtime_mpy, machine_mpy, messages_mpy = minimal_runtime_split(blob_path, board, native)
     word = board["word_bytes"]
@@ -360,6 +387,7 @@ def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None, nat
     fit.machine_mpy = in_ram
     fit.native_mpy = sum(pathlib.Path(path).stat().st_size for path in native.values())
     fit.native_code = native_code
+    fit.native_names = sorted(native)
     fit.messages_mpy = messages_mpy
     return fit
 

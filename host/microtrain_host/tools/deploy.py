@@ -48,6 +48,7 @@ class Plan:
         self.resume = None       # the checkpoint a resumed run starts from (--resume)
         self.start_step = 0      # its optimizer step: the steps the previous runs took
         self.native = {}         # {name on the board: shipped .mpy} of the native kernels
+        self.native_left_out = None  # the fit with the native kernels deploy left out
         self.blob_path = self.artifacts / "model.mtb"   # the blob (plan(): artifact_files)
         self.blob_in_rom = False  # the blob goes into the ROMFS image with the runtime
         self.inputs = "f32"      # training inputs' file type (prepare()): f32, i8 or u8
@@ -69,7 +70,8 @@ def plan(artifacts, board_name, steps=None, epochs=None, placement=None, resume=
                           f"frozen")
     blob_path = artifact_files(artifacts, DeployError)[0]
     start_step = check_resume(artifacts, resume) if resume is not None else 0
-    native = boards.native_for(blob_path, board, placement) if native else {}  # --no-native
+    native, left_out = (boards.choose_native(artifacts, board, placement, resume) if native
+                        else ({}, None))   # --no-native
     with tempfile.TemporaryDirectory() as tmp:   # (frozen: messages in place)
         sources = runtime.minimal_sources(blob_path, messages_apart=placement != "frozen",
                                           native=native)
@@ -79,14 +81,12 @@ def plan(artifacts, board_name, steps=None, epochs=None, placement=None, resume=
     fit = boards.predict(artifacts, board, placement, sum(sizes.values()) - messages,
                          resume=resume, native=native, machine_mpy=machine,
                          messages_mpy=messages)
-    if native and fit.needed > (1 - boards.NATIVE_SLACK) * fit.heap:   # see NATIVE_SLACK
-        return plan(artifacts, board_name, steps, epochs, placement, resume, native=False)
     in_rom = boards.blob_in_rom(blob_path, placement)
     sizes.update({name: pathlib.Path(path).stat().st_size for name, path in native.items()})
     if steps is None and epochs is None:
         epochs = 1
     p = Plan(board, placement, artifacts, sizes, fit, None, steps, epochs)
-    p.native = native
+    p.native, p.native_left_out = native, left_out
     p.blob_path = blob_path
     p.blob_in_rom = in_rom
     if resume is not None:
