@@ -4,7 +4,8 @@ hardware, .mpy native code for armv7emsp), the architecture of the boards with a
 (stm32f746-disco, the Pyboard, nRF52840). Floats computed by the FPU must be the Cortex-M3's
 software floats bit for bit (both are IEEE single precision, rounded to nearest even):
 the digits MLP trained with AdamW through `microtrain deploy` leaves the same checkpoint
-bytes on both boards. The native int8 module deploy ships for armv7emsp (the armv7m build)
+bytes on both boards, and with the float module deploy ships there (its armv7emsp build)
+the same as without. The native int8 module deploy ships for armv7emsp (the armv7m build)
 gives the pure-Python kernels' bytes there. Needs both ARM firmwares: skipped without them,
 failed when MICROTRAIN_REQUIRE_QEMU / MICROTRAIN_REQUIRE_QEMU_M4=1 (scripts/test.sh)."""
 from conftest import ROOT
@@ -26,20 +27,26 @@ def test_the_profile_says_fpu_and_armv7emsp():
 
 def test_digits_adamw_on_the_fpu_board_leaves_the_m3_checkpoint(firmware, m4_firmware,
                                                                  tmp_path):
+    # three deploy runs: the M3 with the float module deploy ships it (armv7m), the M4F
+    # without a native module (its FPU's bytecode floats) and with the one deploy ships it
+    # (the armv7emsp build, the FPU's instructions)
     artifacts = tmp_path / "build"
     generate_artifacts(str(DIGITS / "mlp.onnx"), loss="CrossEntropyLoss", optimizer="AdamW",
                        artifact_directory=str(artifacts), batch_size=8,
                        optimizer_options={"learning_rate": 0.01})
     results = {}
-    for board, fw in (("qemu-mps2-an385", firmware), (M4, m4_firmware)):
-        plan = deploy.plan(artifacts, board, steps=STEPS)
+    for board, fw, native in (("qemu-mps2-an385", firmware, True), (M4, m4_firmware, False),
+                              (M4, m4_firmware, True)):
+        plan = deploy.plan(artifacts, board, steps=STEPS, native=native)
+        shipped = runtime.native_build(plan.board["mpy_arch"], "float_native")
+        assert plan.native == ({runtime.NATIVE_FLOAT_MODULE: shipped} if native else {})
         result = deploy.run(plan, DIGITS / "digits.npz", lr=0.01, firmware=fw)
         assert len(result.losses) == STEPS
-        results[board] = (result.losses, result.checkpoint.read_bytes())
-    m3, m4 = results["qemu-mps2-an385"], results[M4]
+        results[board, native] = (result.losses, result.checkpoint.read_bytes())
+    m3, m4 = results["qemu-mps2-an385", True], results[M4, False]
     print(f"\nlosses on both boards {m4[0]}")
-    assert m4[0] == m3[0]
-    assert m4[1] == m3[1]
+    assert m4[0] == m3[0] and m4[1] == m3[1]
+    assert results[M4, True] == m4
 
 
 def test_native_int8_module_equals_pure_on_the_fpu_board(m4_firmware, tmp_path):
@@ -54,13 +61,17 @@ def test_native_int8_module_equals_pure_on_the_fpu_board(m4_firmware, tmp_path):
     print(f"armv7m build on the Cortex-M4F: {check_native_heap(out, module):,d} B of heap")
 
 
-# The float module's armv7emsp build (F32_HARD: the FPU's instructions are its arithmetic)
-# on the Cortex-M4F: the bytes of the pure-Python kernels computed by the same FPU, over the
-# cases tests/test_board_float_native.py runs on the M3. Not shipped yet: deploy gives
-# armv7emsp boards the armv7m build (tools/runtime_native.py).
+# The float module's armv7emsp build (F32_HARD: the FPU's instructions are its arithmetic),
+# the one deploy and mip's package-armv7emsp.json ship to FPU boards, on the Cortex-M4F: the
+# bytes of the pure-Python kernels computed by the same FPU, over the cases
+# tests/test_board_float_native.py runs on the M3.
 def float_on_m4(m4_firmware, tmp_path, script):
     from test_board_float_native import build_module as build_float, run_on_board as run_float
-    return run_float(m4_firmware, tmp_path, build_float("armv7emsp"),
+    module = build_float("armv7emsp")
+    assert open(module, "rb").read() == \
+        runtime.native_build("armv7emsp", "float_native").read_bytes(), \
+        "stale: scripts/build_natmod.sh --float --ship armv7emsp"
+    return run_float(m4_firmware, tmp_path, module,
                      "import sys\nassert sys.implementation._build == 'MPS2_AN386'\n" + script,
                      board=M4)
 
@@ -80,8 +91,8 @@ def test_float_module_fpu_build_equals_pure_on_the_fpu_board(m4_firmware, tmp_pa
 def test_a_soft_float_build_refuses_to_load_on_the_fpu_board(m4_firmware, tmp_path):
     # the armv7m float build (soft-float ABI) on the hard-float firmware: its import refuses
     # (one float round trip through the firmware's functions comes back wrong) and the
-    # families keep their pure-Python kernels; deploy gives FPU boards no float module, but
-    # mip's package-armv7m.json would install one there
+    # families keep their pure-Python kernels; deploy and package-armv7emsp.json give FPU
+    # boards the armv7emsp build, but mip's package-armv7m.json would install this one there
     from test_board_float_native import build_module as build_float, run_on_board as run_float
     out = run_float(m4_firmware, tmp_path, build_float("armv7m"), """
 try:

@@ -27,8 +27,8 @@ def test_shipped_builds_are_of_todays_sources_and_their_architecture():
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()
     assert (NATIVE / "SOURCES.sha256").read_text().split() == [digest], \
         "device/native changed: run scripts/build_natmod.sh --ship armv6m armv7m rv32imc"
-    assert runtime.native_package_archs() == ["armv6m", "armv7m", "rv32imc"]
-    for arch in runtime.native_package_archs():
+    assert runtime.native_package_archs() == ["armv6m", "armv7emsp", "armv7m", "rv32imc"]
+    for arch in sorted(set(runtime.NATIVE_BUILD_FOR.values())):   # armv7emsp: armv7m's
         head = (NATIVE / arch / "qlinear_native.mpy").read_bytes()[:3]
         assert head == bytes([ord("M"), 6, ARCH_NUMBER[arch] << 2 | 3]), arch
 
@@ -47,9 +47,15 @@ def test_every_board_architecture_gets_a_build_it_loads_or_none():
             assert ARCH_NUMBER["armv6m"] <= loaded <= ARCH_NUMBER[arch], name
         else:
             assert loaded == ARCH_NUMBER[arch], name
+        # the float module passes floats: an FPU board (hard-float ABI) takes its own build
+        float_build = runtime.native_build(arch, "float_native")
+        if arch == "armv7emsp":
+            assert float_build.read_bytes()[2] >> 2 == ARCH_NUMBER[arch], name
+        else:
+            assert float_build.parent == build.parent, name
 
 
-@pytest.mark.parametrize("arch", ["armv6m", "armv7m", "rv32imc"])
+@pytest.mark.parametrize("arch", ["armv6m", "armv7emsp", "armv7m", "rv32imc"])
 def test_mip_package_of_each_architecture_lists_its_build(arch):
     text = (DEVICE / f"package-{arch}.json").read_text()
     assert json.loads(text) == json.loads(runtime.package_json(arch)), \
@@ -59,9 +65,13 @@ def test_mip_package_of_each_architecture_lists_its_build(arch):
     assert set(urls) - set(pure) == {"microtrain/kernels/qlinear_native.mpy",
                                      "microtrain/kernels/float_native.mpy"}
     # mip resolves the URLs against the package file's directory
-    for module in ("qlinear_native.mpy", "float_native.mpy"):
-        assert (DEVICE / urls["microtrain/kernels/" + module]).read_bytes() == \
-            (NATIVE / arch / module).read_bytes()
+    for module in ("qlinear_native", "float_native"):   # the builds deploy ships
+        assert (DEVICE / urls[f"microtrain/kernels/{module}.mpy"]).read_bytes() == \
+            runtime.native_build(arch, module).read_bytes()
+    if arch == "armv7emsp":   # the int8 module has no float in its calls: armv7m's build
+        assert urls["microtrain/kernels/qlinear_native.mpy"].endswith("armv7m/qlinear_native.mpy")
+        assert urls["microtrain/kernels/float_native.mpy"].endswith(
+            "armv7emsp/float_native.mpy")
     assert all((DEVICE / url).exists() for url in urls.values())
 
 
@@ -103,11 +113,12 @@ def test_a_float_blob_gets_the_float_module(tmp_path):
     blob = tmp_path / "model.mtb"
     assert runtime.native_modules(blob, "armv6m") == {
         runtime.NATIVE_FLOAT_MODULE: NATIVE / "armv6m" / "float_native.mpy"}
-    # an FPU board none (the armv7m build's soft-float ABI garbles floats crossing its
-    # hard-float firmware: tests/test_board_m4.py), Xtensa none
+    # an FPU board its own build (the armv7m build's soft-float ABI garbles floats crossing
+    # its hard-float firmware: tests/test_board_m4.py), Xtensa none
     assert runtime.native_modules(blob, "armv7m") == {
         runtime.NATIVE_FLOAT_MODULE: NATIVE / "armv7m" / "float_native.mpy"}
-    assert runtime.native_modules(blob, "armv7emsp") == {}
+    assert runtime.native_modules(blob, "armv7emsp") == {
+        runtime.NATIVE_FLOAT_MODULE: NATIVE / "armv7emsp" / "float_native.mpy"}
     assert runtime.native_modules(blob, "xtensawin") == {}
     # the runtime carrying it keeps the Gemm and optimizer families' switch to it, and
     # fastpath.py; without it the switch is cut
@@ -128,7 +139,7 @@ def test_shipped_float_builds_are_of_todays_sources():
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()
     assert (NATIVE / "FLOAT_SOURCES.sha256").read_text().split() == [digest], \
         "device/native/float changed: run scripts/build_natmod.sh --float --ship armv6m " \
-        "armv7m rv32imc"
+        "armv7m armv7emsp rv32imc"
     for arch in runtime.native_package_archs():
         head = (NATIVE / arch / "float_native.mpy").read_bytes()[:3]
         assert head == bytes([ord("M"), 6, ARCH_NUMBER[arch] << 2 | 3]), arch
@@ -195,7 +206,7 @@ def test_deploy_ships_the_float_module_unless_refused(tmp_path, capsys):
     assert out.split("microtrain/kernels/float_native.mpy")[1].split()[0] == f"{size:,d}"
     assert "microtrain/kernels/fastpath.mpy" in out
     assert f"the native kernels' machine code ({size:,d} B of .mpy" in out
-    # counted at the armv6m build's cost (step_cost.NATIVE_ARMV6M_FLOAT)
+    # counted at the armv6m build's cost (step_cost.NATIVE_FLOAT_BUILDS)
     assert "native armv6m float dense MACs" in out and "native armv6m AdamW updates" in out
     assert "left out" not in out
     assert main(["deploy", str(tmp_path), "--board", "rp2040-pico", "--steps", "1", "--data",

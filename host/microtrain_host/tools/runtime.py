@@ -376,8 +376,8 @@ def package_json(arch=None):
     files = sorted(str(p.relative_to(base)) for p in (base / "microtrain").rglob("*.py"))
     urls = [[f, f] for f in files]
     if arch is not None:
-        for name in (NATIVE_MODULE, NATIVE_FLOAT_MODULE):
-            module = name.rsplit("/", 1)[1]
-            if (device_package_dir() / NATIVE_BUILDS / arch / module).exists():
-                urls.append([name, f"{NATIVE_BUILDS}/{arch}/{module}"])
+        for name in (NATIVE_MODULE, NATIVE_FLOAT_MODULE):   # the builds deploy would ship
+            build = native_build(arch, name.rsplit("/", 1)[1][:-4])
+            if build is not None:
+                urls.append([name, build.relative_to(base).as_posix()])
     return json.dumps({"urls": urls, "version": microtrain.__version__}, indent=2) + "\n"

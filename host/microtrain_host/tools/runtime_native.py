@@ -16,9 +16,9 @@ from .train import device_package_dir
 NATIVE_BUILDS = "microtrain/kernels/native"
 NATIVE_MODULE = "microtrain/kernels/qlinear_native.mpy"
 NATIVE_KERNELS = ("qlinear_gemm", "qlinear_conv")
-# A board's mpy_arch -> the build it takes. MicroPython loads an ARM module on its own and
-# every later ARM architecture (persistentcode.c's MPY_FEATURE_ARCH_TEST), so FPU boards
-# (armv7emsp) take the armv7m build; an architecture not named here (xtensawin: no
+# A board's mpy_arch -> the int8 module's build it takes. MicroPython loads an ARM module on
+# its own and every later ARM architecture (persistentcode.c's MPY_FEATURE_ARCH_TEST), so FPU
+# boards (armv7emsp) take the armv7m build; an architecture not named here (xtensawin: no
 # toolchain on Debian) gets none and runs the viper kernels.
 NATIVE_BUILD_FOR = {"armv6m": "armv6m", "armv7m": "armv7m", "armv7emsp": "armv7m",
                     "rv32imc": "rv32imc"}
@@ -28,12 +28,13 @@ NATIVE_BUILD_FOR = {"armv6m": "armv6m", "armv7m": "armv7m", "armv7emsp": "armv7m
 # Gemm kernels of kernels/dense.py, the float updates of kernels/optim.py, reduce_sum (a
 # Gemm's bias gradient) and relu / relu_grad, bit for bit, in one module beside them (and two
 # functions of the runtime's own: NATIVE_FLOAT_HELPERS); its builds shipped as those of the
-# int8 module, except for FPU boards (armv7emsp): their firmware is built for the hard-float
-# ABI, which passes floats in FPU registers, while the armv7m build passes them in core
-# registers, so its float arguments and results cross the firmware's functions garbled (on the
-# emulated Cortex-M4F every digits loss came out ln 10). The armv7emsp build (the FPU's
-# instructions, tests/test_board_m4.py) is not shipped yet: FPU boards run the bytecode.
-NATIVE_FLOAT_NOT_FOR = ("armv7emsp",)
+# int8 module, except that FPU boards (armv7emsp) take a build of their own: their firmware
+# is built for the hard-float ABI, which passes floats in FPU registers, while the armv7m
+# build passes them in core registers, so its float arguments and results would cross the
+# firmware's functions garbled (on the emulated Cortex-M4F every digits loss came out ln 10;
+# the module refuses to load there). The armv7emsp build computes with the FPU's
+# instructions (tests/test_board_m4.py).
+NATIVE_FLOAT_BUILD_FOR = dict(NATIVE_BUILD_FOR, armv7emsp="armv7emsp")
 NATIVE_FLOAT_MODULE = "microtrain/kernels/float_native.mpy"
 NATIVE_FLOAT_KERNELS = {"dense": ("gemm", "gemm_accumulate", "batched_gemm"),
                         "optim": ("sgd", "adamw", "sgd_general", "adamw_general", "accumulate"),
@@ -50,7 +51,7 @@ def op_codes(blob_path):
 def native_build(arch, module="qlinear_native"):
     """The shipped build of the native module (qlinear_native, float_native) for a board of
     mpy_arch `arch` (a path), or None."""
-    build = NATIVE_BUILD_FOR.get(arch)
+    build = (NATIVE_FLOAT_BUILD_FOR if module == "float_native" else NATIVE_BUILD_FOR).get(arch)
     if build is None:
         return None
     path = device_package_dir() / NATIVE_BUILDS / build / f"{module}.mpy"
@@ -67,8 +68,6 @@ def native_modules(blob_path, arch):
                          (NATIVE_FLOAT_MODULE, [k for family in NATIVE_FLOAT_KERNELS.values()
                                                 for k in family])):
         build = native_build(arch, name.rsplit("/", 1)[1][:-4])
-        if name == NATIVE_FLOAT_MODULE and arch in NATIVE_FLOAT_NOT_FOR:
-            build = None
         if build is not None and kernels & set(wanted):
             modules[name] = build
     return modules
@@ -90,7 +89,7 @@ def add_native_modules(modules, out_dir):
 
 def native_package_archs():
     """The architectures with a shipped native build, each with its device/package-<arch>.json."""
-    return sorted(set(NATIVE_BUILD_FOR.values()))
+    return sorted(set(NATIVE_BUILD_FOR.values()) | set(NATIVE_FLOAT_BUILD_FOR.values()))
 
 
 # Two functions of the runtime's own modules that the float module has in machine code: the

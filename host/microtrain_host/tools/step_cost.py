@@ -9,6 +9,8 @@ clock_hz: one instruction per cycle. Real Cortex-M3/M4 cores take about 1.1-1.5 
 instruction (loads, branches, soft float; shared/FACTS.md), and the other work of a step
 (activations, the loss, gradient sums) is not counted: a lower estimate. Other cores (Xtensa,
 a core with an FPU) run other instruction streams: for them it is an order of magnitude."""
+import pathlib
+
 from microtrain import parser as device_blob_parser
 
 from ..contract.ops import BY_CODE
@@ -63,8 +65,12 @@ NATIVE_INSTRUCTIONS_PER_UPDATE = {
     "SGD": 100.9,
     "AdamW": 693.7,
 }
-# the armv6m build's figures, counted the same way ("native armv6m ..." in a Work)
-NATIVE_ARMV6M_FLOAT = {"float dense": 107.2, "SGD": 200.5, "AdamW": 1449.7}
+# other builds' figures, counted the same way ("native <build> ..." in a Work): the armv6m
+# build (the RP2040's) on the emulated Cortex-M3; the armv7emsp build (the FPU's
+# instructions: the FPU boards') on the emulated Cortex-M4F (`--board qemu-mps2-an386
+# --float-native armv7emsp --profile`), 2026-11-28
+NATIVE_FLOAT_BUILDS = {"armv6m": {"float dense": 107.2, "SGD": 200.5, "AdamW": 1449.7},
+                       "armv7emsp": {"float dense": 10.6, "SGD": 51.1, "AdamW": 183.9}}
 CYCLES_PER_INSTRUCTION = (1.1, 1.5)   # real Cortex-M3/M4 (shared/FACTS.md)
 
 
@@ -80,8 +86,8 @@ def _carried(native):
     flt = None
     for n in names:
         if n.endswith("float_native.mpy"):
-            path = str(native[n]) if isinstance(native, dict) else ""
-            flt = "native armv6m " if "/armv6m/" in path else "native "
+            build = pathlib.PurePath(native[n]).parent.name if isinstance(native, dict) else ""
+            flt = f"native {build} " if build in NATIVE_FLOAT_BUILDS else "native "
     return any(n.endswith("qlinear_native.mpy") for n in names), flt
 
 
@@ -182,22 +188,23 @@ class Work:
                 + sum(n * per_update(kind) for kind, n in self.updates.items()))
 
 
+def _cost(kind, counted, native):
+    # kind "native armv6m AdamW": NATIVE_FLOAT_BUILDS' figure; "native AdamW": native's;
+    # "AdamW": counted's
+    if not kind.startswith("native "):
+        return counted[kind]
+    build, _, rest = kind[7:].partition(" ")
+    return NATIVE_FLOAT_BUILDS[build][rest] if build in NATIVE_FLOAT_BUILDS else native[kind[7:]]
+
+
 def per_mac(family):
     """Instructions per MAC of a family ("native int8 dense": the native module's)."""
-    if family.startswith("native armv6m "):
-        return NATIVE_ARMV6M_FLOAT[family[14:]]
-    if family.startswith("native "):
-        return NATIVE_INSTRUCTIONS_PER_MAC[family[7:]]
-    return INSTRUCTIONS_PER_MAC[family]
+    return _cost(family, INSTRUCTIONS_PER_MAC, NATIVE_INSTRUCTIONS_PER_MAC)
 
 
 def per_update(kind):
     """Instructions per parameter of an optimizer's update ("native AdamW": the module's)."""
-    if kind.startswith("native armv6m "):
-        return NATIVE_ARMV6M_FLOAT[kind[14:]]
-    if kind.startswith("native "):
-        return NATIVE_INSTRUCTIONS_PER_UPDATE[kind[7:]]
-    return INSTRUCTIONS_PER_UPDATE[kind]
+    return _cost(kind, INSTRUCTIONS_PER_UPDATE, NATIVE_INSTRUCTIONS_PER_UPDATE)
 
 
 def step_work(path, native=False):
@@ -228,11 +235,14 @@ class Estimate:
                  for family, n in sorted(work.macs.items())]
         parts += [f"{n:,} parameters' {kind} updates x {per_update(kind):g}"
                   for kind, n in sorted(work.updates.items())]
+        on_m4 = ("; the armv7emsp build's on the emulated Cortex-M4F"
+                 if any("armv7emsp" in kind for kind in list(work.macs) + list(work.updates))
+                 else "")
         return "\n".join([
             f"estimated time per {work.what} on {board['name']} at {board['clock_hz'] / 1e6:g} "
             f"MHz: {self.ms:,.1f} ms ({self.ms_range[0]:,.1f}-{self.ms_range[1]:,.1f} ms at "
             f"{CYCLES_PER_INSTRUCTION[0]}-{CYCLES_PER_INSTRUCTION[1]} cycles per instruction)",
             f"  an estimate, not a measurement: {self.instructions / 1e6:,.1f} M instructions, "
-            f"counted per unit on the emulated Cortex-M3 (bench/board_cost.py): "
+            f"counted per unit on the emulated Cortex-M3 (bench/board_cost.py{on_m4}): "
             f"{'; '.join(parts)}. Other work (activations, the loss) is not counted; other "
             f"cores run other code"])
