@@ -26,21 +26,28 @@ STEPS = 2
 SCRIPT = ROOT / "tests" / "device_scripts" / "int8_steps_crc.py"
 
 
+def load_board_cost():
+    """bench/board_cost.py as a module: its board runner and Case."""
+    spec = importlib.util.spec_from_file_location("board_cost", ROOT / "bench" / "board_cost.py")
+    board_cost = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(board_cost)
+    return board_cost
+
+
 @pytest.fixture(scope="module")
 def kws_cases(tmp_path_factory):
     """bench/board_cost.py (its board runner) and its KWS cases (the blobs, checkpoints and
     sample files) by name; the backbone's ranges calibrated on 2 batches of 4 (the example's
     20 of 16 take minutes on CPython, and any ranges do for bit identity)."""
-    spec = importlib.util.spec_from_file_location("board_cost", ROOT / "bench" / "board_cost.py")
-    board_cost = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(board_cost)
+    board_cost = load_board_cost()
     return board_cost, {case.name: case
                         for case in board_cost.kws_cases(tmp_path_factory.mktemp("kws"),
                                                          steps=2, batch=4)}
 
 
-def cpython_run(case):
-    """The losses and the arenas' CRC-32 after STEPS steps on CPython (pure-Python kernels)."""
+def cpython_run(case, state=None):
+    """The losses and the arenas' CRC-32 after STEPS steps on CPython (pure-Python kernels);
+    state: the int arena's spans to check instead of the whole (int8_steps_crc.py's STATE)."""
     from microtrain import CheckpointState, Module, Optimizer
     files = {name: pathlib.Path(path) for name, path in case.files.items()}
     blob = memoryview(files["model.mtb"].read_bytes())
@@ -48,13 +55,17 @@ def cpython_run(case):
     opt = Optimizer(blob, model)
     typecode = "b" if "X_TYPE = 'b'" in case.settings else "B"     # int8 or uint8 input
     x = array(typecode, files["x.q8"].read_bytes())
-    y = array("i", files["y.i32"].read_bytes())
+    y = array("i", files["y.i32"].read_bytes()) if "y.i32" in files else None  # autoencoder
     losses = []
     for _ in range(STEPS):
-        losses.append(repr(model(x, y)))
+        losses.append(repr(model(x) if y is None else model(x, y)))
         opt.step()
         model.lazy_reset_grad()
-    return losses, (zlib.crc32(bytes(model.I)), zlib.crc32(bytes(model.blob.Q)))
+    ints = memoryview(model.I)
+    crc = zlib.crc32(ints) if state is None else 0
+    for at, n in state or ():
+        crc = zlib.crc32(ints[at:at + n], crc)
+    return losses, (crc, zlib.crc32(bytes(model.blob.Q)))
 
 
 def board_run(board_cost, firmware, board, module, case):
