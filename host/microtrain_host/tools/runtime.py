@@ -15,6 +15,7 @@ from microtrain import parser as device_blob_parser
 
 from ..contract.generate import CONST_IMPORT
 from ..contract.ops import BY_CODE
+from .runtime_bundle import bundle_sources
 from .runtime_cuts import (INTERNAL_CLASSES, RuntimeBuildError, _cut_methods, _cut_module,
                            _cut_opcodes)
 from .runtime_messages import move_messages
@@ -131,7 +132,7 @@ def package_sources(modules):
     return {m: (device_package_dir() / m).read_text() for m in modules}
 
 
-def minimal_sources(blob_path, extra=(), messages_apart=True, native=()):
+def minimal_sources(blob_path, extra=(), messages_apart=True, native=(), bundled=False):
     """{relative path: source text} of the model's minimal runtime: the modules of
     runtime_modules() (extra: see there), with opcodes.py cut to the op codes the blob uses
     and each kernel family cut to the kernels those op codes name, their load-time checkers
@@ -141,7 +142,9 @@ def minimal_sources(blob_path, extra=(), messages_apart=True, native=()):
     imported only when one is raised (runtime_messages.move_messages; not with
     messages_apart=False). native: the names of the native modules the runtime carries
     (native_modules()); with the float kernels' module, the families it serves keep their
-    switch to it (FAST = use_fast()) and kernels/fastpath.py comes along."""
+    switch to it (FAST = use_fast()) and kernels/fastpath.py comes along. bundled: the
+    package's modules joined into microtrain/_core.py and _save.py (runtime_bundle.py), as
+    deploy ships a runtime imported from files."""
     used = op_codes(blob_path)
     kernels = {}
     for op in used:
@@ -165,7 +168,8 @@ def minimal_sources(blob_path, extra=(), messages_apart=True, native=()):
         if module in sources:
             sources[module] = _cut_methods(sources[module], name, [
                 text for other, text in sources.items() if other != module])
-    return move_messages(sources) if messages_apart else sources
+    sources = move_messages(sources) if messages_apart else sources
+    return bundle_sources(sources) if bundled else sources
 
 
 # Kernel helpers a family's checker imports at load (fastpath.load_helper), with their viper
