@@ -108,11 +108,11 @@ def _rewrite_imports(path, text, members):
                 "microtrain"):
             continue
         parts = []
-        if node.module == "microtrain":
-            for a in node.names:
-                target = members.get(_path("microtrain." + a.name))
+        if any(_path(f"{node.module}.{a.name}") in members for a in node.names):
+            for a in node.names:   # modules: `from microtrain import files`
+                target = members.get(_path(f"{node.module}.{a.name}"))
                 if target is None:
-                    parts.append(f"from microtrain import {a.name}"
+                    parts.append(f"from {node.module} import {a.name}"
                                  + (f" as {a.asname}" if a.asname else ""))
                 elif target == own:
                     # the bundle itself, which is in sys.modules while it runs
