@@ -134,3 +134,12 @@ def test_bundled_runtime_trains_and_resumes_on_the_emulated_board(firmware, digi
     modules = _board_runs(firmware, digits, "romfs", tmp_path)
     assert len(bundled[0]) == 4 and len(bundled[1]) == 3
     assert bundled == modules
+
+
+def test_a_const_reaching_another_modules_local_or_keyword_is_refused():
+    # MicroPython folds a const() wherever its name follows in the file
+    for use in ("def f(_N):\n    return _N\n", "def f():\n    _N = 1\n    return _N\n",
+                "def f():\n    return dict(_N=1)\n"):
+        sources = _package(a="from microtrain.b import g\n" + use, b="_N = const(2)\ng = 1\n")
+        with pytest.raises(RuntimeBuildError, match="binds _N, a const"):
+            bundle_sources(sources)

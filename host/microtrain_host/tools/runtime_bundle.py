@@ -165,8 +165,33 @@ def _definitions(tree, lines):
     return out
 
 
+def _const_clashes(bundle, paths, texts):
+    """Refuse a bundle where a module's `NAME = const(...)` would reach a name another module
+    binds locally or passes as a keyword: MicroPython folds a const wherever the name appears
+    after it in the file (a parameter or local becomes a number; `f(NAME=1)` does not
+    compile)."""
+    consts = {}
+    for path in paths:
+        for node in ast.parse(texts[path]).body:
+            if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+                    and getattr(node.value.func, "id", None) == "const"):
+                consts.setdefault(node.targets[0].id, path)
+    for path in paths:
+        tree = ast.parse(texts[path])
+        inner = [n for top in tree.body if isinstance(top, (ast.FunctionDef, ast.ClassDef))
+                 for n in ast.walk(top)]   # (top-level definitions: _join's check)
+        for node in inner + list(ast.walk(tree)):
+            name = (node.arg if isinstance(node, (ast.arg, ast.keyword)) else
+                    node.id if node in inner and isinstance(node, ast.Name)
+                    and isinstance(node.ctx, ast.Store) else None)
+            if name in consts and consts[name] != path:
+                raise RuntimeBuildError(f"bundling {bundle}: {path} binds {name}, a const() of "
+                                        f"{consts[name]}; rename one of them")
+
+
 def _join(bundle, paths, texts):
     """One bundle's text: its modules in order, each name defined once."""
+    _const_clashes(bundle, paths, texts)
     defined = {}   # name -> (module, source of its definition)
     parts = []
     for path in paths:
