@@ -32,6 +32,9 @@ _NATIVE_API = (NATIVE_BUILD_FOR, NATIVE_KERNELS, add_native_modules, native_buil
 # What a training run imports: the package (which imports the training API) and the
 # checkpoint writer, which save_checkpoint imports when a run first saves.
 ENTRY_MODULES = ("microtrain", "microtrain.checkpoint_writer")
+# Imported only to word an error (errors.message; files.reason: the errno numbers' words),
+# shipped with every runtime and counted with its error messages (microtrain/_msg_*).
+ERROR_MODULES = ("microtrain._msg_oserrors",)
 # Imported by the package when present, not needed to train (microtrain/__init__.py guards
 # their imports): InferenceSession and the learning-rate schedulers.
 OPTIONAL_MODULES = ("microtrain.inference", "microtrain.lr_scheduler")
@@ -112,7 +115,8 @@ def runtime_modules(blob_path, extra=()):
     the package's module-level import closure, the kernel families it uses and the modules
     only some models import (model_modules), with what those import; extra: more modules
     the run's program imports (e.g. "microtrain.continual"), with their imports."""
-    wanted = (list(ENTRY_MODULES) + ["microtrain.kernels." + f for f in kernel_families(blob_path)]
+    wanted = (list(ENTRY_MODULES) + list(ERROR_MODULES)
+              + ["microtrain.kernels." + f for f in kernel_families(blob_path)]
               + model_modules(blob_path) + list(extra))
     seen = set()
     while wanted:
