@@ -62,7 +62,7 @@ _CK_PROPERTY_BAG_FLOATS = const(1)
 _CK_PROPERTY_BAG_STRINGS = const(2)
 _CK_INT_PROPERTY_NAME = const(0)
 _CK_INT_PROPERTY_VALUE = const(1)
-IDENTIFIER = b"ODTC"
+CHECKPOINT_IDENTIFIER = b"ODTC"
 _OBSERVER_RANGE = ".observer_range"  # may hold inf (not observed yet)
 RNG_PREFIX = "microtrain.rng."  # int properties: generator states
 VERSION = const(2)
@@ -340,9 +340,9 @@ def _frame(f, uri):
     size = f.seek(0, 2)
     f.seek(0)
     head = f.read(8)
-    if len(head) < 8 or head[4:8] != IDENTIFIER:
+    if len(head) < 8 or head[4:8] != CHECKPOINT_IDENTIFIER:
         raise CheckpointError("'%s' is not a training checkpoint (identifier %r, expected %r)"
-                              % (uri, bytes(head[4:8]), IDENTIFIER))
+                              % (uri, bytes(head[4:8]), CHECKPOINT_IDENTIFIER))
     end = size
     stored = None
     if size >= 16:

@@ -37,7 +37,7 @@ _CK_PROPERTY_BAG_FLOATS = const(1)
 _CK_PROPERTY_BAG_STRINGS = const(2)
 _CK_INT_PROPERTY_NAME = const(0)
 _CK_INT_PROPERTY_VALUE = const(1)
-IDENTIFIER = b"ODTC"
+CHECKPOINT_IDENTIFIER = b"ODTC"
 _OBSERVER_RANGE = ".observer_range"  # may hold inf (not observed yet)
 RNG_PREFIX = "microtrain.rng."  # int properties: generator states
 VERSION = const(2)
@@ -57,7 +57,7 @@ def write_checkpoint(state, path, include_optimizer_state):
 
     def write(f):
         out = _Crc32Stream(f)
-        fbwriter.write(out, root, IDENTIFIER)
+        fbwriter.write(out, root, CHECKPOINT_IDENTIFIER)
         f.write(struct.pack("<I", out.crc & 0xFFFFFFFF) + TRAILER_MAGIC)
 
     write_atomically(path, write, CheckpointError, "checkpoint")

@@ -4,20 +4,20 @@
 # share these.
 import os
 
+from microtrain.errors import message
+
 _IS_DIR = 0x4000          # S_IFDIR in os.stat()[0]
-# errno -> words, for the ports whose OSError carries only the number
-_REASONS = {1: "operation not permitted", 2: "no such file or directory", 5: "I/O error",
-            9: "bad file descriptor", 12: "out of memory", 13: "permission denied",
-            17: "file exists", 20: "not a directory", 21: "is a directory",
-            22: "invalid argument", 24: "too many open files", 27: "file too large",
-            28: "no space left on the device", 30: "read-only filesystem",
-            36: "file name too long", 39: "directory not empty"}
 
 
 def reason(e):
     """An OSError in words: 'no space left on the device (errno 28)'."""
     number = e.args[0] if e.args and isinstance(e.args[0], int) else None
-    text = e.args[1] if len(e.args) > 1 else _REASONS.get(number)
+    text = e.args[1] if len(e.args) > 1 else None
+    if text is None and number is not None and 0 <= number < 40:
+        # the words of errno 0 to 39, for the ports whose OSError carries only the number:
+        # microtrain/_msg_oserrors.py, imported only to word an error, so that a run's heap
+        # does not hold the table
+        text = message("oserrors", number)
     if text is None:
         return str(e)
     return "%s (errno %d)" % (text, number) if number is not None else str(text)

@@ -97,7 +97,13 @@ class Optimizer:
             state.stream(targets)
         for name, views in bound:
             if name in state._momentums and self._nonnegative >= 0:
-                _check_nonnegative(views[self._nonnegative], name)
+                # AdamW divides by sqrt(v) + eps: a negative v (only a crafted checkpoint
+                # has one) would make the step NaN.
+                v = views[self._nonnegative]
+                for j in range(len(v)):
+                    if v[j] < 0.0:
+                        raise CheckpointError("the AdamW second moment of '%s' has a negative "
+                                              "value %r at position %d" % (name, v[j], j))
             state._momentums[name] = views
         self.step_count = state.optimizer_step
         if not state.has_optimizer_state:
@@ -167,12 +173,3 @@ class Optimizer:
                                          / (1.0 - c["beta1"] ** t))
             else:
                 F[self._step_size_at] = self._lr
-
-
-def _check_nonnegative(values, name):
-    # AdamW divides by sqrt(v) + eps: a negative v (only a crafted checkpoint has one) would
-    # make the step NaN.
-    for j in range(len(values)):
-        if values[j] < 0.0:
-            raise CheckpointError("the AdamW second moment of '%s' has a negative value %r at "
-                                  "position %d" % (name, values[j], j))

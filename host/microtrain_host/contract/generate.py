@@ -229,7 +229,7 @@ def _float32_below(value):
 def _checkpoint_facts():
     types = ", ".join(f"{code}: ({size}, \"{typecode}\")"
                       for code, (size, typecode) in facts.CHECKPOINT_TENSOR_TYPES.items())
-    return [f'IDENTIFIER = b"{facts.CHECKPOINT_IDENTIFIER}"',
+    return [f'CHECKPOINT_IDENTIFIER = b"{facts.CHECKPOINT_IDENTIFIER}"',
             f'_OBSERVER_RANGE = "{facts.OBSERVER_RANGE_SUFFIX}"  # may hold inf (not observed yet)',
             f'RNG_PREFIX = "{facts.RNG_PREFIX}"  # int properties: generator states',
             f"VERSION = const({facts.CHECKPOINT_VERSION})",

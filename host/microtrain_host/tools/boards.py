@@ -316,7 +316,8 @@ def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None, nat
     if native is None:
         native = choose_native(artifacts, board, placement, resume)[0]
     if runtime_mpy is None:
-        runtime_mpy, machine_mpy, messages_mpy = minimal_runtime_split(blob_path, board, native)
+        runtime_mpy, machine_mpy, messages_mpy = minimal_runtime_split(blob_path, board, native,
+                                                                       placement)
     word = board["word_bytes"]
     model = HeapModel(word)
     native_code = native_heap(native)
@@ -412,14 +413,16 @@ def blob_in_rom(blob_path, placement):
     return bool(device_blob_parser.load(str(blob_path)).in_place)
 
 
-def minimal_runtime_split(blob_path, board, native=()):
+def minimal_runtime_split(blob_path, board, native=(), placement="files"):
     """(.mpy bytes imported, of which in files with machine code, .mpy bytes of the error
     messages imported only when one is raised) of the model's minimal runtime compiled for
-    the board (native: the native modules it carries, runtime.minimal_sources)."""
+    the board (native: the native modules it carries, runtime.minimal_sources; bundled as
+    deploy ships it to the placement)."""
     import tempfile
     from .runtime import compile_runtime, minimal_sources
     with tempfile.TemporaryDirectory() as tmp:
-        sizes = compile_runtime(minimal_sources(blob_path, native=native), board["mpy_arch"],
+        sizes = compile_runtime(minimal_sources(blob_path, native=native,
+                                                bundled=placement == "files"), board["mpy_arch"],
                                 board["mpy_version"], tmp)
         messages = messages_mpy(sizes)
         return sum(sizes.values()) - messages, runtime_machine_mpy(tmp, sizes), messages

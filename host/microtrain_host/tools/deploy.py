@@ -74,7 +74,7 @@ def plan(artifacts, board_name, steps=None, epochs=None, placement=None, resume=
                         else ({}, None))   # --no-native
     with tempfile.TemporaryDirectory() as tmp:   # (frozen: messages in place)
         sources = runtime.minimal_sources(blob_path, messages_apart=placement != "frozen",
-                                          native=native)
+                                          native=native, bundled=placement == "files")
         sizes = runtime.compile_runtime(sources, board["mpy_arch"], board["mpy_version"], tmp)
         machine = boards.runtime_machine_mpy(tmp, sizes)
     messages = boards.messages_mpy(sizes)
@@ -202,9 +202,9 @@ def dry_run_notes(plan):
 
 
 def write_runtime(plan, blob_path, directory):
-    """The blob's minimal runtime compiled for the plan's board into directory (.mpy files
-    under microtrain/), with the native kernels the plan ships (plan.native). Returns it."""
-    runtime.compile_runtime(runtime.minimal_sources(blob_path, native=plan.native),
+    """directory, with the plan's runtime and native kernels compiled into microtrain/."""
+    runtime.compile_runtime(runtime.minimal_sources(blob_path, native=plan.native,
+                                                    bundled=plan.placement == "files"),
                             plan.board["mpy_arch"], plan.board["mpy_version"], directory)
     runtime.add_native_modules(plan.native, directory)
     return pathlib.Path(directory)

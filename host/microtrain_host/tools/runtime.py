@@ -15,6 +15,7 @@ from microtrain import parser as device_blob_parser
 
 from ..contract.generate import CONST_IMPORT
 from ..contract.ops import BY_CODE
+from .runtime_bundle import bundle_sources
 from .runtime_cuts import (INTERNAL_CLASSES, RuntimeBuildError, _cut_methods, _cut_module,
                            _cut_opcodes)
 from .runtime_messages import move_messages
@@ -31,6 +32,9 @@ _NATIVE_API = (NATIVE_BUILD_FOR, NATIVE_KERNELS, add_native_modules, native_buil
 # What a training run imports: the package (which imports the training API) and the
 # checkpoint writer, which save_checkpoint imports when a run first saves.
 ENTRY_MODULES = ("microtrain", "microtrain.checkpoint_writer")
+# Imported only to word an error (errors.message; files.reason: the errno numbers' words),
+# shipped with every runtime and counted with its error messages (microtrain/_msg_*).
+ERROR_MODULES = ("microtrain._msg_oserrors",)
 # Imported by the package when present, not needed to train (microtrain/__init__.py guards
 # their imports): InferenceSession and the learning-rate schedulers.
 OPTIONAL_MODULES = ("microtrain.inference", "microtrain.lr_scheduler")
@@ -111,7 +115,8 @@ def runtime_modules(blob_path, extra=()):
     the package's module-level import closure, the kernel families it uses and the modules
     only some models import (model_modules), with what those import; extra: more modules
     the run's program imports (e.g. "microtrain.continual"), with their imports."""
-    wanted = (list(ENTRY_MODULES) + ["microtrain.kernels." + f for f in kernel_families(blob_path)]
+    wanted = (list(ENTRY_MODULES) + list(ERROR_MODULES)
+              + ["microtrain.kernels." + f for f in kernel_families(blob_path)]
               + model_modules(blob_path) + list(extra))
     seen = set()
     while wanted:
@@ -131,7 +136,7 @@ def package_sources(modules):
     return {m: (device_package_dir() / m).read_text() for m in modules}
 
 
-def minimal_sources(blob_path, extra=(), messages_apart=True, native=()):
+def minimal_sources(blob_path, extra=(), messages_apart=True, native=(), bundled=False):
     """{relative path: source text} of the model's minimal runtime: the modules of
     runtime_modules() (extra: see there), with opcodes.py cut to the op codes the blob uses
     and each kernel family cut to the kernels those op codes name, their load-time checkers
@@ -141,7 +146,9 @@ def minimal_sources(blob_path, extra=(), messages_apart=True, native=()):
     imported only when one is raised (runtime_messages.move_messages; not with
     messages_apart=False). native: the names of the native modules the runtime carries
     (native_modules()); with the float kernels' module, the families it serves keep their
-    switch to it (FAST = use_fast()) and kernels/fastpath.py comes along."""
+    switch to it (FAST = use_fast()) and kernels/fastpath.py comes along. bundled: the
+    package's modules joined into microtrain/_core.py and _save.py (runtime_bundle.py), as
+    deploy ships a runtime imported from files."""
     used = op_codes(blob_path)
     kernels = {}
     for op in used:
@@ -165,7 +172,8 @@ def minimal_sources(blob_path, extra=(), messages_apart=True, native=()):
         if module in sources:
             sources[module] = _cut_methods(sources[module], name, [
                 text for other, text in sources.items() if other != module])
-    return move_messages(sources) if messages_apart else sources
+    sources = move_messages(sources) if messages_apart else sources
+    return bundle_sources(sources) if bundled else sources
 
 
 # Kernel helpers a family's checker imports at load (fastpath.load_helper), with their viper

@@ -1,0 +1,145 @@
+"""The minimal runtime bundled as deploy ships it to a board's filesystem
+(host/microtrain_host/tools/runtime_bundle.py): the package's modules joined into
+microtrain/_core.py and _save.py behave as the modules they join. The error-message script of
+tests/test_runtime_messages.py (every 7th byte of the blob and every 5th of the checkpoint
+altered, CRC-32 fixed; bad inputs, optimizer and file errors; a training run, a save and a
+reload) prints the same lines over the bundled runtime as over the package's modules, on
+CPython and on the MicroPython Unix port; and digits trained and resumed on the emulated M3
+through deploy gives the same losses and checkpoint bytes with the runtime bundled in files
+as with its modules in ROMFS."""
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from microtrain_host.cli import main
+from microtrain_host.tools import deploy, runtime
+from microtrain_host.tools.runtime_bundle import bundle_members, bundle_sources
+from microtrain_host.tools.runtime_cuts import RuntimeBuildError
+
+SCRIPT = ROOT / "tests" / "device_scripts" / "error_messages.py"
+DIGITS = ROOT / "examples" / "digits"
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    out = tmp_path_factory.mktemp("digits") / "build"
+    assert main(["pack", str(ROOT / "examples" / "digits" / "mlp.onnx"), "-o", str(out),
+                 "--batch-size", "8", "--optimizer", "adamw"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def runtimes(digits, tmp_path_factory):
+    """(the bundled runtime, the same unbundled), with flatparams.py (a module outside the
+    bundle that imports from it, as the script calls the flat-buffer parameter API)."""
+    base = tmp_path_factory.mktemp("runtimes")
+    extra = ("microtrain.flatparams",)
+    bundled = runtime.minimal_sources(digits / "model.mtb", extra, bundled=True)
+    assert {"microtrain/_core.py", "microtrain/_save.py"} <= set(bundled)
+    assert "microtrain/parser.py" not in bundled and "microtrain/flatparams.py" in bundled
+    assert "from microtrain._core import" in bundled["microtrain/flatparams.py"]
+    return (runtime.write_sources(bundled, base / "bundled"),
+            runtime.write_sources(runtime.minimal_sources(digits / "model.mtb", extra),
+                                  base / "modules"))
+
+
+def _lines(command, path_variable, path, digits, tmp_path):
+    scratch = tmp_path / path.name
+    scratch.mkdir()
+    proc = subprocess.run(command + [str(SCRIPT), str(digits), str(scratch)],
+                          capture_output=True, text=True, env={path_variable: str(path)},
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.splitlines()
+
+
+def _check(bundled, modules):
+    assert bundled == modules
+    assert len([line for line in modules if not line.endswith(": ok")]) > 150
+
+
+def test_bundled_runtime_behaves_the_same_on_cpython(runtimes, digits, tmp_path):
+    _check(*(_lines([sys.executable], "PYTHONPATH", path, digits, tmp_path)
+             for path in runtimes))
+
+
+def test_bundled_runtime_behaves_the_same_on_micropython(runtimes, digits, micropython,
+                                                         tmp_path):
+    _check(*(_lines([micropython], "MICROPYPATH", path, digits, tmp_path)
+             for path in runtimes))
+
+
+def test_the_bundles_and_their_order(digits):
+    members, order = bundle_members(runtime.minimal_sources(digits / "model.mtb"))
+    core = order["microtrain/_core.py"]
+    # each module after those it imports at module level
+    assert core.index("microtrain/errors.py") < core.index("microtrain/blob.py") \
+        < core.index("microtrain/parser.py") < core.index("microtrain/module.py") \
+        < core.index("microtrain/optimizer.py")
+    assert order["microtrain/_save.py"] == ["microtrain/fbwriter.py",
+                                            "microtrain/checkpoint_writer.py"]
+    # kernel families (imported by name) and the package itself stay modules
+    assert not any(path.startswith("microtrain/kernels/") for path in members)
+    assert "microtrain/__init__.py" not in members
+
+
+def _package(**modules):
+    sources = {"microtrain/__init__.py": "from microtrain.a import f\n"}
+    sources.update({f"microtrain/{name}.py": text for name, text in modules.items()})
+    return sources
+
+
+def test_a_name_two_modules_define_differently_is_refused():
+    sources = _package(a="from microtrain.b import g\nX = 1\ndef f():\n    return g() + X\n",
+                       b="X = 2\ndef g():\n    return X\n")
+    with pytest.raises(RuntimeBuildError, match="X is defined by microtrain/b.py"):
+        bundle_sources(sources)
+
+
+def test_imports_between_bundled_modules_become_globals():
+    sources = _package(a="from microtrain.b import g, K as _K\nK = 3\nY = 5\n"
+                         "def f():\n    from microtrain.b import g as h\n    return h() + _K\n",
+                       b="K = 3\ndef g():\n    return 2\n",
+                       c="from microtrain.a import f\nfrom microtrain import b\n")
+    out = bundle_sources(sources)
+    assert set(out) == {"microtrain/__init__.py", "microtrain/_core.py", "microtrain/c.py"}
+    assert "from microtrain._core import f" in out["microtrain/__init__.py"]
+    # (c.py is imported by no bundled module: a module of its own, pointed at the bundle)
+    assert out["microtrain/c.py"] == ("from microtrain._core import f\n"
+                                      "import microtrain._core as b\n")
+    core = {}
+    exec(out["microtrain/_core.py"].split("# ---- the bundled")[0], core)
+    assert core["f"]() == 5 and core["K"] == 3
+
+
+def _board_runs(firmware, artifacts, placement, tmp_path):
+    """(losses, checkpoint bytes) of 4 digits AdamW steps deployed to the emulated M3 with
+    the runtime in that placement, then of 3 steps more resumed from its checkpoint."""
+    first = deploy.run(deploy.plan(artifacts, "qemu-mps2-an385", steps=4, placement=placement),
+                       DIGITS / "digits.npz", output=tmp_path / f"{placement}.ckpt",
+                       with_optimizer_state=True, firmware=firmware)
+    plan = deploy.plan(artifacts, "qemu-mps2-an385", steps=3, placement=placement,
+                       resume=first.checkpoint)
+    then = deploy.run(plan, DIGITS / "digits.npz", output=tmp_path / f"{placement}2.ckpt",
+                      firmware=firmware)
+    return (first.losses, then.losses, first.checkpoint.read_bytes(),
+            then.checkpoint.read_bytes())
+
+
+def test_bundled_runtime_trains_and_resumes_on_the_emulated_board(firmware, digits, tmp_path):
+    # files: the bundled runtime (bytecode in the heap); romfs: the package's modules
+    bundled = _board_runs(firmware, digits, "files", tmp_path)
+    modules = _board_runs(firmware, digits, "romfs", tmp_path)
+    assert len(bundled[0]) == 4 and len(bundled[1]) == 3
+    assert bundled == modules
+
+
+def test_a_const_reaching_another_modules_local_or_keyword_is_refused():
+    # MicroPython folds a const() wherever its name follows in the file
+    for use in ("def f(_N):\n    return _N\n", "def f():\n    _N = 1\n    return _N\n",
+                "def f():\n    return dict(_N=1)\n"):
+        sources = _package(a="from microtrain.b import g\n" + use, b="_N = const(2)\ng = 1\n")
+        with pytest.raises(RuntimeBuildError, match="binds _N, a const"):
+            bundle_sources(sources)
