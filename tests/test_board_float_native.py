@@ -1,9 +1,9 @@
 """The native float kernels (device/native/float: a MicroPython 1.25 dynamic native module
 built by `scripts/build_natmod.sh --float`) on the emulated boards: placed in the runtime's
 ROMFS as microtrain/kernels/float_native.mpy, kernels/fastpath.py puts them in place of the
-pure-Python Gemm and optimizer kernels, and they write the bytes the pure-Python kernels
-write on the same board (single-precision floats) over random geometries and data
-(tests/device_scripts/float_native.py, float_native_optim.py): on the Cortex-M3 with the
+pure-Python Gemm, Conv and optimizer kernels, and they write the bytes the pure-Python
+kernels write on the same board (single-precision floats) over random geometries and data
+(tests/device_scripts/float_native.py, float_native_conv.py, float_native_optim.py): on the Cortex-M3 with the
 armv7m build (its hand-written Thumb-2 dot product) and the armv6m build (C), and on the
 RISC-V core (rv32imc, C). Needs the boards' firmware (skipped without it, failed when
 MICROTRAIN_REQUIRE_QEMU / _RV32=1)."""
@@ -125,46 +125,42 @@ def test_native_reduce_relu_and_gradient_check_equal_pure_on_the_rv32_board(rv32
                               + reduce_script(1000), board=RV32))
 
 
-@pytest.mark.parametrize("arch", ["armv7m", "armv6m"])
-def test_digits_training_with_the_native_module_equals_the_boards_pure_run(firmware, arch,
-                                                                          tmp_path):
-    """A whole training run as deploy ships it: the digits MLP (AdamW, batch 8), its minimal
-    runtime written by deploy.write_runtime for the emulated Cortex-M3 with the float module
-    (the build for the board, armv7m; and armv6m, which every ARM core loads) in ROMFS,
-    trains 12 steps with the native kernels picked by fastpath (Gemm, AdamW, reduce_sum,
-    relu, relu_grad; the gradient check and the input copy too); a second run of the same
-    board from the same checkpoint with use_fast(False) (the pure-Python kernels) gives the
-    same losses bit for bit and the same arena (parameters, gradients, moments: its
-    CRC-32)."""
-    import numpy as np
+def conv_script(cases):
+    # float_native.py's data helpers (all before its first case), then the Conv cases
+    helpers = (SCRIPTS / "float_native.py").read_text().split("\ndef gemm_case")[0]
+    return (f"CASES = {cases}\n" + helpers + "\n"
+            + (SCRIPTS / "float_native_conv.py").read_text())
 
-    from microtrain_host import generate_artifacts
-    from microtrain_host.tools import boards, runtime
-    digits = ROOT / "examples" / "digits"
-    build = tmp_path / "build"
-    generate_artifacts(str(digits / "mlp.onnx"), artifact_directory=str(build), batch_size=8,
-                       optimizer="AdamW", optimizer_options={"learning_rate": 0.01})
-    data = np.load(digits / "digits.npz")
-    (tmp_path / "x.f32").write_bytes(data["x_train"][:96].astype("<f4").tobytes())
-    (tmp_path / "y.i32").write_bytes(data["y_train"][:96].astype("<i4").tobytes())
-    board = boards.load_board("qemu-mps2-an385")
-    plan = deploy.Plan(board, "romfs", build, {}, None, None, None, None)
-    plan.native = {runtime.NATIVE_FLOAT_MODULE: build_module(arch)}
-    if arch == "armv7m":    # what deploy ships to this board
-        assert boards.native_for(build / "model.mtb", board, "romfs") == {
-            runtime.NATIVE_FLOAT_MODULE: runtime.native_build("armv7m", "float_native")}
-    rt = deploy.write_runtime(plan, build / "model.mtb", tmp_path / "rt")
-    for name in ("model.mtb", "checkpoint"):
-        (rt / name).write_bytes((build / name).read_bytes())
-    plan.romfs_image = tmp_path / "microtrain.romfs"
-    plan.romfs_image.write_bytes(runtime.romfs_image(rt))
-    plan.files = [(tmp_path / "x.f32", "x.f32"), (tmp_path / "y.i32", "y.i32")]
-    body = """
+
+def check_conv(out):
+    # 600 cases: 200 each of conv, conv_grad_input, conv_grad_weight; the calls reaching
+    # past F's end raised alike
+    assert "conv_fast True" in out, out[-2000:]
+    words = out.split()
+    assert words[-6:-2] == ["cases", "600", "different", "0"], out[-2000:]
+    assert int(words[-1]) > 3, out[-2000:]        # the refusals were exercised
+
+
+@pytest.mark.parametrize("arch", ["armv7m", "armv6m"])
+def test_native_float_conv_equals_pure_on_the_emulated_m3(firmware, arch, tmp_path):
+    check_conv(run_on_board(firmware, tmp_path, build_module(arch), conv_script(600)))
+
+
+def test_native_float_conv_equals_pure_on_the_rv32_board(rv32_firmware, tmp_path):
+    check_conv(run_on_board(rv32_firmware, tmp_path, build_module("rv32imc"),
+                            "import sys\nassert sys.implementation._build == 'VIRT_RV32'\n"
+                            + conv_script(600), board=RV32))
+
+
+# A training run on the board from the runtime in ROMFS, its blob and checkpoint there,
+# batches read from x.f32 / y.i32: PURE (prepended) selects the families' pure-Python
+# kernels; prints whether fastpath picked what it should, the losses and the arena's CRC-32
+TRAIN_RUN = """
 from array import array
 from binascii import crc32, hexlify
 from microtrain import CheckpointState, Module, Optimizer, feed, module
-from microtrain.kernels import activation, dense, optim, reduce, float_native
-families = (dense, optim, reduce, activation)
+from microtrain.kernels import float_native
+families = [__import__('microtrain.kernels.' + f, None, None, ('use_fast',)) for f in FAMILIES]
 if PURE:
     for family in families:
         family.use_fast(False)
@@ -188,21 +184,45 @@ model = Module(blob, state)
 gc.threshold(-1)
 opt = Optimizer(blob, model)
 losses = array('f')
-# a batch at a time from the files, as a deployed run reads them (the 96 samples at once
-# would take the heap the arenas need)
+# a batch at a time from the files, as a deployed run reads them (all at once would take
+# the heap the arenas need)
 fx, fy = open('x.f32', 'rb'), open('y.i32', 'rb')
-for step in range(12):
-    losses.append(model(array('f', fx.read(2048)), array('i', fy.read(32))))
+for step in range(STEPS):
+    losses.append(model(array('f', fx.read(X_BYTES)), array('i', fy.read(Y_BYTES))))
     opt.step()
     model.lazy_reset_grad()
 print('losses', hexlify(bytes(losses)).decode())
-# the arena's CRC-32 (a copy of its 43 KB would not fit beside it)
+# the arena's CRC-32 (a copy of it would not fit beside it)
 print('arena', crc32(memoryview(model.F)))
 """
+
+
+def train_native_and_pure(firmware, tmp_path, build, arch, x, y, steps, x_bytes, families):
+    """The artifacts in `build` trained `steps` steps on the emulated Cortex-M3 from the
+    runtime deploy.write_runtime writes with the float module's `arch` build in ROMFS, twice
+    from the same checkpoint: with the native kernels fastpath picks, then with
+    use_fast(False); asserts the picks and that both runs give the same losses bit for bit
+    and the same arena. Returns the losses (float32)."""
+    import numpy as np
+
+    from microtrain_host.tools import boards, runtime
+    (tmp_path / "x.f32").write_bytes(x.astype("<f4").tobytes())
+    (tmp_path / "y.i32").write_bytes(y.astype("<i4").tobytes())
+    board = boards.load_board("qemu-mps2-an385")
+    plan = deploy.Plan(board, "romfs", build, {}, None, None, None, None)
+    plan.native = {runtime.NATIVE_FLOAT_MODULE: build_module(arch)}
+    rt = deploy.write_runtime(plan, build / "model.mtb", tmp_path / "rt")
+    for name in ("model.mtb", "checkpoint"):
+        (rt / name).write_bytes((build / name).read_bytes())
+    plan.romfs_image = tmp_path / "microtrain.romfs"
+    plan.romfs_image.write_bytes(runtime.romfs_image(rt))
+    plan.files = [(tmp_path / "x.f32", "x.f32"), (tmp_path / "y.i32", "y.i32")]
     runs = {}
     for pure in (False, True):      # two runs of the same board (its firmware, its heap)
         script = tmp_path / "script.py"
-        script.write_text(f"PURE = {pure}\n" + body)
+        script.write_text(f"PURE = {pure}\nSTEPS = {steps}\nX_BYTES = {x_bytes}\n"
+                          f"Y_BYTES = {4 * len(y) // steps}\nFAMILIES = {families!r}\n"
+                          + TRAIN_RUN)
         with deploy.QemuBoard(firmware) as qemu:
             proc = subprocess.run(deploy.mpremote_command(plan, qemu.port, script),
                                   capture_output=True, text=True, timeout=1800)
@@ -213,4 +233,56 @@ print('arena', crc32(memoryview(model.F)))
     for what in ("losses", "arena"):
         assert runs[False][what] == runs[True][what], what
     losses = np.frombuffer(bytes.fromhex(runs[False]["losses"]), "<f4")
-    assert len(losses) == 12 and losses[-1] < losses[0]      # it trained
+    assert len(losses) == steps
+    return losses
+
+
+@pytest.mark.parametrize("arch", ["armv7m", "armv6m"])
+def test_digits_training_with_the_native_module_equals_the_boards_pure_run(firmware, arch,
+                                                                          tmp_path):
+    """A whole training run as deploy ships it: the digits MLP (AdamW, batch 8), its minimal
+    runtime written by deploy.write_runtime for the emulated Cortex-M3 with the float module
+    (the build for the board, armv7m; and armv6m, which every ARM core loads) in ROMFS,
+    trains 12 steps with the native kernels picked by fastpath (Gemm, AdamW, reduce_sum,
+    relu, relu_grad; the gradient check and the input copy too); a second run of the same
+    board from the same checkpoint with use_fast(False) (the pure-Python kernels) gives the
+    same losses bit for bit and the same arena (parameters, gradients, moments: its
+    CRC-32)."""
+    import numpy as np
+
+    from microtrain_host import generate_artifacts
+    from microtrain_host.tools import boards, runtime
+    digits = ROOT / "examples" / "digits"
+    build = tmp_path / "build"
+    generate_artifacts(str(digits / "mlp.onnx"), artifact_directory=str(build), batch_size=8,
+                       optimizer="AdamW", optimizer_options={"learning_rate": 0.01})
+    data = np.load(digits / "digits.npz")
+    if arch == "armv7m":    # what deploy ships to this board
+        assert boards.native_for(build / "model.mtb", boards.load_board("qemu-mps2-an385"),
+                                 "romfs") == {
+            runtime.NATIVE_FLOAT_MODULE: runtime.native_build("armv7m", "float_native")}
+    losses = train_native_and_pure(firmware, tmp_path, build, arch, data["x_train"][:96],
+                                   data["y_train"][:96], 12, 2048,
+                                   ("dense", "optim", "reduce", "activation"))
+    assert losses[-1] < losses[0]      # it trained
+
+
+def test_lenet_training_with_the_native_module_equals_the_boards_pure_run(firmware,
+                                                                         tmp_path):
+    """The LeNet reference CNN (SGD, batch 4), as above with the armv7m build (the M3's):
+    its Convs, their input and weight gradients native too, 4 steps equal to the same
+    board's pure-Python run (losses and arena). Deploy itself leaves the module out for
+    LeNet on this board (boards.NATIVE_SLACK: a resumed AdamW run ran out of memory there);
+    this run, fresh and SGD, fits."""
+    import numpy as np
+
+    from conftest import lenet_board_artifacts
+    from microtrain_host.tools import runtime
+    build, _ = lenet_board_artifacts(tmp_path, "SGD", 4)
+    data = np.load(tmp_path / "data.npz")
+    x = data["x_train"]
+    assert "conv" in runtime.NATIVE_FLOAT_KERNELS
+    losses = train_native_and_pure(firmware, tmp_path, build, "armv7m", x, data["y_train"],
+                                   4, x[0].size * 4 * 4,
+                                   ("dense", "optim", "reduce", "activation", "conv"))
+    assert np.isfinite(losses).all()

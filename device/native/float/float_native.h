@@ -1,5 +1,6 @@
 // What float_native.c (the dense kernels, the module), float_optim.c (the optimizer's
-// updates) and float_reduce.c (reduce_sum, relu, the gradient check) share: one dynamic
+// updates), float_reduce.c (reduce_sum, relu, the gradient check) and float_conv.c (the
+// 2-D Conv and its gradients) share: one dynamic
 // native module built from them (device/native/float/Makefile).
 #ifndef MT_FLOAT_NATIVE_H
 #define MT_FLOAT_NATIVE_H
@@ -37,4 +38,6 @@ uint32_t f32_sub(uint32_t x, uint32_t y);
 extern const mp_obj_fun_builtin_var_t sgd_obj, adamw_obj, sgd_general_obj,
     adamw_general_obj, accumulate_obj, reduce_sum_obj, relu_obj, relu_grad_obj,
     largest_abs_obj, load_floats_obj;
+// float_conv.c's kernels
+extern const mp_obj_fun_builtin_var_t conv_obj, conv_grad_input_obj, conv_grad_weight_obj;
 #endif

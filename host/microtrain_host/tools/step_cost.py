@@ -50,9 +50,15 @@ NATIVE_OPS = ("QLINEAR_GEMM", "QLINEAR_CONV")
 # instructions per MAC (armv7m) and 122-209 (armv6m): a lower estimate, as the bytecode's.
 # The armv7m build (its Thumb-2 dot loop) is what Cortex-M3 and later cores take; the armv6m
 # build (C over soft float) the RP2040's.
-NATIVE_FLOAT_OPS = ("GEMM", "GEMM_ACCUMULATE", "BATCHED_GEMM")
+# Its 2-D Conv kernels (float_conv.c: C in both builds) per MAC in LeNet's step (batch 4,
+# SGD; `--profile`: conv + conv_grad_input + conv_grad_weight over their 96,768 MACs, the
+# gradients' zeros after max_pool_grad and relu_grad taking the zero-product path), 2026-11-28;
+# on random data (bench/board_float_native.py) 88-96 (armv7m) and 192-206 (armv6m).
+NATIVE_FLOAT_OPS = ("GEMM", "GEMM_ACCUMULATE", "BATCHED_GEMM", "CONV", "CONV_GRAD_INPUT",
+                    "CONV_GRAD_WEIGHT")
 NATIVE_FLOAT_UPDATES = ("SGD", "SGD_GENERAL", "ADAMW", "ADAMW_GENERAL")
 NATIVE_INSTRUCTIONS_PER_MAC["float dense"] = 32.0
+NATIVE_INSTRUCTIONS_PER_MAC["float conv"] = 65.9
 # ... and per parameter element of one optimizer update (kernels/optim sgd, adamw over 1,024
 # parameters, by the same bench)
 INSTRUCTIONS_PER_UPDATE = {
@@ -64,7 +70,8 @@ NATIVE_INSTRUCTIONS_PER_UPDATE = {
     "AdamW": 693.7,
 }
 # the armv6m build's figures, counted the same way ("native armv6m ..." in a Work)
-NATIVE_ARMV6M_FLOAT = {"float dense": 107.2, "SGD": 200.5, "AdamW": 1449.7}
+NATIVE_ARMV6M_FLOAT = {"float dense": 107.2, "float conv": 135.5, "SGD": 200.5,
+                       "AdamW": 1449.7}
 CYCLES_PER_INSTRUCTION = (1.1, 1.5)   # real Cortex-M3/M4 (shared/FACTS.md)
 
 
