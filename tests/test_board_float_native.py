@@ -269,19 +269,19 @@ def test_digits_training_with_the_native_module_equals_the_boards_pure_run(firmw
 
 def test_lenet_training_with_the_native_module_equals_the_boards_pure_run(firmware,
                                                                          tmp_path):
-    """The LeNet reference CNN (SGD, batch 4), as above with the armv7m build (the M3's):
-    its Convs, their input and weight gradients native too, 4 steps equal to the same
-    board's pure-Python run (losses and arena). Deploy itself leaves the module out for
-    LeNet on this board (boards.NATIVE_SLACK: a resumed AdamW run ran out of memory there);
-    this run, fresh and SGD, fits."""
+    """The LeNet reference CNN (SGD, batch 4), as above with the armv7m build, which deploy
+    ships to the M3 with it (with AdamW it leaves the module out: boards.NATIVE_SLACK): its
+    Convs, their input and weight gradients native too, 4 steps equal to the same board's
+    pure-Python run (losses and arena)."""
     import numpy as np
 
     from conftest import lenet_board_artifacts
-    from microtrain_host.tools import runtime
+    from microtrain_host.tools import boards, runtime
     build, _ = lenet_board_artifacts(tmp_path, "SGD", 4)
     data = np.load(tmp_path / "data.npz")
     x = data["x_train"]
-    assert "conv" in runtime.NATIVE_FLOAT_KERNELS
+    assert boards.choose_native(build, boards.load_board("qemu-mps2-an385"), "romfs") == (
+        {runtime.NATIVE_FLOAT_MODULE: runtime.native_build("armv7m", "float_native")}, None)
     losses = train_native_and_pure(firmware, tmp_path, build, "armv7m", x, data["y_train"],
                                    4, x[0].size * 4 * 4,
                                    ("dense", "optim", "reduce", "activation", "conv"))
