@@ -3,9 +3,10 @@ built by `scripts/build_natmod.sh --float`) on the emulated boards: placed in th
 ROMFS as microtrain/kernels/float_native.mpy, kernels/fastpath.py puts them in place of the
 pure-Python Gemm, Conv and optimizer kernels, and they write the bytes the pure-Python
 kernels write on the same board (single-precision floats) over random geometries and data
-(tests/device_scripts/float_native.py, float_native_conv.py, float_native_optim.py): on the Cortex-M3 with the
-armv7m build (its hand-written Thumb-2 dot product) and the armv6m build (C), and on the
-RISC-V core (rv32imc, C). Needs the boards' firmware (skipped without it, failed when
+(tests/device_scripts/float_native.py, float_native_conv.py, float_native_optim.py): on
+the Cortex-M3 with the armv7m build (its hand-written Thumb-2 dot product) and the armv6m
+build (C), and on the RISC-V core (rv32imc, C); and whole training runs (digits, LeNet)
+equal to the same board's pure-Python runs. Needs the boards' firmware (skipped without it, failed when
 MICROTRAIN_REQUIRE_QEMU / _RV32=1)."""
 import os
 import shutil
