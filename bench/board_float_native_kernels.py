@@ -1,4 +1,4 @@
-# Device side of bench/board_float_native.py: the native float kernels (Gemm, Conv)
+# Device side of bench/board_float_native.py: the native float kernels (Gemm, Conv, MaxPool)
 # (kernels/float_native.mpy, device/native/float) against the pure-Python ones (bytecode over
 # array('f')) on the emulated Cortex-M3 under qemu -icount shift=0, on the same arguments.
 # Prints per shape "KERNEL SHAPE|MACS or PARAMETERS|PURE TICKS|NATIVE TICKS|SAME" (one tick
@@ -10,7 +10,7 @@ from microtrain.kernels import float_native as native
 import machine   # noqa: E402
 import random   # noqa: E402
 from array import array   # noqa: E402
-from microtrain.kernels import conv, dense   # noqa: E402
+from microtrain.kernels import conv, dense, pool   # noqa: E402
 
 random.seed(5)
 
@@ -110,6 +110,25 @@ for kernel in ("conv", "conv_grad_input", "conv_grad_weight"):
     if kernel != "conv_grad_input":     # (the first Conv's input gradient is not needed)
         conv_shape(kernel, (4, 1, 1, 4, 14, 14, 12, 12, 3, 3, 1, 1, 1, 1, 0, 0))
     conv_shape(kernel, (4, 1, 4, 8, 6, 6, 4, 4, 3, 3, 1, 1, 1, 1, 0, 0))
+
+
+def pool_shape(kernel, planes, size, out):
+    # max_pool / max_pool_grad with 2x2 windows, stride 2 (LeNet's), random data; the work
+    # is the windows' elements
+    gc.collect()
+    x_size, y_size = planes * size * size, planes * out * out
+    F = array("f", bytes(4 * (2 * x_size + y_size)))
+    fill(F, len(F), "random")
+    g = (planes, size, size, out, out, 2, 2, 2, 2, 0, 0, 1, 1)
+    args = (0, x_size) + g if kernel == "max_pool" else (0, x_size, x_size + y_size) + g
+    compare(kernel, "%d planes %dx%d k2x2 s2" % (planes, size, size), y_size * 4,
+            getattr(native, kernel), F, args, pool._pure[kernel])
+
+
+# LeNet's max pooling at batch 4: 16 planes of 12x12, 32 of 4x4
+for kernel in ("max_pool", "max_pool_grad"):
+    pool_shape(kernel, 16, 12, 6)
+    pool_shape(kernel, 32, 4, 2)
 
 # The heap the module's import takes: a second copy imported alone, as a top-level module
 # from its directory (the package's copy was imported with the package: module.py and

@@ -1,13 +1,14 @@
 """The native float kernels (device/native/float: a MicroPython 1.25 dynamic native module
 built by `scripts/build_natmod.sh --float`) on the emulated boards: placed in the runtime's
 ROMFS as microtrain/kernels/float_native.mpy, kernels/fastpath.py puts them in place of the
-pure-Python Gemm, Conv and optimizer kernels, and they write the bytes the pure-Python
-kernels write on the same board (single-precision floats) over random geometries and data
-(tests/device_scripts/float_native.py, float_native_conv.py, float_native_optim.py): on
-the Cortex-M3 with the armv7m build (its hand-written Thumb-2 dot product) and the armv6m
-build (C), and on the RISC-V core (rv32imc, C); and whole training runs (digits, LeNet)
-equal to the same board's pure-Python runs. Needs the boards' firmware (skipped without it, failed when
-MICROTRAIN_REQUIRE_QEMU / _RV32=1)."""
+pure-Python Gemm, Conv, max pooling and optimizer kernels, and they write the bytes the
+pure-Python kernels write on the same board (single-precision floats) over random
+geometries and data (tests/device_scripts/float_native.py, float_native_conv.py,
+float_native_pool.py, float_native_optim.py): on the Cortex-M3 with the armv7m build (its
+hand-written Thumb-2 dot product) and the armv6m build (C), and on the RISC-V core
+(rv32imc, C); and whole training runs (digits, LeNet) equal to the same board's pure-Python
+runs. Needs the boards' firmware (skipped without it, failed when MICROTRAIN_REQUIRE_QEMU /
+_RV32=1)."""
 import os
 import shutil
 import subprocess
@@ -153,10 +154,44 @@ def test_native_float_conv_equals_pure_on_the_rv32_board(rv32_firmware, tmp_path
                             + conv_script(600), board=RV32))
 
 
+def pool_script(cases):
+    # float_native.py's data helpers, then the max pooling cases
+    helpers = (SCRIPTS / "float_native.py").read_text().split("\ndef gemm_case")[0]
+    return (f"CASES = {cases}\n" + helpers + "\n"
+            + (SCRIPTS / "float_native_pool.py").read_text())
+
+
+def check_pool(out):
+    # 400 cases: 200 each of max_pool, max_pool_grad; the calls reaching past F's end
+    # raised alike
+    assert "pool_fast True" in out, out[-2000:]
+    words = out.split()
+    assert words[-6:-2] == ["cases", "400", "different", "0"], out[-2000:]
+    assert int(words[-1]) > 3, out[-2000:]
+
+
+@pytest.mark.parametrize("arch", ["armv7m", "armv6m"])
+def test_native_max_pool_equals_pure_on_the_emulated_m3(firmware, arch, tmp_path):
+    check_pool(run_on_board(firmware, tmp_path, build_module(arch), pool_script(400)))
+
+
+def test_native_max_pool_equals_pure_on_the_rv32_board(rv32_firmware, tmp_path):
+    check_pool(run_on_board(rv32_firmware, tmp_path, build_module("rv32imc"),
+                            "import sys\nassert sys.implementation._build == 'VIRT_RV32'\n"
+                            + pool_script(400), board=RV32))
+
+
 # A training run on the board from the runtime in ROMFS, its blob and checkpoint there,
 # batches read from x.f32 / y.i32: PURE (prepended) selects the families' pure-Python
 # kernels; prints whether fastpath picked what it should, the losses and the arena's CRC-32
 TRAIN_RUN = """
+# as boards/train_on_board.py starts: the block the arenas (or the blob file) need asked
+# for on the empty heap and given back at once, before the imports split the heap
+import gc
+import io
+gc.collect()
+io.BytesIO(RESERVE).close()
+gc.collect()
 from array import array
 from binascii import crc32, hexlify
 from microtrain import CheckpointState, Module, Optimizer, feed, module
@@ -179,6 +214,7 @@ state = CheckpointState.load_checkpoint('/rom/checkpoint')
 # loaded as boards/train_on_board.py does: a collection every 4 KB while Module loads (its
 # reader's garbage reuses small holes, not the block the arenas need)
 blob = '/rom/model.mtb'
+families = None
 gc.collect()
 gc.threshold(4096)
 model = Module(blob, state)
@@ -218,11 +254,13 @@ def train_native_and_pure(firmware, tmp_path, build, arch, x, y, steps, x_bytes,
     plan.romfs_image = tmp_path / "microtrain.romfs"
     plan.romfs_image.write_bytes(runtime.romfs_image(rt))
     plan.files = [(tmp_path / "x.f32", "x.f32"), (tmp_path / "y.i32", "y.i32")]
+    reserve = boards.predict(build, board, "romfs", native=plan.native).reserve
     runs = {}
     for pure in (False, True):      # two runs of the same board (its firmware, its heap)
         script = tmp_path / "script.py"
         script.write_text(f"PURE = {pure}\nSTEPS = {steps}\nX_BYTES = {x_bytes}\n"
                           f"Y_BYTES = {4 * len(y) // steps}\nFAMILIES = {families!r}\n"
+                          f"RESERVE = {reserve}\n"
                           + TRAIN_RUN)
         with deploy.QemuBoard(firmware) as qemu:
             proc = subprocess.run(deploy.mpremote_command(plan, qemu.port, script),
@@ -272,8 +310,8 @@ def test_lenet_training_with_the_native_module_equals_the_boards_pure_run(firmwa
                                                                          tmp_path):
     """The LeNet reference CNN (SGD, batch 4), as above with the armv7m build, which deploy
     ships to the M3 with it (with AdamW it leaves the module out: boards.NATIVE_SLACK): its
-    Convs, their input and weight gradients native too, 4 steps equal to the same board's
-    pure-Python run (losses and arena)."""
+    Convs, their input and weight gradients and its max pooling native too, 4 steps equal to
+    the same board's pure-Python run (losses and arena)."""
     import numpy as np
 
     from conftest import lenet_board_artifacts
@@ -285,5 +323,5 @@ def test_lenet_training_with_the_native_module_equals_the_boards_pure_run(firmwa
         {runtime.NATIVE_FLOAT_MODULE: runtime.native_build("armv7m", "float_native")}, None)
     losses = train_native_and_pure(firmware, tmp_path, build, "armv7m", x, data["y_train"],
                                    4, x[0].size * 4 * 4,
-                                   ("dense", "optim", "reduce", "activation", "conv"))
+                                   ("dense", "optim", "reduce", "activation", "conv", "pool"))
     assert np.isfinite(losses).all()

@@ -21,9 +21,8 @@ typedef struct {
         d_h, d_w, pad_t, pad_l;
 } conv_t;
 
-// n / d for d > 0 by shift and subtract: armv6m has no divide instruction, and a handful of
-// divisions per tap do not need libgcc's
-static uint32_t udiv(uint32_t n, uint32_t d) {
+// (float_native.h: mt_udiv, mt_inside, mt_product)
+uint32_t mt_udiv(uint32_t n, uint32_t d) {
     uint32_t q = 0, r = 0;
     for (int i = 31; i >= 0; i--) {
         r = (r << 1) | ((n >> i) & 1);
@@ -38,12 +37,12 @@ static uint32_t udiv(uint32_t n, uint32_t d) {
 // The outputs o in [*lo, lo + returned count) along one axis whose input o * s + off lies
 // in [0, size): conv.py's oy_lo and rows (ox_lo and count), with Python's floor division
 static mp_int_t clip(mp_int_t off, mp_int_t s, mp_int_t size, mp_int_t out, mp_int_t *lo) {
-    *lo = off >= 0 ? 0 : (mp_int_t)udiv((uint32_t)(s - 1 - off), (uint32_t)s);
+    *lo = off >= 0 ? 0 : (mp_int_t)mt_udiv((uint32_t)(s - 1 - off), (uint32_t)s);
     mp_int_t t = size - 1 - off;
     if (t < 0) {
         return 0;       // floor(t / s) + 1 <= 0: nothing inside
     }
-    mp_int_t hi = (mp_int_t)udiv((uint32_t)t, (uint32_t)s) + 1;
+    mp_int_t hi = (mp_int_t)mt_udiv((uint32_t)t, (uint32_t)s) + 1;
     return (hi < out ? hi : out) - *lo;
 }
 
@@ -127,13 +126,11 @@ static void taps(uint32_t *F, int mode, mp_int_t y, mp_int_t x, mp_int_t w, cons
     }
 }
 
-// Whether 0 <= off and off + n <= len (n >= 0)
-static bool inside(mp_int_t off, int64_t n, mp_int_t len) {
+bool mt_inside(mp_int_t off, int64_t n, mp_int_t len) {
     return off >= 0 && off + n <= len;
 }
 
-// The product of five factors in [1, 2**15], or len + 1 once it passes len (no overflow)
-static int64_t product(const mp_int_t *f, mp_int_t len) {
+int64_t mt_product(const mp_int_t *f, mp_int_t len) {
     int64_t p = 1;
     for (int i = 0; i < 5 && p <= len; i++) {
         p *= f[i];
@@ -164,8 +161,9 @@ static bool conv_args(const mp_obj_t *in, size_t lead, mp_int_t *v, conv_t *g, u
     const mp_int_t xs[5] = {g->n_images, g->groups, g->cin_g, g->in_h, g->in_w};
     const mp_int_t ys[5] = {g->n_images, g->groups, g->cout_g, g->out_h, g->out_w};
     const mp_int_t ws[5] = {g->groups, g->cout_g, g->cin_g, g->k_h, g->k_w};
-    return inside(v[x], product(xs, *len), *len) && inside(v[y], product(ys, *len), *len)
-           && inside(v[w], product(ws, *len), *len);
+    return mt_inside(v[x], mt_product(xs, *len), *len)
+           && mt_inside(v[y], mt_product(ys, *len), *len)
+           && mt_inside(v[w], mt_product(ws, *len), *len);
 }
 
 static void fill(uint32_t *F, mp_int_t start, mp_int_t n, uint32_t value) {
@@ -180,7 +178,7 @@ static mp_obj_t conv(size_t n_args, const mp_obj_t *in) {
     uint32_t *F;
     conv_t g;
     if (!conv_args(in, 4, v, &g, &F, &len, 1, 0, 2)
-        || (v[3] >= 0 && !inside(v[3], (int64_t)g.groups * g.cout_g, len))) {
+        || (v[3] >= 0 && !mt_inside(v[3], (int64_t)g.groups * g.cout_g, len))) {
         return pure_kernel(MP_QSTR_conv, in);
     }
     mp_int_t channels = g.groups * g.cout_g, plane = g.out_h * g.out_w, y = v[0], b = v[3];
