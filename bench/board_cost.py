@@ -21,8 +21,8 @@ scripts/build_natmod.sh) beside the kernels, as deploy ships it: kernels/fastpat
 its Gemm and Conv over the viper ones (checked: the run stops when the board's int8 Gemm or
 Conv is not the module's). --float-native armv6m|armv7m: the steps with the native float
 module (device/native/float, build_natmod.sh --float) beside the kernels, as deploy ships it
-(the runtime keeps the switch of the families it serves): its Gemm kernels and optimizer
-updates (checked as for --native). --no-kernels: the steps only. --board qemu-mps2-an386:
+(the runtime keeps the switch of the families it serves): its Gemm and Conv kernels and
+optimizer updates (checked as for --native). --no-kernels: the steps only. --board qemu-mps2-an386:
 count on the emulated Cortex-M4F instead (floats in its FPU: what boards with one run), the
 runtime compiled for armv7emsp.
 """

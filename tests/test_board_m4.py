@@ -77,7 +77,8 @@ def float_on_m4(m4_firmware, tmp_path, script):
 
 
 def test_float_module_fpu_build_equals_pure_on_the_fpu_board(m4_firmware, tmp_path):
-    from test_board_float_native import check_reduce, gemm_script, optim_script, reduce_script
+    from test_board_float_native import (check_conv, check_reduce, conv_script, gemm_script,
+                                         optim_script, reduce_script)
     out = float_on_m4(m4_firmware, tmp_path / "gemm", gemm_script(630))
     assert "fast True" in out and out.split()[-4:] == ["cases", "630", "different", "0"], \
         out[-2000:]
@@ -86,6 +87,7 @@ def test_float_module_fpu_build_equals_pure_on_the_fpu_board(m4_firmware, tmp_pa
     assert "fast True" in out and words[-6:-2] == ["cases", "1000", "different", "0"], \
         out[-2000:]
     check_reduce(float_on_m4(m4_firmware, tmp_path / "reduce", reduce_script(1000)))
+    check_conv(float_on_m4(m4_firmware, tmp_path / "conv", conv_script(600)))
 
 
 def test_a_soft_float_build_refuses_to_load_on_the_fpu_board(m4_firmware, tmp_path):

@@ -193,6 +193,22 @@ def conv_transpose_check(args, c):
     _sizes_check(c, y_size, x_size, w_size, c.ints[1] * c.ints[2])  # groups * cin_g: Y's
 
 
+
+# The native forms of the 2-D kernels (device/native/float/float_conv.c: machine code for the
+# board's architecture, in kernels/float_native.mpy where the runtime carries it) replace
+# these when it imports: the same bits, no allocation. use_fast(False): the pure-Python
+# kernels. A minimal runtime keeps this switch only when it carries the module
+# (tools/runtime.py).
+_FAST_NAMES = ("conv", "conv_grad_input", "conv_grad_weight")
+
+
+def use_fast(on=True):
+    from microtrain.kernels import fastpath
+    return fastpath.use_fast(globals(), _FAST_NAMES, on, None, "float_native")
+
+
+FAST = use_fast()
+
 # -- 3-D: the depth taps and output depths around the 2-D walk ---------------------------
 
 def _taps_3d(F, mode, y, x, w, args):

@@ -170,3 +170,19 @@ def average_pool_grad(F, I, args):
 def average_pool_grad_check(args, c):
     _planes_check(c, "xy")
     _average_check(c, *c.ints)
+
+
+# The native forms of max_pool and max_pool_grad (device/native/float/float_pool.c: machine
+# code for the board's architecture, in kernels/float_native.mpy where the runtime carries
+# it) replace these when it imports: the same bits, no allocation. use_fast(False): the
+# pure-Python kernels. A minimal runtime keeps this switch only when it carries the module
+# (tools/runtime.py).
+_FAST_NAMES = ("max_pool", "max_pool_grad")
+
+
+def use_fast(on=True):
+    from microtrain.kernels import fastpath
+    return fastpath.use_fast(globals(), _FAST_NAMES, on, None, "float_native")
+
+
+FAST = use_fast()

@@ -1,7 +1,8 @@
 // Native forms of kernels/dense.py's float Gemm kernels (gemm, gemm_accumulate,
 // batched_gemm: the forward pass, dX = dY.W and dW = X^T.dY, into an accumulation buffer or
 // not), kernels/optim.py's updates (float_optim.c), reduce_sum, relu, relu_grad and the train
-// call's gradient check (float_reduce.c) as a MicroPython dynamic native module
+// call's gradient check (float_reduce.c), kernels/conv.py's 2-D Conv and its gradients
+// (float_conv.c) and kernels/pool.py's max_pool and max_pool_grad (float_pool.c) as a MicroPython dynamic native module
 // (an .mpy holding machine code; built by scripts/build_natmod.sh --float with MicroPython
 // 1.25's py/dynruntime.mk). kernels/fastpath.py puts them in place of the pure-Python
 // kernels when the module imports; those stay the reference.
@@ -328,6 +329,11 @@ mp_obj_t mpy_init(mp_obj_fun_bc_t *self, size_t n_args, size_t n_kw, mp_obj_t *a
     mp_store_global(MP_QSTR_relu_grad, MP_OBJ_FROM_PTR(&relu_grad_obj));
     mp_store_global(MP_QSTR_largest_abs, MP_OBJ_FROM_PTR(&largest_abs_obj));
     mp_store_global(MP_QSTR_load_floats, MP_OBJ_FROM_PTR(&load_floats_obj));
+    mp_store_global(MP_QSTR_conv, MP_OBJ_FROM_PTR(&conv_obj));
+    mp_store_global(MP_QSTR_conv_grad_input, MP_OBJ_FROM_PTR(&conv_grad_input_obj));
+    mp_store_global(MP_QSTR_conv_grad_weight, MP_OBJ_FROM_PTR(&conv_grad_weight_obj));
+    mp_store_global(MP_QSTR_max_pool, MP_OBJ_FROM_PTR(&max_pool_obj));
+    mp_store_global(MP_QSTR_max_pool_grad, MP_OBJ_FROM_PTR(&max_pool_grad_obj));
     mp_store_global(MP_QSTR__pure, mp_const_none);   // set by kernels/fastpath.py
     MP_DYNRUNTIME_INIT_EXIT
 }

@@ -1,5 +1,6 @@
 // What float_native.c (the dense kernels, the module), float_optim.c (the optimizer's
-// updates) and float_reduce.c (reduce_sum, relu, the gradient check) share: one dynamic
+// updates), float_reduce.c (reduce_sum, relu, the gradient check), float_conv.c (the
+// 2-D Conv and its gradients) and float_pool.c (max_pool and its gradient) share: one dynamic
 // native module built from them (device/native/float/Makefile).
 #ifndef MT_FLOAT_NATIVE_H
 #define MT_FLOAT_NATIVE_H
@@ -37,4 +38,15 @@ uint32_t f32_sub(uint32_t x, uint32_t y);
 extern const mp_obj_fun_builtin_var_t sgd_obj, adamw_obj, sgd_general_obj,
     adamw_general_obj, accumulate_obj, reduce_sum_obj, relu_obj, relu_grad_obj,
     largest_abs_obj, load_floats_obj;
+// float_conv.c's helpers, float_pool.c's too: n / d for d > 0 by shift and subtract (armv6m
+// has no divide instruction; a few divisions per tap or window need no libgcc); whether
+// 0 <= off and off + n <= len (n >= 0); the product of five factors in [1, 2**15], or
+// len + 1 once it passes len (no overflow)
+uint32_t mt_udiv(uint32_t n, uint32_t d);
+bool mt_inside(mp_int_t off, int64_t n, mp_int_t len);
+int64_t mt_product(const mp_int_t *f, mp_int_t len);
+
+// float_conv.c's and float_pool.c's kernels
+extern const mp_obj_fun_builtin_var_t max_pool_obj, max_pool_grad_obj;
+extern const mp_obj_fun_builtin_var_t conv_obj, conv_grad_input_obj, conv_grad_weight_obj;
 #endif

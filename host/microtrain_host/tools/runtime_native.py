@@ -26,7 +26,8 @@ NATIVE_BUILD_FOR = {"armv6m": "armv6m", "armv7m": "armv7m", "armv7emsp": "armv7m
 
 # The native float kernels (device/native/float, `build_natmod.sh --float --ship`): the
 # Gemm kernels of kernels/dense.py, the float updates of kernels/optim.py, reduce_sum (a
-# Gemm's bias gradient) and relu / relu_grad, bit for bit, in one module beside them (and two
+# Gemm's bias gradient), relu / relu_grad, kernels/conv.py's 2-D Conv and its gradients and
+# kernels/pool.py's max_pool and max_pool_grad, bit for bit, in one module beside them (and two
 # functions of the runtime's own: NATIVE_FLOAT_HELPERS); its builds shipped as those of the
 # int8 module, except that FPU boards (armv7emsp) take a build of their own: their firmware
 # is built for the hard-float ABI, which passes floats in FPU registers, while the armv7m
@@ -38,7 +39,9 @@ NATIVE_FLOAT_BUILD_FOR = dict(NATIVE_BUILD_FOR, armv7emsp="armv7emsp")
 NATIVE_FLOAT_MODULE = "microtrain/kernels/float_native.mpy"
 NATIVE_FLOAT_KERNELS = {"dense": ("gemm", "gemm_accumulate", "batched_gemm"),
                         "optim": ("sgd", "adamw", "sgd_general", "adamw_general", "accumulate"),
-                        "reduce": ("reduce_sum",), "activation": ("relu", "relu_grad")}
+                        "reduce": ("reduce_sum",), "activation": ("relu", "relu_grad"),
+                        "conv": ("conv", "conv_grad_input", "conv_grad_weight"),
+                        "pool": ("max_pool", "max_pool_grad")}
 
 
 def op_codes(blob_path):

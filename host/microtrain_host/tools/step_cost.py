@@ -52,9 +52,15 @@ NATIVE_OPS = ("QLINEAR_GEMM", "QLINEAR_CONV")
 # instructions per MAC (armv7m) and 122-209 (armv6m): a lower estimate, as the bytecode's.
 # The armv7m build (its Thumb-2 dot loop) is what Cortex-M3 and later cores take; the armv6m
 # build (C over soft float) the RP2040's.
-NATIVE_FLOAT_OPS = ("GEMM", "GEMM_ACCUMULATE", "BATCHED_GEMM")
+# Its 2-D Conv kernels (float_conv.c: C in both builds) per MAC in LeNet's step (batch 4,
+# SGD; `--profile`: conv + conv_grad_input + conv_grad_weight over their 96,768 MACs, the
+# gradients' zeros after max_pool_grad and relu_grad taking the zero-product path), 2026-11-28;
+# on random data (bench/board_float_native.py) 88-96 (armv7m) and 192-206 (armv6m).
+NATIVE_FLOAT_OPS = ("GEMM", "GEMM_ACCUMULATE", "BATCHED_GEMM", "CONV", "CONV_GRAD_INPUT",
+                    "CONV_GRAD_WEIGHT")
 NATIVE_FLOAT_UPDATES = ("SGD", "SGD_GENERAL", "ADAMW", "ADAMW_GENERAL")
 NATIVE_INSTRUCTIONS_PER_MAC["float dense"] = 32.0
+NATIVE_INSTRUCTIONS_PER_MAC["float conv"] = 65.9
 # ... and per parameter element of one optimizer update (kernels/optim sgd, adamw over 1,024
 # parameters, by the same bench)
 INSTRUCTIONS_PER_UPDATE = {
@@ -68,9 +74,11 @@ NATIVE_INSTRUCTIONS_PER_UPDATE = {
 # other builds' figures, counted the same way ("native <build> ..." in a Work): the armv6m
 # build (the RP2040's) on the emulated Cortex-M3; the armv7emsp build (the FPU's
 # instructions: the FPU boards') on the emulated Cortex-M4F (`--board qemu-mps2-an386
-# --float-native armv7emsp --profile`), 2026-11-28
-NATIVE_FLOAT_BUILDS = {"armv6m": {"float dense": 107.2, "SGD": 200.5, "AdamW": 1449.7},
-                       "armv7emsp": {"float dense": 10.6, "SGD": 51.1, "AdamW": 183.9}}
+# --float-native armv7emsp --profile`: digits, and LeNet for the Conv), 2026-11-28
+NATIVE_FLOAT_BUILDS = {"armv6m": {"float dense": 107.2, "float conv": 135.5, "SGD": 200.5,
+                                  "AdamW": 1449.7},
+                       "armv7emsp": {"float dense": 10.6, "float conv": 10.8, "SGD": 51.1,
+                                     "AdamW": 183.9}}
 CYCLES_PER_INSTRUCTION = (1.1, 1.5)   # real Cortex-M3/M4 (shared/FACTS.md)
 
 
