@@ -183,16 +183,23 @@ __attribute__((noinline)) static void conv_pointwise(const uint8_t *x, const uin
     }
 GATHER(gather_u8, 0)
 GATHER(gather_s8, 0x80)
-// the same a byte at a time (a row of taps inside the image, at its edge), and the padding
-#define GATHER1(name, flip) \
+// A pixel at the image's edge: the taps inside, a rectangle of rows x n per input channel
+// (pp and off at its first, g = [n, rows, channels, k_w, the taps from one channel's last
+// row to the next's first]), and the padding around it
+#define GATHER_RECT(name, flip) \
     __attribute__((noinline)) static void name(uint8_t *pp, const uint8_t *px, \
-                                               const int32_t *off, const int32_t *end) { \
-        for (; off < end; off++, pp += 8) { \
-            *pp = (uint8_t)(px[*off] ^ flip); \
+                                               const int32_t *off, const int32_t *g) { \
+        const mp_int_t n = g[0], rows = g[1], k_w = g[3], skip = g[4]; \
+        for (mp_int_t ch = g[2]; ch > 0; ch--, pp += 8 * skip, off += skip) { \
+            for (mp_int_t r = rows; r > 0; r--, pp += 8 * k_w, off += k_w) { \
+                for (mp_int_t i = 0; i < n; i++) { \
+                    pp[8 * i] = (uint8_t)(px[off[i]] ^ flip); \
+                } \
+            } \
         } \
     }
-GATHER1(gather1_u8, 0)
-GATHER1(gather1_s8, 0x80)
+GATHER_RECT(gather_rect_u8, 0)
+GATHER_RECT(gather_rect_s8, 0x80)
 __attribute__((noinline, optimize("no-tree-loop-distribute-patterns")))
 static void fill8(uint8_t *pp, mp_int_t n, uint8_t b) {
     for (uint8_t *pe = pp + 8 * n; pp < pe; pp += 8) {
@@ -251,7 +258,7 @@ static void conv_patches(const conv_t *c, uint8_t *q, const int32_t *r,
                 if (ix0 >= 0 && ix0 + x_span < in_w && iy0 >= 0 && iy0 + y_span < in_h) {
                     (flip ? gather_s8 : gather_u8)(pp, x_group + iy0 * in_w + ix0, off, off + K);
                 } else {
-                    // at the image's edge: padding everywhere, then each row of taps inside
+                    // at the image's edge: padding everywhere, then the taps inside
                     fill8(pp, K, zpb);
                     mp_int_t ky0 = 0, ky1 = k_h, kx0 = 0, kx1 = k_w;
                     while (ky0 < k_h && iy0 + ky0 * d_h < 0) {
@@ -266,12 +273,12 @@ static void conv_patches(const conv_t *c, uint8_t *q, const int32_t *r,
                     while (kx1 > kx0 && ix0 + (kx1 - 1) * d_w >= in_w) {
                         kx1--;
                     }
-                    const uint8_t *px = x_group + iy0 * in_w + ix0;
-                    for (mp_int_t r = 0; kx1 > kx0 && r < cin_g * k_h; r += k_h) {
-                        for (mp_int_t t = (r + ky0) * k_w; t < (r + ky1) * k_w; t += k_w) {
-                            (flip ? gather1_s8 : gather1_u8)(pp + 8 * (t + kx0), px,
-                                                             off + t + kx0, off + t + kx1);
-                        }
+                    if (kx1 > kx0 && ky1 > ky0) {
+                        const mp_int_t t0 = ky0 * k_w + kx0;
+                        const int32_t g[5] = {kx1 - kx0, ky1 - ky0, cin_g, k_w,
+                                              (k_h - (ky1 - ky0)) * k_w};
+                        (flip ? gather_rect_s8 : gather_rect_u8)(
+                            pp + 8 * t0, x_group + iy0 * in_w + ix0, off + t0, g);
                     }
                 }
                 if (++ox == out_w) {

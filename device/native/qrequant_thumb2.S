@@ -3,7 +3,7 @@
 @ UMULL gives p = a * m0 whole (a < 2**23, m0 <= 2**24: p < 2**47), so H = p >> 16 and
 @ L = p mod 2**16 take three instructions instead of the Thumb-1 form's six multiplies and
 @ shifts; the clamp bounds sit in registers. 27 instructions an output (mt_rq_run; Thumb-1
-@ 40), 24 for a Relu channel's positive accumulators (37), ~10 for the others (2026-11-28).
+@ 40), 21 for a Relu channel's positive accumulators (37), ~8 for the others (2026-11-28).
 @ The caller calls them only when amax is 2**23 (rq_init's fast channels): its constant here.
 
     .syntax unified
@@ -91,10 +91,36 @@
     .size mt_rq_run, . - mt_rq_run
 
 @   mp_int_t mt_rq_relu(const int32_t *acc, uint8_t *out, mp_int_t n, const int32_t *p)
-@ lo at or above y_zp: an accumulator at or below 0 gives lo (qrequant_thumb.S's).
+@ lo at or above y_zp: an accumulator at or below 0 gives lo (qrequant_thumb.S's); hi in r7
+@ (no sign mask here), and where lo is y_zp (a plain Relu) u + y_zp cannot fall below it:
+@ no lower clamp (21 instructions a positive accumulator).
     func2 mt_rq_relu
     push {r4-r11, lr}
     rq2_load
+    ldr r7, [sp, #4]        @ hi
+    cmp r11, r10
+    bne 1f
+7:                          @ lo = y_zp
+    ldr r2, [r0], #4
+    add r2, r8              @ + base
+    cmp r2, #0
+    ble 8f                  @ at or below 0: lo
+    cmp r2, #0x800000
+    bhs 5f                  @ at or beyond amax: out_byte's
+    rq2_round
+    add r4, r10
+    cmp r4, r7
+    it gt
+    movgt r4, r7
+    strb r4, [r1], #1
+    cmp r1, r12
+    bne 7b
+    b 5f
+8:
+    strb r11, [r1], #1
+    cmp r1, r12
+    bne 7b
+    b 5f
 1:
     ldr r2, [r0], #4
     add r2, r8              @ + base
