@@ -9,10 +9,7 @@
 // is requantized. Integers are exact in any order, so the order differs from the pure
 // kernel's and the bytes do not. Pointwise, one-input-channel and 3x3 depthwise Convs take
 // paths of their own; on ARM the hot loops are qlinear_thumb.S's (armv7m: some thumb2.S's).
-typedef struct {
-    mp_int_t y, x, w, bias, req, scratch, n_images, groups, cin_g, cout_g, in_h, in_w, out_h,
-             out_w, k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, x_signed;
-} conv_t;
+// (conv_t, the call's geometry: qlinear_native.h)
 
 // the outputs o in [lo, hi) along one axis whose input o * s + off lies in [0, size)
 static void tap_range(mp_int_t off, mp_int_t s, mp_int_t size, mp_int_t out, mp_int_t *lo,
@@ -70,7 +67,6 @@ CONV_RECT(conv_rect_u8, 0, r->sx)
 CONV_RECT(conv_rect_s8, 0x80, r->sx)
 
 #define AXIS_MAX 12             // kernel sizes whose tap ranges qlinear_conv caches
-#define CHUNK 32                // outputs summed before they are requantized together
 
 // A pointwise Conv (1x1, stride 1, no padding): output channel mo's plane is
 // sum over ci of (x[ci, p] - x_zp) * w[ci], computed as sum x * w + (bias - x_zp * sum w),
@@ -143,87 +139,6 @@ __attribute__((noinline)) static void conv_pointwise(const uint8_t *x, const uin
             pin += plane;
         }
         rq_run(rq, &a, 0, 1, out + px);
-    }
-}
-
-// A Conv with several output channels per group (not pointwise; the KWS DS-CNN's first
-// Conv: 1 -> 64 channels, 10x4 taps, stride 2): the input patches of nb pixels gathered
-// once (im2col, on the stack) as groups of eight pixels interleaved (patch[(g * K + t) * 8 +
-// lane]), then per output channel mt_t8 over each group (each weight loaded once for eight
-// pixels; the weights' sum with them), requantized as a block. A byte is stored as u = x + c
-// (c 128 for int8 inputs: b ^ 0x80, 0 for uint8), padding as x_zp + c, so that
-//   sum over inside taps of (x - x_zp) * w = sum over all K of u * w - (x_zp + c) * sum w
-// exactly (the padding's terms cancel): the same sums as the pure kernel's, so the same
-// bytes. The gather (~8 instructions a byte) is shared by the group's output channels.
-// (no-tree-loop-distribute-patterns: gcc would turn the padding's fill loops into memset
-// calls, which a dynamic native module cannot link)
-#define PATCH_BYTES 768
-__attribute__((noinline, optimize("no-tree-loop-distribute-patterns")))
-static void conv_patches(const conv_t *c, uint8_t *q, const int32_t *r,
-                                                   const uint8_t *wbuf, uint32_t flip) {
-    const mp_int_t taps = c->k_h * c->k_w, K = c->cin_g * taps;
-    const mp_int_t in_plane = c->in_h * c->in_w, out_plane = c->out_h * c->out_w;
-    mp_int_t nb = (PATCH_BYTES / K) & ~(mp_int_t)7;
-    if (nb > CHUNK) {
-        nb = CHUNK;
-    }
-    uint8_t patch[PATCH_BYTES];
-    int32_t acc[CHUNK + 1];                     // mt_t8's last call writes acc[n8]: sum w
-    // the geometry in locals: the byte stores below may alias anything behind a pointer
-    const mp_int_t cin_g = c->cin_g, in_h = c->in_h, in_w = c->in_w, out_w = c->out_w;
-    const mp_int_t k_h = c->k_h, k_w = c->k_w, s_h = c->s_h, s_w = c->s_w, d_h = c->d_h,
-                   d_w = c->d_w, pad_t = c->pad_t, pad_l = c->pad_l;
-    const int32_t zp = r[c->req], cu = flip ? 128 : 0;
-    const uint8_t zpb = (uint8_t)(zp + cu);
-    const int32_t p[2] = {K, 1};
-    for (mp_int_t ig = 0; ig < c->n_images * c->groups; ig++) {
-        const uint8_t *x_group = q + c->x + ig * c->cin_g * in_plane;
-        const mp_int_t mo0 = (ig % c->groups) * c->cout_g;
-        uint8_t *out_group = q + c->y + ig * c->cout_g * out_plane;
-        for (mp_int_t p0 = 0; p0 < out_plane; p0 += nb) {
-            const mp_int_t n = out_plane - p0 < nb ? out_plane - p0 : nb, n8 = (n + 7) & ~7;
-            mp_int_t oy = p0 / out_w, ox = p0 - oy * out_w;
-            for (mp_int_t i = 0; i < n8; i++) {
-                uint8_t *pp = patch + (i >> 3) * 8 * K + (i & 7);
-                if (i >= n) {                   // the last group's unused lanes
-                    for (mp_int_t t = 0; t < K; t++, pp += 8) {
-                        *pp = zpb;
-                    }
-                    continue;
-                }
-                const mp_int_t iy0 = oy * s_h - pad_t, ix0 = ox * s_w - pad_l;
-                for (mp_int_t ci = 0; ci < cin_g; ci++) {
-                    const uint8_t *xc = x_group + ci * in_plane;
-                    for (mp_int_t ky = 0, iy = iy0; ky < k_h; ky++, iy += d_h) {
-                        if (iy < 0 || iy >= in_h) {
-                            for (mp_int_t kx = 0; kx < k_w; kx++, pp += 8) {
-                                *pp = zpb;
-                            }
-                            continue;
-                        }
-                        const uint8_t *row = xc + iy * in_w;
-                        for (mp_int_t kx = 0, ix = ix0; kx < k_w; kx++, ix += d_w, pp += 8) {
-                            *pp = (uint32_t)ix < (uint32_t)in_w ? (uint8_t)(row[ix] ^ flip) : zpb;
-                        }
-                    }
-                }
-                if (++ox == out_w) {
-                    ox = 0;
-                    oy++;
-                }
-            }
-            for (mp_int_t mo = mo0; mo < mo0 + c->cout_g; mo++) {
-                const uint8_t *w_m = wbuf + c->w + mo * K;
-                for (mp_int_t j = 0; j < n8; j += 8) {
-                    mt_t8(patch + j * K, w_m, p, acc + j);
-                }
-                const uint32_t base = (uint32_t)(c->bias >= 0 ? r[c->bias + mo] : 0)
-                                      - (uint32_t)((zp + cu) * acc[n8]);
-                rq_t rq;
-                rq_init(&rq, r + c->req, r[c->req + 4 + 2 * mo], r[c->req + 5 + 2 * mo]);
-                rq_run(&rq, acc, base, n, out_group + (mo - mo0) * out_plane + p0);
-            }
-        }
     }
 }
 
@@ -405,7 +320,7 @@ static mp_obj_t qlinear_conv(size_t n_args, const mp_obj_t *in) {
     const bool pointwise = taps == 1 && c.s_h == 1 && c.s_w == 1 && c.pad_t == 0 &&
                            c.pad_l == 0 && c.out_h == c.in_h && c.out_w == c.in_w;
     const int32_t x_zp = r[c.req];
-    if (!pointwise && c.cin_g == 1 && c.cout_g >= 4 && taps <= PATCH_BYTES / 8 &&
+    if (!pointwise && c.cout_g >= 4 && c.cin_g * taps <= PATCH_BYTES / 8 &&
         (flip ? x_zp <= 127 : x_zp >= 0)) {     // x_zp - off a signed byte (conv_patches)
         conv_patches(&c, q, r, wbuf, flip);
         return mp_const_none;

@@ -142,14 +142,15 @@ mp_int_t mt_rq_relu(const int32_t *acc, uint8_t *out, mp_int_t n, const int32_t 
 #endif
 __attribute__((noinline)) void rq_run(const rq_t *rq, const int32_t *acc, uint32_t base,
                                              mp_int_t n, uint8_t *out) {
-    const rq_t c = *rq;
 #ifdef MT_THUMB_KERNELS
-    const int32_t p[9] = {(int32_t)base, (int32_t)c.ml, (int32_t)c.mh, (int32_t)c.v,
-                          (int32_t)c.half_m1, (int32_t)c.amax, c.y_zp, c.lo, c.hi};
+    // (the constants straight into the asm's record: no copy of rq, a run per block of a
+    // Conv's outputs)
+    const int32_t p[9] = {(int32_t)base, (int32_t)rq->ml, (int32_t)rq->mh, (int32_t)rq->v,
+                          (int32_t)rq->half_m1, (int32_t)rq->amax, rq->y_zp, rq->lo, rq->hi};
     while (n > 0) {
-        if (c.amax) {
+        if (rq->amax) {
             // lo at or above y_zp (a fused Relu): accumulators at or below 0 give lo
-            mp_int_t done = (c.lo >= c.y_zp ? mt_rq_relu : mt_rq_run)(acc, out, n, p);
+            mp_int_t done = (rq->lo >= rq->y_zp ? mt_rq_relu : mt_rq_run)(acc, out, n, p);
             acc += done;
             out += done;
             n -= done;
@@ -157,10 +158,11 @@ __attribute__((noinline)) void rq_run(const rq_t *rq, const int32_t *acc, uint32
                 break;
             }
         }
-        *out++ = out_byte(c.hdr, (int32_t)(base + (uint32_t)*acc++), c.m0, c.shift);
+        *out++ = out_byte(rq->hdr, (int32_t)(base + (uint32_t)*acc++), rq->m0, rq->shift);
         n--;
     }
 #else
+    const rq_t c = *rq;
     for (; n > 0; n--) {
         *out++ = rq_byte(&c, (int32_t)(base + (uint32_t)*acc++));
     }

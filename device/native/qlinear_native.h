@@ -47,6 +47,18 @@ static inline void rq_init(rq_t *c, const int32_t *hdr, int32_t m0, int32_t shif
 // n output bytes from n accumulators (plus base, in wrapping 32-bit arithmetic)
 void rq_run(const rq_t *rq, const int32_t *acc, uint32_t base, mp_int_t n, uint8_t *out);
 
+// qlinear_conv's arguments from y on (qconv_native.c unpacks them in this order)
+typedef struct {
+    mp_int_t y, x, w, bias, req, scratch, n_images, groups, cin_g, cout_g, in_h, in_w, out_h,
+             out_w, k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, x_signed;
+} conv_t;
+#define CHUNK 32                // a Conv's outputs summed before they are requantized together
+#define PATCH_BYTES 768         // the im2col path's patches (and the depthwise rows) on the stack
+// The im2col path (qconv_patches.c): any Conv with K = cin_g * taps <= PATCH_BYTES / 8 and
+// four or more output channels per group, x_zp + (128 for int8 inputs) a byte
+void conv_patches(const conv_t *c, uint8_t *q, const int32_t *r, const uint8_t *wbuf,
+                  uint32_t flip);
+
 // The module's globals (kept alive by the module object), where fastpath.py sets _pure
 extern mp_obj_dict_t *module_globals;
 mp_obj_t pure_kernel(qstr name, const mp_obj_t *in);

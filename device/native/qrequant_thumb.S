@@ -34,6 +34,7 @@
 
 @ qlinear_native.c's per-channel requantization (rq_byte) of a run of accumulators:
 @
+#ifndef MT_THUMB2         /* the armv7m build: qrequant_thumb2.S's, with UMULL */
 @   mp_int_t mt_rq_run(const int32_t *acc, uint8_t *out, mp_int_t n, const int32_t *p)
 @
 @ p = [base, ml, mh, v, half_m1, amax, y_zp, lo, hi] (rq_init's constants). For each of n
@@ -211,3 +212,4 @@
     ldr r2, [sp, #4]        @ lo
     b 3b
     .size mt_rq_relu, . - mt_rq_relu
+#endif

@@ -13,8 +13,10 @@
 # accumulators near +-2**23 and +-2**24 (edge_req). Convs of one input channel per group
 # and 4-8 output channels (the module's im2col path) every fourth Conv case, half of them
 # with edge_req; 3x3 depthwise Convs (the module's row loops over padded rows: 1-16 wide,
-# 1-12 or 40-70 high, strides, dilation along y) every fourth, half of them with edge_req.
-# Conv kinds per eight Conv cases: 0 1 3 4 0 2 3 4.
+# 1-12 or 40-70 high, strides, dilation along y) every fourth, half of them with edge_req;
+# Convs of 2-6 input and 4-8 output channels per group (the im2col path for any Conv) every
+# eighth.
+# Conv kinds per eight Conv cases: 0 1 3 4 5 2 3 4.
 # Gemm and Conv cases alternate; every eighth Gemm case is a tie case (tie_case).
 # Prints "cases N different M fallback F".
 import gc
@@ -27,6 +29,12 @@ random.seed(11)
 pure_gemm = qlinear._pure['qlinear_gemm']
 pure_conv = qlinear._pure['qlinear_conv']
 native._pure = qlinear._pure
+
+
+def y_zp_for(lo):
+    # a third of the cases a plain Relu's bounds (lo = y_zp: the requantization's Relu run,
+    # in the armv7m build without a lower clamp), else a zero point near 0
+    return lo if random.randint(0, 2) == 0 else random.randint(-20, 20)
 
 
 def req(channels, x_zp, y_zp, lo, hi):
@@ -63,7 +71,7 @@ def gemm_case():
         b = [random.randint(-5000, 5000) for _ in range(n)]
     signed = random.randint(0, 1)
     x_zp = random.randint(-128, 127) if signed else random.randint(0, 255)
-    r, crafted = req(n, x_zp, random.randint(-20, 20), lo, hi)
+    r, crafted = req(n, x_zp, y_zp_for(lo), lo, hi)
     I = array("i", b + r)
     trans = random.randint(0, 1)
     sw_k, sw_n = (1, k) if trans else (n, 1)
@@ -112,8 +120,11 @@ def conv_case(kind=0):
     # accumulators near +-2**23 (the per-channel requantization's bound) or +-2**24 (the
     # limbs'), and few-bit weights and inputs
     # kind 3: one input channel per group and 4-8 output channels (the im2col path,
-    # conv_patches: the KWS DS-CNN's first Conv), kernels up to 10 taps a side; kind 4: 3x3
-    # depthwise (conv_dw3x3)
+    # conv_patches: the KWS DS-CNN's first Conv), kernels up to 10 taps a side, half of them
+    # padded by up to 9 on top (groups of eight pixels whose first rows of taps all read
+    # padding: summed over the others only); kind 4: 3x3 depthwise (conv_dw3x3); kind 5:
+    # 2-6 input and 4-8 output channels per group (the im2col path, K = cin_g * taps <= 96:
+    # its gather inside the image and at its edges), images up to 14 wide, paddings up to 3
     groups = random.choice((1, 1, 2, 3))
     cin, cout = groups * random.randint(1, 3), groups * random.randint(1, 3)
     if kind in (1, 2):
@@ -123,12 +134,21 @@ def conv_case(kind=0):
     if kind == 3:
         groups = random.choice((1, 1, 2))
         cin, cout = groups, groups * random.randint(4, 8)
+    if kind == 5:
+        groups = random.choice((1, 1, 1, 2))
+        cin, cout = groups * random.randint(2, 6), groups * random.randint(4, 8)
     H, W = random.randint(1, 9), random.randint(1, 9)
+    if kind in (3, 5):
+        W = random.randint(1, 14)
     side = 10 if kind == 3 else 4
     kh, kw = random.randint(1, min(side, H + 2)), random.randint(1, min(side, W + 2))
     sh, sw, dh, dw = random.randint(1, 2), random.randint(1, 2), random.randint(1, 2), \
         random.randint(1, 2)
     pt, pl = random.randint(0, 2), random.randint(0, 2)
+    if kind == 5:
+        pt, pl = random.randint(0, 3), random.randint(0, 3)
+    if kind == 3 and random.randint(0, 1):
+        pt = random.randint(0, 9)
     if kind == 4:
         groups = cin = cout = random.randint(1, 6)
         kh = kw = 3
@@ -164,9 +184,9 @@ def conv_case(kind=0):
         # the fast requantization's bound (|acc| < 2**23) and requant_narrow's (2**24)
         b = [random.choice((1, -1)) * (random.choice((1 << 23, 1 << 24)) +
                                        random.randint(-3000, 3000)) for _ in range(cout)]
-        r, crafted = edge_req(cout, x_zp, random.randint(-20, 20), lo, hi)
+        r, crafted = edge_req(cout, x_zp, y_zp_for(lo), lo, hi)
     else:
-        r, crafted = req(cout, x_zp, random.randint(-20, 20), lo, hi)
+        r, crafted = req(cout, x_zp, y_zp_for(lo), lo, hi)
     I = array("i", b + r + [0] * (OH * OW))
     w_at, weights = nx, Q
     if random.randint(0, 1):
@@ -189,7 +209,7 @@ while cases < CASES:
     if cases % 2 == 0:
         case = (tie_case if cases % 16 == 0 else gemm_case)()
     else:       # every eighth Conv case pointwise and another on the requantization's edges
-        case = conv_case((0, 1, 3, 4, 0, 2, 3, 4)[cases % 16 // 2])
+        case = conv_case((0, 1, 3, 4, 5, 2, 3, 4)[cases % 16 // 2])
     if case is None:
         continue
     Q, I, args, crafted, pure_kernel, native_kernel = case

@@ -1,0 +1,144 @@
+@ Thumb-2 forms (armv7m build: Cortex-M3 and later) of qrequant_thumb.S's mt_rq_run and
+@ mt_rq_relu: the same arguments, the same bytes (see there and qlinear_native.h's rq_t).
+@ UMULL gives p = a * m0 whole (a < 2**23, m0 <= 2**24: p < 2**47), so H = p >> 16 and
+@ L = p mod 2**16 take three instructions instead of the Thumb-1 form's six multiplies and
+@ shifts; the clamp bounds sit in registers. 27 instructions an output (mt_rq_run; Thumb-1
+@ 40), 21 for a Relu channel's positive accumulators (37), ~8 for the others (2026-11-28).
+@ The caller calls them only when amax is 2**23 (rq_init's fast channels): its constant here.
+
+    .syntax unified
+    .cpu cortex-m3
+    .thumb
+    .text
+
+.macro func2 name
+    .align 2
+    .global \name
+    .type \name, %function
+    .thumb_func
+\name:
+.endm
+
+@   mp_int_t mt_rq_run(const int32_t *acc, uint8_t *out, mp_int_t n, const int32_t *p)
+@ p = [base, ml, mh, v, half_m1, amax, y_zp, lo, hi]; n >= 1. Writes out[i] for each
+@ accumulator acc[i] + base (wrapping) until one at or beyond 2**23 in magnitude; returns
+@ the bytes written.
+@ Registers: r0 acc, r1 out, r2 a, r3 p's low word, r4 its high word / H / u, r5 m0, r6 bit
+@ v, r7 sign mask, r8 base, r9 v, r10 y_zp, r11 lo, r12 out's end, lr half_m1; hi and out's
+@ start on the stack.
+
+.macro rq2_load
+    ldr r8, [r3, #0]        @ base
+    ldr r4, [r3, #8]
+    ldr r5, [r3, #4]
+    orr r5, r5, r4, lsl #16 @ m0 = ml + mh * 2**16
+    ldr r9, [r3, #12]       @ v
+    ldr lr, [r3, #16]       @ half_m1
+    ldr r10, [r3, #24]      @ y_zp
+    ldr r11, [r3, #28]      @ lo
+    ldr r4, [r3, #32]
+    push {r1, r4}           @ out's start, hi
+    add r12, r1, r2
+.endm
+
+@ r4 = round half to even of r2 * m0 / 2**(v + 16), r2 < 2**23
+.macro rq2_round
+    umull r3, r4, r2, r5
+    lsls r4, r4, #16
+    orr r4, r4, r3, lsr #16 @ H = p >> 16 (< 2**31)
+    lsls r3, r3, #16        @ L, at the top
+    lsr r6, r4, r9
+    orr r3, r3, r6, lsl #31 @ nonzero: the carry into bit v (L, or bit v of H)
+    subs r3, r3, #1         @ C: it was nonzero
+    adcs r4, lr             @ H + half_m1 + carry (< 2**32)
+    lsr r4, r4, r9          @ u
+.endm
+
+@ r4 + y_zp clamped to [lo, hi] and stored
+.macro rq2_store
+    add r4, r10
+    cmp r4, r11
+    it lt
+    movlt r4, r11
+    ldr r6, [sp, #4]
+    cmp r4, r6
+    it gt
+    movgt r4, r6
+    strb r4, [r1], #1
+.endm
+
+    func2 mt_rq_run
+    push {r4-r11, lr}
+    rq2_load
+1:
+    ldr r2, [r0], #4
+    add r2, r8              @ + base
+    asrs r7, r2, #31
+    eors r2, r7
+    subs r2, r2, r7         @ a = |acc|
+    cmp r2, #0x800000
+    bhs 5f                  @ at or beyond amax: out_byte's
+    rq2_round
+    eors r4, r7
+    subs r4, r4, r7         @ the sign back: round half to even is odd-symmetric
+    rq2_store
+    cmp r1, r12
+    bne 1b
+5:
+    pop {r0, r4}
+    subs r0, r1, r0         @ bytes written
+    pop {r4-r11, pc}
+    .size mt_rq_run, . - mt_rq_run
+
+@   mp_int_t mt_rq_relu(const int32_t *acc, uint8_t *out, mp_int_t n, const int32_t *p)
+@ lo at or above y_zp: an accumulator at or below 0 gives lo (qrequant_thumb.S's); hi in r7
+@ (no sign mask here), and where lo is y_zp (a plain Relu) u + y_zp cannot fall below it:
+@ no lower clamp (21 instructions a positive accumulator).
+    func2 mt_rq_relu
+    push {r4-r11, lr}
+    rq2_load
+    ldr r7, [sp, #4]        @ hi
+    cmp r11, r10
+    bne 1f
+7:                          @ lo = y_zp
+    ldr r2, [r0], #4
+    add r2, r8              @ + base
+    cmp r2, #0
+    ble 8f                  @ at or below 0: lo
+    cmp r2, #0x800000
+    bhs 5f                  @ at or beyond amax: out_byte's
+    rq2_round
+    add r4, r10
+    cmp r4, r7
+    it gt
+    movgt r4, r7
+    strb r4, [r1], #1
+    cmp r1, r12
+    bne 7b
+    b 5f
+8:
+    strb r11, [r1], #1
+    cmp r1, r12
+    bne 7b
+    b 5f
+1:
+    ldr r2, [r0], #4
+    add r2, r8              @ + base
+    cmp r2, #0
+    ble 6f                  @ at or below 0: lo
+    cmp r2, #0x800000
+    bhs 5f                  @ at or beyond amax: out_byte's
+    rq2_round
+    rq2_store
+    cmp r1, r12
+    bne 1b
+5:
+    pop {r0, r4}
+    subs r0, r1, r0         @ bytes written
+    pop {r4-r11, pc}
+6:
+    strb r11, [r1], #1
+    cmp r1, r12
+    bne 1b
+    b 5b
+    .size mt_rq_relu, . - mt_rq_relu
