@@ -207,3 +207,24 @@ def test_native_int_gemm_update_equals_pure_on_the_emulated_boards(firmware, rv3
     words = out.split()
     assert words[-6:-2] == ["cases", "200", "different", "0"], out[-2000:]
     assert int(words[-1]) > 0, out[-2000:]     # the pure-Python fallback was exercised
+
+
+INTGRAD = ("int_pool_grad", "int_clamp_mask", "int_clamp_bias_grad", "int_conv_grad_input",
+           "int_conv_update")
+
+
+@pytest.mark.parametrize("board,arch", [("qemu-mps2-an385", "armv6m"),
+                                        ("qemu-mps2-an385", "armv7m"), (RV32, "rv32imc")])
+def test_native_intgrad_kernels_equal_pure_on_the_emulated_boards(firmware, rv32_firmware,
+                                                                  board, arch, tmp_path):
+    # kernels/intgrad.py's five kernels (device/native/intgrad_native.c), 200 random cases
+    # each (tests/device_scripts/intgrad_native.py), against the pure kernels on the board
+    rv32 = board == RV32
+    out = run_on_board(rv32_firmware if rv32 else firmware, tmp_path, build_module(arch),
+                       "CASES = 200\n" + (ROOT / "tests" / "device_scripts" /
+                                          "intgrad_native.py").read_text(), board=board)
+    for name in INTGRAD:
+        words = out.split(name + " cases")[-1].split()
+        assert words[:3] == ["200", "different", "0"], out[-3000:]
+        if name not in ("int_pool_grad", "int_clamp_mask"):    # no fallback: any int32
+            assert int(words[4]) > 0, out[-3000:]     # the pure kernels' fallback exercised
