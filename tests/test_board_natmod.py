@@ -228,3 +228,12 @@ def test_native_intgrad_kernels_equal_pure_on_the_emulated_boards(firmware, rv32
         assert words[:3] == ["200", "different", "0"], out[-3000:]
         if name not in ("int_pool_grad", "int_clamp_mask"):    # no fallback: any int32
             assert int(words[4]) > 0, out[-3000:]     # the pure kernels' fallback exercised
+
+
+def test_native_bias_grad_over_several_chunks_equals_pure(firmware, armv6m_module, tmp_path):
+    # int_clamp_bias_grad with planes of 8,192-8,390 positions (more than one chunk of
+    # intgrad.MAX_BIAS_SUM: the fold between chunks), on the M3 (armv6m build)
+    out = run_on_board(firmware, tmp_path, armv6m_module,
+                       "CASES = 10\nBIG_CASES = True\n" + (ROOT / "tests" / "device_scripts" /
+                                                          "intgrad_native.py").read_text())
+    assert "int_clamp_bias_grad cases 10 different 0" in out, out[-3000:]
