@@ -39,8 +39,9 @@ except NameError:
 try:
     KERNELS
 except NameError:
-    KERNELS = ("int_clamp_bias_grad",) if BIG_CASES else ("int_pool_grad", "int_clamp_mask", "int_clamp_bias_grad",
-               "int_conv_grad_input", "int_conv_update")
+    KERNELS = ("int_clamp_bias_grad",) if BIG_CASES else (
+        "int_pool_grad", "int_clamp_mask", "int_clamp_bias_grad", "int_conv_grad_input",
+        "int_conv_update")
 
 
 def mantissa(top):
@@ -141,22 +142,43 @@ def case_mask():
 
 def case_bias():
     m, channels, plane = random.randint(1, 3), random.randint(1, 6), random.randint(1, 60)
+    large = BIG is not None or random.randint(0, 2) == 0
     if BIG is not None:       # more than one chunk of MAX_BIAS_SUM
         m, channels, plane = 1, 1, random.randint(8192, 8390)
+    elif large:     # sums beyond 2**24: the fold's roundings (exact halves among them)
+        m, channels, plane = (random.randint(1, 3), random.randint(1, 2),
+                              random.randint(200, 700))
     crafted = random.randint(0, 30) == 0
     count = m * channels * plane
     G = grads(count, crafted, channels * 5 + 1)
-    if random.randint(0, 3) == 0:       # a large sum: the fold's roundings
+    if large:
+        sign = random.choice((1, -1))
         for i in range(1, 1 + count):
-            G[i] = random.choice((1 << 16, (1 << 16) - 1, 1 << 15))
+            G[i] = sign * random.choice((1 << 16, (1 << 16) - 1, 1 << 15,
+                                         random.randint(0, 1 << 16)))
     mask = bytearray(random.getrandbits(8) for _ in range((count + 7) >> 3))
-    if random.randint(0, 3) == 0:
+    if large or random.randint(0, 3) == 0:
         mask = bytearray(b"\xff" * len(mask))
     bias = [random.choice((random.randint(-(1 << 23), 1 << 23), 1 << 23, -(1 << 23),
                            random.randint(-300, 300))) for _ in range(channels)]
     rates = []
-    for _ in range(channels):
+    for c in range(channels):
         m0, shift = rate()
+        if large:
+            # a step of 1 or 1/2 of the folded sum's units (acc * 2**t, t its halvings:
+            # each one rounded half to even), the bias at the clamp on the sum's side:
+            # the step's low bits reach the bias unclamped
+            total = 0
+            for i in range(m):
+                start = 1 + (i * channels + c) * plane
+                for p in range(start, start + plane):
+                    total += G[p]
+            t = 0
+            while total >= 1 << 24 or total <= -(1 << 24):
+                total //= 2
+                t += 1
+            m0, shift = 1 << 23, 23 + G[0] + t + random.randint(0, 1)
+            bias[c] = sign << 23
         fold = random.choice((random.randint(1, 1 << 24), random.randint(1, 7) << 20,
                               1 << 23))
         rates += [m0, shift, fold, random.choice((23, 24, random.randint(20, 70)))]
