@@ -4,7 +4,8 @@ runtime's ROMFS beside the kernels as microtrain/kernels/qlinear_native.mpy, giv
 pure-Python kernels' bytes over random geometries (tests/device_scripts/qlinear_native.py)
 on the Cortex-M3 (armv6m and armv7m builds: the hand-written Thumb-1 loops) and on the RISC-V
 core (rv32imc build: the same loops in C), and kernels/fastpath.py puts them in place of
-the viper ones. Needs the boards' firmware (scripts/build_qemu_board.sh,
+the viper ones; likewise its integer training kernels, inttrain's int_gemm_update
+(tests/device_scripts/inttrain_native.py) and intgrad's five (intgrad_native.py). Needs the boards' firmware (scripts/build_qemu_board.sh,
 build_qemu_rv32.sh: skipped without it, failed when MICROTRAIN_REQUIRE_QEMU /
 MICROTRAIN_REQUIRE_QEMU_RV32=1); the module is built here (the script installs its
 toolchain when missing)."""
