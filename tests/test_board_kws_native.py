@@ -3,8 +3,9 @@ bit against CPython's pure-Python kernels: the KWS DS-CNN's personalisation step
 ("int8 last": the classifier; "int8 sparse": the biases, the last block and the classifier)
 of examples/kws/personalise.py, from its calibrated backbone, on the first personalisation
 sample. The boards run the blob in place from flash with the module deploy ships for their
-architecture beside the kernels (fastpath picks its Gemm and Conv; the integer training
-kernels are viper); CPython runs the same blob, checkpoint and sample with the pure-Python
+architecture beside the kernels (fastpath picks its Gemm and Conv, inttrain's
+int_gemm_update and intgrad's backward kernels; the other integer training kernels are
+viper); CPython runs the same blob, checkpoint and sample with the pure-Python
 kernels. The same int and byte arenas (CRC-32 of parameters, gradients, momenta) and
 losses.
 "int8 last" runs on the Cortex-M3 (armv6m build, every ARM core's); "int8 sparse", whose

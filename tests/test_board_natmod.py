@@ -4,7 +4,8 @@ runtime's ROMFS beside the kernels as microtrain/kernels/qlinear_native.mpy, giv
 pure-Python kernels' bytes over random geometries (tests/device_scripts/qlinear_native.py)
 on the Cortex-M3 (armv6m and armv7m builds: the hand-written Thumb-1 loops) and on the RISC-V
 core (rv32imc build: the same loops in C), and kernels/fastpath.py puts them in place of
-the viper ones. Needs the boards' firmware (scripts/build_qemu_board.sh,
+the viper ones; likewise its integer training kernels, inttrain's int_gemm_update
+(tests/device_scripts/inttrain_native.py) and intgrad's five (intgrad_native.py). Needs the boards' firmware (scripts/build_qemu_board.sh,
 build_qemu_rv32.sh: skipped without it, failed when MICROTRAIN_REQUIRE_QEMU /
 MICROTRAIN_REQUIRE_QEMU_RV32=1); the module is built here (the script installs its
 toolchain when missing)."""
@@ -207,3 +208,33 @@ def test_native_int_gemm_update_equals_pure_on_the_emulated_boards(firmware, rv3
     words = out.split()
     assert words[-6:-2] == ["cases", "200", "different", "0"], out[-2000:]
     assert int(words[-1]) > 0, out[-2000:]     # the pure-Python fallback was exercised
+
+
+INTGRAD = ("int_pool_grad", "int_clamp_mask", "int_clamp_bias_grad", "int_conv_grad_input",
+           "int_conv_update")
+
+
+@pytest.mark.parametrize("board,arch", [("qemu-mps2-an385", "armv6m"),
+                                        ("qemu-mps2-an385", "armv7m"), (RV32, "rv32imc")])
+def test_native_intgrad_kernels_equal_pure_on_the_emulated_boards(firmware, rv32_firmware,
+                                                                  board, arch, tmp_path):
+    # kernels/intgrad.py's five kernels (device/native/intgrad_native.c), 200 random cases
+    # each (tests/device_scripts/intgrad_native.py), against the pure kernels on the board
+    rv32 = board == RV32
+    out = run_on_board(rv32_firmware if rv32 else firmware, tmp_path, build_module(arch),
+                       "CASES = 200\n" + (ROOT / "tests" / "device_scripts" /
+                                          "intgrad_native.py").read_text(), board=board)
+    for name in INTGRAD:
+        words = out.split(name + " cases")[-1].split()
+        assert words[:3] == ["200", "different", "0"], out[-3000:]
+        if name not in ("int_pool_grad", "int_clamp_mask"):    # no fallback: any int32
+            assert int(words[4]) > 0, out[-3000:]     # the pure kernels' fallback exercised
+
+
+def test_native_bias_grad_over_several_chunks_equals_pure(firmware, armv6m_module, tmp_path):
+    # int_clamp_bias_grad with planes of 8,192-8,390 positions (more than one chunk of
+    # intgrad.MAX_BIAS_SUM: the fold between chunks), on the M3 (armv6m build)
+    out = run_on_board(firmware, tmp_path, armv6m_module,
+                       "CASES = 10\nBIG_CASES = True\n" + (ROOT / "tests" / "device_scripts" /
+                                                          "intgrad_native.py").read_text())
+    assert "int_clamp_bias_grad cases 10 different 0" in out, out[-3000:]

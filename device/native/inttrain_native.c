@@ -20,8 +20,8 @@
 #define UNUSED_BIAS (-BIAS_LIMIT - 1)   // inttrain.UNUSED_BIAS: a class not in use
 #define ACC_LIMIT (536870912)           // fixedpoint.ACC_LIMIT, 2**29
 
-// fixedpoint.requant_narrow for |acc| < 2**29 and 0 <= m0 <= 2**24
-static int32_t requant29(int32_t acc, int32_t m0, int32_t shift) {
+// fixedpoint.requant_narrow for |acc| < 2**29 and 0 <= m0 <= 2**24 (intgrad_native.c too)
+int32_t requant29(int32_t acc, int32_t m0, int32_t shift) {
     if (shift < 1) {
         shift = 1;
     }
@@ -55,8 +55,8 @@ static int32_t dither(int32_t *I, mp_int_t at) {
     return s;
 }
 
-// intsgd.update_step
-static int32_t update_step(int32_t *I, int32_t acc, int32_t m0, int32_t shift,
+// intsgd.update_step (intgrad_native.c's steps too)
+int32_t update_step(int32_t *I, int32_t acc, int32_t m0, int32_t shift,
                            mp_int_t random) {
     if (random >= 0 && shift > 8) {
         return (requant29(acc, m0, shift - 8) + (dither(I, random) & 255)) >> 8;

@@ -66,6 +66,12 @@ void unpack_args(const mp_obj_t *in, size_t count, mp_rom_error_text_t wrong_cou
                  bool i_write, mp_buffer_info_t *bufs, mp_int_t *fields);
 extern const mp_obj_fun_builtin_var_t qlinear_conv_obj;
 extern const mp_obj_fun_builtin_var_t int_gemm_update_obj;   // inttrain_native.c
+// inttrain_native.c's requant_narrow (|acc| < 2**29, 0 <= m0 <= 2**24) and update_step
+int32_t requant29(int32_t acc, int32_t m0, int32_t shift);
+int32_t update_step(int32_t *I, int32_t acc, int32_t m0, int32_t shift, mp_int_t random);
+// intgrad_native.c: kernels/intgrad.py's
+extern const mp_obj_fun_builtin_var_t int_pool_grad_obj, int_clamp_mask_obj,
+    int_clamp_bias_grad_obj, int_conv_grad_input_obj, int_conv_update_obj;
 
 // Eight rows' sums against one weight vector w (stride sw), the rows' bytes interleaved
 // (xt[8 * t + lane]), and the weights' sum: acc[0..7], acc[8] (p = [k, sw], k >= 1). On

@@ -7,15 +7,16 @@
 
 def use_fast(g, names, on, module, native=None, helper=None):
     """Put the pure-Python kernels back into the family's globals g, then with `on` the
-    viper ones of kernels/<module>.py. g["_pure"] is the family's {name: pure kernel},
+    native and viper ones. g["_pure"] is the family's {name: pure kernel},
     filled on the first call (at import, before any swap) with those of `names` that g
     defines: a trimmed runtime (tools/runtime.py) keeps only the kernels its model uses.
-    The viper module gets that dict as its _pure, the fallback for arguments its machine
-    words cannot hold. Then, with `on`, the kernels the dynamic native module
-    kernels/<native>.mpy defines (device/native; machine code for the board's architecture)
-    replace those: native > viper > pure, kernel by kernel. The native module gets _pure too
-    (merged with the other families': it serves several). A kernel helper the family has
-    loaded (load_helper; g[helper] not None) is switched with it. Returns `on`, or False when
+    With `on`, the kernels the dynamic native module kernels/<native>.mpy defines
+    (device/native; machine code for the board's architecture) take their places, then the
+    viper module's the others' (none left: the viper module is not imported): native >
+    viper > pure, kernel by kernel. Each gets that dict as its _pure, the fallback for
+    arguments its machine words cannot hold (the native module's merged with the other
+    families': it serves several). A kernel helper the family has loaded (load_helper;
+    g[helper] not None) is switched with it. Returns `on`, or False when
     neither module can be imported (CPython; a MicroPython without viper and without the
     native module)."""
     if helper is not None and g.get(helper) is not None:
@@ -31,11 +32,16 @@ def use_fast(g, names, on, module, native=None, helper=None):
     if not on:
         return on
     found = False
-    for name_of, errors in ((module, (ImportError, SyntaxError)),
-                            # ValueError: an .mpy of another architecture or version
-                            (native, (ImportError, ValueError))):
+    # the native module first: where it defines every kernel of the family, the viper
+    # module is not imported at all (its machine code would take heap for nothing: ~11 KB
+    # for intgrad_viper on the M3)
+    for name_of, errors in (  # ValueError: an .mpy of another architecture or version
+            (native, (ImportError, ValueError)), (module, (ImportError, SyntaxError))):
         if name_of is None:
             continue
+        left = [name for name in pure if g[name] is pure[name]]
+        if found and not left:
+            break
         try:
             fast = __import__("microtrain.kernels." + name_of, None, None, ("_pure",))
         except errors:
@@ -43,8 +49,9 @@ def use_fast(g, names, on, module, native=None, helper=None):
         found = True
         if name_of is native:
             # one native module serves several families (qlinear_native: qlinear's Gemm and
-            # Conv, inttrain's update; float_native: dense's, optim's, reduce's and
-            # activation's kernels): its _pure holds each family's, by their distinct names
+            # Conv, inttrain's update, intgrad's kernels; float_native: dense's, optim's,
+            # reduce's and activation's kernels): its _pure holds each family's, by their
+            # distinct names
             merged = getattr(fast, "_pure", None)
             if not isinstance(merged, dict):
                 merged = {}
@@ -53,7 +60,7 @@ def use_fast(g, names, on, module, native=None, helper=None):
         else:
             pure_of = pure
         fast._pure = pure_of
-        for name in pure:
+        for name in left:
             kernel = getattr(fast, name, None)
             if kernel is not None:
                 g[name] = kernel

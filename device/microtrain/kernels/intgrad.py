@@ -482,7 +482,9 @@ _FAST_NAMES = ("int_pool_grad", "int_clamp_mask", "int_clamp_bias_grad",
 def use_fast(on=True):
     # (a wide layer's kernels/intwide.py, when loaded, switches with this family)
     from microtrain.kernels import fastpath
-    return fastpath.use_fast(globals(), _FAST_NAMES, on, "intgrad_viper", helper="intwide")
+    # the native module's where kernels/qlinear_native.mpy is (device/native/intgrad_native.c)
+    return fastpath.use_fast(globals(), _FAST_NAMES, on, "intgrad_viper", "qlinear_native",
+                             helper="intwide")
 
 
 FAST = use_fast()

@@ -36,14 +36,23 @@ INSTRUCTIONS_PER_MAC = {
 # build is 5-40 % faster), 2026-11-28 after issue 24's eight-row Gemm (mt_t8), the
 # requantization's Relu shortcut and the depthwise path's padding filled once (Gemm: all
 # shapes' instructions over their MACs, 5.28; Conv: 3x3 9.61 and 1x1 4.85, their mean; the KWS
-# first Conv's 6.37 lies between; depthwise 11.26 / 11.15). The integer training kernels stay
-# viper but int_gemm_update (native too, not modelled here: counted as viper).
+# first Conv's 6.37 lies between; depthwise 11.26 / 11.15). Of the integer training kernels
+# int_gemm_update is native too (not modelled here: counted as viper), and intgrad's (below).
 NATIVE_INSTRUCTIONS_PER_MAC = {
     "int8 dense": 5.3,
     "int8 conv": 7.2,
     "int8 depthwise": 11.2,
 }
 NATIVE_OPS = ("QLINEAR_GEMM", "QLINEAR_CONV")
+# ... and its integer backward through the convolutions (device/native/intgrad_native.c,
+# 2026-11-28): the KWS DS-CNN's "int8 sparse" step's input gradients (4 pointwise 64x64 and
+# 4 depthwise 3x3 over 25x5, 2,290,944 MACs) and weight updates (its last block: 572,736)
+# on the emulated board, armv6m build (`bench/board_cost.py --native armv6m --profile`;
+# armv7m: 7.7 / 14.4). Per MAC with what each does per element or weight besides: the
+# normalization, the update steps.
+NATIVE_BACKWARD = {"INT_CONV_GRAD_INPUT": "int8 conv grad input",
+                   "INT_CONV_UPDATE": "int8 conv update"}
+NATIVE_INSTRUCTIONS_PER_MAC.update({"int8 conv grad input": 10.0, "int8 conv update": 18.8})
 # The native float module (device/native/float) that deploy ships to boards with a build:
 # its Gemm kernels per MAC and its updates per parameter in the digits MLP's step (batch 8;
 # `python3 bench/board_cost.py --float-native ARCH --profile`: gemm + gemm_accumulate over
@@ -177,7 +186,8 @@ class Work:
         self.what = what
         self.macs, self.updates = {}, {}
         int8, flt = _carried(native)
-        prefixes = dict({op: "native " for op in (NATIVE_OPS if int8 else ())},
+        prefixes = dict({op: "native " for op in (NATIVE_OPS + tuple(NATIVE_BACKWARD)
+                                                  if int8 else ())},
                         **{op: flt for op in (NATIVE_FLOAT_OPS + NATIVE_FLOAT_UPDATES
                                               if flt else ())})
         for name in programs:
@@ -187,7 +197,7 @@ class Work:
                     if spec is not None and spec.name in table:
                         kind, n = table[spec.name](dict(zip(spec.ints, ints)))
                         if spec.name in prefixes:
-                            kind = prefixes[spec.name] + kind
+                            kind = prefixes[spec.name] + NATIVE_BACKWARD.get(spec.name, kind)
                         counts[kind] = counts.get(kind, 0) + n
 
     def instructions(self):
