@@ -193,7 +193,6 @@ def conv_transpose_check(args, c):
     _sizes_check(c, y_size, x_size, w_size, c.ints[1] * c.ints[2])  # groups * cin_g: Y's
 
 
-
 # The native forms of the 2-D kernels (device/native/float/float_conv.c: machine code for the
 # board's architecture, in kernels/float_native.mpy where the runtime carries it) replace
 # these when it imports: the same bits, no allocation. use_fast(False): the pure-Python
