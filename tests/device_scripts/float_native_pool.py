@@ -19,23 +19,8 @@ print("pool_fast", pool.max_pool is native.max_pool and pool.FAST
       and pool.max_pool_grad is native.max_pool_grad)
 
 
+# same(): float_native.py's, prepended with its helpers
 
-def same(F1, F2):
-    # the helpers' same() without its two whole bytes() copies (they did not fit beside F
-    # and its copies once the module grew): a slice at a time, then element by element
-    global nan_bits
-    for i in range(0, len(F1), 64):
-        if bytes(F1[i:i + 64]) != bytes(F2[i:i + 64]):
-            break
-    else:
-        return True
-    for i in range(len(F1)):
-        x, y = F1[i], F2[i]
-        if not (x == y or (x != x and y != y)) or (x == 0.0 and bytes(F1[i:i + 1])
-                                                      != bytes(F2[i:i + 1])):
-            return False
-    nan_bits += 1
-    return True
 
 def holds(o, s, pad, d, k, size):
     # pool.py's _windows_check for one window
