@@ -42,8 +42,9 @@ def run_on_board(firmware, tmp_path, module, script_text, board="qemu-mps2-an385
                                in_rom=[(module, "microtrain/kernels/float_native.mpy")])
     script = tmp_path / "script.py"
     script.write_text(script_text)
-    with deploy.QemuBoard(firmware, board=board) as qemu:
-        command = deploy.mpremote_command(plan, qemu.port, script)
+    # the image in the ROM partition at power-on (not copied over the emulated UART)
+    with deploy.QemuBoard(firmware, board=board, rom=plan.romfs_image) as qemu:
+        command = deploy.mpremote_command(plan, qemu.port, script, rom_loaded=True)
         proc = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return proc.stdout
@@ -262,8 +263,9 @@ def train_native_and_pure(firmware, tmp_path, build, arch, x, y, steps, x_bytes,
                           f"Y_BYTES = {4 * len(y) // steps}\nFAMILIES = {families!r}\n"
                           f"RESERVE = {reserve}\n"
                           + TRAIN_RUN)
-        with deploy.QemuBoard(firmware) as qemu:
-            proc = subprocess.run(deploy.mpremote_command(plan, qemu.port, script),
+        with deploy.QemuBoard(firmware, rom=plan.romfs_image) as qemu:
+            proc = subprocess.run(deploy.mpremote_command(plan, qemu.port, script,
+                                                          rom_loaded=True),
                                   capture_output=True, text=True, timeout=1800)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         runs[pure] = dict(line.split(" ", 1) for line in proc.stdout.splitlines()

@@ -69,8 +69,10 @@ def run_on_board(firmware, tmp_path, module, script_text, board="qemu-mps2-an385
                                in_rom=[(module, "microtrain/kernels/qlinear_native.mpy")])
     script = tmp_path / "script.py"
     script.write_text(script_text)
-    with deploy.QemuBoard(firmware, board=board) as qemu:
-        command = deploy.mpremote_command(plan, qemu.port, script)
+    # the image in the ROM partition at power-on: copying it over the emulated UART takes
+    # ~18 s a run (test_board_qemu's int8 test keeps that path)
+    with deploy.QemuBoard(firmware, board=board, rom=plan.romfs_image) as qemu:
+        command = deploy.mpremote_command(plan, qemu.port, script, rom_loaded=True)
         proc = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return proc.stdout
@@ -183,8 +185,8 @@ print('out', hexlify(bytes(InferenceSession('/rom/int8.mtb').run(x))).decode())
 qlinear.use_fast(False)
 print('pure', hexlify(bytes(InferenceSession('/rom/int8.mtb').run(x))).decode())
 """)
-    with deploy.QemuBoard(firmware) as qemu:
-        command = deploy.mpremote_command(plan, qemu.port, script)
+    with deploy.QemuBoard(firmware, rom=plan.romfs_image) as qemu:
+        command = deploy.mpremote_command(plan, qemu.port, script, rom_loaded=True)
         proc = subprocess.run(command, capture_output=True, text=True, timeout=900)
     lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in proc.stdout.splitlines()
              if " " in line}

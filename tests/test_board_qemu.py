@@ -142,8 +142,10 @@ def test_viper_int8_kernels_equal_pure_on_the_emulated_board(firmware, tmp_path)
     assert deploy.mpremote_command(plan, "PORT", script)[-2:] == ["run", str(script)]
     assert deploy.mpremote_command(plan, "PORT", script, tmp_path / "t")[-6:] == \
         ["run", str(script), "+", "cp", ":trained", str(tmp_path / "t")]
-    with deploy.QemuBoard(firmware) as qemu:
-        command = deploy.mpremote_command(plan, qemu.port, script)
+    # the image in the ROM partition at power-on; test_int8_on_the_emulated_board copies it
+    # over the UART and installs it as a board without the ROM ioctl would
+    with deploy.QemuBoard(firmware, rom=plan.romfs_image) as qemu:
+        command = deploy.mpremote_command(plan, qemu.port, script, rom_loaded=True)
         proc = deploy.subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stdout.split()[-4:] == ["cases", "240", "different", "0"], proc.stdout[-2000:]

@@ -75,8 +75,8 @@ def test_viper_int8_kernels_equal_pure_on_the_rv32_board(rv32_firmware, tmp_path
                       "from microtrain.kernels import qlinear\nassert qlinear.FAST\n"
                       "CASES = 240\n" + (ROOT / "tests" / "device_scripts" /
                                          "qlinear_fast.py").read_text())
-    with deploy.QemuBoard(rv32_firmware, board=RV32) as qemu:
-        command = deploy.mpremote_command(plan, qemu.port, script)
+    with deploy.QemuBoard(rv32_firmware, board=RV32, rom=plan.romfs_image) as qemu:
+        command = deploy.mpremote_command(plan, qemu.port, script, rom_loaded=True)
         proc = deploy.subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stdout.split()[-4:] == ["cases", "240", "different", "0"], proc.stdout[-2000:]

@@ -523,9 +523,10 @@ def train_on_board_and_cpython(firmware, info, tmp_path, steps, board_script, ti
                                   else board_script):
         path = tmp_path / "on_board.py"
         path.write_text(f"STEPS = {steps}\n" + script)
-        with deploy.QemuBoard(firmware, board=board) as qemu:
+        with deploy.QemuBoard(firmware, board=board, rom=plan.romfs_image) as qemu:
             proc = deploy.subprocess.run(deploy.mpremote_command(
-                plan, qemu.port, path, tmp_path / "board.ckpt" if part == 0 else None),
+                plan, qemu.port, path, tmp_path / "board.ckpt" if part == 0 else None,
+                rom_loaded=True),
                 capture_output=True, text=True, timeout=timeout)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         out += proc.stdout.splitlines()
