@@ -9,7 +9,8 @@ the same as without. The native int8 module deploy ships for armv7emsp (the armv
 gives the pure-Python kernels' bytes there. Needs both ARM firmwares: skipped without them,
 failed when MICROTRAIN_REQUIRE_QEMU / MICROTRAIN_REQUIRE_QEMU_M4=1 (scripts/test.sh)."""
 from conftest import ROOT
-from test_board_natmod import HEAP_PROBE, build_module, check_native_heap, run_on_board
+from test_board_natmod import (HEAP_PROBE, build_module, check_native_heap, check_qlinear,
+                               qlinear_script, run_on_board)
 
 from microtrain_host import generate_artifacts
 from microtrain_host.tools import boards, deploy, runtime
@@ -51,13 +52,9 @@ def test_digits_adamw_on_the_fpu_board_leaves_the_m3_checkpoint(firmware, m4_fir
 
 def test_native_int8_module_equals_pure_on_the_fpu_board(m4_firmware, tmp_path):
     module = build_module(runtime.NATIVE_BUILD_FOR["armv7emsp"])   # the build deploy ships
-    out = run_on_board(m4_firmware, tmp_path, module,
-                       HEAP_PROBE + "CASES = 80\n" + (ROOT / "tests" / "device_scripts" /
-                                                      "qlinear_native.py").read_text(),
-                       board=M4)    # the armv7m build's own check runs 240 on the M3
-    words = out.split()
-    assert words[-6:-2] == ["cases", "80", "different", "0"], out[-2000:]
-    assert int(words[-1]) > 0, out[-2000:]
+    # the armv7m build's own check runs 480 cases on the M3
+    out = run_on_board(m4_firmware, tmp_path, module, HEAP_PROBE + qlinear_script(80), board=M4)
+    check_qlinear(out, 80)
     print(f"armv7m build on the Cortex-M4F: {check_native_heap(out, module):,d} B of heap")
 
 

@@ -5,13 +5,18 @@ pure-Python kernels' bytes over random geometries (tests/device_scripts/qlinear_
 on the Cortex-M3 (armv6m and armv7m builds: the hand-written Thumb-1 loops) and on the RISC-V
 core (rv32imc build: the same loops in C), and kernels/fastpath.py puts them in place of
 the viper ones; likewise its integer training kernels, inttrain's int_gemm_update
-(tests/device_scripts/inttrain_native.py) and intgrad's five (intgrad_native.py). Needs the boards' firmware (scripts/build_qemu_board.sh,
-build_qemu_rv32.sh: skipped without it, failed when MICROTRAIN_REQUIRE_QEMU /
-MICROTRAIN_REQUIRE_QEMU_RV32=1); the module is built here (the script installs its
-toolchain when missing)."""
+(tests/device_scripts/inttrain_native.py) and intgrad's five (intgrad_native.py). The
+board runs only the native kernels and prints a CRC-32 per case; CPython runs the same
+script with the pure-Python kernels on the same cases (tests/micropython_random.py draws
+what the board's `random` draws) as a 32-bit port runs them (cpython_cases). Needs the
+boards' firmware (scripts/build_qemu_board.sh, build_qemu_rv32.sh: skipped without it,
+failed when MICROTRAIN_REQUIRE_QEMU / MICROTRAIN_REQUIRE_QEMU_RV32=1); the module is built
+here (the script installs its toolchain when missing)."""
+import functools
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -59,6 +64,48 @@ def build_module(arch):
     return proc.stdout.split()[-1]
 
 
+@functools.lru_cache(maxsize=None)
+def cpython_cases(script_text):
+    """The pure-Python kernels' side of a board script (tests/device_scripts/qlinear_native.py,
+    inttrain_native.py, intgrad_native.py): the same script under CPython with PURE = True
+    and tests/micropython_random.py as `random`, so that it makes the board's cases again;
+    {(kernel, case number): (CRC, what the case was)} of its "case" lines. sys.maxsize is a
+    32-bit port's, so that kernels/fixedpoint.py picks the requantization the boards run
+    (requant_narrow: 12-bit limbs, a result beyond 2**29 saturated there; a 64-bit port's
+    requant_wide keeps it exact), which the scripts' large steps reach on purpose."""
+    boot = ("import sys, micropython_random\nsys.modules['random'] = micropython_random\n"
+            "sys.maxsize = (1 << 31) - 1\n"
+            "exec(compile(sys.stdin.read(), 'pure', 'exec'), {'__name__': '__main__'})\n")
+    env = dict(os.environ, PYTHONPATH=f"{DEVICE}{os.pathsep}{ROOT / 'tests'}")
+    proc = subprocess.run([sys.executable, "-c", boot], input="PURE = True\n" + script_text,
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return case_lines(proc.stdout), proc.stdout
+
+
+def case_lines(out):
+    # "case N CRC [what]" or "case KERNEL N CRC [what]" -> {(kernel, N): (CRC, what)}
+    cases = {}
+    for line in out.splitlines():
+        words = line.split(None, 4 if line.startswith("case int_") else 3)
+        if words[:1] == ["case"]:
+            kernel, words = (words[1], words[1:]) if words[1].startswith("int_") else ("", words)
+            cases[kernel, int(words[1])] = (words[2], words[3] if len(words) > 3 else "")
+    return cases
+
+
+def check_against_cpython(out, script_text, cases):
+    """The board's CRCs (the native kernels) are CPython's (the pure-Python kernels), case by
+    case; returns CPython's output (its counts)."""
+    pure, pure_out = cpython_cases(script_text)
+    native = case_lines(out)
+    assert len(pure) == cases and sorted(native) == sorted(pure), (len(native), out[-2000:])
+    different = [what for key, (crc, what) in sorted(pure.items())
+                 if native[key][0] != crc and crc != "crafted"]
+    assert not different, f"{len(different)} cases differ, e.g. {different[:3]}"
+    return pure_out
+
+
 @pytest.fixture(scope="module")
 def armv6m_module():
     return build_module("armv6m")
@@ -78,18 +125,26 @@ def run_on_board(firmware, tmp_path, module, script_text, board="qemu-mps2-an385
     return proc.stdout
 
 
+def qlinear_script(cases):
+    return f"CASES = {cases}\n" + (ROOT / "tests" / "device_scripts" /
+                                   "qlinear_native.py").read_text()
+
+
+def check_qlinear(out, cases):
+    # Gemm and Conv cases alternate; the board's native kernels give CPython's pure ones
+    pure_out = check_against_cpython(out, qlinear_script(cases), cases)
+    assert out.split()[-4:] == pure_out.split()[-4:], out[-2000:]   # "cases N fallback F"
+    assert int(pure_out.split()[-1]) > 0, out[-2000:]   # the pure-Python fallback exercised
+
+
 @pytest.mark.parametrize("arch", ["armv6m", "armv7m"])
 def test_native_int8_gemm_equals_pure_on_the_emulated_board(firmware, armv6m_module, arch,
                                                             tmp_path):
     # 240 Gemm and 240 Conv cases; armv6m runs on every ARM core, armv7m (Thumb-2 C around
     # the same Thumb-1 loops) on Cortex-M3 and later
     module = armv6m_module if arch == "armv6m" else build_module(arch)
-    out = run_on_board(firmware, tmp_path, module,
-                       HEAP_PROBE + "CASES = 480\n" + (ROOT / "tests" / "device_scripts" /
-                                                       "qlinear_native.py").read_text())
-    words = out.split()
-    assert words[-6:-2] == ["cases", "480", "different", "0"], out[-2000:]
-    assert int(words[-1]) > 0, out[-2000:]     # the pure-Python fallback was exercised
+    out = run_on_board(firmware, tmp_path, module, HEAP_PROBE + qlinear_script(480))
+    check_qlinear(out, 480)
     print(f"{arch}: {check_native_heap(out, module):,d} B of heap at import")
 
 
@@ -107,12 +162,8 @@ def test_native_int8_gemm_equals_pure_on_the_rv32_board(rv32_firmware, tmp_path)
     module = build_module("rv32imc")
     out = run_on_board(rv32_firmware, tmp_path, module,
                        "import sys\nassert sys.implementation._build == 'VIRT_RV32'\n"
-                       + HEAP_PROBE + "CASES = 480\n" + (ROOT / "tests" / "device_scripts" /
-                                                         "qlinear_native.py").read_text(),
-                       board=RV32)
-    words = out.split()
-    assert words[-6:-2] == ["cases", "480", "different", "0"], out[-2000:]
-    assert int(words[-1]) > 0, out[-2000:]
+                       + HEAP_PROBE + qlinear_script(480), board=RV32)
+    check_qlinear(out, 480)
     print(f"rv32imc: {check_native_heap(out, module):,d} B of heap at import")
 
 
@@ -204,12 +255,13 @@ def test_native_int_gemm_update_equals_pure_on_the_emulated_boards(firmware, rv3
     # and on the RISC-V core (rv32imc build)
     rv32 = board == RV32
     module = build_module("rv32imc") if rv32 else armv6m_module
-    out = run_on_board(rv32_firmware if rv32 else firmware, tmp_path, module,
-                       "CASES = 200\n" + (ROOT / "tests" / "device_scripts" /
-                                          "inttrain_native.py").read_text(), board=board)
-    words = out.split()
-    assert words[-6:-2] == ["cases", "200", "different", "0"], out[-2000:]
-    assert int(words[-1]) > 0, out[-2000:]     # the pure-Python fallback was exercised
+    script = "CASES = 200\n" + (ROOT / "tests" / "device_scripts" /
+                                "inttrain_native.py").read_text()
+    out = run_on_board(rv32_firmware if rv32 else firmware, tmp_path, module, script,
+                       board=board)
+    pure_out = check_against_cpython(out, script, 200)
+    assert out.split()[-4:] == pure_out.split()[-4:], out[-2000:]   # "cases N fallback F"
+    assert int(pure_out.split()[-1]) > 0, out[-2000:]     # the pure-Python fallback exercised
 
 
 INTGRAD = ("int_pool_grad", "int_clamp_mask", "int_clamp_bias_grad", "int_conv_grad_input",
@@ -221,22 +273,25 @@ INTGRAD = ("int_pool_grad", "int_clamp_mask", "int_clamp_bias_grad", "int_conv_g
 def test_native_intgrad_kernels_equal_pure_on_the_emulated_boards(firmware, rv32_firmware,
                                                                   board, arch, tmp_path):
     # kernels/intgrad.py's five kernels (device/native/intgrad_native.c), 200 random cases
-    # each (tests/device_scripts/intgrad_native.py), against the pure kernels on the board
+    # each (tests/device_scripts/intgrad_native.py), against CPython's pure kernels
     rv32 = board == RV32
+    script = "CASES = 200\n" + (ROOT / "tests" / "device_scripts" /
+                                "intgrad_native.py").read_text()
     out = run_on_board(rv32_firmware if rv32 else firmware, tmp_path, build_module(arch),
-                       "CASES = 200\n" + (ROOT / "tests" / "device_scripts" /
-                                          "intgrad_native.py").read_text(), board=board)
+                       script, board=board)
+    pure_out = check_against_cpython(out, script, 200 * len(INTGRAD))
     for name in INTGRAD:
-        words = out.split(name + " cases")[-1].split()
-        assert words[:3] == ["200", "different", "0"], out[-3000:]
+        fallback = int(pure_out.split(name + " cases 200 fallback")[1].split()[0])
+        assert f"{name} cases 200 fallback {fallback} different 0" in out, out[-3000:]
         if name not in ("int_pool_grad", "int_clamp_mask"):    # no fallback: any int32
-            assert int(words[4]) > 0, out[-3000:]     # the pure kernels' fallback exercised
+            assert fallback > 0, out[-3000:]     # the pure kernels' fallback exercised
 
 
 def test_native_bias_grad_over_several_chunks_equals_pure(firmware, armv6m_module, tmp_path):
     # int_clamp_bias_grad with planes of 8,192-8,390 positions (more than one chunk of
     # intgrad.MAX_BIAS_SUM: the fold between chunks), on the M3 (armv6m build)
-    out = run_on_board(firmware, tmp_path, armv6m_module,
-                       "CASES = 10\nBIG_CASES = True\n" + (ROOT / "tests" / "device_scripts" /
-                                                          "intgrad_native.py").read_text())
-    assert "int_clamp_bias_grad cases 10 different 0" in out, out[-3000:]
+    script = "CASES = 10\nBIG_CASES = True\n" + (ROOT / "tests" / "device_scripts" /
+                                                  "intgrad_native.py").read_text()
+    out = run_on_board(firmware, tmp_path, armv6m_module, script)
+    check_against_cpython(out, script, 10)
+    assert "int_clamp_bias_grad cases 10 fallback" in out and out.split()[-1] == "0", out
