@@ -68,6 +68,23 @@ def emulated_board_plan(tmp_path, artifacts, files, in_rom=(), board="qemu-mps2-
     return plan
 
 
+
+def run_on_emulated_board(firmware, tmp_path, script_text, in_rom=(), board="qemu-mps2-an385",
+                          timeout=1800):
+    """Run script_text on the emulated board `board` with the whole device package and
+    in_rom ([(local path, name in /rom)]) in its ROMFS (emulated_board_plan), the image put
+    in the ROM partition at power-on: copying it over the emulated UART takes ~18 s a run
+    (test_board_qemu's int8 test keeps that path). Returns its stdout; a failed run fails."""
+    from microtrain_host.tools import deploy
+    plan = emulated_board_plan(tmp_path, tmp_path, [], in_rom=in_rom, board=board)
+    script = tmp_path / "script.py"
+    script.write_text(script_text)
+    with deploy.QemuBoard(firmware, board=board, rom=plan.romfs_image) as qemu:
+        command = deploy.mpremote_command(plan, qemu.port, script, rom_loaded=True)
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc.stdout
+
 def lenet_board_artifacts(tmp_path, optimizer, steps):
     """(artifact directory, learning rate): the LeNet reference CNN exported by torch and
     packed with `optimizer` (its reference learning rate), and data.npz of `steps` batches of

@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT, emulated_board_plan
+from conftest import ROOT, run_on_emulated_board
 
 from microtrain_host.tools import deploy
 
@@ -38,16 +38,8 @@ def build_module(arch):
 
 
 def run_on_board(firmware, tmp_path, module, script_text, board="qemu-mps2-an385"):
-    plan = emulated_board_plan(tmp_path, tmp_path, [], board=board,
-                               in_rom=[(module, "microtrain/kernels/float_native.mpy")])
-    script = tmp_path / "script.py"
-    script.write_text(script_text)
-    # the image in the ROM partition at power-on (not copied over the emulated UART)
-    with deploy.QemuBoard(firmware, board=board, rom=plan.romfs_image) as qemu:
-        command = deploy.mpremote_command(plan, qemu.port, script, rom_loaded=True)
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return proc.stdout
+    return run_on_emulated_board(firmware, tmp_path, script_text, board=board,
+                                 in_rom=[(module, "microtrain/kernels/float_native.mpy")])
 
 
 def gemm_script(cases):

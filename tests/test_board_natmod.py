@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from conftest import DEVICE, ROOT, emulated_board_plan
+from conftest import DEVICE, ROOT, run_on_emulated_board
 
 from microtrain_host.tools import boards, deploy, runtime
 
@@ -112,17 +112,8 @@ def armv6m_module():
 
 
 def run_on_board(firmware, tmp_path, module, script_text, board="qemu-mps2-an385"):
-    plan = emulated_board_plan(tmp_path, tmp_path, [], board=board,
-                               in_rom=[(module, "microtrain/kernels/qlinear_native.mpy")])
-    script = tmp_path / "script.py"
-    script.write_text(script_text)
-    # the image in the ROM partition at power-on: copying it over the emulated UART takes
-    # ~18 s a run (test_board_qemu's int8 test keeps that path)
-    with deploy.QemuBoard(firmware, board=board, rom=plan.romfs_image) as qemu:
-        command = deploy.mpremote_command(plan, qemu.port, script, rom_loaded=True)
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return proc.stdout
+    return run_on_emulated_board(firmware, tmp_path, script_text, board=board,
+                                 in_rom=[(module, "microtrain/kernels/qlinear_native.mpy")])
 
 
 def qlinear_script(cases):

