@@ -95,24 +95,25 @@ def test_lenet_trains_on_the_emulated_board_or_is_predicted_not_to(firmware, tmp
 
 
 def test_deploy_exits_non_zero_when_the_board_runs_out_of_memory(firmware, tmp_path, capsys):
-    # MLP 256-256-10 with AdamW: 1.1 MB of arena against the board's 140 KiB heap; --force
-    # runs it anyway, the board's own error comes back and the command fails
+    # MLP 128-128-10 with AdamW: 285 KB of arena against the board's 140 KiB heap (and a
+    # 71 KB checkpoint to copy over the emulated UART); --force runs it anyway, the board's
+    # own error comes back and the command fails
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     from microtrain_host.cli import main
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32) * 0.05, n)
-             for n, s in (("w1", (256, 256)), ("b1", (256,)), ("w2", (256, 10)), ("b2", (10,)))]
+             for n, s in (("w1", (128, 128)), ("b1", (128,)), ("w2", (128, 10)), ("b2", (10,)))]
     graph = helper.make_graph(
         [helper.make_node("Gemm", ["input", "w1", "b1"], ["h"]),
          helper.make_node("Relu", ["h"], ["r"]),
          helper.make_node("Gemm", ["r", "w2", "b2"], ["output"])], "mlp",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [2, 256])],
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [2, 128])],
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, [2, 10])], inits)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
               tmp_path / "big.onnx")
-    np.savez(tmp_path / "data.npz", x_train=rng.standard_normal((4, 256)).astype(np.float32),
-             y_train=np.arange(4) % 10, x_val=np.zeros((2, 256), np.float32),
+    np.savez(tmp_path / "data.npz", x_train=rng.standard_normal((4, 128)).astype(np.float32),
+             y_train=np.arange(4) % 10, x_val=np.zeros((2, 128), np.float32),
              y_val=np.zeros(2, np.int64))
     build = tmp_path / "build"
     assert main(["pack", str(build.parent / "big.onnx"), "-o", str(build)]) == 0
