@@ -8,7 +8,7 @@ the viper ones; likewise its integer training kernels, inttrain's int_gemm_updat
 (tests/device_scripts/inttrain_native.py) and intgrad's five (intgrad_native.py). The
 board runs only the native kernels and prints a CRC-32 per case; CPython runs the same
 script with the pure-Python kernels on the same cases (tests/micropython_random.py draws
-what the board's `random` draws) as a 32-bit port runs them (cpython_cases). Needs the
+what the board's `random` draws: cpython_cases). Needs the
 boards' firmware (scripts/build_qemu_board.sh, build_qemu_rv32.sh: skipped without it,
 failed when MICROTRAIN_REQUIRE_QEMU / MICROTRAIN_REQUIRE_QEMU_RV32=1); the module is built
 here (the script installs its toolchain when missing)."""
@@ -69,12 +69,8 @@ def cpython_cases(script_text):
     """The pure-Python kernels' side of a board script (tests/device_scripts/qlinear_native.py,
     inttrain_native.py, intgrad_native.py): the same script under CPython with PURE = True
     and tests/micropython_random.py as `random`, so that it makes the board's cases again;
-    {(kernel, case number): (CRC, what the case was)} of its "case" lines. sys.maxsize is a
-    32-bit port's, so that kernels/fixedpoint.py picks the requantization the boards run
-    (requant_narrow: 12-bit limbs, a result beyond 2**29 saturated there; a 64-bit port's
-    requant_wide keeps it exact), which the scripts' large steps reach on purpose."""
+    {(kernel, case number): (CRC, what the case was)} of its "case" lines."""
     boot = ("import sys, micropython_random\nsys.modules['random'] = micropython_random\n"
-            "sys.maxsize = (1 << 31) - 1\n"
             "exec(compile(sys.stdin.read(), 'pure', 'exec'), {'__name__': '__main__'})\n")
     env = dict(os.environ, PYTHONPATH=f"{DEVICE}{os.pathsep}{ROOT / 'tests'}")
     proc = subprocess.run([sys.executable, "-c", boot], input="PURE = True\n" + script_text,

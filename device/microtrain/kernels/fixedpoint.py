@@ -9,11 +9,13 @@
 #
 # In steps (integers only, nothing allocated on any port, so they run under
 # micropython.heap_lock()): requant(acc, m0, shift) = round_half_even(acc * m0 / 2**shift),
-# exactly, and round_shift(v, e) = round_half_even(v / 2**e). 32-bit boards: small ints end at 2**30, so requant splits the product into 12-bit
-# limbs there (requant_narrow, as the viper fast paths do) and no kernel allocates a big int
-# unless an accumulator reaches ACC_LIMIT = 2**29 (a bias beyond 2**30 is itself a big int
-# when read). Its viper forms are in kernels/fixedpoint_viper.py, integer for integer the
-# same.
+# exactly, saturated at +-2**29 on every port (far beyond any clamp bound; a step rounded
+# stochastically, >> 8 after, moves a bias by 2**21 at most: the same on a board and on
+# CPython), and round_shift(v, e) = round_half_even(v / 2**e). 32-bit boards: small ints
+# end at 2**30, so requant splits the product into 12-bit limbs there (requant_narrow, as
+# the viper fast paths do) and no kernel allocates a big int unless an accumulator reaches
+# ACC_LIMIT = 2**29 (a bias beyond 2**30 is itself a big int when read). Its viper forms
+# are in kernels/fixedpoint_viper.py, integer for integer the same.
 import math
 import sys
 from array import array
@@ -174,9 +176,10 @@ def requant_narrow(acc, m0, shift):
     # The same integer with 12-bit limbs, every intermediate below 2**30 (32-bit boards),
     # for |acc| < ACC_LIMIT = 2**29 and 0 <= m0 <= 2**24 (else the exact formula): acc as
     # a2 * 2**24 + a1 * 2**12 + a0 (a2 < 2**5), the product as high * 2**24 + low, high <
-    # 33 * 2**24. A result of 2**29 or more comes back as 2**29 (far beyond any clamp).
+    # 33 * 2**24. A result of 2**29 or more comes back as 2**29 (far beyond any clamp), as
+    # requant_saturated's.
     if not (-ACC_LIMIT < acc < ACC_LIMIT and 0 <= m0 <= 16777216):
-        return requant_wide(acc, m0, shift)
+        return requant_saturated(acc, m0, shift)
     if shift < 1:
         shift = 1
     negative = acc < 0
@@ -214,21 +217,21 @@ def requant_narrow(acc, m0, shift):
     return -q if negative else q
 
 
-# 64-bit small ints (CPython, the Unix port): the direct product; else limbs
-requant = requant_wide if sys.maxsize > 1 << 40 else requant_narrow
-
-
 def requant_saturated(acc, m0, shift):
-    # The viper fast paths' exact helper (an accumulator or multiplier beyond their
-    # machine-word formulas): requant_wide saturated at +-2**29, far beyond any clamp bound,
-    # so that the result is a small int on 32-bit ports too (a bigger one would be cut to a
-    # machine word by the viper code; every caller clamps it far below 2**29)
+    # requant_wide saturated at +-2**29, as requant_narrow's limbs saturate it: requant on
+    # 64-bit ports, and the exact helper of requant_narrow and the viper fast paths (an
+    # accumulator or multiplier beyond their machine-word formulas), a small int on 32-bit
+    # ports too (a bigger one would be cut to a machine word by the viper code)
     q = requant_wide(acc, m0, shift)
     if q > 536870912:
         return 536870912
     if q < -536870912:
         return -536870912
     return q
+
+
+# 64-bit small ints (CPython, the Unix port): the direct product; else limbs
+requant = requant_saturated if sys.maxsize > 1 << 40 else requant_narrow
 
 
 def round_shift(v, e):
@@ -245,7 +248,7 @@ def round_shift(v, e):
 # fail the import, and the families keep their pure-Python kernels (kernels/fastpath.py).
 try:
     from microtrain.kernels import fixedpoint_viper as _viper
-    _viper.WIDE = 1 if requant is requant_wide else 0
+    _viper.WIDE = 0 if requant is requant_narrow else 1
     _viper.requant_exact = requant_saturated
 except (ImportError, SyntaxError):
     pass

@@ -31,9 +31,9 @@ requant_exact = None    # set by fixedpoint.py: its requant_saturated, for an ac
 
 @micropython.viper
 def requant(acc: int, m0: int, shift: int) -> int:
-    # fixedpoint.requant: round_half_even(acc * m0 / 2**shift), shift clamped to >= 1. One
-    # product on 64-bit ports (|acc * m0| < 2**53); else 12-bit limbs (requant_narrow's:
-    # |acc| < 2**29, a result of 2**29 or more saturated there).
+    # fixedpoint.requant: round_half_even(acc * m0 / 2**shift), shift clamped to >= 1,
+    # saturated at +-2**29. One product on 64-bit ports (|acc * m0| < 2**53); else 12-bit
+    # limbs (requant_narrow's: |acc| < 2**29).
     if shift < 1:
         shift = 1
     if acc <= 0 - _ACC_LIMIT or acc >= _ACC_LIMIT or m0 < 0 or m0 > _LIMIT:
@@ -49,6 +49,10 @@ def requant(acc: int, m0: int, shift: int) -> int:
             q += 1
         elif rem == half and (q & 1):
             q += 1
+        if q > _ACC_LIMIT:          # 2**29: the limbs' saturation, on every port
+            return _ACC_LIMIT
+        if q < 0 - _ACC_LIMIT:
+            return 0 - _ACC_LIMIT
         return q
     negative = 0
     a = acc

@@ -83,10 +83,11 @@ def requant_multiplier(real):
 
 
 def requant_values(acc, m0, shift):
-    """numpy mirror of kernels/fixedpoint.py requant: round half to even of acc * m0 / 2**shift."""
+    """numpy mirror of kernels/fixedpoint.py requant: round half to even of acc * m0 / 2**shift,
+    saturated at +-2**29 (as on every port)."""
     p = np.asarray(acc, np.int64).astype(object) * int(m0)
     q = np.vectorize(lambda v: _round_shift(v, shift), otypes=[np.int64])(p)
-    return q
+    return np.clip(q, -(1 << 29), 1 << 29)
 
 
 def _round_shift(p, shift):
