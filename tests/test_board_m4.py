@@ -52,9 +52,9 @@ def test_digits_adamw_on_the_fpu_board_leaves_the_m3_checkpoint(firmware, m4_fir
 
 def test_native_int8_module_equals_pure_on_the_fpu_board(m4_firmware, tmp_path):
     module = build_module(runtime.NATIVE_BUILD_FOR["armv7emsp"])   # the build deploy ships
-    # the armv7m build's own check runs 480 cases on the M3
-    out = run_on_board(m4_firmware, tmp_path, module, HEAP_PROBE + qlinear_script(80), board=M4)
-    check_qlinear(out, 80)
+    out = run_on_board(m4_firmware, tmp_path, module, HEAP_PROBE + qlinear_script(480),
+                       board=M4)
+    check_qlinear(out, 480)
     print(f"armv7m build on the Cortex-M4F: {check_native_heap(out, module):,d} B of heap")
 
 
@@ -76,17 +76,16 @@ def float_on_m4(m4_firmware, tmp_path, script):
 def test_float_module_fpu_build_equals_pure_on_the_fpu_board(m4_firmware, tmp_path):
     from test_board_float_native import (check_conv, check_reduce, conv_script, gemm_script,
                                          optim_script, reduce_script)
-    # a third of the cases the M3 and RV32 run (the suite's time): the same C, the FPU's
-    # arithmetic in place of f32.h's
-    out = float_on_m4(m4_firmware, tmp_path / "gemm", gemm_script(210))
-    assert "fast True" in out and out.split()[-4:] == ["cases", "210", "different", "0"], \
+    # the cases the M3 and RV32 run: the same C, the FPU's arithmetic in place of f32.h's
+    out = float_on_m4(m4_firmware, tmp_path / "gemm", gemm_script(630))
+    assert "fast True" in out and out.split()[-4:] == ["cases", "630", "different", "0"], \
         out[-2000:]
-    out = float_on_m4(m4_firmware, tmp_path / "optim", optim_script(400))
+    out = float_on_m4(m4_firmware, tmp_path / "optim", optim_script(1000))
     words = out.split()
-    assert "fast True" in out and words[-6:-2] == ["cases", "400", "different", "0"], \
+    assert "fast True" in out and words[-6:-2] == ["cases", "1000", "different", "0"], \
         out[-2000:]
-    check_reduce(float_on_m4(m4_firmware, tmp_path / "reduce", reduce_script(400)), 400)
-    check_conv(float_on_m4(m4_firmware, tmp_path / "conv", conv_script(300)), 300)
+    check_reduce(float_on_m4(m4_firmware, tmp_path / "reduce", reduce_script(1000)), 1000)
+    check_conv(float_on_m4(m4_firmware, tmp_path / "conv", conv_script(600)), 600)
 
 
 def test_a_soft_float_build_refuses_to_load_on_the_fpu_board(m4_firmware, tmp_path):
