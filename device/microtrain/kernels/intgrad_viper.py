@@ -9,7 +9,7 @@
 import micropython
 from micropython import const
 from microtrain.kernels.fixedpoint_viper import requant, round_shift
-from microtrain.kernels.intsgd_viper import descend_bias, descend_weight, update_step
+from microtrain.kernels.intsgd_viper import descend_bias, update_step, update_weight
 
 _TOP = const(65536)             # kernels/intgrad.py 2**MANT_BITS
 _HALF_TOP = const(32768)
@@ -48,21 +48,37 @@ def _normalize(I, g: int, count: int) -> int:
 
 
 @micropython.viper
-def _gstep(I, acc: int, m0: int, shift: int, e: int, random: int) -> int:
-    # kernels/intgrad.py _step: the shift less the exponent, clamped, acc within the limbs
+def _gstep(q, I, at: int, acc: int, m0: int, shift: int, e: int, random: int) -> int:
+    # kernels/intgrad.py _step: the shift less the exponent, clamped, acc within the limbs.
+    # at < 0: returns the step (a bias'); else descends the int8 weight Q[at] by it, as
+    # intsgd.descend_weight(Q, at, _step(...)) (intsgd_viper.update_weight: one call for
+    # the step and the clamp, not three)
     if acc == 0 or m0 == 0:
+        if at >= 0:
+            b = ptr8(q)
+            if b[at] == 0x80:
+                b[at] = 0x81     # a step of 0 still clamps -128 to -127 (and draws nothing)
         return 0
     shift -= e
     while acc >= _LIMB or acc <= 0 - _LIMB:
         acc = int(round_shift(acc, 1))
         shift -= 1
     if shift < 1:
+        if at >= 0:
+            b = ptr8(q)
+            b[at] = 0x7F         # a step of -2**29: the weight clamped to 127
+            if acc > 0:
+                b[at] = 0x81     # of 2**29: to -127
+            return 0
         if acc > 0:
             return _SATURATED
         return 0 - _SATURATED
     if shift > 62:
         shift = 62
-    return int(update_step(I, acc, m0, shift, random))
+    if at < 0:
+        return int(update_step(I, acc, m0, shift, random))
+    update_weight(q, I, at, acc, m0, shift, random)
+    return 0
 
 
 @micropython.viper
@@ -163,8 +179,8 @@ def int_clamp_bias_grad(F, I, args) -> int:
                     end = stop
                 total = int(_fold_sum(total, int(_masked(args, I, start, end))))
                 start = end
-        descend_bias(I, bias + c, int(_gstep(I, total >> 5, int(I[at]), int(I[at + 1]),
-                                             e + (total & 31), random)))
+        descend_bias(I, bias + c, int(_gstep(None, I, -1, total >> 5, int(I[at]),
+                                             int(I[at + 1]), e + (total & 31), random)))
         shift = int(I[at + 3])
         if shift > 62:
             shift = 62
@@ -341,9 +357,8 @@ def int_conv_update(F, I, args) -> int:
             for ky in range(k_h):
                 for kx in range(k_w):
                     total = int(_weight_sum(args, I, mo, c, ky, kx, zp, fx))
-                    descend_weight(args[0], w + ((mo * cin_g + c) * k_h + ky) * k_w + kx,
-                                   int(_gstep(I, total >> 5, m0, shift, e + (total & 31),
-                                              random)))
+                    _gstep(args[0], I, w + ((mo * cin_g + c) * k_h + ky) * k_w + kx,
+                           total >> 5, m0, shift, e + (total & 31), random)
     return 0
 
 

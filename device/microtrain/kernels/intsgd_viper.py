@@ -36,23 +36,10 @@ def update_step(I, acc: int, m0: int, shift: int, random: int) -> int:
 
 
 @micropython.viper
-def descend_weight(q, at: int, step: int) -> int:
-    # intsgd.descend_weight: the int8 weight Q[at] -= step, clamped to +-127
-    b = ptr8(q)
-    v = ((int(b[at]) ^ 0x80) - 0x80) - step
-    if v > 127:
-        v = 127
-    elif v < -127:
-        v = -127
-    b[at] = v & 0xFF
-    return 0
-
-
-@micropython.viper
 def update_weight(q, I, at: int, acc: int, m0: int, shift: int, random: int) -> int:
     # intsgd.update_weight: the int8 weight Q[at] -= update_step(I, acc, m0, shift,
-    # random), clamped to +-127. Called once per weight, so update_step, dither and
-    # descend_weight are written out here: one call instead of four.
+    # random), clamped to +-127 (intsgd.descend_weight). Called once per weight, so
+    # update_step, dither and the clamp are written out here: one call instead of four.
     if random >= 0 and shift > 8:
         r = ptr32(I)
         s = r[random] & 0xFFFF

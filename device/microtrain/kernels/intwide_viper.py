@@ -6,6 +6,7 @@
 # written through ptr32, and the loops are split into helpers (branch reach on Thumb and
 # Xtensa).
 import micropython
+from array import array
 from micropython import const
 from microtrain.kernels.fixedpoint_viper import requant, round_shift
 
@@ -15,25 +16,31 @@ _LOW_MASK = const(0xFFFF)
 _LIMB = const(16777216)    # 2**24
 
 
+# gather_wide's geometry, read by _element_sum: written once per call of gather_wide rather
+# than converted from args in each call of _element_sum (once per input element): cout_g,
+# out_h, out_w, k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, out_plane, w_step (none negative)
+_GEO = array("i", bytes(4 * 13))
+
+
 @micropython.viper
 def _element_sum(I, args, pg: int, pw: int, iy: int, ix: int) -> int:
     # kernels/intwide.py gather_wide's sum for the input element (iy, ix) of one channel:
     # pg, pw the gradient plane and the weights of its group's first output channel
     q = ptr8(args[20])
-    cin_g = int(args[6])
-    cout_g = int(args[7])
-    out_h = int(args[10])
-    out_w = int(args[11])
-    k_h = int(args[12])
-    k_w = int(args[13])
-    s_h = int(args[14])
-    s_w = int(args[15])
-    d_h = int(args[16])
-    d_w = int(args[17])
-    pad_t = int(args[18])
-    pad_l = int(args[19])
-    out_plane = out_h * out_w
-    w_step = cin_g * k_h * k_w
+    geo = ptr32(_GEO)
+    cout_g = geo[0]
+    out_h = geo[1]
+    out_w = geo[2]
+    k_h = geo[3]
+    k_w = geo[4]
+    s_h = geo[5]
+    s_w = geo[6]
+    d_h = geo[7]
+    d_w = geo[8]
+    pad_t = geo[9]
+    pad_l = geo[10]
+    out_plane = geo[11]
+    w_step = geo[12]
     high = 0
     low = 0
     done = 0
@@ -83,6 +90,12 @@ def gather_wide(I, args) -> int:
     out_plane = int(args[10]) * int(args[11])
     taps = int(args[12]) * int(args[13])
     channels = groups * cout_g
+    geo = ptr32(_GEO)
+    geo[0] = cout_g
+    for i in range(1, 11):
+        geo[i] = int(args[i + 9])      # out_h .. pad_l
+    geo[11] = out_plane
+    geo[12] = cin_g * taps
     at = gx + 1
     for n in range(m):
         for ci in range(groups * cin_g):

@@ -12,44 +12,49 @@
 # 4 bytes per output element from the forward to the backward pass.
 
 
+def _window_rows(x, planes, plane, OH, sH, pT):
+    # (first element of the plane, first row of the window, padding included) per plane and
+    # output row: the walk both kinds of window share (bounds are worked out per row, then
+    # per window, by the caller)
+    for p in range(planes):
+        for oh in range(OH):
+            yield x + p * plane, oh * sH - pT
+
+
 def _max_windows(F, out, x, dx, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, dH, dW):
     # Forward (dx < 0): out[o] = max of window o. Backward: dx[argmax of window o] += out[o]
     # (out is then dY). The argmax is the first maximum in row-major window order, and a
     # NaN wins, as in torch, so both passes route through the same element.
-    plane = H * W
     o = out
-    for p in range(planes):
-        base = x + p * plane
-        for oh in range(OH):
-            h0 = oh * sH - pT
-            kh0 = 0 if h0 >= 0 else (dH - 1 - h0) // dH      # first row inside the input
-            kh1 = (H - h0 + dH - 1) // dH                      # one past the last
-            if kh1 > kH:
-                kh1 = kH
-            first_row = base + (h0 + kh0 * dH) * W
-            last_row = base + (h0 + kh1 * dH) * W
-            row_step = dH * W
-            for ow in range(OW):
-                w0 = ow * sW - pL
-                kw0 = 0 if w0 >= 0 else (dW - 1 - w0) // dW
-                kw1 = (W - w0 + dW - 1) // dW
-                if kw1 > kW:
-                    kw1 = kW
-                start = w0 + kw0 * dW
-                stop = w0 + kw1 * dW
-                arg = first_row + start
-                best = F[arg]
-                for row in range(first_row, last_row, row_step):
-                    for i in range(row + start, row + stop, dW):
-                        v = F[i]
-                        if v > best or v != v:
-                            best = v
-                            arg = i
-                if dx < 0:
-                    F[o] = best
-                else:
-                    F[dx + arg - x] += F[o]
-                o += 1
+    for base, h0 in _window_rows(x, planes, H * W, OH, sH, pT):
+        kh0 = 0 if h0 >= 0 else (dH - 1 - h0) // dH      # first row inside the input
+        kh1 = (H - h0 + dH - 1) // dH                      # one past the last
+        if kh1 > kH:
+            kh1 = kH
+        first_row = base + (h0 + kh0 * dH) * W
+        last_row = base + (h0 + kh1 * dH) * W
+        row_step = dH * W
+        for ow in range(OW):
+            w0 = ow * sW - pL
+            kw0 = 0 if w0 >= 0 else (dW - 1 - w0) // dW
+            kw1 = (W - w0 + dW - 1) // dW
+            if kw1 > kW:
+                kw1 = kW
+            start = w0 + kw0 * dW
+            stop = w0 + kw1 * dW
+            arg = first_row + start
+            best = F[arg]
+            for row in range(first_row, last_row, row_step):
+                for i in range(row + start, row + stop, dW):
+                    v = F[i]
+                    if v > best or v != v:
+                        best = v
+                        arg = i
+            if dx < 0:
+                F[o] = best
+            else:
+                F[dx + arg - x] += F[o]
+            o += 1
 
 
 def _windows_check(c, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, dH, dW):
@@ -107,34 +112,30 @@ def _average_windows(F, out, x, backward, planes, H, W, OH, OW, kH, kW, sH, sW, 
                      ch0, ch1, cw0, cw1):
     # Forward: out[o] = mean of window o. Backward: x[window o] += out[o] / count (x is then
     # dX, out is dY).
-    plane = H * W
     o = out
-    for p in range(planes):
-        base = x + p * plane
-        for oh in range(OH):
-            h0 = oh * sH - pT
-            h1 = h0 + kH
-            rows = (h1 if h1 < ch1 else ch1) - (h0 if h0 > ch0 else ch0)
-            first_row = base + (h0 if h0 > 0 else 0) * W
-            last_row = base + (h1 if h1 < H else H) * W
-            for ow in range(OW):
-                w0 = ow * sW - pL
-                w1 = w0 + kW
-                cols = (w1 if w1 < cw1 else cw1) - (w0 if w0 > cw0 else cw0)
-                start = w0 if w0 > 0 else 0
-                stop = w1 if w1 < W else W
-                if backward:
-                    share = F[o] / (rows * cols)
-                    for row in range(first_row, last_row, W):
-                        for i in range(row + start, row + stop):
-                            F[i] += share
-                else:
-                    total = 0.0
-                    for row in range(first_row, last_row, W):
-                        for i in range(row + start, row + stop):
-                            total += F[i]
-                    F[o] = total / (rows * cols)
-                o += 1
+    for base, h0 in _window_rows(x, planes, H * W, OH, sH, pT):
+        h1 = h0 + kH
+        rows = (h1 if h1 < ch1 else ch1) - (h0 if h0 > ch0 else ch0)
+        first_row = base + (h0 if h0 > 0 else 0) * W
+        last_row = base + (h1 if h1 < H else H) * W
+        for ow in range(OW):
+            w0 = ow * sW - pL
+            w1 = w0 + kW
+            cols = (w1 if w1 < cw1 else cw1) - (w0 if w0 > cw0 else cw0)
+            start = w0 if w0 > 0 else 0
+            stop = w1 if w1 < W else W
+            if backward:
+                share = F[o] / (rows * cols)
+                for row in range(first_row, last_row, W):
+                    for i in range(row + start, row + stop):
+                        F[i] += share
+            else:
+                total = 0.0
+                for row in range(first_row, last_row, W):
+                    for i in range(row + start, row + stop):
+                        total += F[i]
+                F[o] = total / (rows * cols)
+            o += 1
 
 
 def _average_check(c, planes, H, W, OH, OW, kH, kW, sH, sW, pT, pL, ch0, ch1, cw0, cw1):

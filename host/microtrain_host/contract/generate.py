@@ -252,28 +252,19 @@ def block_lines(spec, used=""):
     const() when they use it: errors.py has MicroPython's, or an identity on CPython).
     used: the module's text outside its blocks (a block holds only the fields it names)."""
     out = []
+    items = {"dtypes": _dtypes, "roles": _roles, "optimizer_options": _optimizer_options,
+             "optimizer_kinds": _optimizer_kinds, "checkpoint_facts": _checkpoint_facts,
+             "format": _format}
     for item in filter(None, (i.strip() for i in spec.split(";"))):
         words = item.split()
         if words[0] == "blob":
             out += _fields("microtrain.fbs", words[1:], "", used)
         elif words[0] == "checkpoint":
             out += _fields("checkpoint.fbs", words[1:], "CK_", used)
-        elif words[0] == "dtypes":
-            out += _dtypes()
-        elif words[0] == "roles":
-            out += _roles()
-        elif words[0] == "controls":
-            out += _controls(used)
-        elif words[0] == "optimizer_options":
-            out += _optimizer_options()
-        elif words[0] == "optimizer_kinds":
-            out += _optimizer_kinds()
-        elif words[0] == "checkpoint_facts":
-            out += _checkpoint_facts()
-        elif words[0] == "format":
-            out += _format()
-        elif words[0] == "private":
-            out += _private(used)
+        elif words[0] in ("controls", "private"):
+            out += (_controls if words[0] == "controls" else _private)(used)
+        elif words[0] in items:
+            out += items[words[0]]()
         else:
             raise ValueError(f"unknown contract item '{item}'")
     return ([CONST_IMPORT] if any("const(" in line for line in out) else []) + out

@@ -133,6 +133,19 @@ CODES_3D = {op.CONV: op.CONV_3D, op.CONV_GRAD_INPUT: op.CONV_3D_GRAD_INPUT,
             op.CONV_GRAD_WEIGHT: op.CONV_3D_GRAD_WEIGHT}
 
 
+def layer_inputs(ctx, node):
+    """A Conv / ConvTranspose / Gemm node's input names (X, W and B, None when absent) and
+    the shapes of X and W."""
+    names = node.input[0], node.input[1], optional_input(node, 2)
+    return names, ctx.shape(names[0]), ctx.shape(names[1])
+
+
+def layer_tensors(ctx, y, names):
+    """The step's tensors [Y, X, W, B] (NO_TENSOR for an absent B), after Y is defined (an
+    input's first use may place a constant: the order keeps the tensor numbering)."""
+    return [y] + [ctx.t(name) if name else NO_TENSOR for name in names]
+
+
 def _conv_step(ctx, node, code, tensors, x_shape, w_shape):
     attrs = conv_attributes(node, x_shape, w_shape, ctx.where(node), depth=True)
     if len(x_shape) == 5:
@@ -143,12 +156,10 @@ def _conv_step(ctx, node, code, tensors, x_shape, w_shape):
 
 @lowering("Conv")
 def lower_conv(ctx, node):
-    x, w = node.input[0], node.input[1]
-    b = optional_input(node, 2)
+    names, x_shape, w_shape = layer_inputs(ctx, node)
     y = ctx.define(node.output[0])
-    attrs = _conv_step(ctx, node, op.CONV, [y, ctx.t(x), ctx.t(w), ctx.t(b) if b else NO_TENSOR],
-                       ctx.shape(x), ctx.shape(w))
-    expected = ctx.shape(x)[:1] + ctx.shape(w)[:1] + tuple(output_spatial(ctx.shape(x)[2:], attrs))
+    attrs = _conv_step(ctx, node, op.CONV, layer_tensors(ctx, y, names), x_shape, w_shape)
+    expected = x_shape[:1] + w_shape[:1] + tuple(output_spatial(x_shape[2:], attrs))
     _check_output_shape(ctx, node, expected)
 
 
@@ -319,12 +330,10 @@ def grad_conv_transpose(g, node, dys, needs):
 
 @lowering("ConvTranspose")
 def lower_conv_transpose(ctx, node):
-    x, w = node.input[0], node.input[1]
-    b = optional_input(node, 2)
-    x_shape, w_shape = ctx.shape(x), ctx.shape(w)
+    names, x_shape, w_shape = layer_inputs(ctx, node)
     attrs = transpose_attributes(node, x_shape, w_shape, ctx.where(node))
     expected = (x_shape[0], w_shape[1] * attrs["group"]) + tuple(attrs["output_spatial"])
     _check_output_shape(ctx, node, expected)
     y = ctx.define(node.output[0])
-    ctx.step(op.CONV_TRANSPOSE, [y, ctx.t(x), ctx.t(w), ctx.t(b) if b else NO_TENSOR],
+    ctx.step(op.CONV_TRANSPOSE, layer_tensors(ctx, y, names),
              device_geometry(attrs, expected, w_shape))

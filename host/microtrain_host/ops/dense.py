@@ -10,6 +10,7 @@ from ..graph import DOMAIN, attr, optional_input, reshaped, unbroadcast
 from ..ir import NO_TENSOR, broadcast_strides, collapse, contiguous_strides
 from ..reference import MicrotrainOp
 from ..registry import gradient, lowering
+from .conv import layer_inputs, layer_tensors
 
 
 def matmul_views(shape_a, shape_b, where):
@@ -71,9 +72,8 @@ def grad_gemm(g, node, dys, needs):
 
 @lowering("Gemm")
 def lower_gemm(ctx, node):
-    a, b = node.input[0], node.input[1]
-    c = optional_input(node, 2)
-    sa, sb = ctx.shape(a), ctx.shape(b)
+    names, sa, sb = layer_inputs(ctx, node)
+    c = names[2]
     if len(sa) != 2 or len(sb) != 2:
         raise UnsupportedOpError(f"{ctx.where(node)}: only 2-D operands are supported, got "
                                  f"{list(sa)} x {list(sb)}")
@@ -84,8 +84,7 @@ def lower_gemm(ctx, node):
     sb_k, sb_n = (1, sb[1]) if tb else (sb[1], 1)
     sc = broadcast_strides((m, n), ctx.shape(c)) if c else [0, 0]
     y = ctx.define(node.output[0])
-    ctx.step(op.GEMM, [y, ctx.t(a), ctx.t(b), ctx.t(c) if c else NO_TENSOR],
-             [m, k, n, sa_m, sa_k, sb_k, sb_n, sc[0], sc[1]],
+    ctx.step(op.GEMM, layer_tensors(ctx, y, names), [m, k, n, sa_m, sa_k, sb_k, sb_n, sc[0], sc[1]],
              [attr(node, "alpha", 1.0), attr(node, "beta", 1.0) if c else 0.0])
 
 

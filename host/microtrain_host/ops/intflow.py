@@ -32,6 +32,16 @@ def _gradient(ctx, name, node):
     return tid, ctx.tensors[tid].size - 1
 
 
+def gradient_of(ctx, node, count, name, what):
+    """The quantized tensor `name` (its id and Tensor) whose gradient has `count` values:
+    one per element, or an error naming it the `what` (input, output) of the gradient."""
+    tid, t = _byte(ctx, name, node)
+    if t.size != count:
+        raise UnsupportedOpError(f"{ctx.where(node)}: a gradient of {count} values for an "
+                                 f"{what} of {t.size}")
+    return tid, t
+
+
 @lowering("IntGradSum")
 def lower_int_grad_sum(ctx, node):
     a, count = _gradient(ctx, node.input[0], node)
@@ -46,10 +56,7 @@ def lower_int_grad_sum(ctx, node):
 @lowering("IntAddGrad")
 def lower_int_add_grad(ctx, node):
     g, count = _gradient(ctx, node.input[0], node)
-    yid, y = _byte(ctx, node.input[1], node)
-    if y.size != count:
-        raise UnsupportedOpError(f"{ctx.where(node)}: a gradient of {count} values for an "
-                                 f"output of {y.size}")
+    yid, y = gradient_of(ctx, node, count, node.input[1], "output")
     outputs = [_grad_tensor(ctx, name, count) for name in node.output]
     if len(outputs) not in (1, 2):
         raise UnsupportedOpError(f"{ctx.where(node)}: one or two outputs")
@@ -94,10 +101,7 @@ def lower_int_average_pool_grad(ctx, node):
 def lower_int_concat_grad(ctx, node):
     g, count = _gradient(ctx, node.input[0], node)
     xid, x = _byte(ctx, node.input[1], node)
-    yid, y = _byte(ctx, node.input[2], node)
-    if y.size != count:
-        raise UnsupportedOpError(f"{ctx.where(node)}: a gradient of {count} values for an "
-                                 f"output of {y.size}")
+    yid, y = gradient_of(ctx, node, count, node.input[2], "output")
     geometry = concat_geometry(x.shape, y.shape, attr(node, "axis"), attr(node, "start"),
                                ctx.where(node))
     gx = _grad_tensor(ctx, node.output[0], x.size)

@@ -27,7 +27,7 @@ from ..errors import UnsupportedOpError
 from ..graph import attr
 from ..ir import INT32
 from ..registry import lowering
-from .intflow import _gradient
+from .intflow import _gradient, gradient_of
 from .intgrad import _grad_tensor
 from .inttrain import _byte, _derived
 from .qlinear import _constant
@@ -159,10 +159,7 @@ def lookup_grad_reference(g, x_bytes, slopes):
 @lowering("IntLookupGrad")
 def lower_int_lookup_grad(ctx, node):
     g, count = _gradient(ctx, node.input[0], node)
-    xid, x = _byte(ctx, node.input[1], node)
-    if x.size != count:
-        raise UnsupportedOpError(f"{ctx.where(node)}: a gradient of {count} values for an "
-                                 f"input of {x.size}")
+    xid, x = gradient_of(ctx, node, count, node.input[1], "input")
     slopes = attr(node, "slopes", None)
     if slopes is None or len(slopes) != 256:
         raise UnsupportedOpError(f"{ctx.where(node)}: needs its 256 slopes")

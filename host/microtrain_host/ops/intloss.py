@@ -22,7 +22,7 @@ from .. import opcodes as op
 from ..errors import UnsupportedOpError
 from ..ir import INT32, INT8, UINT8
 from ..registry import lowering
-from .inttrain import LOGIT_BITS, ONE, _derived, _int_tensor, exp_q14, exp_table_tensor
+from .inttrain import LOGIT_BITS, ONE, _derived, exp_q14, exp_table_tensor, loss_tensors
 from .qlinear import requant_multiplier, requant_values
 
 GRAD_LIMIT = 1 << 14
@@ -53,8 +53,7 @@ def lower_int_mse(ctx, node):
     if t.dtype not in (INT8, UINT8) or len(t.scale) != 1:
         raise UnsupportedOpError(f"{ctx.where(node)}: the target '{node.input[1]}' must be "
                                  f"an int8 / uint8 tensor with one scale")
-    loss = _int_tensor(ctx, node.output[0], (m, 2))
-    grad = _int_tensor(ctx, node.output[1], (m, n))
+    loss, grad = loss_tensors(ctx, node, m, n, 2)
     req = _derived(ctx, f"{node.input[1]}.target_requant", 3)
     ctx.step(op.INT_MSE, [zid, grad, loss, tid, req], [m, n, int(t.dtype == INT8)])
 
@@ -65,8 +64,7 @@ def lower_int_bce_with_logits(ctx, node):
     if ctx.tensors[tid].dtype != INT32:
         raise UnsupportedOpError(f"{ctx.where(node)}: the target '{node.input[1]}' must be "
                                  f"int32 probabilities in Q14")
-    loss = _int_tensor(ctx, node.output[0], (m, 4))
-    grad = _int_tensor(ctx, node.output[1], (m, n))
+    loss, grad = loss_tensors(ctx, node, m, n, 4)
     ctx.step(op.INT_BCE_LOGITS, [zid, grad, loss, tid, exp_table_tensor(ctx)], [m, n])
 
 

@@ -131,9 +131,14 @@ def lower_int_softmax_ce(ctx, node):
     if ctx.tensors[label].size != m:
         raise UnsupportedOpError(f"{ctx.where(node)}: {ctx.tensors[label].size} labels for "
                                  f"{m} samples")
-    loss = _int_tensor(ctx, node.output[0], (m, 2))
-    grad = _int_tensor(ctx, node.output[1], (m, n))
+    loss, grad = loss_tensors(ctx, node, m, n, 2)
     ctx.step(op.INT_SOFTMAX_CE, [zid, grad, loss, label, exp_table_tensor(ctx)], [m, n])
+
+
+def loss_tensors(ctx, node, m, n, words):
+    """An integer loss's outputs: the loss (int32 [m, words] per sample) and the gradient of
+    the logits (int32 [m, n])."""
+    return _int_tensor(ctx, node.output[0], (m, words)), _int_tensor(ctx, node.output[1], (m, n))
 
 
 def exp_table_tensor(ctx):
