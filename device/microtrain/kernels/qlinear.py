@@ -343,9 +343,19 @@ def qlinear_add(F, I, args):
     a_zp, b_zp, y_zp, lo, hi, ma, mb, s = I[req:req + 8]
     fa = 128 if a_signed else 0
     fb = 128 if b_signed else 0
+    half = 1 << (s - 1)
     for i in range(n):
         acc = (((Q[a + i] ^ fa) - fa) - a_zp) * ma + (((Q[b + i] ^ fb) - fb) - b_zp) * mb
-        _store(Q, y + i, acc, 1, s, y_zp, lo, hi)     # requant by 1 / 2**S: exact, any port
+        v = acc >> s
+        r = acc - (v << s)
+        if r > half or (r == half and v & 1):
+            v += 1
+        v += y_zp
+        if v < lo:
+            v = lo
+        elif v > hi:
+            v = hi
+        Q[y + i] = v & 255
 
 
 ADD_BITS = 21    # MA, MB <= 2**21: |(a - a_zp) * MA + (b - b_zp) * MB| <= 2 * 255 * 2**21 < 2**30
