@@ -133,6 +133,7 @@ MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(int_gemm_update_obj, 3, 3, int_gemm_update);
 #define GRAD_BITS (4)                   // inttrain.GRAD_BITS
 #define VELOCITY_LIMIT (32767)          // inttrain.VELOCITY_LIMIT
 #define MU_LIMIT (16384)                // the momentum in Q14, below 1.0 (the checker's)
+#define MASK_BYTES (512)                // int_conv1x1_update's clamp mask on the stack
 
 // max |(b ^ flip) - zpf| over the bytes b: an input less its zero point (at least 1)
 static int64_t input_span(int64_t zpf) {
@@ -316,8 +317,19 @@ static mp_obj_t int_conv1x1_update(size_t n_args, const mp_obj_t *in) {
         return pure_kernel(MP_QSTR_int_conv1x1_update, in);
     }
     const int32_t zp = (int32_t)zpf;
+    // the clamp's mask of channel c's outputs over the batch, once per channel (not per
+    // weight) where it fits: -1 inside, 0 outside, ANDed with x - x_zp
+    int8_t mask[MASK_BYTES];
+    const bool masked = mp <= MASK_BYTES;
     for (mp_int_t c = 0; c < cout; c++) {
         const int32_t *r = I + rates + 1 + 4 * c;
+        for (mp_int_t i = 0; masked && i < m; i++) {
+            const uint8_t *py = Q + y + (i * cout + c) * plane;
+            for (mp_int_t p = 0; p < plane; p++) {
+                const int32_t v = (int32_t)(py[p] ^ fy) - (int32_t)fy;
+                mask[i * plane + p] = -(int8_t)(v > lo && v < hi);
+            }
+        }
         const int e = mantissa(I, d + c, m, cout, wlimit);
         const int eb = mantissa(I, d + c, m, cout, blimit);
         const int32_t wshift = shift_of((int64_t)r[1] - e), bshift = shift_of((int64_t)r[3] - eb);
@@ -329,8 +341,17 @@ static mp_obj_t int_conv1x1_update(size_t n_args, const mp_obj_t *in) {
                 if (dc == 0) {
                     continue;
                 }
-                const uint8_t *py = Q + y + (i * cout + c) * plane;
                 const uint8_t *px = Q + x + (i * cin + t) * plane;
+                if (masked) {
+                    const int8_t *mi = mask + i * plane;
+                    int32_t part = 0;
+                    for (mp_int_t p = 0; p < plane; p++) {
+                        part += ((int32_t)(px[p] ^ fx) - zp) & mi[p];
+                    }
+                    acc += dc * part;
+                    continue;
+                }
+                const uint8_t *py = Q + y + (i * cout + c) * plane;
                 int32_t sum = 0, count = 0;
                 for (mp_int_t p = 0; p < plane; p++) {
                     const int32_t v = (int32_t)(py[p] ^ fy) - (int32_t)fy;
