@@ -345,7 +345,14 @@ static mp_obj_t int_conv1x1_update(size_t n_args, const mp_obj_t *in) {
                 if (masked) {
                     const int8_t *mi = mask + i * plane;
                     int32_t part = 0;
-                    for (mp_int_t p = 0; p < plane; p++) {
+                    mp_int_t p = 0;
+                    for (; p + 4 <= plane; p += 4) {
+                        part += (((int32_t)(px[p] ^ fx) - zp) & mi[p])
+                                + (((int32_t)(px[p + 1] ^ fx) - zp) & mi[p + 1])
+                                + (((int32_t)(px[p + 2] ^ fx) - zp) & mi[p + 2])
+                                + (((int32_t)(px[p + 3] ^ fx) - zp) & mi[p + 3]);
+                    }
+                    for (; p < plane; p++) {
                         part += ((int32_t)(px[p] ^ fx) - zp) & mi[p];
                     }
                     acc += dc * part;
