@@ -25,8 +25,8 @@
 #define FULL_TERMS (128)            // intgrad.FULL_TERMS
 #define BIAS_LIMIT (8388608)        // intsgd.BIAS_LIMIT
 
-// fixedpoint.round_shift: round half to even of v / 2**e (0 <= e < 63)
-static int64_t rshift64(int64_t v, int e) {
+// fixedpoint.round_shift: round half to even of v / 2**e (0 <= e < 63; inttrain_native.c too)
+int64_t rshift64(int64_t v, int e) {
     if (e <= 0) {
         return v;
     }
@@ -137,14 +137,14 @@ static bool rates_inside(const int32_t *I, mp_int_t at, mp_int_t count, mp_int_t
 }
 
 // (F, I, args): args' `count` ints from index `from` into f, args itself into *args; I's
-// words
-static int32_t *int_fields(const mp_obj_t *in, size_t from, size_t count, size_t total,
+// words (inttrain_native.c's kernels too)
+int32_t *int_fields(const mp_obj_t *in, size_t from, size_t count, size_t total,
                            mp_int_t *f, mp_obj_t **args) {
     size_t len;
     mp_obj_t *a;
     mp_obj_get_array(in[2], &len, &a);
     if (len != total) {
-        mp_raise_ValueError(MP_ERROR_TEXT("intgrad: wrong number of arguments"));
+        mp_raise_ValueError(MP_ERROR_TEXT("wrong number of kernel arguments"));
     }
     mp_buffer_info_t bi;
     mp_get_buffer_raise(in[1], &bi, MP_BUFFER_WRITE);
@@ -155,7 +155,7 @@ static int32_t *int_fields(const mp_obj_t *in, size_t from, size_t count, size_t
     return bi.buf;
 }
 
-static uint8_t *bytes_of(mp_obj_t obj, int flags) {
+uint8_t *bytes_of(mp_obj_t obj, int flags) {
     mp_buffer_info_t b;
     mp_get_buffer_raise(obj, &b, flags);
     return b.buf;

@@ -441,6 +441,7 @@ mp_obj_t mpy_init(mp_obj_fun_bc_t *self, size_t n_args, size_t n_kw, mp_obj_t *a
     mp_store_global(MP_QSTR_qlinear_gemm, MP_OBJ_FROM_PTR(&qlinear_gemm_obj));
     mp_store_global(MP_QSTR_qlinear_conv, MP_OBJ_FROM_PTR(&qlinear_conv_obj));
     mp_store_global(MP_QSTR_int_gemm_update, MP_OBJ_FROM_PTR(&int_gemm_update_obj));
+    inttrain_globals();
     mp_store_global(MP_QSTR_int_pool_grad, MP_OBJ_FROM_PTR(&int_pool_grad_obj));
     mp_store_global(MP_QSTR_int_clamp_mask, MP_OBJ_FROM_PTR(&int_clamp_mask_obj));
     mp_store_global(MP_QSTR_int_clamp_bias_grad, MP_OBJ_FROM_PTR(&int_clamp_bias_grad_obj));

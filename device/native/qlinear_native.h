@@ -72,6 +72,15 @@ int32_t update_step(int32_t *I, int32_t acc, int32_t m0, int32_t shift, mp_int_t
 // intgrad_native.c: kernels/intgrad.py's
 extern const mp_obj_fun_builtin_var_t int_pool_grad_obj, int_clamp_mask_obj,
     int_clamp_bias_grad_obj, int_conv_grad_input_obj, int_conv_update_obj;
+// and the helpers inttrain_native.c shares: fixedpoint.round_shift (half to even), a kernel
+// call's ints (I's words returned) and a buffer's bytes
+int64_t rshift64(int64_t v, int e);
+int32_t *int_fields(const mp_obj_t *in, size_t from, size_t count, size_t total,
+                    mp_int_t *f, mp_obj_t **args);
+uint8_t *bytes_of(mp_obj_t obj, int flags);
+// inttrain_native.c: mp_store_global of its other kernels (int_gemm_grad_input,
+// int_conv1x1_update, int_gemm_update_momentum), called by mpy_init
+void inttrain_globals(void);
 
 // Eight rows' sums against one weight vector w (stride sw), the rows' bytes interleaved
 // (xt[8 * t + lane]), and the weights' sum: acc[0..7], acc[8] (p = [k, sw], k >= 1). On

@@ -482,7 +482,8 @@ _FAST_NAMES = ("int_gemm_logits", "int_gemm_update", "int_gemm_grad_input",
 def use_fast(on=True):
     # (a wide layer's kernels/intwide.py, when loaded, switches with this family)
     from microtrain.kernels import fastpath
-    # int_gemm_update: the native module's where kernels/qlinear_native.mpy is (device/native)
+    # all but the logits: the native module's where kernels/qlinear_native.mpy is
+    # (device/native/inttrain_native.c)
     return fastpath.use_fast(globals(), _FAST_NAMES, on, "inttrain_viper", "qlinear_native",
                              helper="intwide")
 

@@ -37,7 +37,8 @@ INSTRUCTIONS_PER_MAC = {
 # requantization's Relu shortcut and the depthwise path's padding filled once (Gemm: all
 # shapes' instructions over their MACs, 5.28; Conv: 3x3 9.61 and 1x1 4.85, their mean; the KWS
 # first Conv's 6.37 lies between; depthwise 11.26 / 11.15). Of the integer training kernels
-# int_gemm_update is native too (not modelled here: counted as viper), and intgrad's (below).
+# int_gemm_update is native too, and since 2026-11-28 inttrain's input gradient, 1x1 conv
+# update and momentum update (not modelled here: counted as viper), and intgrad's (below).
 NATIVE_INSTRUCTIONS_PER_MAC = {
     "int8 dense": 5.3,
     "int8 conv": 7.2,
