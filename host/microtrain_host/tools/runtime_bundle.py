@@ -24,8 +24,18 @@ and on the package, so `from microtrain.checkpoint import CheckpointState` keeps
 A name that two bundled modules define differently is refused (RuntimeBuildError): rename
 it in one of them. Definitions spelled identically (the checkpoint layout's constants, which
 reader and writer both carry) are kept once. Tracebacks on the board name the bundle and
-its line; `runtime.minimal_sources(blob, bundled=True)` gives the same text on the host."""
+its line; `runtime.minimal_sources(blob, bundled=True)` gives the same text on the host.
+
+Each bundle's private names (`_read_steps`, `self._bind_state`, `_OPTIONS`) that no other
+module of the runtime spells and no string holds are then shortened to two or three
+characters (`_a`, `_b`...; shorten_private_names): each name is a qstr the .mpy spells out
+and the board interns in its heap, and the digits runtime's ~100 such names took ~1 KB of
+both. A traceback from a bundle names the shortened function; its line is that of
+`runtime.minimal_sources(blob, bundled=True)`, which gives the shortened text too."""
 import ast
+import io
+import re
+import tokenize
 
 from ..contract.generate import CONST_IMPORT
 from .runtime_cuts import RuntimeBuildError
@@ -232,4 +242,52 @@ def bundle_sources(sources):
     out = {path: text for path, text in texts.items() if path not in members}
     for bundle, paths in order.items():
         out[bundle] = _join(bundle, paths, texts)
+    return shorten_private_names(out, [bundle for bundle, _ in BUNDLES])
+
+
+# names for shorten_private_names, in order: _a ... _Z, then _a0 ... _Z0, _a1 ...
+_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def _short_names(taken):
+    i = 0
+    while True:
+        name = "_" + _LETTERS[i % 52] + ("" if i < 52 else str(i // 52 - 1))
+        i += 1
+        if name not in taken:
+            yield name
+
+
+def shorten_private_names(sources, bundles):
+    """sources ({relative path: text}) with each bundle's private names shortened: a name
+    (NAME token) of one leading underscore, longer than two characters, that is not a
+    const() (MicroPython folds those: they cost no qstr), is spelled by no other module of
+    sources (which may import it or read it as an attribute) and appears in no string of any
+    of them (getattr, an f-string) is renamed wherever the bundle spells it: a module-level
+    name, an attribute, a method, an argument, a local alike, as only this text spells it."""
+    words = {path: set(re.findall(r"\w+", text)) for path, text in sources.items()}
+    strings = " ".join(t.string for text in sources.values()
+                       for t in tokenize.generate_tokens(io.StringIO(text).readline)
+                       if t.type == tokenize.STRING)
+    taken = set().union(*words.values())
+    out = dict(sources)
+    for bundle in bundles:
+        if bundle not in sources:
+            continue
+        text = sources[bundle]
+        elsewhere = set().union(*(w for path, w in words.items() if path != bundle))
+        consts = set(re.findall(r"^(\w+) = const\(", text, re.M))
+        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+        private = sorted(name for name in {t.string for t in tokens if t.type == tokenize.NAME}
+                         if len(name) > 2 and name[0] == "_" and name[1] != "_"
+                         and name not in elsewhere and name not in consts
+                         and not re.search(r"\b%s\b" % name, strings))
+        new = dict(zip(private, _short_names(taken)))
+        lines = text.split("\n")
+        for t in reversed(tokens):    # (right to left: earlier columns stay valid)
+            if t.type == tokenize.NAME and t.string in new:
+                row, col = t.start
+                line = lines[row - 1]
+                lines[row - 1] = line[:col] + new[t.string] + line[col + len(t.string):]
+        out[bundle] = "\n".join(lines)
     return out
