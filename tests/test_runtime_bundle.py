@@ -143,3 +143,24 @@ def test_a_const_reaching_another_modules_local_or_keyword_is_refused():
         sources = _package(a="from microtrain.b import g\n" + use, b="_N = const(2)\ng = 1\n")
         with pytest.raises(RuntimeBuildError, match="binds _N, a const"):
             bundle_sources(sources)
+
+
+def test_private_names_only_the_bundle_spells_are_shortened():
+    sources = _package(a="from microtrain.b import g\n_KEEP = 'see _named'\n"
+                         "class _Thing:\n    def _helper(self, _arg=2):\n        return _arg\n"
+                         "def f():\n    return _Thing()._helper(_arg=3) + g()\n"
+                         "def _named():\n    return 1\n"
+                         "def _shared():\n    return 2\n_FOLDED = const(4)\n",
+                       c="from microtrain.a import f\n\ndef h(x):\n    return x._shared\n")
+    sources["microtrain/b.py"] = "def g():\n    return 2\n"
+    out = bundle_sources(sources)
+    core = out["microtrain/_core.py"]
+    # renamed: a global, the class, its method and the argument (only the bundle spells them)
+    for name in ("_KEEP", "_Thing", "_helper", "_arg"):
+        assert name not in core
+    # kept: a name a string holds, one another shipped module spells, a const(), public ones
+    for name in ("_named", "_shared", "_FOLDED", "def f(", "def g("):
+        assert name in core
+    namespace = {"const": lambda x: x}
+    exec(core.split("# ---- the bundled")[0], namespace)
+    assert namespace["f"]() == 5
