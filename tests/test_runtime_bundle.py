@@ -15,7 +15,8 @@ import pytest
 from conftest import ROOT
 from microtrain_host.cli import main
 from microtrain_host.tools import deploy, runtime
-from microtrain_host.tools.runtime_bundle import bundle_members, bundle_sources
+from microtrain_host.tools.runtime_bundle import (bundle_members, bundle_sources,
+                                                  without_blank_lines)
 from microtrain_host.tools.runtime_cuts import RuntimeBuildError
 
 SCRIPT = ROOT / "tests" / "device_scripts" / "error_messages.py"
@@ -110,7 +111,7 @@ def test_imports_between_bundled_modules_become_globals():
     assert out["microtrain/c.py"] == ("from microtrain._core import f\n"
                                       "import microtrain._core as b\n")
     core = {}
-    exec(out["microtrain/_core.py"].split("# ---- the bundled")[0], core)
+    exec(out["microtrain/_core.py"].split("\nimport sys\n")[0], core)
     assert core["f"]() == 5 and core["K"] == 3
 
 
@@ -162,5 +163,17 @@ def test_private_names_only_the_bundle_spells_are_shortened():
     for name in ("_named", "_shared", "_FOLDED", "def f(", "def g("):
         assert name in core
     namespace = {"const": lambda x: x}
-    exec(core.split("# ---- the bundled")[0], namespace)
+    exec(core.split("\nimport sys\n")[0], namespace)
     assert namespace["f"]() == 5
+
+
+def test_a_bundle_without_docstrings_comments_and_blank_lines():
+    text = ('"""module"""\n# a comment\nclass E(Exception):\n    """only a docstring"""\n\n\n'
+            'def f(x):\n    """doc"""\n    y = (x +  # why\n         # more\n         1)\n\n'
+            '    return """a\n\n  b""" + str(y)\n')
+    out = without_blank_lines(text)
+    assert out == ('class E(Exception):\n    pass\ndef f(x):\n    y = (x +  # why\n'
+                   '         1)\n    return """a\n\n  b""" + str(y)\n')
+    namespace = {}
+    exec(out, namespace)
+    assert namespace["f"](1) == "a\n\n  b2"

@@ -30,8 +30,10 @@ Each bundle's private names (`_read_steps`, `self._bind_state`, `_OPTIONS`) that
 module of the runtime spells and no string holds are then shortened to two or three
 characters (`_a`, `_b`...; shorten_private_names): each name is a qstr the .mpy spells out
 and the board interns in its heap, and the digits runtime's ~100 such names took ~1 KB of
-both. A traceback from a bundle names the shortened function; its line is that of
-`runtime.minimal_sources(blob, bundled=True)`, which gives the shortened text too."""
+both. The bundle leaves out its docstrings, comment lines and blank lines
+(without_blank_lines: fewer two-byte steps in the line-number tables). A traceback from a
+bundle names the shortened function and the bundle's line, both as
+`runtime.minimal_sources(blob, bundled=True)` gives the text on the host."""
 import ast
 import io
 import re
@@ -242,7 +244,34 @@ def bundle_sources(sources):
     out = {path: text for path, text in texts.items() if path not in members}
     for bundle, paths in order.items():
         out[bundle] = _join(bundle, paths, texts)
-    return shorten_private_names(out, [bundle for bundle, _ in BUNDLES])
+    out = shorten_private_names(out, [bundle for bundle, _ in BUNDLES])
+    return {path: without_blank_lines(text) if path in order else text
+            for path, text in out.items()}
+
+
+def without_blank_lines(text):
+    """A bundle's text without its docstrings (MicroPython's compiler drops them; a body of
+    only a docstring becomes `pass`), comment lines and blank lines: the bytecode's
+    line-number table spends a second byte on each step of more than a few lines, and a
+    bundle's lines are its own anyway (a traceback names them; minimal_sources(blob,
+    bundled=True) gives this text). ~260 B of the digits runtime's .mpy."""
+    lines = text.split("\n")
+    for node in ast.walk(ast.parse(text)):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            doc = body[0]
+            lines[doc.lineno - 1:doc.end_lineno] = (
+                [" " * doc.col_offset + "pass" if len(body) == 1 else ""]
+                + [""] * (doc.end_lineno - doc.lineno))
+    text = "\n".join(lines)
+    code = set()   # the lines a token other than a comment, newline or indent lies on
+    for t in tokenize.generate_tokens(io.StringIO(text).readline):
+        if t.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT,
+                          tokenize.DEDENT, tokenize.ENDMARKER):
+            code.update(range(t.start[0], t.end[0] + 1))
+    return "\n".join(line for i, line in enumerate(text.split("\n"), 1) if i in code) + "\n"
 
 
 # names for shorten_private_names, in order: _a ... _Z, then _a0 ... _Z0, _a1 ...
