@@ -81,9 +81,18 @@ def test_the_bundles_and_their_order(digits):
         < core.index("microtrain/optimizer.py")
     assert order["microtrain/_save.py"] == ["microtrain/fbwriter.py",
                                             "microtrain/checkpoint_writer.py"]
-    # kernel families (imported by name) and the package itself stay modules
+    # kernel families (imported by name) and the package itself stay out of these bundles
     assert not any(path.startswith("microtrain/kernels/") for path in members)
     assert "microtrain/__init__.py" not in members
+    # the families bundle into their package when none has a fast switch; with the native
+    # float kernels' module dense, optim and reduce keep theirs (FAST) and stay modules
+    bundled = runtime.minimal_sources(digits / "model.mtb", bundled=True)
+    assert not [p for p in bundled if p.startswith("microtrain/kernels/")
+                and p != "microtrain/kernels/__init__.py"]
+    assert "def softmax_cross_entropy(" in bundled["microtrain/kernels/__init__.py"]
+    native = runtime.minimal_sources(digits / "model.mtb", bundled=True,
+                                     native=(runtime.NATIVE_FLOAT_MODULE,))
+    assert "microtrain/kernels/dense.py" in native and "microtrain/kernels/loss.py" in native
 
 
 def _package(**modules):
@@ -115,15 +124,17 @@ def test_imports_between_bundled_modules_become_globals():
     assert core["f"]() == 5 and core["K"] == 3
 
 
-def _board_runs(firmware, artifacts, placement, tmp_path):
+def _board_runs(firmware, artifacts, placement, tmp_path, native=True):
     """(losses, checkpoint bytes) of 4 digits AdamW steps deployed to the emulated M3 with
     the runtime in that placement, then of 3 steps more resumed from its checkpoint."""
-    first = deploy.run(deploy.plan(artifacts, "qemu-mps2-an385", steps=4, placement=placement),
-                       DIGITS / "digits.npz", output=tmp_path / f"{placement}.ckpt",
+    tag = placement + ("" if native else "-pure")
+    first = deploy.run(deploy.plan(artifacts, "qemu-mps2-an385", steps=4, placement=placement,
+                                   native=native),
+                       DIGITS / "digits.npz", output=tmp_path / f"{tag}.ckpt",
                        with_optimizer_state=True, firmware=firmware)
     plan = deploy.plan(artifacts, "qemu-mps2-an385", steps=3, placement=placement,
-                       resume=first.checkpoint)
-    then = deploy.run(plan, DIGITS / "digits.npz", output=tmp_path / f"{placement}2.ckpt",
+                       resume=first.checkpoint, native=native)
+    then = deploy.run(plan, DIGITS / "digits.npz", output=tmp_path / f"{tag}2.ckpt",
                       firmware=firmware)
     return (first.losses, then.losses, first.checkpoint.read_bytes(),
             then.checkpoint.read_bytes())
@@ -133,6 +144,8 @@ def test_bundled_runtime_trains_and_resumes_on_the_emulated_board(firmware, digi
     # files: the bundled runtime (bytecode in the heap); romfs: the package's modules
     bundled = _board_runs(firmware, digits, "files", tmp_path)
     modules = _board_runs(firmware, digits, "romfs", tmp_path)
+    # without the native float kernels: the kernel families bundled too (kernels/__init__)
+    assert bundled == _board_runs(firmware, digits, "files", tmp_path, native=False)
     assert len(bundled[0]) == 4 and len(bundled[1]) == 3
     assert bundled == modules
 

@@ -14,7 +14,12 @@ placement: ROMFS and frozen code run in place, where the names cost flash, not h
 * microtrain/_save.py: what the checkpoint writer adds to it (imported at a run's first
   save, as the writer is: a run's load does not carry its objects).
 
-Kernel families (imported by name through opcodes.kernel_module), viper and native modules,
+Kernel families without a fast switch (FAST = use_fast(), which keeps the family's own
+globals) and without viper code bundle into their package, microtrain/kernels/__init__.py
+(imported before any of them), when two or more do, their names clash nowhere and no family's
+name is a global of their code; the bundle registers them as its submodules, so
+opcodes.kernel_module's `from microtrain.kernels import dense` finds it. The other kernel
+families (imported by name through opcodes.kernel_module), viper and native modules,
 the error messages (microtrain/_msg_*) and the modules only some models import stay modules
 of their own; their imports of bundled modules are pointed at the bundle. An import between
 two modules of one bundle becomes nothing (the name is the bundle's global already) or an
@@ -37,6 +42,7 @@ bundle names the shortened function and the bundle's line, both as
 import ast
 import io
 import re
+import symtable
 import tokenize
 
 from ..contract.generate import CONST_IMPORT
@@ -223,16 +229,59 @@ def _join(bundle, paths, texts):
         for node in sorted(dropped, key=lambda n: (n.lineno, n.col_offset), reverse=True):
             _replace(lines, node, "pass")
         parts.append(f"# ---- {path}\n" + "\n".join(lines))
-    names = [_name(p).split(".", 1)[1] for p in paths]
+    # (the kernel families' bundle is their package: its modules are its own submodules)
+    package = _name(bundle) if bundle == KERNELS else "microtrain"
+    names = [_name(p)[len(package) + 1:] for p in paths if p != bundle]
     parts.append(
         "# ---- the bundled modules' names, for `from microtrain.<module> import ...`\n"
         "import sys\n"
         f"_B = sys.modules[{_name(bundle)!r}]\n"
         "for _n in (" + "".join(f"{n!r}, " for n in names) + "):\n"
-        "    sys.modules['microtrain.' + _n] = _B\n"
-        "    setattr(sys.modules['microtrain'], _n, _B)\n"
+        f"    sys.modules[{package + '.'!r} + _n] = _B\n"
+        f"    setattr(sys.modules[{package!r}], _n, _B)\n"
         "del _B, _n\n")
     return "\n".join(parts)
+
+
+# The kernel families a model uses, bundled into their package's __init__.py (imported
+# before any of them): those without a fast switch (FAST = use_fast(): each switch keeps
+# the family's own globals) and without viper or native code.
+KERNELS = "microtrain/kernels/__init__.py"
+
+
+def _kernel_members(sources):
+    """[KERNELS, then the families to bundle into it, each after those it imports]."""
+    families = {path for path, text in sources.items()
+                if path.startswith("microtrain/kernels/") and path != KERNELS
+                and not {"FAST", "use_fast", "fastpath"} & set(re.findall(
+                    r"\w+", without_blank_lines(text)))
+                and not any(d in text for d in NATIVE_DECORATORS)}
+    ordered = []
+
+    def visit(path):
+        if path in families and path not in ordered:
+            families.discard(path)
+            for dep in _module_imports(sources[path], sources):
+                visit(dep)
+            ordered.append(path)
+    for path in sorted(families):
+        visit(path)
+    return [KERNELS] + ordered if KERNELS in sources and len(ordered) > 1 else []
+
+
+def _family_names_free(text, paths):
+    """True when no bundled family's name (the package's attribute the bundle sets: dense,
+    loss...) is a global its code reads or binds."""
+    names = {_name(p).rsplit(".", 1)[1] for p in paths if p != KERNELS}
+    tables = [symtable.symtable(text, KERNELS, "exec")]
+    while tables:
+        table = tables.pop()
+        tables.extend(table.get_children())
+        for symbol in table.get_symbols():
+            if symbol.get_name() in names and (symbol.is_global()
+                                               or table.get_type() == "module"):
+                return False
+    return True
 
 
 def bundle_sources(sources):
@@ -240,11 +289,21 @@ def bundle_sources(sources):
     the bundled modules (bundle_members) replaced by their bundles and every other module's
     imports of them pointed there."""
     members, order = bundle_members(sources)
+    families = _kernel_members(sources)
+    if families:
+        # bundled when the families' names and definitions allow it, else left modules
+        trial = dict(members, **{path: KERNELS for path in families})
+        texts = {path: _rewrite_imports(path, text, trial) for path, text in sources.items()}
+        try:
+            if _family_names_free(_join(KERNELS, families, texts), families):
+                members, order = trial, dict(order, **{KERNELS: families})
+        except RuntimeBuildError:
+            pass
     texts = {path: _rewrite_imports(path, text, members) for path, text in sources.items()}
     out = {path: text for path, text in texts.items() if path not in members}
     for bundle, paths in order.items():
         out[bundle] = _join(bundle, paths, texts)
-    out = shorten_private_names(out, [bundle for bundle, _ in BUNDLES])
+    out = shorten_private_names(out, list(order))
     return {path: without_blank_lines(text) if path in order else text
             for path, text in out.items()}
 
