@@ -15,7 +15,8 @@ import pytest
 from conftest import ROOT
 from microtrain_host.cli import main
 from microtrain_host.tools import deploy, runtime
-from microtrain_host.tools.runtime_bundle import bundle_members, bundle_sources
+from microtrain_host.tools.runtime_bundle import (bundle_members, bundle_sources,
+                                                  without_blank_lines)
 from microtrain_host.tools.runtime_cuts import RuntimeBuildError
 
 SCRIPT = ROOT / "tests" / "device_scripts" / "error_messages.py"
@@ -80,9 +81,18 @@ def test_the_bundles_and_their_order(digits):
         < core.index("microtrain/optimizer.py")
     assert order["microtrain/_save.py"] == ["microtrain/fbwriter.py",
                                             "microtrain/checkpoint_writer.py"]
-    # kernel families (imported by name) and the package itself stay modules
+    # kernel families (imported by name) and the package itself stay out of these bundles
     assert not any(path.startswith("microtrain/kernels/") for path in members)
     assert "microtrain/__init__.py" not in members
+    # the families bundle into their package when none has a fast switch; with the native
+    # float kernels' module dense, optim and reduce keep theirs (FAST) and stay modules
+    bundled = runtime.minimal_sources(digits / "model.mtb", bundled=True)
+    assert not [p for p in bundled if p.startswith("microtrain/kernels/")
+                and p != "microtrain/kernels/__init__.py"]
+    assert "def softmax_cross_entropy(" in bundled["microtrain/kernels/__init__.py"]
+    native = runtime.minimal_sources(digits / "model.mtb", bundled=True,
+                                     native=(runtime.NATIVE_FLOAT_MODULE,))
+    assert "microtrain/kernels/dense.py" in native and "microtrain/kernels/loss.py" in native
 
 
 def _package(**modules):
@@ -110,19 +120,21 @@ def test_imports_between_bundled_modules_become_globals():
     assert out["microtrain/c.py"] == ("from microtrain._core import f\n"
                                       "import microtrain._core as b\n")
     core = {}
-    exec(out["microtrain/_core.py"].split("# ---- the bundled")[0], core)
+    exec(out["microtrain/_core.py"].split("\nimport sys\n")[0], core)
     assert core["f"]() == 5 and core["K"] == 3
 
 
-def _board_runs(firmware, artifacts, placement, tmp_path):
+def _board_runs(firmware, artifacts, placement, tmp_path, native=True):
     """(losses, checkpoint bytes) of 4 digits AdamW steps deployed to the emulated M3 with
     the runtime in that placement, then of 3 steps more resumed from its checkpoint."""
-    first = deploy.run(deploy.plan(artifacts, "qemu-mps2-an385", steps=4, placement=placement),
-                       DIGITS / "digits.npz", output=tmp_path / f"{placement}.ckpt",
+    tag = placement + ("" if native else "-pure")
+    first = deploy.run(deploy.plan(artifacts, "qemu-mps2-an385", steps=4, placement=placement,
+                                   native=native),
+                       DIGITS / "digits.npz", output=tmp_path / f"{tag}.ckpt",
                        with_optimizer_state=True, firmware=firmware)
     plan = deploy.plan(artifacts, "qemu-mps2-an385", steps=3, placement=placement,
-                       resume=first.checkpoint)
-    then = deploy.run(plan, DIGITS / "digits.npz", output=tmp_path / f"{placement}2.ckpt",
+                       resume=first.checkpoint, native=native)
+    then = deploy.run(plan, DIGITS / "digits.npz", output=tmp_path / f"{tag}2.ckpt",
                       firmware=firmware)
     return (first.losses, then.losses, first.checkpoint.read_bytes(),
             then.checkpoint.read_bytes())
@@ -132,6 +144,8 @@ def test_bundled_runtime_trains_and_resumes_on_the_emulated_board(firmware, digi
     # files: the bundled runtime (bytecode in the heap); romfs: the package's modules
     bundled = _board_runs(firmware, digits, "files", tmp_path)
     modules = _board_runs(firmware, digits, "romfs", tmp_path)
+    # without the native float kernels: the kernel families bundled too (kernels/__init__)
+    assert bundled == _board_runs(firmware, digits, "files", tmp_path, native=False)
     assert len(bundled[0]) == 4 and len(bundled[1]) == 3
     assert bundled == modules
 
@@ -143,3 +157,36 @@ def test_a_const_reaching_another_modules_local_or_keyword_is_refused():
         sources = _package(a="from microtrain.b import g\n" + use, b="_N = const(2)\ng = 1\n")
         with pytest.raises(RuntimeBuildError, match="binds _N, a const"):
             bundle_sources(sources)
+
+
+def test_private_names_only_the_bundle_spells_are_shortened():
+    sources = _package(a="from microtrain.b import g\n_KEEP = 'see _named'\n"
+                         "class _Thing:\n    def _helper(self, _arg=2):\n        return _arg\n"
+                         "def f():\n    return _Thing()._helper(_arg=3) + g()\n"
+                         "def _named():\n    return 1\n"
+                         "def _shared():\n    return 2\n_FOLDED = const(4)\n",
+                       c="from microtrain.a import f\n\ndef h(x):\n    return x._shared\n")
+    sources["microtrain/b.py"] = "def g():\n    return 2\n"
+    out = bundle_sources(sources)
+    core = out["microtrain/_core.py"]
+    # renamed: a global, the class, its method and the argument (only the bundle spells them)
+    for name in ("_KEEP", "_Thing", "_helper", "_arg"):
+        assert name not in core
+    # kept: a name a string holds, one another shipped module spells, a const(), public ones
+    for name in ("_named", "_shared", "_FOLDED", "def f(", "def g("):
+        assert name in core
+    namespace = {"const": lambda x: x}
+    exec(core.split("\nimport sys\n")[0], namespace)
+    assert namespace["f"]() == 5
+
+
+def test_a_bundle_without_docstrings_comments_and_blank_lines():
+    text = ('"""module"""\n# a comment\nclass E(Exception):\n    """only a docstring"""\n\n\n'
+            'def f(x):\n    """doc"""\n    y = (x +  # why\n         # more\n         1)\n\n'
+            '    return """a\n\n  b""" + str(y)\n')
+    out = without_blank_lines(text)
+    assert out == ('class E(Exception):\n    pass\ndef f(x):\n    y = (x +  # why\n'
+                   '         1)\n    return """a\n\n  b""" + str(y)\n')
+    namespace = {}
+    exec(out, namespace)
+    assert namespace["f"](1) == "a\n\n  b2"

@@ -14,7 +14,12 @@ placement: ROMFS and frozen code run in place, where the names cost flash, not h
 * microtrain/_save.py: what the checkpoint writer adds to it (imported at a run's first
   save, as the writer is: a run's load does not carry its objects).
 
-Kernel families (imported by name through opcodes.kernel_module), viper and native modules,
+Kernel families without a fast switch (FAST = use_fast(), which keeps the family's own
+globals) and without viper code bundle into their package, microtrain/kernels/__init__.py
+(imported before any of them), when two or more do, their names clash nowhere and no family's
+name is a global of their code; the bundle registers them as its submodules, so
+opcodes.kernel_module's `from microtrain.kernels import dense` finds it. The other kernel
+families (imported by name through opcodes.kernel_module), viper and native modules,
 the error messages (microtrain/_msg_*) and the modules only some models import stay modules
 of their own; their imports of bundled modules are pointed at the bundle. An import between
 two modules of one bundle becomes nothing (the name is the bundle's global already) or an
@@ -24,8 +29,21 @@ and on the package, so `from microtrain.checkpoint import CheckpointState` keeps
 A name that two bundled modules define differently is refused (RuntimeBuildError): rename
 it in one of them. Definitions spelled identically (the checkpoint layout's constants, which
 reader and writer both carry) are kept once. Tracebacks on the board name the bundle and
-its line; `runtime.minimal_sources(blob, bundled=True)` gives the same text on the host."""
+its line; `runtime.minimal_sources(blob, bundled=True)` gives the same text on the host.
+
+Each bundle's private names (`_read_steps`, `self._bind_state`, `_OPTIONS`) that no other
+module of the runtime spells and no string holds are then shortened to two or three
+characters (`_a`, `_b`...; shorten_private_names): each name is a qstr the .mpy spells out
+and the board interns in its heap, and the digits runtime's ~100 such names took ~1 KB of
+both. The bundle leaves out its docstrings, comment lines and blank lines
+(without_blank_lines: fewer two-byte steps in the line-number tables). A traceback from a
+bundle names the shortened function and the bundle's line, both as
+`runtime.minimal_sources(blob, bundled=True)` gives the text on the host."""
 import ast
+import io
+import re
+import symtable
+import tokenize
 
 from ..contract.generate import CONST_IMPORT
 from .runtime_cuts import RuntimeBuildError
@@ -211,16 +229,59 @@ def _join(bundle, paths, texts):
         for node in sorted(dropped, key=lambda n: (n.lineno, n.col_offset), reverse=True):
             _replace(lines, node, "pass")
         parts.append(f"# ---- {path}\n" + "\n".join(lines))
-    names = [_name(p).split(".", 1)[1] for p in paths]
+    # (the kernel families' bundle is their package: its modules are its own submodules)
+    package = _name(bundle) if bundle == KERNELS else "microtrain"
+    names = [_name(p)[len(package) + 1:] for p in paths if p != bundle]
     parts.append(
         "# ---- the bundled modules' names, for `from microtrain.<module> import ...`\n"
         "import sys\n"
         f"_B = sys.modules[{_name(bundle)!r}]\n"
         "for _n in (" + "".join(f"{n!r}, " for n in names) + "):\n"
-        "    sys.modules['microtrain.' + _n] = _B\n"
-        "    setattr(sys.modules['microtrain'], _n, _B)\n"
+        f"    sys.modules[{package + '.'!r} + _n] = _B\n"
+        f"    setattr(sys.modules[{package!r}], _n, _B)\n"
         "del _B, _n\n")
     return "\n".join(parts)
+
+
+# The kernel families a model uses, bundled into their package's __init__.py (imported
+# before any of them): those without a fast switch (FAST = use_fast(): each switch keeps
+# the family's own globals) and without viper or native code.
+KERNELS = "microtrain/kernels/__init__.py"
+
+
+def _kernel_members(sources):
+    """[KERNELS, then the families to bundle into it, each after those it imports]."""
+    families = {path for path, text in sources.items()
+                if path.startswith("microtrain/kernels/") and path != KERNELS
+                and not {"FAST", "use_fast", "fastpath"} & set(re.findall(
+                    r"\w+", without_blank_lines(text)))
+                and not any(d in text for d in NATIVE_DECORATORS)}
+    ordered = []
+
+    def visit(path):
+        if path in families and path not in ordered:
+            families.discard(path)
+            for dep in _module_imports(sources[path], sources):
+                visit(dep)
+            ordered.append(path)
+    for path in sorted(families):
+        visit(path)
+    return [KERNELS] + ordered if KERNELS in sources and len(ordered) > 1 else []
+
+
+def _family_names_free(text, paths):
+    """True when no bundled family's name (the package's attribute the bundle sets: dense,
+    loss...) is a global its code reads or binds."""
+    names = {_name(p).rsplit(".", 1)[1] for p in paths if p != KERNELS}
+    tables = [symtable.symtable(text, KERNELS, "exec")]
+    while tables:
+        table = tables.pop()
+        tables.extend(table.get_children())
+        for symbol in table.get_symbols():
+            if symbol.get_name() in names and (symbol.is_global()
+                                               or table.get_type() == "module"):
+                return False
+    return True
 
 
 def bundle_sources(sources):
@@ -228,8 +289,93 @@ def bundle_sources(sources):
     the bundled modules (bundle_members) replaced by their bundles and every other module's
     imports of them pointed there."""
     members, order = bundle_members(sources)
+    families = _kernel_members(sources)
+    if families:
+        # bundled when the families' names and definitions allow it, else left modules
+        trial = dict(members, **{path: KERNELS for path in families})
+        texts = {path: _rewrite_imports(path, text, trial) for path, text in sources.items()}
+        try:
+            if _family_names_free(_join(KERNELS, families, texts), families):
+                members, order = trial, dict(order, **{KERNELS: families})
+        except RuntimeBuildError:
+            pass
     texts = {path: _rewrite_imports(path, text, members) for path, text in sources.items()}
     out = {path: text for path, text in texts.items() if path not in members}
     for bundle, paths in order.items():
         out[bundle] = _join(bundle, paths, texts)
+    out = shorten_private_names(out, list(order))
+    return {path: without_blank_lines(text) if path in order else text
+            for path, text in out.items()}
+
+
+def without_blank_lines(text):
+    """A bundle's text without its docstrings (MicroPython's compiler drops them; a body of
+    only a docstring becomes `pass`), comment lines and blank lines: the bytecode's
+    line-number table spends a second byte on each step of more than a few lines, and a
+    bundle's lines are its own anyway (a traceback names them; minimal_sources(blob,
+    bundled=True) gives this text). ~260 B of the digits runtime's .mpy."""
+    lines = text.split("\n")
+    for node in ast.walk(ast.parse(text)):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            doc = body[0]
+            lines[doc.lineno - 1:doc.end_lineno] = (
+                [" " * doc.col_offset + "pass" if len(body) == 1 else ""]
+                + [""] * (doc.end_lineno - doc.lineno))
+    text = "\n".join(lines)
+    code = set()   # the lines a token other than a comment, newline or indent lies on
+    for t in tokenize.generate_tokens(io.StringIO(text).readline):
+        if t.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT,
+                          tokenize.DEDENT, tokenize.ENDMARKER):
+            code.update(range(t.start[0], t.end[0] + 1))
+    return "\n".join(line for i, line in enumerate(text.split("\n"), 1) if i in code) + "\n"
+
+
+# names for shorten_private_names, in order: _a ... _Z, then _a0 ... _Z0, _a1 ...
+_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def _short_names(taken):
+    i = 0
+    while True:
+        name = "_" + _LETTERS[i % 52] + ("" if i < 52 else str(i // 52 - 1))
+        i += 1
+        if name not in taken:
+            yield name
+
+
+def shorten_private_names(sources, bundles):
+    """sources ({relative path: text}) with each bundle's private names shortened: a name
+    (NAME token) of one leading underscore, longer than two characters, that is not a
+    const() (MicroPython folds those: they cost no qstr), is spelled by no other module of
+    sources (which may import it or read it as an attribute) and appears in no string of any
+    of them (getattr, an f-string) is renamed wherever the bundle spells it: a module-level
+    name, an attribute, a method, an argument, a local alike, as only this text spells it."""
+    words = {path: set(re.findall(r"\w+", text)) for path, text in sources.items()}
+    strings = " ".join(t.string for text in sources.values()
+                       for t in tokenize.generate_tokens(io.StringIO(text).readline)
+                       if t.type == tokenize.STRING)
+    taken = set().union(*words.values())
+    out = dict(sources)
+    for bundle in bundles:
+        if bundle not in sources:
+            continue
+        text = sources[bundle]
+        elsewhere = set().union(*(w for path, w in words.items() if path != bundle))
+        consts = set(re.findall(r"^(\w+) = const\(", text, re.M))
+        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+        private = sorted(name for name in {t.string for t in tokens if t.type == tokenize.NAME}
+                         if len(name) > 2 and name[0] == "_" and name[1] != "_"
+                         and name not in elsewhere and name not in consts
+                         and not re.search(r"\b%s\b" % name, strings))
+        new = dict(zip(private, _short_names(taken)))
+        lines = text.split("\n")
+        for t in reversed(tokens):    # (right to left: earlier columns stay valid)
+            if t.type == tokenize.NAME and t.string in new:
+                row, col = t.start
+                line = lines[row - 1]
+                lines[row - 1] = line[:col] + new[t.string] + line[col + len(t.string):]
+        out[bundle] = "\n".join(lines)
     return out
