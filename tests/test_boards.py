@@ -50,15 +50,24 @@ def test_digits_runtime_is_the_families_it_uses(digits):
     assert "microtrain/fit.py" not in modules and "microtrain/export.py" not in modules
 
 
-def test_minimal_runtime_alone_trains_under_micropython(digits, micropython, tmp_path):
-    # only the trimmed sources on the path: a missing module, kernel or checker would fail
-    runtime.write_sources(runtime.minimal_sources(digits / "model.mtb"), tmp_path / "rt")
+@pytest.mark.parametrize("quantization", [False, True], ids=["float", "qat"])
+def test_minimal_runtime_alone_trains_under_micropython(digits, micropython, quantization,
+                                                        tmp_path):
+    # only the trimmed sources on the path: a missing module, kernel or checker would fail;
+    # the QAT blob's observers are state a forward pass keeps (kept.py, whose check is
+    # kernels/norm.py's: shipped with it)
+    build = digits
+    if quantization:
+        build = tmp_path / "qat"
+        mh.generate_artifacts(str(EXAMPLE / "mlp.onnx"), artifact_directory=str(build),
+                              batch_size=8, optimizer="SGD", quantization=True)
+    runtime.write_sources(runtime.minimal_sources(build / "model.mtb"), tmp_path / "rt")
     script = tmp_path / "step.py"
     script.write_text(
         "from microtrain import CheckpointState, Module, Optimizer\n"
-        f"s = CheckpointState.load_checkpoint({str(digits / 'checkpoint')!r})\n"
-        f"m = Module({str(digits / 'model.mtb')!r}, s)\n"
-        f"o = Optimizer({str(digits / 'model.mtb')!r}, m)\n"
+        f"s = CheckpointState.load_checkpoint({str(build / 'checkpoint')!r})\n"
+        f"m = Module({str(build / 'model.mtb')!r}, s)\n"
+        f"o = Optimizer({str(build / 'model.mtb')!r}, m)\n"
         "print(m([0.5] * 512, [3] * 8)); o.step()\n")
     proc = subprocess.run([micropython, str(script)], capture_output=True, text=True,
                           env={"MICROPYPATH": str(tmp_path / "rt")})

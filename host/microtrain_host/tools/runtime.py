@@ -105,8 +105,8 @@ def model_modules(blob_path):
         wanted.append("microtrain.randoms")
     if "forward" in b.programs:
         wanted.append("microtrain.outside")
-    if b.kept:
-        wanted.append("microtrain.kept")    # state a training forward pass updates
+    if b.kept:      # state a training forward pass updates, and kept.py's check of it
+        wanted += ["microtrain.kept", "microtrain.kernels.norm"]
     return wanted
 
 
