@@ -68,7 +68,6 @@ def emulated_board_plan(tmp_path, artifacts, files, in_rom=(), board="qemu-mps2-
     return plan
 
 
-
 def run_on_emulated_board(firmware, tmp_path, script_text, in_rom=(), board="qemu-mps2-an385",
                           timeout=1800):
     """Run script_text on the emulated board `board` with the whole device package and
@@ -84,6 +83,7 @@ def run_on_emulated_board(firmware, tmp_path, script_text, in_rom=(), board="qem
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return proc.stdout
+
 
 def lenet_board_artifacts(tmp_path, optimizer, steps):
     """(artifact directory, learning rate): the LeNet reference CNN exported by torch and

@@ -1,12 +1,12 @@
 # tests/test_board_natmod.py's integer update check: the native module's int_gemm_update
 # (device/native/inttrain_native.c) on the board, kernels/inttrain.py's pure-Python kernel
 # in CPython's run of this script (PURE = True; tests/micropython_random.py as `random`: the
-# same cases), each case's CRC-32s of Q and I compared, on random geometries (batch 1-5, 1-40 inputs, 1-10 outputs), int8 and
-# uint8 inputs, gradients of every size up to 2**14 (and some far beyond: the pure kernel's
-# fallback), multipliers of few bits (exact halves), shifts 0-70 (below 24 with large
-# multipliers: requant_narrow's saturation at 2**29; above 8: the stochastic step), unused
-# biases, biases at their clamp, generator states 0 (unseeded), 16-bit and beyond. Prints
-# "case N CRC" per case, then "cases N fallback F".
+# same cases), each case's CRC-32s of Q and I compared, on random geometries (batch 1-5,
+# 1-40 inputs, 1-10 outputs), int8 and uint8 inputs, gradients of every size up to 2**14
+# (and some far beyond: the pure kernel's fallback), multipliers of few bits (exact halves),
+# shifts 0-70 (below 24 with large multipliers: requant_narrow's saturation at 2**29; above
+# 8: the stochastic step), unused biases, biases at their clamp, generator states 0
+# (unseeded), 16-bit and beyond. Prints "case N CRC" per case, then "cases N fallback F".
 import gc
 import random
 from array import array

@@ -2,22 +2,21 @@
 # pure-Python kernels on random geometries and data. The board runs the native kernels and
 # prints each case's CRC-32 of Q; tests/test_board_natmod.py runs this script again under
 # CPython with PURE = True (the pure-Python kernels) and tests/micropython_random.py as
-# `random` (the board's draws: the same cases) and compares the two. Gemm: unsigned and signed activations, both weight layouts
-# (W[n, k] and W[k, n], each with its hand-written Thumb-1 loop on ARM; a third of them 8-19
-# rows: blocks of eight rows transposed, mt_t8), odd and even k,
-# column counts that leave 0-3 columns past the blocks of four. Conv: groups, strides,
-# dilations, paddings, kernels larger than the image, depthwise. Both: negative and huge
-# biases, accumulators past 2**24, weights in the arena or in a bytes object of their own,
-# multipliers and shifts out of the derived range (the module hands those to the
-# pure-Python kernel), multipliers whose products often end exactly halfway (ties).
-# Pointwise Convs (1x1, stride 1, no padding: the module's four-pixel loop) every fourth
-# Conv case, half of those with the requantization's edge multipliers and shifts and
-# accumulators near +-2**23 and +-2**24 (edge_req). Convs of one input channel per group
-# and 4-8 output channels (the module's im2col path) every fourth Conv case, half of them
-# with edge_req; 3x3 depthwise Convs (the module's row loops over padded rows: 1-16 wide,
-# 1-12 or 40-70 high, strides, dilation along y) every fourth, half of them with edge_req;
-# Convs of 2-6 input and 4-8 output channels per group (the im2col path for any Conv) every
-# eighth.
+# `random` (the board's draws: the same cases) and compares the two. Gemm: unsigned and
+# signed activations, both weight layouts (W[n, k] and W[k, n], each with its hand-written
+# Thumb-1 loop on ARM; a third of them 8-19 rows: blocks of eight rows transposed, mt_t8),
+# odd and even k, column counts that leave 0-3 columns past the blocks of four. Conv:
+# groups, strides, dilations, paddings, kernels larger than the image, depthwise. Both:
+# negative and huge biases, accumulators past 2**24, weights in the arena or in a bytes
+# object of their own, multipliers and shifts out of the derived range (the module hands
+# those to the pure-Python kernel), multipliers whose products often end exactly halfway
+# (ties). Pointwise Convs (1x1, stride 1, no padding: the module's four-pixel loop) every
+# fourth Conv case, half of those with the requantization's edge multipliers and shifts and
+# accumulators near +-2**23 and +-2**24 (edge_req). Convs of one input channel per group and
+# 4-8 output channels (the module's im2col path) every fourth Conv case, half of them with
+# edge_req; 3x3 depthwise Convs (the module's row loops over padded rows: 1-16 wide, 1-12 or
+# 40-70 high, strides, dilation along y) every fourth, half of them with edge_req; Convs of
+# 2-6 input and 4-8 output channels per group (the im2col path for any Conv) every eighth.
 # Conv kinds per eight Conv cases: 0 1 3 4 5 2 3 4.
 # Gemm and Conv cases alternate; every eighth Gemm case is a tie case (tie_case).
 # Prints "case I CRC" per case, then "cases N fallback F" (F: crafted cases,
