@@ -3,10 +3,11 @@ int_gemm_update (device/native/inttrain_native.c: int_gemm_grad_input, int_conv1
 int_gemm_update_momentum) on the emulated boards, with tests/test_board_natmod.py's
 method: the board runs only the native kernels on random cases
 (tests/device_scripts/inttrain_native_train.py) and prints a CRC-32 per case; CPython runs
-the same script with the pure-Python kernels as a 32-bit port runs them (cpython_cases),
+the same script with the pure-Python kernels on the same cases (cpython_cases),
 and the two are compared case by case. Then kernels/fastpath.py's choice of them, and a
 whole integer training run that uses them (the packager's SGD-momentum head over a 1x1
-convolution) on the emulated Cortex-M3 with the native module, bit for bit CPython's."""
+convolution) on the emulated Cortex-M4F (its arenas leave the M3's heap short) with the
+native module, bit for bit CPython's."""
 import pytest
 
 from conftest import ROOT
