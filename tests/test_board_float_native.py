@@ -21,6 +21,8 @@ from microtrain_host.tools import deploy
 
 RV32 = "qemu-virt-rv32"
 SCRIPTS = ROOT / "tests" / "device_scripts"
+# prepended to a script for the RISC-V board: it fails on another firmware
+ON_RV32 = "import sys\nassert sys.implementation._build == 'VIRT_RV32'\n"
 
 
 def build_module(arch):
@@ -64,8 +66,7 @@ def test_native_float_gemm_equals_pure_on_the_emulated_m3(firmware, arch, tmp_pa
 
 def test_native_float_gemm_equals_pure_on_the_rv32_board(rv32_firmware, tmp_path):
     out = run_on_board(rv32_firmware, tmp_path, build_module("rv32imc"),
-                       "import sys\nassert sys.implementation._build == 'VIRT_RV32'\n"
-                       + gemm_script(630), board=RV32)
+                       ON_RV32 + gemm_script(630), board=RV32)
     assert "fast True" in out, out[-2000:]
     assert out.split()[-4:] == ["cases", "630", "different", "0"], out[-2000:]
 
@@ -87,8 +88,7 @@ def test_native_float_updates_equal_pure_on_the_emulated_m3(firmware, arch, tmp_
 
 def test_native_float_updates_equal_pure_on_the_rv32_board(rv32_firmware, tmp_path):
     out = run_on_board(rv32_firmware, tmp_path, build_module("rv32imc"),
-                       "import sys\nassert sys.implementation._build == 'VIRT_RV32'\n"
-                       + optim_script(1000), board=RV32)
+                       ON_RV32 + optim_script(1000), board=RV32)
     assert "fast True" in out, out[-2000:]
     words = out.split()
     assert words[-6:-2] == ["cases", "1000", "different", "0"], out[-2000:]
@@ -116,15 +116,17 @@ def test_native_reduce_relu_and_gradient_check_equal_pure_on_the_emulated_m3(fir
 def test_native_reduce_relu_and_gradient_check_equal_pure_on_the_rv32_board(rv32_firmware,
                                                                              tmp_path):
     check_reduce(run_on_board(rv32_firmware, tmp_path, build_module("rv32imc"),
-                              "import sys\nassert sys.implementation._build == 'VIRT_RV32'\n"
-                              + reduce_script(1000), board=RV32))
+                              ON_RV32 + reduce_script(1000), board=RV32))
+
+
+def after_helpers(script, cases):
+    # float_native.py's data helpers (all before its first case), then `script`'s cases
+    helpers = (SCRIPTS / "float_native.py").read_text().split("\ndef gemm_case")[0]
+    return f"CASES = {cases}\n" + helpers + "\n" + (SCRIPTS / script).read_text()
 
 
 def conv_script(cases):
-    # float_native.py's data helpers (all before its first case), then the Conv cases
-    helpers = (SCRIPTS / "float_native.py").read_text().split("\ndef gemm_case")[0]
-    return (f"CASES = {cases}\n" + helpers + "\n"
-            + (SCRIPTS / "float_native_conv.py").read_text())
+    return after_helpers("float_native_conv.py", cases)
 
 
 def check_conv(out, cases=600):
@@ -143,15 +145,11 @@ def test_native_float_conv_equals_pure_on_the_emulated_m3(firmware, arch, tmp_pa
 
 def test_native_float_conv_equals_pure_on_the_rv32_board(rv32_firmware, tmp_path):
     check_conv(run_on_board(rv32_firmware, tmp_path, build_module("rv32imc"),
-                            "import sys\nassert sys.implementation._build == 'VIRT_RV32'\n"
-                            + conv_script(600), board=RV32))
+                            ON_RV32 + conv_script(600), board=RV32))
 
 
 def pool_script(cases):
-    # float_native.py's data helpers, then the max pooling cases
-    helpers = (SCRIPTS / "float_native.py").read_text().split("\ndef gemm_case")[0]
-    return (f"CASES = {cases}\n" + helpers + "\n"
-            + (SCRIPTS / "float_native_pool.py").read_text())
+    return after_helpers("float_native_pool.py", cases)
 
 
 def check_pool(out):
@@ -170,8 +168,7 @@ def test_native_max_pool_equals_pure_on_the_emulated_m3(firmware, arch, tmp_path
 
 def test_native_max_pool_equals_pure_on_the_rv32_board(rv32_firmware, tmp_path):
     check_pool(run_on_board(rv32_firmware, tmp_path, build_module("rv32imc"),
-                            "import sys\nassert sys.implementation._build == 'VIRT_RV32'\n"
-                            + pool_script(400), board=RV32))
+                            ON_RV32 + pool_script(400), board=RV32))
 
 
 # A training run on the board from the runtime in ROMFS, its blob and checkpoint there,

@@ -7,19 +7,18 @@ reload) prints the same lines over the bundled runtime as over the package's mod
 CPython and on the MicroPython Unix port; and digits trained and resumed on the emulated M3
 through deploy gives the same losses and checkpoint bytes with the runtime bundled in files
 as with its modules in ROMFS."""
-import subprocess
 import sys
 
 import pytest
 
 from conftest import ROOT
+from test_runtime_messages import _lines     # error_messages.py's lines under a runtime
 from microtrain_host.cli import main
 from microtrain_host.tools import deploy, runtime
 from microtrain_host.tools.runtime_bundle import (bundle_members, bundle_sources,
                                                   without_blank_lines)
 from microtrain_host.tools.runtime_cuts import RuntimeBuildError
 
-SCRIPT = ROOT / "tests" / "device_scripts" / "error_messages.py"
 DIGITS = ROOT / "examples" / "digits"
 
 
@@ -44,16 +43,6 @@ def runtimes(digits, tmp_path_factory):
     return (runtime.write_sources(bundled, base / "bundled"),
             runtime.write_sources(runtime.minimal_sources(digits / "model.mtb", extra),
                                   base / "modules"))
-
-
-def _lines(command, path_variable, path, digits, tmp_path):
-    scratch = tmp_path / path.name
-    scratch.mkdir()
-    proc = subprocess.run(command + [str(SCRIPT), str(digits), str(scratch)],
-                          capture_output=True, text=True, env={path_variable: str(path)},
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc.stdout.splitlines()
 
 
 def _check(bundled, modules):

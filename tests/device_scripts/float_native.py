@@ -113,6 +113,21 @@ def same(F1, F2):
 nan_bits = 0
 
 
+def place(sizes):
+    # (the Conv and pooling scripts', which get these helpers prepended)
+    # offsets of the tensors (sizes in the order given) in a random order, gaps of 0..3
+    order = list(range(len(sizes)))
+    for i in range(len(order) - 1, 0, -1):
+        j = random.randint(0, i)
+        order[i], order[j] = order[j], order[i]
+    offsets = [0] * len(sizes)
+    at = random.randint(0, 3)
+    for i in order:
+        offsets[i] = at
+        at += sizes[i] + random.randint(0, 3)
+    return offsets, at
+
+
 def check(kernel, F, args):
     F1 = array("f", F)
     F2 = array("f", F)

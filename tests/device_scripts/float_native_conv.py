@@ -50,20 +50,6 @@ def geometry():
             d_h, d_w, pad_t, pad_l)
 
 
-def place(sizes):
-    # offsets of the tensors (sizes in the order given) in a random order, gaps of 0..3
-    order = list(range(len(sizes)))
-    for i in range(len(order) - 1, 0, -1):
-        j = random.randint(0, i)
-        order[i], order[j] = order[j], order[i]
-    offsets = [0] * len(sizes)
-    at = random.randint(0, 3)
-    for i in order:
-        offsets[i] = at
-        at += sizes[i] + random.randint(0, 3)
-    return offsets, at
-
-
 refused = 0
 
 
