@@ -112,9 +112,17 @@ def run_on_board(firmware, tmp_path, module, script_text, board="qemu-mps2-an385
                                  in_rom=[(module, "microtrain/kernels/qlinear_native.mpy")])
 
 
+def native_script(name, cases, settings=""):
+    """A native integer check as the board and CPython (cpython_cases) both run it: CASES
+    (and settings), native_oracle.py (which picks the kernel a case runs on each side), then
+    tests/device_scripts/<name>."""
+    scripts = ROOT / "tests" / "device_scripts"
+    return (f"CASES = {cases}\n{settings}" + (scripts / "native_oracle.py").read_text()
+            + (scripts / name).read_text())
+
+
 def qlinear_script(cases):
-    return f"CASES = {cases}\n" + (ROOT / "tests" / "device_scripts" /
-                                   "qlinear_native.py").read_text()
+    return native_script("qlinear_native.py", cases)
 
 
 def check_qlinear(out, cases):
@@ -242,8 +250,7 @@ def test_native_int_gemm_update_equals_pure_on_the_emulated_boards(firmware, rv3
     # and on the RISC-V core (rv32imc build)
     rv32 = board == RV32
     module = build_module("rv32imc") if rv32 else armv6m_module
-    script = "CASES = 200\n" + (ROOT / "tests" / "device_scripts" /
-                                "inttrain_native.py").read_text()
+    script = native_script("inttrain_native.py", 200)
     out = run_on_board(rv32_firmware if rv32 else firmware, tmp_path, module, script,
                        board=board)
     pure_out = check_against_cpython(out, script, 200)
@@ -262,8 +269,7 @@ def test_native_intgrad_kernels_equal_pure_on_the_emulated_boards(firmware, rv32
     # kernels/intgrad.py's five kernels (device/native/intgrad_native.c), 200 random cases
     # each (tests/device_scripts/intgrad_native.py), against CPython's pure kernels
     rv32 = board == RV32
-    script = "CASES = 200\n" + (ROOT / "tests" / "device_scripts" /
-                                "intgrad_native.py").read_text()
+    script = native_script("intgrad_native.py", 200)
     out = run_on_board(rv32_firmware if rv32 else firmware, tmp_path, build_module(arch),
                        script, board=board)
     pure_out = check_against_cpython(out, script, 200 * len(INTGRAD))
@@ -277,8 +283,7 @@ def test_native_intgrad_kernels_equal_pure_on_the_emulated_boards(firmware, rv32
 def test_native_bias_grad_over_several_chunks_equals_pure(firmware, armv6m_module, tmp_path):
     # int_clamp_bias_grad with planes of 8,192-8,390 positions (more than one chunk of
     # intgrad.MAX_BIAS_SUM: the fold between chunks), on the M3 (armv6m build)
-    script = "CASES = 10\nBIG_CASES = True\n" + (ROOT / "tests" / "device_scripts" /
-                                                  "intgrad_native.py").read_text()
+    script = native_script("intgrad_native.py", 10, "BIG_CASES = True\n")
     out = run_on_board(firmware, tmp_path, armv6m_module, script)
     check_against_cpython(out, script, 10)
     assert "int_clamp_bias_grad cases 10 fallback" in out and out.split()[-1] == "0", out

@@ -10,17 +10,15 @@ convolution) on the emulated Cortex-M4F (its arenas leave the M3's heap short) w
 native module, bit for bit CPython's."""
 import pytest
 
-from conftest import ROOT
 from test_board_natmod import (HEAP_PROBE, RV32, build_module, check_against_cpython,
-                               check_native_heap, run_on_board)
+                               check_native_heap, native_script, run_on_board)
 
 KERNELS = ("int_gemm_grad_input", "int_conv1x1_update", "int_gemm_update_momentum")
 CASES = 200
 
 
 def train_script(cases=CASES):
-    return f"CASES = {cases}\n" + (ROOT / "tests" / "device_scripts" /
-                                   "inttrain_native_train.py").read_text()
+    return native_script("inttrain_native_train.py", cases)
 
 
 @pytest.mark.parametrize("board,arch", [("qemu-mps2-an385", "armv6m"),

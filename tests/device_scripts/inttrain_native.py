@@ -13,17 +13,8 @@ from array import array
 from binascii import crc32
 from microtrain.kernels import inttrain
 
-try:
-    PURE                    # the host's run sets it
-except NameError:
-    PURE = False
 random.seed(5)
-if PURE:
-    update = inttrain._pure["int_gemm_update"]
-else:
-    from microtrain.kernels import qlinear_native as native
-    native._pure = inttrain._pure
-    update = native.int_gemm_update
+update = kernel_of(inttrain, "int_gemm_update")  # noqa: F821 (native_oracle.py's)
 UNUSED = -(1 << 23) - 1
 
 

@@ -27,17 +27,8 @@ from array import array
 from binascii import crc32
 from microtrain.kernels import qlinear
 
-try:
-    PURE                    # the host's run sets it
-except NameError:
-    PURE = False
 random.seed(11)
-if PURE:
-    KERNELS = qlinear._pure['qlinear_gemm'], qlinear._pure['qlinear_conv']
-else:
-    from microtrain.kernels import qlinear_native as native
-    native._pure = qlinear._pure
-    KERNELS = native.qlinear_gemm, native.qlinear_conv
+KERNELS = kernel_of(qlinear, 'qlinear_gemm'), kernel_of(qlinear, 'qlinear_conv')  # noqa: F821
 
 
 def y_zp_for(lo):
