@@ -322,13 +322,22 @@ void mt_t8(const uint8_t *xt, const uint8_t *w, const int32_t *p, int32_t *acc) 
 // instead of out_byte per output (~90 instructions on armv6m). The biases within +-2**30:
 // the sums (|.| < 2**22 here) plus the bias stay exact in 32 bits.
 #define XT_K 96
+#ifdef MT_THUMB_KERNELS
+void mt_lane8(const uint8_t *x, uint8_t *xt, mp_int_t k, uint32_t flip);
+#endif
 static void rows8(const gemm_t *g, mp_int_t i0, uint32_t flip, int32_t zpf) {
     uint8_t xt[8 * XT_K], bytes[8];
     int32_t acc[9];
-    const mp_int_t k = g->k, sx = g->sx_k;
+    const mp_int_t k = g->k, sx = g->sx_k, n = g->n;
     for (mp_int_t lane = 0; lane < 8; lane++) {
         const uint8_t *px = g->q + g->x + (i0 + lane) * g->sx_m;
         uint8_t *pt = xt + lane;
+#ifdef MT_THUMB_KERNELS
+        if (sx == 1 && k > 0) {         // (gcc's loop: 13 instructions a byte, 0.4 a MAC)
+            mt_lane8(px, pt, k, flip);
+            continue;
+        }
+#endif
         for (mp_int_t t = 0; t < k; t++, px += sx, pt += 8) {
             *pt = (uint8_t)(*px ^ flip);
         }
@@ -343,8 +352,9 @@ static void rows8(const gemm_t *g, mp_int_t i0, uint32_t flip, int32_t zpf) {
         rq_t rq;
         rq_init(&rq, r + g->req, r[g->req + 4 + 2 * j], r[g->req + 5 + 2 * j]);
         rq_run(&rq, acc, base, 8, bytes);
-        for (mp_int_t lane = 0; lane < 8; lane++) {
-            py[lane * g->n + j] = bytes[lane];
+        uint8_t *out = py + j;          // column j of the eight rows (a pointer: gcc had
+        for (mp_int_t lane = 0; lane < 8; lane++, out += n) {  // multiplied per byte)
+            *out = bytes[lane];
         }
     }
 }

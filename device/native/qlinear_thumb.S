@@ -518,11 +518,14 @@
 @ offset. k >= 1: k mod 4 single terms first, then four terms per turn of the loop; a unit
 @ stride (sw 1: a transposed Gemm weight, a Conv's) loads the four weights at immediate
 @ offsets. The Gemm's rows in blocks of eight, the Conv's patches (qconv_native.c): 3.53
-@ instructions per multiply-accumulate with sw 1 (27 a term and 5 per four), 3.63 else
-@ (3.81 with two terms a turn and no unit-stride form, before 2026-11-28's rework).
+@ instructions per multiply-accumulate with sw 1 (27 a term and 5 per four), 3.50 else
+@ (27 a term: a register-offset LDRSB from w - sw, then w moves on; 3.63 with LDRB + SXTB
+@ and sw in r12 before 2026-11-28's last round, 3.81 with two terms a turn and no
+@ unit-stride form before its rework).
 @
-@ Registers: r0 xt, r1 w, r2 weight, r3 input/product, r4-r7 sums 0-3, r8-r11 sums 4-7,
-@ r12 sw, lr the weights' sum; xt's end and the single terms' count on the stack.
+@ Registers: r0 xt, r1 w - sw, r2 weight, r3 input/product, r4-r6 sums 0-2, r12 sum 3,
+@ r8-r11 sums 4-7, r7 sw, lr the weights' sum; xt's end and the single terms' count on the
+@ stack.
 
 .macro t8_mac at, sum
     ldrb r3, [r0, #\at]
@@ -534,23 +537,22 @@
     t8_mac (\at + 0), r4
     t8_mac (\at + 1), r5
     t8_mac (\at + 2), r6
-    t8_mac (\at + 3), r7
+    t8_mac (\at + 3), r12
     t8_mac (\at + 4), r8
     t8_mac (\at + 5), r9
     t8_mac (\at + 6), r10
     t8_mac (\at + 7), r11
 .endm
 
-@ a term whose weight lies at r1, which moves on by sw
+@ a term whose weight lies at r1 + sw, then r1 moves on by sw
 .macro t8_term at
-    ldrb r2, [r1, #0]
-    sxtb r2, r2
+    ldrsb r2, [r1, r7]
     add lr, r2
-    add r1, r12
+    adds r1, r1, r7
     t8_lanes \at
 .endm
 
-@ a term whose weight lies at r1 + wi (sw 1)
+@ a term whose weight lies at r1 + wi (sw 1: wi counts from 1)
 .macro t8_unit at, wi
     ldrb r2, [r1, #\wi]
     sxtb r2, r2
@@ -566,17 +568,17 @@
     lsls r4, r3, #3
     adds r4, r0, r4
     str r4, [sp, #0]        @ xt's end
-    ldr r4, [r2, #4]
-    mov r12, r4
+    ldr r7, [r2, #4]        @ sw
+    subs r1, r1, r7         @ w - sw: each term's LDRSB reads at r1 + sw
     movs r4, #0
     mov lr, r4
     mov r8, r4
     mov r9, r4
     mov r10, r4
     mov r11, r4
+    mov r12, r4
     movs r5, #0
     movs r6, #0
-    movs r7, #0
     lsls r3, r3, #30
     lsrs r3, r3, #30        @ k mod 4
     beq 1f
@@ -594,14 +596,13 @@
     bne 6f
     b 3f                    @ (beq's reach is 256 bytes)
 6:
-    mov r3, r12
-    cmp r3, #1
+    cmp r7, #1
     bne 2f
 5:
-    t8_unit 0, 0
-    t8_unit 8, 1
-    t8_unit 16, 2
-    t8_unit 24, 3
+    t8_unit 0, 1
+    t8_unit 8, 2
+    t8_unit 16, 3
+    t8_unit 24, 4
     adds r1, #4
     adds r0, #32
     ldr r3, [sp, #0]
@@ -619,6 +620,7 @@
     bne 2b
 3:
     ldr r3, [sp, #24]       @ acc (pushed first, below the four saved high registers)
+    mov r7, r12
     stmia r3!, {r4-r7}
     mov r4, r8
     mov r5, r9
@@ -632,3 +634,49 @@
     pop {r3-r7, pc}
     .size mt_t8, . - mt_t8
 #endif
+
+@ qlinear_native.c's rows8: one input row into its lane of the transposed block,
+@
+@   void mt_lane8(const uint8_t *x, uint8_t *xt, mp_int_t k, uint32_t flip)
+@
+@ xt[8 * t] = x[t] ^ flip for t < k (k >= 1; x's bytes consecutive: a Gemm row). Four
+@ bytes a turn, the stores at immediate offsets: 4 instructions a byte (gcc's loop took
+@ 13, its pointers and flip reloaded from the stack), in every ARM build.
+@
+@ Registers: r0 x, r1 xt, r2 turns left, r3 flip, r4 the byte, r5 k mod 4.
+    func mt_lane8
+    push {r4, r5, lr}
+    lsls r5, r2, #30
+    lsrs r5, r5, #30        @ k mod 4: single bytes first
+    beq 2f
+1:
+    ldrb r4, [r0, #0]
+    eors r4, r3
+    strb r4, [r1, #0]
+    adds r0, #1
+    adds r1, #8
+    subs r5, #1
+    bne 1b
+2:
+    lsrs r2, r2, #2
+    beq 3f
+4:
+    ldrb r4, [r0, #0]
+    eors r4, r3
+    strb r4, [r1, #0]
+    ldrb r4, [r0, #1]
+    eors r4, r3
+    strb r4, [r1, #8]
+    ldrb r4, [r0, #2]
+    eors r4, r3
+    strb r4, [r1, #16]
+    ldrb r4, [r0, #3]
+    eors r4, r3
+    strb r4, [r1, #24]
+    adds r0, #4
+    adds r1, #32
+    subs r2, #1
+    bne 4b
+3:
+    pop {r4, r5, pc}
+    .size mt_lane8, . - mt_lane8
