@@ -180,6 +180,37 @@ static inline void store(const gemm_t *g, mp_int_t i, mp_int_t j, int32_t sum) {
                                          r[g->req + 5 + 2 * j]);
 }
 
+// The outputs Y[i, j .. j + count - 1] from their sums: on ARM qrequant_thumb.S's
+// mt_rq_cols for those inside rq_init's domain (~50 instructions an output), store's
+// out_byte (~125 with the call) for the others
+#ifdef MT_THUMB_KERNELS
+mp_int_t mt_rq_cols(const int32_t *sum, uint8_t *out, mp_int_t n, const int32_t *p);
+#endif
+static void store_run(const gemm_t *g, mp_int_t i, mp_int_t j, const int32_t *sum,
+                      mp_int_t count) {
+#ifdef MT_THUMB_KERNELS
+    static const int32_t no_bias[4];
+    const int32_t *r = g->r, *hdr = r + g->req;
+    while (count > 0) {
+        int32_t p[5] = {(int32_t)(intptr_t)(hdr + 4 + 2 * j),
+                        (int32_t)(intptr_t)(g->bias >= 0 ? r + g->bias + j : no_bias),
+                        hdr[1], hdr[2], hdr[3]};
+        mp_int_t done = mt_rq_cols(sum, g->q + g->y + i * g->n + j, count, p);
+        if (done < count) {
+            store(g, i, j + done, sum[done]);
+            done++;
+        }
+        sum += done;
+        j += done;
+        count -= done;
+    }
+#else
+    for (mp_int_t c = 0; c < count; c++) {
+        store(g, i, j + c, sum[c]);
+    }
+#endif
+}
+
 // Four outputs of one row with unit strides along k (a transposed weight, as the packager
 // lowers torch's Linear): the input byte is loaded once for four weights. On ARM the loop
 // is qlinear_thumb.S's (Thumb-1 by hand: gcc spills the four sums there; armv7m: Thumb-2,
@@ -278,10 +309,7 @@ static void dot4(const gemm_t *g, mp_int_t i, mp_int_t j, uint32_t flip, int32_t
             pw += sw;
         }
     }
-    store(g, i, j, a[0]);
-    store(g, i, j + 1, a[1]);
-    store(g, i, j + 2, a[2]);
-    store(g, i, j + 3, a[3]);
+    store_run(g, i, j, a, 4);
 }
 
 // One output (the last n % 4 columns)
