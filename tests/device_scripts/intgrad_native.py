@@ -59,12 +59,11 @@ def grads(count, crafted, extra=0):
     top = random.choice((1, 255, 1 << 12, 1 << 16, 1 << 16))
     if crafted:
         top = random.choice((1 << 22, 1 << 29, (1 << 30) - 1))
-    if BIG is not None:
-        G = BIG
-        for i in range(len(G)):
-            G[i] = 0
-    else:
-        G = array("i", bytes(4 * (1 + count + extra)))
+    # (an array from a range is one allocation of its final size; from bytes(...) the
+    # bytes were a second copy, which no longer fitted the M3's heap beside the module)
+    G = array("i", range(1 + count + extra)) if BIG is None else BIG
+    for i in range(len(G)):
+        G[i] = 0
     G[0] = random.choice((0, random.randint(-40, 40), random.randint(-8, 8)))
     for i in range(1, 1 + count):
         G[i] = mantissa(top)

@@ -67,6 +67,9 @@ def gemm_case():
     lo, hi = (-128, 127) if random.randint(0, 1) else (0, 255)
     if random.randint(0, 3) == 0:
         b = [random.randint(-(1 << 29), 1 << 29) for _ in range(n)]    # huge biases
+        if random.randint(0, 2) == 0:   # at int32's ends: the sum plus the bias overflows
+            b = [random.choice((1, -1)) * ((1 << 31) - 1 - random.randint(0, 1 << 16))
+                 for _ in range(n)]
     else:
         b = [random.randint(-5000, 5000) for _ in range(n)]
     signed = random.randint(0, 1)
