@@ -447,6 +447,7 @@
 @ padded input rows, laid out DW_RS = 14 bytes apart (so that every tap is an immediate
 @ offset: 0-2, 14-16, 28-30), the nine weights in registers:
 @
+#ifndef MT_THUMB2         /* the armv7m build: qlinear_thumb2.S's, with MLA */
 @   void mt_dw3_s1(const uint8_t *p, int32_t *acc, const int32_t *geo, const int32_t *w)
 @   void mt_dw3_s2(...)  the same with stride 2 along x
 @
@@ -530,6 +531,7 @@
 
     dw3 mt_dw3_s1, 1
     dw3 mt_dw3_s2, 2
+#endif
 
 #ifndef MT_THUMB2         /* the armv7m build: qlinear_thumb2.S's */
 @ Eight rows' sums against one weight vector, the eight rows' bytes interleaved (a block

@@ -266,3 +266,60 @@
 
     dot4knt mt_dot4_kn_u8, 0
     dot4knt mt_dot4_kn_s8, 1
+
+@   void mt_dw3_s1(const uint8_t *p, int32_t *acc, const int32_t *geo, const int32_t *w)
+@   void mt_dw3_s2(...)  the same with stride 2 along x
+@ qlinear_thumb.S's depthwise row loop (see there: geo = [cols, rows, skip], rows of the
+@ band 14 bytes apart, the bytes unsigned) with the nine weights in r4-r12 and MLA: 22
+@ instructions an output (Thumb-1's 37: each weight moved to a low register to multiply).
+@ Registers: r0 p, r1 acc, r2 sum, r3 byte, r4-r12 w0-w8, lr the row's end in acc; rows
+@ left, skip and 4 * cols on the stack.
+
+.macro dw3t_tap at, w
+    ldrb r3, [r0, #\at]
+    mla r2, r3, \w, r2
+.endm
+
+.macro dw3t name, step
+    func2 \name
+    push {r4-r11, lr}
+    sub sp, #12
+    ldr r4, [r2, #0]
+    lsls r4, r4, #2
+    str r4, [sp, #8]        @ 4 * cols
+    ldr r4, [r2, #4]
+    str r4, [sp, #0]        @ rows left
+    ldr r4, [r2, #8]
+    str r4, [sp, #4]        @ skip
+    ldm r3, {r4-r12}
+1:                          @ a row
+    ldr r3, [sp, #8]
+    add lr, r1, r3          @ its end in acc
+2:                          @ an output
+    ldrb r2, [r0, #0]
+    mul r2, r2, r4
+    dw3t_tap 1, r5
+    dw3t_tap 2, r6
+    dw3t_tap 14, r7
+    dw3t_tap 15, r8
+    dw3t_tap 16, r9
+    dw3t_tap 28, r10
+    dw3t_tap 29, r11
+    dw3t_tap 30, r12
+    str r2, [r1], #4
+    adds r0, #\step
+    cmp r1, lr
+    bne 2b
+    ldr r3, [sp, #4]
+    add r0, r3              @ the next row's start
+    ldr r3, [sp, #0]
+    subs r3, #1
+    str r3, [sp, #0]
+    bne 1b
+    add sp, #12
+    pop {r4-r11, pc}
+    .size \name, . - \name
+.endm
+
+    dw3t mt_dw3_s1, 1
+    dw3t mt_dw3_s2, 2
