@@ -32,6 +32,23 @@
     mov r11, r7
 .endm
 
+@ r2 clamped to [lo, hi] (words at sp + lo_at, sp + hi_at), stored at out (r1), which moves
+@ on: the end of every requantization below
+.macro clamp_store lo_at, hi_at
+    ldr r4, [sp, #\lo_at]
+    cmp r2, r4
+    bge 2f
+    movs r2, r4
+2:
+    ldr r4, [sp, #\hi_at]
+    cmp r2, r4
+    ble 3f
+    movs r2, r4
+3:
+    strb r2, [r1, #0]
+    adds r1, #1
+.endm
+
 @ qlinear_native.c's per-channel requantization (rq_byte) of a run of accumulators:
 @
 #ifndef MT_THUMB2         /* the armv7m build: qrequant_thumb2.S's, with UMULL */
@@ -106,18 +123,7 @@
     subs r2, r2, r7         @ the sign back: round half to even is odd-symmetric
     ldr r4, [sp, #0]
     adds r2, r2, r4         @ + y_zp
-    ldr r4, [sp, #4]
-    cmp r2, r4
-    bge 2f
-    movs r2, r4
-2:
-    ldr r4, [sp, #8]
-    cmp r2, r4
-    ble 3f
-    movs r2, r4
-3:
-    strb r2, [r1, #0]
-    adds r1, #1
+    clamp_store 4, 8
     cmp r1, r12
     bne 1b
 5:
@@ -188,18 +194,7 @@
     adcs r2, r4             @ h + half_m1 + carry (< 2**32)
     lsrs r2, r6             @ u
     adds r2, r2, r7         @ + y_zp
-    ldr r4, [sp, #4]
-    cmp r2, r4
-    bge 2f
-    movs r2, r4
-2:
-    ldr r4, [sp, #8]
-    cmp r2, r4
-    ble 3f
-    movs r2, r4
-3:
-    strb r2, [r1, #0]
-    adds r1, #1
+    clamp_store 4, 8
     cmp r1, r12
     bne 1b
 5:
@@ -296,18 +291,7 @@
     eors r2, r7
     subs r2, r2, r7         @ the sign back: round half to even is odd-symmetric
     add r2, r10             @ + y_zp
-    ldr r4, [sp, #0]
-    cmp r2, r4
-    bge 2f
-    movs r2, r4
-2:
-    ldr r4, [sp, #4]
-    cmp r2, r4
-    ble 3f
-    movs r2, r4
-3:
-    strb r2, [r1, #0]
-    adds r1, #1
+    clamp_store 0, 4
     adds r0, #4
     movs r4, #8
     add r8, r4              @ the next channel's pair
