@@ -435,7 +435,11 @@ void unpack_args(const mp_obj_t *in, size_t count, mp_rom_error_text_t wrong_cou
     mp_get_buffer_raise(in[1], &bufs[1], i_write ? MP_BUFFER_WRITE : MP_BUFFER_READ);
     mp_get_buffer_raise(a[count - 1], &bufs[2], MP_BUFFER_READ);
     for (size_t f = 0; f < count - 3; f++) {
-        fields[f] = mp_obj_get_int(a[f + 1]);
+        // a small int's value straight from its tagged word (what native_from_obj returns
+        // for it, through mp_fun_table and a switch: ~20 instructions a field, ~260 of a
+        // Gemm call's ~1,360); True/False and big ints take the call as before
+        mp_obj_t o = a[f + 1];
+        fields[f] = mp_obj_is_small_int(o) ? MP_OBJ_SMALL_INT_VALUE(o) : mp_obj_get_int(o);
     }
 }
 
@@ -454,7 +458,7 @@ static mp_obj_t qlinear_gemm(size_t n_args, const mp_obj_t *in) {
     uint32_t flip = g.x_signed ? 0x80 : 0;
     int32_t zpf = g.r[g.req] + (int32_t)flip;
     mp_int_t n4 = g.n & ~(mp_int_t)3, i = 0;
-    bool small_bias = g.k <= XT_K;
+    bool small_bias = g.k <= XT_K && g.m >= 8;      // (only rows8 needs it)
     for (mp_int_t j = 0; small_bias && g.bias >= 0 && j < g.n; j++) {
         small_bias = g.r[g.bias + j] > -(1 << 30) && g.r[g.bias + j] < (1 << 30);
     }
