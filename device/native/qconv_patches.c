@@ -57,8 +57,13 @@ GATHER_RECT(gather_rect_u8, 0)
 GATHER_RECT(gather_rect_s8, 0x80)
 __attribute__((noinline, optimize("no-tree-loop-distribute-patterns")))
 static void fill8(uint8_t *pp, mp_int_t n, uint8_t b) {
-    for (uint8_t *pe = pp + 8 * n; pp < pe; pp += 8) {
-        *pp = b;
+    // four bytes a turn (stores at immediate offsets): n rounded up to four, the bytes past
+    // n land where the gather's do (the next group's place, filled after, or the slack)
+    for (uint8_t *pe = pp + 8 * n; pp < pe; pp += 32) {
+        pp[0] = b;
+        pp[8] = b;
+        pp[16] = b;
+        pp[24] = b;
     }
 }
 __attribute__((noinline, optimize("no-tree-loop-distribute-patterns")))
@@ -100,9 +105,7 @@ void conv_patches(const conv_t *c, uint8_t *q, const int32_t *r,
             for (mp_int_t i = 0; i < n8; i++) {
                 uint8_t *pp = patch + (i >> 3) * 8 * K + (i & 7);
                 if (i >= n) {                   // the last group's unused lanes
-                    for (mp_int_t t = 0; t < K; t++, pp += 8) {
-                        *pp = zpb;
-                    }
+                    fill8(pp, K, zpb);
                     continue;
                 }
                 if ((i & 7) == 0) {
