@@ -2,7 +2,8 @@
 the board's architecture, as deploy compiles it) and, with --functions, what each function's
 body costs (the module compiled again with that body replaced by `pass`: its bytecode,
 line-number table and the constants and names only it uses). Error-message modules
-(microtrain/_msg_*) are left out: a run imports them only when one is raised.
+(microtrain/_msg_*) are left out: a run imports them only when one is raised; so are the
+modules of an API a training loop does not call (runtime.LAZY_MODULES).
 
     python scripts/runtime_sizes.py build/model.mtb [--arch armv6m] [--bundled]
         [--functions N]
@@ -67,7 +68,7 @@ def main(argv=None):
     total = 0
     costs = []
     for module, text in sorted(sources.items()):
-        if is_message_module(module):
+        if is_message_module(module) or runtime.is_lazy_module(module):
             continue
         size = mpy_size(text, args.arch, module.replace("/", "_"))
         total += size

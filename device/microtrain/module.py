@@ -1,7 +1,8 @@
 # Module: runs the train and eval programs of a blob over arenas allocated once. The rarely
 # used parts live beside it and are imported only by the models that need them: integer
 # parameters (intparams.py), random generators (randoms.py), a loss computed outside the
-# graph (outside.py).
+# graph (outside.py); what a training loop does not call (moduleextra.py: the in-program
+# reload, the program's input and output names).
 import math
 from microtrain.checkpoint import Ref
 from microtrain.errors import CheckpointError, ParameterError, TrainingError
@@ -147,24 +148,9 @@ class Module:
         one - instead of building another Module: no second set of arenas. The checkpoint
         is validated before anything changes; returns its CheckpointState, which is now
         this Module's state."""
-        from microtrain.checkpoint import CheckpointState
-        state = CheckpointState.load_checkpoint(checkpoint_uri)
-        old = self.state
-        self.state = state
-        try:
-            self._bind_parameters()
-            if self._randoms is not None:
-                self._randoms.restore()
-            if self._optimizer is not None:
-                self._optimizer._bind_state(state)
-        except Exception:
-            # part of the new values may be in the arenas: nothing trains on them
-            old.is_nominal = True
-            self.state = old
-            raise
-        state._random_source = self._random_states
-        self._reset_pending = True
-        return state
+        # (moduleextra.py: the reload's steps, imported on first use, not by a training run)
+        from microtrain.moduleextra import reload
+        return reload(self, checkpoint_uri)
 
     def _random_states(self):
         # {microtrain.rng.*: state} of every generator, for save_checkpoint (only then)
@@ -208,17 +194,12 @@ class Module:
             self._randoms.seed(seed)
 
     def input_names(self, training=None):
-        program = self._program(training)
-        return [self.blob.names[t] for t in program.inputs]
+        from microtrain.moduleextra import names
+        return names(self, training, False)
 
     def output_names(self, training=None):
-        program = self._program(training)
-        return [self.blob.names[t] for t in program.outputs]
-
-    def _program(self, training):
-        if training is None:
-            training = self._training
-        return (self._train or self._forward) if training else self._eval
+        from microtrain.moduleextra import names
+        return names(self, training, True)
 
     def _load_inputs(self, program, inputs):
         if self.state.is_nominal:

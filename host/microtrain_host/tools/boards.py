@@ -235,6 +235,7 @@ class FitReport:
         self.native_code = 0            # heap their import takes (part of code)
         self.native_names = []          # their names on the board
         self.messages_mpy = 0           # .mpy bytes of error messages, imported on error
+        self.lazy_mpy = 0               # .mpy bytes of runtime.LAZY_MODULES, on first use
         self.load = load                # live while Module loads (code included)
         self.train = train              # live while training (code included)
         self.save = save                # live while save_checkpoint writes (code included)
@@ -251,8 +252,11 @@ class FitReport:
 
     def messages_note(self, lead):
         """What the runtime's error-message modules add, for deploy's listing ("" if none)."""
+        lazy = (f"; {self.lazy_mpy:,} B imported by a reload (Module.load_checkpoint) or a "
+                f"call of input_names / output_names (microtrain/moduleextra)"
+                if self.lazy_mpy else "")
         return (f"{lead}{self.messages_mpy:,} B error messages (microtrain/_msg_*), imported "
-                f"only when one is raised" if self.messages_mpy else "")
+                f"only when one is raised{lazy}" if self.messages_mpy else lazy)
 
 
 def native_for(blob_path, board, placement):
@@ -298,7 +302,7 @@ def native_heap(native):
 
 
 def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None, native=None,
-            machine_mpy=0, messages_mpy=0):
+            machine_mpy=0, messages_mpy=0, lazy_mpy=0):
     """FitReport for training the artifacts (a directory with model.mtb and checkpoint) on
     the board. runtime_mpy: .mpy bytes of the minimal runtime's bytecode (compiled if not
     given), machine_mpy the part of them in .mpy files with machine code (the viper
@@ -306,7 +310,9 @@ def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None, nat
     the packed checkpoint saved again with optimizer state). native: the native modules the
     runtime carries ({name: .mpy path}; default: what deploy ships, native_for).
     messages_mpy: .mpy bytes of the runtime's error messages (tools/runtime_messages.py),
-    shipped beside runtime_mpy but imported only when an error is raised: not in the code."""
+    shipped beside runtime_mpy but imported only when an error is raised: not in the code.
+    lazy_mpy: .mpy bytes of its runtime.LAZY_MODULES, shipped beside runtime_mpy and imported
+    by a reload (Module.load_checkpoint): counted in that phase only."""
     from microtrain import CheckpointState, Module, Optimizer
     placement = placement or default_placement(board)
     if placement not in PLACEMENTS:
@@ -316,8 +322,8 @@ def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None, nat
     if native is None:
         native = choose_native(artifacts, board, placement, resume)[0]
     if runtime_mpy is None:
-        runtime_mpy, machine_mpy, messages_mpy = minimal_runtime_split(blob_path, board, native,
-                                                                       placement)
+        runtime_mpy, machine_mpy, messages_mpy, lazy_mpy = minimal_runtime_split(
+            blob_path, board, native, placement)
     word = board["word_bytes"]
     model = HeapModel(word)
     native_code = native_heap(native)
@@ -379,7 +385,8 @@ def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None, nat
         resume_heap = code + heap_bytes([resumed, module, optimizer], word) + batch
         again = CheckpointState.load_checkpoint(str(resume))
         # the second state, and the stream's read buffer (CheckpointState.stream)
-        reload = resume_heap + heap_bytes([again], word) + model.size(bytearray(256), ())
+        reload = (resume_heap + heap_bytes([again], word) + model.size(bytearray(256), ())
+                  + int(per_byte * lazy_mpy))
     resume_load = code + loaded_resumed + transient
     largest = max(model.size(a, ()) for a in (module.F, module.I, module.blob.Q)
                   if a is not None)
@@ -390,6 +397,7 @@ def predict(artifacts, board, placement=None, runtime_mpy=None, resume=None, nat
     fit.native_code = native_code
     fit.native_names = sorted(native)
     fit.messages_mpy = messages_mpy
+    fit.lazy_mpy = lazy_mpy
     return fit
 
 
@@ -415,7 +423,7 @@ def blob_in_rom(blob_path, placement):
 
 def minimal_runtime_split(blob_path, board, native=(), placement="files"):
     """(.mpy bytes imported, of which in files with machine code, .mpy bytes of the error
-    messages imported only when one is raised) of the model's minimal runtime compiled for
+    messages imported only when one is raised, .mpy bytes of LAZY_MODULES) of the model's minimal runtime compiled for
     the board (native: the native modules it carries, runtime.minimal_sources; bundled as
     deploy ships it to the placement)."""
     import tempfile
@@ -425,13 +433,22 @@ def minimal_runtime_split(blob_path, board, native=(), placement="files"):
                                                 bundled=placement == "files"), board["mpy_arch"],
                                 board["mpy_version"], tmp)
         messages = messages_mpy(sizes)
-        return sum(sizes.values()) - messages, runtime_machine_mpy(tmp, sizes), messages
+        lazy = lazy_mpy(sizes)
+        return (sum(sizes.values()) - messages - lazy, runtime_machine_mpy(tmp, sizes),
+                messages, lazy)
 
 
 def messages_mpy(sizes):
     """Bytes of the compiled runtime's ({path: bytes}) error-message modules."""
     from .runtime_messages import is_message_module
     return sum(n for path, n in sizes.items() if is_message_module(path))
+
+
+def lazy_mpy(sizes):
+    """Bytes of the compiled runtime's ({path: bytes}) modules imported only by a run calling
+    an API a training loop does not (runtime.LAZY_MODULES)."""
+    from .runtime import is_lazy_module
+    return sum(n for path, n in sizes.items() if is_lazy_module(path))
 
 
 def runtime_machine_mpy(directory, sizes):

@@ -77,10 +77,10 @@ def plan(artifacts, board_name, steps=None, epochs=None, placement=None, resume=
                                           native=native, bundled=placement == "files")
         sizes = runtime.compile_runtime(sources, board["mpy_arch"], board["mpy_version"], tmp)
         machine = boards.runtime_machine_mpy(tmp, sizes)
-    messages = boards.messages_mpy(sizes)
-    fit = boards.predict(artifacts, board, placement, sum(sizes.values()) - messages,
+    messages, lazy = boards.messages_mpy(sizes), boards.lazy_mpy(sizes)
+    fit = boards.predict(artifacts, board, placement, sum(sizes.values()) - messages - lazy,
                          resume=resume, native=native, machine_mpy=machine,
-                         messages_mpy=messages)
+                         messages_mpy=messages, lazy_mpy=lazy)
     in_rom = boards.blob_in_rom(blob_path, placement)
     sizes.update({name: pathlib.Path(path).stat().st_size for name, path in native.items()})
     if steps is None and epochs is None:

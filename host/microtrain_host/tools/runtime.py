@@ -35,6 +35,14 @@ ENTRY_MODULES = ("microtrain", "microtrain.checkpoint_writer")
 # Imported only to word an error (errors.message; files.reason: the errno numbers' words),
 # shipped with every runtime and counted with its error messages (microtrain/_msg_*).
 ERROR_MODULES = ("microtrain._msg_oserrors",)
+# Imported on first use of an API a training loop does not call (Module.load_checkpoint,
+# input_names, output_names): shipped with every runtime, imported only by a run calling it.
+LAZY_MODULES = ("microtrain.moduleextra",)
+
+
+def is_lazy_module(path):
+    """True for a runtime path (.py or .mpy) of one of LAZY_MODULES."""
+    return path.rpartition(".")[0].replace("/", ".") in LAZY_MODULES
 # Imported by the package when present, not needed to train (microtrain/__init__.py guards
 # their imports): InferenceSession and the learning-rate schedulers.
 OPTIONAL_MODULES = ("microtrain.inference", "microtrain.lr_scheduler")
@@ -115,7 +123,7 @@ def runtime_modules(blob_path, extra=()):
     the package's module-level import closure, the kernel families it uses and the modules
     only some models import (model_modules), with what those import; extra: more modules
     the run's program imports (e.g. "microtrain.continual"), with their imports."""
-    wanted = (list(ENTRY_MODULES) + list(ERROR_MODULES)
+    wanted = (list(ENTRY_MODULES) + list(ERROR_MODULES) + list(LAZY_MODULES)
               + ["microtrain.kernels." + f for f in kernel_families(blob_path)]
               + model_modules(blob_path) + list(extra))
     seen = set()
