@@ -43,6 +43,8 @@ LAZY_MODULES = ("microtrain.moduleextra",)
 def is_lazy_module(path):
     """True for a runtime path (.py or .mpy) of one of LAZY_MODULES."""
     return path.rpartition(".")[0].replace("/", ".") in LAZY_MODULES
+
+
 # Imported by the package when present, not needed to train (microtrain/__init__.py guards
 # their imports): InferenceSession and the learning-rate schedulers.
 OPTIONAL_MODULES = ("microtrain.inference", "microtrain.lr_scheduler")
