@@ -424,8 +424,8 @@ def blob_in_rom(blob_path, placement):
 def minimal_runtime_split(blob_path, board, native=(), placement="files"):
     """(.mpy bytes imported, of which in files with machine code, .mpy bytes of the error
     messages imported only when one is raised, .mpy bytes of runtime.LAZY_MODULES) of the
-    model's minimal runtime compiled for the board (native: the native modules it carries, runtime.minimal_sources; bundled as
-    deploy ships it to the placement)."""
+    model's minimal runtime compiled for the board (native: the native modules it carries,
+    runtime.minimal_sources; bundled as deploy ships it to the placement)."""
     import tempfile
     from .runtime import compile_runtime, minimal_sources
     with tempfile.TemporaryDirectory() as tmp:
