@@ -322,6 +322,11 @@ static mp_obj_t qlinear_conv(size_t n_args, const mp_obj_t *in) {
     const int32_t x_zp = r[c.req];
     if (!pointwise && c.cout_g >= 4 && c.cin_g * taps <= PATCH_BYTES / 8 &&
         (flip ? x_zp <= 127 : x_zp >= 0)) {     // x_zp - off a signed byte (conv_patches)
+#ifdef MT_THUMB_KERNELS
+        if (conv_direct(&c, q, r, wbuf, flip)) {
+            return mp_const_none;
+        }
+#endif
         conv_patches(&c, q, r, wbuf, flip);
         return mp_const_none;
     }

@@ -58,6 +58,10 @@ typedef struct {
 // four or more output channels per group, x_zp + (128 for int8 inputs) a byte
 void conv_patches(const conv_t *c, uint8_t *q, const int32_t *r, const uint8_t *wbuf,
                   uint32_t flip);
+// The direct path (qconv_direct.c, ARM builds): a stride-1 Conv whose outputs tile by eight
+// along a row or by four columns and two rows, K <= 72; false when it does not take it
+bool conv_direct(const conv_t *c, uint8_t *q, const int32_t *r, const uint8_t *wbuf,
+                 uint32_t flip);
 
 // The module's globals (kept alive by the module object), where fastpath.py sets _pure
 extern mp_obj_dict_t *module_globals;

@@ -17,7 +17,9 @@
 # edge_req; 3x3 depthwise Convs (the module's row loops over padded rows: 1-16 wide, 1-12 or
 # 40-70 high, strides, dilation along y) every fourth, half of them with edge_req; Convs of
 # 2-6 input and 4-8 output channels per group (the im2col path for any Conv) every eighth.
-# Conv kinds per eight Conv cases: 0 1 3 4 5 2 3 4.
+# Conv kinds per eight Conv cases: 0 1 3 4 5 2 3 4 (CONV_KINDS; kind 6, stride-1 Convs of
+# 1-8 input and 4-8 output channels per group whose outputs often tile by eight or by four
+# by two, the direct path, only when the test asks for it).
 # Gemm and Conv cases alternate; every eighth Gemm case is a tie case (tie_case).
 # Prints "case I CRC" per case, then "cases N fallback F" (F: crafted cases,
 # which the module hands to the pure-Python kernel).
@@ -163,6 +165,21 @@ def conv_case(kind=0):
     if kind in (1, 2):
         kh = kw = sh = sw = 1
         pt = pl = 0
+    if kind == 6:
+        # stride 1, 1-8 input and 4-8 output channels per group, kernels up to 5x5 (the
+        # direct path, qconv_direct.c, when K <= 72 and the outputs tile: rows of eight, or
+        # blocks of four columns by two rows at most 16 band columns wide; the im2col path
+        # else), paddings up to 3, some of them wider than the kernel
+        groups = random.choice((1, 1, 2))
+        cin, cout = groups * random.randint(1, 8), groups * random.randint(4, 8)
+        kh, kw = random.choice((1, 2, 3, 3, 4, 5)), random.choice((1, 2, 3, 3, 4, 5))
+        sh = sw = dh = dw = 1
+        pt, pl = random.randint(0, 3), random.randint(0, 3)
+        OW = random.choice((4, 8, 12, 16, 24, random.randint(1, 14)))
+        OH = random.choice((2, 4, 6, 8, random.randint(1, 9)))
+        H, W = OH + kh - 1 - 2 * pt, OW + kw - 1 - 2 * pl
+        if H < 1 or W < 1:
+            return None
     OH = (H + 2 * pt - (kh - 1) * dh - 1) // sh + 1
     OW = (W + 2 * pl - (kw - 1) * dw - 1) // sw + 1
     if OH < 1 or OW < 1:
@@ -190,6 +207,8 @@ def conv_case(kind=0):
         r, crafted = edge_req(cout, x_zp, y_zp_for(lo), lo, hi)
     else:
         r, crafted = req(cout, x_zp, y_zp_for(lo), lo, hi)
+        while kind == 6 and crafted and random.randint(0, 3):   # mostly the module's own
+            r, crafted = req(cout, x_zp, y_zp_for(lo), lo, hi)
     I = array("i", b + r + [0] * (OH * OW))
     w_at, weights = nx, Q
     if random.randint(0, 1):
@@ -206,13 +225,17 @@ try:
     CASES                  # tests/test_board_natmod.py sets it
 except NameError:
     CASES = 480
+try:
+    CONV_KINDS             # tests/test_board_natmod.py's direct-path check sets it
+except NameError:
+    CONV_KINDS = (0, 1, 3, 4, 5, 2, 3, 4)
 cases = fallback = 0
 while cases < CASES:
     gc.collect()            # the last case's arrays: the large pointwise cases need ~20 KB
     if cases % 2 == 0:
         case = (tie_case if cases % 16 == 0 else gemm_case)()
     else:       # every eighth Conv case pointwise and another on the requantization's edges
-        case = conv_case((0, 1, 3, 4, 5, 2, 3, 4)[cases % 16 // 2])
+        case = conv_case(CONV_KINDS[cases % 16 // 2 % len(CONV_KINDS)])
     if case is None:
         continue
     Q, I, args, crafted, kind = case
@@ -220,5 +243,6 @@ while cases < CASES:
     cases += 1
     fallback += crafted
     # the host's line names the case, for a failure's message
-    print("case", cases, crc32(Q), ("gemm", "conv")[kind] + repr(args[1:-1]) if PURE else "")
+    print("case", cases, crc32(Q), ("gemm", "conv")[kind] + repr(args[1:-1]) +
+          (" crafted" if crafted else "") if PURE else "")
 print("cases", cases, "fallback", fallback)
