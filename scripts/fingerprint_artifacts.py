@@ -37,7 +37,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import microtrain_host as mh  # noqa: E402
-from microtrain import CheckpointState, InferenceSession, Module, Optimizer  # noqa: E402
+from microtrain import CheckpointState, Module, Optimizer  # noqa: E402
 from reference_models import REFERENCE_MODELS, ds_cnn, lenet  # noqa: E402
 from torch_reference import export  # noqa: E402
 
@@ -155,6 +155,7 @@ def _hashes(directory):
 
 def quantized_cases(report):
     """QAT, the int8 exports, integer training (issues 10 and 11)."""
+    from microtrain import InferenceSession     # (here: a minimal runtime has none)
     from microtrain_host.quant.int8 import pack_inference_model
     from microtrain_host.quant.inttrain import int8_training_artifacts
     digits = str(ROOT / "examples" / "digits" / "mlp.onnx")

@@ -28,6 +28,10 @@ _spec.loader.exec_module(fingerprint)
 # two steps with the minimal runtime first on the path (fingerprint_artifacts' inputs)
 TRAIN = """
 import sys
+# the runtime alone: without the editable install's finder (pip install -e), a module the
+# runtime leaves out would be found in that install's device package instead of failing
+sys.meta_path[:] = [f for f in sys.meta_path
+                    if not getattr(f, "__module__", "").startswith("__editable__")]
 import numpy as np
 import microtrain
 from microtrain import CheckpointState, Module, Optimizer
