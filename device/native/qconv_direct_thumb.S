@@ -15,41 +15,43 @@
 @ from the term's pointer. Per term: one LDM for the pair, one add, then per lane LDRB,
 @ MULS, ADD (Thumb-1: 26 for eight multiply-accumulates) or LDRB, MLA (Thumb-2: 19).
 @
-@ Registers (Thumb-1): r0 the term's pointer, r1 the table's end, r2 weight, r3 input and
-@ product, r4-r6 sums 0-2, r12 sum 3, r8-r11 sums 4-7, r7 the table, lr x_g. Thumb-2: r4-r11
-@ sums, r12 the table. On the stack: the table's start, groups left, acc_g, the stride.
+@ Registers: r0 the term's pointer, r1 the table's end, r2 weight, r3 input and product,
+@ r4-r6 sums 0-2, SUM3, r8-r11 sums 4-7, TABLE, lr x_g (Thumb-1: SUM3 r12, TABLE r7, as
+@ LDM's base must be a low register there; Thumb-2: r7 and r12). On the stack: the table's
+@ start, groups left, acc_g, the stride (Thumb-1: less 16).
 
     .syntax unified
 #ifdef MT_THUMB2
     .cpu cortex-m3
+#define SUM3 r7
+#define TABLE r12
 #else
     .cpu cortex-m0
+#define SUM3 r12
+#define TABLE r7
 #endif
     .thumb
     .text
 
-.macro func name
-    .align 2
-    .global \name
-    .type \name, %function
-    .thumb_func
-\name:
-.endm
+#include "thumb_macros.h"
 
-#ifndef MT_THUMB2
 .macro d8_mac at, sum
     ldrb r3, [r0, #\at]
+#ifdef MT_THUMB2
+    mla \sum, r3, r2, \sum
+#else
     muls r3, r2, r3
     add \sum, r3
+#endif
 .endm
 
 .macro d8_term gap
-    ldmia r7!, {r0, r2}
+    ldmia TABLE!, {r0, r2}
     add r0, lr
     d8_mac 0, r4
     d8_mac 1, r5
     d8_mac 2, r6
-    d8_mac 3, r12
+    d8_mac 3, SUM3
     d8_mac (4 + \gap), r8
     d8_mac (5 + \gap), r9
     d8_mac (6 + \gap), r10
@@ -58,23 +60,28 @@
 
 .macro direct8 name, gap, step
     func \name
+#ifdef MT_THUMB2
+    push {r4-r11, lr}
+#else
     push {r4-r7, lr}
-    mov r4, r8
-    mov r5, r9
-    mov r6, r10
-    mov r7, r11
-    push {r4-r7}
+    push_high
+#endif
     sub sp, #16
     str r1, [sp, #0]        @ the table's start
     ldr r4, [r2, #4]
     str r4, [sp, #4]        @ groups left
     str r3, [sp, #8]        @ acc_g
     ldr r4, [r2, #8]
-    subs r4, #16
-    str r4, [sp, #12]       @ the stride less 16: from acc_g + 16 to lanes 4-7's place
+#ifndef MT_THUMB2
+    subs r4, #16            @ (from acc_g + 16, where the first four's STMIA leaves it)
+#endif
+    str r4, [sp, #12]       @ the stride
     ldr r1, [r2, #0]        @ the table's end
     mov lr, r0
 1:
+#ifdef MT_THUMB2
+    zero_r4_r11
+#else
     movs r4, #0
     movs r5, #0
     movs r6, #0
@@ -83,24 +90,31 @@
     mov r9, r4
     mov r10, r4
     mov r11, r4
-    ldr r7, [sp, #0]
+#endif
+    ldr TABLE, [sp, #0]
 2:
     d8_term \gap
     d8_term \gap
     d8_term \gap
     d8_term \gap
-    cmp r7, r1
+    cmp TABLE, r1
     bne 2b
     ldr r3, [sp, #8]
+    ldr r0, [sp, #12]
+#ifdef MT_THUMB2
+    add r0, r3
+    stm r0, {r8-r11}
+    stmia r3!, {r4-r7}
+#else
     mov r7, r12
     stmia r3!, {r4-r7}
-    ldr r0, [sp, #12]
     adds r0, r0, r3
     mov r4, r8
     mov r5, r9
     mov r6, r10
     mov r7, r11
     stmia r0!, {r4-r7}
+#endif
     .if \step == 8
     adds r3, #16
     .endif
@@ -111,85 +125,17 @@
     subs r0, #1
     str r0, [sp, #4]
     beq 3f
-    b 1b                    @ (bne's reach is 256 bytes)
+    b 1b                    @ (Thumb-1's BNE reaches 256 bytes back)
 3:
     add sp, #16
-    pop {r4-r7}
-    mov r8, r4
-    mov r9, r5
-    mov r10, r6
-    mov r11, r7
-    pop {r4-r7, pc}
-    .size \name, . - \name
-.endm
-
-#else
-.macro d8_mac at, sum
-    ldrb r3, [r0, #\at]
-    mla \sum, r3, r2, \sum
-.endm
-
-.macro d8_term gap
-    ldmia r12!, {r0, r2}
-    add r0, lr
-    d8_mac 0, r4
-    d8_mac 1, r5
-    d8_mac 2, r6
-    d8_mac 3, r7
-    d8_mac (4 + \gap), r8
-    d8_mac (5 + \gap), r9
-    d8_mac (6 + \gap), r10
-    d8_mac (7 + \gap), r11
-.endm
-
-.macro direct8 name, gap, step
-    func \name
-    push {r4-r11, lr}
-    sub sp, #16
-    str r1, [sp, #0]        @ the table's start
-    ldr r4, [r2, #4]
-    str r4, [sp, #4]        @ groups left
-    str r3, [sp, #8]        @ acc_g
-    ldr r4, [r2, #8]
-    str r4, [sp, #12]       @ the stride
-    ldr r1, [r2, #0]        @ the table's end
-    mov lr, r0
-1:
-    movs r4, #0
-    movs r5, #0
-    movs r6, #0
-    movs r7, #0
-    mov r8, r4
-    mov r9, r4
-    mov r10, r4
-    mov r11, r4
-    ldr r12, [sp, #0]
-2:
-    d8_term \gap
-    d8_term \gap
-    d8_term \gap
-    d8_term \gap
-    cmp r12, r1
-    bne 2b
-    ldr r3, [sp, #8]
-    ldr r0, [sp, #12]
-    add r0, r3
-    stm r0, {r8-r11}
-    stmia r3!, {r4-r7}
-    .if \step == 8
-    adds r3, #16
-    .endif
-    str r3, [sp, #8]
-    add lr, lr, #\step
-    ldr r0, [sp, #4]
-    subs r0, #1
-    str r0, [sp, #4]
-    bne 1b
-    add sp, #16
+#ifdef MT_THUMB2
     pop {r4-r11, pc}
+#else
+    pop_high
+    pop {r4-r7, pc}
+#endif
     .size \name, . - \name
 .endm
-#endif
 
     direct8 mt_d8x1, 0, 8
     direct8 mt_d4x2, 12, 4

@@ -22,32 +22,7 @@
     .thumb
     .text
 
-@ a global Thumb function's entry
-.macro func name
-    .align 2
-    .global \name
-    .type \name, %function
-    .thumb_func
-\name:
-.endm
-
-@ r8-r11 saved on the stack (through r4-r7, which the caller's push has saved) and restored:
-@ every loop below keeps sums, weights or pointers there
-.macro push_high
-    mov r4, r8
-    mov r5, r9
-    mov r6, r10
-    mov r7, r11
-    push {r4-r7}
-.endm
-
-.macro pop_high
-    pop {r4-r7}
-    mov r8, r4
-    mov r9, r5
-    mov r10, r6
-    mov r11, r7
-.endm
+#include "thumb_macros.h"
 
 #ifndef MT_THUMB2         /* the armv7m build: qlinear_thumb2.S's, with MLA */
 @ one term: the input byte (sign-extended when \signed), less the zero point, times the

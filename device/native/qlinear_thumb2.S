@@ -9,13 +9,7 @@
     .thumb
     .text
 
-.macro func2 name
-    .align 2
-    .global \name
-    .type \name, %function
-    .thumb_func
-\name:
-.endm
+#include "thumb_macros.h"
 
 @   void mt_pw8_u8(const uint8_t *px, const uint8_t *pw, const int32_t *p, int32_t *acc)
 @   void mt_pw8_s8(...)
@@ -46,19 +40,12 @@
 .endm
 
 .macro pw8t name, signed
-    func2 \name
+    func \name
     push {r3-r11, lr}
     ldr lr, [r2, #4]
     ldr r3, [r2, #0]
     add r12, r1, r3
-    movs r4, #0
-    movs r5, #0
-    movs r6, #0
-    movs r7, #0
-    mov r8, r4
-    mov r9, r4
-    mov r10, r4
-    mov r11, r4
+    zero_r4_r11
     tst r3, #1
     beq 1f
     pw8t_term \signed
@@ -112,22 +99,15 @@
     t8t_lanes \at
 .endm
 
-    func2 mt_t8
+    func mt_t8
     push {r3-r11, lr}
     ldr r3, [r2, #0]
     add r4, r0, r3, lsl #3
     and r3, r3, #3
     push {r3, r4}           @ the single terms' count, xt's end
     ldr r12, [r2, #4]
-    movs r4, #0
+    zero_r4_r11
     mov lr, r4
-    movs r5, #0
-    movs r6, #0
-    movs r7, #0
-    mov r8, r4
-    mov r9, r4
-    mov r10, r4
-    mov r11, r4
     cmp r3, #0
     beq 1f
 4:
@@ -198,7 +178,7 @@
 .endm
 
 .macro dot4t name, signed
-    func2 \name
+    func \name
     push {r3-r11, lr}
     ldm r2, {r4-r8}
     subs r4, #1
@@ -248,7 +228,7 @@
 .endm
 
 .macro dot4knt name, signed
-    func2 \name
+    func \name
     push {r3-r11, lr}
     ldm r3, {r9-r11, lr}
     ldm r2, {r3-r5}
@@ -281,7 +261,7 @@
 .endm
 
 .macro dw3t name, step
-    func2 \name
+    func \name
     push {r4-r11, lr}
     sub sp, #12
     ldr r4, [r2, #0]

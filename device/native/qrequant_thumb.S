@@ -7,30 +7,7 @@
     .thumb
     .text
 
-@ (qlinear_thumb.S's macros, repeated: each .S assembles alone)
-.macro func name
-    .align 2
-    .global \name
-    .type \name, %function
-    .thumb_func
-\name:
-.endm
-
-.macro push_high
-    mov r4, r8
-    mov r5, r9
-    mov r6, r10
-    mov r7, r11
-    push {r4-r7}
-.endm
-
-.macro pop_high
-    pop {r4-r7}
-    mov r8, r4
-    mov r9, r5
-    mov r10, r6
-    mov r11, r7
-.endm
+#include "thumb_macros.h"
 
 @ r2 clamped to [lo, hi] (words at sp + lo_at, sp + hi_at), stored at out (r1), which moves
 @ on: the end of every requantization below

@@ -11,13 +11,7 @@
     .thumb
     .text
 
-.macro func2 name
-    .align 2
-    .global \name
-    .type \name, %function
-    .thumb_func
-\name:
-.endm
+#include "thumb_macros.h"
 
 @   mp_int_t mt_rq_run(const int32_t *acc, uint8_t *out, mp_int_t n, const int32_t *p)
 @ p = [base, ml, mh, v, half_m1, amax, y_zp, lo, hi]; n >= 1. Writes out[i] for each
@@ -67,7 +61,7 @@
     strb r4, [r1], #1
 .endm
 
-    func2 mt_rq_run
+    func mt_rq_run
     push {r4-r11, lr}
     rq2_load
 1:
@@ -94,7 +88,7 @@
 @ lo at or above y_zp: an accumulator at or below 0 gives lo (qrequant_thumb.S's); hi in r7
 @ (no sign mask here), and where lo is y_zp (a plain Relu) u + y_zp cannot fall below it:
 @ no lower clamp (21 instructions a positive accumulator).
-    func2 mt_rq_relu
+    func mt_rq_relu
     push {r4-r11, lr}
     rq2_load
     ldr r7, [sp, #4]        @ hi
