@@ -22,8 +22,8 @@
 #define CHUNK_OUTPUTS 48        // a chunk's outputs, summed before they are requantized
 #define PITCH_4X2 16            // mt_d4x2's band rows: its lanes 4-7 read 16 bytes further
 
-// acc for the groups of eight lanes along a row: p = [the table's end, groups, the byte
-// distance from acc to lanes 4-7's sums] (qconv_direct_thumb.S)
+// The eight-lane loops (qconv_direct_thumb.S): acc for `groups` groups along a band row,
+// p = [the table's end, groups, the byte distance from acc to lanes 4-7's sums]
 void mt_d8x1(const uint8_t *x, const int32_t *table, const int32_t *p, int32_t *acc);
 void mt_d4x2(const uint8_t *x, const int32_t *table, const int32_t *p, int32_t *acc);
 
@@ -37,8 +37,8 @@ static void band_row(uint8_t *d, const uint8_t *s, mp_int_t q, mp_int_t lo, mp_i
     for (; i < lo; i++) {
         d[i] = pad;
     }
-    for (s -= lo; i < hi; i++) {
-        d[i] = (uint8_t)(s[i] ^ flip);
+    for (; i < hi; i++) {
+        d[i] = (uint8_t)(s[i - lo] ^ flip);
     }
     for (; i < q; i++) {
         d[i] = pad;
@@ -101,8 +101,8 @@ bool conv_direct(const conv_t *c, uint8_t *q, const int32_t *r, const uint8_t *w
                     const mp_int_t iy = oy0 - c->pad_t + j;
                     const bool inside = iy >= 0 && iy < in_h;
                     band_row(band + ci * plane + j * pitch,
-                             x_group + ci * in_plane + iy * in_w, pitch, inside ? lo : pitch,
-                             inside ? hi : pitch, (uint8_t)zpc, flip);
+                             x_group + ci * in_plane + (inside ? iy * in_w : 0), pitch,
+                             inside ? lo : pitch, inside ? hi : pitch, (uint8_t)zpc, flip);
                 }
             }
             for (mp_int_t mo = mo0; mo < mo0 + c->cout_g; mo++) {
