@@ -146,16 +146,17 @@ def test_native_int8_gemm_equals_pure_on_the_emulated_board(firmware, armv6m_mod
 @pytest.mark.parametrize("arch", ["armv6m", "armv7m"])
 def test_native_direct_conv_equals_pure_on_the_emulated_board(firmware, armv6m_module, arch,
                                                               tmp_path):
-    # 320 stride-1 Convs (kind 6: over 200 of them take the ARM builds' direct path,
-    # qconv_direct.c, in both of its forms; the rest the im2col path or, crafted, the pure
-    # kernel) between 320 Gemm cases
+    # 500 Convs shaped for the ARM builds' direct path (kinds 6 and 7: most take it,
+    # qconv_direct.c, in each of its forms; the rest the im2col path or, crafted, the pure
+    # kernel) between 500 Gemm cases
     module = armv6m_module if arch == "armv6m" else build_module(arch)
-    script = native_script("qlinear_native.py", 640, "CONV_KINDS = (6,)\n")
+    script = native_script("qlinear_native.py", 1000, "CONV_KINDS = (6, 7)\n")
     out = run_on_board(firmware, tmp_path, module, script)
-    pure_out = check_against_cpython(out, script, 640)
+    pure_out = check_against_cpython(out, script, 1000)
     assert out.split()[-4:] == pure_out.split()[-4:], out[-2000:]
     forms = [direct_form(what) for what in (w for _, w in cpython_cases(script)[0].values())]
-    assert forms.count("8x1") >= 100 and forms.count("4x2") >= 60, forms
+    counts = {form: forms.count(form) for form in ("8x1", "4x2", "columns", "columns s2")}
+    assert sum(counts.values()) >= 250 and min(counts.values()) >= 50, counts
 
 
 def direct_form(what):
@@ -165,15 +166,22 @@ def direct_form(what):
         return None
     (_, _, _, _, _, _, _, _, cin_g, cout_g, h, w, out_h, out_w, k_h, k_w, s_h, s_w, d_h, d_w,
      pad_t, pad_l, _, _) = eval(what[4:])
-    pointwise = k_h == k_w == 1 and pad_t == pad_l == 0 and (out_h, out_w) == (h, w)
-    if (s_h, s_w, d_h, d_w) != (1, 1, 1, 1) or cout_g < 4 or cin_g * k_h * k_w > 72 or \
-            pointwise:
+    pointwise = k_h == k_w == 1 and (s_h, s_w, pad_t, pad_l) == (1, 1, 0, 0) and \
+        (out_h, out_w) == (h, w)
+    if cout_g < 4 or cin_g * k_h * k_w > 72 or pointwise:
         return None
-    form = "8x1" if out_w % 8 == 0 else "4x2" if out_w % 4 == 0 and out_h % 2 == 0 and \
-        out_w + k_w - 1 <= 16 else None
-    pitch, step = (out_w + k_w - 1, 1) if form == "8x1" else (16, 2)
-    fits = (step + k_h - 1) * pitch * cin_g <= 768 and step * out_w <= 48
-    return form if form and fits else None
+    if (s_h, s_w, d_h, d_w) == (1, 1, 1, 1):
+        form = "8x1" if out_w % 8 == 0 else "4x2" if out_w % 4 == 0 and out_h % 2 == 0 and \
+            out_w + k_w - 1 <= 16 else None
+        pitch, step = (out_w + k_w - 1, 1) if form == "8x1" else (16, 2)
+        if form and (step + k_h - 1) * pitch * cin_g <= 768 and step * out_w <= 48:
+            return form
+    rows = out_h // 8 * 8
+    width = (out_w - 1) * s_w + (k_w - 1) * d_w + 1
+    height = (rows - 1) * s_h + (k_h - 1) * d_h + 1
+    if rows and s_h in (1, 2) and width * height * cin_g <= 768:
+        return "columns" if s_h == 1 else "columns s2"
+    return None
 
 
 @pytest.mark.parametrize("arch", ["armv6m", "armv7m", "rv32imc"])

@@ -1,35 +1,41 @@
 // qlinear_conv's direct path (ARM builds; qconv_native.c calls it before the im2col path):
-// a stride-1 Conv reads its inputs where they lie, in a padded copy of the input rows a
-// chunk of output rows needs, with no gather. See device/native/README.md.
+// a Conv reads its inputs where they lie, in a padded copy of the input rows (or columns)
+// its outputs need, with no gather. See device/native/README.md.
 //
 // Why: the im2col path (qconv_patches.c) gathers each pixel's K bytes (~6 instructions a
 // byte, ~19 at the image's edge) before its eight-lane loop; with 8 output channels that
 // gather is 1.4 of the 3x3 8 -> 8 Conv's 6.2 instructions per multiply-accumulate on
-// armv6m. Here the lanes are eight outputs whose inputs lie at fixed distances in the
-// band: eight consecutive outputs of a row (mt_d8x1: out_w a multiple of eight) or a block
-// of four columns by two rows (mt_d4x2: out_w a multiple of four, out_h even, the band's
-// rows 16 bytes apart so that the lower row's lanes are immediate offsets). Each term of
-// the loop is one (offset, weight) pair of a table: the lanes read band[base + offset +
-// lane's distance]. The band holds u = x + c (c 128 for int8 inputs: b ^ 0x80, 0 for uint8)
-// and padding as x_zp + c, so that
+// armv6m. Here the lanes are eight outputs whose inputs lie at fixed distances in a band:
+//   rows (stride 1): eight consecutive outputs of a row (mt_d8x1; out_w a multiple of 8)
+//     or a block of four columns by two rows (mt_d4x2: out_w a multiple of four, out_h
+//     even, the band's rows 16 bytes apart so that the lower row's lanes are immediate
+//     offsets), the band a chunk of output rows' padded input rows;
+//   columns (stride 1 or 2 along y, any along x): eight consecutive outputs of a column
+//     (mt_d8, mt_d8s2: lanes two bytes apart), the band the whole padded input transposed,
+//     a column a band row; the last out_h mod 8 rows are the im2col path's.
+// Each term of the loop is one (offset, weight) pair of a table: the lanes read band[base +
+// offset + lane's distance]. The band holds u = x + c (c 128 for int8 inputs: b ^ 0x80, 0
+// for uint8) and padding as x_zp + c, so that
 //   sum over inside taps of (x - x_zp) * w = sum over all K of u * w - (x_zp + c) * sum w
 // exactly, as in conv_patches: the same sums as the pure kernel's, so the same bytes.
 #include "qlinear_native.h"
 
 #ifdef MT_THUMB_KERNELS
-#define BAND_BYTES 768          // the chunk's padded input rows (every input channel)
+#define BAND_BYTES 768          // the padded input on the stack (every input channel)
 #define TABLE_K 72              // K = cin_g * taps at most (the table is 8 bytes a term)
-#define CHUNK_OUTPUTS 48        // a chunk's outputs, summed before they are requantized
+#define CHUNK_OUTPUTS 48        // a chunk of rows' outputs, summed before they are requantized
 #define PITCH_4X2 16            // mt_d4x2's band rows: its lanes 4-7 read 16 bytes further
 
-// The eight-lane loops (qconv_direct_thumb.S): acc for `groups` groups along a band row,
-// p = [the table's end, groups, the byte distance from acc to lanes 4-7's sums]
+// The eight-lane loops (qconv_direct_thumb.S): sums for `groups` groups of eight outputs,
+// p = [the table's end, groups, stride, x step, acc step] (bytes; see there)
 void mt_d8x1(const uint8_t *x, const int32_t *table, const int32_t *p, int32_t *acc);
+void mt_d8(const uint8_t *x, const int32_t *table, const int32_t *p, int32_t *acc);
+void mt_d8s2(const uint8_t *x, const int32_t *table, const int32_t *p, int32_t *acc);
 void mt_d4x2(const uint8_t *x, const int32_t *table, const int32_t *p, int32_t *acc);
 
-// One band row: q bytes, pad outside the columns [lo, hi), the input row's bytes (flipped)
-// inside. (no-tree-loop-distribute-patterns: gcc would call memset, which a dynamic native
-// module cannot link)
+// A band row: q bytes, padding outside the columns [lo, hi), the input row's bytes
+// (flipped) inside. (no-tree-loop-distribute-patterns: gcc would call memset, which a
+// dynamic native module cannot link)
 __attribute__((noinline, optimize("no-tree-loop-distribute-patterns")))
 static void band_row(uint8_t *d, const uint8_t *s, mp_int_t q, mp_int_t lo, mp_int_t hi,
                      uint8_t pad, uint32_t flip) {
@@ -45,11 +51,103 @@ static void band_row(uint8_t *d, const uint8_t *s, mp_int_t q, mp_int_t lo, mp_i
     }
 }
 
-bool conv_direct(const conv_t *c, uint8_t *q, const int32_t *r, const uint8_t *wbuf,
-                 uint32_t flip) {
-    const mp_int_t taps = c->k_h * c->k_w, K = c->cin_g * taps, cin_g = c->cin_g;
-    const mp_int_t in_h = c->in_h, in_w = c->in_w, out_h = c->out_h, out_w = c->out_w;
-    if (c->s_h != 1 || c->s_w != 1 || c->d_h != 1 || c->d_w != 1 || K > TABLE_K) {
+// A band column (the transposed input's line): n bytes, padding outside [lo, hi), inside the
+// input column's bytes from s, in_w apart (flipped)
+__attribute__((noinline, optimize("no-tree-loop-distribute-patterns")))
+static void band_column(uint8_t *d, const uint8_t *s, mp_int_t n, mp_int_t lo, mp_int_t hi,
+                        const int32_t *pad_flip_step) {
+    const uint32_t pad = (uint32_t)pad_flip_step[0], flip = (uint32_t)pad_flip_step[1];
+    const mp_int_t step = pad_flip_step[2];
+    uint8_t *const inside = d + lo, *const after = d + hi, *const end = d + n;
+    while (d < inside) {
+        *d++ = (uint8_t)pad;
+    }
+    for (; d < after; s += step) {
+        *d++ = (uint8_t)(*s ^ flip);
+    }
+    while (d < end) {
+        *d++ = (uint8_t)pad;
+    }
+}
+
+// The range [lo, hi) of a band line's n positions (input index = position - pad) that lie
+// inside an input of `size` (empty: hi = lo = n)
+static void inside_range(mp_int_t pad, mp_int_t size, mp_int_t n, mp_int_t *lo,
+                         mp_int_t *hi) {
+    *lo = pad < n ? pad : n;
+    *hi = pad + size < n ? pad + size : n;
+    if (*hi < *lo) {
+        *hi = *lo;
+    }
+}
+
+// Each output channel of a group: its weights into the table (beside each term's offset)
+// and the table's sums into acc by `run`, then requantized from acc (n outputs) to out
+typedef struct {
+    const conv_t *c;
+    const int32_t *r;
+    const uint8_t *wbuf;
+    int32_t *table;
+    mp_int_t K, K4, zpc;        // K4: K rounded up to four (the table's length)
+} direct_t;
+
+__attribute__((noinline)) static int32_t channel_weights(const direct_t *d, mp_int_t mo) {
+    // (a function of its own and the byte in a local: inlined, gcc kept the sum on the
+    // stack, and it loads a byte again after a store it may alias)
+    const mp_int_t K = d->K;
+    const int8_t *w_m = (const int8_t *)(d->wbuf + d->c->w + mo * K);
+    int32_t *entry = d->table + 1, sum_w = 0;
+    for (const int8_t *end = w_m + K; w_m < end; w_m++, entry += 2) {
+        const int32_t v = *w_m;
+        *entry = v;
+        sum_w += v;
+    }
+    return sum_w;
+}
+
+static inline __attribute__((always_inline)) void requantize(const direct_t *d, mp_int_t mo, int32_t sum_w, const int32_t *acc,
+                       mp_int_t n, uint8_t *out) {
+    const conv_t *c = d->c;
+    const uint32_t base = (uint32_t)(c->bias >= 0 ? d->r[c->bias + mo] : 0)
+                          - (uint32_t)(d->zpc * sum_w);
+    rq_t rq;
+    rq_init(&rq, d->r + c->req, d->r[c->req + 4 + 2 * mo], d->r[c->req + 5 + 2 * mo]);
+    rq_run(&rq, acc, base, n, out);
+}
+
+// The table's offsets: tap (ci, ky, kx) at ci * plane + ky * d_h * y_step + kx * d_w * x_step
+// (the weights' order), then (0, 0) pairs up to a multiple of four (four terms a turn)
+static void table_offsets(const direct_t *d, mp_int_t plane, mp_int_t y_step,
+                          mp_int_t x_step) {
+    const conv_t *c = d->c;
+    int32_t *entry = d->table;
+    for (mp_int_t ci = 0; ci < c->cin_g; ci++) {
+        for (mp_int_t ky = 0; ky < c->k_h; ky++) {
+            for (mp_int_t kx = 0; kx < c->k_w; kx++, entry += 2) {
+                *entry = ci * plane + ky * c->d_h * y_step + kx * c->d_w * x_step;
+            }
+        }
+    }
+    for (mp_int_t t = d->K; t & 3; t++, entry += 2) {
+        entry[0] = entry[1] = 0;
+    }
+}
+
+// The image-and-group ig's input and output planes, and its first output channel
+static inline mp_int_t group_at(const conv_t *c, uint8_t *q, mp_int_t ig, const uint8_t **x,
+                                uint8_t **out) {
+    *x = q + c->x + ig * c->cin_g * c->in_h * c->in_w;
+    *out = q + c->y + ig * c->cout_g * c->out_h * c->out_w;
+    return (ig % c->groups) * c->cout_g;
+}
+
+// Rows: stride 1 both ways, unit dilation; false when the outputs do not tile
+static bool direct_rows(const direct_t *d, uint8_t *q, uint8_t *band, int32_t *acc,
+                        uint32_t flip) {
+    const conv_t *c = d->c;
+    const mp_int_t cin_g = c->cin_g, in_h = c->in_h, in_w = c->in_w, out_h = c->out_h,
+                   out_w = c->out_w;
+    if (c->s_h != 1 || c->s_w != 1 || c->d_h != 1 || c->d_w != 1) {
         return false;
     }
     const mp_int_t span = out_w + c->k_w - 1;   // the columns a row of outputs reads
@@ -69,31 +167,16 @@ bool conv_direct(const conv_t *c, uint8_t *q, const int32_t *r, const uint8_t *w
         return false;
     }
     const mp_int_t band_rows = rows + c->k_h - 1, plane = band_rows * pitch;
-    uint8_t band[BAND_BYTES];
-    int32_t acc[CHUNK_OUTPUTS];
-    // (offset, weight) per term, four terms a turn: K rounded up with (0, 0) pairs
-    int32_t table[2 * TABLE_K];
-    const mp_int_t K4 = (K + 3) & ~(mp_int_t)3;
-    for (mp_int_t ci = 0, t = 0; ci < cin_g; ci++) {
-        for (mp_int_t ky = 0; ky < c->k_h; ky++) {
-            for (mp_int_t kx = 0; kx < c->k_w; kx++, t++) {
-                table[2 * t] = ci * plane + ky * pitch + kx;
-            }
-        }
-    }
-    for (mp_int_t t = K; t < K4; t++) {
-        table[2 * t] = table[2 * t + 1] = 0;
-    }
-    const int32_t p[3] = {(int32_t)(table + 2 * K4), out_w / (by8 ? 8 : 4),
-                          by8 ? 16 : 4 * out_w};
-    const int32_t zp = r[c->req], zpc = zp + (flip ? 128 : 0);
+    table_offsets(d, plane, pitch, 1);
+    const int32_t p[5] = {(int32_t)(d->table + 2 * d->K4), out_w / (by8 ? 8 : 4),
+                          by8 ? 16 : 4 * out_w, by8 ? 8 : 4, by8 ? 32 : 16};
     const mp_int_t in_plane = in_h * in_w, out_plane = out_h * out_w;
-    // the band's columns that hold the input row (the rest is padding)
-    const mp_int_t lo = c->pad_l, hi = c->pad_l + in_w < pitch ? c->pad_l + in_w : pitch;
+    mp_int_t lo, hi;
+    inside_range(c->pad_l, in_w, pitch, &lo, &hi);
     for (mp_int_t ig = 0; ig < c->n_images * c->groups; ig++) {
-        const uint8_t *x_group = q + c->x + ig * cin_g * in_plane;
-        const mp_int_t mo0 = (ig % c->groups) * c->cout_g;
-        uint8_t *out_group = q + c->y + ig * c->cout_g * out_plane;
+        const uint8_t *x_group;
+        uint8_t *out_group;
+        const mp_int_t mo0 = group_at(c, q, ig, &x_group, &out_group);
         for (mp_int_t oy0 = 0; oy0 < out_h; oy0 += rows) {
             const mp_int_t n_rows = out_h - oy0 < rows ? out_h - oy0 : rows;
             for (mp_int_t ci = 0; ci < cin_g; ci++) {
@@ -102,28 +185,92 @@ bool conv_direct(const conv_t *c, uint8_t *q, const int32_t *r, const uint8_t *w
                     const bool inside = iy >= 0 && iy < in_h;
                     band_row(band + ci * plane + j * pitch,
                              x_group + ci * in_plane + (inside ? iy * in_w : 0), pitch,
-                             inside ? lo : pitch, inside ? hi : pitch, (uint8_t)zpc, flip);
+                             inside ? lo : pitch, inside ? hi : pitch, (uint8_t)d->zpc, flip);
                 }
             }
             for (mp_int_t mo = mo0; mo < mo0 + c->cout_g; mo++) {
-                const int8_t *w_m = (const int8_t *)(wbuf + c->w + mo * K);
-                int32_t sum_w = 0;
-                for (mp_int_t t = 0; t < K; t++) {
-                    table[2 * t + 1] = w_m[t];
-                    sum_w += w_m[t];
-                }
+                const int32_t sum_w = channel_weights(d, mo);
                 for (mp_int_t rr = 0; rr < n_rows; rr += rows_step) {
-                    (by8 ? mt_d8x1 : mt_d4x2)(band + rr * pitch, table, p, acc + rr * out_w);
+                    (by8 ? mt_d8x1 : mt_d4x2)(band + rr * pitch, d->table, p, acc + rr * out_w);
                 }
-                const uint32_t base = (uint32_t)(c->bias >= 0 ? r[c->bias + mo] : 0)
-                                      - (uint32_t)(zpc * sum_w);
-                rq_t rq;
-                rq_init(&rq, r + c->req, r[c->req + 4 + 2 * mo], r[c->req + 5 + 2 * mo]);
-                rq_run(&rq, acc, base, n_rows * out_w,
-                       out_group + (mo - mo0) * out_plane + oy0 * out_w);
+                requantize(d, mo, sum_w, acc, n_rows * out_w,
+                           out_group + (mo - mo0) * out_plane + oy0 * out_w);
             }
         }
     }
     return true;
+}
+
+// Columns: stride 1 or 2 along y; the groups of eight rows (the rest for the im2col path);
+// every input channel's padded, transposed input in the band. Returns the outputs done per
+// plane (0: not taken).
+__attribute__((optimize("no-tree-loop-distribute-patterns")))     // (the zeros: no memset)
+static mp_int_t direct_columns(const direct_t *d, uint8_t *q, uint8_t *band, int32_t *plane,
+                               uint32_t flip) {
+    const conv_t *c = d->c;
+    const mp_int_t cin_g = c->cin_g, in_h = c->in_h, in_w = c->in_w, out_w = c->out_w;
+    const mp_int_t rows = c->out_h & ~(mp_int_t)7;
+    if (rows == 0 || (c->s_h != 1 && c->s_h != 2)) {
+        return 0;
+    }
+    // the band's lines: one per input column read (width), each the rows read (height)
+    const mp_int_t width = (out_w - 1) * c->s_w + (c->k_w - 1) * c->d_w + 1;
+    const mp_int_t height = (rows - 1) * c->s_h + (c->k_h - 1) * c->d_h + 1;
+    const mp_int_t size = width * height;
+    if (size * cin_g > BAND_BYTES) {
+        return 0;
+    }
+    table_offsets(d, size, 1, height);
+    const int32_t p[5] = {(int32_t)(d->table + 2 * d->K4), rows / 8, 4 * out_w, 8 * c->s_h,
+                          32 * out_w};
+    const mp_int_t in_plane = in_h * in_w, out_plane = c->out_h * out_w;
+    const int32_t pad_flip_step[3] = {d->zpc, (int32_t)flip, in_w};
+    mp_int_t lo, hi;
+    inside_range(c->pad_t, in_h, height, &lo, &hi);
+    for (mp_int_t ig = 0; ig < c->n_images * c->groups; ig++) {
+        const uint8_t *x_group;
+        uint8_t *out_group;
+        const mp_int_t mo0 = group_at(c, q, ig, &x_group, &out_group);
+        for (mp_int_t ci = 0; ci < cin_g; ci++) {
+            for (mp_int_t j = 0; j < width; j++) {
+                const mp_int_t ix = j - c->pad_l;
+                const bool inside = ix >= 0 && ix < in_w;
+                band_column(band + ci * size + j * height,
+                            x_group + ci * in_plane + (inside ? (lo - c->pad_t) * in_w + ix : 0),
+                            height, inside ? lo : height, inside ? hi : height, pad_flip_step);
+            }
+        }
+        for (mp_int_t mo = mo0; mo < mo0 + c->cout_g; mo++) {
+            const int32_t sum_w = channel_weights(d, mo);
+            for (mp_int_t ox = 0; ox < out_w; ox++) {
+                (c->s_h == 2 ? mt_d8s2 : mt_d8)(band + ox * c->s_w * height, d->table, p,
+                                                 plane + ox);
+            }
+            requantize(d, mo, sum_w, plane, rows * out_w, out_group + (mo - mo0) * out_plane);
+        }
+    }
+    // the scratch plane back to zeros, as the pure kernel leaves it (whole runs compare
+    // their arenas bit for bit with CPython's)
+    for (int32_t *a = plane, *end = plane + rows * out_w; a < end; a++) {
+        *a = 0;
+    }
+    return rows * out_w;
+}
+
+mp_int_t conv_direct(const conv_t *c, uint8_t *q, int32_t *r, const uint8_t *wbuf,
+                     uint32_t flip) {
+    uint8_t band[BAND_BYTES];
+    int32_t table[2 * TABLE_K], acc[CHUNK_OUTPUTS];
+    const mp_int_t K = c->cin_g * c->k_h * c->k_w;
+    const direct_t d = {c, r, wbuf, table, K, (K + 3) & ~(mp_int_t)3,
+                        r[c->req] + (flip ? 128 : 0)};
+    if (d.K > TABLE_K) {
+        return 0;
+    }
+    if (direct_rows(&d, q, band, acc, flip)) {
+        return c->out_h * c->out_w;
+    }
+    // the step's scratch plane (out_h x out_w int32, the checker's size) holds the sums
+    return direct_columns(&d, q, band, r + c->scratch, flip);
 }
 #endif

@@ -3,14 +3,20 @@
 @
 @   void mt_d8x1(const uint8_t *x, const int32_t *table, const int32_t *p, int32_t *acc)
 @   void mt_d4x2(...)
+@   void mt_d8(...)
+@   void mt_d8s2(...)
 @
-@ p = [the table's end, groups, stride]. The table holds (offset, weight) pairs, a multiple
-@ of four of them. For each group g < groups, with x_g = x + g * step and acc_g = acc +
-@ g * step (ints):
-@   acc_g[lane] = sum over the pairs of x_g[offset + d(lane)] * weight
-@ mt_d8x1: step 8, d(lane) = lane, the eight sums stored together (stride 16);
-@ mt_d4x2: step 4, d(lane) = lane for lanes 0-3 and lane + 12 for 4-7 (the band row 16
-@ bytes below), lanes 4-7's sums stored at acc_g + stride bytes (the output row below).
+@ p = [the table's end, groups, stride, x step, acc step] (the last three in bytes). The
+@ table holds (offset, weight) pairs, a multiple of four of them. For each group g <
+@ groups, with x_g = x + g * (x step) and acc_g = acc + g * (acc step):
+@   sum[lane] = sum over the pairs of x_g[offset + d(lane)] * weight,  lane < 8
+@ mt_d8x1: d(lane) = lane (eight outputs of a row), lanes 0-3's sums stored together at
+@ acc_g, 4-7's at acc_g + stride (16: after them);
+@ mt_d4x2: d(lane) = lane for lanes 0-3 and lane + 12 for 4-7 (the band row 16 bytes
+@ below), stored as mt_d8x1's (stride: the output row below);
+@ mt_d8: d(lane) = lane (eight outputs of a column), sum[lane] stored at acc_g + lane *
+@ stride (one output row);
+@ mt_d8s2: d(lane) = 2 * lane (a column of a Conv of stride 2 along it), stored as mt_d8's.
 @ Inputs are unsigned bytes (the band holds them flipped); every input an immediate offset
 @ from the term's pointer. Per term: one LDM for the pair, one add, then per lane LDRB,
 @ MULS, ADD (Thumb-1: 26 for eight multiply-accumulates) or LDRB, MLA (Thumb-2: 19).
@@ -18,7 +24,7 @@
 @ Registers: r0 the term's pointer, r1 the table's end, r2 weight, r3 input and product,
 @ r4-r6 sums 0-2, SUM3, r8-r11 sums 4-7, TABLE, lr x_g (Thumb-1: SUM3 r12, TABLE r7, as
 @ LDM's base must be a low register there; Thumb-2: r7 and r12). On the stack: the table's
-@ start, groups left, acc_g, the stride (Thumb-1: less 16).
+@ start, groups left, acc_g, the stride, the x step, the acc step.
 
     .syntax unified
 #ifdef MT_THUMB2
@@ -45,20 +51,36 @@
 #endif
 .endm
 
-.macro d8_term gap
+@ lane i's input at i * scale, lanes 4-7 gap further
+.macro d8_term scale, gap
     ldmia TABLE!, {r0, r2}
     add r0, lr
     d8_mac 0, r4
-    d8_mac 1, r5
-    d8_mac 2, r6
-    d8_mac 3, SUM3
-    d8_mac (4 + \gap), r8
-    d8_mac (5 + \gap), r9
-    d8_mac (6 + \gap), r10
-    d8_mac (7 + \gap), r11
+    d8_mac (1 * \scale), r5
+    d8_mac (2 * \scale), r6
+    d8_mac (3 * \scale), SUM3
+    d8_mac (4 * \scale + \gap), r8
+    d8_mac (5 * \scale + \gap), r9
+    d8_mac (6 * \scale + \gap), r10
+    d8_mac (7 * \scale + \gap), r11
 .endm
 
-.macro direct8 name, gap, step
+@ one sum stored at r3, which moves on by r0 (Thumb-1 stores a high register through r2)
+.macro store_next sum, high
+#ifndef MT_THUMB2
+    .if \high
+    mov r2, \sum
+    str r2, [r3]
+    .else
+    str \sum, [r3]
+    .endif
+#else
+    str \sum, [r3]
+#endif
+    adds r3, r3, r0
+.endm
+
+.macro direct8 name, scale, gap, split
     func \name
 #ifdef MT_THUMB2
     push {r4-r11, lr}
@@ -66,16 +88,17 @@
     push {r4-r7, lr}
     push_high
 #endif
-    sub sp, #16
+    sub sp, #24
     str r1, [sp, #0]        @ the table's start
-    ldr r4, [r2, #4]
-    str r4, [sp, #4]        @ groups left
     str r3, [sp, #8]        @ acc_g
-    ldr r4, [r2, #8]
-#ifndef MT_THUMB2
-    subs r4, #16            @ (from acc_g + 16, where the first four's STMIA leaves it)
-#endif
-    str r4, [sp, #12]       @ the stride
+    ldr r1, [r2, #4]
+    str r1, [sp, #4]        @ groups left
+    ldr r1, [r2, #8]
+    str r1, [sp, #12]       @ the stride
+    ldr r1, [r2, #12]
+    str r1, [sp, #16]       @ the x step
+    ldr r1, [r2, #16]
+    str r1, [sp, #20]       @ the acc step
     ldr r1, [r2, #0]        @ the table's end
     mov lr, r0
 1:
@@ -93,33 +116,37 @@
 #endif
     ldr TABLE, [sp, #0]
 2:
-    d8_term \gap
-    d8_term \gap
-    d8_term \gap
-    d8_term \gap
+    d8_term \scale, \gap
+    d8_term \scale, \gap
+    d8_term \scale, \gap
+    d8_term \scale, \gap
     cmp TABLE, r1
     bne 2b
     ldr r3, [sp, #8]
     ldr r0, [sp, #12]
+    .if \split
+    adds r0, r0, r3
 #ifdef MT_THUMB2
-    add r0, r3
     stm r0, {r8-r11}
     stmia r3!, {r4-r7}
 #else
-    mov r7, r12
-    stmia r3!, {r4-r7}
-    adds r0, r0, r3
-    mov r4, r8
-    mov r5, r9
-    mov r6, r10
-    mov r7, r11
-    stmia r0!, {r4-r7}
+    store_sums8 r3, r0
 #endif
-    .if \step == 8
-    adds r3, #16
+    .else
+    store_next r4, 0
+    store_next r5, 0
+    store_next r6, 0
+    store_next SUM3, 1
+    store_next r8, 1
+    store_next r9, 1
+    store_next r10, 1
+    store_next r11, 1
     .endif
+    ldr r3, [sp, #8]
+    ldr r0, [sp, #20]
+    adds r3, r3, r0
     str r3, [sp, #8]
-    movs r0, #\step
+    ldr r0, [sp, #16]
     add lr, r0
     ldr r0, [sp, #4]
     subs r0, #1
@@ -127,7 +154,7 @@
     beq 3f
     b 1b                    @ (Thumb-1's BNE reaches 256 bytes back)
 3:
-    add sp, #16
+    add sp, #24
 #ifdef MT_THUMB2
     pop {r4-r11, pc}
 #else
@@ -137,5 +164,7 @@
     .size \name, . - \name
 .endm
 
-    direct8 mt_d8x1, 0, 8
-    direct8 mt_d4x2, 12, 4
+    direct8 mt_d8x1, 1, 0, 1
+    direct8 mt_d4x2, 1, 12, 1
+    direct8 mt_d8, 1, 0, 0
+    direct8 mt_d8s2, 2, 0, 0

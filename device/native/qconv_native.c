@@ -322,12 +322,13 @@ static mp_obj_t qlinear_conv(size_t n_args, const mp_obj_t *in) {
     const int32_t x_zp = r[c.req];
     if (!pointwise && c.cout_g >= 4 && c.cin_g * taps <= PATCH_BYTES / 8 &&
         (flip ? x_zp <= 127 : x_zp >= 0)) {     // x_zp - off a signed byte (conv_patches)
+        mp_int_t done = 0;
 #ifdef MT_THUMB_KERNELS
-        if (conv_direct(&c, q, r, wbuf, flip)) {
-            return mp_const_none;
-        }
+        done = conv_direct(&c, q, r, wbuf, flip);
 #endif
-        conv_patches(&c, q, r, wbuf, flip);
+        if (done < out_plane) {
+            conv_patches(&c, q, r, wbuf, flip, done);
+        }
         return mp_const_none;
     }
     if (c.cin_g == 1 && c.cout_g == 1 && c.k_h == 3 && c.k_w == 3 && c.d_w == 1 &&

@@ -68,7 +68,8 @@ static void fill8(uint8_t *pp, mp_int_t n, uint8_t b) {
 }
 __attribute__((noinline, optimize("no-tree-loop-distribute-patterns")))
 void conv_patches(const conv_t *c, uint8_t *q, const int32_t *r,
-                                                   const uint8_t *wbuf, uint32_t flip) {
+                                                   const uint8_t *wbuf, uint32_t flip,
+                                                   mp_int_t first) {
     const mp_int_t taps = c->k_h * c->k_w, K = c->cin_g * taps;
     const mp_int_t in_plane = c->in_h * c->in_w, out_plane = c->out_h * c->out_w;
     mp_int_t nb = (PATCH_BYTES / K) & ~(mp_int_t)7;
@@ -99,7 +100,7 @@ void conv_patches(const conv_t *c, uint8_t *q, const int32_t *r,
         const uint8_t *x_group = q + c->x + ig * c->cin_g * in_plane;
         const mp_int_t mo0 = (ig % c->groups) * c->cout_g;
         uint8_t *out_group = q + c->y + ig * c->cout_g * out_plane;
-        for (mp_int_t p0 = 0; p0 < out_plane; p0 += nb) {
+        for (mp_int_t p0 = first; p0 < out_plane; p0 += nb) {
             const mp_int_t n = out_plane - p0 < nb ? out_plane - p0 : nb, n8 = (n + 7) & ~7;
             mp_int_t oy = p0 / out_w, ox = p0 - oy * out_w;
             for (mp_int_t i = 0; i < n8; i++) {

@@ -55,13 +55,14 @@ typedef struct {
 #define CHUNK 32                // a Conv's outputs summed before they are requantized together
 #define PATCH_BYTES 768         // the im2col path's patches (and the depthwise rows) on the stack
 // The im2col path (qconv_patches.c): any Conv with K = cin_g * taps <= PATCH_BYTES / 8 and
-// four or more output channels per group, x_zp + (128 for int8 inputs) a byte
+// four or more output channels per group, x_zp + (128 for int8 inputs) a byte; each plane's
+// outputs from the first-th on (row-major)
 void conv_patches(const conv_t *c, uint8_t *q, const int32_t *r, const uint8_t *wbuf,
-                  uint32_t flip);
-// The direct path (qconv_direct.c, ARM builds): a stride-1 Conv whose outputs tile by eight
-// along a row or by four columns and two rows, K <= 72; false when it does not take it
-bool conv_direct(const conv_t *c, uint8_t *q, const int32_t *r, const uint8_t *wbuf,
-                 uint32_t flip);
+                  uint32_t flip, mp_int_t first);
+// The direct path (qconv_direct.c, ARM builds) for those of them with K <= 72: each plane's
+// outputs up to the one it returns (all, none, or the rows before the last out_h mod 8 ones)
+mp_int_t conv_direct(const conv_t *c, uint8_t *q, int32_t *r, const uint8_t *wbuf,
+                     uint32_t flip);
 
 // The module's globals (kept alive by the module object), where fastpath.py sets _pure
 extern mp_obj_dict_t *module_globals;

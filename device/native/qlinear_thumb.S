@@ -622,13 +622,7 @@
     bne 2b
 3:
     ldr r3, [sp, #24]       @ acc (pushed first, below the four saved high registers)
-    mov r7, r12
-    stmia r3!, {r4-r7}
-    mov r4, r8
-    mov r5, r9
-    mov r6, r10
-    mov r7, r11
-    stmia r3!, {r4-r7}
+    store_sums8 r3, r3
     mov r4, lr
     str r4, [r3, #0]
     add sp, #8

@@ -30,6 +30,18 @@
     mov r11, r7
 .endm
 
+@ (Thumb-1) eight sums r4-r6, r12, r8-r11 stored: the first four at \lo, the others at \hi
+@ (both move on; the same register: eight in a row); r4-r7 overwritten
+.macro store_sums8 lo, hi
+    mov r7, r12
+    stmia \lo!, {r4-r7}
+    mov r4, r8
+    mov r5, r9
+    mov r6, r10
+    mov r7, r11
+    stmia \hi!, {r4-r7}
+.endm
+
 @ (Thumb-2) eight sums in r4-r11 set to zero
 .macro zero_r4_r11
     movs r4, #0

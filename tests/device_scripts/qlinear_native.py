@@ -17,9 +17,8 @@
 # edge_req; 3x3 depthwise Convs (the module's row loops over padded rows: 1-16 wide, 1-12 or
 # 40-70 high, strides, dilation along y) every fourth, half of them with edge_req; Convs of
 # 2-6 input and 4-8 output channels per group (the im2col path for any Conv) every eighth.
-# Conv kinds per eight Conv cases: 0 1 3 4 5 2 3 4 (CONV_KINDS; kind 6, stride-1 Convs of
-# 1-8 input and 4-8 output channels per group whose outputs often tile by eight or by four
-# by two, the direct path, only when the test asks for it).
+# Conv kinds per eight Conv cases: 0 1 3 4 5 2 3 4 (CONV_KINDS; kinds 6 and 7, Convs shaped
+# for the direct path, only when the test asks for them).
 # Gemm and Conv cases alternate; every eighth Gemm case is a tie case (tie_case).
 # Prints "case I CRC" per case, then "cases N fallback F" (F: crafted cases,
 # which the module hands to the pure-Python kernel).
@@ -165,11 +164,13 @@ def conv_case(kind=0):
     if kind in (1, 2):
         kh = kw = sh = sw = 1
         pt = pl = 0
-    if kind == 6:
-        # stride 1, 1-8 input and 4-8 output channels per group, kernels up to 5x5 (the
-        # direct path, qconv_direct.c, when K <= 72 and the outputs tile: rows of eight, or
-        # blocks of four columns by two rows at most 16 band columns wide; the im2col path
-        # else), paddings up to 3, some of them wider than the kernel
+    if kind in (6, 7):
+        # 1-8 input and 4-8 output channels per group, kernels up to 5x5, paddings up to 3
+        # (some wider than the kernel), for the ARM builds' direct path (qconv_direct.c,
+        # when K <= 72). Kind 6: stride 1, outputs that often tile (rows of eight, or
+        # blocks of four columns by two rows at most 16 band columns wide); kind 7: strides
+        # and dilations 1 or 2, 8-25 rows of 1-12 outputs (columns of eight rows when the
+        # transposed input fits; the last out_h mod 8 rows the im2col path's)
         groups = random.choice((1, 1, 2))
         cin, cout = groups * random.randint(1, 8), groups * random.randint(4, 8)
         kh, kw = random.choice((1, 2, 3, 3, 4, 5)), random.choice((1, 2, 3, 3, 4, 5))
@@ -177,7 +178,13 @@ def conv_case(kind=0):
         pt, pl = random.randint(0, 3), random.randint(0, 3)
         OW = random.choice((4, 8, 12, 16, 24, random.randint(1, 14)))
         OH = random.choice((2, 4, 6, 8, random.randint(1, 9)))
-        H, W = OH + kh - 1 - 2 * pt, OW + kw - 1 - 2 * pl
+        if kind == 7:
+            cin = groups * random.randint(1, 3)
+            sh, sw = random.choice((1, 2)), random.choice((1, 2))
+            dh, dw = random.choice((1, 1, 2)), random.choice((1, 1, 2))
+            OW, OH = random.randint(1, 12), random.randint(8, 25)
+        H = (OH - 1) * sh + (kh - 1) * dh + 1 - 2 * pt
+        W = (OW - 1) * sw + (kw - 1) * dw + 1 - 2 * pl
         if H < 1 or W < 1:
             return None
     OH = (H + 2 * pt - (kh - 1) * dh - 1) // sh + 1
