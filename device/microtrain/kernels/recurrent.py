@@ -68,6 +68,12 @@ def _copy_states(F, dst, src, batch, hidden, s_dst, s_src):
             F[a + j] = F[b + j] if src >= 0 else 0.0
 
 
+def _layout(hidden, gates):
+    # 2 * hidden, the gate rows of one direction's W and R (GRU: 3 gates, LSTM: 4) and one
+    # saved slot's size (one step and sample: the gates, then GRU's R h + b_r or LSTM's cell)
+    return 2 * hidden, gates * hidden, (gates + 1) * hidden
+
+
 def _direction(d, reverse, w, r, b, rows, n_in, hidden):
     # direction d's walk (backwards for the second one, or the only one when reverse) and
     # its W, R and B (< 0: absent) rows, of GRU's and LSTM's forward pass
@@ -80,9 +86,7 @@ def gru(F, I, args):
     (y, y_h, saved, x, w, r, b, h0, steps, batch, n_in, hidden, dirs, reverse,
      sx_t, sx_n, sy_t, sy_d, sy_n, sh_d, sh_n, keep) = args
     th = math.tanh
-    two = 2 * hidden
-    rows = 3 * hidden
-    size = 4 * hidden
+    two, rows, size = _layout(hidden, 3)
     kept = steps if keep else 1
     for d in range(dirs):
         back, wd, rd, bd = _direction(d, reverse, w, r, b, rows, n_in, hidden)
@@ -249,9 +253,7 @@ def gru_grad(F, I, args):
     # the saved slots, X, W, R, initial_h and Y. dh (N*H) carries dH back through time.
     (dx, dw, dr, db, dh0, dh, saved, x, w, r, h0, y, dy, dy_h, steps, batch, n_in, hidden,
      dirs, reverse, sx_t, sx_n, sy_t, sy_d, sy_n, sh_d, sh_n, keep) = args
-    two = 2 * hidden
-    rows = 3 * hidden
-    size = 4 * hidden
+    two, rows, size = _layout(hidden, 3)
     for d in range(dirs):
         back = d == 1 or reverse == 1
         rd = r + d * rows * hidden
@@ -300,10 +302,8 @@ def lstm(F, I, args):
     (y, y_h, y_c, saved, x, w, r, b, h0, c0, p, steps, batch, n_in, hidden, dirs, reverse,
      sx_t, sx_n, sy_t, sy_d, sy_n, sh_d, sh_n, keep) = args
     th = math.tanh
-    two = 2 * hidden
+    two, rows, size = _layout(hidden, 4)
     three = 3 * hidden
-    rows = 4 * hidden
-    size = 5 * hidden
     kept = steps if keep else 1
     for d in range(dirs):
         back, wd, rd, bd = _direction(d, reverse, w, r, b, rows, n_in, hidden)
@@ -367,10 +367,8 @@ def lstm_grad(F, I, args):
      steps, batch, n_in, hidden, dirs, reverse, sx_t, sx_n, sy_t, sy_d, sy_n, sh_d, sh_n,
      keep) = args
     th = math.tanh
-    two = 2 * hidden
+    two, rows, size = _layout(hidden, 4)
     three = 3 * hidden
-    rows = 4 * hidden
-    size = 5 * hidden
     dc = dh + batch * hidden
     if dp >= 0:
         for a in range(dp, dp + dirs * three):
