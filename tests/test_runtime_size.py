@@ -21,10 +21,11 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import measure_code_heap  # noqa: E402
 
 DIGITS = ROOT / "examples" / "digits"
-# measured 2026-11-29, four functions folded into their only caller or aliased
+# measured 2026-11-29, six functions folded into their only caller or aliased
 # (flatbuf Reader.need = check; parser _check_frame, module _check_state and
-# _check_nonnegative, fbwriter _children inline): 46,739 B of .mpy shipped, 36,709 B
-# imported, 54,287 B predicted, 52,336 B measured. Before (2026-11-28), Module.load_checkpoint's reload and input_names / output_names moved
+# _check_nonnegative, fbwriter _children, CheckpointState._refs, loader _file_size
+# inline): 46,682 B of .mpy shipped, 36,652 B imported, 53,951 B predicted, 52,256 B
+# measured. Before (2026-11-28), Module.load_checkpoint's reload and input_names / output_names moved
 # into microtrain/moduleextra.py (shipped, imported on first use: runtime.LAZY_MODULES):
 # 46,944 B of .mpy shipped (20 modules, +446 B of flash for the module's own 571 B),
 # 36,914 B imported, 52,688 B measured. Before, the bundles' private names shortened, their docstrings, comment and
