@@ -203,26 +203,23 @@ class CheckpointState:
         write_checkpoint(state, path, include_optimizer_state)
 
     # -- tensor bytes in the source --------------------------------------------------------
-    def _refs(self):
-        # every (holder, key, Ref) still in the source: holder[key] is replaced by the values
-        out = []
-        for p in self.parameters.values():
-            if isinstance(p._data, Ref):
-                out.append((p, None, p._data))
-        for moments in self._momentums.values():
-            for i in range(len(moments)):
-                if isinstance(moments[i], Ref):
-                    out.append((moments, i, moments[i]))
-        for name in self._velocities:
-            dtype, values = self._velocities[name]
-            if isinstance(values, Ref):
-                out.append((self._velocities, name, values))
-        return out
-
     def materialize(self):
         """Read every tensor still in the source into an array of its own (a state no
         Module binds, whose data is asked for)."""
-        refs = self._refs()
+        # every (holder, key, Ref) still in the source: holder[key] is replaced by the values
+        # (listed here, not by a method of its own: each function costs a board's heap)
+        refs = []
+        for p in self.parameters.values():
+            if isinstance(p._data, Ref):
+                refs.append((p, None, p._data))
+        for moments in self._momentums.values():
+            for i in range(len(moments)):
+                if isinstance(moments[i], Ref):
+                    refs.append((moments, i, moments[i]))
+        for name in self._velocities:
+            dtype, values = self._velocities[name]
+            if isinstance(values, Ref):
+                refs.append((self._velocities, name, values))
         if not refs:
             return
         targets = []

@@ -48,16 +48,9 @@ class Tables:
         self.size = 4 + 4 * len(tables)
 
 
-def _children(obj):
-    if isinstance(obj, Table):
-        return [f for f in obj.fields if f is not None and not isinstance(f, tuple)]
-    if isinstance(obj, Tables):
-        return obj.tables
-    return []
-
-
 def _layout(root):
-    # Breadth first: a parent always lies before its children.
+    # Breadth first: a parent always lies before its children (queued as its fields are
+    # laid out: no function of their own, which would cost a board's heap).
     order = []
     queue = [root]
     pos = 8
@@ -77,6 +70,8 @@ def _layout(root):
                 if f is None:
                     slots.append(0)
                     continue
+                if not isinstance(f, tuple):
+                    queue.append(f)     # a child: a string, vector or table
                 size = _SIZES[f[0]] if isinstance(f, tuple) else 4
                 cursor = _align(cursor, size)
                 slots.append(cursor)
@@ -88,8 +83,9 @@ def _layout(root):
             align = max(_SIZES[obj.fmt], 4) if isinstance(obj, Vector) else 4
             obj.pos = _align(pos + 4, align) - 4
             pos = obj.pos + obj.size
+            if isinstance(obj, Tables):
+                queue.extend(obj.tables)
         order.append(obj)
-        queue.extend(_children(obj))
     return order, pos
 
 

@@ -37,9 +37,10 @@ class Reader:
             self.fail("truncated or corrupt: %s at byte %d (+%d) is outside the %d-byte buffer"
                       % (what if detail is None else what % detail, pos, nbytes, self.size))
 
-    def need(self, pos, nbytes, what, detail=None):
-        # [pos, pos + nbytes) inside the buffer, and in self.buf from pos - self.base
-        self.check(pos, nbytes, what, detail)
+    # need: [pos, pos + nbytes) inside the buffer, and in self.buf from pos - self.base;
+    # a buffer holds all its bytes, so check alone (a name, not a function: a function's
+    # bytecode, raw-code record and object cost the heap of a board's runtime)
+    need = check
 
     def unpack(self, fmt, pos, nbytes, what, detail=None):
         self.need(pos, nbytes, what, detail)

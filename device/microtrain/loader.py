@@ -75,9 +75,15 @@ def _parse_file(path, budget):
                 nbytes)
     except MemoryError:
         data = r = root = None
+        try:    # the file's size for the message (here, not in a function of its own:
+            # each function costs a board's heap)
+            with open(path, "rb") as f:
+                size = f.seek(0, 2)
+        except (OSError, MemoryError):
+            size = "?"
         raise OutOfMemoryError("'%s' does not fit in the heap: its %s-byte file and the blob "
                                "parsed from it need more than %s bytes free"
-                               % (path, _file_size(path), mem_free()))
+                               % (path, size, mem_free()))
 
 
 def _stated_arenas(f):
@@ -181,14 +187,6 @@ def _stream(f, view, crc, at, end, into):
             put(into[0], into[1], at - start, view[:got], got, into[2], into[3], into[4])
         at += got
     return crc
-
-
-def _file_size(path):
-    try:
-        with open(path, "rb") as f:
-            return f.seek(0, 2)
-    except (OSError, MemoryError):
-        return "?"
 
 
 def program(b, uri, name, default_uri):

@@ -53,7 +53,12 @@ class Module:
     of the same model into the arenas the Module has."""
 
     def __init__(self, train_model_uri, state, eval_model_uri=None, max_arena_bytes=None):
-        _check_state(state)
+        # (checks inline here and in _bind_parameters, not in functions of their own: each
+        # function costs a board's heap its bytecode, raw-code record and object)
+        if not hasattr(state, "parameters") or not hasattr(state, "is_nominal"):
+            raise ParameterError("Module(train_model_uri, state, eval_model_uri=None): state "
+                                 "must be a CheckpointState (CheckpointState.load_checkpoint"
+                                 "(path)), not %s" % type(state).__name__)
         b, self.F, self.I = load_into_arenas(train_model_uri, max_arena_bytes)
         self.blob = b
         self.uri = train_model_uri
@@ -140,7 +145,12 @@ class Module:
                 p.grad = grad
         for tensor in b.nonnegative:
             # a running variance: negative, normalising by its square root gives NaN
-            _check_nonnegative(self.F, b.offsets[tensor], b.sizes[tensor], b.names[tensor])
+            off = b.offsets[tensor]
+            for i in range(b.sizes[tensor]):
+                if self.F[off + i] < 0.0:
+                    raise CheckpointError("the checkpoint's '%s' has %r at position %d: a "
+                                          "variance is never negative"
+                                          % (b.names[tensor], self.F[off + i], i))
 
     def load_checkpoint(self, checkpoint_uri):
         """Take the checkpoint at checkpoint_uri (of this model: the same parameters) into
@@ -342,13 +352,6 @@ class Module:
         return view[off:off + b.sizes[tid]]
 
 
-def _check_state(state):
-    if not hasattr(state, "parameters") or not hasattr(state, "is_nominal"):
-        raise ParameterError("Module(train_model_uri, state, eval_model_uri=None): state "
-                             "must be a CheckpointState (CheckpointState.load_checkpoint"
-                             "(path)), not %s" % type(state).__name__)
-
-
 def _take(values, name, n, arena, off, targets):
     # A tensor's values into arena[off:off + n]: a Ref (still in the checkpoint file) becomes
     # a target of the state's stream, values in RAM are copied; None (nominal) stays zero.
@@ -363,10 +366,3 @@ def _take(values, name, n, arena, off, targets):
     else:
         for i in range(n):
             arena[off + i] = values[i]
-
-
-def _check_nonnegative(F, off, n, name):
-    for i in range(n):
-        if F[off + i] < 0.0:
-            raise CheckpointError("the checkpoint's '%s' has %r at position %d: a variance is "
-                                  "never negative" % (name, F[off + i], i))

@@ -106,8 +106,12 @@ def load(path_or_bytes, keep_steps=False):
 def root_of(data, given=None):
     # Check the frame (size, identifier, CRC-32) and the format version; return the reader
     # and the root table. The CRC is computed once per load: the fallback crc32 is slow.
-    # given: what the caller was given, when data is a view of it.
-    _check_frame(data, data if given is None else given)
+    # given: what the caller was given, when data is a view of it. (The frame is checked
+    # here, not in a function of its own: each function costs a board's heap.)
+    size = check_head(data, len(data), data if given is None else given)
+    if crc32(memoryview(data)[4:4 + size]) & 0xFFFFFFFF != struct.unpack_from(
+            "<I", data, 4 + size)[0]:
+        raise BlobError("corrupt: CRC-32 of the blob does not match")
     r = Reader(memoryview(data)[:len(data) - 4], BlobError, start=4)
     root = r.root()
     version = r.scalar(root, _MODEL_FORMAT_VERSION, "H", 0)
@@ -134,13 +138,6 @@ def check_head(head, length, given=None):
         raise BlobError("truncated or padded: header says %d bytes, file has %d"
                         % (4 + size + 4, length))
     return size
-
-
-def _check_frame(data, given):
-    size = check_head(data, len(data), given)
-    stored = struct.unpack_from("<I", data, 4 + size)[0]
-    if crc32(memoryview(data)[4:4 + size]) & 0xFFFFFFFF != stored:
-        raise BlobError("corrupt: CRC-32 of the blob does not match")
 
 
 def parse(data, keep_steps=False):
