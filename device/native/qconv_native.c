@@ -7,8 +7,10 @@
 // weight adds (x - x_zp) * w over the rectangle of outputs whose tap lies inside the image
 // (kernels/conv.py's clipping: padding reads nothing), as x * w - x_zp * w; then the plane
 // is requantized. Integers are exact in any order, so the order differs from the pure
-// kernel's and the bytes do not. Pointwise, one-input-channel and 3x3 depthwise Convs take
-// paths of their own; on ARM the hot loops are qlinear_thumb.S's (armv7m: some thumb2.S's).
+// kernel's and the bytes do not. Pointwise and 3x3 depthwise Convs take paths of their own,
+// Convs with four or more output channels per group the im2col path (qconv_patches.c) or,
+// on ARM, the direct one (qconv_direct.c); on ARM the hot loops are hand-written Thumb
+// (qlinear_thumb.S, qconv_direct_thumb.S; armv7m: some thumb2.S's).
 // (conv_t, the call's geometry: qlinear_native.h)
 
 // the outputs o in [lo, hi) along one axis whose input o * s + off lies in [0, size)
