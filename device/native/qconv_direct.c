@@ -11,8 +11,9 @@
 //     even, the band's rows 16 bytes apart so that the lower row's lanes are immediate
 //     offsets), the band a chunk of output rows' padded input rows;
 //   columns (stride 1 or 2 along y, any along x): eight consecutive outputs of a column
-//     (mt_d8, mt_d8s2: lanes two bytes apart), the band the whole padded input transposed,
-//     a column a band row; the last out_h mod 8 rows are the im2col path's.
+//     (mt_d8: lanes one byte apart, mt_d8s2: two), the band the whole padded input
+//     transposed, an input column a band row; the last out_h mod 8 rows are the im2col
+//     path's.
 // Each term of the loop is one (offset, weight) pair of a table: the lanes read band[base +
 // offset + lane's distance]. The band holds u = x + c (c 128 for int8 inputs: b ^ 0x80, 0
 // for uint8) and padding as x_zp + c, so that
@@ -81,8 +82,8 @@ static void inside_range(mp_int_t pad, mp_int_t size, mp_int_t n, mp_int_t *lo,
     }
 }
 
-// Each output channel of a group: its weights into the table (beside each term's offset)
-// and the table's sums into acc by `run`, then requantized from acc (n outputs) to out
+// What both forms share: the call's geometry and constants, the table of (offset, weight)
+// pairs (each output channel's weights written beside the offsets), the padding's byte
 typedef struct {
     const conv_t *c;
     const int32_t *r;
@@ -105,8 +106,10 @@ __attribute__((noinline)) static int32_t channel_weights(const direct_t *d, mp_i
     return sum_w;
 }
 
-static inline __attribute__((always_inline)) void requantize(const direct_t *d, mp_int_t mo, int32_t sum_w, const int32_t *acc,
-                       mp_int_t n, uint8_t *out) {
+// Output channel mo's n sums in acc (less (x_zp + c) * sum w, plus its bias) requantized
+static inline __attribute__((always_inline)) void requantize(const direct_t *d, mp_int_t mo,
+                                                             int32_t sum_w, const int32_t *acc,
+                                                             mp_int_t n, uint8_t *out) {
     const conv_t *c = d->c;
     const uint32_t base = (uint32_t)(c->bias >= 0 ? d->r[c->bias + mo] : 0)
                           - (uint32_t)(d->zpc * sum_w);
@@ -249,8 +252,9 @@ static mp_int_t direct_columns(const direct_t *d, uint8_t *q, uint8_t *band, int
             requantize(d, mo, sum_w, plane, rows * out_w, out_group + (mo - mo0) * out_plane);
         }
     }
-    // the scratch plane back to zeros, as the pure kernel leaves it (whole runs compare
-    // their arenas bit for bit with CPython's)
+    // the scratch plane back to zeros: the pure kernel does not write it, so a run from a
+    // fresh arena keeps it at zeros there (whole runs compare their arenas bit for bit with
+    // CPython's: tests/test_board_kws_native.py)
     for (int32_t *a = plane, *end = plane + rows * out_w; a < end; a++) {
         *a = 0;
     }
