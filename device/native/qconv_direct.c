@@ -110,11 +110,8 @@ __attribute__((noinline)) static int32_t channel_weights(const direct_t *d, mp_i
 static inline __attribute__((always_inline)) void requantize(const direct_t *d, mp_int_t mo,
                                                              int32_t sum_w, const int32_t *acc,
                                                              mp_int_t n, uint8_t *out) {
-    const conv_t *c = d->c;
-    const uint32_t base = (uint32_t)(c->bias >= 0 ? d->r[c->bias + mo] : 0)
-                          - (uint32_t)(d->zpc * sum_w);
     rq_t rq;
-    rq_init(&rq, d->r + c->req, d->r[c->req + 4 + 2 * mo], d->r[c->req + 5 + 2 * mo]);
+    const uint32_t base = conv_channel_rq(&rq, d->c, d->r, mo, d->zpc * sum_w);
     rq_run(&rq, acc, base, n, out);
 }
 

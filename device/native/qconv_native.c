@@ -207,10 +207,8 @@ static void conv_dw3x3(const conv_t *c, uint8_t *q, const int32_t *r, const uint
 #ifdef MT_THUMB_KERNELS
         const int32_t wv[9] = {w0, w1, w2, w3, w4, w5, w6, w7, w8};
 #endif
-        const uint32_t base = (uint32_t)(c->bias >= 0 ? r[c->bias + mo] : 0)
-                              - (uint32_t)((zp + cu) * sum_w);
         rq_t rq;
-        rq_init(&rq, r + c->req, r[c->req + 4 + 2 * mo], r[c->req + 5 + 2 * mo]);
+        const uint32_t base = conv_channel_rq(&rq, c, r, mo, (zp + cu) * sum_w);
         uint8_t *out = q + c->y + ch * out_plane;
         mp_int_t n = 0;                                 // sums in acc
 #ifdef MT_THUMB_KERNELS

@@ -203,10 +203,8 @@ void conv_patches(const conv_t *c, uint8_t *q, const int32_t *r,
                         acc[j + lane] += back;
                     }
                 }
-                const uint32_t base = (uint32_t)(c->bias >= 0 ? r[c->bias + mo] : 0)
-                                      - (uint32_t)((zp + cu) * sum_w);
                 rq_t rq;
-                rq_init(&rq, r + c->req, r[c->req + 4 + 2 * mo], r[c->req + 5 + 2 * mo]);
+                const uint32_t base = conv_channel_rq(&rq, c, r, mo, (zp + cu) * sum_w);
                 rq_run(&rq, acc, base, n, out_group + (mo - mo0) * out_plane + p0);
             }
         }

@@ -52,6 +52,14 @@ typedef struct {
     mp_int_t y, x, w, bias, req, scratch, n_images, groups, cin_g, cout_g, in_h, in_w, out_h,
              out_w, k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l, x_signed;
 } conv_t;
+// Output channel mo's requantization (rq) and its accumulators' base: the bias less the
+// padding-cancelling part zpc_sum_w = (x_zp + c) * sum w (wrapping 32-bit arithmetic), for
+// the Conv paths that sum u = x + c over every tap (conv_patches, conv_direct, conv_dw3x3)
+static inline uint32_t conv_channel_rq(rq_t *rq, const conv_t *c, const int32_t *r,
+                                       mp_int_t mo, int32_t zpc_sum_w) {
+    rq_init(rq, r + c->req, r[c->req + 4 + 2 * mo], r[c->req + 5 + 2 * mo]);
+    return (uint32_t)(c->bias >= 0 ? r[c->bias + mo] : 0) - (uint32_t)zpc_sum_w;
+}
 #define CHUNK 32                // a Conv's outputs summed before they are requantized together
 #define PATCH_BYTES 768         // the im2col path's patches (and the depthwise rows) on the stack
 // The im2col path (qconv_patches.c): any Conv with K = cin_g * taps <= PATCH_BYTES / 8 and
