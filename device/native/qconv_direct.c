@@ -13,7 +13,8 @@
 //   columns (stride 1 or 2 along y, any along x): eight consecutive outputs of a column
 //     (mt_d8: lanes one byte apart, mt_d8s2: two), the band the whole padded input
 //     transposed, an input column a band row; the last out_h mod 8 rows are the im2col
-//     path's.
+//     path's. An edge column leaves out the terms of the kx that read only padding there
+//     (its sums start from what they add).
 // Each term of the loop is one (offset, weight) pair of a table: the lanes read band[base +
 // offset + lane's distance]. The band holds u = x + c (c 128 for int8 inputs: b ^ 0x80, 0
 // for uint8) and padding as x_zp + c, so that
@@ -28,7 +29,7 @@
 #define PITCH_4X2 16            // mt_d4x2's band rows: its lanes 4-7 read 16 bytes further
 
 // The eight-lane loops (qconv_direct_thumb.S): sums for `groups` groups of eight outputs,
-// p = [the table's end, groups, stride, x step, acc step] (bytes; see there)
+// p = [the table's end, groups, stride, x step, acc step, the sums' start] (see there)
 void mt_d8x1(const uint8_t *x, const int32_t *table, const int32_t *p, int32_t *acc);
 void mt_d8(const uint8_t *x, const int32_t *table, const int32_t *p, int32_t *acc);
 void mt_d8s2(const uint8_t *x, const int32_t *table, const int32_t *p, int32_t *acc);
@@ -90,18 +91,21 @@ typedef struct {
     const uint8_t *wbuf;
     int32_t *table;
     mp_int_t K, K4, zpc;        // K4: K rounded up to four (the table's length)
+    bool by_kx;                 // the table kx-major (the columns form)
 } direct_t;
 
 __attribute__((noinline)) static int32_t channel_weights(const direct_t *d, mp_int_t mo) {
     // (a function of its own and the byte in a local: inlined, gcc kept the sum on the
     // stack, and it loads a byte again after a store it may alias)
-    const mp_int_t K = d->K;
+    const mp_int_t K = d->K, step = d->by_kx ? d->c->k_w : 1;
     const int8_t *w_m = (const int8_t *)(d->wbuf + d->c->w + mo * K);
     int32_t *entry = d->table + 1, sum_w = 0;
-    for (const int8_t *end = w_m + K; w_m < end; w_m++, entry += 2) {
-        const int32_t v = *w_m;
-        *entry = v;
-        sum_w += v;
+    for (mp_int_t o = 0; o < step; o++) {   // kx-major: each kx's (ci, ky) rows, k_w apart
+        for (const int8_t *w = w_m + o, *end = w + K; w < end; w += step, entry += 2) {
+            const int32_t v = *w;
+            *entry = v;
+            sum_w += v;
+        }
     }
     return sum_w;
 }
@@ -115,22 +119,37 @@ static inline __attribute__((always_inline)) void requantize(const direct_t *d, 
     rq_run(&rq, acc, base, n, out);
 }
 
-// The table's offsets: tap (ci, ky, kx) at ci * plane + ky * d_h * y_step + kx * d_w * x_step
-// (the weights' order), then (0, 0) pairs up to a multiple of four (four terms a turn)
+// The table's offsets: tap (ci, ky, kx) at ci * plane + ky * d_h * y_step + kx * d_w * x_step,
+// in the weights' order or kx-major (d->by_kx: a range of kx is a range of the table, for
+// the columns form to leave out the kx a column reads only padding at), then (0, 0) pairs
+// up to a multiple of four (four terms a turn)
+__attribute__((optimize("no-tree-loop-distribute-patterns")))     // (the zeros: no memset)
 static void table_offsets(const direct_t *d, mp_int_t plane, mp_int_t y_step,
                           mp_int_t x_step) {
     const conv_t *c = d->c;
-    int32_t *entry = d->table;
-    for (mp_int_t ci = 0; ci < c->cin_g; ci++) {
-        for (mp_int_t ky = 0; ky < c->k_h; ky++) {
-            for (mp_int_t kx = 0; kx < c->k_w; kx++, entry += 2) {
-                *entry = ci * plane + ky * c->d_h * y_step + kx * c->d_w * x_step;
+    const mp_int_t k_h = c->k_h, k_w = c->k_w, cin_g = c->cin_g;
+    for (mp_int_t ci = 0; ci < cin_g; ci++) {
+        for (mp_int_t ky = 0; ky < k_h; ky++) {
+            for (mp_int_t kx = 0; kx < k_w; kx++) {
+                const mp_int_t at = d->by_kx ? (kx * cin_g + ci) * k_h + ky
+                                             : (ci * k_h + ky) * k_w + kx;
+                d->table[2 * at] = ci * plane + ky * c->d_h * y_step + kx * c->d_w * x_step;
             }
         }
     }
-    for (mp_int_t t = d->K; t & 3; t++, entry += 2) {
-        entry[0] = entry[1] = 0;
+    for (int32_t *entry = d->table + 2 * d->K, *end = d->table + 2 * d->K4; entry < end;
+         entry++) {
+        *entry = 0;
     }
+}
+
+// The sum of n terms' weights from entry
+static int32_t left_out(const int32_t *entry, mp_int_t n) {
+    int32_t sum_w = 0;
+    for (const int32_t *end = entry + 2 * n; entry < end; entry += 2) {
+        sum_w += entry[1];
+    }
+    return sum_w;
 }
 
 // The image-and-group ig's input and output planes, and its first output channel
@@ -168,8 +187,8 @@ static bool direct_rows(const direct_t *d, uint8_t *q, uint8_t *band, int32_t *a
     }
     const mp_int_t band_rows = rows + c->k_h - 1, plane = band_rows * pitch;
     table_offsets(d, plane, pitch, 1);
-    const int32_t p[5] = {(int32_t)(d->table + 2 * d->K4), out_w / (by8 ? 8 : 4),
-                          by8 ? 16 : 4 * out_w, by8 ? 8 : 4, by8 ? 32 : 16};
+    const int32_t p[6] = {(int32_t)(d->table + 2 * d->K4), out_w / (by8 ? 8 : 4),
+                          by8 ? 16 : 4 * out_w, by8 ? 8 : 4, by8 ? 32 : 16, 0};
     const mp_int_t in_plane = in_h * in_w, out_plane = out_h * out_w;
     mp_int_t lo, hi;
     inside_range(c->pad_l, in_w, pitch, &lo, &hi);
@@ -221,8 +240,8 @@ static mp_int_t direct_columns(const direct_t *d, uint8_t *q, uint8_t *band, int
         return 0;
     }
     table_offsets(d, size, 1, height);
-    const int32_t p[5] = {(int32_t)(d->table + 2 * d->K4), rows / 8, 4 * out_w, 8 * c->s_h,
-                          32 * out_w};
+    int32_t p[6] = {0, rows / 8, 4 * out_w, 8 * c->s_h, 32 * out_w, 0};
+    const mp_int_t block = cin_g * c->k_h;      // the table's terms per kx
     const mp_int_t in_plane = in_h * in_w, out_plane = c->out_h * out_w;
     const int32_t pad_flip_step[3] = {d->zpc, (int32_t)flip, in_w};
     mp_int_t lo, hi;
@@ -243,8 +262,28 @@ static mp_int_t direct_columns(const direct_t *d, uint8_t *q, uint8_t *band, int
         for (mp_int_t mo = mo0; mo < mo0 + c->cout_g; mo++) {
             const int32_t sum_w = channel_weights(d, mo);
             for (mp_int_t ox = 0; ox < out_w; ox++) {
-                (c->s_h == 2 ? mt_d8s2 : mt_d8)(band + ox * c->s_w * height, d->table, p,
-                                                 plane + ox);
+                // the terms of the kx whose input column lies inside the image, widened to
+                // whole turns of four: the padding terms left out add (x_zp + c) * w each,
+                // which the sums start from (the KWS DS-CNN's first Conv: 8 of 40 terms
+                // left out at its two edge columns)
+                mp_int_t kx0 = 0, kx1 = c->k_w;
+                while (kx0 < kx1 && ox * c->s_w + kx0 * c->d_w < c->pad_l) {
+                    kx0++;
+                }
+                while (kx1 > kx0 && ox * c->s_w + (kx1 - 1) * c->d_w - c->pad_l >= in_w) {
+                    kx1--;
+                }
+                mp_int_t first = (kx0 * block) & ~(mp_int_t)3;
+                mp_int_t end = (kx1 * block + 3) & ~(mp_int_t)3;
+                if (end <= first) {         // a column of padding only: every term
+                    first = 0;
+                    end = d->K4;
+                }
+                p[0] = (int32_t)(d->table + 2 * end);
+                p[5] = d->zpc * (left_out(d->table, first) + left_out(d->table + 2 * end,
+                                                                       d->K4 - end));
+                (c->s_h == 2 ? mt_d8s2 : mt_d8)(band + ox * c->s_w * height,
+                                                 d->table + 2 * first, p, plane + ox);
             }
             requantize(d, mo, sum_w, plane, rows * out_w, out_group + (mo - mo0) * out_plane);
         }
@@ -263,8 +302,8 @@ mp_int_t conv_direct(const conv_t *c, uint8_t *q, int32_t *r, const uint8_t *wbu
     uint8_t band[BAND_BYTES];
     int32_t table[2 * TABLE_K], acc[CHUNK_OUTPUTS];
     const mp_int_t K = c->cin_g * c->k_h * c->k_w;
-    const direct_t d = {c, r, wbuf, table, K, (K + 3) & ~(mp_int_t)3,
-                        r[c->req] + (flip ? 128 : 0)};
+    direct_t d = {c, r, wbuf, table, K, (K + 3) & ~(mp_int_t)3, r[c->req] + (flip ? 128 : 0),
+                  false};
     if (d.K > TABLE_K) {
         return 0;
     }
@@ -272,6 +311,7 @@ mp_int_t conv_direct(const conv_t *c, uint8_t *q, int32_t *r, const uint8_t *wbu
         return c->out_h * c->out_w;
     }
     // the step's scratch plane (out_h x out_w int32, the checker's size) holds the sums
+    d.by_kx = true;
     return direct_columns(&d, q, band, r + c->scratch, flip);
 }
 #endif

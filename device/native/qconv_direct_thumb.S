@@ -6,10 +6,12 @@
 @   void mt_d8(...)
 @   void mt_d8s2(...)
 @
-@ p = [the table's end, groups, stride, x step, acc step] (the last three in bytes). The
-@ table holds (offset, weight) pairs, a multiple of four of them. For each group g <
-@ groups, with x_g = x + g * (x step) and acc_g = acc + g * (acc step):
-@   sum[lane] = sum over the pairs of x_g[offset + d(lane)] * weight,  lane < 8
+@ p = [the table's end, groups, stride, x step, acc step, start] (stride and the steps in
+@ bytes). The table holds (offset, weight) pairs, a multiple of four of them. For each
+@ group g < groups, with x_g = x + g * (x step) and acc_g = acc + g * (acc step):
+@   sum[lane] = start + sum over the pairs of x_g[offset + d(lane)] * weight,  lane < 8
+@ (start: what the columns form's left-out padding terms add; setting the sums to it costs
+@ what zeroing them did)
 @ mt_d8x1: d(lane) = lane (eight outputs of a row), lanes 0-3's sums stored together at
 @ acc_g, 4-7's at acc_g + stride (16: after them);
 @ mt_d4x2: d(lane) = lane for lanes 0-3 and lane + 12 for 4-7 (the band row 16 bytes
@@ -24,7 +26,7 @@
 @ Registers: r0 the term's pointer, r1 the table's end, r2 weight, r3 input and product,
 @ r4-r6 sums 0-2, SUM3, r8-r11 sums 4-7, TABLE, lr x_g (Thumb-1: SUM3 r12, TABLE r7, as
 @ LDM's base must be a low register there; Thumb-2: r7 and r12). On the stack: the table's
-@ start, groups left, acc_g, the stride, the x step, the acc step.
+@ start, groups left, acc_g, the stride, the x step, the acc step, the sums' start.
 
     .syntax unified
 #ifdef MT_THUMB2
@@ -88,7 +90,7 @@
     push {r4-r7, lr}
     push_high
 #endif
-    sub sp, #24
+    sub sp, #32
     str r1, [sp, #0]        @ the table's start
     str r3, [sp, #8]        @ acc_g
     ldr r1, [r2, #4]
@@ -99,21 +101,19 @@
     str r1, [sp, #16]       @ the x step
     ldr r1, [r2, #16]
     str r1, [sp, #20]       @ the acc step
+    ldr r1, [r2, #20]
+    str r1, [sp, #24]       @ the sums' start
     ldr r1, [r2, #0]        @ the table's end
     mov lr, r0
 1:
-#ifdef MT_THUMB2
-    zero_r4_r11
-#else
-    movs r4, #0
-    movs r5, #0
-    movs r6, #0
-    mov r12, r4
+    ldr r4, [sp, #24]
+    movs r5, r4
+    movs r6, r4
+    mov SUM3, r4
     mov r8, r4
     mov r9, r4
     mov r10, r4
     mov r11, r4
-#endif
     ldr TABLE, [sp, #0]
 2:
     d8_term \scale, \gap
@@ -154,7 +154,7 @@
     beq 3f
     b 1b                    @ (Thumb-1's BNE reaches 256 bytes back)
 3:
-    add sp, #24
+    add sp, #32
 #ifdef MT_THUMB2
     pop {r4-r11, pc}
 #else
