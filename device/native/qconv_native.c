@@ -152,12 +152,24 @@ __attribute__((noinline)) static void conv_pointwise(const uint8_t *x, const uin
 // bounds checks, requantized in chunks. Exact, as conv_patches:
 //   sum over inside taps of (x - x_zp) * w = sum over the 9 of u * w - (x_zp + c) * sum w.
 // The rectangles' path took ~19.5 instructions per MAC here (a 25x5 plane: rows of 4-5).
-// copy_flip: n bytes b ^ flip (inlined, gcc reloaded flip from the stack per byte)
-__attribute__((noinline, optimize("no-tree-loop-distribute-patterns")))
-static void copy_flip(uint8_t *dst, const uint8_t *src, mp_int_t n, uint32_t flip) {
-    for (const uint8_t *end = src + n; src < end;) {
-        *dst++ = (uint8_t)(*src++ ^ flip);
+// copy_rows: `count` rows of n >= 1 bytes b ^ flip, src_pitch and dst_pitch bytes apart
+// (Thumb: qlinear_thumb.S's mt_copy_rows, 5 instructions a byte; gcc's loop took 8,
+// reloading flip from the stack)
+#ifdef MT_THUMB_KERNELS
+void mt_copy_rows(uint8_t *dst, const uint8_t *src, const int32_t *geo);
+#endif
+static void copy_rows(uint8_t *dst, const uint8_t *src, mp_int_t n, mp_int_t count,
+                      mp_int_t src_pitch, mp_int_t dst_pitch, uint32_t flip) {
+#ifdef MT_THUMB_KERNELS
+    const int32_t geo[5] = {n, count, src_pitch, dst_pitch, (int32_t)flip};
+    mt_copy_rows(dst, src, geo);
+#else
+    for (; count > 0; count--, src += src_pitch, dst += dst_pitch) {
+        for (mp_int_t i = 0; i < n; i++) {
+            dst[i] = (uint8_t)(src[i] ^ flip);
+        }
     }
+#endif
 }
 
 #define DW_CHUNK 128            // sums per requantization (a KWS plane's 125 at once)
@@ -217,29 +229,31 @@ static void conv_dw3x3(const conv_t *c, uint8_t *q, const int32_t *r, const uint
         for (mp_int_t oy0 = 0; oy0 < out_h; oy0 += band) {
             const mp_int_t oy1 = oy0 + band < out_h ? oy0 + band : out_h;
             const mp_int_t prows = (oy1 - oy0 - 1) * s_h + 2 * d_h + 1;
-            for (mp_int_t pr = 0, iy = oy0 * s_h - pad_t; pr < prows; pr++, iy++) {
+            if (once) {
+                // the one band: the plane's rows inside the image into their padded places,
+                // in one call (a call per row cost ~115 instructions a row of five bytes)
+                const mp_int_t m = wp - pad_l < in_w ? wp - pad_l : in_w;
+                const mp_int_t inside = prows - pad_t < in_h ? prows - pad_t : in_h;
+                if (m > 0) {
+                    copy_rows(rows + pad_t * rs + pad_l, x, m, inside, in_w, rs, flip);
+                }
+            }
+            for (mp_int_t pr = 0, iy = oy0 * s_h - pad_t; !once && pr < prows; pr++, iy++) {
                 uint8_t *pp = rows + pr * rs;
                 uint8_t *pe = pp + wp;
                 if (iy < 0 || iy >= in_h) {
-                    while (!once && pp != pe) {
+                    while (pp != pe) {
                         *pp++ = zpb;
                     }
                     continue;
                 }
                 const uint8_t *row = x + iy * in_w;
-                if (once) {
-                    mp_int_t m = wp - pad_l < in_w ? wp - pad_l : in_w;
-                    if (m > 0) {
-                        copy_flip(pp + pad_l, row, m, flip);
-                    }
-                    continue;
-                }
                 mp_int_t ix = -pad_l;
                 for (; ix < 0 && pp != pe; ix++) {
                     *pp++ = zpb;
                 }
                 mp_int_t m = in_w - ix < pe - pp ? in_w - ix : pe - pp;
-                copy_flip(pp, row + ix, m, flip);
+                copy_rows(pp, row + ix, m, 1, 0, 0, flip);
                 pp += m;
                 while (pp != pe) {
                     *pp++ = zpb;

@@ -676,3 +676,43 @@
 3:
     pop {r4, r5, pc}
     .size mt_lane8, . - mt_lane8
+
+@ qconv_native.c's copy_rows (both ARM builds): the depthwise path's input rows into its
+@ padded band.
+@
+@   void mt_copy_rows(uint8_t *dst, const uint8_t *src, const int32_t *geo)
+@
+@ geo = [n, rows, src pitch, dst pitch, flip]: rows rows of n >= 1 bytes, each b ^ flip,
+@ the rows src pitch and dst pitch bytes apart; each row's bytes from the last, by an index
+@ that counts down: 5 instructions a byte and 5 a row (gcc's C: 8 and ~10, flip reloaded
+@ from the stack per byte).
+@
+@ Registers: r0 dst, r1 src, r2 the index, r3 n, r4 rows left, r5 the byte, r6 flip, r12
+@ and lr the pitches.
+
+    func mt_copy_rows
+    push {r4-r6, lr}
+    ldr r3, [r2, #8]
+    mov r12, r3             @ src pitch
+    ldr r3, [r2, #12]
+    mov lr, r3              @ dst pitch
+    ldr r3, [r2, #0]        @ n
+    ldr r4, [r2, #4]        @ rows left
+    ldr r6, [r2, #16]       @ flip
+    cmp r4, #0
+    ble 3f
+1:                          @ a row
+    subs r2, r3, #1
+2:                          @ a byte
+    ldrb r5, [r1, r2]
+    eors r5, r6
+    strb r5, [r0, r2]
+    subs r2, #1
+    bpl 2b
+    add r1, r12
+    add r0, lr
+    subs r4, #1
+    bne 1b
+3:
+    pop {r4-r6, pc}
+    .size mt_copy_rows, . - mt_copy_rows
