@@ -222,8 +222,30 @@ def test_native_int8_gemm_equals_pure_on_the_rv32_board(rv32_firmware, tmp_path)
     print(f"rv32imc: {check_native_heap(out, module):,d} B of heap at import")
 
 
+def check_pool(out, script):
+    # the board's native GlobalAveragePool gives CPython's pure-Python bytes; some cases'
+    # multipliers are past the module's domain (its pure-Python fallback)
+    pure_out = check_against_cpython(out, script, 300)
+    assert out.split()[-4:] == pure_out.split()[-4:], out[-2000:]   # "cases N fallback F"
+    assert int(pure_out.split()[-1]) > 0, out[-2000:]
+
+
+@pytest.mark.parametrize("arch", ["armv6m", "armv7m"])
+def test_native_global_average_pool_equals_pure_on_the_emulated_board(firmware, armv6m_module,
+                                                                      arch, tmp_path):
+    module = armv6m_module if arch == "armv6m" else build_module(arch)
+    script = native_script("qlinear_native_pool.py", 300)
+    check_pool(run_on_board(firmware, tmp_path, module, script), script)
+
+
+def test_native_global_average_pool_equals_pure_on_the_rv32_board(rv32_firmware, tmp_path):
+    script = native_script("qlinear_native_pool.py", 300)
+    check_pool(run_on_board(rv32_firmware, tmp_path, build_module("rv32imc"), script,
+                            board=RV32), script)
+
+
 def test_fastpath_picks_the_native_gemm_when_it_imports(firmware, armv6m_module, tmp_path):
-    """native > viper > pure: the Gemm and Conv are the module's, and inttrain's
+    """native > viper > pure: the Gemm, Conv and GlobalAveragePool are the module's, and inttrain's
     int_gemm_update, the other int8 kernels stay viper; the module's _pure holds both
     families' pure kernels (its fallback); use_fast(False) puts the pure-Python kernels
     back."""
@@ -231,6 +253,7 @@ def test_fastpath_picks_the_native_gemm_when_it_imports(firmware, armv6m_module,
 from microtrain.kernels import qlinear, qlinear_native, qlinear_viper, inttrain, inttrain_viper
 print('gemm', qlinear.qlinear_gemm is qlinear_native.qlinear_gemm)
 print('conv', qlinear.qlinear_conv is qlinear_native.qlinear_conv)
+print('pool', qlinear.qlinear_global_average_pool is qlinear_native.qlinear_global_average_pool)
 print('update', inttrain.int_gemm_update is qlinear_native.int_gemm_update)
 print('add', qlinear.qlinear_add is qlinear_viper.qlinear_add)
 print('logits', inttrain.int_gemm_logits is inttrain_viper.int_gemm_logits)
@@ -239,7 +262,7 @@ print('fallback', qlinear_native._pure['qlinear_gemm'] is qlinear._pure['qlinear
 qlinear.use_fast(False)
 print('pure', qlinear.qlinear_gemm is qlinear._pure['qlinear_gemm'])
 """)
-    for line in ("gemm True", "conv True", "update True", "add True", "logits True",
+    for line in ("gemm True", "conv True", "pool True", "update True", "add True", "logits True",
                  "fallback True True", "pure True"):
         assert line in out, out[-2000:]
 
