@@ -6,6 +6,7 @@ gets none; `deploy --dry-run` lists it with its bytes; the fit check counts its 
 package-<arch>.json files list it."""
 import hashlib
 import json
+import re
 import shutil
 
 import pytest
@@ -107,6 +108,19 @@ def test_runtime_of_an_int8_blob_carries_the_boards_build(int8_artifacts):
     assert boards.native_for(blob, rp2040, "frozen") == {}
 
 
+def test_native_defines_lists_what_the_module_defines():
+    """runtime.NATIVE_DEFINES (which viper modules a runtime with the int8 module leaves
+    out) names exactly the kernels the module's sources store in its globals."""
+    stored = set()
+    for source in (ROOT / "device" / "native").glob("*.c"):
+        stored |= set(re.findall(r"mp_store_global\(MP_QSTR_(\w+)", source.read_text()))
+    assert stored - {"_pure"} == set().union(*runtime.NATIVE_DEFINES.values())
+    # and each family's names are kernels of that family
+    for family, names in runtime.NATIVE_DEFINES.items():
+        module = __import__(f"microtrain.kernels.{family}", None, None, ("x",))
+        assert all(callable(getattr(module, name, None)) for name in names), family
+
+
 def test_a_float_blob_gets_the_float_module(tmp_path):
     assert main(["pack", str(ROOT / "examples" / "digits" / "mlp.onnx"), "-o",
                  str(tmp_path), "--batch-size", "2"]) == 0
@@ -152,9 +166,13 @@ def test_fit_check_counts_the_native_modules_heap(int8_artifacts):
     size = (NATIVE / "armv6m" / "qlinear_native.mpy").stat().st_size
     assert with_native.native_mpy == size
     assert with_native.native_code == int(boards.NATIVE_HEAP_PER_MPY_BYTE * size)
+    # the module defines every qlinear kernel the blob keeps: the runtime leaves out
+    # qlinear_viper (runtime._fast_paths), whose machine code the heap no longer holds
+    assert with_native.machine_mpy < without.machine_mpy
+    assert with_native.code - with_native.native_code < without.code
     for phase in ("code", "train", "load", "resume", "reload", "needed"):
         assert getattr(with_native, phase) - getattr(without, phase) == \
-            with_native.native_code, phase
+            with_native.code - without.code, phase
 
 
 def test_the_runtime_builder_ships_the_native_module(int8_artifacts, tmp_path, capsys):
@@ -170,7 +188,14 @@ def test_the_runtime_builder_ships_the_native_module(int8_artifacts, tmp_path, c
     rt = deploy.write_runtime(plan, blob, tmp_path / "rt")
     assert (rt / "microtrain" / "kernels" / "qlinear_native.mpy").read_bytes() == \
         (NATIVE / "armv6m" / "qlinear_native.mpy").read_bytes()
-    assert (rt / "microtrain" / "kernels" / "qlinear_viper.mpy").exists()
+    # the module defines all of the qlinear kernels the blob keeps: no qlinear_viper beside
+    # it (fastpath.py would never import it); a family it does not cover keeps its viper
+    assert not (rt / "microtrain" / "kernels" / "qlinear_viper.mpy").exists()
+    assert (rt / "microtrain" / "kernels" / "fastpath.mpy").exists()
+    without = runtime.minimal_sources(blob)
+    assert "microtrain/kernels/qlinear_viper.py" in without
+    assert "microtrain/kernels/qlinear_viper.py" not in runtime.minimal_sources(
+        blob, native=native)
     assert boards.native_for(blob, boards.load_board("esp32"), "files") == {}
     assert boards.native_for(blob, pico, "frozen") == {}
     assert boards.native_heap(native) == int(boards.NATIVE_HEAP_PER_MPY_BYTE * size)

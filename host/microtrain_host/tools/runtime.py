@@ -19,8 +19,9 @@ from .runtime_bundle import bundle_sources
 from .runtime_cuts import (INTERNAL_CLASSES, RuntimeBuildError, _cut_methods, _cut_module,
                            _cut_opcodes)
 from .runtime_messages import move_messages
-from .runtime_native import (NATIVE_BUILD_FOR, NATIVE_BUILDS, NATIVE_FLOAT_KERNELS,
-                             NATIVE_FLOAT_MODULE, NATIVE_KERNELS, NATIVE_MODULE,
+from .runtime_native import (NATIVE_BUILD_FOR, NATIVE_BUILDS, NATIVE_DEFINES,
+                             NATIVE_FLOAT_KERNELS, NATIVE_FLOAT_MODULE, NATIVE_KERNELS,
+                             NATIVE_MODULE,
                              add_native_modules, cut_float_helpers, native_build,
                              native_modules, native_package_archs, op_codes)
 from .train import REPO_ROOT, device_package_dir
@@ -165,7 +166,8 @@ def minimal_sources(blob_path, extra=(), messages_apart=True, native=(), bundled
         family, function = BY_CODE[op].family, BY_CODE[op].kernel
         kernels.setdefault(family, set()).update((function, function + "_check"))
     modules = runtime_modules(blob_path, extra)
-    sources = package_sources(modules + _fast_paths(kernels) + _float_switch(kernels, native)
+    sources = package_sources(modules + _fast_paths(kernels, native)
+                              + _float_switch(kernels, native)
                               + _lazy_helpers(blob_path))
     for text in sources.values():  # what one kernel family imports from another
         for node in ast.walk(ast.parse(text)):
@@ -215,12 +217,15 @@ def _wide_layer(blob_path):
     return False
 
 
-def _fast_paths(kernels):
+def _fast_paths(kernels, native=()):
     """The viper fast path of each used family that has one (kernels/<family>_viper.py):
     the family keeps its switch (`FAST = use_fast()`, which imports the fast module when it
     can), the fast module is cut to the kernels the family keeps (and what they need), and
-    kernels/fastpath.py comes along. Returns the modules to add (they are imported lazily,
-    so runtime_modules does not see them). Updates `kernels` in place."""
+    kernels/fastpath.py comes along. Not the viper module of a family whose kept kernels the
+    int8 native module (among `native`) defines all (NATIVE_DEFINES): the switch takes the
+    native ones and never imports it (a board whose native build does not load runs the
+    pure kernels). Returns the modules to add (they are imported lazily, so
+    runtime_modules does not see them). Updates `kernels` in place."""
     added = []
     for family in sorted(kernels):
         fast = f"microtrain/kernels/{family}_viper.py"
@@ -229,9 +234,12 @@ def _fast_paths(kernels):
             continue
         defined = {n.name for n in ast.parse(path.read_text()).body
                    if isinstance(n, ast.FunctionDef)}
-        kernels.setdefault(family + "_viper", set()).update(kernels[family] & defined)
+        kept = {name for name in kernels[family] if not name.endswith("_check")}
+        if not (NATIVE_MODULE in native and kept <= NATIVE_DEFINES.get(family, set())):
+            kernels.setdefault(family + "_viper", set()).update(kernels[family] & defined)
+            added.append(fast)
         kernels[family].add("FAST")
-        added += [fast, "microtrain/kernels/fastpath.py"]
+        added.append("microtrain/kernels/fastpath.py")
     return sorted(set(added))
 
 
