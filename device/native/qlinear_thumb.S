@@ -429,7 +429,7 @@
 @ geo = [cols, rows, skip]: per row, acc[i] = sum over ky, kx < 3 of
 @ p[i * stride + 14 * ky + kx] * w[3 * ky + kx] for i < cols (the bytes unsigned), acc moves
 @ on by cols, then p by skip bytes more to the next row's start. cols, rows >= 1.
-@ 37 instructions an output (gcc's C: ~65).
+@ 37 instructions an output (gcc's C: ~65); mt_dw3_s1 takes them in pairs (below).
 @
 @ Registers: r0 p, r1 acc, r2 weight/temporary, r3 byte/product, r4 sum, r5-r7 w0-w2,
 @ r8-r12 and lr w3-w8; the row's end in acc, rows left, skip and 4 * cols on the stack.
@@ -504,7 +504,123 @@
     .size \name, . - \name
 .endm
 
-    dw3 mt_dw3_s1, 1
+@ mt_dw3_s1 takes its outputs two at a time (a row's last one alone when cols is odd): a
+@ weight moved from its high register once serves both, and the second sum lives in r7,
+@ so w2 joins the high registers and w8 the stack: 64 instructions a pair, 35 the last
+@ odd one (37 an output before). (mt_dw3_s2 cannot: the second output's last tap, 32
+@ bytes on, is beyond LDRB's immediate offsets.)
+@
+@ Registers: r0 p, r1 acc, r2 weight, r3 byte/product, r4 and r7 the sums, r5-r6 w0-w1,
+@ r8-r12 and lr w2-w7; on the stack the pairs' end in acc, rows left, skip, 4 * the cols
+@ in pairs, w8, cols & 1.
+
+@ tap `at` of both outputs (their bytes at and at + 1) by the weight in \w
+.macro dw3_pair at, w
+    ldrb r3, [r0, #\at]
+    muls r3, \w, r3
+    adds r4, r4, r3
+    ldrb r3, [r0, #(\at + 1)]
+    muls r3, \w, r3
+    adds r7, r7, r3
+.endm
+
+    func mt_dw3_s1
+    push {r4-r7, lr}
+    push_high
+    sub sp, #24
+    ldr r4, [r2, #0]
+    movs r5, #1
+    ands r5, r4
+    str r5, [sp, #20]       @ cols & 1
+    subs r4, r4, r5
+    lsls r4, r4, #2
+    str r4, [sp, #12]       @ 4 * the cols in pairs
+    ldr r4, [r2, #4]
+    str r4, [sp, #4]        @ rows left
+    ldr r4, [r2, #8]
+    str r4, [sp, #8]        @ skip
+    ldr r4, [r3, #8]
+    mov r8, r4
+    ldr r4, [r3, #12]
+    mov r9, r4
+    ldr r4, [r3, #16]
+    mov r10, r4
+    ldr r4, [r3, #20]
+    mov r11, r4
+    ldr r4, [r3, #24]
+    mov r12, r4
+    ldr r4, [r3, #28]
+    mov lr, r4
+    ldr r4, [r3, #32]
+    str r4, [sp, #16]       @ w8
+    ldr r5, [r3, #0]
+    ldr r6, [r3, #4]
+1:                          @ a row
+    ldr r3, [sp, #12]
+    adds r3, r1, r3
+    str r3, [sp, #0]        @ its pairs' end in acc
+    cmp r1, r3
+    beq 3f
+2:                          @ two outputs
+    ldrb r4, [r0, #0]
+    muls r4, r5, r4
+    ldrb r7, [r0, #1]
+    muls r7, r5, r7
+    dw3_pair 1, r6
+    mov r2, r8
+    dw3_pair 2, r2
+    mov r2, r9
+    dw3_pair 14, r2
+    mov r2, r10
+    dw3_pair 15, r2
+    mov r2, r11
+    dw3_pair 16, r2
+    mov r2, r12
+    dw3_pair 28, r2
+    mov r2, lr
+    dw3_pair 29, r2
+    ldr r2, [sp, #16]
+    dw3_pair 30, r2
+    stmia r1!, {r4, r7}
+    adds r0, #2
+    ldr r3, [sp, #0]
+    cmp r1, r3
+    bne 2b
+3:
+    ldr r3, [sp, #20]
+    cmp r3, #0
+    beq 4f
+    ldrb r4, [r0, #0]       @ the row's last output, alone
+    muls r4, r5, r4
+    ldrb r3, [r0, #1]
+    muls r3, r6, r3
+    adds r4, r4, r3
+    dw3_tap 2, r8
+    dw3_tap 14, r9
+    dw3_tap 15, r10
+    dw3_tap 16, r11
+    dw3_tap 28, r12
+    dw3_tap 29, lr
+    ldr r2, [sp, #16]
+    ldrb r3, [r0, #30]
+    muls r3, r2, r3
+    adds r4, r4, r3
+    stmia r1!, {r4}
+    adds r0, #1
+4:
+    ldr r3, [sp, #8]
+    adds r0, r0, r3         @ the next row's start
+    ldr r3, [sp, #4]
+    subs r3, #1
+    str r3, [sp, #4]
+    beq 5f
+    b 1b                    @ (Thumb-1's BNE reaches 256 bytes back)
+5:
+    add sp, #24
+    pop_high
+    pop {r4-r7, pc}
+    .size mt_dw3_s1, . - mt_dw3_s1
+
     dw3 mt_dw3_s2, 2
 #endif
 
