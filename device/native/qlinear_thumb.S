@@ -434,6 +434,22 @@
 @ Registers: r0 p, r1 acc, r2 weight/temporary, r3 byte/product, r4 sum, r5-r7 w0-w2,
 @ r8-r12 and lr w3-w8; the row's end in acc, rows left, skip and 4 * cols on the stack.
 
+@ six weights, from r3 + at on, into r8-r12 and lr (through r4)
+.macro dw3_high at
+    ldr r4, [r3, #\at]
+    mov r8, r4
+    ldr r4, [r3, #(\at + 4)]
+    mov r9, r4
+    ldr r4, [r3, #(\at + 8)]
+    mov r10, r4
+    ldr r4, [r3, #(\at + 12)]
+    mov r11, r4
+    ldr r4, [r3, #(\at + 16)]
+    mov r12, r4
+    ldr r4, [r3, #(\at + 20)]
+    mov lr, r4
+.endm
+
 .macro dw3_tap at, w
     ldrb r3, [r0, #\at]
     mov r2, \w
@@ -453,18 +469,7 @@
     str r4, [sp, #4]        @ rows left
     ldr r4, [r2, #8]
     str r4, [sp, #8]        @ skip
-    ldr r4, [r3, #12]
-    mov r8, r4
-    ldr r4, [r3, #16]
-    mov r9, r4
-    ldr r4, [r3, #20]
-    mov r10, r4
-    ldr r4, [r3, #24]
-    mov r11, r4
-    ldr r4, [r3, #28]
-    mov r12, r4
-    ldr r4, [r3, #32]
-    mov lr, r4
+    dw3_high 12
     ldr r5, [r3, #0]
     ldr r6, [r3, #4]
     ldr r7, [r3, #8]
@@ -539,18 +544,7 @@
     str r4, [sp, #4]        @ rows left
     ldr r4, [r2, #8]
     str r4, [sp, #8]        @ skip
-    ldr r4, [r3, #8]
-    mov r8, r4
-    ldr r4, [r3, #12]
-    mov r9, r4
-    ldr r4, [r3, #16]
-    mov r10, r4
-    ldr r4, [r3, #20]
-    mov r11, r4
-    ldr r4, [r3, #24]
-    mov r12, r4
-    ldr r4, [r3, #28]
-    mov lr, r4
+    dw3_high 8
     ldr r4, [r3, #32]
     str r4, [sp, #16]       @ w8
     ldr r5, [r3, #0]
