@@ -27,6 +27,9 @@
 #define TABLE_K 72              // K = cin_g * taps at most (the table is 8 bytes a term)
 #define CHUNK_OUTPUTS 48        // a chunk of rows' outputs, summed before they are requantized
 #define PITCH_4X2 16            // mt_d4x2's band rows: its lanes 4-7 read 16 bytes further
+// the columns form keeps two bytes per output column (at most BAND_BYTES / 8 of them) in
+// the rows form's sums
+_Static_assert(2 * (BAND_BYTES / 8) <= 4 * CHUNK_OUTPUTS, "the columns' spans fit acc");
 
 // The eight-lane loops (qconv_direct_thumb.S): sums for `groups` groups of eight outputs,
 // p = [the table's end, groups, stride, x step, acc step, the sums' start] (see there)
@@ -221,11 +224,12 @@ static bool direct_rows(const direct_t *d, uint8_t *q, uint8_t *band, int32_t *a
 }
 
 // Columns: stride 1 or 2 along y; the groups of eight rows (the rest for the im2col path);
-// every input channel's padded, transposed input in the band. Returns the outputs done per
-// plane (0: not taken).
+// every input channel's padded, transposed input in the band. span: 192 bytes (the rows
+// form's sums, unused here) for each output column's range of terms. Returns the outputs
+// done per plane (0: not taken).
 __attribute__((optimize("no-tree-loop-distribute-patterns")))     // (the zeros: no memset)
 static mp_int_t direct_columns(const direct_t *d, uint8_t *q, uint8_t *band, int32_t *plane,
-                               uint32_t flip) {
+                               uint8_t *span, uint32_t flip) {
     const conv_t *c = d->c;
     const mp_int_t cin_g = c->cin_g, in_h = c->in_h, in_w = c->in_w, out_w = c->out_w;
     const mp_int_t rows = c->out_h & ~(mp_int_t)7;
@@ -242,6 +246,27 @@ static mp_int_t direct_columns(const direct_t *d, uint8_t *q, uint8_t *band, int
     table_offsets(d, size, 1, height);
     int32_t p[6] = {0, rows / 8, 4 * out_w, 8 * c->s_h, 32 * out_w, 0};
     const mp_int_t block = cin_g * c->k_h;      // the table's terms per kx
+    // each output column's terms: those of the kx whose input column lies inside the
+    // image, widened to whole turns of four; the padding terms left out add (x_zp + c) * w
+    // each, which the sums start from (the KWS DS-CNN's first Conv: 8 of 40 terms left out
+    // at its two edge columns), computed once a call, not per output channel. out_w <= 96
+    // here (the band's lines are 8 bytes or more): two bytes each fit the span.
+    for (mp_int_t ox = 0; ox < out_w; ox++) {
+        mp_int_t kx0 = 0, kx1 = c->k_w;
+        while (kx0 < kx1 && ox * c->s_w + kx0 * c->d_w < c->pad_l) {
+            kx0++;
+        }
+        while (kx1 > kx0 && ox * c->s_w + (kx1 - 1) * c->d_w - c->pad_l >= in_w) {
+            kx1--;
+        }
+        mp_int_t first = (kx0 * block) & ~(mp_int_t)3, end = (kx1 * block + 3) & ~(mp_int_t)3;
+        if (end <= first) {         // a column of padding only: every term
+            first = 0;
+            end = d->K4;
+        }
+        span[2 * ox] = (uint8_t)first;
+        span[2 * ox + 1] = (uint8_t)end;
+    }
     const mp_int_t in_plane = in_h * in_w, out_plane = c->out_h * out_w;
     const int32_t pad_flip_step[3] = {d->zpc, (int32_t)flip, in_w};
     mp_int_t lo, hi;
@@ -262,23 +287,7 @@ static mp_int_t direct_columns(const direct_t *d, uint8_t *q, uint8_t *band, int
         for (mp_int_t mo = mo0; mo < mo0 + c->cout_g; mo++) {
             const int32_t sum_w = channel_weights(d, mo);
             for (mp_int_t ox = 0; ox < out_w; ox++) {
-                // the terms of the kx whose input column lies inside the image, widened to
-                // whole turns of four: the padding terms left out add (x_zp + c) * w each,
-                // which the sums start from (the KWS DS-CNN's first Conv: 8 of 40 terms
-                // left out at its two edge columns)
-                mp_int_t kx0 = 0, kx1 = c->k_w;
-                while (kx0 < kx1 && ox * c->s_w + kx0 * c->d_w < c->pad_l) {
-                    kx0++;
-                }
-                while (kx1 > kx0 && ox * c->s_w + (kx1 - 1) * c->d_w - c->pad_l >= in_w) {
-                    kx1--;
-                }
-                mp_int_t first = (kx0 * block) & ~(mp_int_t)3;
-                mp_int_t end = (kx1 * block + 3) & ~(mp_int_t)3;
-                if (end <= first) {         // a column of padding only: every term
-                    first = 0;
-                    end = d->K4;
-                }
+                const mp_int_t first = span[2 * ox], end = span[2 * ox + 1];
                 p[0] = (int32_t)(d->table + 2 * end);
                 p[5] = d->zpc * (left_out(d->table, first) + left_out(d->table + 2 * end,
                                                                        d->K4 - end));
@@ -312,6 +321,6 @@ mp_int_t conv_direct(const conv_t *c, uint8_t *q, int32_t *r, const uint8_t *wbu
     }
     // the step's scratch plane (out_h x out_w int32, the checker's size) holds the sums
     d.by_kx = true;
-    return direct_columns(&d, q, band, r + c->scratch, flip);
+    return direct_columns(&d, q, band, r + c->scratch, (uint8_t *)acc, flip);
 }
 #endif

@@ -38,8 +38,8 @@ INSTRUCTIONS_PER_MAC = {
 # and 1x1 4.85, their mean; the KWS first Conv's 6.37 lies between; depthwise 11.26 / 11.15),
 # and the fifth session's Gemm round (all Gemm shapes' instructions over their MACs, 4.79;
 # 5.28 before it); Conv since 2026-11-29's direct path (qconv_direct.c): all the
-# non-depthwise Conv shapes' instructions over their MACs, 4.62 (3x3 4.88, 1x1 4.83 and
-# 4.33, the KWS first Conv 4.99 with its edge columns' padding terms left out; 4.67 before
+# non-depthwise Conv shapes' instructions over their MACs, 4.61 (3x3 4.88, 1x1 4.83 and
+# 4.33, the KWS first Conv 4.95 with its edge columns' padding terms left out; 4.67 before
 # that, 7.2 before the direct path, the mean of 3x3 9.61 and 1x1 4.85); depthwise since
 # the same day's row copy in one call a channel (mt_copy_rows) and the row loop's outputs
 # two at a time: 9.18 / 9.07, 9.1 (11.2 before). Of the
