@@ -125,11 +125,19 @@ def qlinear_script(cases):
     return native_script("qlinear_native.py", cases)
 
 
+def check_cases(out, script, cases, fallback=True):
+    """The board's run of a native check script gives CPython's bytes case by case and the
+    same "cases N fallback F" line; with fallback, some cases went to the pure-Python
+    kernel (arguments beyond the module's domain). CPython's output."""
+    pure_out = check_against_cpython(out, script, cases)
+    assert out.split()[-4:] == pure_out.split()[-4:], out[-2000:]   # "cases N fallback F"
+    assert not fallback or int(pure_out.split()[-1]) > 0, out[-2000:]
+    return pure_out
+
+
 def check_qlinear(out, cases):
     # Gemm and Conv cases alternate; the board's native kernels give CPython's pure ones
-    pure_out = check_against_cpython(out, qlinear_script(cases), cases)
-    assert out.split()[-4:] == pure_out.split()[-4:], out[-2000:]   # "cases N fallback F"
-    assert int(pure_out.split()[-1]) > 0, out[-2000:]   # the pure-Python fallback exercised
+    check_cases(out, qlinear_script(cases), cases)
 
 
 @pytest.mark.parametrize("arch", ["armv6m", "armv7m"])
@@ -152,8 +160,7 @@ def test_native_direct_conv_equals_pure_on_the_emulated_board(firmware, armv6m_m
     module = armv6m_module if arch == "armv6m" else build_module(arch)
     script = native_script("qlinear_native.py", 1000, "CONV_KINDS = (6, 7)\n")
     out = run_on_board(firmware, tmp_path, module, script)
-    pure_out = check_against_cpython(out, script, 1000)
-    assert out.split()[-4:] == pure_out.split()[-4:], out[-2000:]
+    check_cases(out, script, 1000, fallback=False)
     described = [w for _, w in cpython_cases(script)[0].values()]
     forms = [direct_form(what) for what in described]
     counts = {form: forms.count(form) for form in ("8x1", "4x2", "columns", "columns s2")}
@@ -222,26 +229,18 @@ def test_native_int8_gemm_equals_pure_on_the_rv32_board(rv32_firmware, tmp_path)
     print(f"rv32imc: {check_native_heap(out, module):,d} B of heap at import")
 
 
-def check_pool(out, script):
-    # the board's native GlobalAveragePool gives CPython's pure-Python bytes; some cases'
-    # multipliers are past the module's domain (its pure-Python fallback)
-    pure_out = check_against_cpython(out, script, 300)
-    assert out.split()[-4:] == pure_out.split()[-4:], out[-2000:]   # "cases N fallback F"
-    assert int(pure_out.split()[-1]) > 0, out[-2000:]
-
-
 @pytest.mark.parametrize("arch", ["armv6m", "armv7m"])
 def test_native_global_average_pool_equals_pure_on_the_emulated_board(firmware, armv6m_module,
                                                                       arch, tmp_path):
     module = armv6m_module if arch == "armv6m" else build_module(arch)
     script = native_script("qlinear_native_pool.py", 300)
-    check_pool(run_on_board(firmware, tmp_path, module, script), script)
+    check_cases(run_on_board(firmware, tmp_path, module, script), script, 300)
 
 
 def test_native_global_average_pool_equals_pure_on_the_rv32_board(rv32_firmware, tmp_path):
     script = native_script("qlinear_native_pool.py", 300)
-    check_pool(run_on_board(rv32_firmware, tmp_path, build_module("rv32imc"), script,
-                            board=RV32), script)
+    check_cases(run_on_board(rv32_firmware, tmp_path, build_module("rv32imc"), script,
+                             board=RV32), script, 300)
 
 
 def test_fastpath_picks_the_native_gemm_when_it_imports(firmware, armv6m_module, tmp_path):
@@ -336,9 +335,7 @@ def test_native_int_gemm_update_equals_pure_on_the_emulated_boards(firmware, rv3
     script = native_script("inttrain_native.py", 200)
     out = run_on_board(rv32_firmware if rv32 else firmware, tmp_path, module, script,
                        board=board)
-    pure_out = check_against_cpython(out, script, 200)
-    assert out.split()[-4:] == pure_out.split()[-4:], out[-2000:]   # "cases N fallback F"
-    assert int(pure_out.split()[-1]) > 0, out[-2000:]     # the pure-Python fallback exercised
+    check_cases(out, script, 200)
 
 
 INTGRAD = ("int_pool_grad", "int_clamp_mask", "int_clamp_bias_grad", "int_conv_grad_input",

@@ -15,10 +15,10 @@ from .train import device_package_dir
 # kernels as NATIVE_MODULE, kernels/fastpath.py picks its kernels over the viper ones.
 NATIVE_BUILDS = "microtrain/kernels/native"
 NATIVE_MODULE = "microtrain/kernels/qlinear_native.mpy"
-NATIVE_KERNELS = ("qlinear_gemm", "qlinear_conv", "qlinear_global_average_pool")
 # Every kernel the int8 module defines (device/native: mpy_init's and inttrain_globals'
 # mp_store_global; tests/test_natmod_ship.py reads them from the sources), by family. A
-# family whose kept kernels it defines all never imports its viper module beside it
+# runtime carries the module when its blob calls one of them (NATIVE_KERNELS). A family
+# whose kept kernels it defines all never imports its viper module beside it
 # (kernels/fastpath.py tries the native module first and stops there): the runtime then
 # leaves that module out (runtime._fast_paths), its flash and the fit check's heap for it.
 NATIVE_DEFINES = {
@@ -28,6 +28,7 @@ NATIVE_DEFINES = {
     "intgrad": {"int_pool_grad", "int_clamp_mask", "int_clamp_bias_grad",
                 "int_conv_grad_input", "int_conv_update"},
 }
+NATIVE_KERNELS = tuple(sorted(set().union(*NATIVE_DEFINES.values())))
 # A board's mpy_arch -> the int8 module's build it takes. MicroPython loads an ARM module on
 # its own and every later ARM architecture (persistentcode.c's MPY_FEATURE_ARCH_TEST), so FPU
 # boards (armv7emsp) take the armv7m build; an architecture not named here (xtensawin: no
