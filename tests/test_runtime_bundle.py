@@ -7,6 +7,7 @@ reload) prints the same lines over the bundled runtime as over the package's mod
 CPython and on the MicroPython Unix port; and digits trained and resumed on the emulated M3
 through deploy gives the same losses and checkpoint bytes with the runtime bundled in files
 as with its modules in ROMFS."""
+import ast
 import sys
 
 import pytest
@@ -15,8 +16,8 @@ from conftest import ROOT
 from test_runtime_messages import _lines     # error_messages.py's lines under a runtime
 from microtrain_host.cli import main
 from microtrain_host.tools import deploy, runtime
-from microtrain_host.tools.runtime_bundle import (bundle_members, bundle_sources,
-                                                  without_blank_lines)
+from microtrain_host.tools.runtime_bundle import (BUNDLE_PATHS, bundle_members,
+                                                  bundle_sources, without_blank_lines)
 from microtrain_host.tools.runtime_cuts import RuntimeBuildError
 
 DIGITS = ROOT / "examples" / "digits"
@@ -179,3 +180,32 @@ def test_a_bundle_without_docstrings_comments_and_blank_lines():
     namespace = {}
     exec(out, namespace)
     assert namespace["f"](1) == "a\n\n  b2"
+
+
+def test_the_bundles_compile_without_line_numbers_unless_asked(digits, tmp_path):
+    # runtime.compile_runtime: -O3 for the bundles (no line-number tables), the other modules
+    # as they are; bundle_lines (deploy --line-numbers) keeps the tables
+    sources = runtime.minimal_sources(digits / "model.mtb", bundled=True)
+    lean = runtime.compile_runtime(sources, "armv6m", "6.3", tmp_path / "lean")
+    lined = runtime.compile_runtime(sources, "armv6m", "6.3", tmp_path / "lined",
+                                    bundle_lines=True)
+    bundles = {path[:-3] + ".mpy" for path in BUNDLE_PATHS if path in sources}
+    assert bundles == {"microtrain/_core.mpy", "microtrain/_save.mpy",
+                       "microtrain/kernels/__init__.mpy"}
+    for path in lean:
+        if path in bundles:
+            assert lean[path] < lined[path], path
+        else:
+            assert (tmp_path / "lean" / path).read_bytes() == (tmp_path / "lined" / path
+                                                               ).read_bytes(), path
+    assert sum(lined.values()) - sum(lean.values()) > 2000
+
+
+def test_the_device_package_has_nothing_that_minus_O3_drops():
+    # mpy-cross -O3 leaves out assert statements and makes __debug__ False: the bundles'
+    # code must not depend on either
+    for path in sorted((ROOT / "device" / "microtrain").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        found = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Assert)
+                 or (isinstance(n, ast.Name) and n.id == "__debug__")]
+        assert not found, f"{path}: lines {found}"

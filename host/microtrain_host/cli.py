@@ -186,7 +186,8 @@ def cmd_deploy(args):
     if args.output:
         _check_output_file("--output", args.output, create_parent=True)
     plan = deploy.plan(args.artifacts, args.board, steps=args.steps, epochs=args.epochs,
-                       placement=args.runtime, resume=args.resume, native=not args.no_native)
+                       placement=args.runtime, resume=args.resume, native=not args.no_native,
+                       line_numbers=args.line_numbers)
     print(f"deploy {args.artifacts} to {args.board} (mpy-cross -march={plan.board['mpy_arch']}, "
           f".mpy v{plan.board['mpy_version']}), runtime as {plan.placement}")
     print(f"minimal runtime: {len(plan.runtime_sizes)} modules, "

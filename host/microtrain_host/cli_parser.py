@@ -301,6 +301,10 @@ def build_parser():
                                       "script built, e.g. scripts/build_qemu_rv32.sh)")
     p.add_argument("--no-native", action="store_true", help="ship no native kernels "
                    "(machine code for the board, copied into its heap at import)")
+    p.add_argument("--line-numbers", action="store_true",
+                   help="keep the line-number tables of the files runtime's bundles "
+                        "(microtrain/_core.py...: ~7%% of their .mpy and heap), for tracebacks "
+                        "that give a line, not line 1")
     p.add_argument("--dry-run", action="store_true",
                    help="print what would be copied, the runtime's .mpy sizes and the "
                         "predicted memory; touch no board")

@@ -49,13 +49,14 @@ class Plan:
         self.start_step = 0      # its optimizer step: the steps the previous runs took
         self.native = {}         # {name on the board: shipped .mpy} of the native kernels
         self.native_left_out = None  # the fit with the native kernels deploy left out
+        self.line_numbers = False  # the bundles keep their line numbers (--line-numbers)
         self.blob_path = self.artifacts / "model.mtb"   # the blob (plan(): artifact_files)
         self.blob_in_rom = False  # the blob goes into the ROMFS image with the runtime
         self.inputs = "f32"      # training inputs' file type (prepare()): f32, i8 or u8
 
 
 def plan(artifacts, board_name, steps=None, epochs=None, placement=None, resume=None,
-         native=True):
+         native=True, line_numbers=False):
     for name, value in (("steps", steps), ("epochs", epochs)):
         # a count below 1 would copy no data and train nothing
         if value is not None and (isinstance(value, bool)
@@ -75,7 +76,8 @@ def plan(artifacts, board_name, steps=None, epochs=None, placement=None, resume=
     with tempfile.TemporaryDirectory() as tmp:   # (frozen: messages in place)
         sources = runtime.minimal_sources(blob_path, messages_apart=placement != "frozen",
                                           native=native, bundled=placement == "files")
-        sizes = runtime.compile_runtime(sources, board["mpy_arch"], board["mpy_version"], tmp)
+        sizes = runtime.compile_runtime(sources, board["mpy_arch"], board["mpy_version"], tmp,
+                                        bundle_lines=line_numbers)
         machine = boards.runtime_machine_mpy(tmp, sizes)
     messages, lazy = boards.messages_mpy(sizes), boards.lazy_mpy(sizes)
     fit = boards.predict(artifacts, board, placement, sum(sizes.values()) - messages - lazy,
@@ -86,7 +88,7 @@ def plan(artifacts, board_name, steps=None, epochs=None, placement=None, resume=
     if steps is None and epochs is None:
         epochs = 1
     p = Plan(board, placement, artifacts, sizes, fit, None, steps, epochs)
-    p.native, p.native_left_out = native, left_out
+    p.native, p.native_left_out, p.line_numbers = native, left_out, line_numbers
     p.blob_path = blob_path
     p.blob_in_rom = in_rom
     if resume is not None:
@@ -205,7 +207,8 @@ def write_runtime(plan, blob_path, directory):
     """directory, with the plan's runtime and native kernels compiled into microtrain/."""
     runtime.compile_runtime(runtime.minimal_sources(blob_path, native=plan.native,
                                                     bundled=plan.placement == "files"),
-                            plan.board["mpy_arch"], plan.board["mpy_version"], directory)
+                            plan.board["mpy_arch"], plan.board["mpy_version"], directory,
+                            bundle_lines=plan.line_numbers)
     runtime.add_native_modules(plan.native, directory)
     return pathlib.Path(directory)
 

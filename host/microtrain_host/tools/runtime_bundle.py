@@ -36,8 +36,10 @@ module of the runtime spells and no string holds are then shortened to two or th
 characters (`_a`, `_b`...; shorten_private_names): each name is a qstr the .mpy spells out
 and the board interns in its heap, and the digits runtime's ~100 such names took ~1 KB of
 both. The bundle leaves out its docstrings, comment lines and blank lines
-(without_blank_lines: fewer two-byte steps in the line-number tables). A traceback from a
-bundle names the shortened function and the bundle's line, both as
+(without_blank_lines: fewer two-byte steps in the line-number tables), and
+runtime.compile_runtime compiles the bundles without those tables (mpy-cross -O3) unless
+deploy --line-numbers asks for them. A traceback from a bundle names the shortened
+function and line 1, or with --line-numbers the bundle's line, both as
 `runtime.minimal_sources(blob, bundled=True)` gives the text on the host."""
 import ast
 import io
@@ -247,6 +249,9 @@ def _join(bundle, paths, texts):
 # before any of them): those without a fast switch (FAST = use_fast(): each switch keeps
 # the family's own globals) and without viper or native code.
 KERNELS = "microtrain/kernels/__init__.py"
+# what runtime.compile_runtime compiles without line numbers (the kernels' package is 3
+# lines where the families stay apart)
+BUNDLE_PATHS = tuple(bundle for bundle, _ in BUNDLES) + (KERNELS,)
 
 
 def _kernel_members(sources):
