@@ -25,20 +25,22 @@ from microtrain_host.tools import runtime  # noqa: E402
 from microtrain_host.tools.runtime_messages import is_message_module  # noqa: E402
 
 
-def mpy_size(text, arch, name="m.py"):
-    """Bytes of the .mpy mpy-cross makes of text (the const import blanked, as deploy does)."""
+def mpy_size(text, arch, name="m.py", level=()):
+    """Bytes of the .mpy mpy-cross makes of text (the const import blanked, as deploy does;
+    level: ["-O3"] for a bundle, as runtime.compile_runtime compiles it)."""
     with tempfile.TemporaryDirectory() as tmp:
         source = pathlib.Path(tmp) / name
         source.write_text(runtime.without_const_import(text))
         target = source.with_suffix(".mpy")
-        proc = subprocess.run([runtime.mpy_cross_tool(arch), f"-march={arch}", "-s", name,
-                               "-o", str(target), str(source)], capture_output=True, text=True)
+        proc = subprocess.run([runtime.mpy_cross_tool(arch), f"-march={arch}", *level, "-s",
+                               name, "-o", str(target), str(source)], capture_output=True,
+                              text=True)
         if proc.returncode != 0:
             raise SystemExit(f"mpy-cross failed on {name}: {proc.stderr.strip()}")
         return target.stat().st_size
 
 
-def function_costs(text, arch, whole):
+def function_costs(text, arch, whole, level=()):
     """[(bytes, qualified name, lines)] of the module's top-level functions and methods."""
     lines = text.split("\n")
     costs = []
@@ -52,7 +54,8 @@ def function_costs(text, arch, whole):
             indent = cut[first][:len(cut[first]) - len(cut[first].lstrip())]
             cut[first:last] = [indent + "pass"] + [""] * (last - first - 1)
             name = f.name if f is node else f"{node.name}.{f.name}"
-            costs.append((whole - mpy_size("\n".join(cut), arch), name, last - first))
+            costs.append((whole - mpy_size("\n".join(cut), arch, level=level), name,
+                          last - first))
     return costs
 
 
@@ -63,6 +66,8 @@ def main(argv=None):
     parser.add_argument("--bundled", action="store_true")
     parser.add_argument("--functions", type=int, default=0, metavar="N",
                         help="list the N costliest function bodies")
+    parser.add_argument("--line-numbers", action="store_true",
+                        help="the bundles with their line-number tables (deploy --line-numbers)")
     args = parser.parse_args(argv)
     sources = runtime.minimal_sources(args.blob, bundled=args.bundled)
     total = 0
@@ -70,11 +75,13 @@ def main(argv=None):
     for module, text in sorted(sources.items()):
         if is_message_module(module) or runtime.is_lazy_module(module):
             continue
-        size = mpy_size(text, args.arch, module.replace("/", "_"))
+        level = ["-O3"] if module in runtime.BUNDLE_PATHS and not args.line_numbers else []
+        size = mpy_size(text, args.arch, module.replace("/", "_"), level)
         total += size
         print(f"{module:44} {size:7,}")
         if args.functions:
-            costs += [(c, module, name, n) for c, name, n in function_costs(text, args.arch, size)]
+            costs += [(c, module, name, n)
+                      for c, name, n in function_costs(text, args.arch, size, level)]
     print(f"{'imported':44} {total:7,}")
     for cost, module, name, n in sorted(costs, reverse=True)[:args.functions]:
         print(f"{cost:6,}  {module}  {name} ({n} lines)")
