@@ -171,6 +171,36 @@ def test_native_direct_conv_equals_pure_on_the_emulated_board(firmware, armv6m_m
     assert edges >= 50, edges
 
 
+@pytest.mark.parametrize("arch", ["armv6m", "armv7m"])
+def test_native_depthwise_pairs_equal_pure_on_the_emulated_board(firmware, armv6m_module,
+                                                                 arch, tmp_path):
+    # 300 3x3 depthwise Convs with "same" padding and stride 1 (kind 8) between 300 Gemm
+    # cases: on armv7m most take the pairs of rows (dw3_pairs), the rest its row loop;
+    # armv6m's row loop on the same cases
+    module = armv6m_module if arch == "armv6m" else build_module(arch)
+    script = native_script("qlinear_native.py", 600, "CONV_KINDS = (8,)\n")
+    out = run_on_board(firmware, tmp_path, module, script)
+    check_cases(out, script, 600, fallback=False)
+    described = [w for _, w in cpython_cases(script)[0].values()]
+    pairs = [what for what in described if takes_pairs(what)]
+    assert len(pairs) >= 200, len(pairs)
+    # odd and even heights, both row widths of P, planes in several chunks of sums
+    shapes = [eval(what[4:])[12:14] for what in pairs]
+    assert {h % 2 for h, _ in shapes} == {0, 1} and {w <= 6 for _, w in shapes} == {0, 1}
+    assert sum(1 for h, w in shapes if h > (128 // w) & ~1) >= 20, shapes
+
+
+def takes_pairs(what):
+    """Whether a case's Conv takes the armv7m build's pairs of rows (qconv_native.c's
+    dw3_pairs: 3x3 depthwise, "same" padding, stride 1, H + 2 rows of P in 256 words)."""
+    if not what.startswith("conv") or what.endswith("crafted"):
+        return False
+    (_, _, _, _, _, _, _, groups, cin_g, cout_g, h, w, out_h, out_w, k_h, k_w, s_h, s_w, d_h,
+     d_w, pad_t, pad_l, _, _) = eval(what[4:])
+    return (cin_g, cout_g, k_h, k_w, s_h, s_w, d_h, d_w, pad_t, pad_l) == \
+        (1, 1, 3, 3, 1, 1, 1, 1, 1, 1) and w <= 14 and (h + 2) * (8 if w <= 6 else 16) <= 256
+
+
 def direct_form(what):
     """The direct path's form a case's Conv takes (qconv_direct.c's conditions and its
     stack budget: 768 band bytes, 48 sums), from the host's description of the case."""

@@ -178,6 +178,70 @@ static void copy_rows(uint8_t *dst, const uint8_t *src, mp_int_t n, mp_int_t cou
 void mt_dw3_s1(const uint8_t *p, int32_t *acc, const int32_t *geo, const int32_t *w);
 void mt_dw3_s2(const uint8_t *p, int32_t *acc, const int32_t *geo, const int32_t *w);
 #endif
+#ifdef MT_THUMB2
+// The armv7m build's depthwise 3x3 Conv with "same" padding and stride 1 (the KWS DS-CNN's,
+// MobileNet's): two output rows at a time, one SMLAL a tap for both (qlinear_thumb2.S's
+// mt_dw3p8 / mt_dw3p16: 15 instructions an output, the MLA row loop's 22). P holds each
+// padded row's input values s (the bytes as the Conv reads them, signed or not; the
+// padding x_zp) with the next row's in bits 20 and up: P[pr][pc] = s[pr][pc] +
+// (s[pr + 1][pc] << 20), each channel's inside columns written by mt_dw3p_fill (6
+// instructions an entry), the padding columns and the row below the last the same for all.
+// The sums are conv_dw3x3's less (x_zp + c) * sum w: requantized from bias - x_zp * sum w.
+// Planes up to 14 wide whose P fits DWP_WORDS; else (false) conv_dw3x3.
+#define DWP_WORDS 256
+void mt_dw3p8(const uint32_t *P, int32_t *acc, const int32_t *geo, const int32_t *w);
+void mt_dw3p16(const uint32_t *P, int32_t *acc, const int32_t *geo, const int32_t *w);
+void mt_dw3p_fill(uint32_t *P, const uint8_t *x, const int32_t *geo);
+__attribute__((noinline)) static bool dw3_pairs(const conv_t *c, uint8_t *q, const int32_t *r,
+                                                const uint8_t *wbuf, uint32_t flip) {
+    const mp_int_t h = c->out_h, w = c->out_w;
+    if (c->s_h != 1 || c->s_w != 1 || c->d_h != 1 || c->pad_t != 1 || c->pad_l != 1 ||
+        c->in_h != h || c->in_w != w || w > 14) {
+        return false;
+    }
+    const mp_int_t rs = w <= 6 ? 8 : 16;    // P's row: the padded row's w + 2 words
+    if ((h + 2) * rs > DWP_WORDS) {
+        return false;
+    }
+    uint32_t P[DWP_WORDS];
+    int32_t acc[DW_CHUNK];      // a chunk's rows (an odd count's pair ends below: kmax even)
+    const int32_t zp = r[c->req];
+    const uint32_t pad2 = (uint32_t)zp + ((uint32_t)zp << 20);
+    for (mp_int_t pr = 0; pr < h + 2; pr++) {
+        P[pr * rs] = pad2;
+        P[pr * rs + w + 1] = pad2;
+    }
+    for (mp_int_t pc = 1; pc <= w; pc++) {
+        P[(h + 1) * rs + pc] = pad2;        // (its second row, below the image, unused)
+    }
+    const int32_t fill[5] = {w, h, 4 * (rs - w), flip != 0, zp};
+    const mp_int_t kmax = (DW_CHUNK / w) & ~1;     // rows a chunk of sums holds, in pairs
+    for (mp_int_t ch = 0, mo = 0; ch < c->n_images * c->groups; ch++, mo++) {
+        if (mo == c->groups) {
+            mo = 0;                         // (no division: a libgcc call on armv6m)
+        }
+        const uint8_t *wt = wbuf + c->w + mo * 9;
+        int32_t wv[9], sum_w = 0;
+        for (mp_int_t t = 0; t < 9; t++) {
+            wv[t] = (int8_t)wt[t];
+            sum_w += wv[t];
+        }
+        rq_t rq;
+        const uint32_t base = conv_channel_rq(&rq, c, r, mo, zp * sum_w);
+        mt_dw3p_fill(P + 1, q + c->x + ch * h * w, fill);
+        uint8_t *out = q + c->y + ch * h * w;
+        for (mp_int_t oy = 0; oy < h; oy += kmax) {
+            const mp_int_t k = h - oy < kmax ? h - oy : kmax;
+            const int32_t geo[2] = {4 * w, (k + 1) / 2};
+            (rs == 8 ? mt_dw3p8 : mt_dw3p16)(P + oy * rs, acc, geo, wv);
+            rq_run(&rq, acc, base, k * w, out);
+            out += k * w;
+        }
+    }
+    return true;
+}
+#endif
+
 __attribute__((noinline, optimize("no-tree-loop-distribute-patterns")))
 static void conv_dw3x3(const conv_t *c, uint8_t *q, const int32_t *r, const uint8_t *wbuf,
                        uint32_t flip) {
@@ -348,6 +412,11 @@ static mp_obj_t qlinear_conv(size_t n_args, const mp_obj_t *in) {
     if (c.cin_g == 1 && c.cout_g == 1 && c.k_h == 3 && c.k_w == 3 && c.d_w == 1 &&
         (c.out_w - 1) * c.s_w + 3 <= PATCH_BYTES / (2 * c.d_h + 1) &&
         (flip ? x_zp <= 127 : x_zp >= 0)) {     // x_zp + c a byte (conv_dw3x3)
+#ifdef MT_THUMB2
+        if (dw3_pairs(&c, q, r, wbuf, flip)) {  // (beside conv_dw3x3's frame, not on it)
+            return mp_const_none;
+        }
+#endif
         conv_dw3x3(&c, q, r, wbuf, flip);
         return mp_const_none;
     }

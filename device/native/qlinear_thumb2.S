@@ -303,3 +303,143 @@
 
     dw3t mt_dw3_s1, 1
     dw3t mt_dw3_s2, 2
+
+@   void mt_dw3p8(const uint32_t *P, int32_t *acc, const int32_t *geo, const int32_t *w)
+@   void mt_dw3p16(...)  rows 16 words apart
+@ The depthwise 3x3 Conv ("same" padding, stride 1) two output rows at a time, with one
+@ SMLAL per tap for both (qconv_native.c's dw3_pairs): P holds, for each padded input row
+@ pr and column pc, u[pr][pc] + (u[pr + 1][pc] << 20) (rows 8 or 16 words apart), so that
+@ sum over the taps of P * w is the row's sum plus the next row's sum times 2**20 (the
+@ first below 9 * 255 * 128 < 2**19 in magnitude: sign-extending its 20 bits gives it, and
+@ the whole plus 2**19 shifted down by 20 the other). geo = [4 * cols, row pairs]: writes
+@ acc[row * cols + col] for 2 * pairs rows (the last pair's second row too, which the
+@ caller's buffer holds). 30 instructions a pair of outputs (the MLA row loop's 22 an
+@ output). Registers: r0 P, r1 acc, r2:r3 the pair's 64-bit sum, r4-r12 w0-w8, lr the tap
+@ and scratch; on the stack 4 * cols - 4 (the second row's offset after the first's
+@ store), the row's end in acc, pairs left, P's skip to the next pair of rows, 4 * cols.
+.macro dw3p_tap at, w
+    ldr lr, [r0, #\at]
+    smlal r2, r3, lr, \w
+.endm
+
+.macro dw3p name, rs
+    func \name
+    push {r4-r11, lr}
+    sub sp, #20
+    ldr r4, [r2, #0]        @ 4 * cols
+    str r4, [sp, #16]
+    subs r5, r4, #4
+    str r5, [sp, #0]
+    rsb r5, r4, #(8 * \rs)
+    str r5, [sp, #12]       @ two rows of P less the row's columns
+    ldr r4, [r2, #4]
+    str r4, [sp, #8]        @ pairs
+    ldm r3, {r4-r12}
+1:                          @ a pair of rows
+    ldr lr, [sp, #16]
+    add lr, r1, lr
+    str lr, [sp, #4]        @ the first row's end in acc
+2:                          @ a pair of outputs
+    ldr lr, [r0, #0]
+    smull r2, r3, lr, r4
+    dw3p_tap 4, r5
+    dw3p_tap 8, r6
+    dw3p_tap (4 * \rs), r7
+    dw3p_tap (4 * \rs + 4), r8
+    dw3p_tap (4 * \rs + 8), r9
+    dw3p_tap (8 * \rs), r10
+    dw3p_tap (8 * \rs + 4), r11
+    dw3p_tap (8 * \rs + 8), r12
+    sbfx lr, r2, #0, #20    @ the first row's sum
+    str lr, [r1], #4
+    adds r2, r2, #0x80000
+    adc r3, r3, #0
+    lsrs r2, r2, #20
+    orr r2, r2, r3, lsl #12 @ the second row's
+    ldr lr, [sp, #0]
+    str r2, [r1, lr]
+    adds r0, #4
+    ldr lr, [sp, #4]
+    cmp r1, lr
+    bne 2b
+    ldr lr, [sp, #12]
+    add r0, lr              @ P's next pair of rows
+    ldr lr, [sp, #16]
+    add r1, lr              @ past the second row in acc
+    ldr lr, [sp, #8]
+    subs lr, #1
+    str lr, [sp, #8]
+    bne 1b
+    add sp, #20
+    pop {r4-r11, pc}
+    .size \name, . - \name
+.endm
+
+    dw3p mt_dw3p8, 8
+    dw3p mt_dw3p16, 16
+
+@   void mt_dw3p_fill(uint32_t *P, const uint8_t *x, const int32_t *geo)
+@ dw3_pairs' P for one channel: geo = [cols, rows, skip, signed, zp]: for each padded row pr
+@ (0 .. rows, padding above and below: zp), P[pr][1 + col] = s[pr][col] + (s[pr + 1][col]
+@ << 20), s the input bytes as the Conv reads them (signed or not) and the padding zp; P's
+@ rows skip bytes apart from one row's end to the next's start. 6 instructions an entry
+@ (two loads, the add, the store and the count).
+@ Registers: r0 P, r1 the upper row, r2 the lower row, r3 entries left, r4-r5 bytes, r6 the
+@ padding, r7 cols, r8 rows left, r9 skip, r12 scratch.
+.macro dw3p_load dst, src, signed
+    .if \signed
+    ldrsb \dst, [\src], #1
+    .else
+    ldrb \dst, [\src], #1
+    .endif
+.endm
+
+.macro dw3p_fill_rows signed
+    mov r2, r1              @ row 0: the padding above row 0 of x
+    mov r3, r7
+1:
+    dw3p_load r5, r2, \signed
+    add r12, r6, r5, lsl #20
+    str r12, [r0], #4
+    subs r3, #1
+    bne 1b
+    add r0, r9
+    subs r8, #1             @ rows 1 .. rows - 1: two rows of x
+    beq 4f
+2:
+    mov r3, r7
+3:
+    dw3p_load r4, r1, \signed
+    dw3p_load r5, r2, \signed
+    add r12, r4, r5, lsl #20
+    str r12, [r0], #4
+    subs r3, #1
+    bne 3b
+    add r0, r9
+    subs r8, #1
+    bne 2b
+4:                          @ row `rows`: the last row of x over the padding below
+    mov r3, r7
+5:
+    dw3p_load r4, r1, \signed
+    add r12, r4, r6, lsl #20
+    str r12, [r0], #4
+    subs r3, #1
+    bne 5b
+.endm
+
+    func mt_dw3p_fill
+    push {r4-r9, lr}
+    ldr r7, [r2, #0]        @ cols
+    ldr r8, [r2, #4]        @ rows
+    ldr r9, [r2, #8]        @ skip
+    ldr r6, [r2, #16]       @ zp
+    ldr r3, [r2, #12]
+    cmp r3, #0
+    bne 6f
+    dw3p_fill_rows 0
+    pop {r4-r9, pc}
+6:
+    dw3p_fill_rows 1
+    pop {r4-r9, pc}
+    .size mt_dw3p_fill, . - mt_dw3p_fill

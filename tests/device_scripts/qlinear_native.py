@@ -128,7 +128,8 @@ def conv_case(kind=0):
     # padded by up to 9 on top (groups of eight pixels whose first rows of taps all read
     # padding: summed over the others only); kind 4: 3x3 depthwise (conv_dw3x3); kind 5:
     # 2-6 input and 4-8 output channels per group (the im2col path, K = cin_g * taps <= 96:
-    # its gather inside the image and at its edges), images up to 14 wide, paddings up to 3
+    # its gather inside the image and at its edges), images up to 14 wide, paddings up to 3;
+    # kind 8: 3x3 depthwise with "same" padding and stride 1 (below)
     groups = random.choice((1, 1, 2, 3))
     cin, cout = groups * random.randint(1, 3), groups * random.randint(1, 3)
     if kind in (1, 2):
@@ -161,6 +162,16 @@ def conv_case(kind=0):
         # ones the C loop; up to 70 high: several bands of rows
         H, W = random.choice((random.randint(1, 12), random.randint(40, 70))), \
             random.randint(1, 16)
+    if kind == 8:
+        # 3x3 depthwise, "same" padding, stride 1: the armv7m build's pairs of rows
+        # (qconv_native.c's dw3_pairs) where H + 2 rows of 8 words (W <= 6) or 16 (W <= 14)
+        # fit its 256, the row loop beyond
+        groups = cin = cout = random.randint(1, 6)
+        kh = kw = 3
+        sh = sw = dh = dw = 1
+        pt = pl = 1
+        W = random.randint(1, 14)
+        H = random.randint(1, 40 if W <= 6 else 20)
     if kind in (1, 2):
         kh = kw = sh = sw = 1
         pt = pl = 0
@@ -204,7 +215,7 @@ def conv_case(kind=0):
         b = [random.randint(-(1 << 29), 1 << 29) for _ in range(cout)]
     else:
         b = [random.randint(-5000, 5000) for _ in range(cout)]
-    if kind == 2 or (kind in (3, 4) and random.randint(0, 1)):
+    if kind == 2 or (kind in (3, 4, 8) and random.randint(0, 1)):
         if random.randint(0, 1):
             for i in range(nx + nw):
                 Q[i] = random.choice((0, 1, 2, 127, 128, 129, 254, 255))
