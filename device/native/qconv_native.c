@@ -218,7 +218,7 @@ __attribute__((noinline)) static bool dw3_pairs(const conv_t *c, uint8_t *q, con
     const mp_int_t kmax = (DW_CHUNK / w) & ~1;     // rows a chunk of sums holds, in pairs
     for (mp_int_t ch = 0, mo = 0; ch < c->n_images * c->groups; ch++, mo++) {
         if (mo == c->groups) {
-            mo = 0;                         // (no division: a libgcc call on armv6m)
+            mo = 0;                         // (ch % groups, counted)
         }
         const uint8_t *wt = wbuf + c->w + mo * 9;
         int32_t wv[9], sum_w = 0;

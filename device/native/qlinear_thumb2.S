@@ -308,10 +308,11 @@
 @   void mt_dw3p16(...)  rows 16 words apart
 @ The depthwise 3x3 Conv ("same" padding, stride 1) two output rows at a time, with one
 @ SMLAL per tap for both (qconv_native.c's dw3_pairs): P holds, for each padded input row
-@ pr and column pc, u[pr][pc] + (u[pr + 1][pc] << 20) (rows 8 or 16 words apart), so that
-@ sum over the taps of P * w is the row's sum plus the next row's sum times 2**20 (the
-@ first below 9 * 255 * 128 < 2**19 in magnitude: sign-extending its 20 bits gives it, and
-@ the whole plus 2**19 shifted down by 20 the other). geo = [4 * cols, row pairs]: writes
+@ pr and column pc, s[pr][pc] + (s[pr + 1][pc] << 20) (s the input values, -128 .. 255;
+@ rows 8 or 16 words apart; mt_dw3p_fill), so that sum over the taps of P * w is the row's
+@ sum plus the next row's sum times 2**20 (the first below 9 * 255 * 128 < 2**19 in
+@ magnitude: sign-extending its 20 bits gives it, and the whole plus 2**19 shifted down by
+@ 20 the other). geo = [4 * cols, row pairs]: writes
 @ acc[row * cols + col] for 2 * pairs rows (the last pair's second row too, which the
 @ caller's buffer holds). 30 instructions a pair of outputs (the MLA row loop's 22 an
 @ output). Registers: r0 P, r1 acc, r2:r3 the pair's 64-bit sum, r4-r12 w0-w8, lr the tap
