@@ -434,8 +434,7 @@ def cmd_federate(args):
           f"strategy, simulation engine), {args.rounds} rounds, {args.epochs} local "
           f"epoch(s) per round, lr {args.lr}", flush=True)
     records = federate(args.artifacts, args.data, clients=args.clients, rounds=args.rounds,
-                       epochs=args.epochs, lr=args.lr, alpha=args.alpha,
-                       fraction=args.fraction,
+                       epochs=args.epochs, lr=args.lr, alpha=args.alpha, fraction=args.fraction,
                        runtime=args.runtime, micropython=args.micropython, heap=args.heap,
                        seed=args.seed, workers=args.workers, updates_dir=args.keep_updates,
                        report=report, verbose=args.verbose)

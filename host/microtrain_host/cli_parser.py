@@ -157,11 +157,10 @@ def build_parser():
                         "normalisation biases; a MatMul's added bias); with --train-last also "
                         "the last layers' weights. --frozen then removes names from the choice")
     p.add_argument("--train-last", type=non_negative_int, metavar="N",
-                   help="sparse update: train every parameter of the last N layers. A layer is "
-                        "a node with weights (Conv, ConvTranspose, Gemm, MatMul, embedding "
+                   help="sparse update: train every parameter of the last N layers. A layer "
+                        "is a node with weights (Conv, ConvTranspose, Gemm, MatMul, embedding "
                         "Gather) in topological order, with the normalisations up to the next "
-                        "one; `microtrain inspect MODEL.onnx` lists them and what each choice "
-                        "costs")
+                        "one; `microtrain inspect MODEL.onnx` lists them and each choice's cost")
     p.add_argument("--update-in-backward", action="store_true",
                    help="apply each parameter's update in the backward pass, right after its "
                         "gradient is known: no gradient buffers; every train call is one "
@@ -170,11 +169,10 @@ def build_parser():
     p.add_argument("--recompute", action="store_true",
                    help="keep less for the backward pass, wherever that shrinks the arena: "
                         "a 1-bit mask in the int arena instead of a ReLU output only its "
-                        "gradient reads; cheap activations (activation functions, "
-                        "normalisations, elementwise arithmetic) recomputed in the backward "
-                        "pass instead of kept, e.g. a BatchNorm+ReLU output from the BatchNorm "
-                        "input its gradient keeps anyway (bit-identical results; costs a few "
-                        "passes over those tensors)")
+                        "gradient reads; cheap activations (activation functions, normalisations, "
+                        "elementwise arithmetic) recomputed in the backward pass instead of kept, "
+                        "e.g. a BatchNorm+ReLU output from the BatchNorm input its gradient keeps "
+                        "anyway (bit-identical results; costs a few passes over those tensors)")
     p.add_argument("--prefix", default="", help="prefix for every file name")
     p.add_argument("--nominal-checkpoint", action="store_true",
                    help="also write nominal_checkpoint (names and types, no values)")
@@ -301,10 +299,8 @@ def build_parser():
                                       "script built, e.g. scripts/build_qemu_rv32.sh)")
     p.add_argument("--no-native", action="store_true", help="ship no native kernels "
                    "(machine code for the board, copied into its heap at import)")
-    p.add_argument("--line-numbers", action="store_true",
-                   help="keep the line-number tables of the files runtime's bundles "
-                        "(microtrain/_core.py...: ~7%% of their .mpy and heap), for tracebacks "
-                        "that give a line, not line 1")
+    p.add_argument("--line-numbers", action="store_true", help="keep the bundles' line-number "
+                   "tables (~7%% of a files runtime's .mpy; tracebacks then give lines)")
     p.add_argument("--dry-run", action="store_true",
                    help="print what would be copied, the runtime's .mpy sizes and the "
                         "predicted memory; touch no board")

@@ -149,15 +149,13 @@ def prepare(plan, data, workdir):
                           f"{batch}); {data} has {len(x)}")
     # an integer training blob's int8 / uint8 input: the samples quantized on the host
     # (x_train.i8 / .u8, one byte per value)
-    inputs = write_device_data(workdir, b, x[:count], y[:count], x_val, y_val,
-                               source=f"'{data}'")
+    inputs = write_device_data(workdir, b, x[:count], y[:count], x_val, y_val, source=f"'{data}'")
     plan.samples = count
     plan.inputs = inputs
     # (None: the input is its own target, no labels file)
     labels = next((kind for kind in ("i32", "f32") if (workdir / f"y_train.{kind}").exists()),
                   None)
-    files = [(blob_path, "model.mtb"),
-             (plan.resume or checkpoint_path, "checkpoint"),
+    files = [(blob_path, "model.mtb"), (plan.resume or checkpoint_path, "checkpoint"),
              (workdir / f"x_train.{inputs}", f"x_train.{inputs}")]
     if labels is not None:
         files.append((workdir / f"y_train.{labels}", f"y_train.{labels}"))
@@ -416,8 +414,7 @@ class QemuBoard:
             [system, "-machine", self.qemu["machine"], "-nographic", *monitor, *counted,
              "-semihosting", "-bios", "none", "-serial", self.serial or "pty",
              "-kernel", str(self.firmware)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            text=True)
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
         self.port = self.serial
         deadline = time.monotonic() + 20
         while self.port is None and time.monotonic() < deadline:
