@@ -148,9 +148,7 @@
     str r3, [sp, #8]
     ldr r0, [sp, #16]
     add lr, r0
-    ldr r0, [sp, #4]
-    subs r0, #1
-    str r0, [sp, #4]
+    stack_countdown r0, 4
     beq 3f
     b 1b                    @ (Thumb-1's BNE reaches 256 bytes back)
 3:

@@ -499,9 +499,7 @@
     bne 2b
     ldr r3, [sp, #8]
     adds r0, r0, r3         @ the next row's start
-    ldr r3, [sp, #4]
-    subs r3, #1
-    str r3, [sp, #4]
+    stack_countdown r3, 4
     bne 1b
     add sp, #16
     pop_high
@@ -604,9 +602,7 @@
 4:
     ldr r3, [sp, #8]
     adds r0, r0, r3         @ the next row's start
-    ldr r3, [sp, #4]
-    subs r3, #1
-    str r3, [sp, #4]
+    stack_countdown r3, 4
     beq 5f
     b 1b                    @ (Thumb-1's BNE reaches 256 bytes back)
 5:
@@ -698,9 +694,7 @@
 4:
     t8_term 0
     adds r0, #8
-    ldr r3, [sp, #4]
-    subs r3, #1
-    str r3, [sp, #4]
+    stack_countdown r3, 4
     bne 4b
 1:
     ldr r3, [sp, #0]

@@ -113,9 +113,7 @@
 4:
     t8t_term 0
     adds r0, #8
-    ldr r3, [sp, #0]
-    subs r3, #1
-    str r3, [sp, #0]
+    stack_countdown r3, 0
     bne 4b
 1:
     ldr r3, [sp, #4]
@@ -292,9 +290,7 @@
     bne 2b
     ldr r3, [sp, #4]
     add r0, r3              @ the next row's start
-    ldr r3, [sp, #0]
-    subs r3, #1
-    str r3, [sp, #0]
+    stack_countdown r3, 0
     bne 1b
     add sp, #12
     pop {r4-r11, pc}
@@ -367,9 +363,7 @@
     add r0, lr              @ P's next pair of rows
     ldr lr, [sp, #16]
     add r1, lr              @ past the second row in acc
-    ldr lr, [sp, #8]
-    subs lr, #1
-    str lr, [sp, #8]
+    stack_countdown lr, 8
     bne 1b
     add sp, #20
     pop {r4-r11, pc}

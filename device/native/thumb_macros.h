@@ -42,6 +42,13 @@
     stmia \hi!, {r4-r7}
 .endm
 
+@ a count kept on the stack at sp + \at, less one (through \reg): Z when it reaches 0
+.macro stack_countdown reg, at
+    ldr \reg, [sp, #\at]
+    subs \reg, #1
+    str \reg, [sp, #\at]
+.endm
+
 @ (Thumb-2) eight sums in r4-r11 set to zero
 .macro zero_r4_r11
     movs r4, #0
