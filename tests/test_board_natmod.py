@@ -114,11 +114,13 @@ def run_on_board(firmware, tmp_path, module, script_text, board="qemu-mps2-an385
 
 def native_script(name, cases, settings=""):
     """A native integer check as the board and CPython (cpython_cases) both run it: CASES
-    (and settings), native_oracle.py (which picks the kernel a case runs on each side), then
-    tests/device_scripts/<name>."""
+    (and settings), native_oracle.py (which picks the kernel a case runs on each side),
+    native_cases.py where the check calls its run_cases, then tests/device_scripts/<name>."""
     scripts = ROOT / "tests" / "device_scripts"
-    return (f"CASES = {cases}\n{settings}" + (scripts / "native_oracle.py").read_text()
-            + (scripts / name).read_text())
+    check = (scripts / name).read_text()
+    loop = (scripts / "native_cases.py").read_text() if "run_cases(" in check else ""
+    return (f"CASES = {cases}\n{settings}" + (scripts / "native_oracle.py").read_text() + loop
+            + check)
 
 
 def qlinear_script(cases):

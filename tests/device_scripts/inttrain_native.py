@@ -7,10 +7,8 @@
 # shifts 0-70 (below 24 with large multipliers: requant_narrow's saturation at 2**29; above
 # 8: the stochastic step), unused biases, biases at their clamp, generator states 0
 # (unseeded), 16-bit and beyond. Prints "case N CRC" per case, then "cases N fallback F".
-import gc
 import random
 from array import array
-from binascii import crc32
 from microtrain.kernels import inttrain
 
 random.seed(5)
@@ -57,16 +55,9 @@ def case():
     return Q, I, args, crafted
 
 
-try:
-    CASES
-except NameError:
-    CASES = 200
-cases = fallback = 0
-while cases < CASES:
-    gc.collect()
+def draw(done):
     Q, I, args, crafted = case()
-    update(None, I, args)
-    cases += 1
-    fallback += crafted
-    print("case", cases, crc32(I, crc32(Q)), repr(args[1:]) if PURE else "")
-print("cases", cases, "fallback", fallback)
+    return update, I, args, crafted, (Q, I), repr(args[1:])
+
+
+run_cases(200, draw)  # noqa: F821 (native_cases.py's)

@@ -16,3 +16,4 @@ def kernel_of(family, name):
     from microtrain.kernels import qlinear_native
     qlinear_native._pure = family._pure
     return getattr(qlinear_native, name)
+

@@ -22,10 +22,8 @@
 # Gemm and Conv cases alternate; every eighth Gemm case is a tie case (tie_case).
 # Prints "case I CRC" per case, then "cases N fallback F" (F: crafted cases,
 # which the module hands to the pure-Python kernel).
-import gc
 import random
 from array import array
-from binascii import crc32
 from microtrain.kernels import qlinear
 
 random.seed(11)
@@ -240,27 +238,21 @@ def conv_case(kind=0):
 
 
 try:
-    CASES                  # tests/test_board_natmod.py sets it
-except NameError:
-    CASES = 480
-try:
     CONV_KINDS             # tests/test_board_natmod.py's direct-path check sets it
 except NameError:
     CONV_KINDS = (0, 1, 3, 4, 5, 2, 3, 4)
-cases = fallback = 0
-while cases < CASES:
-    gc.collect()            # the last case's arrays: the large pointwise cases need ~20 KB
-    if cases % 2 == 0:
-        case = (tie_case if cases % 16 == 0 else gemm_case)()
+
+
+def draw(done):
+    if done % 2 == 0:
+        case = (tie_case if done % 16 == 0 else gemm_case)()
     else:       # every eighth Conv case pointwise and another on the requantization's edges
-        case = conv_case(CONV_KINDS[cases % 16 // 2 % len(CONV_KINDS)])
+        case = conv_case(CONV_KINDS[done % 16 // 2 % len(CONV_KINDS)])
     if case is None:
-        continue
+        return None
     Q, I, args, crafted, kind = case
-    KERNELS[kind](None, I, args)
-    cases += 1
-    fallback += crafted
-    # the host's line names the case, for a failure's message
-    print("case", cases, crc32(Q), ("gemm", "conv")[kind] + repr(args[1:-1]) +
-          (" crafted" if crafted else "") if PURE else "")
-print("cases", cases, "fallback", fallback)
+    return (KERNELS[kind], I, args, crafted, (Q,),
+            ("gemm", "conv")[kind] + repr(args[1:-1]) + (" crafted" if crafted else ""))
+
+
+run_cases(480, draw)  # noqa: F821 (native_cases.py's)

@@ -8,10 +8,8 @@
 # planes before, after or among the inputs. Prints "case N CRC what" per case (what: on
 # the host's run), then "cases N fallback F"; tests/test_board_natmod.py compares the
 # board's run with CPython's (tests/device_scripts/native_oracle.py).
-import gc
 import random
 from array import array
-from binascii import crc32
 from microtrain.kernels import qlinear
 
 random.seed(23)
@@ -56,17 +54,9 @@ def pool_case():
     return Q, I, (Q, y, x, 1, planes, count, signed, random.randint(0, 1)), crafted
 
 
-try:
-    CASES                  # tests/test_board_natmod.py sets it
-except NameError:
-    CASES = 300
-cases = fallback = 0
-while cases < CASES:
-    gc.collect()
+def draw(done):
     Q, I, args, crafted = pool_case()
-    POOL(None, I, args)
-    cases += 1
-    fallback += crafted
-    print("case", cases, crc32(Q), "pool" + repr(args[1:]) + (" crafted" if crafted else "")
-          if PURE else "")  # noqa: F821
-print("cases", cases, "fallback", fallback)
+    return POOL, I, args, crafted, (Q,), "pool" + repr(args[1:]) + (" crafted" if crafted else "")
+
+
+run_cases(300, draw)  # noqa: F821 (native_cases.py's)
