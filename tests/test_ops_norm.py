@@ -624,3 +624,18 @@ def test_dropout_generator_is_the_same_on_micropython_and_allocation_free(microp
                              text=True, env={"PYTHONPATH": str(DEVICE)}, check=True).stdout
     assert len(cpython.split("\n")[0].split()) == 4   # 97 elements: 4 mask words
     assert run_micropython(micropython, script, *args) == cpython
+
+
+def test_dropout_seeding_is_four_lehmer_steps_of_each_generator():
+    # seed_state multiplies by A**4 mod M in one step: the same state as four steps of each
+    # Lehmer generator by their definition (a <- a * A mod M), from 1 + seed mod (M1 - 1)
+    # and 1 + stream mod (M2 - 1)
+    m1, a1, m2, a2 = 2**30 - 35, 31999, 2**30 - 41, 32000
+    for seed, stream in ((0, 0), (1, 1), (12345, 2), (2**31 - 1, 97), (2**63 - 1, 2**40),
+                         (m1 - 2, m2 - 2), (m1 - 1, m2 - 1), (-5, 3)):
+        a, b = 1 + seed % (m1 - 1), 1 + stream % (m2 - 1)
+        for _ in range(4):
+            a, b = a * a1 % m1, b * a2 % m2
+        state = [0, 0]
+        norm_kernels.seed_state(state, 0, seed, stream)
+        assert state == [a, b], (seed, stream)

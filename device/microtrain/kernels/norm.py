@@ -28,6 +28,8 @@ _R2 = const(13783)
 _SPAN = const(1073741788)  # _M1 - 1: draws z lie in [1, _SPAN]
 _TOP_BIT = const(536870912)   # 2**29: a mask word holds 30 bits, so it stays a small int
 _WARM_UP = const(4)
+_A1_WARM = const(255296538)  # _A1 ** _WARM_UP % _M1
+_A2_WARM = const(310616529)  # _A2 ** _WARM_UP % _M2
 
 
 # -- BatchNormalization -----------------------------------------------------------------
@@ -216,19 +218,11 @@ def batch_norm_grad_check(args, c):
 
 def seed_state(I, at, seed, stream):
     # Generator state I[at], I[at + 1] for `seed` and dropout node number `stream`. Distinct
-    # (seed, stream) pairs start distinct streams; a few warm-up draws move small seeds away
-    # from small first values.
-    a = 1 + seed % _SPAN
-    b = 1 + stream % (_M2 - 1)
-    for _ in range(_WARM_UP):
-        a = _A1 * (a % _Q1) - _R1 * (a // _Q1)
-        if a < 0:
-            a += _M1
-        b = _A2 * (b % _Q2) - _R2 * (b // _Q2)
-        if b < 0:
-            b += _M2
-    I[at] = a
-    I[at + 1] = b
+    # (seed, stream) pairs start distinct streams; the state moves _WARM_UP draws on, away
+    # from small first values: one multiplication by A**_WARM_UP mod M each (a long int on
+    # 32-bit ports, once per seeding; the draws themselves allocate nothing).
+    I[at] = (1 + seed % _SPAN) * _A1_WARM % _M1
+    I[at + 1] = (1 + stream % (_M2 - 1)) * _A2_WARM % _M2
 
 
 def get_state(I, at):
