@@ -99,15 +99,17 @@ def _shown(v):
 
 
 _FLOAT_MAX = 3.4028234663852886e38
-# An array('f') of inputs copied in one go by float_native.load_floats (machine code, where
-# the board's runtime carries kernels/float_native.mpy): what the loop above stores, as its
-# values are all float32 and pass the check; ~1,500 instructions per value in bytecode.
-# None: the loop (CPython; a runtime without the module; a test setting it). (__import__:
-# the runtime builder follows import statements, and the module has no source.)
+# kernels/float_native.mpy (machine code), where the board's runtime carries it: here its
+# load_floats copies an array('f') of inputs in one go (what the loop above stores, as its
+# values are all float32 and pass the check; ~1,500 instructions per value in bytecode), and
+# module.py takes its largest_abs. None: the loops (CPython; a runtime without the module;
+# a test setting _LOAD or module.largest_abs). (__import__: the runtime builder follows
+# import statements, and the module has no source; tools/runtime_native.py sets FLOAT_NATIVE
+# to None in a runtime shipped without it.)
 try:
-    _LOAD = __import__("microtrain.kernels.float_native", None, None,
-                       ("load_floats",)).load_floats
+    FLOAT_NATIVE = __import__("microtrain.kernels.float_native", None, None, ("load_floats",))
 except (ImportError, ValueError):   # ValueError: an .mpy of another architecture or version
-    _LOAD = None
+    FLOAT_NATIVE = None
+_LOAD = FLOAT_NATIVE and FLOAT_NATIVE.load_floats
 _QUANTIZED = []     # feedq.copy_quantized, once an int8 / uint8 input needed it
 _INT32_SPAN = 0x80000000

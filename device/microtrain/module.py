@@ -6,7 +6,7 @@
 import math
 from microtrain.checkpoint import Ref
 from microtrain.errors import CheckpointError, ParameterError, TrainingError
-from microtrain.feed import copy_inputs
+from microtrain.feed import FLOAT_NATIVE, copy_inputs
 from microtrain.loader import load_into_arenas, program
 
 # contract: controls; private
@@ -23,16 +23,10 @@ _GRADIENT_LIMIT = 1e18
 
 
 # The train call's gradient check in machine code where the board's runtime carries
-# kernels/float_native.mpy: the same result as the loop in _largest_gradient, which took half
-# of a native digits AdamW step (2,300 instructions per gradient element: a boxed float per
-# comparison, and their collection). None: the loop (CPython; a runtime without the module;
-# a test setting it).
-# (__import__: the runtime builder follows import statements, and the module has no source)
-try:
-    largest_abs = __import__("microtrain.kernels.float_native", None, None,
-                             ("largest_abs",)).largest_abs
-except (ImportError, ValueError):   # ValueError: an .mpy of another architecture or version
-    largest_abs = None
+# kernels/float_native.mpy (feed.FLOAT_NATIVE): the same result as the loop in
+# _largest_gradient, which took half of a native digits AdamW step (2,300 instructions per
+# gradient element: a boxed float per comparison, and their collection). None: the loop.
+largest_abs = FLOAT_NATIVE and FLOAT_NATIVE.largest_abs
 
 
 class Module:

@@ -110,11 +110,11 @@ def native_package_archs():
 
 # Two functions of the runtime's own modules that the float module has in machine code: the
 # train call's gradient check (module.py's largest_abs) and the copy of a float input
-# (feed.py's _LOAD). Each module looks for it with `NAME = __import__(float module).attr`
-# in a try block, None when it is missing. A runtime that does not carry the module gets
-# `NAME = None` in place of that block: the lookup's bytecode (~300 B of .mpy in the digits
-# runtime) shipped for nothing.
-NATIVE_FLOAT_HELPERS = ("microtrain/module.py", "microtrain/feed.py")
+# (feed.py's _LOAD). feed.py looks for the module with `FLOAT_NATIVE = __import__(float
+# module)` in a try block, None when it is missing, and module.py takes its function from
+# there. A runtime that does not carry the module gets `FLOAT_NATIVE = None` in place of
+# that block: the lookup's bytecode shipped for nothing.
+NATIVE_FLOAT_HELPERS = ("microtrain/feed.py",)
 
 
 def cut_float_helpers(sources, native):
