@@ -119,3 +119,23 @@ def test_the_fit_checks_figure_covers_a_bundled_runtime_without_line_numbers(tmp
     mpy, heap = measure_code_heap.measure(boards.load_board("qemu-mps2-an385"),
                                           sorted(sources), "files", sources)
     assert heap <= boards.CODE_HEAP_PER_MPY_BYTE["files"] * mpy, (heap, mpy)
+
+
+def test_the_floor_script_compiles_what_a_session_ran(digits, capsys):
+    # scripts/runtime_floor.py (the figure docs/design.md gives for what trimming could
+    # reach): a session of the shipped runtime runs, and each module's floor is its text
+    # without what never ran
+    import runtime_floor
+    text = ("def used(x):\n    if x < 0:\n        raise ValueError('negative %d' % x)\n"
+            "    return x\n\ndef unused():\n    return 1\n\nused(1)\n")
+    ran = {1, 2, 4, 6, 9}       # the defs, the test, the return, the call
+    assert runtime_floor.executed_only(text, ran) == (
+        "def used(x):\n    if x < 0:\n        pass\n    return x\nused(1)")
+    runtime_floor.main([str(digits), "--data", str(DIGITS / "digits.npz"), "--steps", "2"])
+    rows = re.findall(r"^(microtrain/\S+)\s+([\d,]+)\s+([\d,]+)$", capsys.readouterr().out, re.M)
+    sizes = {path: (int(a.replace(",", "")), int(b.replace(",", ""))) for path, a, b in rows}
+    assert "microtrain/_core.py" in sizes and "microtrain/_save.py" in sizes
+    for path, (now, floor) in sizes.items():
+        assert 0 < floor <= now, path
+    # most of the bundle's code is the run's own, not its error paths
+    assert sizes["microtrain/_core.py"][1] > sizes["microtrain/_core.py"][0] // 2
