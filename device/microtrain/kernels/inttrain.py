@@ -193,7 +193,20 @@ def int_gemm_update(F, I, args):
     # each weight's (and bias') step rounded by intsgd.update_step: stochastically with a
     # generator state (random >= 0), else half to even
     Q, w, bias, x, g, rates, random, m, k, n, x_signed = args
-    _gemm_update(Q, I, w, bias, x, g, rates, random, -1, -1, m, k, n, x_signed, 0)
+    x_zp = I[rates]
+    flip = 128 if x_signed else 0
+    for j in range(n):
+        if I[bias + j] == UNUSED_BIAS:
+            continue
+        r = rates + 1 + 4 * j
+        m0 = I[r]
+        shift = I[r + 1]
+        pw = w + j * k
+        for t in range(k):
+            update_weight(Q, I, pw + t, _column(Q, I, x + t, g + j, m, k, n, x_zp, flip), m0,
+                          shift, random)
+        descend_bias(I, bias + j,
+                     update_step(I, _column_sum(I, g + j, m, n), I[r + 2], I[r + 3], random))
 
 
 def int_gemm_update_momentum(F, I, args):
@@ -206,27 +219,15 @@ def int_gemm_update_momentum(F, I, args):
     # of its quanta too. mu in Q14; mu V rounded half up (|V * mu| < 2**29; the bias' in
     # two parts).
     Q, w, bias, x, g, rates, random, vw, vb, m, k, n, x_signed, mu = args
-    _gemm_update(Q, I, w, bias, x, g, rates, random, vw, vb, m, k, n, x_signed, mu)
-
-
-def _gemm_update(Q, I, w, bias, x, g, rates, random, vw, vb, m, k, n, x_signed, mu):
-    # the two updates channel by channel (vw < 0: without momentum)
     x_zp = I[rates]
     flip = 128 if x_signed else 0
     for j in range(n):
         if I[bias + j] == UNUSED_BIAS:
             continue
         r = rates + 1 + 4 * j
-        pw = w + j * k
-        if vw < 0:
-            for t in range(k):
-                update_weight(Q, I, pw + t, _column(Q, I, x + t, g + j, m, k, n, x_zp, flip),
-                              I[r], I[r + 1], random)
-            descend_bias(I, bias + j, update_step(I, _column_sum(I, g + j, m, n), I[r + 2],
-                                                  I[r + 3], random))
-            continue
         m0 = I[r]
         shift = I[r + 1] - 8 if I[r + 1] > 8 else 1
+        pw = w + j * k
         pv = vw + 2 * j * k
         for t in range(k):
             acc = _column(Q, I, x + t, g + j, m, k, n, x_zp, flip)
