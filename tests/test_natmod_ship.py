@@ -144,6 +144,14 @@ def test_a_float_blob_gets_the_float_module(tmp_path):
         text = with_module[f"microtrain/kernels/{family}.py"]
         assert "FAST = use_fast()" in text and "float_native" in text
         assert "FAST = use_fast()" not in without[f"microtrain/kernels/{family}.py"]
+    # ... and the runtime's own lookups of it (feed.FLOAT_NATIVE, its load_floats and
+    # module.py's largest_abs) are None without it, on the lines they had
+    for path, name in (("microtrain/feed.py", "FLOAT_NATIVE"), ("microtrain/feed.py", "_LOAD"),
+                       ("microtrain/module.py", "largest_abs")):
+        kept, cut = with_module[path].split("\n"), without[path].split("\n")
+        assert len(cut) == len(kept) and kept.count(name + " = None") == 0, (path, name)
+        assert cut.count(name + " = None") == 1, (path, name)
+    assert not any("microtrain.kernels.float_native" in text for text in without.values())
 
 
 def test_shipped_float_builds_are_of_todays_sources():

@@ -104,8 +104,8 @@ _FLOAT_MAX = 3.4028234663852886e38
 # values are all float32 and pass the check; ~1,500 instructions per value in bytecode), and
 # module.py takes its largest_abs. None: the loops (CPython; a runtime without the module;
 # a test setting _LOAD or module.largest_abs). (__import__: the runtime builder follows
-# import statements, and the module has no source; tools/runtime_native.py sets FLOAT_NATIVE
-# to None in a runtime shipped without it.)
+# import statements, and the module has no source; in a runtime shipped without it,
+# tools/runtime_native.py sets FLOAT_NATIVE, _LOAD and largest_abs to None.)
 try:
     FLOAT_NATIVE = __import__("microtrain.kernels.float_native", None, None, ("load_floats",))
 except (ImportError, ValueError):   # ValueError: an .mpy of another architecture or version

@@ -41,7 +41,7 @@ NATIVE_BUILD_FOR = {"armv6m": "armv6m", "armv7m": "armv7m", "armv7emsp": "armv7m
 # Gemm kernels of kernels/dense.py, the float updates of kernels/optim.py, reduce_sum (a
 # Gemm's bias gradient), relu / relu_grad, kernels/conv.py's 2-D Conv and its gradients and
 # kernels/pool.py's max_pool and max_pool_grad, bit for bit, in one module beside them (and two
-# functions of the runtime's own: NATIVE_FLOAT_HELPERS); its builds shipped as those of the
+# functions of the runtime's own modules, NATIVE_FLOAT_HELPERS); its builds shipped as those of the
 # int8 module, except that FPU boards (armv7emsp) take a build of their own: their firmware
 # is built for the hard-float ABI, which passes floats in FPU registers, while the armv7m
 # build passes them in core registers, so its float arguments and results would cross the
@@ -111,18 +111,51 @@ def native_package_archs():
 # Two functions of the runtime's own modules that the float module has in machine code: the
 # train call's gradient check (module.py's largest_abs) and the copy of a float input
 # (feed.py's _LOAD). feed.py looks for the module with `FLOAT_NATIVE = __import__(float
-# module)` in a try block, None when it is missing, and module.py takes its function from
-# there. A runtime that does not carry the module gets `FLOAT_NATIVE = None` in place of
-# that block: the lookup's bytecode shipped for nothing.
-NATIVE_FLOAT_HELPERS = ("microtrain/feed.py",)
+# module)` in a try block, None when it is missing, and both take their function from it
+# with `NAME = FLOAT_NATIVE and FLOAT_NATIVE.function`. A runtime that does not carry the
+# module gets `FLOAT_NATIVE = None` in place of that block and `NAME = None` in place of
+# those lines: the lookup's bytecode shipped for nothing.
+NATIVE_FLOAT_HELPERS = ("microtrain/feed.py", "microtrain/module.py")
+NATIVE_FLOAT_NAME = "FLOAT_NATIVE"
 
 
 def cut_float_helpers(sources, native):
-    """sources ({path: text}) with NATIVE_FLOAT_HELPERS' lookups of the float module set to
-    None when the runtime does not carry it (native: the native modules' names). The lines
-    stay where they were (blanked), so that a traceback's line numbers are the source's."""
+    """sources ({path: text}) with NATIVE_FLOAT_HELPERS' lookups of the float module and of
+    its functions set to None when the runtime does not carry it (native: the native
+    modules' names). The lines stay where they were (blanked), so that a traceback's line
+    numbers are the source's."""
     if NATIVE_FLOAT_MODULE in native:
         return sources
+    module = NATIVE_FLOAT_MODULE[:-4].replace("/", ".")
+    for path in NATIVE_FLOAT_HELPERS:
+        if path not in sources:
+            continue
+        lines = sources[path].split("\n")
+        for node in ast.parse(sources[path]).body:
+            if _takes_from_float_module(node):
+                lines[node.lineno - 1] = f"{node.targets[0].id} = None"
+            if not (isinstance(node, ast.Try) and len(node.body) == 1
+                    and isinstance(node.body[0], ast.Assign)):
+                continue
+            call = node.body[0].value
+            if (isinstance(call, ast.Call) and getattr(call.func, "id", None) == "__import__"
+                    and isinstance(call.args[0], ast.Constant) and call.args[0].value == module):
+                name = node.body[0].targets[0].id
+                for i in range(node.lineno - 1, node.end_lineno):
+                    lines[i] = ""
+                lines[node.lineno - 1] = f"{name} = None"
+        sources[path] = "\n".join(lines)
+    return sources
+
+
+def _takes_from_float_module(node):
+    """True for a one-line `NAME = FLOAT_NATIVE and FLOAT_NATIVE.function`."""
+    value = getattr(node, "value", None)
+    return (isinstance(node, ast.Assign) and node.lineno == node.end_lineno
+            and isinstance(value, ast.BoolOp) and isinstance(value.op, ast.And)
+            and [ast.unparse(v) for v in value.values][:1] == [NATIVE_FLOAT_NAME]
+            and len(value.values) == 2 and isinstance(value.values[1], ast.Attribute)
+            and ast.unparse(value.values[1].value) == NATIVE_FLOAT_NAME)
     module = NATIVE_FLOAT_MODULE[:-4].replace("/", ".")
     for path in NATIVE_FLOAT_HELPERS:
         if path not in sources:
