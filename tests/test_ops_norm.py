@@ -639,3 +639,7 @@ def test_dropout_seeding_is_four_lehmer_steps_of_each_generator():
         state = [0, 0]
         norm_kernels.seed_state(state, 0, seed, stream)
         assert state == [a, b], (seed, stream)
+    # the module's powers are those of its own generators and warm-up
+    k = norm_kernels
+    assert (k._A1_WARM, k._A2_WARM) == (pow(k._A1, k._WARM_UP, k._M1),
+                                        pow(k._A2, k._WARM_UP, k._M2))

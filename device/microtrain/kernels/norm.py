@@ -219,8 +219,9 @@ def batch_norm_grad_check(args, c):
 def seed_state(I, at, seed, stream):
     # Generator state I[at], I[at + 1] for `seed` and dropout node number `stream`. Distinct
     # (seed, stream) pairs start distinct streams; the state moves _WARM_UP draws on, away
-    # from small first values: one multiplication by A**_WARM_UP mod M each (a long int on
-    # 32-bit ports, once per seeding; the draws themselves allocate nothing).
+    # from small first values: one multiplication by A**_WARM_UP mod M per generator (two
+    # long-int products on 32-bit ports when a Dropout node is seeded; the draws themselves
+    # allocate nothing).
     I[at] = (1 + seed % _SPAN) * _A1_WARM % _M1
     I[at + 1] = (1 + stream % (_M2 - 1)) * _A2_WARM % _M2
 
