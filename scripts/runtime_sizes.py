@@ -30,6 +30,7 @@ def mpy_size(text, arch, name="m.py", level=()):
     level: ["-O3"] for a bundle, as runtime.compile_runtime compiles it)."""
     with tempfile.TemporaryDirectory() as tmp:
         source = pathlib.Path(tmp) / name
+        source.parent.mkdir(parents=True, exist_ok=True)     # name: microtrain/_core.py
         source.write_text(runtime.without_const_import(text))
         target = source.with_suffix(".mpy")
         proc = subprocess.run([runtime.mpy_cross_tool(arch), f"-march={arch}", *level, "-s",

@@ -122,20 +122,30 @@ def test_the_fit_checks_figure_covers_a_bundled_runtime_without_line_numbers(tmp
 
 
 def test_the_floor_script_compiles_what_a_session_ran(digits, capsys):
-    # scripts/runtime_floor.py (the figure docs/design.md gives for what trimming could
+    # scripts/runtime_floor.py (the figures docs/design.md gives for what trimming could
     # reach): a session of the shipped runtime runs, and each module's floor is its text
     # without what never ran
     import runtime_floor
-    text = ("def used(x):\n    if x < 0:\n        raise ValueError('negative %d' % x)\n"
-            "    return x\n\ndef unused():\n    return 1\n\nused(1)\n")
-    ran = {1, 2, 4, 6, 9}       # the defs, the test, the return, the call
+    text = ("def used(x):\n    if x < 0:\n        raise ValueError(why(x))\n"
+            "    try:\n        x += 1\n    except KeyError:\n        x = 0\n    return x\n\n"
+            "def why(x):\n    return 'negative %d' % x\n\ndef unused():\n    return 1\n\n"
+            "used(1)\n")
+    ran = {1, 2, 4, 5, 8, 10, 13, 16}   # the defs, the test, the try, the return, the call
     assert runtime_floor.executed_only(text, ran) == (
-        "def used(x):\n    if x < 0:\n        pass\n    return x\nused(1)")
+        "def used(x):\n    if x < 0:\n        pass\n    x += 1\n    return x\nused(1)")
+    assert runtime_floor.executed_only(text, ran, checks=False) == (
+        "def used(x):\n    x += 1\n    return x\nused(1)")
+    # errors=True: the raise and the function its message calls stay whole
+    assert runtime_floor.executed_only(text, ran, errors=True) == (
+        "def used(x):\n    if x < 0:\n        raise ValueError(why(x))\n    x += 1\n"
+        "    return x\n\ndef why(x):\n    return 'negative %d' % x\nused(1)")
     runtime_floor.main([str(digits), "--data", str(DIGITS / "digits.npz"), "--steps", "2"])
-    rows = re.findall(r"^(microtrain/\S+)\s+([\d,]+)\s+([\d,]+)$", capsys.readouterr().out, re.M)
-    sizes = {path: (int(a.replace(",", "")), int(b.replace(",", ""))) for path, a, b in rows}
+    rows = re.findall(r"^(microtrain/\S+)\s+([\d,]+)\s+([\d,]+)\s+([\d,]+)\s+([\d,]+)$",
+                      capsys.readouterr().out, re.M)
+    sizes = {row[0]: [int(n.replace(",", "")) for n in row[1:]] for row in rows}
     assert "microtrain/_core.py" in sizes and "microtrain/_save.py" in sizes
-    for path, (now, floor) in sizes.items():
-        assert 0 < floor <= now, path
-    # most of the bundle's code is the run's own, not its error paths
-    assert sizes["microtrain/_core.py"][1] > sizes["microtrain/_core.py"][0] // 2
+    for path, (now, with_errors, ran_only, no_checks) in sizes.items():
+        assert 0 < no_checks <= ran_only <= with_errors <= now, path
+    # the bundle's floor keeps its errors' raises and the run's own code: most of it
+    now, with_errors, ran_only, no_checks = sizes["microtrain/_core.py"]
+    assert no_checks < ran_only < with_errors < now and with_errors > now // 2
