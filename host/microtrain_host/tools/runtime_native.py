@@ -153,25 +153,6 @@ def _takes_from_float_module(node):
     value = getattr(node, "value", None)
     return (isinstance(node, ast.Assign) and node.lineno == node.end_lineno
             and isinstance(value, ast.BoolOp) and isinstance(value.op, ast.And)
-            and [ast.unparse(v) for v in value.values][:1] == [NATIVE_FLOAT_NAME]
-            and len(value.values) == 2 and isinstance(value.values[1], ast.Attribute)
+            and len(value.values) == 2 and ast.unparse(value.values[0]) == NATIVE_FLOAT_NAME
+            and isinstance(value.values[1], ast.Attribute)
             and ast.unparse(value.values[1].value) == NATIVE_FLOAT_NAME)
-    module = NATIVE_FLOAT_MODULE[:-4].replace("/", ".")
-    for path in NATIVE_FLOAT_HELPERS:
-        if path not in sources:
-            continue
-        lines = sources[path].split("\n")
-        for node in ast.parse(sources[path]).body:
-            if not (isinstance(node, ast.Try) and len(node.body) == 1
-                    and isinstance(node.body[0], ast.Assign)):
-                continue
-            call = node.body[0].value
-            call = call.value if isinstance(call, ast.Attribute) else call
-            if (isinstance(call, ast.Call) and getattr(call.func, "id", None) == "__import__"
-                    and isinstance(call.args[0], ast.Constant) and call.args[0].value == module):
-                name = node.body[0].targets[0].id
-                for i in range(node.lineno - 1, node.end_lineno):
-                    lines[i] = ""
-                lines[node.lineno - 1] = f"{name} = None"
-        sources[path] = "\n".join(lines)
-    return sources
