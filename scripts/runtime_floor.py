@@ -166,5 +166,6 @@ def main(argv=None):
         print(f"{path:32} {sizes[0]:7,} {sizes[1]:10,} {sizes[2]:7,} {sizes[3]:9,}")
     print(f"{'imported':32} {totals[0]:7,} {totals[1]:10,} {totals[2]:7,} {totals[3]:9,}")
 
+
 if __name__ == "__main__":
     main()
