@@ -87,13 +87,13 @@ def executed_only(text, ran, errors=False, checks=True):
         return any(getattr(s, "lineno", 0) in ran for s in ast.walk(node)
                    if isinstance(s, ast.stmt) and s is not node)
     raises = [n for n in ast.walk(tree) if errors and _error_call(n)]
+    kept_raises = {id(r) for r in raises}
     named = {getattr(n, "id", getattr(n, "attr", None)) for r in raises for n in ast.walk(r)}
     named |= {"message"} if "_m" in named else set()
     whole = {id(f) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name in named}
     dead = {id(n) for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ExceptHandler))
             and not has_run(n) and id(n) not in whole
-            and not any(r in raises for r in ast.walk(n))}
-    kept_raises = {id(r) for r in raises}
+            and not any(id(r) in kept_raises for r in ast.walk(n))}
 
     def empty(block):
         return all(isinstance(s, ast.Pass) for s in block)
